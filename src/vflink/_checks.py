@@ -1,0 +1,78 @@
+"""Validation helpers shared by the frozen config dataclasses (ARCHITECTURE.md, convention 6).
+
+Each helper appends a human-readable problem to a list instead of raising, so a config reports
+all of its problems at once; :func:`raise_if` raises one :class:`ConfigError` carrying them all.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection, Sequence
+
+from vflink.errors import ConfigError
+
+__all__ = [
+    "check_choice",
+    "check_float",
+    "check_int",
+    "check_str_tuple",
+    "raise_if",
+]
+
+
+def check_int(problems: list[str], name: str, value: object, *, min: int | None = None,
+              max: int | None = None) -> None:
+    ok = isinstance(value, int) and not isinstance(value, bool)
+    if ok and min is not None and value < min:  # type: ignore[operator]
+        ok = False
+    if ok and max is not None and value > max:  # type: ignore[operator]
+        ok = False
+    if not ok:
+        bounds = []
+        if min is not None:
+            bounds.append(f"≥ {min}")
+        if max is not None:
+            bounds.append(f"≤ {max}")
+        problems.append(f"`{name}` must be an int {' and '.join(bounds)}, got {value!r}".replace(
+            "an int  ,", "an int,"))
+
+
+def check_float(problems: list[str], name: str, value: object, *, min: float | None = None,
+                max: float | None = None, min_exclusive: bool = False,
+                allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if ok and not math.isfinite(float(value)):  # type: ignore[arg-type]
+        ok = False
+    if ok and min is not None:
+        v = float(value)  # type: ignore[arg-type]
+        ok = v > min if min_exclusive else v >= min
+    if ok and max is not None and float(value) > max:  # type: ignore[arg-type]
+        ok = False
+    if not ok:
+        bounds = []
+        if min is not None:
+            bounds.append(f"{'>' if min_exclusive else '≥'} {min}")
+        if max is not None:
+            bounds.append(f"≤ {max}")
+        suffix = (" " + " and ".join(bounds)) if bounds else ""
+        problems.append(f"`{name}` must be a finite number{suffix}, got {value!r}")
+
+
+def check_choice(problems: list[str], name: str, value: object, choices: Collection[str]) -> None:
+    if value not in choices:
+        problems.append(f"`{name}` must be one of {', '.join(sorted(choices))}, got {value!r}")
+
+
+def check_str_tuple(problems: list[str], name: str, value: object) -> None:
+    if not isinstance(value, tuple) or not all(isinstance(v, str) and v for v in value):
+        problems.append(f"`{name}` must be a list of non-empty column names, got {value!r}")
+
+
+def raise_if(problems: Sequence[str], what: str) -> None:
+    if problems:
+        if len(problems) == 1:
+            raise ConfigError(f"invalid {what}: {problems[0]}", problems)
+        listing = "\n  - ".join(problems)
+        raise ConfigError(f"invalid {what} ({len(problems)} problems):\n  - {listing}", problems)

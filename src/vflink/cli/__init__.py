@@ -1,0 +1,1 @@
+"""The ``vflink`` command line (thin: parsing, progress and tables; work is in the runner)."""

@@ -1,0 +1,64 @@
+"""``vflink train --config run.toml``: one training run, written to a run directory."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from vflink.cli._progress import epoch_progress
+from vflink.runner.config import ALGORITHMS, load_config
+from vflink.runner.train import RunResult, run_training
+
+__all__ = ["register", "run"]
+
+HELP = """Train one algorithm (solo, splitnn or combine) as configured in a TOML run file.
+
+The run directory receives the resolved config (config.json), metrics.json (per split, per
+epoch, communication bytes per direction), learning_curve.png and models/<party>/model.pt.
+It appears only when the run has finished: a failed run leaves nothing that looks complete.
+"""
+
+
+def register(sub: Any) -> None:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "train", help="train one algorithm from a TOML run file", description=HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", required=True, type=Path, help="TOML run file (see README)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="run directory to create (default: runs/<config name>-<algorithm>)")
+    p.add_argument("--algorithm", choices=ALGORITHMS, default=None,
+                   help="override the file's `algorithm`")
+    p.add_argument("--seed", type=int, default=None, help="override the file's `seed`")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing run directory")
+    p.set_defaults(func=run)
+
+
+def summarise(result: RunResult, console: Console) -> None:
+    metric = result.headline
+    test = result.metrics["test"]
+    others = ", ".join(f"{k} {v:.4f}" for k, v in test.items() if k != metric)
+    total = sum(v["bytes"] for v in result.communication.values())
+    console.print(f"[bold]{result.algorithm}[/]: test {metric} [bold]{test[metric]:.4f}[/] "
+                  f"({others}); best epoch {result.best_epoch}; {total / 1e6:.1f} MB exchanged; "
+                  f"{result.seconds:.1f} s")
+
+
+def run(args: argparse.Namespace) -> int:
+    config = load_config(args.config)
+    changes: dict[str, Any] = {}
+    if args.algorithm:
+        changes["algorithm"] = args.algorithm
+    if args.seed is not None:
+        changes["seed"] = args.seed
+    if changes:
+        config = config.replace(**changes)
+    out = args.out or Path("runs") / f"{args.config.stem}-{config.algorithm}"
+    console = Console()
+    with epoch_progress(f"training {config.algorithm}", console) as progress:
+        result = run_training(config, out, overwrite=args.overwrite, progress=progress)
+    summarise(result, console)
+    console.print(f"run directory: {out}")
+    return 0

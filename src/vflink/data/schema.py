@@ -1,0 +1,98 @@
+"""The schema of one party's table: which columns are keys, identifiers, features and label."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from vflink._checks import check_choice, check_str_tuple, raise_if
+from vflink.types import Task
+
+__all__ = ["ROLES", "PartySchema"]
+
+ROLES = ("primary", "secondary")
+
+
+@dataclass(frozen=True, kw_only=True)
+class PartySchema:
+    """Describes a party's table.
+
+    Attributes:
+        name: the party's name (``"primary"``, ``"bank"``...), unique within a run.
+        role: ``"primary"`` (holds the label) or ``"secondary"``.
+        key: column(s) forming an exact record key, used by exact alignment (may be empty).
+        identifiers: columns used for fuzzy linkage (coordinates, names, titles); never features.
+        numeric: numeric feature columns.
+        categorical: categorical feature columns.
+        label: label column (primary only).
+        task: learning task of the label (primary only).
+        path: where the table is read from, if it comes from a file.
+    """
+
+    name: str
+    role: str
+    key: tuple[str, ...] = ()
+    identifiers: tuple[str, ...] = ()
+    numeric: tuple[str, ...] = ()
+    categorical: tuple[str, ...] = ()
+    label: str | None = None
+    task: Task | None = None
+    path: Path | None = None
+    extra: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("key", "identifiers", "numeric", "categorical"):
+            v = getattr(self, name)
+            if isinstance(v, (list, str)):
+                object.__setattr__(self, name, (v,) if isinstance(v, str) else tuple(v))
+        if self.path is not None and not isinstance(self.path, Path):
+            object.__setattr__(self, "path", Path(self.path))
+        problems: list[str] = []
+        if not isinstance(self.name, str) or not self.name.isidentifier():
+            problems.append(f"`name` must be a simple identifier, got {self.name!r}")
+        check_choice(problems, "role", self.role, ROLES)
+        for name in ("key", "identifiers", "numeric", "categorical"):
+            check_str_tuple(problems, name, getattr(self, name))
+        if self.role == "primary":
+            if not self.label:
+                problems.append("the primary party needs a `label` column")
+            if self.task is None:
+                problems.append("the primary party needs a `task` (binary, multiclass, regression)")
+            else:
+                try:
+                    object.__setattr__(self, "task", Task.parse(self.task))
+                except Exception as exc:  # ConfigError from Task.parse
+                    problems.append(str(exc))
+        elif self.role == "secondary":
+            # A label on a secondary party is a data problem, reported by ``validate_frame``
+            # as a DataError naming the file and column (labels never leave the primary).
+            if self.task is not None:
+                try:
+                    object.__setattr__(self, "task", Task.parse(self.task))
+                except Exception as exc:
+                    problems.append(str(exc))
+        cols = [*self.key, *self.identifiers, *self.numeric, *self.categorical]
+        if self.label:
+            cols.append(self.label)
+        feats = [*self.numeric, *self.categorical]
+        dup = sorted({c for c in feats if feats.count(c) > 1})
+        if dup:
+            problems.append(f"columns listed twice among features: {dup}")
+        overlap = sorted(set(feats) & ({self.label} | set(self.identifiers) | set(self.key)))
+        if overlap:
+            problems.append(f"feature columns may not also be key/identifier/label: {overlap}")
+        raise_if(problems, f"schema for party {self.name!r}")
+
+    @property
+    def features(self) -> tuple[str, ...]:
+        return (*self.numeric, *self.categorical)
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        """Every column the schema names, in a stable order without repeats."""
+        seen: dict[str, None] = {}
+        for c in (*self.key, *self.identifiers, *self.numeric, *self.categorical):
+            seen[c] = None
+        if self.label:
+            seen[self.label] = None
+        return tuple(seen)

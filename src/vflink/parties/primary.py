@@ -1,0 +1,283 @@
+"""The primary (active) party: holds the labels and drives alignment and training.
+
+Training follows FedSim Algorithm 1 without the gates, i.e. plain SplitNN: per batch each
+secondary sends cut-layer embeddings of its linked rows, the primary runs its own bottom model
+and the aggregation model, computes the loss, updates its parameters, and returns to each
+secondary the gradient of the loss with respect to the embeddings it sent.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from vflink.alignment.exact import key_digests
+from vflink.data.labels import LabelCodec
+from vflink.data.preprocess import Preprocessor
+from vflink.data.table import PartyTable
+from vflink.errors import ConfigError, ProtocolError
+from vflink.models.mlp import build_optimizer, seeded_init
+from vflink.models.spec import BottomSpec
+from vflink.models.splitnn import SplitNNPrimary
+from vflink.parties.base import Party
+from vflink.protocol.channel import Channel
+from vflink.protocol.messages import (
+    Ack,
+    AlignmentReady,
+    AlignmentViews,
+    Backward,
+    Embeddings,
+    FitPreprocessing,
+    Forward,
+    KeyDigests,
+    MatchKeys,
+    Restore,
+    SaveState,
+    SetupBottom,
+    ShareKeys,
+    Snapshot,
+)
+from vflink.types import MISSING, Alignment, Task
+
+__all__ = ["PrimaryParty", "TrainingPlan"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainingPlan:
+    """What the primary needs to set up SplitNN training (all public hyperparameters)."""
+
+    bottom: BottomSpec
+    top_hidden: tuple[int, ...] = (100,)
+    learn_missing: bool = False
+    eval_batch_size: int = 4096
+
+
+class PrimaryParty(Party):
+    """The party that holds the labels.
+
+    Args:
+        table: the primary's validated table (with label and task).
+        channel: how the primary reaches the secondaries and the coordinator.
+        secondaries: names of the secondary parties, in a fixed order.
+        secret: HMAC secret shared by the data parties (exact alignment).
+        out_dir: where the primary writes its own model state.
+    """
+
+    role = "primary"
+
+    def __init__(self, table: PartyTable, channel: Channel, *, secondaries: Sequence[str] = (),
+                 secret: bytes | None = None, out_dir: Path | None = None) -> None:
+        super().__init__(table.name)
+        schema = table.schema
+        if schema.role != "primary" or schema.label is None or schema.task is None:
+            raise ConfigError(f"party {table.name!r} is not a primary party with a label")
+        self.table = table
+        self.task: Task = schema.task
+        self.channel = channel
+        self.secondaries = tuple(secondaries)
+        self._secret = secret
+        self.out_dir = out_dir
+        self.links: dict[str, npt.NDArray[np.int64]] = {}
+        self.model: SplitNNPrimary | None = None
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.codec = LabelCodec(self.task)
+        self._x: torch.Tensor | None = None
+        self._y: torch.Tensor | None = None
+        self._plan: TrainingPlan | None = None
+        self._batch_ids = iter(range(1, 1 << 62))
+        self._snapshots: dict[str, dict[str, Any]] = {}
+
+    @property
+    def labels(self) -> Any:
+        return self.table.frame[self.table.schema.label]
+
+    # --- alignment ------------------------------------------------------------------------
+
+    def align_exact(self, coordinator: str, session: str = "exact") -> dict[str, Alignment]:
+        """Exact-key alignment through ``coordinator`` with keyed hashes (HMAC).
+
+        Only digests reach the coordinator; the coordinator returns indices to every party.
+        """
+        if self._secret is None:
+            raise ConfigError("exact alignment needs a shared secret (alignment.secret_env)")
+        digests = key_digests(self.table.frame, self.table.schema.key, self._secret)
+        self.channel.request(coordinator, KeyDigests(session=session, digests=digests), Ack)
+        for name in self.secondaries:
+            self.channel.request(name, ShareKeys(session=session, coordinator=coordinator), Ack)
+        views = self.channel.request(
+            coordinator, MatchKeys(session=session, secondaries=self.secondaries), AlignmentViews
+        ).views
+        alignments = {}
+        for view in views:
+            alignments[view.secondary] = Alignment(view.primary_index, view.secondary_index,
+                                                   view.similarity, view.secondary)
+        for name in self.secondaries:
+            if name not in alignments:
+                raise ProtocolError(f"coordinator returned no alignment for {name!r}")
+            self.channel.request(name, AlignmentReady(session=session, coordinator=coordinator),
+                                 Ack)
+        return alignments
+
+    def set_alignments(self, alignments: Mapping[str, Alignment]) -> None:
+        """Use these alignments (one per secondary) for training and prediction."""
+        missing = [s for s in self.secondaries if s not in alignments]
+        if missing:
+            raise ConfigError(f"no alignment for secondary parties {missing}")
+        n = len(self.table)
+        self.links = {s: alignments[s].for_primary_rows(n) for s in self.secondaries}
+
+    # --- training -------------------------------------------------------------------------
+
+    def setup(self, plan: TrainingPlan, train_rows: npt.NDArray[np.int64]) -> None:
+        """Fit preprocessing on the training rows of every party and build every model."""
+        train_rows = np.asarray(train_rows, dtype=np.int64)
+        if self.secondaries and not self.links:
+            raise ProtocolError("setup before alignment: call align_exact or set_alignments")
+        self._plan = plan
+        pre = Preprocessor(self.table.schema).fit(self.table.frame, train_rows)
+        self._x = torch.from_numpy(pre.transform(self.table.frame))
+        self.codec.fit(self.labels, train_rows)
+        self._y = self.codec.encode(self.labels)
+        dims = []
+        for j, name in enumerate(self.secondaries):
+            spec = BottomSpec(**{**plan.bottom.__dict__, "seed": plan.bottom.seed + 1 + j})
+            self.channel.request(name, SetupBottom(spec=spec), Ack)
+            linked = self.links[name][train_rows].ravel()
+            linked = np.unique(linked[linked != MISSING])
+            self.channel.request(name, FitPreprocessing(rows=linked), Ack)
+            dims.append(spec.out_dim)
+        with seeded_init(plan.bottom.seed):
+            self.model = SplitNNPrimary(pre.n_features, plan.bottom, dims, plan.top_hidden,
+                                        self.codec.out_dim, learn_missing=plan.learn_missing)
+        self.optimizer = build_optimizer(self.model.parameters(), plan.bottom)
+        log.info("primary: %d features, %d secondaries (cut widths %s)", pre.n_features,
+                 len(self.secondaries), dims)
+
+    def _secondary_embeddings(self, rows: npt.NDArray[np.int64], batch_id: int, train: bool
+                              ) -> tuple[list[torch.Tensor], list[tuple[str, torch.Tensor]]]:
+        model = self._require_model()
+        embeddings: list[torch.Tensor] = []
+        leaves: list[tuple[str, torch.Tensor]] = []
+        for j, name in enumerate(self.secondaries):
+            links = self.links[name][rows, 0]  # SplitNN uses the top-1 link
+            present = links != MISSING
+            d = model.missing[j].shape[0] if len(model.missing) else None
+            if not present.any():
+                if d is None:
+                    raise ProtocolError(f"rows without a link to {name!r} and no missing "
+                                        "embedding (unmatched='drop' should have removed them)")
+                embeddings.append(model.missing[j].unsqueeze(0).expand(len(rows), -1))
+                continue
+            reply = self.channel.request(
+                name, Forward(batch_id=batch_id, rows=links[present], train=train), Embeddings
+            )
+            if reply.batch_id != batch_id or len(reply.inverse) != int(present.sum()):
+                raise ProtocolError(f"{name!r} answered batch {reply.batch_id} with "
+                                    f"{len(reply.inverse)} rows; expected batch {batch_id} with "
+                                    f"{int(present.sum())}")
+            # A fresh leaf: the gradient stops here and travels back as a message, never
+            # through an autograd graph that spans parties.
+            leaf = reply.embeddings.detach().float()
+            if train:
+                leaf.requires_grad_(True)
+                leaves.append((name, leaf))
+            emb = leaf[torch.from_numpy(reply.inverse)]
+            if not present.all():
+                if d is None:
+                    raise ProtocolError(f"rows without a link to {name!r} and no missing "
+                                        "embedding (unmatched='drop' should have removed them)")
+                emb = model.fill_missing(j, len(rows), torch.from_numpy(present), emb)
+            embeddings.append(emb)
+        return embeddings, leaves
+
+    def _require_model(self) -> SplitNNPrimary:
+        if self.model is None or self._x is None or self.optimizer is None:
+            raise ProtocolError("the primary party is not set up; call setup() first")
+        return self.model
+
+    def train_step(self, rows: npt.NDArray[np.int64]) -> float:
+        model = self._require_model()
+        y_all = self._y
+        if y_all is None or self._x is None or self.optimizer is None:
+            raise ProtocolError("the primary party is not set up")
+        batch_id = next(self._batch_ids)
+        model.train()
+        sec, leaves = self._secondary_embeddings(rows, batch_id, train=True)
+        idx = torch.from_numpy(rows)
+        logits = model(self._x[idx], sec)
+        loss = self.codec.loss(logits, y_all[idx])
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.optimizer.step()
+        for name, leaf in leaves:
+            grad = leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
+            self.channel.request(name, Backward(batch_id=batch_id, grad=grad), Ack)
+        return float(loss.detach())
+
+    def batches(self, rows: npt.NDArray[np.int64], batch_size: int,
+                rng: np.random.Generator | None) -> Iterator[npt.NDArray[np.int64]]:
+        order = rng.permutation(rows) if rng is not None else np.asarray(rows)
+        for start in range(0, len(order), batch_size):
+            yield order[start:start + batch_size]
+
+    def predict_scores(self, rows: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]:
+        """Scores (probabilities or predictions in label units) for the given primary rows."""
+        model = self._require_model()
+        if self._x is None or self._plan is None:
+            raise ProtocolError("the primary party is not set up")
+        model.eval()
+        out = []
+        for chunk in self.batches(np.asarray(rows, dtype=np.int64), self._plan.eval_batch_size,
+                                  None):
+            batch_id = next(self._batch_ids)
+            with torch.no_grad():
+                sec, _ = self._secondary_embeddings(chunk, batch_id, train=False)
+                out.append(self.codec.scores(model(self._x[torch.from_numpy(chunk)], sec)))
+        if not out:
+            return np.zeros((0,), dtype=np.float64)
+        return np.concatenate(out, axis=0)
+
+    def targets(self, rows: npt.NDArray[np.int64]) -> npt.NDArray[np.generic]:
+        return self.codec.targets(self.labels.iloc[np.asarray(rows)])
+
+    # --- state ----------------------------------------------------------------------------
+
+    def _state(self) -> dict[str, Any]:
+        model = self._require_model()
+        return {"model": model.state_dict(),
+                "optimizer": self.optimizer.state_dict() if self.optimizer else {}}
+
+    def snapshot(self, tag: str) -> None:
+        self._snapshots[tag] = copy.deepcopy(self._state())
+        for name in self.secondaries:
+            self.channel.request(name, Snapshot(tag=tag), Ack)
+
+    def restore(self, tag: str) -> None:
+        state = self._snapshots[tag]
+        model = self._require_model()
+        model.load_state_dict(state["model"])
+        if self.optimizer is not None:
+            self.optimizer.load_state_dict(state["optimizer"])
+        for name in self.secondaries:
+            self.channel.request(name, Restore(tag=tag), Ack)
+
+    def save_states(self, name: str = "model.pt") -> None:
+        """Every party writes its own model state into its own directory."""
+        if self.out_dir is not None:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            target = self.out_dir / name
+            tmp = target.with_suffix(".tmp")
+            torch.save({**self._state(), "label_codec": self.codec.__dict__}, tmp)
+            tmp.replace(target)
+        for sec in self.secondaries:
+            self.channel.request(sec, SaveState(name=name), Ack)

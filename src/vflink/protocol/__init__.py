@@ -1,0 +1,55 @@
+"""Protocol: message dataclasses and the ``Channel`` interface."""
+
+from __future__ import annotations
+
+from vflink.protocol.channel import Channel, MessageHandler, expect
+from vflink.protocol.messages import (
+    MESSAGE_TYPES,
+    PROTOCOL_VERSION,
+    Ack,
+    AlignmentReady,
+    AlignmentView,
+    AlignmentViews,
+    Backward,
+    Embeddings,
+    FetchAlignment,
+    FitPreprocessing,
+    Forward,
+    Hello,
+    KeyDigests,
+    MatchKeys,
+    Message,
+    Restore,
+    SaveState,
+    SetupBottom,
+    ShareKeys,
+    Snapshot,
+    payload_nbytes,
+)
+
+__all__ = [
+    "Ack",
+    "AlignmentReady",
+    "AlignmentView",
+    "AlignmentViews",
+    "Backward",
+    "Channel",
+    "Embeddings",
+    "FetchAlignment",
+    "FitPreprocessing",
+    "Forward",
+    "Hello",
+    "KeyDigests",
+    "MESSAGE_TYPES",
+    "MatchKeys",
+    "Message",
+    "MessageHandler",
+    "PROTOCOL_VERSION",
+    "Restore",
+    "SaveState",
+    "SetupBottom",
+    "ShareKeys",
+    "Snapshot",
+    "expect",
+    "payload_nbytes",
+]

@@ -1,0 +1,274 @@
+"""Every message that may cross the party boundary, as frozen dataclasses.
+
+What may cross is a contract (ARCHITECTURE.md, "The party boundary is real"): during training
+only cut-layer embeddings (secondary → primary) and their gradients (primary → secondary); during
+alignment only keyed hashes or encodings (data party → coordinator) and alignment indices
+(coordinator → parties; similarities to the primary only). Raw features, raw identifiers and
+labels have no field to travel in. Wire conversion lives only in the transport's serde module.
+
+Array fields hold ``numpy`` arrays (indices, digests) or ``torch`` tensors (embeddings and
+gradients). The in-process transport passes them by reference.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from vflink.models.spec import BottomSpec
+
+__all__ = [
+    "MESSAGE_TYPES",
+    "PROTOCOL_VERSION",
+    "Ack",
+    "AlignmentReady",
+    "AlignmentView",
+    "AlignmentViews",
+    "Backward",
+    "Embeddings",
+    "FetchAlignment",
+    "FitPreprocessing",
+    "Forward",
+    "Hello",
+    "KeyDigests",
+    "MatchKeys",
+    "Message",
+    "Restore",
+    "SaveState",
+    "SetupBottom",
+    "ShareKeys",
+    "Snapshot",
+    "payload_nbytes",
+]
+
+#: Bumped whenever a message changes shape; peers refuse a different major version.
+PROTOCOL_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Message:
+    """Base class of all protocol messages."""
+
+    kind: ClassVar[str] = "message"
+
+
+# --- lifecycle --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Hello(Message):
+    """Opening handshake; the reply is a Hello from the peer."""
+
+    kind: ClassVar[str] = "hello"
+    party: str
+    role: str
+    version: int = PROTOCOL_VERSION
+
+
+@dataclass(frozen=True)
+class Ack(Message):
+    """Generic acknowledgement; ``info`` carries small public numbers (e.g. a feature count)."""
+
+    kind: ClassVar[str] = "ack"
+    info: dict[str, float] = field(default_factory=dict)
+
+
+# --- exact alignment through a coordinator ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ShareKeys(Message):
+    """Primary → secondary: send your keyed key hashes for ``session`` to ``coordinator``."""
+
+    kind: ClassVar[str] = "share_keys"
+    session: str
+    coordinator: str
+
+
+@dataclass(frozen=True)
+class KeyDigests(Message):
+    """Data party → coordinator: HMAC digests of its record keys, shape ``(n, 32)`` uint8.
+
+    The coordinator does not hold the HMAC secret, so it can match equal digests but cannot
+    recover or test guesses of the raw keys.
+    """
+
+    kind: ClassVar[str] = "key_digests"
+    session: str
+    digests: npt.NDArray[np.uint8]
+
+
+@dataclass(frozen=True)
+class MatchKeys(Message):
+    """Primary → coordinator: match the digests of ``session``; reply :class:`AlignmentViews`."""
+
+    kind: ClassVar[str] = "match_keys"
+    session: str
+    secondaries: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class AlignmentReady(Message):
+    """Primary → secondary: the alignment of ``session`` is ready at ``coordinator``; fetch it."""
+
+    kind: ClassVar[str] = "alignment_ready"
+    session: str
+    coordinator: str
+
+
+@dataclass(frozen=True)
+class FetchAlignment(Message):
+    """Secondary → coordinator: my view of the alignment of ``session``."""
+
+    kind: ClassVar[str] = "fetch_alignment"
+    session: str
+
+
+@dataclass(frozen=True)
+class AlignmentView(Message):
+    """An alignment as one party may see it: indices, and similarities for the primary only."""
+
+    kind: ClassVar[str] = "alignment_view"
+    session: str
+    secondary: str
+    primary_index: npt.NDArray[np.int64]
+    secondary_index: npt.NDArray[np.int64]
+    similarity: npt.NDArray[np.float32] | None = None
+
+
+@dataclass(frozen=True)
+class AlignmentViews(Message):
+    """Coordinator → primary: one view per secondary party."""
+
+    kind: ClassVar[str] = "alignment_views"
+    views: tuple[AlignmentView, ...]
+
+
+# --- split learning -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SetupBottom(Message):
+    """Primary → secondary: build your bottom model with these (public) hyperparameters."""
+
+    kind: ClassVar[str] = "setup_bottom"
+    spec: BottomSpec
+
+
+@dataclass(frozen=True)
+class FitPreprocessing(Message):
+    """Primary → secondary: fit your preprocessing on these rows of yours (the training rows).
+
+    The reply is an :class:`Ack` whose ``info["n_features"]`` is the encoded width.
+    """
+
+    kind: ClassVar[str] = "fit_preprocessing"
+    rows: npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True)
+class Forward(Message):
+    """Primary → secondary: compute cut-layer embeddings of these rows of yours.
+
+    ``batch_id`` identifies the step, so that a retried call is not applied twice.
+    """
+
+    kind: ClassVar[str] = "forward"
+    batch_id: int
+    rows: npt.NDArray[np.int64]
+    train: bool
+
+
+@dataclass(frozen=True)
+class Embeddings(Message):
+    """Secondary → primary: one embedding per *unique* requested row, and the index map.
+
+    ``embeddings[inverse]`` gives one embedding per requested row (ARCHITECTURE.md,
+    "Performance principles": the secondary model runs once per unique row).
+    """
+
+    kind: ClassVar[str] = "embeddings"
+    batch_id: int
+    embeddings: torch.Tensor
+    inverse: npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True)
+class Backward(Message):
+    """Primary → secondary: gradient of the loss w.r.t. the embeddings of ``batch_id``."""
+
+    kind: ClassVar[str] = "backward"
+    batch_id: int
+    grad: torch.Tensor
+
+
+@dataclass(frozen=True)
+class Snapshot(Message):
+    """Primary → secondary: remember your current parameters under ``tag`` (early stopping)."""
+
+    kind: ClassVar[str] = "snapshot"
+    tag: str
+
+
+@dataclass(frozen=True)
+class Restore(Message):
+    """Primary → secondary: restore the parameters remembered under ``tag``."""
+
+    kind: ClassVar[str] = "restore"
+    tag: str
+
+
+@dataclass(frozen=True)
+class SaveState(Message):
+    """Primary → secondary: write your model state into your own output directory as ``name``."""
+
+    kind: ClassVar[str] = "save_state"
+    name: str
+
+
+MESSAGE_TYPES: dict[str, type[Message]] = {
+    cls.kind: cls
+    for cls in (
+        Hello, Ack, ShareKeys, KeyDigests, MatchKeys, AlignmentReady, FetchAlignment, AlignmentView,
+        AlignmentViews, SetupBottom, FitPreprocessing, Forward, Embeddings, Backward, Snapshot,
+        Restore, SaveState,
+    )
+}
+
+
+def _nbytes(value: Any) -> int:
+    if isinstance(value, torch.Tensor):
+        return int(value.numel() * value.element_size())
+    if isinstance(value, np.ndarray):
+        return int(value.nbytes)
+    if isinstance(value, (bytes, bytearray)):
+        return len(value)
+    if isinstance(value, str):
+        return len(value.encode())
+    if isinstance(value, bool):
+        return 1
+    if isinstance(value, (int, float)):
+        return 8
+    if value is None:
+        return 0
+    if isinstance(value, Message) or dataclasses.is_dataclass(value):
+        return sum(_nbytes(getattr(value, f.name)) for f in dataclasses.fields(value))
+    if isinstance(value, dict):
+        return sum(_nbytes(k) + _nbytes(v) for k, v in value.items())
+    if isinstance(value, (tuple, list)):
+        return sum(_nbytes(v) for v in value)
+    return 0
+
+
+def payload_nbytes(message: Message) -> int:
+    """Payload size of a message: array/tensor bytes plus 8 per scalar and string lengths.
+
+    Every transport counts this same figure, so communication accounting agrees between the
+    in-process and network transports for the same run.
+    """
+    return _nbytes(message)

@@ -1,0 +1,275 @@
+"""Run configuration: frozen, validated dataclasses and the TOML experiment file.
+
+A run file carries a ``version``; every problem in a file is reported at once (ARCHITECTURE.md,
+convention 6). Relative data paths are resolved against the file's directory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vflink._checks import check_choice, check_float, check_int, raise_if
+from vflink.data.schema import PartySchema
+from vflink.errors import ConfigError, VflinkError
+from vflink.models.spec import ACTIVATIONS, OPTIMIZERS
+
+__all__ = [
+    "ALGORITHMS",
+    "CONFIG_VERSION",
+    "AlignmentConfig",
+    "DataConfig",
+    "ModelConfig",
+    "RunConfig",
+    "TrainingConfig",
+    "config_to_dict",
+    "load_config",
+    "parse_config",
+]
+
+from vflink.config import CONFIG_VERSION  # noqa: E402
+
+#: Training algorithms a run may name (FedSim §6.1 baselines grow this list).
+ALGORITHMS = ("combine", "solo", "splitnn")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataConfig:
+    """Where the parties' tables come from: a built-in dataset, or files with schemas."""
+
+    dataset: str | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+    parties: tuple[PartySchema, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "parties", tuple(self.parties))
+        problems: list[str] = []
+        if (self.dataset is None) == (not self.parties):
+            problems.append("[data] needs exactly one of `dataset` (a built-in dataset name) or "
+                            "[[data.parties]] tables")
+        if self.parties:
+            roles = [p.role for p in self.parties]
+            if roles.count("primary") != 1:
+                problems.append(f"[[data.parties]] needs exactly one primary party, got "
+                                f"{roles.count('primary')}")
+            names = [p.name for p in self.parties]
+            if len(set(names)) != len(names):
+                problems.append(f"party names must be unique, got {names}")
+            if "coordinator" in names:
+                problems.append("`coordinator` is reserved for the linkage coordinator")
+            for p in self.parties:
+                if p.path is None:
+                    problems.append(f"party {p.name!r} needs a `path` to its table")
+        raise_if(problems, "[data] section")
+
+
+@dataclass(frozen=True, kw_only=True)
+class AlignmentConfig:
+    """How records are aligned. ``unmatched``: drop primary rows without a link, or keep them
+    with a learned "missing" embedding."""
+
+    method: str = "exact"
+    unmatched: str = "drop"
+    secret_env: str = "VFLINK_SECRET"
+
+    def __post_init__(self) -> None:
+        problems: list[str] = []
+        check_choice(problems, "alignment.method", self.method, ("exact",))
+        check_choice(problems, "alignment.unmatched", self.unmatched, ("drop", "keep"))
+        if not isinstance(self.secret_env, str) or not self.secret_env:
+            problems.append("`alignment.secret_env` must name an environment variable")
+        raise_if(problems, "[alignment] section")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    """Model sizes; App. E keeps hidden sizes consistent across all VFL algorithms."""
+
+    hidden: tuple[int, ...] = (100,)
+    cut_dim: int = 16
+    top_hidden: tuple[int, ...] = (100,)
+    activation: str = "relu"
+    dropout: float = 0.0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "hidden", tuple(self.hidden))
+        object.__setattr__(self, "top_hidden", tuple(self.top_hidden))
+        problems: list[str] = []
+        for name in ("hidden", "top_hidden"):
+            for i, h in enumerate(getattr(self, name)):
+                check_int(problems, f"model.{name}[{i}]", h, min=1)
+        check_int(problems, "model.cut_dim", self.cut_dim, min=1)
+        check_choice(problems, "model.activation", self.activation, ACTIVATIONS)
+        check_float(problems, "model.dropout", self.dropout, min=0.0, max=0.95)
+        raise_if(problems, "[model] section")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainingConfig:
+    """Optimisation and early stopping (App. E: stop at the best validation performance)."""
+
+    epochs: int = 30
+    batch_size: int = 128
+    optimizer: str = "adam"
+    lr: float = 1e-3
+    weight_decay: float = 1e-5
+    patience: int = 5
+    split: tuple[float, float, float] = (0.7, 0.1, 0.2)
+    threads: int = 1
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "split", tuple(self.split))
+        problems: list[str] = []
+        check_int(problems, "training.epochs", self.epochs, min=1)
+        check_int(problems, "training.batch_size", self.batch_size, min=1)
+        check_choice(problems, "training.optimizer", self.optimizer, OPTIMIZERS)
+        check_float(problems, "training.lr", self.lr, min=0.0, min_exclusive=True)
+        check_float(problems, "training.weight_decay", self.weight_decay, min=0.0)
+        check_int(problems, "training.patience", self.patience, min=1)
+        check_int(problems, "training.threads", self.threads, min=1)
+        split = self.split
+        if (len(split) != 3 or not all(isinstance(v, (int, float)) and v > 0 for v in split)
+                or abs(sum(split) - 1.0) > 1e-6):
+            problems.append(f"`training.split` must be three positive fractions summing to 1 "
+                            f"(train, validation, test), got {list(split)}")
+        raise_if(problems, "[training] section")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunConfig:
+    """A complete run: data, alignment, algorithm, model and training settings."""
+
+    version: int = CONFIG_VERSION
+    seed: int = 0
+    algorithm: str = "splitnn"
+    data: DataConfig
+    alignment: AlignmentConfig = field(default_factory=AlignmentConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+
+    def __post_init__(self) -> None:
+        problems: list[str] = []
+        if self.version != CONFIG_VERSION:
+            problems.append(f"`version` must be {CONFIG_VERSION}, got {self.version!r}")
+        check_int(problems, "seed", self.seed, min=0)
+        check_choice(problems, "algorithm", self.algorithm, ALGORITHMS)
+        raise_if(problems, "run configuration")
+
+    def replace(self, **changes: Any) -> RunConfig:
+        return dataclasses.replace(self, **changes)
+
+
+_SECTIONS: dict[str, type] = {"alignment": AlignmentConfig, "model": ModelConfig,
+                              "training": TrainingConfig}
+
+
+def _build(cls: type, raw: Any, where: str, problems: list[str]) -> Any:
+    if not isinstance(raw, dict):
+        problems.append(f"[{where}] must be a table, got {type(raw).__name__}")
+        return None
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        problems.append(f"[{where}] has unknown key(s) {unknown}; known keys: {sorted(known)}")
+        raw = {k: v for k, v in raw.items() if k in known}
+    try:
+        return cls(**raw)
+    except ConfigError as exc:
+        problems.extend(exc.problems)
+    except TypeError as exc:
+        problems.append(f"[{where}]: {exc}")
+    return None
+
+
+def parse_config(raw: dict[str, Any], base_dir: Path | None = None) -> RunConfig:
+    """Build a :class:`RunConfig` from parsed TOML, collecting every problem before raising."""
+    problems: list[str] = []
+    top_known = {"version", "seed", "algorithm", "data", *_SECTIONS}
+    unknown = sorted(set(raw) - top_known)
+    if unknown:
+        problems.append(f"unknown top-level key(s) {unknown}; known: {sorted(top_known)}")
+    if "version" not in raw:
+        problems.append(f"the file needs `version = {CONFIG_VERSION}`")
+    sections: dict[str, Any] = {}
+    for name, cls in _SECTIONS.items():
+        if name in raw:
+            sections[name] = _build(cls, raw[name], name, problems)
+    data = None
+    raw_data = raw.get("data")
+    if raw_data is None:
+        problems.append("the file needs a [data] section")
+    elif not isinstance(raw_data, dict):
+        problems.append("[data] must be a table")
+    else:
+        parties = []
+        for i, p in enumerate(raw_data.get("parties", [])):
+            if not isinstance(p, dict):
+                problems.append(f"[[data.parties]] #{i + 1} must be a table")
+                continue
+            p = dict(p)
+            if "path" in p and base_dir is not None and not Path(p["path"]).is_absolute():
+                p["path"] = str(base_dir / p["path"])
+            schema = _build(PartySchema, p, f"data.parties #{i + 1}", problems)
+            if schema is not None:
+                parties.append(schema)
+        extra = sorted(set(raw_data) - {"dataset", "options", "parties"})
+        if extra:
+            problems.append(f"[data] has unknown key(s) {extra}; known: dataset, options, parties")
+        try:
+            data = DataConfig(dataset=raw_data.get("dataset"),
+                              options=dict(raw_data.get("options", {})),
+                              parties=tuple(parties))
+        except ConfigError as exc:
+            problems.extend(exc.problems)
+    top: dict[str, Any] = {k: raw[k] for k in ("version", "seed", "algorithm") if k in raw}
+    if not problems:
+        try:
+            return RunConfig(data=data, **top, **sections)  # type: ignore[arg-type]
+        except ConfigError as exc:
+            problems.extend(exc.problems)
+    else:  # still validate the top-level values, to report them together
+        try:
+            RunConfig(data=DataConfig(dataset="-"), **{k: v for k, v in top.items()})
+        except ConfigError as exc:
+            problems.extend(exc.problems)
+        except VflinkError:
+            pass
+    raise_if(problems, "configuration")
+    raise ConfigError("invalid configuration", problems)  # pragma: no cover
+
+
+def load_config(path: Path) -> RunConfig:
+    """Read and validate a TOML run file."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: config file not found")
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    try:
+        return parse_config(raw, base_dir=path.parent.resolve())
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}", exc.problems) from None
+
+
+def config_to_dict(config: RunConfig) -> dict[str, Any]:
+    """A JSON/TOML-friendly dict of the resolved configuration."""
+
+    def convert(v: Any) -> Any:
+        if dataclasses.is_dataclass(v) and not isinstance(v, type):
+            return {f.name: convert(getattr(v, f.name)) for f in dataclasses.fields(v)}
+        if isinstance(v, (tuple, list)):
+            return [convert(x) for x in v]
+        if isinstance(v, dict):
+            return {str(k): convert(x) for k, x in v.items()}
+        if isinstance(v, Path):
+            return str(v)
+        if hasattr(v, "value"):  # enums
+            return v.value
+        return v
+
+    return convert(config)  # type: ignore[no-any-return]

@@ -1,0 +1,77 @@
+"""Communication accounting and transcripts, shared by every transport.
+
+Counts are of *payload* bytes (:func:`vflink.protocol.payload_nbytes`), so the in-process and
+network transports report equal figures for the same run.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+from dataclasses import dataclass
+
+from vflink.protocol.messages import Message, payload_nbytes
+
+__all__ = ["Record", "TrafficCounter", "Transcript"]
+
+
+@dataclass(frozen=True)
+class Record:
+    """One message as it crossed the boundary."""
+
+    sender: str
+    receiver: str
+    message: Message
+
+
+class Transcript:
+    """Records every message that crosses, for tests that assert the boundary contract."""
+
+    def __init__(self) -> None:
+        self.records: list[Record] = []
+        self._lock = threading.Lock()
+
+    def add(self, sender: str, receiver: str, message: Message) -> None:
+        with self._lock:
+            self.records.append(Record(sender, receiver, message))
+
+    def kinds(self, sender: str | None = None, receiver: str | None = None) -> set[str]:
+        return {r.message.kind for r in self.records
+                if (sender is None or r.sender == sender)
+                and (receiver is None or r.receiver == receiver)}
+
+
+class TrafficCounter:
+    """Messages and payload bytes per direction (``"primary->bank"``)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._messages: dict[str, int] = defaultdict(int)
+        self._bytes: dict[str, int] = defaultdict(int)
+
+    def add(self, sender: str, receiver: str, message: Message) -> None:
+        key = f"{sender}->{receiver}"
+        n = payload_nbytes(message)
+        with self._lock:
+            self._messages[key] += 1
+            self._bytes[key] += n
+
+    def snapshot(self) -> dict[str, dict[str, int]]:
+        with self._lock:
+            return {k: {"messages": self._messages[k], "bytes": self._bytes[k]}
+                    for k in sorted(self._messages)}
+
+    @staticmethod
+    def delta(after: dict[str, dict[str, int]], before: dict[str, dict[str, int]]
+              ) -> dict[str, dict[str, int]]:
+        """``after - before``, per direction (for per-epoch figures)."""
+        out = {}
+        for k, v in after.items():
+            b = before.get(k, {"messages": 0, "bytes": 0})
+            out[k] = {"messages": v["messages"] - b["messages"], "bytes": v["bytes"] - b["bytes"]}
+        return out
+
+    @property
+    def total_bytes(self) -> int:
+        with self._lock:
+            return sum(self._bytes.values())

@@ -1,0 +1,60 @@
+"""In-process transport: parties in one process, messages passed by reference.
+
+This is the simulation transport. It runs the very same party code as the network transport;
+the only difference is that a call invokes the peer's handler directly instead of going over
+gRPC, so tensors are not copied.
+"""
+
+from __future__ import annotations
+
+from vflink.errors import PeerUnavailable, ProtocolError
+from vflink.protocol.channel import Channel, MessageHandler
+from vflink.protocol.messages import Message
+from vflink.transport.accounting import TrafficCounter, Transcript
+
+__all__ = ["InProcessChannel", "InProcessHub"]
+
+
+class InProcessHub:
+    """Routes messages between named parties living in this process."""
+
+    def __init__(self, *, transcript: Transcript | None = None,
+                 counter: TrafficCounter | None = None) -> None:
+        self._handlers: dict[str, MessageHandler] = {}
+        self.transcript = transcript
+        self.counter = counter if counter is not None else TrafficCounter()
+
+    def register(self, name: str, handler: MessageHandler) -> None:
+        if name in self._handlers:
+            raise ProtocolError(f"a party named {name!r} is already registered")
+        self._handlers[name] = handler
+
+    def channel(self, name: str) -> InProcessChannel:
+        return InProcessChannel(name, self)
+
+    def deliver(self, sender: str, receiver: str, message: Message) -> Message:
+        handler = self._handlers.get(receiver)
+        if handler is None:
+            raise PeerUnavailable(receiver, f"no party of that name in this process "
+                                            f"(known: {', '.join(sorted(self._handlers))})")
+        self._count(sender, receiver, message)
+        reply = handler.handle(sender, message)
+        if not isinstance(reply, Message):
+            raise ProtocolError(f"party {receiver!r} answered {type(reply).__name__}, "
+                                "which is not a protocol message")
+        self._count(receiver, sender, reply)
+        return reply
+
+    def _count(self, sender: str, receiver: str, message: Message) -> None:
+        self.counter.add(sender, receiver, message)
+        if self.transcript is not None:
+            self.transcript.add(sender, receiver, message)
+
+
+class InProcessChannel(Channel):
+    def __init__(self, name: str, hub: InProcessHub) -> None:
+        super().__init__(name)
+        self._hub = hub
+
+    def call(self, peer: str, message: Message) -> Message:
+        return self._hub.deliver(self.name, peer, message)

@@ -1,0 +1,28 @@
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from vflink.protocol import MESSAGE_TYPES, Backward, Embeddings, Forward, payload_nbytes
+
+
+def test_every_message_is_frozen_and_registered_once() -> None:
+    for kind, cls in MESSAGE_TYPES.items():
+        assert cls.kind == kind
+        params = getattr(cls, "__dataclass_params__", None)
+        assert params is not None and params.frozen, cls
+
+
+def test_payload_bytes_count_tensors_and_scalars() -> None:
+    rows = np.arange(10, dtype=np.int64)
+    assert payload_nbytes(Forward(batch_id=1, rows=rows, train=True)) == 8 + 80 + 1
+    emb = torch.zeros(4, 16)
+    msg = Embeddings(batch_id=1, embeddings=emb, inverse=np.zeros(7, dtype=np.int64))
+    assert payload_nbytes(msg) == 8 + 4 * 16 * 4 + 7 * 8
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        msg.batch_id = 2  # type: ignore[misc]
+    assert payload_nbytes(Backward(batch_id=1, grad=torch.zeros(2, 3, dtype=torch.float64))) \
+        == 8 + 48
