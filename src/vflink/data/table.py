@@ -45,8 +45,11 @@ class PartyTable:
         return cls(schema, validate_frame(frame.reset_index(drop=True), schema, source), source)
 
 
-def read_frame(path: Path) -> pd.DataFrame:
-    """Read a CSV/TSV (optionally gzipped) or Parquet file, translating reader errors."""
+def read_frame(path: Path, *, text_columns: tuple[str, ...] = ()) -> pd.DataFrame:
+    """Read a CSV/TSV (optionally gzipped) or Parquet file, translating reader errors.
+
+    ``text_columns`` are read from CSV as text, so keys such as ``"007"`` keep leading zeros.
+    """
     path = Path(path)
     if not path.exists():
         raise DataError(f"{path}: file not found")
@@ -62,7 +65,8 @@ def read_frame(path: Path) -> pd.DataFrame:
         if kind == "parquet":
             return pd.read_parquet(path)
         sep = "\t" if kind == "tsv" or path.name.lower().endswith(".tsv.gz") else ","
-        return pd.read_csv(path, sep=sep, low_memory=False)
+        return pd.read_csv(path, sep=sep, low_memory=False,
+                           dtype={c: str for c in text_columns} or None)
     except pd.errors.EmptyDataError:
         raise DataError(f"{path}: the table is empty (no header and no rows)") from None
     except (pd.errors.ParserError, UnicodeDecodeError, OSError, ValueError) as exc:
@@ -74,7 +78,7 @@ def load_table(schema: PartySchema, path: Path | None = None) -> PartyTable:
     path = Path(path) if path is not None else schema.path
     if path is None:
         raise DataError(f"party {schema.name!r}: no data file given")
-    frame = read_frame(path)
+    frame = read_frame(path, text_columns=schema.key)
     return PartyTable(schema, validate_frame(frame, schema, str(path)), str(path))
 
 
