@@ -24,6 +24,7 @@ from vflink.models.spec import BottomSpec
 
 __all__ = [
     "MESSAGE_TYPES",
+    "PAYLOAD_TYPES",
     "PROTOCOL_VERSION",
     "Ack",
     "AlignmentReady",
@@ -31,18 +32,22 @@ __all__ = [
     "AlignmentViews",
     "Backward",
     "Embeddings",
+    "EncodingSpec",
     "FetchAlignment",
     "FitPreprocessing",
     "Forward",
     "Hello",
+    "IdentifierEncodings",
     "KeyDigests",
     "MatchKeys",
     "Message",
     "Restore",
     "SaveState",
     "SetupBottom",
+    "ShareEncodings",
     "ShareKeys",
     "Snapshot",
+    "SoftLink",
     "payload_nbytes",
 ]
 
@@ -139,6 +144,7 @@ class AlignmentView(Message):
     primary_index: npt.NDArray[np.int64]
     secondary_index: npt.NDArray[np.int64]
     similarity: npt.NDArray[np.float32] | None = None
+    meta: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -147,6 +153,72 @@ class AlignmentViews(Message):
 
     kind: ClassVar[str] = "alignment_views"
     views: tuple[AlignmentView, ...]
+
+
+# --- fuzzy soft linkage through a coordinator (FedSim §4.1) ------------------------------------
+
+
+@dataclass(frozen=True)
+class EncodingSpec:
+    """Public parameters of an identifier encoding, agreed by the data parties.
+
+    ``encoder`` is a registered encoder name (``"raw"``, ``"string"``, ``"bloom"``); ``kind`` is
+    ``"numeric"`` or ``"string"``; ``params`` holds Bloom-filter settings; ``low``/``high`` the
+    agreed per-dimension range of numeric identifiers (Bloom centres) and ``mean``/``scale`` an
+    agreed standardisation (raw). The Bloom secret is never part of it.
+    """
+
+    encoder: str
+    kind: str
+    params: dict[str, float] = field(default_factory=dict)
+    low: tuple[float, ...] = ()
+    high: tuple[float, ...] = ()
+    mean: tuple[float, ...] = ()
+    scale: tuple[float, ...] = ()
+
+
+@dataclass(frozen=True)
+class ShareEncodings(Message):
+    """Primary → secondary: encode your identifiers with ``spec`` and send them to
+    ``coordinator`` for ``session``."""
+
+    kind: ClassVar[str] = "share_encodings"
+    session: str
+    coordinator: str
+    spec: EncodingSpec
+
+
+@dataclass(frozen=True)
+class IdentifierEncodings(Message):
+    """Data party → coordinator: encoded identifiers, one row per record.
+
+    Packed Bloom filters (uint8) by default; raw float vectors or strings only when the user
+    turned privacy off explicitly.
+    """
+
+    kind: ClassVar[str] = "identifier_encodings"
+    session: str
+    encoder: str
+    values: npt.NDArray[Any] | tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class SoftLink(Message):
+    """Primary → coordinator: link my records to each secondary's top-K (FedSim §4.1).
+
+    The coordinator draws the Eq. 2 noise from its own generator: a primary that chose the noise
+    seed could subtract the noise and undo the protection of Theorem 2.
+    """
+
+    kind: ClassVar[str] = "soft_link"
+    session: str
+    secondaries: tuple[str, ...]
+    metric: str
+    top_k: int
+    mode: str = "soft"
+    tau: float | None = None
+    sigma: float | None = None
+    delta: float = 1e-5
 
 
 # --- split learning -------------------------------------------------------------------------
@@ -235,10 +307,15 @@ MESSAGE_TYPES: dict[str, type[Message]] = {
     cls.kind: cls
     for cls in (
         Hello, Ack, ShareKeys, KeyDigests, MatchKeys, AlignmentReady, FetchAlignment, AlignmentView,
-        AlignmentViews, SetupBottom, FitPreprocessing, Forward, Embeddings, Backward, Snapshot,
+        AlignmentViews, ShareEncodings, IdentifierEncodings, SoftLink, SetupBottom,
+        FitPreprocessing, Forward, Embeddings, Backward, Snapshot,
         Restore, SaveState,
     )
 }
+
+
+#: Non-message dataclasses that may travel inside messages (for the wire serde's allowlist).
+PAYLOAD_TYPES: dict[str, type] = {"BottomSpec": BottomSpec, "EncodingSpec": EncodingSpec}
 
 
 def _nbytes(value: Any) -> int:
