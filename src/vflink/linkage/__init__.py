@@ -1,0 +1,112 @@
+"""Record linkage for VFL without a shared key (FedSim §4.1, §4.3, §5; App. I).
+
+Stages, one module each (ARCHITECTURE.md, convention 9): :mod:`.encoding` (raw, string, Bloom) →
+:mod:`.blocking` (q-gram candidates) → :mod:`.search` (top-K with faiss / rapidfuzz, each with a
+brute-force reference) → :mod:`.soft` (Eq. 1 normalisation, Eq. 2 noise) with the privacy
+formulas of :mod:`.privacy` (Theorems 1 and 2), and :mod:`.improvement` (Δ, Figure 4).
+:func:`link` runs them all. This package is an algorithm layer: it does no I/O to peers.
+"""
+
+from __future__ import annotations
+
+from vflink.linkage.api import link
+from vflink.linkage.encoding import (
+    BLOOM_FORMAT_VERSION,
+    ENCODERS,
+    BloomConfig,
+    BloomEncoder,
+    Encoder,
+    NumericRange,
+    RawEncoder,
+    Standardization,
+    StringEncoder,
+    bloom_numeric,
+    bloom_strings,
+    make_encoder,
+    normalize_string,
+)
+from vflink.linkage.improvement import (
+    BASELINES,
+    baseline_matches,
+    improvement_estimate,
+    improvement_per_record,
+    plot_similarity_curve,
+    scale_similarities,
+)
+from vflink.linkage.privacy import (
+    dp_epsilon,
+    dp_sensitivity,
+    sigma_for_tau,
+    tau_for_sigma,
+    tau_min,
+    theorem1_delta_limit,
+)
+from vflink.linkage.search import (
+    METRICS,
+    Metric,
+    Neighbours,
+    SearchOptions,
+    brute_euclidean,
+    brute_hamming,
+    brute_haversine,
+    brute_levenshtein,
+    recall_at_k,
+    search_euclidean,
+    search_hamming,
+    search_haversine,
+    search_levenshtein,
+)
+from vflink.linkage.soft import (
+    SoftLinkage,
+    normalize_similarities,
+    perturb_similarities,
+    soft_linkage,
+)
+from vflink.linkage.validation import validate_identifiers
+
+__all__ = [
+    "BASELINES",
+    "BLOOM_FORMAT_VERSION",
+    "ENCODERS",
+    "METRICS",
+    "BloomConfig",
+    "BloomEncoder",
+    "Encoder",
+    "Metric",
+    "Neighbours",
+    "NumericRange",
+    "RawEncoder",
+    "SearchOptions",
+    "SoftLinkage",
+    "Standardization",
+    "StringEncoder",
+    "baseline_matches",
+    "bloom_numeric",
+    "bloom_strings",
+    "brute_euclidean",
+    "brute_hamming",
+    "brute_haversine",
+    "brute_levenshtein",
+    "dp_epsilon",
+    "dp_sensitivity",
+    "improvement_estimate",
+    "improvement_per_record",
+    "link",
+    "make_encoder",
+    "normalize_similarities",
+    "normalize_string",
+    "perturb_similarities",
+    "plot_similarity_curve",
+    "recall_at_k",
+    "scale_similarities",
+    "search_euclidean",
+    "search_hamming",
+    "search_haversine",
+    "search_levenshtein",
+    "sigma_for_tau",
+    "soft_linkage",
+    "tau_for_sigma",
+    "tau_min",
+    "theorem1_delta_limit",
+    "validate_identifiers",
+]

@@ -1,0 +1,40 @@
+"""Identifier encodings (the "encode" stage of record linkage), registered by name.
+
+``"raw"`` → :class:`RawEncoder` (float vectors, optional shared standardisation),
+``"string"`` → :class:`StringEncoder` (normalised strings),
+``"bloom"`` → :class:`BloomEncoder` (FEDERAL Bloom filters, FedSim App. I).
+"""
+
+from __future__ import annotations
+
+from vflink.linkage.encoding.base import ENCODERS, Encoder, make_encoder
+from vflink.linkage.encoding.bloom import (
+    BLOOM_FORMAT_VERSION,
+    BloomConfig,
+    BloomEncoder,
+    NumericRange,
+    bloom_numeric,
+    bloom_strings,
+)
+from vflink.linkage.encoding.raw import RawEncoder, Standardization
+from vflink.linkage.encoding.strings import StringEncoder, normalize_string
+
+__all__ = [
+    "BLOOM_FORMAT_VERSION",
+    "ENCODERS",
+    "BloomConfig",
+    "BloomEncoder",
+    "Encoder",
+    "NumericRange",
+    "RawEncoder",
+    "Standardization",
+    "StringEncoder",
+    "bloom_numeric",
+    "bloom_strings",
+    "make_encoder",
+    "normalize_string",
+]
+
+ENCODERS.add("raw", RawEncoder)
+ENCODERS.add("string", StringEncoder)
+ENCODERS.add("bloom", BloomEncoder)

@@ -1,0 +1,207 @@
+"""Soft linkage (FedSim §4.1): top-K neighbours → normalised (Eq. 1) and noised (Eq. 2)
+similarities, with the privacy figures of §5 attached.
+
+* Eq. 1: ρ_ij = (−dist(k_i^P, k_j^S) − μ0) / σ0, with μ0, σ0 the mean and (population) standard
+  deviation of *all computed* negative distances — the n × K distances of the linkage; so ρ has
+  mean 0 and standard deviation 1 before noise.
+* Eq. 2: s_ij = ρ_ij + N(0, σ²), drawn from an explicit ``numpy.random.Generator``.
+* σ is given directly or derived from a target greedy-attack success rate τ (Theorem 2,
+  :func:`~vflink.linkage.privacy.sigma_for_tau`); the (ε, δ) reported is Theorem 1's bound for
+  that σ (:func:`~vflink.linkage.privacy.dp_epsilon`).
+
+Exact (K = 1, exact matches only, the rest MISSING) and Top1Sim (K = 1) are the same engine with
+K = 1; missing entries have index −1 and NaN distance and similarity, and are left out of μ0/σ0.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from vflink.errors import ConfigError
+from vflink.linkage.privacy import (
+    dp_epsilon,
+    sigma_for_tau,
+    tau_for_sigma,
+    theorem1_delta_limit,
+)
+from vflink.linkage.search import Neighbours
+from vflink.types import MISSING, Alignment
+
+__all__ = ["LinkMode", "SoftLinkage", "normalize_similarities", "perturb_similarities",
+           "soft_linkage"]
+
+log = logging.getLogger(__name__)
+
+LinkMode = Literal["soft", "top1", "exact"]
+FloatArray = npt.NDArray[np.float64]
+
+
+def normalize_similarities(distances: npt.ArrayLike) -> tuple[FloatArray, float, float]:
+    """FedSim Eq. 1 over all finite entries: returns (ρ, μ0, σ0).
+
+    NaN entries (missing links) stay NaN and do not enter μ0/σ0. When σ0 = 0 (all distances
+    equal, e.g. exact matches) ρ is 0 everywhere: the similarities carry no information.
+    """
+    d = np.asarray(distances, dtype=np.float64)
+    neg = -d
+    valid = np.isfinite(neg)
+    if not valid.any():
+        return np.full_like(d, np.nan), 0.0, 0.0
+    mu0 = float(neg[valid].mean())
+    sigma0 = float(neg[valid].std())
+    if sigma0 > 0.0:
+        rho = (neg - mu0) / sigma0
+    else:
+        rho = np.where(valid, 0.0, np.nan)
+    return rho, mu0, sigma0
+
+
+def perturb_similarities(rho: npt.ArrayLike, sigma: float,
+                         rng: np.random.Generator) -> FloatArray:
+    """FedSim Eq. 2: s = ρ + N(0, σ²) with noise from ``rng`` (σ = 0: s = ρ, no draw)."""
+    r = np.asarray(rho, dtype=np.float64)
+    if sigma == 0.0:
+        return r.copy()
+    return r + rng.normal(0.0, sigma, size=r.shape)
+
+
+@dataclass(frozen=True, eq=False)
+class SoftLinkage:
+    """The result of a linkage: who is linked to whom, how similar, and at what privacy cost.
+
+    Attributes:
+        indices: ``(n, K)`` secondary rows, most similar first; −1 = missing (exact mode).
+        distances: ``(n, K)`` raw distances (NaN where missing). Coordinator-side only.
+        similarities: ``(n, K)`` normalised and noised similarities s (Eq. 1–2), for the primary.
+        mu0, sigma0: Eq. 1 scaling parameters.
+        sigma: Eq. 2 noise scale.
+        tau: Theorem 2 greedy-attack bound for (σ, σ0).
+        epsilon, delta: Theorem 1: with noise σ no ε below ``epsilon`` is possible at this δ.
+        epsilon_valid: whether δ satisfies Theorem 1's condition δ < 1/2 − e^{−3ε}/√(2πε).
+        metric, mode: how the linkage was made; ``n_secondary``: rows in the secondary table.
+        exact_search, recall: whether the search was exact; measured recall@K if approximate.
+    """
+
+    indices: npt.NDArray[np.int64]
+    distances: FloatArray
+    similarities: FloatArray
+    mu0: float
+    sigma0: float
+    sigma: float
+    tau: float
+    epsilon: float
+    delta: float
+    epsilon_valid: bool
+    metric: str
+    mode: LinkMode
+    n_secondary: int
+    exact_search: bool = True
+    recall: float | None = None
+    meta: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def k(self) -> int:
+        return int(self.indices.shape[1])
+
+    def __len__(self) -> int:
+        return int(self.indices.shape[0])
+
+    @property
+    def matched(self) -> npt.NDArray[np.bool_]:
+        return np.asarray((self.indices != MISSING).any(axis=1))
+
+    def raw_similarities(self) -> FloatArray:
+        """ρ of Eq. 1 (before noise), recomputed from the distances and (μ0, σ0)."""
+        if self.sigma0 == 0.0:
+            return np.where(np.isfinite(self.distances), 0.0, np.nan)
+        return (-self.distances - self.mu0) / self.sigma0
+
+    def to_alignment(self, secondary: str = "secondary", *,
+                     include_similarity: bool = True) -> Alignment:
+        """The hand-off to training: primary rows 0..n−1, their K secondary rows, and (for the
+        primary party only) the noised similarities as float32."""
+        meta = {"mu0": self.mu0, "sigma0": self.sigma0, "sigma": self.sigma, "tau": self.tau,
+                "epsilon": self.epsilon, "delta": self.delta}
+        if self.recall is not None:
+            meta["recall"] = self.recall
+        return Alignment(
+            primary_index=np.arange(len(self), dtype=np.int64),
+            secondary_index=self.indices,
+            similarity=self.similarities.astype(np.float32) if include_similarity else None,
+            secondary=secondary,
+            meta=meta,
+        )
+
+
+def soft_linkage(
+    neighbours: Neighbours,
+    *,
+    metric: str,
+    n_secondary: int,
+    mode: LinkMode = "soft",
+    tau: float | None = None,
+    sigma: float | None = None,
+    delta: float = 1e-5,
+    rng: np.random.Generator | int | None = None,
+) -> SoftLinkage:
+    """Build a :class:`SoftLinkage` from top-K neighbours (FedSim §4.1, Eq. 1–2, §5).
+
+    ``mode="exact"`` keeps only neighbours at distance 0 (exact matches) and marks the others
+    MISSING; ``"top1"`` and ``"exact"`` need K = 1. Give at most one of ``tau`` and ``sigma``;
+    with neither, no noise is added (σ = 0, τ = 1, ε = ∞).
+    """
+    if mode not in ("soft", "top1", "exact"):
+        raise ConfigError(f"`mode` must be one of exact, soft, top1, got {mode!r}")
+    if mode != "soft" and neighbours.k != 1:
+        raise ConfigError(f"mode {mode!r} links one secondary row per primary row; `top_k` "
+                          f"must be 1, got {neighbours.k}")
+    if tau is not None and sigma is not None:
+        raise ConfigError("give at most one of `tau` and `sigma`")
+    if sigma is not None and not (math.isfinite(sigma) and sigma >= 0.0):
+        raise ConfigError(f"`sigma` must be a finite number ≥ 0, got {sigma!r}")
+    if not (0.0 < delta < 1.0):
+        raise ConfigError(f"`delta` must be a number in (0, 1), got {delta!r}")
+
+    indices = neighbours.indices.copy()
+    distances = neighbours.distances.copy()
+    if mode == "exact":
+        miss = distances != 0.0
+        indices[miss] = MISSING
+        distances[miss] = np.nan
+
+    rho, mu0, sigma0 = normalize_similarities(distances)
+    if tau is not None:
+        noise = sigma_for_tau(tau, sigma0)
+    else:
+        noise = 0.0 if sigma is None else float(sigma)
+    achieved_tau = tau_for_sigma(noise, sigma0)
+    n_primary = int(indices.shape[0])
+    epsilon = dp_epsilon(noise, n_primary, mu0, sigma0)
+    epsilon_valid = delta < theorem1_delta_limit(epsilon)
+    generator = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
+    similarities = perturb_similarities(rho, noise, generator)
+    log.info("soft linkage: K=%d μ0=%.6g σ0=%.6g σ=%.6g τ=%.6g ε=%.6g", neighbours.k, mu0,
+             sigma0, noise, achieved_tau, epsilon)
+    return SoftLinkage(
+        indices=indices,
+        distances=distances,
+        similarities=similarities,
+        mu0=mu0,
+        sigma0=sigma0,
+        sigma=noise,
+        tau=achieved_tau,
+        epsilon=epsilon,
+        delta=float(delta),
+        epsilon_valid=bool(epsilon_valid),
+        metric=metric,
+        mode=mode,
+        n_secondary=int(n_secondary),
+        exact_search=neighbours.exact,
+        recall=neighbours.recall,
+    )

@@ -1,0 +1,205 @@
+"""Top-K search: every accelerated search equals its brute-force reference (distances)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from vflink.errors import LinkageError
+from vflink.linkage import (
+    METRICS,
+    SearchOptions,
+    brute_euclidean,
+    brute_hamming,
+    brute_levenshtein,
+    recall_at_k,
+    search_euclidean,
+    search_hamming,
+    search_haversine,
+    search_levenshtein,
+)
+from vflink.linkage.distances import haversine_distances, levenshtein_distances
+
+SETTINGS = settings(max_examples=25, deadline=None,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+
+def _dp_levenshtein(a: str, b: str) -> int:
+    prev = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        cur = [i]
+        for j, cb in enumerate(b, 1):
+            cur.append(min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (ca != cb)))
+        prev = cur
+    return prev[-1]
+
+
+def _assert_same(fast, slow, atol: float = 1e-9) -> None:  # type: ignore[no-untyped-def]
+    assert fast.indices.shape == slow.indices.shape
+    np.testing.assert_allclose(fast.distances, slow.distances, rtol=1e-7, atol=atol)
+    # rows sorted by distance
+    assert (np.diff(fast.distances, axis=1) >= 0).all()
+
+
+@pytest.fixture(scope="module")
+def latlon() -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(0)
+    p = rng.uniform([39.7, 116.1], [40.1, 116.7], (700, 2))
+    s = rng.uniform([39.7, 116.1], [40.1, 116.7], (300, 2))
+    return p, s
+
+
+@pytest.mark.parametrize("index", ["flat", "kdtree", "auto"])
+@pytest.mark.parametrize("name", ["euclidean", "haversine"])
+def test_dense_exact_equals_brute(name: str, index: str,
+                                  latlon: tuple[np.ndarray, np.ndarray]) -> None:
+    p, s = latlon
+    m = METRICS.get(name)
+    fast = m.search(p, s, 15, options=SearchOptions(chunk_size=128,
+                                                     dense_index=index))  # type: ignore[arg-type]
+    slow = m.brute(p, s, 15)
+    _assert_same(fast, slow, atol=1e-9)
+    assert fast.exact and fast.recall is None
+    # continuous random data has no ties: indices agree too
+    assert (fast.indices == slow.indices).all()
+
+
+def test_haversine_known_city_distance() -> None:
+    paris, london = (48.8566, 2.3522), (51.5074, -0.1278)
+    d = haversine_distances([paris], [london])[0, 0]
+    assert d == pytest.approx(343.5, abs=1.0)  # widely quoted great-circle distance ≈ 343.5 km
+    res = search_haversine(np.array([paris]), np.array([london, (40.7128, -74.0060)]), 2)
+    assert res.distances[0, 0] == pytest.approx(d, rel=1e-9)
+    assert res.distances[0, 1] == pytest.approx(5837, abs=5)  # Paris–New York
+
+
+def test_haversine_search_across_antimeridian() -> None:
+    p = np.array([[0.0, 179.99]])
+    s = np.array([[0.0, -179.99], [0.0, 179.0]])
+    res = search_haversine(p, s, 1)
+    assert res.indices[0, 0] == 0
+    assert res.distances[0, 0] == pytest.approx(2.224, abs=0.01)
+
+
+def test_hamming_exact_equals_brute() -> None:
+    rng = np.random.default_rng(1)
+    p = rng.integers(0, 256, (400, 16), dtype=np.uint8)
+    s = rng.integers(0, 256, (250, 16), dtype=np.uint8)
+    for k in (20, 40):  # faiss heap selection below K = 32, counting selection above
+        _assert_same(search_hamming(p, s, k, options=SearchOptions(chunk_size=64)),
+                     brute_hamming(p, s, k))
+
+
+def test_levenshtein_exact_equals_brute_and_dp() -> None:
+    p = ["kitten", "sitting", "saturday", "sunday", "flaw", "lawn", "a"]
+    s = ["sitting", "kitten", "sunday", "lawn", "flaws", "b", "saturdays", "xyz"]
+    fast = search_levenshtein(p, s, 3, options=SearchOptions(threads=1, chunk_size=2))
+    _assert_same(fast, brute_levenshtein(p, s, 3))
+    dp = np.array([[_dp_levenshtein(a, b) for b in s] for a in p], dtype=float)
+    np.testing.assert_array_equal(levenshtein_distances(p, s), dp)
+    assert fast.distances[0, 0] == 0 and fast.distances[0, 1] == 3  # kitten, then sitting
+
+
+@SETTINGS
+@given(data=st.data())
+def test_property_euclidean(data: st.DataObject) -> None:
+    d = data.draw(st.integers(1, 6))
+    index = data.draw(st.sampled_from(["flat", "kdtree", "auto"]))
+    n_s = data.draw(st.integers(1, 40))
+    n_p = data.draw(st.integers(0, 40))
+    k = data.draw(st.integers(1, n_s))
+    elems = st.floats(-100, 100, allow_nan=False, width=32)
+    s = data.draw(hnp.arrays(np.float64, (n_s, d), elements=elems))
+    p = data.draw(hnp.arrays(np.float64, (n_p, d), elements=elems))
+    fast = search_euclidean(p, s, k, options=SearchOptions(chunk_size=7, dense_index=index))  # type: ignore[arg-type]
+    _assert_same(fast, brute_euclidean(p, s, k), atol=1e-3)
+
+
+@SETTINGS
+@given(data=st.data())
+def test_property_haversine(data: st.DataObject) -> None:
+    n_s = data.draw(st.integers(1, 30))
+    n_p = data.draw(st.integers(1, 30))
+    k = data.draw(st.integers(1, n_s))
+    lat = st.floats(-90, 90, allow_nan=False)
+    lon = st.floats(-180, 180, allow_nan=False)
+    pts = st.tuples(lat, lon)
+    s = np.array(data.draw(st.lists(pts, min_size=n_s, max_size=n_s)))
+    p = np.array(data.draw(st.lists(pts, min_size=n_p, max_size=n_p)))
+    index = data.draw(st.sampled_from(["flat", "kdtree"]))
+    fast = search_haversine(p, s, k, options=SearchOptions(dense_index=index))  # type: ignore[arg-type]
+    _assert_same(fast, METRICS.get("haversine").brute(p, s, k), atol=0.05)  # km; float32 pick
+
+
+@SETTINGS
+@given(data=st.data())
+def test_property_hamming(data: st.DataObject) -> None:
+    nbytes = data.draw(st.integers(1, 12))
+    n_s = data.draw(st.integers(1, 30))
+    n_p = data.draw(st.integers(0, 30))
+    k = data.draw(st.integers(1, n_s))
+    s = data.draw(hnp.arrays(np.uint8, (n_s, nbytes)))
+    p = data.draw(hnp.arrays(np.uint8, (n_p, nbytes)))
+    _assert_same(search_hamming(p, s, k, options=SearchOptions(chunk_size=5)),
+                 brute_hamming(p, s, k))
+
+
+@SETTINGS
+@given(data=st.data())
+def test_property_levenshtein(data: st.DataObject) -> None:
+    text = st.text(alphabet="abcde é", min_size=1, max_size=12)
+    s = data.draw(st.lists(text, min_size=1, max_size=25))
+    p = data.draw(st.lists(text, min_size=1, max_size=15))
+    k = data.draw(st.integers(1, len(s)))
+    fast = search_levenshtein(p, s, k, options=SearchOptions(threads=1, chunk_size=4))
+    _assert_same(fast, brute_levenshtein(p, s, k))
+    blocked = search_levenshtein(p, s, k, options=SearchOptions(mode="approximate", qgram=2,
+                                                                 candidates=max(k, 5)))
+    assert blocked.recall is not None and 0.0 <= blocked.recall <= 1.0
+    assert not blocked.exact
+    # the measured recall is the recall of what was returned
+    assert blocked.recall == pytest.approx(recall_at_k(blocked.distances, fast.distances))
+
+
+@pytest.mark.parametrize("name", ["euclidean", "haversine"])
+def test_dense_approximate_reports_recall(name: str, latlon: tuple[np.ndarray, np.ndarray]) -> None:
+    p, s = latlon
+    res = METRICS.get(name).search(p, s, 5, options=SearchOptions(mode="approximate", nlist=8,
+                                                                   nprobe=1, recall_sample=200))
+    assert not res.exact and res.recall_rows == 200
+    assert res.recall is not None and 0.3 < res.recall <= 1.0
+    truth = METRICS.get(name).brute(p, s, 5)
+    rows = np.sort(np.random.default_rng(0).choice(len(p), 200, replace=False))
+    assert res.recall == pytest.approx(recall_at_k(res.distances[rows], truth.distances[rows]))
+    # never fewer than k neighbours, even when probed IVF cells are nearly empty
+    assert (res.indices >= 0).all()
+
+
+def test_hamming_approximate_reports_recall() -> None:
+    rng = np.random.default_rng(3)
+    s = rng.integers(0, 256, (2000, 8), dtype=np.uint8)
+    p = s[:300] ^ (rng.random((300, 8)) < 0.02).astype(np.uint8)
+    res = search_hamming(p, s, 3, options=SearchOptions(mode="approximate", nlist=16, nprobe=4))
+    assert res.recall is not None and 0.0 < res.recall <= 1.0
+
+
+def test_recall_is_tie_aware() -> None:
+    truth = np.array([[1.0, 2.0, 2.0]])
+    assert recall_at_k(np.array([[1.0, 2.0, 2.0]]), truth) == 1.0
+    assert recall_at_k(np.array([[1.0, 2.0, 3.0]]), truth) == pytest.approx(2 / 3)
+
+
+def test_k_larger_than_secondary_raises() -> None:
+    with pytest.raises(LinkageError, match="larger than the secondary table"):
+        search_euclidean(np.zeros((2, 2)), np.zeros((3, 2)), 4)
+
+
+def test_threads_setting_is_restored() -> None:
+    import faiss
+
+    before = faiss.omp_get_max_threads()
+    search_euclidean(np.zeros((3, 2)), np.ones((3, 2)), 1, options=SearchOptions(threads=1))
+    assert faiss.omp_get_max_threads() == before

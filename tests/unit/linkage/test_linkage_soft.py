@@ -1,0 +1,99 @@
+"""Soft linkage: Eq. 1 normalisation, Eq. 2 noise, Exact/Top1Sim modes, the Alignment hand-off."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from vflink.errors import ConfigError, LinkageError
+from vflink.linkage import (
+    SearchOptions,
+    link,
+    normalize_similarities,
+    perturb_similarities,
+    tau_for_sigma,
+    tau_min,
+)
+from vflink.types import MISSING, Alignment
+
+
+@pytest.fixture(scope="module")
+def points() -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(0)
+    return 100 * rng.normal(size=(300, 2)), 100 * rng.normal(size=(120, 2))
+
+
+def test_eq1_mean_zero_std_one(points: tuple[np.ndarray, np.ndarray]) -> None:
+    res = link(*points, metric="euclidean", top_k=7, rng=0)
+    rho = res.raw_similarities()
+    assert rho.mean() == pytest.approx(0.0, abs=1e-12)
+    assert rho.std() == pytest.approx(1.0, abs=1e-12)
+    assert res.mu0 == pytest.approx((-res.distances).mean())
+    assert res.sigma0 == pytest.approx((-res.distances).std())
+    np.testing.assert_array_equal(res.similarities, rho)  # no noise requested
+    assert res.sigma == 0.0 and res.tau == 1.0 and res.epsilon == np.inf
+    # nearest first ⇔ most similar first
+    assert (np.diff(rho, axis=1) <= 1e-12).all()
+
+
+def test_normalize_ignores_missing() -> None:
+    rho, mu0, sigma0 = normalize_similarities(np.array([[1.0, np.nan], [3.0, 5.0]]))
+    assert mu0 == pytest.approx(-3.0) and sigma0 == pytest.approx(np.std([1, 3, 5]))
+    assert np.isnan(rho[0, 1])
+
+
+def test_eq2_noise_is_gaussian_and_seeded() -> None:
+    rho = np.zeros((400, 50))
+    a = perturb_similarities(rho, 0.5, np.random.default_rng(7))
+    b = perturb_similarities(rho, 0.5, np.random.default_rng(7))
+    np.testing.assert_array_equal(a, b)
+    assert a.std() == pytest.approx(0.5, rel=0.02)
+    assert a.mean() == pytest.approx(0.0, abs=0.01)
+
+
+def test_tau_sets_sigma(points: tuple[np.ndarray, np.ndarray]) -> None:
+    res = link(*points, metric="euclidean", top_k=5, tau=0.5, rng=np.random.default_rng(1))
+    assert res.tau == pytest.approx(0.5)
+    assert res.sigma > 0 and tau_for_sigma(res.sigma, res.sigma0) == pytest.approx(0.5)
+    assert np.std(res.similarities - res.raw_similarities()) == pytest.approx(res.sigma, rel=0.1)
+    assert res.epsilon > 0 and res.delta == 1e-5
+
+
+def test_unreachable_tau_raises_with_minimum(points: tuple[np.ndarray, np.ndarray]) -> None:
+    base = link(*points, metric="euclidean", top_k=5)
+    floor = tau_min(base.sigma0)
+    with pytest.raises(LinkageError, match=f"{floor:.6g}"):
+        link(*points, metric="euclidean", top_k=5, tau=floor / 2)
+
+
+def test_sigma_given_directly(points: tuple[np.ndarray, np.ndarray]) -> None:
+    res = link(*points, metric="euclidean", top_k=3, sigma=0.25, rng=3)
+    assert res.sigma == 0.25
+    assert res.tau == pytest.approx(tau_for_sigma(0.25, res.sigma0))
+    with pytest.raises(ConfigError, match="at most one"):
+        link(*points, metric="euclidean", top_k=3, sigma=0.25, tau=0.5)
+
+
+def test_top1_and_exact_modes() -> None:
+    p = ["apple", "banana", "cherry", "kiwi"]
+    s = ["banana", "apple", "grape"]
+    top1 = link(p, s, metric="levenshtein", top_k=1, mode="top1")
+    assert top1.k == 1 and (top1.indices >= 0).all()
+    exact = link(p, s, metric="levenshtein", top_k=1, mode="exact")
+    assert exact.indices[:, 0].tolist() == [1, 0, MISSING, MISSING]
+    assert np.isnan(exact.similarities[2:, 0]).all()
+    with pytest.raises(ConfigError, match="`top_k` must be 1"):
+        link(p, s, metric="levenshtein", top_k=2, mode="top1")
+
+
+def test_to_alignment(points: tuple[np.ndarray, np.ndarray]) -> None:
+    res = link(*points, metric="euclidean", top_k=4, sigma=0.1, rng=0,
+               search=SearchOptions(mode="approximate", nlist=4, nprobe=4))
+    al = res.to_alignment("bank")
+    assert isinstance(al, Alignment)
+    assert al.secondary == "bank" and al.k == 4 and len(al) == 300
+    assert al.similarity is not None and al.similarity.dtype == np.float32
+    np.testing.assert_array_equal(al.secondary_index, res.indices)
+    assert al.meta["sigma"] == 0.1 and "recall" in al.meta
+    assert al.without_similarity().similarity is None
+    assert res.to_alignment(include_similarity=False).similarity is None
