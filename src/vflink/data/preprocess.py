@@ -8,6 +8,8 @@ information from validation or test rows leaks into the features.
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import numpy.typing as npt
 import pandas as pd
@@ -20,6 +22,8 @@ from vflink.data.schema import PartySchema
 from vflink.errors import DataError
 
 __all__ = ["MISSING_CATEGORY", "Preprocessor"]
+
+log = logging.getLogger(__name__)
 
 MISSING_CATEGORY = "<missing>"
 
@@ -46,7 +50,13 @@ class Preprocessor:
     def fit(self, frame: pd.DataFrame, rows: npt.NDArray[np.int64]) -> Preprocessor:
         rows = np.asarray(rows, dtype=np.int64)
         if rows.size == 0:
-            raise DataError(f"party {self.schema.name!r}: no training rows to fit preprocessing on")
+            # e.g. Exact linkage on noisy identifiers: no record of this party is linked to a
+            # training row, so it contributes nothing and nothing may be fitted on other rows.
+            log.warning("party %r: no linked training rows; its features are not used",
+                        self.schema.name)
+            self._transformer = None
+            self.n_features = 0
+            return self
         if rows.min() < 0 or rows.max() >= len(frame):
             raise DataError(f"party {self.schema.name!r}: training rows out of range "
                             f"[0, {len(frame)}) in preprocessing")

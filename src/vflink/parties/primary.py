@@ -19,30 +19,26 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from vflink.alignment.exact import key_digests
 from vflink.data.labels import LabelCodec
 from vflink.data.preprocess import Preprocessor
 from vflink.data.table import PartyTable
 from vflink.errors import ConfigError, ProtocolError
+from vflink.models.merge import AggregatorConfig
 from vflink.models.mlp import build_optimizer, seeded_init
 from vflink.models.spec import BottomSpec
 from vflink.models.splitnn import SplitNNPrimary
 from vflink.parties.base import Party
+from vflink.parties.linking import AlignmentInitiator
 from vflink.protocol.channel import Channel
 from vflink.protocol.messages import (
     Ack,
-    AlignmentReady,
-    AlignmentViews,
     Backward,
     Embeddings,
     FitPreprocessing,
     Forward,
-    KeyDigests,
-    MatchKeys,
     Restore,
     SaveState,
     SetupBottom,
-    ShareKeys,
     Snapshot,
 )
 from vflink.types import MISSING, Alignment, Task
@@ -54,12 +50,20 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, kw_only=True)
 class TrainingPlan:
-    """What the primary needs to set up SplitNN training (all public hyperparameters)."""
+    """What the primary needs to set up training (all public hyperparameters).
+
+    ``aggregator`` picks how the K linked pairs of a record are merged (``top1sim``: plain
+    SplitNN on the top-1 link; ``fedsim``: FedSim's gates; see :mod:`vflink.models.merge`).
+    """
 
     bottom: BottomSpec
     top_hidden: tuple[int, ...] = (100,)
     learn_missing: bool = False
     eval_batch_size: int = 4096
+    aggregator: str = "top1sim"
+    k: int = 1
+    aggregator_config: AggregatorConfig | None = None
+    pair_dim: int = 10
 
 
 class PrimaryParty(Party):
@@ -88,6 +92,7 @@ class PrimaryParty(Party):
         self._secret = secret
         self.out_dir = out_dir
         self.links: dict[str, npt.NDArray[np.int64]] = {}
+        self.similarity: npt.NDArray[np.float32] | None = None
         self.model: SplitNNPrimary | None = None
         self.optimizer: torch.optim.Optimizer | None = None
         self.codec = LabelCodec(self.task)
@@ -103,38 +108,41 @@ class PrimaryParty(Party):
 
     # --- alignment ------------------------------------------------------------------------
 
+    def initiator(self) -> AlignmentInitiator:
+        """The alignment driver for this party's records (exact keys or soft linkage)."""
+        schema = self.table.schema
+        return AlignmentInitiator(self.name, self.table.frame, self.channel,
+                                  secondaries=self.secondaries, key=schema.key,
+                                  identifiers=schema.identifiers, secret=self._secret,
+                                  source=self.table.source)
+
     def align_exact(self, coordinator: str, session: str = "exact") -> dict[str, Alignment]:
         """Exact-key alignment through ``coordinator`` with keyed hashes (HMAC).
 
         Only digests reach the coordinator; the coordinator returns indices to every party.
         """
-        if self._secret is None:
-            raise ConfigError("exact alignment needs a shared secret (alignment.secret_env)")
-        digests = key_digests(self.table.frame, self.table.schema.key, self._secret)
-        self.channel.request(coordinator, KeyDigests(session=session, digests=digests), Ack)
-        for name in self.secondaries:
-            self.channel.request(name, ShareKeys(session=session, coordinator=coordinator), Ack)
-        views = self.channel.request(
-            coordinator, MatchKeys(session=session, secondaries=self.secondaries), AlignmentViews
-        ).views
-        alignments = {}
-        for view in views:
-            alignments[view.secondary] = Alignment(view.primary_index, view.secondary_index,
-                                                   view.similarity, view.secondary)
-        for name in self.secondaries:
-            if name not in alignments:
-                raise ProtocolError(f"coordinator returned no alignment for {name!r}")
-            self.channel.request(name, AlignmentReady(session=session, coordinator=coordinator),
-                                 Ack)
-        return alignments
+        return self.initiator().align_exact(coordinator, session)
 
-    def set_alignments(self, alignments: Mapping[str, Alignment]) -> None:
-        """Use these alignments (one per secondary) for training and prediction."""
+    def set_alignments(self, alignments: Mapping[str, Alignment], *, k: int | None = None
+                       ) -> None:
+        """Use these alignments (one per secondary) for training and prediction.
+
+        ``k`` keeps the ``k`` most similar links of each record (all by default). The
+        similarities of the first secondary's alignment drive the gates (the other secondaries
+        are linked one-to-one to it, FedSim App. C).
+        """
         missing = [s for s in self.secondaries if s not in alignments]
         if missing:
             raise ConfigError(f"no alignment for secondary parties {missing}")
         n = len(self.table)
-        self.links = {s: alignments[s].for_primary_rows(n) for s in self.secondaries}
+        self.links = {s: alignments[s].for_primary_rows(n)[:, :k] for s in self.secondaries}
+        self.similarity = None
+        if self.secondaries:
+            anchor = alignments[self.secondaries[0]]
+            if anchor.similarity is not None:
+                dense = np.zeros((n, anchor.k), dtype=np.float32)
+                dense[anchor.primary_index] = anchor.similarity
+                self.similarity = dense[:, :k]
 
     # --- training -------------------------------------------------------------------------
 
@@ -156,49 +164,72 @@ class PrimaryParty(Party):
             linked = np.unique(linked[linked != MISSING])
             self.channel.request(name, FitPreprocessing(rows=linked), Ack)
             dims.append(spec.out_dim)
+        k = next(iter(self.links.values())).shape[1] if self.links else 1
+        if plan.k != k:
+            raise ConfigError(f"the plan expects K = {plan.k} links per record, the alignment "
+                              f"has {k}")
         with seeded_init(plan.bottom.seed):
-            self.model = SplitNNPrimary(pre.n_features, plan.bottom, dims, plan.top_hidden,
-                                        self.codec.out_dim, learn_missing=plan.learn_missing)
+            self.model = SplitNNPrimary(
+                pre.n_features, plan.bottom, dims, plan.top_hidden, self.codec.out_dim,
+                learn_missing=plan.learn_missing, aggregator=plan.aggregator, k=k,
+                aggregator_config=plan.aggregator_config, pair_dim=plan.pair_dim)
         self.optimizer = build_optimizer(self.model.parameters(), plan.bottom)
         log.info("primary: %d features, %d secondaries (cut widths %s)", pre.n_features,
                  len(self.secondaries), dims)
 
     def _secondary_embeddings(self, rows: npt.NDArray[np.int64], batch_id: int, train: bool
-                              ) -> tuple[list[torch.Tensor], list[tuple[str, torch.Tensor]]]:
+                              ) -> tuple[list[torch.Tensor], list[tuple[str, torch.Tensor]],
+                                         torch.Tensor, torch.Tensor]:
+        """Embeddings (B, K, d_j) of every secondary for the linked rows of ``rows``, the leaves
+        whose gradients go back, and the (B, K) similarities and valid-slot mask."""
         model = self._require_model()
+        plan = self._plan
+        learn_missing = plan.learn_missing if plan is not None else False
+        b = len(rows)
+        k = next(iter(self.links.values())).shape[1] if self.links else 1
+        valid = np.ones((b, k), dtype=bool)
         embeddings: list[torch.Tensor] = []
         leaves: list[tuple[str, torch.Tensor]] = []
         for j, name in enumerate(self.secondaries):
-            links = self.links[name][rows, 0]  # SplitNN uses the top-1 link
+            links = self.links[name][rows]  # (B, K)
             present = links != MISSING
-            d = model.missing[j].shape[0] if len(model.missing) else None
-            if not present.any():
-                if d is None:
-                    raise ProtocolError(f"rows without a link to {name!r} and no missing "
-                                        "embedding (unmatched='drop' should have removed them)")
-                embeddings.append(model.missing[j].unsqueeze(0).expand(len(rows), -1))
-                continue
-            reply = self.channel.request(
-                name, Forward(batch_id=batch_id, rows=links[present], train=train), Embeddings
-            )
-            if reply.batch_id != batch_id or len(reply.inverse) != int(present.sum()):
-                raise ProtocolError(f"{name!r} answered batch {reply.batch_id} with "
-                                    f"{len(reply.inverse)} rows; expected batch {batch_id} with "
-                                    f"{int(present.sum())}")
-            # A fresh leaf: the gradient stops here and travels back as a message, never
-            # through an autograd graph that spans parties.
-            leaf = reply.embeddings.detach().float()
-            if train:
-                leaf.requires_grad_(True)
-                leaves.append((name, leaf))
-            emb = leaf[torch.from_numpy(reply.inverse)]
-            if not present.all():
-                if d is None:
-                    raise ProtocolError(f"rows without a link to {name!r} and no missing "
-                                        "embedding (unmatched='drop' should have removed them)")
-                emb = model.fill_missing(j, len(rows), torch.from_numpy(present), emb)
+            if not learn_missing:
+                valid &= present
+            d = int(model.missing[j].shape[0]) if learn_missing else None
+            if present.any():
+                reply = self.channel.request(
+                    name, Forward(batch_id=batch_id, rows=links[present], train=train),
+                    Embeddings)
+                if reply.batch_id != batch_id or len(reply.inverse) != int(present.sum()):
+                    raise ProtocolError(f"{name!r} answered batch {reply.batch_id} with "
+                                        f"{len(reply.inverse)} rows; expected batch {batch_id} "
+                                        f"with {int(present.sum())}")
+                # A fresh leaf: the gradient stops here and travels back as a message, never
+                # through an autograd graph that spans parties.
+                leaf = reply.embeddings.detach().float()
+                if train:
+                    leaf.requires_grad_(True)
+                    leaves.append((name, leaf))
+                rows_emb = leaf[torch.from_numpy(reply.inverse)]
+                width = rows_emb.shape[1]
+            else:
+                rows_emb = None
+                width = d if d is not None else 1
+            if present.all() and rows_emb is not None:
+                emb = rows_emb.reshape(b, k, width)
+            else:
+                base = (model.missing[j].view(1, 1, -1).expand(b, k, -1) if d is not None
+                        else torch.zeros(b, k, width))
+                mask_t = torch.from_numpy(present)
+                emb = base.clone() if rows_emb is not None else base
+                if rows_emb is not None:
+                    emb[mask_t] = rows_emb
             embeddings.append(emb)
-        return embeddings, leaves
+        if self.similarity is not None:
+            sim = torch.from_numpy(self.similarity[rows])
+        else:
+            sim = torch.ones(b, k)
+        return embeddings, leaves, sim, torch.from_numpy(valid)
 
     def _require_model(self) -> SplitNNPrimary:
         if self.model is None or self._x is None or self.optimizer is None:
@@ -212,9 +243,15 @@ class PrimaryParty(Party):
             raise ProtocolError("the primary party is not set up")
         batch_id = next(self._batch_ids)
         model.train()
-        sec, leaves = self._secondary_embeddings(rows, batch_id, train=True)
+        sec, leaves, sim, mask = self._secondary_embeddings(rows, batch_id, train=True)
         idx = torch.from_numpy(rows)
-        logits = model(self._x[idx], sec)
+        plan = self._plan
+        if plan is not None and plan.bottom.dropout > 0:
+            # dropout masks depend on (seed, batch id) only, as on the secondaries
+            with seeded_init(plan.bottom.seed * 1_000_003 + batch_id):
+                logits = model(self._x[idx], sec, sim, mask)
+        else:
+            logits = model(self._x[idx], sec, sim, mask)
         loss = self.codec.loss(logits, y_all[idx])
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -241,8 +278,9 @@ class PrimaryParty(Party):
                                   None):
             batch_id = next(self._batch_ids)
             with torch.no_grad():
-                sec, _ = self._secondary_embeddings(chunk, batch_id, train=False)
-                out.append(self.codec.scores(model(self._x[torch.from_numpy(chunk)], sec)))
+                sec, _, sim, mask = self._secondary_embeddings(chunk, batch_id, train=False)
+                out.append(self.codec.scores(
+                    model(self._x[torch.from_numpy(chunk)], sec, sim, mask)))
         if not out:
             return np.zeros((0,), dtype=np.float64)
         return np.concatenate(out, axis=0)

@@ -23,6 +23,7 @@ from vflink.errors import ProtocolError
 from vflink.models.mlp import build_mlp, build_optimizer, seeded_init
 from vflink.models.spec import BottomSpec
 from vflink.parties.base import Party
+from vflink.parties.linking import encode_identifiers
 from vflink.protocol.channel import Channel
 from vflink.protocol.messages import (
     Ack,
@@ -33,10 +34,12 @@ from vflink.protocol.messages import (
     FetchAlignment,
     FitPreprocessing,
     Forward,
+    IdentifierEncodings,
     KeyDigests,
     Restore,
     SaveState,
     SetupBottom,
+    ShareEncodings,
     ShareKeys,
     Snapshot,
 )
@@ -81,9 +84,16 @@ class SecondaryParty(Party):
         if self._secret is None:
             raise ProtocolError(f"party {self.name!r} has no alignment secret configured")
         digests = key_digests(self.table.frame, self.table.schema.key, self._secret)
-        self.channel.call(message.coordinator, KeyDigests(session=message.session,
-                                                          digests=digests))
+        self.channel.request(message.coordinator, KeyDigests(session=message.session,
+                                                             digests=digests), Ack)
         return Ack(info={"rows": float(len(digests))})
+
+    def on_share_encodings(self, sender: str, message: ShareEncodings) -> Ack:
+        values = encode_identifiers(self.table.frame, self.table.schema.identifiers,
+                                    message.spec, self._secret, source=self.table.source)
+        self.channel.request(message.coordinator, IdentifierEncodings(
+            session=message.session, encoder=message.spec.encoder, values=values), Ack)
+        return Ack(info={"rows": float(len(values))})
 
     def on_alignment_ready(self, sender: str, message: AlignmentReady) -> Ack:
         view = self.channel.request(message.coordinator, FetchAlignment(session=message.session),

@@ -1,0 +1,166 @@
+"""The data parties' side of alignment: keyed hashes and identifier encodings.
+
+:class:`AlignmentInitiator` is what the primary runs to align its records with the secondaries
+through a coordinator; the secondaries answer with the same encoding functions. Only digests or
+encodings leave a data party: raw identifiers leave only with an explicit ``encoder="raw"`` or
+``"string"`` spec, which the user must ask for (privacy off).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pandas as pd
+
+from vflink.alignment.exact import key_digests
+from vflink.errors import ConfigError, DataError, ProtocolError
+from vflink.linkage.encoding import (
+    BloomConfig,
+    BloomEncoder,
+    Encoder,
+    NumericRange,
+    RawEncoder,
+    Standardization,
+    StringEncoder,
+)
+from vflink.protocol.channel import Channel
+from vflink.protocol.messages import (
+    Ack,
+    AlignmentReady,
+    AlignmentViews,
+    EncodingSpec,
+    IdentifierEncodings,
+    KeyDigests,
+    MatchKeys,
+    ShareEncodings,
+    ShareKeys,
+    SoftLink,
+)
+from vflink.types import Alignment
+
+__all__ = ["AlignmentInitiator", "build_encoder", "encode_identifiers", "identifier_values"]
+
+log = logging.getLogger(__name__)
+
+
+def identifier_values(frame: pd.DataFrame, identifiers: Sequence[str], kind: str, *,
+                      source: str = "table") -> npt.NDArray[np.float64] | list[str]:
+    """The identifier columns as a float matrix (numeric) or one string per row (string).
+
+    Several string columns are joined with a space (e.g. first and last name).
+    """
+    if not identifiers:
+        raise ConfigError(f"{source}: no identifier columns configured for linkage")
+    missing = [c for c in identifiers if c not in frame.columns]
+    if missing:
+        raise DataError(f"{source}: unknown identifier column(s) {missing}; the table has: "
+                        f"{', '.join(map(str, frame.columns[:20]))}")
+    if kind == "numeric":
+        out = np.empty((len(frame), len(identifiers)), dtype=np.float64)
+        for j, col in enumerate(identifiers):
+            values = pd.to_numeric(frame[col], errors="coerce")
+            bad = values.isna().to_numpy() & frame[col].notna().to_numpy()
+            if bad.any():
+                row = int(np.flatnonzero(bad)[0])
+                raise DataError(f"{source}: identifier column {col!r} must be numeric; row {row} "
+                                f"holds {frame[col].iloc[row]!r}")
+            out[:, j] = values.to_numpy(dtype=np.float64, na_value=np.nan)
+        return out
+    if kind == "string":
+        parts = frame[list(identifiers)].astype(object)
+        parts = parts.where(parts.notna(), "")
+        return [" ".join(str(v) for v in row).strip()
+                for row in parts.itertuples(index=False, name=None)]
+    raise ConfigError(f"identifier kind must be 'numeric' or 'string', got {kind!r}")
+
+
+def build_encoder(spec: EncodingSpec, secret: bytes | None) -> Encoder:
+    if spec.encoder == "bloom":
+        if secret is None:
+            raise ConfigError("Bloom-filter encoding needs the data parties' shared secret")
+        ranges = NumericRange(low=spec.low, high=spec.high) if spec.kind == "numeric" else None
+        return BloomEncoder(secret=secret, kind=spec.kind,  # type: ignore[arg-type]
+                            config=BloomConfig(**spec.params), ranges=ranges)  # type: ignore[arg-type]
+    if spec.encoder == "raw":
+        std = Standardization(mean=spec.mean, scale=spec.scale) if spec.mean else None
+        return RawEncoder(standardization=std)
+    if spec.encoder == "string":
+        return StringEncoder(normalize=bool(spec.params.get("normalize", True)))
+    raise ConfigError(f"unknown encoder {spec.encoder!r}; valid names are: bloom, raw, string")
+
+
+def encode_identifiers(frame: pd.DataFrame, identifiers: Sequence[str], spec: EncodingSpec,
+                       secret: bytes | None, *, source: str = "table"
+                       ) -> npt.NDArray[Any] | tuple[str, ...]:
+    values = identifier_values(frame, identifiers, spec.kind, source=source)
+    if spec.kind == "numeric" and isinstance(values, np.ndarray) and not np.isfinite(values).all():
+        bad = np.argwhere(~np.isfinite(values))[0]
+        raise DataError(f"{source}: identifier column {identifiers[int(bad[1])]!r} has a missing "
+                        f"or infinite value at row {int(bad[0])}")
+    encoded = build_encoder(spec, secret).encode(values)
+    return tuple(encoded) if isinstance(encoded, list) else np.asarray(encoded)
+
+
+class AlignmentInitiator:
+    """The primary's part of alignment: it asks the secondaries to send digests or encodings
+    to the coordinator, asks the coordinator to match, and tells the secondaries to fetch their
+    (similarity-free) view."""
+
+    def __init__(self, name: str, frame: pd.DataFrame, channel: Channel, *,
+                 secondaries: Sequence[str], key: Sequence[str] = (),
+                 identifiers: Sequence[str] = (), secret: bytes | None = None,
+                 source: str = "table") -> None:
+        self.name = name
+        self.frame = frame
+        self.channel = channel
+        self.secondaries = tuple(secondaries)
+        self.key = tuple(key)
+        self.identifiers = tuple(identifiers)
+        self._secret = secret
+        self.source = source
+
+    def _finish(self, coordinator: str, session: str, views: AlignmentViews
+                ) -> dict[str, Alignment]:
+        alignments = {v.secondary: Alignment(v.primary_index, v.secondary_index, v.similarity,
+                                             v.secondary, dict(v.meta)) for v in views.views}
+        for name in self.secondaries:
+            if name not in alignments:
+                raise ProtocolError(f"coordinator returned no alignment for {name!r}")
+            self.channel.request(name, AlignmentReady(session=session, coordinator=coordinator),
+                                 Ack)
+        return alignments
+
+    def align_exact(self, coordinator: str, session: str = "exact") -> dict[str, Alignment]:
+        """Exact keys, hashed with HMAC under the data parties' secret; digests only leave."""
+        if self._secret is None:
+            raise ConfigError("exact alignment needs a shared secret (alignment.secret_env)")
+        digests = key_digests(self.frame, self.key, self._secret)
+        self.channel.request(coordinator, KeyDigests(session=session, digests=digests), Ack)
+        for name in self.secondaries:
+            self.channel.request(name, ShareKeys(session=session, coordinator=coordinator), Ack)
+        views = self.channel.request(
+            coordinator, MatchKeys(session=session, secondaries=self.secondaries), AlignmentViews)
+        return self._finish(coordinator, session, views)
+
+    def align_soft(self, coordinator: str, spec: EncodingSpec, *, metric: str, top_k: int,
+                   mode: str = "soft", tau: float | None = None, sigma: float | None = None,
+                   delta: float = 1e-5, session: str = "soft") -> dict[str, Alignment]:
+        """Fuzzy top-K soft linkage (FedSim §4.1) on encoded identifiers."""
+        if spec.encoder != "bloom":
+            log.warning("privacy is off: raw identifiers are sent to the coordinator "
+                        "(encoder %r)", spec.encoder)
+        values = encode_identifiers(self.frame, self.identifiers, spec, self._secret,
+                                    source=self.source)
+        self.channel.request(coordinator, IdentifierEncodings(
+            session=session, encoder=spec.encoder, values=values), Ack)
+        for name in self.secondaries:
+            self.channel.request(name, ShareEncodings(session=session, coordinator=coordinator,
+                                                      spec=spec), Ack)
+        views = self.channel.request(coordinator, SoftLink(
+            session=session, secondaries=self.secondaries, metric=metric, top_k=top_k, mode=mode,
+            tau=tau, sigma=sigma, delta=delta), AlignmentViews)
+        return self._finish(coordinator, session, views)

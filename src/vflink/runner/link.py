@@ -1,0 +1,173 @@
+"""Soft linkage between two tables, run as parties in this process (FedSim §4.1, §4.3, §5).
+
+The primary and the secondary encode their own identifiers and send only the encodings to the
+coordinator; the coordinator searches the top-K, normalises and noises the similarities and
+returns indices to both and similarities to the primary only.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from vflink.data.schema import PartySchema
+from vflink.data.table import PartyTable
+from vflink.errors import ConfigError
+from vflink.linkage import BloomConfig, NumericRange, SearchOptions, SoftLinkage
+from vflink.linkage.improvement import improvement_estimate
+from vflink.linkage.validation import validate_identifiers
+from vflink.parties import CoordinatorParty, SecondaryParty
+from vflink.parties.linking import AlignmentInitiator, identifier_values
+from vflink.protocol import EncodingSpec
+from vflink.transport import InProcessHub, Transcript
+from vflink.types import Alignment
+
+__all__ = ["LINK_METRICS", "LinkOutcome", "encoding_for", "linkage_table", "run_linkage"]
+
+log = logging.getLogger(__name__)
+
+#: Metrics a user may ask for; ``hamming`` means Bloom filters (FedSim App. I).
+LINK_METRICS = ("euclidean", "haversine", "hamming", "levenshtein")
+COORDINATOR = "coordinator"
+
+
+@dataclass(frozen=True)
+class LinkOutcome:
+    """The coordinator's linkage, the primary's alignment and the figures to report."""
+
+    linkage: SoftLinkage
+    alignment: Alignment
+    seconds: float
+    sizes: dict[str, int]
+    privacy: str
+    search_metric: str
+    improvement: dict[str, float] = field(default_factory=dict)
+    communication: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    def summary(self) -> dict[str, Any]:
+        lk = self.linkage
+        return {
+            "sizes": self.sizes, "seconds": round(self.seconds, 3), "metric": lk.metric,
+            "privacy": self.privacy, "top_k": lk.k, "mode": lk.mode, "mu0": lk.mu0,
+            "sigma0": lk.sigma0, "sigma": lk.sigma, "tau": lk.tau, "epsilon": lk.epsilon,
+            "delta": lk.delta, "epsilon_valid": lk.epsilon_valid,
+            "exact_search": lk.exact_search, "recall": lk.recall,
+            "improvement_delta": self.improvement, "communication": self.communication,
+        }
+
+
+def _kind(frame: pd.DataFrame, columns: Sequence[str], metric: str) -> str:
+    if metric in ("euclidean", "haversine"):
+        return "numeric"
+    if metric == "levenshtein":
+        return "string"
+    numeric = all(pd.api.types.is_numeric_dtype(frame[c]) for c in columns)
+    return "numeric" if numeric else "string"
+
+
+def encoding_for(metric: str, *, bloom: bool,
+                 sides: Sequence[tuple[pd.DataFrame, Sequence[str]]],
+                 bloom_config: BloomConfig | None = None) -> tuple[EncodingSpec, str]:
+    """The encoding spec every data party uses, and the metric the coordinator searches with.
+
+    ``sides`` are the parties' (table, identifier columns), primary first. ``hamming`` (or
+    ``bloom=True``) means FEDERAL Bloom filters; numeric Bloom filters need an agreed value
+    range, which this in-process run fits on all tables (in a deployment the parties agree on it
+    beforehand, e.g. the bounding box of their region).
+    """
+    if metric not in LINK_METRICS:
+        raise ConfigError(f"`metric` must be one of {', '.join(LINK_METRICS)}, got {metric!r}")
+    bloom = bloom or metric == "hamming"
+    kind = _kind(sides[0][0], sides[0][1], metric)
+    if not bloom:
+        return EncodingSpec(encoder="raw" if kind == "numeric" else "string", kind=kind), metric
+    cfg = bloom_config or BloomConfig()
+    params = {k: getattr(cfg, k) for k in ("n_centres", "threshold", "filter_bits", "num_hashes",
+                                           "qgram", "normalize")}
+    if kind == "string":
+        return EncodingSpec(encoder="bloom", kind="string", params=params), "hamming"
+    tables = []
+    for i, (frame, columns) in enumerate(sides):
+        values = np.asarray(identifier_values(frame, columns, "numeric", source=f"party {i}"))
+        tables.append(values[np.isfinite(values).all(axis=1)])
+    ranges = NumericRange.fit(*tables, margin=0.01)
+    return EncodingSpec(encoder="bloom", kind="numeric", params=params, low=ranges.low,
+                        high=ranges.high), "hamming"
+
+
+def run_linkage(primary: pd.DataFrame, secondary: pd.DataFrame, *, on: Sequence[str],
+                secondary_on: Sequence[str] | None = None, metric: str, top_k: int,
+                bloom: bool = False, mode: str = "soft", tau: float | None = None,
+                sigma: float | None = None, delta: float = 1e-5, secret: bytes | None = None,
+                seed: int | None = None, search: SearchOptions | None = None,
+                bloom_config: BloomConfig | None = None, primary_source: str = "primary",
+                secondary_source: str = "secondary",
+                transcript: Transcript | None = None) -> LinkOutcome:
+    """Link ``primary`` to ``secondary`` through a coordinator, all parties in this process."""
+    start = time.perf_counter()
+    on = tuple(on)
+    secondary_on = tuple(secondary_on or on)
+    if len(on) != len(secondary_on):
+        raise ConfigError(f"--on names {len(on)} column(s) but --secondary-on names "
+                          f"{len(secondary_on)}; each primary identifier needs a counterpart")
+    if metric in ("euclidean", "haversine", "levenshtein"):
+        # Checked on the raw values here, where both tables are at hand: after Bloom encoding a
+        # NaN coordinate or a latitude of 123° could no longer be told apart (in a deployment
+        # each data party runs the same check on its own side).
+        kind = "string" if metric == "levenshtein" else "numeric"
+        validate_identifiers(
+            identifier_values(primary, on, kind, source=primary_source),
+            identifier_values(secondary, secondary_on, kind, source=secondary_source),
+            metric=metric, top_k=top_k)
+    spec, search_metric = encoding_for(metric, bloom=bloom,
+                                       sides=((primary, on), (secondary, secondary_on)),
+                                       bloom_config=bloom_config)
+    if spec.encoder == "bloom" and secret is None:
+        import secrets
+
+        secret = secrets.token_bytes(32)  # both data parties are simulated in this process
+    hub = InProcessHub(transcript=transcript)
+    coordinator = CoordinatorParty(COORDINATOR, seed=seed, search=search)
+    hub.register(COORDINATOR, coordinator)
+    sec_schema = PartySchema(name="secondary", role="secondary", identifiers=secondary_on)
+    hub.register("secondary", SecondaryParty(
+        PartyTable(sec_schema, secondary, secondary_source), hub.channel("secondary"),
+        secret=secret))
+    initiator = AlignmentInitiator("primary", primary, hub.channel("primary"),
+                                   secondaries=("secondary",), identifiers=on, secret=secret,
+                                   source=primary_source)
+    alignment = initiator.align_soft(COORDINATOR, spec, metric=search_metric, top_k=top_k,
+                                     mode=mode, tau=tau, sigma=sigma, delta=delta,
+                                     session="link")["secondary"]
+    linkage = coordinator.linkage("link", "secondary")
+    improvement = {}
+    if mode == "soft":
+        for baseline in ("exact", "top1sim", "avgsim"):
+            improvement[baseline] = improvement_estimate(linkage, baseline)
+    sizes = {"primary_rows": len(primary), "secondary_rows": len(secondary), "top_k": top_k,
+             "links": int((linkage.indices >= 0).sum())}
+    return LinkOutcome(linkage=linkage, alignment=alignment,
+                       seconds=time.perf_counter() - start, sizes=sizes,
+                       privacy="bloom" if spec.encoder == "bloom" else "off",
+                       search_metric=search_metric, improvement=improvement,
+                       communication=hub.counter.snapshot())
+
+
+def linkage_table(linkage: SoftLinkage) -> pd.DataFrame:
+    """One row per (primary record, neighbour): the ``vflink link`` output format."""
+    n, k = linkage.indices.shape
+    valid = linkage.indices >= 0
+    rows, ranks = np.nonzero(valid)
+    return pd.DataFrame({
+        "primary_index": rows.astype(np.int64),
+        "secondary_index": linkage.indices[valid].astype(np.int64),
+        "rank": ranks.astype(np.int64),
+        "distance": linkage.distances[valid].astype(np.float64),
+        "similarity": linkage.similarities[valid].astype(np.float64),
+    })
