@@ -51,6 +51,10 @@ def build_optimizer(params: Iterable[nn.Parameter], spec: BottomSpec) -> torch.o
         return torch.optim.Adam(params, lr=spec.lr, weight_decay=spec.weight_decay)
     if spec.optimizer == "adamw":
         return torch.optim.AdamW(params, lr=spec.lr, weight_decay=spec.weight_decay)
+    if spec.optimizer == "lamb":  # FedSim App. E trains with LAMB
+        from vflink.models.lamb import Lamb
+
+        return Lamb(params, lr=spec.lr, weight_decay=spec.weight_decay)
     if spec.optimizer == "sgd":
         return torch.optim.SGD(params, lr=spec.lr, weight_decay=spec.weight_decay, momentum=0.9)
     raise ConfigError(f"unknown optimizer {spec.optimizer!r}")

@@ -9,7 +9,7 @@ from vflink._checks import check_choice, check_float, check_int, raise_if
 __all__ = ["ACTIVATIONS", "OPTIMIZERS", "BottomSpec"]
 
 ACTIVATIONS = ("relu", "tanh", "gelu")
-OPTIMIZERS = ("adam", "adamw", "sgd")
+OPTIMIZERS = ("adam", "adamw", "lamb", "sgd")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -15,7 +15,9 @@ from typing import Any
 from vflink._checks import check_choice, check_float, check_int, raise_if
 from vflink.data.schema import PartySchema
 from vflink.errors import ConfigError, VflinkError
+from vflink.models.merge import AggregatorConfig
 from vflink.models.spec import ACTIVATIONS, OPTIMIZERS
+from vflink.runner.algorithms import algorithm_names
 
 __all__ = [
     "ALGORITHMS",
@@ -32,8 +34,9 @@ __all__ = [
 
 from vflink.config import CONFIG_VERSION  # noqa: E402
 
-#: Training algorithms a run may name (FedSim §6.1 baselines grow this list).
-ALGORITHMS = ("combine", "solo", "splitnn")
+#: Training algorithms a run may name (FedSim §3 and §6.1; see ``vflink.runner.algorithms``).
+ALGORITHMS = algorithm_names()
+LINK_METRICS = ("euclidean", "haversine", "hamming", "levenshtein")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -68,19 +71,44 @@ class DataConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class AlignmentConfig:
-    """How records are aligned. ``unmatched``: drop primary rows without a link, or keep them
-    with a learned "missing" embedding."""
+    """How records are aligned.
+
+    ``method = "exact"``: keyed hashes of the key columns, matched by the coordinator;
+    ``unmatched`` drops primary rows without a link, or keeps them with a learned "missing"
+    embedding. ``method = "soft"``: FedSim §4.1 top-K soft linkage on the identifier columns
+    with ``metric``, ``top_k``, and noise from ``tau`` (Theorem 2) or ``sigma`` (Eq. 2).
+    ``privacy = "bloom"`` sends keyed Bloom filters to the coordinator (App. I); ``"off"``
+    sends raw identifiers, and must be chosen explicitly.
+    """
 
     method: str = "exact"
     unmatched: str = "drop"
     secret_env: str = "VFLINK_SECRET"
+    metric: str = "euclidean"
+    top_k: int = 10
+    tau: float | None = None
+    sigma: float | None = None
+    delta: float = 1e-5
+    privacy: str = "bloom"
+    search: str = "exact"
 
     def __post_init__(self) -> None:
         problems: list[str] = []
-        check_choice(problems, "alignment.method", self.method, ("exact",))
+        check_choice(problems, "alignment.method", self.method, ("exact", "soft"))
         check_choice(problems, "alignment.unmatched", self.unmatched, ("drop", "keep"))
         if not isinstance(self.secret_env, str) or not self.secret_env:
             problems.append("`alignment.secret_env` must name an environment variable")
+        check_choice(problems, "alignment.metric", self.metric, LINK_METRICS)
+        check_int(problems, "alignment.top_k", self.top_k, min=1)
+        check_float(problems, "alignment.tau", self.tau, min=0.0, max=1.0, min_exclusive=True,
+                    allow_none=True)
+        check_float(problems, "alignment.sigma", self.sigma, min=0.0, allow_none=True)
+        if self.tau is not None and self.sigma is not None:
+            problems.append("give at most one of `alignment.tau` and `alignment.sigma`")
+        check_float(problems, "alignment.delta", self.delta, min=0.0, max=1.0,
+                    min_exclusive=True)
+        check_choice(problems, "alignment.privacy", self.privacy, ("bloom", "off"))
+        check_choice(problems, "alignment.search", self.search, ("exact", "approximate"))
         raise_if(problems, "[alignment] section")
 
 
@@ -93,11 +121,21 @@ class ModelConfig:
     top_hidden: tuple[int, ...] = (100,)
     activation: str = "relu"
     dropout: float = 0.0
+    pair_dim: int = 10
+    aggregator: AggregatorConfig = field(default_factory=AggregatorConfig)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "hidden", tuple(self.hidden))
         object.__setattr__(self, "top_hidden", tuple(self.top_hidden))
         problems: list[str] = []
+        if isinstance(self.aggregator, dict):
+            try:
+                object.__setattr__(self, "aggregator", AggregatorConfig(**self.aggregator))
+            except ConfigError as exc:
+                problems.extend(f"model.aggregator: {p}" for p in exc.problems)
+            except TypeError as exc:
+                problems.append(f"[model.aggregator]: {exc}")
+        check_int(problems, "model.pair_dim", self.pair_dim, min=1)
         for name in ("hidden", "top_hidden"):
             for i, h in enumerate(getattr(self, name)):
                 check_int(problems, f"model.{name}[{i}]", h, min=1)
@@ -113,6 +151,7 @@ class TrainingConfig:
 
     epochs: int = 30
     batch_size: int = 128
+    knn_batch_size: int = 32
     optimizer: str = "adam"
     lr: float = 1e-3
     weight_decay: float = 1e-5
@@ -125,6 +164,7 @@ class TrainingConfig:
         problems: list[str] = []
         check_int(problems, "training.epochs", self.epochs, min=1)
         check_int(problems, "training.batch_size", self.batch_size, min=1)
+        check_int(problems, "training.knn_batch_size", self.knn_batch_size, min=1)
         check_choice(problems, "training.optimizer", self.optimizer, OPTIMIZERS)
         check_float(problems, "training.lr", self.lr, min=0.0, min_exclusive=True)
         check_float(problems, "training.weight_decay", self.weight_decay, min=0.0)
