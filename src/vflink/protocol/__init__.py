@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from vflink.protocol.channel import Channel, MessageHandler, expect
 from vflink.protocol.messages import (
+    MESSAGE_TYPES,
+    PAYLOAD_TYPES,
+    PROTOCOL_VERSION,
     Ack,
     AlignmentReady,
     AlignmentView,
@@ -17,11 +20,8 @@ from vflink.protocol.messages import (
     Hello,
     IdentifierEncodings,
     KeyDigests,
-    MESSAGE_TYPES,
     MatchKeys,
     Message,
-    PAYLOAD_TYPES,
-    PROTOCOL_VERSION,
     Restore,
     SaveState,
     SetupBottom,
