@@ -42,3 +42,20 @@ def two_party_tables(n: int = 2000, *, primary_features: int = 2, secondary_feat
     s_schema = PartySchema(name="bank", role="secondary", key=("id",), numeric=tuple(sec_cols))
     return (PartyTable.from_frame(p_schema, primary, "mem:primary"),
             PartyTable.from_frame(s_schema, secondary, "mem:bank"))
+
+
+def split_secondary(inputs, parts: int = 2):  # type: ignore[no-untyped-def]
+    """The same records as ``inputs``, with the secondary's features split across ``parts``
+    secondary parties that all keep the identifier columns (for multi-party tests)."""
+    from vflink.runner.train import Inputs
+
+    (sec,) = inputs.secondaries
+    cols = list(sec.schema.numeric)
+    chunks = [cols[i::parts] for i in range(parts)]
+    tables = []
+    for i, chunk in enumerate(chunks):
+        schema = PartySchema(name=f"s{i}", role="secondary", key=sec.schema.key,
+                             identifiers=sec.schema.identifiers, numeric=tuple(chunk))
+        frame = sec.frame[[*sec.schema.key, *sec.schema.identifiers, *chunk]]
+        tables.append(PartyTable.from_frame(schema, frame, f"split:{i}"))
+    return Inputs(inputs.primary, tuple(tables), None)

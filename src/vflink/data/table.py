@@ -40,9 +40,14 @@ class PartyTable:
         return len(self.frame)
 
     @classmethod
-    def from_frame(cls, schema: PartySchema, frame: pd.DataFrame, source: str) -> PartyTable:
-        """Validate ``frame`` against ``schema`` and wrap it (row order is preserved)."""
-        return cls(schema, validate_frame(frame.reset_index(drop=True), schema, source), source)
+    def from_frame(cls, schema: PartySchema, frame: pd.DataFrame, source: str, *,
+                   training: bool = True) -> PartyTable:
+        """Validate ``frame`` against ``schema`` and wrap it (row order is preserved).
+
+        ``training=False`` (new records to predict) skips the checks on the label's classes.
+        """
+        return cls(schema, validate_frame(frame.reset_index(drop=True), schema, source,
+                                          training=training), source)
 
 
 def read_frame(path: Path, *, text_columns: tuple[str, ...] = ()) -> pd.DataFrame:
@@ -88,7 +93,8 @@ def _example(frame: pd.DataFrame, mask: np.ndarray, column: str) -> str:
     return f"first at row {row} (line {row + 2} of a CSV), value {frame[column].iloc[row]!r}"
 
 
-def validate_frame(frame: pd.DataFrame, schema: PartySchema, source: str) -> pd.DataFrame:
+def validate_frame(frame: pd.DataFrame, schema: PartySchema, source: str, *,
+                   training: bool = True) -> pd.DataFrame:
     """Check ``frame`` against ``schema`` and return it with numeric columns as float64."""
     where = f"{source} (party {schema.name!r})"
     if len(frame) == 0:
@@ -135,7 +141,7 @@ def validate_frame(frame: pd.DataFrame, schema: PartySchema, source: str) -> pd.
                 raise DataError(f"{where}: regression label {schema.label!r} is not numeric, "
                                 f"{_example(frame, bad, schema.label)}")
             frame[schema.label] = coerced.astype(np.float64)
-        else:
+        elif training:
             n_classes = lab.nunique()
             if n_classes < 2:
                 raise DataError(

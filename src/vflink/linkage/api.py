@@ -36,6 +36,7 @@ def link(
     encoder: Encoder | None = None,
     search: SearchOptions | None = None,
     rng: np.random.Generator | int | None = None,
+    scale: tuple[float, float] | None = None,
 ) -> SoftLinkage:
     """Link each primary record to its ``top_k`` nearest secondary records (FedSim §4.1).
 
@@ -53,6 +54,7 @@ def link(
             plays both parties).
         search: search options (exact/approximate, chunk size, threads...).
         rng: seed or Generator for the Eq. 2 noise (None: fresh OS entropy).
+        scale: (μ0, σ0) of Eq. 1 to reuse (e.g. the training linkage's, at inference).
     """
     if encoder is not None:
         primary_ids = encoder.encode(primary_ids)
@@ -63,4 +65,4 @@ def link(
     log.info("linked %d primary to %d secondary records with %s, K=%d", len(p), len(s), metric,
              top_k)
     return soft_linkage(neighbours, metric=metric, n_secondary=len(s), mode=mode, tau=tau,
-                        sigma=sigma, delta=delta, rng=rng)
+                        sigma=sigma, delta=delta, rng=rng, scale=scale)

@@ -42,19 +42,26 @@ LinkMode = Literal["soft", "top1", "exact"]
 FloatArray = npt.NDArray[np.float64]
 
 
-def normalize_similarities(distances: npt.ArrayLike) -> tuple[FloatArray, float, float]:
+def normalize_similarities(distances: npt.ArrayLike, *,
+                           scale: tuple[float, float] | None = None
+                           ) -> tuple[FloatArray, float, float]:
     """FedSim Eq. 1 over all finite entries: returns (ρ, μ0, σ0).
 
     NaN entries (missing links) stay NaN and do not enter μ0/σ0. When σ0 = 0 (all distances
     equal, e.g. exact matches) ρ is 0 everywhere: the similarities carry no information.
+    ``scale`` = (μ0, σ0) fixes the parameters instead of computing them, so that new records
+    linked at inference time get similarities on the training linkage's scale.
     """
     d = np.asarray(distances, dtype=np.float64)
     neg = -d
     valid = np.isfinite(neg)
-    if not valid.any():
+    if scale is not None:
+        mu0, sigma0 = float(scale[0]), float(scale[1])
+    elif not valid.any():
         return np.full_like(d, np.nan), 0.0, 0.0
-    mu0 = float(neg[valid].mean())
-    sigma0 = float(neg[valid].std())
+    else:
+        mu0 = float(neg[valid].mean())
+        sigma0 = float(neg[valid].std())
     if sigma0 > 0.0:
         rho = (neg - mu0) / sigma0
     else:
@@ -149,8 +156,11 @@ def soft_linkage(
     sigma: float | None = None,
     delta: float = 1e-5,
     rng: np.random.Generator | int | None = None,
+    scale: tuple[float, float] | None = None,
 ) -> SoftLinkage:
     """Build a :class:`SoftLinkage` from top-K neighbours (FedSim §4.1, Eq. 1–2, §5).
+
+    ``scale`` = (μ0, σ0) reuses the normalisation of an earlier (training) linkage.
 
     ``mode="exact"`` keeps only neighbours at distance 0 (exact matches) and marks the others
     MISSING; ``"top1"`` and ``"exact"`` need K = 1. Give at most one of ``tau`` and ``sigma``;
@@ -175,7 +185,7 @@ def soft_linkage(
         indices[miss] = MISSING
         distances[miss] = np.nan
 
-    rho, mu0, sigma0 = normalize_similarities(distances)
+    rho, mu0, sigma0 = normalize_similarities(distances, scale=scale)
     if tau is not None:
         noise = sigma_for_tau(tau, sigma0)
     else:

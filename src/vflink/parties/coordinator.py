@@ -127,7 +127,8 @@ class CoordinatorParty(Party):
         linkage = link(s.encodings[sender][1], s.encodings[anchor][1], metric=message.metric,
                        top_k=message.top_k, mode=message.mode,  # type: ignore[arg-type]
                        tau=message.tau, sigma=message.sigma, delta=message.delta,
-                       search=self._search, rng=self._rng)
+                       search=self._search, rng=self._rng,
+                       scale=(message.scale[0], message.scale[1]) if message.scale else None)
         s.linkages[anchor] = linkage
         first = linkage.to_alignment(anchor)
         s.alignments[anchor] = first

@@ -148,10 +148,11 @@ class AlignmentInitiator:
 
     def align_soft(self, coordinator: str, spec: EncodingSpec, *, metric: str, top_k: int,
                    mode: str = "soft", tau: float | None = None, sigma: float | None = None,
-                   delta: float = 1e-5, session: str = "soft") -> dict[str, Alignment]:
+                   delta: float = 1e-5, session: str = "soft",
+                   scale: tuple[float, float] | None = None) -> dict[str, Alignment]:
         """Fuzzy top-K soft linkage (FedSim §4.1) on encoded identifiers."""
         if spec.encoder != "bloom":
-            log.warning("privacy is off: raw identifiers are sent to the coordinator "
+            log.info("privacy is off: raw identifiers are sent to the coordinator "
                         "(encoder %r)", spec.encoder)
         values = encode_identifiers(self.frame, self.identifiers, spec, self._secret,
                                     source=self.source)
@@ -162,5 +163,5 @@ class AlignmentInitiator:
                                                       spec=spec), Ack)
         views = self.channel.request(coordinator, SoftLink(
             session=session, secondaries=self.secondaries, metric=metric, top_k=top_k, mode=mode,
-            tau=tau, sigma=sigma, delta=delta), AlignmentViews)
+            tau=tau, sigma=sigma, delta=delta, scale=tuple(scale or ())), AlignmentViews)
         return self._finish(coordinator, session, views)

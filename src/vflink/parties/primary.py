@@ -9,6 +9,7 @@ secondary the gradient of the loss with respect to the embeddings it sent.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ from vflink.protocol.messages import (
     Embeddings,
     FitPreprocessing,
     Forward,
+    LoadState,
     Restore,
     SaveState,
     SetupBottom,
@@ -99,6 +101,8 @@ class PrimaryParty(Party):
         self._x: torch.Tensor | None = None
         self._y: torch.Tensor | None = None
         self._plan: TrainingPlan | None = None
+        self._dims: list[int] = []
+        self.preprocessor = Preprocessor(table.schema)
         self._batch_ids = iter(range(1, 1 << 62))
         self._snapshots: dict[str, dict[str, Any]] = {}
 
@@ -151,11 +155,8 @@ class PrimaryParty(Party):
         train_rows = np.asarray(train_rows, dtype=np.int64)
         if self.secondaries and not self.links:
             raise ProtocolError("setup before alignment: call align_exact or set_alignments")
-        self._plan = plan
         pre = Preprocessor(self.table.schema).fit(self.table.frame, train_rows)
-        self._x = torch.from_numpy(pre.transform(self.table.frame))
         self.codec.fit(self.labels, train_rows)
-        self._y = self.codec.encode(self.labels)
         dims = []
         for j, name in enumerate(self.secondaries):
             spec = BottomSpec(**{**plan.bottom.__dict__, "seed": plan.bottom.seed + 1 + j})
@@ -164,18 +165,26 @@ class PrimaryParty(Party):
             linked = np.unique(linked[linked != MISSING])
             self.channel.request(name, FitPreprocessing(rows=linked), Ack)
             dims.append(spec.out_dim)
+        self._build(plan, pre, dims)
+        log.info("primary: %d features, %d secondaries (cut widths %s)", pre.n_features,
+                 len(self.secondaries), dims)
+
+    def _build(self, plan: TrainingPlan, pre: Preprocessor, dims: list[int]) -> None:
         k = next(iter(self.links.values())).shape[1] if self.links else 1
         if plan.k != k:
             raise ConfigError(f"the plan expects K = {plan.k} links per record, the alignment "
                               f"has {k}")
+        self._plan = plan
+        self.preprocessor = pre
+        self._dims = list(dims)
+        self._x = torch.from_numpy(pre.transform(self.table.frame))
+        self._y = self.codec.encode(self.labels)
         with seeded_init(plan.bottom.seed):
             self.model = SplitNNPrimary(
                 pre.n_features, plan.bottom, dims, plan.top_hidden, self.codec.out_dim,
                 learn_missing=plan.learn_missing, aggregator=plan.aggregator, k=k,
                 aggregator_config=plan.aggregator_config, pair_dim=plan.pair_dim)
         self.optimizer = build_optimizer(self.model.parameters(), plan.bottom)
-        log.info("primary: %d features, %d secondaries (cut widths %s)", pre.n_features,
-                 len(self.secondaries), dims)
 
     def _secondary_embeddings(self, rows: npt.NDArray[np.int64], batch_id: int, train: bool
                               ) -> tuple[list[torch.Tensor], list[tuple[str, torch.Tensor]],
@@ -309,13 +318,50 @@ class PrimaryParty(Party):
         for name in self.secondaries:
             self.channel.request(name, Restore(tag=tag), Ack)
 
-    def save_states(self, name: str = "model.pt") -> None:
-        """Every party writes its own model state into its own directory."""
+    def _full_state(self) -> dict[str, Any]:
+        plan = self._plan
+        if plan is None:
+            raise ProtocolError("the primary party is not set up")
+        plan_dict = dataclasses.asdict(plan)
+        return {**self._state(), "preprocessor": self.preprocessor,
+                "label_codec": dict(self.codec.__dict__), "plan": plan_dict,
+                "dims": list(self._dims), "secondaries": list(self.secondaries)}
+
+    def save_states(self, name: str = "model.pt", *, extra: dict[str, Any] | None = None
+                    ) -> None:
+        """Every party writes its own model state into its own directory (atomically)."""
         if self.out_dir is not None:
             self.out_dir.mkdir(parents=True, exist_ok=True)
             target = self.out_dir / name
-            tmp = target.with_suffix(".tmp")
-            torch.save({**self._state(), "label_codec": self.codec.__dict__}, tmp)
+            tmp = target.with_name(target.name + ".tmp")
+            torch.save({**self._full_state(), **(extra or {})}, tmp)
             tmp.replace(target)
         for sec in self.secondaries:
             self.channel.request(sec, SaveState(name=name), Ack)
+
+    def load_states(self, name: str = "model.pt") -> dict[str, Any]:
+        """Load this party's saved state and ask every secondary to load its own.
+
+        Alignments must be set first (they fix K). Returns the primary's state dict, whose
+        extra entries (e.g. a training checkpoint's progress) the caller may use.
+        """
+        if self.out_dir is None:
+            raise ConfigError("the primary party has no state directory to load from")
+        path = self.out_dir / name
+        if not path.is_file():
+            raise ConfigError(f"no saved primary state at {path}")
+        # Our own file (see save_states): it holds fitted preprocessing objects, hence pickle.
+        state = torch.load(path, weights_only=False)
+        for sec in self.secondaries:
+            self.channel.request(sec, LoadState(name=name), Ack)
+        plan_raw = dict(state["plan"])
+        plan_raw["bottom"] = BottomSpec(**plan_raw["bottom"])
+        if plan_raw.get("aggregator_config") is not None:
+            plan_raw["aggregator_config"] = AggregatorConfig(**plan_raw["aggregator_config"])
+        self.codec.__dict__.update(state["label_codec"])
+        self._build(TrainingPlan(**plan_raw), state["preprocessor"], list(state["dims"]))
+        model, optimizer = self._require_model(), self.optimizer
+        model.load_state_dict(state["model"])
+        if optimizer is not None and state.get("optimizer"):
+            optimizer.load_state_dict(state["optimizer"])
+        return state  # type: ignore[no-any-return]

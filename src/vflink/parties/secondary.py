@@ -8,6 +8,7 @@ SplitNN part: the secondary's forward and backward around the primary's aggregat
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,7 @@ from vflink.protocol.messages import (
     Forward,
     IdentifierEncodings,
     KeyDigests,
+    LoadState,
     Restore,
     SaveState,
     SetupBottom,
@@ -70,6 +72,7 @@ class SecondaryParty(Party):
         self._secret = secret
         self.out_dir = out_dir
         self.spec: BottomSpec | None = None
+        self.preprocessor = Preprocessor(table.schema)
         self.linked_rows: npt.NDArray[np.bool_] | None = None
         self.features: torch.Tensor | None = None
         self.model: torch.nn.Module | None = None
@@ -135,17 +138,22 @@ class SecondaryParty(Party):
             raise ProtocolError(f"party {self.name!r}: FitPreprocessing before SetupBottom")
         rows = np.unique(self._check_rows(message.rows, "preprocessing"))
         pre = Preprocessor(self.table.schema).fit(self.table.frame, rows)
+        self._build(self.spec, pre)
+        return Ack(info={"n_features": float(pre.n_features)})
+
+    def _build(self, spec: BottomSpec, pre: Preprocessor) -> None:
+        """Encode our rows with ``pre`` and build a fresh bottom model and optimiser."""
+        self.spec = spec
+        self.preprocessor = pre
         self.features = torch.from_numpy(pre.transform(self.table.frame))
-        spec = self.spec
+        if pre.n_features == 0:  # a party with no features still answers with an embedding
+            self.features = torch.zeros(len(self.table), 1)
         with seeded_init(spec.seed):
             self.model = build_mlp(max(pre.n_features, 1), spec.hidden, spec.out_dim,
                                    activation=spec.activation, dropout=spec.dropout)
-        if pre.n_features == 0:  # a party with no features still answers with an embedding
-            self.features = torch.zeros(len(self.table), 1)
         self.optimizer = build_optimizer(self.model.parameters(), spec)
         self._pending.clear()
         self._applied.clear()
-        return Ack(info={"n_features": float(pre.n_features)})
 
     def on_forward(self, sender: str, message: Forward) -> Embeddings:
         if self.model is None or self.features is None:
@@ -192,6 +200,13 @@ class SecondaryParty(Party):
             raise ProtocolError(f"party {self.name!r} has no model yet")
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
 
+    def _full_state(self) -> dict[str, Any]:
+        """Everything needed to rebuild this party's model later: parameters, optimiser,
+        fitted preprocessing and spec (a file for this party's own directory only)."""
+        return {**self._state(), "preprocessor": self.preprocessor,
+                "spec": dataclasses.asdict(self.spec) if self.spec else None,
+                "applied": sorted(self._applied)}
+
     def on_snapshot(self, sender: str, message: Snapshot) -> Ack:
         self._snapshots[message.tag] = copy.deepcopy(self._state())
         return Ack()
@@ -215,6 +230,24 @@ class SecondaryParty(Party):
         self.out_dir.mkdir(parents=True, exist_ok=True)
         target = self.out_dir / name
         tmp = target.with_suffix(target.suffix + ".tmp")
-        torch.save(self._state(), tmp)
+        torch.save(self._full_state(), tmp)
         tmp.replace(target)  # atomic: a crash never leaves a half-written state file
         return Ack(info={"saved": 1.0})
+
+    def on_load_state(self, sender: str, message: LoadState) -> Ack:
+        if self.out_dir is None:
+            raise ProtocolError(f"party {self.name!r} has no state directory to load from")
+        path = self.out_dir / Path(message.name).name
+        if not path.is_file():
+            raise ProtocolError(f"party {self.name!r}: no saved state {path}")
+        # Our own file, written by on_save_state: it holds the fitted preprocessing objects,
+        # so it is loaded with pickle support (never load a state file from elsewhere).
+        state = torch.load(path, weights_only=False)
+        self._build(BottomSpec(**state["spec"]), state["preprocessor"])
+        model, optimizer = self.model, self.optimizer
+        if model is None or optimizer is None:
+            raise ProtocolError(f"party {self.name!r}: failed to rebuild the model")
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        self._applied = set(state.get("applied", []))
+        return Ack(info={"n_features": float(self.preprocessor.n_features)})

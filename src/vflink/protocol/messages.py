@@ -39,6 +39,7 @@ __all__ = [
     "Hello",
     "IdentifierEncodings",
     "KeyDigests",
+    "LoadState",
     "MatchKeys",
     "Message",
     "Restore",
@@ -219,6 +220,7 @@ class SoftLink(Message):
     tau: float | None = None
     sigma: float | None = None
     delta: float = 1e-5
+    scale: tuple[float, ...] = ()  # (μ0, σ0) of a training linkage to reuse at inference
 
 
 # --- split learning -------------------------------------------------------------------------
@@ -303,13 +305,22 @@ class SaveState(Message):
     name: str
 
 
+@dataclass(frozen=True)
+class LoadState(Message):
+    """Primary → secondary: load your state ``name`` from your own output directory
+    (prediction with a trained model, or resuming from a checkpoint)."""
+
+    kind: ClassVar[str] = "load_state"
+    name: str
+
+
 MESSAGE_TYPES: dict[str, type[Message]] = {
     cls.kind: cls
     for cls in (
         Hello, Ack, ShareKeys, KeyDigests, MatchKeys, AlignmentReady, FetchAlignment, AlignmentView,
         AlignmentViews, ShareEncodings, IdentifierEncodings, SoftLink, SetupBottom,
         FitPreprocessing, Forward, Embeddings, Backward, Snapshot,
-        Restore, SaveState,
+        Restore, SaveState, LoadState,
     )
 }
 

@@ -207,8 +207,12 @@ def _needs(algorithms: Sequence[Algorithm]) -> set[str]:
 
 def prepare(config: RunConfig, tables: Inputs | tuple[PartyTable, Sequence[PartyTable]] | None
             = None, *, algorithms: Sequence[str] | None = None,
-            transcript: Transcript | None = None) -> Prepared:
-    """Align the parties through a coordinator (the real protocol, in this process)."""
+            transcript: Transcript | None = None,
+            scale: tuple[float, float] | None = None) -> Prepared:
+    """Align the parties through a coordinator (the real protocol, in this process).
+
+    ``scale`` fixes Eq. 1's (μ0, σ0), e.g. to a training linkage's when predicting.
+    """
     inputs = _as_inputs(tables) if tables is not None else load_inputs(config)
     algs = [get_algorithm(a) for a in (algorithms or [config.algorithm])]
     needs = _needs(algs)
@@ -242,7 +246,7 @@ def prepare(config: RunConfig, tables: Inputs | tuple[PartyTable, Sequence[Party
         top_k = a_cfg.top_k if "topk" in needs else 1
         soft = initiator.align_soft(COORDINATOR, spec, metric=search_metric, top_k=top_k,
                                     tau=a_cfg.tau, sigma=a_cfg.sigma, delta=a_cfg.delta,
-                                    session="soft")
+                                    session="soft", scale=scale)
         top1 = {k: Alignment(a.primary_index, a.secondary_index[:, :1],
                              None if a.similarity is None else a.similarity[:, :1], k,
                              dict(a.meta)) for k, a in soft.items()}
