@@ -3,13 +3,27 @@
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from vflink.errors import ProtocolError, VflinkError
 from vflink.protocol.messages import PROTOCOL_VERSION, Hello, Message
 
-__all__ = ["Party"]
+__all__ = ["Party", "state_path"]
+
+_SAFE_PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+def state_path(root: Path, name: str) -> Path:
+    """``root / name`` for a state file name sent by a peer, refusing anything that could
+    leave ``root`` (absolute paths, ``..``, odd characters)."""
+    parts = Path(name).parts
+    if not parts or any(not _SAFE_PART.match(p) or p in (".", "..") for p in parts):
+        raise ProtocolError(f"invalid state file name {name!r}: use relative names of letters, "
+                            "digits, '.', '_' and '-'")
+    return root.joinpath(*parts)
 
 log = logging.getLogger(__name__)
 

@@ -103,7 +103,8 @@ class PrimaryParty(Party):
         self._plan: TrainingPlan | None = None
         self._dims: list[int] = []
         self.preprocessor = Preprocessor(table.schema)
-        self._batch_ids = iter(range(1, 1 << 62))
+        #: id of the next batch; batch ids let a secondary ignore a retried step
+        self.next_batch_id = 1
         self._snapshots: dict[str, dict[str, Any]] = {}
 
     @property
@@ -240,6 +241,11 @@ class PrimaryParty(Party):
             sim = torch.ones(b, k)
         return embeddings, leaves, sim, torch.from_numpy(valid)
 
+    def _new_batch_id(self) -> int:
+        batch_id = self.next_batch_id
+        self.next_batch_id += 1
+        return batch_id
+
     def _require_model(self) -> SplitNNPrimary:
         if self.model is None or self._x is None or self.optimizer is None:
             raise ProtocolError("the primary party is not set up; call setup() first")
@@ -250,7 +256,7 @@ class PrimaryParty(Party):
         y_all = self._y
         if y_all is None or self._x is None or self.optimizer is None:
             raise ProtocolError("the primary party is not set up")
-        batch_id = next(self._batch_ids)
+        batch_id = self._new_batch_id()
         model.train()
         sec, leaves, sim, mask = self._secondary_embeddings(rows, batch_id, train=True)
         idx = torch.from_numpy(rows)
@@ -285,7 +291,7 @@ class PrimaryParty(Party):
         out = []
         for chunk in self.batches(np.asarray(rows, dtype=np.int64), self._plan.eval_batch_size,
                                   None):
-            batch_id = next(self._batch_ids)
+            batch_id = self._new_batch_id()
             with torch.no_grad():
                 sec, _, sim, mask = self._secondary_embeddings(chunk, batch_id, train=False)
                 out.append(self.codec.scores(

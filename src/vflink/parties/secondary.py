@@ -23,7 +23,7 @@ from vflink.data.table import PartyTable
 from vflink.errors import ProtocolError
 from vflink.models.mlp import build_mlp, build_optimizer, seeded_init
 from vflink.models.spec import BottomSpec
-from vflink.parties.base import Party
+from vflink.parties.base import Party, state_path
 from vflink.parties.linking import encode_identifiers
 from vflink.protocol.channel import Channel
 from vflink.protocol.messages import (
@@ -226,10 +226,9 @@ class SecondaryParty(Party):
     def on_save_state(self, sender: str, message: SaveState) -> Ack:
         if self.out_dir is None:
             return Ack(info={"saved": 0.0})
-        name = Path(message.name).name  # a bare file name: never write outside our directory
-        self.out_dir.mkdir(parents=True, exist_ok=True)
-        target = self.out_dir / name
-        tmp = target.with_suffix(target.suffix + ".tmp")
+        target = state_path(self.out_dir, message.name)  # never outside our own directory
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(target.name + ".tmp")
         torch.save(self._full_state(), tmp)
         tmp.replace(target)  # atomic: a crash never leaves a half-written state file
         return Ack(info={"saved": 1.0})
@@ -237,7 +236,7 @@ class SecondaryParty(Party):
     def on_load_state(self, sender: str, message: LoadState) -> Ack:
         if self.out_dir is None:
             raise ProtocolError(f"party {self.name!r} has no state directory to load from")
-        path = self.out_dir / Path(message.name).name
+        path = state_path(self.out_dir, message.name)
         if not path.is_file():
             raise ProtocolError(f"party {self.name!r}: no saved state {path}")
         # Our own file, written by on_save_state: it holds the fitted preprocessing objects,

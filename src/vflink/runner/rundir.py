@@ -7,16 +7,19 @@ has finished, so a failed or interrupted run never leaves a directory that looks
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from vflink.errors import RunError
 
-__all__ = ["atomic_run_dir", "write_json"]
+__all__ = ["atomic_run_dir", "staging_dir", "write_json"]
+
+log = logging.getLogger(__name__)
 
 
 def write_json(path: Path, data: Any) -> None:
@@ -26,22 +29,40 @@ def write_json(path: Path, data: Any) -> None:
     os.replace(tmp, path)
 
 
+def staging_dir(out_dir: Path) -> Path:
+    """Where a run is written until it is complete (a hidden sibling of ``out_dir``)."""
+    return out_dir.with_name(f".{out_dir.name}.partial")
+
+
 @contextmanager
-def atomic_run_dir(out_dir: Path, *, overwrite: bool = False) -> Iterator[Path]:
-    """Yield a staging directory that becomes ``out_dir`` only if the block succeeds."""
+def atomic_run_dir(out_dir: Path, *, overwrite: bool = False, resume: bool = False,
+                   keep_if: Callable[[Path], bool] | None = None) -> Iterator[Path]:
+    """Yield a staging directory that becomes ``out_dir`` only if the block succeeds.
+
+    On failure the staging directory is removed, unless ``keep_if(staging)`` says it holds
+    something worth resuming from (checkpoints); ``resume`` reuses such a directory.
+    """
     out_dir = Path(out_dir)
     if out_dir.exists() and not overwrite:
         raise RunError(f"{out_dir}: run directory already exists; choose another --out or pass "
                        "--overwrite")
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = out_dir.with_name(f".{out_dir.name}.partial")
-    if staging.exists():
-        shutil.rmtree(staging)
-    staging.mkdir()
+    staging = staging_dir(out_dir)
+    if resume:
+        if not staging.is_dir():
+            raise RunError(f"{out_dir}: nothing to resume (no interrupted run at {staging})")
+    else:
+        if staging.exists():
+            shutil.rmtree(staging)
+        staging.mkdir()
     try:
         yield staging
     except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
+        if keep_if is not None and keep_if(staging):
+            log.warning("run interrupted; its checkpoints are kept in %s: continue it with "
+                        "--resume", staging)
+        else:
+            shutil.rmtree(staging, ignore_errors=True)
         raise
     if out_dir.exists():
         shutil.rmtree(out_dir)

@@ -8,9 +8,8 @@ the algorithm.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-import os
-import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -24,22 +23,24 @@ import torch
 
 from vflink.data.schema import PartySchema
 from vflink.data.split import split_rows
-from vflink.data.table import PartyTable, load_table
-from vflink.datasets import load_dataset
+from vflink.data.table import PartyTable
 from vflink.errors import ConfigError
-from vflink.linkage import SearchOptions
 from vflink.metrics.functional import evaluate, higher_is_better, primary_metric
 from vflink.models.merge import AggregatorConfig
 from vflink.models.spec import BottomSpec
-from vflink.parties import CoordinatorParty, PrimaryParty, SecondaryParty, TrainingPlan
+from vflink.parties import PrimaryParty, TrainingPlan
+from vflink.protocol import Ack, AlignmentReady
 from vflink.runner.algorithms import Algorithm, get_algorithm
 from vflink.runner.config import RunConfig, config_to_dict
+from vflink.runner.federation import Federation, in_process
+from vflink.runner.inputs import Inputs, load_inputs, load_party_tables
 from vflink.runner.link import encoding_for
 from vflink.runner.rundir import atomic_run_dir, write_json
 from vflink.transport import InProcessHub, TrafficCounter, Transcript
 from vflink.types import MISSING, Alignment, Task
 
 __all__ = [
+    "CHECKPOINT",
     "EpochRecord",
     "Inputs",
     "Prepared",
@@ -58,16 +59,8 @@ log = logging.getLogger(__name__)
 #: ``progress(stage, done, total)``: the CLI renders it as a progress bar.
 Progress = Callable[[str, int, int], None]
 
-COORDINATOR = "coordinator"
-
-
-@dataclass(frozen=True)
-class Inputs:
-    """The parties' tables, and ground truth where a dataset has it (for Combine only)."""
-
-    primary: PartyTable
-    secondaries: tuple[PartyTable, ...]
-    truth: dict[str, npt.NDArray[np.int64]] | None = None
+#: State file names every party writes into its own state directory.
+CHECKPOINT, BEST, FINAL = "checkpoint.pt", "best.pt", "model.pt"
 
 
 @dataclass(frozen=True)
@@ -75,14 +68,17 @@ class Prepared:
     """Inputs plus the alignments each kind of algorithm consumes.
 
     ``alignments[kind][secondary]`` with kind ``"base"`` (top-1 of the configured alignment),
-    ``"top1"``, ``"topk"`` or ``"exact"``; ``rows`` are the primary rows every algorithm trains
-    and is evaluated on, so their metrics are comparable.
+    ``"top1"``, ``"topk"`` or ``"exact"``; ``sessions[kind]`` names the coordinator session a
+    secondary fetches its view of that alignment from; ``rows`` are the primary rows every
+    algorithm trains and is evaluated on, so their metrics are comparable.
     """
 
     inputs: Inputs
     alignments: dict[str, dict[str, Alignment]]
+    sessions: dict[str, str]
     rows: npt.NDArray[np.int64]
     communication: dict[str, dict[str, int]]
+    federation: Federation | None = None
     summary: dict[str, Any] = field(default_factory=dict)
 
 
@@ -131,40 +127,6 @@ class RunResult:
         }
 
 
-def load_inputs(config: RunConfig) -> Inputs:
-    """The parties' tables from a built-in dataset or from files."""
-    data = config.data
-    if data.dataset is not None:
-        options = dict(data.options)
-        options.setdefault("seed", config.seed)
-        ds = load_dataset(data.dataset, **options)
-        truth = None
-        if ds.true_secondary_index is not None:
-            truth = {t.name: np.asarray(idx) for t, idx in
-                     zip(ds.secondaries, ds.true_secondary_index, strict=True)}
-        return Inputs(ds.primary, tuple(ds.secondaries), truth)
-    tables = [load_table(schema) for schema in data.parties]
-    primary = next(t for t in tables if t.schema.role == "primary")
-    return Inputs(primary, tuple(t for t in tables if t.schema.role == "secondary"))
-
-
-def load_party_tables(config: RunConfig) -> tuple[PartyTable, tuple[PartyTable, ...]]:
-    inputs = load_inputs(config)
-    return inputs.primary, inputs.secondaries
-
-
-def _secret(env: str) -> bytes:
-    value = os.environ.get(env)
-    if value:
-        if len(value.encode()) < 16:
-            raise ConfigError(f"the secret in ${env} must be at least 16 bytes")
-        return value.encode()
-    # Every data party lives in this process, so a fresh random secret is as good as a shared
-    # one; the coordinator never receives it.
-    log.info("$%s is not set: using a random alignment secret for this in-process run", env)
-    return secrets.token_bytes(32)
-
-
 def _as_inputs(tables: Inputs | tuple[PartyTable, Sequence[PartyTable]]) -> Inputs:
     if isinstance(tables, Inputs):
         return tables
@@ -207,53 +169,56 @@ def _needs(algorithms: Sequence[Algorithm]) -> set[str]:
 
 def prepare(config: RunConfig, tables: Inputs | tuple[PartyTable, Sequence[PartyTable]] | None
             = None, *, algorithms: Sequence[str] | None = None,
-            transcript: Transcript | None = None,
+            transcript: Transcript | None = None, federation: Federation | None = None,
             scale: tuple[float, float] | None = None) -> Prepared:
-    """Align the parties through a coordinator (the real protocol, in this process).
+    """Align the parties through the coordinator (the real protocol).
 
-    ``scale`` fixes Eq. 1's (μ0, σ0), e.g. to a training linkage's when predicting.
+    Without a ``federation`` the other parties are built in this process. ``scale`` fixes
+    Eq. 1's (μ0, σ0), e.g. to a training linkage's when predicting.
     """
     inputs = _as_inputs(tables) if tables is not None else load_inputs(config)
     algs = [get_algorithm(a) for a in (algorithms or [config.algorithm])]
     needs = _needs(algs)
     a_cfg = config.alignment
-    names = tuple(t.name for t in inputs.secondaries)
+    if federation is None:
+        federation = in_process(inputs, config, transcript=transcript)
+    names = federation.secondaries
     if not names:
         rows = np.arange(len(inputs.primary), dtype=np.int64)
-        return Prepared(inputs, {}, rows, {})
+        return Prepared(inputs, {}, {}, rows, {}, federation)
     if a_cfg.method == "exact" and "topk" in needs:
         raise ConfigError("algorithms that use K links (fedsim, avgsim, featuresim...) need "
                           "soft linkage: set alignment.method = \"soft\"")
-    secret = _secret(a_cfg.secret_env)
-    hub = InProcessHub(transcript=transcript)
-    search = SearchOptions(mode=a_cfg.search)  # type: ignore[arg-type]
-    hub.register(COORDINATOR, CoordinatorParty(COORDINATOR, seed=config.seed, search=search))
-    for table in inputs.secondaries:
-        hub.register(table.name, SecondaryParty(table, hub.channel(table.name), secret=secret))
-    primary = PrimaryParty(inputs.primary, hub.channel(inputs.primary.name), secondaries=names,
-                           secret=secret)
+    primary = PrimaryParty(inputs.primary, federation.channel, secondaries=names,
+                           secret=federation.secret)
     initiator = primary.initiator()
+    coordinator = federation.coordinator
     alignments: dict[str, dict[str, Alignment]] = {}
+    sessions: dict[str, str] = {}
     summary: dict[str, Any] = {"method": a_cfg.method}
+    before = federation.counter.snapshot()
     if a_cfg.method == "exact":
-        base = initiator.align_exact(COORDINATOR)
+        base = initiator.align_exact(coordinator, session="exact")
         alignments = {"base": base, "top1": base, "exact": base}
+        sessions = dict.fromkeys(alignments, "exact")
     else:
         sides = [(inputs.primary.frame, inputs.primary.schema.identifiers)]
         sides += [(t.frame, t.schema.identifiers) for t in inputs.secondaries]
         spec, search_metric = encoding_for(a_cfg.metric, bloom=a_cfg.privacy == "bloom",
                                            sides=sides)
         top_k = a_cfg.top_k if "topk" in needs else 1
-        soft = initiator.align_soft(COORDINATOR, spec, metric=search_metric, top_k=top_k,
+        soft = initiator.align_soft(coordinator, spec, metric=search_metric, top_k=top_k,
                                     tau=a_cfg.tau, sigma=a_cfg.sigma, delta=a_cfg.delta,
                                     session="soft", scale=scale)
         top1 = {k: Alignment(a.primary_index, a.secondary_index[:, :1],
                              None if a.similarity is None else a.similarity[:, :1], k,
                              dict(a.meta)) for k, a in soft.items()}
         alignments = {"base": top1, "top1": top1, "topk": soft}
+        sessions = {"base": "soft", "top1": "soft", "topk": "soft"}
         if "exact" in needs:
-            alignments["exact"] = initiator.align_soft(COORDINATOR, spec, metric=search_metric,
+            alignments["exact"] = initiator.align_soft(coordinator, spec, metric=search_metric,
                                                        top_k=1, mode="exact", session="exact")
+            sessions["exact"] = "exact"
         first = soft[names[0]]
         summary.update({k: first.meta.get(k) for k in ("mu0", "sigma0", "sigma", "tau",
                                                        "epsilon", "delta")})
@@ -268,7 +233,8 @@ def prepare(config: RunConfig, tables: Inputs | tuple[PartyTable, Sequence[Party
     summary["unmatched"] = a_cfg.unmatched
     log.info("aligned: %d of %d primary rows kept (%s)", len(rows), n,
              summary["matched_fraction"])
-    return Prepared(inputs, alignments, rows, hub.counter.snapshot(), summary)
+    communication = TrafficCounter.delta(federation.counter.snapshot(), before)
+    return Prepared(inputs, alignments, sessions, rows, communication, federation, summary)
 
 
 def _plan(config: RunConfig, algorithm: Algorithm, *, learn_missing: bool, k: int
@@ -283,22 +249,51 @@ def _plan(config: RunConfig, algorithm: Algorithm, *, learn_missing: bool, k: in
                         pair_dim=m.pair_dim)
 
 
+def _records(raw: list[dict[str, Any]]) -> list[EpochRecord]:
+    return [EpochRecord(**r) for r in raw]
+
+
 def train_and_evaluate(primary: PrimaryParty, config: RunConfig, plan: TrainingPlan,
                        splits: tuple[npt.NDArray[np.int64], ...], counter: TrafficCounter,
-                       *, batch_size: int, progress: Progress | None = None
+                       *, batch_size: int, progress: Progress | None = None,
+                       checkpoints: bool = False, state_prefix: str = "",
+                       resume: bool = False
                        ) -> tuple[dict[str, dict[str, float]], tuple[EpochRecord, ...], int]:
-    """Train with early stopping on the validation metric; restore the best epoch; evaluate."""
+    """Train with early stopping on the validation metric; restore the best epoch; evaluate.
+
+    With ``checkpoints`` every party writes its state atomically at each epoch boundary
+    (``checkpoint.pt``, and ``best.pt`` when validation improves), so a run that died can be
+    continued with ``resume``: the same batches, ids and random numbers follow, and the final
+    model equals that of an uninterrupted run.
+    """
     train, val, test = splits
     t = config.training
     rng = np.random.default_rng([config.seed, 1])
-    primary.setup(plan, train)
     metric = primary_metric(primary.task)
     better = higher_is_better(metric)
     best: float | None = None
     best_epoch = 0
     stale = 0
-    history = []
-    for epoch in range(1, t.epochs + 1):
+    first_epoch = 1
+    history: list[EpochRecord] = []
+    if resume:
+        state = primary.load_states(state_prefix + CHECKPOINT)
+        progress_state = state["training_progress"]
+        rng.bit_generator.state = progress_state["rng"]
+        primary.next_batch_id = int(progress_state["next_batch_id"])
+        best, best_epoch, stale = (progress_state["best"], progress_state["best_epoch"],
+                                   progress_state["stale"])
+        history = _records(progress_state["history"])
+        first_epoch = len(history) + 1
+        log.info("resuming after epoch %d (best epoch %d)", len(history), best_epoch)
+        if progress is not None:
+            progress("epoch", len(history), t.epochs)
+    else:
+        primary.setup(plan, train)
+    finished = resume and (stale >= t.patience or first_epoch > t.epochs)
+    for epoch in range(first_epoch, t.epochs + 1):
+        if finished:
+            break
         before = counter.snapshot()
         start = time.perf_counter()
         losses = [primary.train_step(b) for b in primary.batches(train, batch_size, rng)]
@@ -308,11 +303,20 @@ def train_and_evaluate(primary: PrimaryParty, config: RunConfig, plan: TrainingP
                              time.perf_counter() - start)
         history.append(record)
         score = val_metrics[metric]
-        if best is None or (score > best if better else score < best):
+        improved = best is None or (score > best if better else score < best)
+        if improved:
             best, best_epoch, stale = score, epoch, 0
-            primary.snapshot("best")
+            if checkpoints:
+                primary.save_states(state_prefix + BEST)
+            else:
+                primary.snapshot("best")
         else:
             stale += 1
+        if checkpoints:
+            primary.save_states(state_prefix + CHECKPOINT, extra={"training_progress": {
+                "rng": rng.bit_generator.state, "next_batch_id": primary.next_batch_id,
+                "best": best, "best_epoch": best_epoch, "stale": stale,
+                "history": [dataclasses.asdict(r) for r in history]}})
         log.info("epoch %d: loss %.4f, validation %s %.4f", epoch, record.train_loss, metric,
                  score)
         if progress is not None:
@@ -320,7 +324,10 @@ def train_and_evaluate(primary: PrimaryParty, config: RunConfig, plan: TrainingP
         if stale >= t.patience:
             log.info("early stopping after epoch %d (best %d)", epoch, best_epoch)
             break
-    primary.restore("best")
+    if checkpoints:
+        primary.load_states(state_prefix + BEST)
+    else:
+        primary.restore("best")
     metrics = {name: evaluate(primary.task, primary.targets(rows), primary.predict_scores(rows))
                for name, rows in (("train", train), ("validation", val), ("test", test))}
     return metrics, tuple(history), best_epoch
@@ -329,13 +336,23 @@ def train_and_evaluate(primary: PrimaryParty, config: RunConfig, plan: TrainingP
 def run_training(config: RunConfig, out_dir: Path | None = None, *, overwrite: bool = False,
                  progress: Progress | None = None, transcript: Transcript | None = None,
                  tables: Inputs | tuple[PartyTable, Sequence[PartyTable]] | None = None,
-                 prepared: Prepared | None = None) -> RunResult:
-    """Run one algorithm end to end in this process; write a run directory if ``out_dir``."""
+                 prepared: Prepared | None = None, federation: Federation | None = None,
+                 resume: bool = False) -> RunResult:
+    """Run one algorithm end to end; write a run directory if ``out_dir``.
+
+    Without a ``federation`` (or a ``prepared`` alignment that carries one) every party is
+    built in this process. With ``out_dir`` every party checkpoints at epoch boundaries into
+    its own state directory; ``resume`` continues an interrupted run from its checkpoints.
+    """
     torch.set_num_threads(config.training.threads)
     if out_dir is None:
-        return _run(config, None, progress, transcript, tables, prepared)
-    with atomic_run_dir(out_dir, overwrite=overwrite) as staging:
-        result = _run(config, staging, progress, transcript, tables, prepared)
+        if resume:
+            raise ConfigError("--resume needs the run directory of the interrupted run")
+        return _run(config, None, progress, transcript, tables, prepared, federation, False)
+    with atomic_run_dir(out_dir, overwrite=overwrite, resume=resume,
+                        keep_if=lambda d: any(d.glob(f"models/*/{CHECKPOINT}"))) as staging:
+        result = _run(config, staging, progress, transcript, tables, prepared, federation,
+                      resume)
         write_json(staging / "config.json", config_to_dict(config))
         write_json(staging / "metrics.json", result.to_json())
         from vflink.runner.plots import learning_curve  # matplotlib only when writing
@@ -359,58 +376,72 @@ def _truth_alignments(inputs: Inputs, prepared: Prepared, config: RunConfig
 def _run(config: RunConfig, out_dir: Path | None, progress: Progress | None,
          transcript: Transcript | None,
          tables: Inputs | tuple[PartyTable, Sequence[PartyTable]] | None,
-         prepared: Prepared | None) -> RunResult:
+         prepared: Prepared | None, federation: Federation | None, resume: bool) -> RunResult:
     start = time.perf_counter()
     algorithm = get_algorithm(config.algorithm)
+    models_dir = None if out_dir is None else out_dir / "models"
     if prepared is None:
-        prepared = prepare(config, tables, transcript=transcript)
+        inputs = _as_inputs(tables) if tables is not None else load_inputs(config)
+        if federation is None:
+            federation = in_process(inputs, config, transcript=transcript, state_root=models_dir)
+        prepared = prepare(config, inputs, transcript=transcript, federation=federation)
     inputs = prepared.inputs
-    if algorithm.kind != "solo" and not inputs.secondaries:
+    federation = federation or prepared.federation
+    if algorithm.kind != "solo" and not inputs.secondaries and not (
+            federation and federation.secondaries):
         raise ConfigError(f"algorithm {algorithm.name!r} needs at least one secondary party")
     rows = prepared.rows
     splits = split_rows(rows, config.training.split, np.random.default_rng([config.seed, 0]))
-    counter = TrafficCounter()
-    hub = InProcessHub(transcript=transcript, counter=counter)
-    models_dir = None if out_dir is None else out_dir / "models"
     learn_missing = config.alignment.unmatched == "keep"
     k = 1
     batch_size = config.training.batch_size
+    primary_dir = None if models_dir is None else models_dir / inputs.primary.name
     if algorithm.kind == "vfl":
+        if federation is None:
+            raise ConfigError("a VFL algorithm needs the other parties (a federation)")
+        counter = federation.counter
         alignments = prepared.alignments[algorithm.links]
         if algorithm.links == "exact" and config.alignment.method == "soft":
             learn_missing = True  # records without an exact match keep a "missing" embedding
-        for table in inputs.secondaries:
-            party = SecondaryParty(table, hub.channel(table.name),
-                                   out_dir=None if models_dir is None else models_dir / table.name)
-            party.set_linked_rows(alignments[table.name].secondary_index)
-            hub.register(table.name, party)
-        names = tuple(t.name for t in inputs.secondaries)
-        primary = PrimaryParty(inputs.primary, hub.channel(inputs.primary.name),
-                               secondaries=names,
-                               out_dir=None if models_dir is None
-                               else models_dir / inputs.primary.name)
+        primary = PrimaryParty(inputs.primary, federation.channel,
+                               secondaries=federation.secondaries, out_dir=primary_dir)
+        # every secondary fetches the view of the alignment this algorithm uses
+        for name in federation.secondaries:
+            federation.channel.request(name, AlignmentReady(
+                session=prepared.sessions[algorithm.links], coordinator=federation.coordinator),
+                Ack)
         primary.set_alignments(alignments)
         k = next(iter(alignments.values())).k
         if algorithm.uses_k:
             batch_size = config.training.knn_batch_size  # App. E: K times more pairs per batch
+        state_prefix = federation.state_prefix
     else:
+        # Solo and Combine are centralised at the primary: nothing crosses a boundary.
+        counter = TrafficCounter()
         table = inputs.primary
         if algorithm.kind == "combine":
             table = combined_table(inputs.primary, inputs.secondaries,
                                    _truth_alignments(inputs, prepared, config))
+        hub = InProcessHub(transcript=transcript, counter=counter)
         primary = PrimaryParty(table, hub.channel(inputs.primary.name), secondaries=(),
-                               out_dir=None if models_dir is None
-                               else models_dir / inputs.primary.name)
+                               out_dir=primary_dir)
+        state_prefix = ""
     plan = _plan(config, algorithm, learn_missing=learn_missing, k=k)
+    if resume and plan.k != k:
+        raise ConfigError("cannot resume: the alignment changed")
+    start_bytes = counter.snapshot()
     metrics, history, best_epoch = train_and_evaluate(
-        primary, config, plan, splits, counter, batch_size=batch_size, progress=progress)
-    primary.save_states()
+        primary, config, plan, splits, counter, batch_size=batch_size, progress=progress,
+        checkpoints=out_dir is not None, state_prefix=state_prefix, resume=resume)
+    if out_dir is not None:
+        primary.save_states(state_prefix + FINAL)
     sizes = {"primary_rows": len(inputs.primary), "aligned_rows": len(rows),
              "train": len(splits[0]), "validation": len(splits[1]), "test": len(splits[2]),
              "k": k, **{f"{t.name}_rows": len(t) for t in inputs.secondaries}}
     return RunResult(
         algorithm=algorithm.name, task=primary.task, metrics=metrics, history=history,
-        best_epoch=best_epoch, communication=counter.snapshot(), sizes=sizes,
+        best_epoch=best_epoch,
+        communication=TrafficCounter.delta(counter.snapshot(), start_bytes), sizes=sizes,
         seconds=time.perf_counter() - start,
         extra={"alignment": {**prepared.summary, "communication": prepared.communication}},
     )

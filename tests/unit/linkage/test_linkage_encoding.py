@@ -36,6 +36,8 @@ OTHER = b"a-different-secret-of-32-bytes!!"
     ("ﬁnal\tcut\n", "final cut"),
     ("C++ & Java", "c java"),
     ("", ""),
+    ("$", "$"),  # only symbols: keep the case-folded form rather than an empty string
+    (" !! ", "!!"),
 ])
 def test_normalize_string(raw: str, expected: str) -> None:
     assert normalize_string(raw) == expected

@@ -24,7 +24,11 @@ __all__ = ["StringEncoder", "normalize_string"]
 
 
 def normalize_string(s: str) -> str:
-    """Case fold, strip accents (NFKD), punctuation/symbols → space, collapse whitespace."""
+    """Case fold, strip accents (NFKD), punctuation/symbols → space, collapse whitespace.
+
+    A string made only of punctuation or symbols keeps its case-folded form instead of
+    becoming empty.
+    """
     folded = unicodedata.normalize("NFKD", s.casefold())
     chars = []
     for ch in folded:
@@ -32,7 +36,10 @@ def normalize_string(s: str) -> str:
             continue
         cat = unicodedata.category(ch)
         chars.append(" " if cat[0] in "PS" or ch.isspace() else ch)
-    return " ".join("".join(chars).split())
+    out = " ".join("".join(chars).split())
+    # A title made only of symbols (the film "$") would otherwise become empty and match
+    # every other empty string: keep its case-folded, trimmed form instead.
+    return out if out else " ".join(folded.split())
 
 
 @dataclass(frozen=True, kw_only=True)

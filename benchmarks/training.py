@@ -1,0 +1,155 @@
+"""Training cost of FedSim and Top1Sim at K ∈ {10, 50, 100} on the synthetic dataset.
+
+Prints JSON: per case the seconds per epoch (training + validation pass), peak resident memory
+of the process, sizes, and the ratio against a simple baseline run in the same process: the
+same models trained without the party boundary and without deduplication, i.e. running the
+secondary's bottom model on every one of the B×K linked pairs of a batch (what gathering a
+joined primary×K table per batch would do). The bytes a fully materialised joined table would
+take are reported too (ARCHITECTURE.md: never materialise it).
+
+Each case runs in its own subprocess so that peak memory is per case.
+
+    python benchmarks/training.py                      # FedSim and Top1Sim, K = 10, 50, 100
+    python benchmarks/training.py --samples 10000 --ks 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from vflink.models.mlp import build_mlp, build_optimizer, seeded_init  # noqa: E402
+from vflink.models.spec import BottomSpec  # noqa: E402
+from vflink.models.splitnn import SplitNNPrimary  # noqa: E402
+from vflink.runner.config import (  # noqa: E402
+    AlignmentConfig,
+    DataConfig,
+    RunConfig,
+    TrainingConfig,
+)
+from vflink.runner.train import prepare, run_training  # noqa: E402
+
+
+def config(algorithm: str, k: int, samples: int, batch: int) -> RunConfig:
+    return RunConfig(
+        seed=0, algorithm=algorithm,
+        data=DataConfig(dataset="sklearn", options={"n_samples": samples, "sigma_cf": 0.2}),
+        alignment=AlignmentConfig(method="soft", metric="euclidean", top_k=k, privacy="off"),
+        training=TrainingConfig(epochs=1, patience=1, batch_size=128, knn_batch_size=batch,
+                                optimizer="lamb", lr=3e-3, threads=1),
+    )
+
+
+def naive_epoch(prepared, cfg: RunConfig, algorithm: str, batch: int) -> float:  # type: ignore[no-untyped-def]
+    """Baseline: one process, no boundary, secondary bottom model on all B×K pairs."""
+    from vflink.data.preprocess import Preprocessor
+    from vflink.runner.algorithms import get_algorithm
+
+    alg = get_algorithm(algorithm)
+    inputs = prepared.inputs
+    sec = inputs.secondaries[0]
+    links = prepared.alignments[alg.links][sec.name]
+    n = len(inputs.primary)
+    rows = np.arange(n)
+    train = rows[: int(0.7 * n)]
+    xp = torch.from_numpy(Preprocessor(inputs.primary.schema).fit(inputs.primary.frame, train)
+                          .transform(inputs.primary.frame))
+    xs = torch.from_numpy(Preprocessor(sec.schema).fit(sec.frame, np.arange(len(sec)))
+                          .transform(sec.frame))
+    y = torch.from_numpy(inputs.primary.frame["y"].to_numpy().astype(np.float32))
+    idx = torch.from_numpy(links.for_primary_rows(n))
+    sim = torch.from_numpy(links.similarity) if links.similarity is not None \
+        else torch.ones(n, links.k)
+    spec = BottomSpec(hidden=cfg.model.hidden, out_dim=cfg.model.cut_dim, optimizer="lamb",
+                      lr=3e-3, weight_decay=1e-5)
+    with seeded_init(0):
+        bottom_s = build_mlp(xs.shape[1], spec.hidden, spec.out_dim)
+        model = SplitNNPrimary(xp.shape[1], spec, [spec.out_dim], cfg.model.top_hidden, 1,
+                               learn_missing=False, aggregator=alg.aggregator, k=links.k)
+    opt = build_optimizer([*model.parameters(), *bottom_s.parameters()], spec)
+    start = time.perf_counter()
+    order = np.random.default_rng(0).permutation(train)
+    for s in range(0, len(order), batch):
+        b = torch.from_numpy(order[s:s + batch])
+        pairs = xs[idx[b].reshape(-1)]  # the joined B×K rows, no deduplication
+        emb = bottom_s(pairs).reshape(len(b), links.k, -1)
+        logits = model(xp[b], [emb], sim[b], torch.ones(len(b), links.k, dtype=torch.bool))
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(logits.squeeze(-1), y[b])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return time.perf_counter() - start
+
+
+def run_case(algorithm: str, k: int, samples: int, batch: int) -> dict[str, object]:
+    torch.set_num_threads(1)
+    cfg = config(algorithm, k, samples, batch)
+    t0 = time.perf_counter()
+    prepared = prepare(cfg, algorithms=[algorithm])
+    link_s = time.perf_counter() - t0
+    result = run_training(cfg, prepared=prepared)
+    epoch = result.history[0]
+    train_s = epoch.seconds
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    naive_s = naive_epoch(prepared, cfg, algorithm, batch if result.sizes["k"] > 1 else 128)
+    n_sec_features = len(prepared.inputs.secondaries[0].schema.features)
+    n_pri_features = len(prepared.inputs.primary.schema.features)
+    joined = samples * result.sizes["k"] * (n_pri_features + n_sec_features) * 4
+    return {
+        "algorithm": algorithm, "k": result.sizes["k"], "primary_rows": samples,
+        "secondary_rows": result.sizes["secondary_rows"],
+        "features": {"primary": n_pri_features, "secondary": n_sec_features},
+        "batch_size": batch if result.sizes["k"] > 1 else 128,
+        "linkage_seconds": round(link_s, 2),
+        "epoch_seconds": round(train_s, 2),
+        "bytes_per_epoch": sum(v["bytes"] for v in epoch.communication.values()),
+        "peak_rss_gib": round(peak / 2**30, 3),
+        "baseline": "same models in one process, secondary bottom model on every B×K pair "
+                    "(no party boundary, no deduplication); training pass only",
+        "baseline_epoch_seconds": round(naive_s, 2),
+        "ratio_vs_baseline": round(train_s / naive_s, 3),
+        "materialised_joined_table_gib": round(joined / 2**30, 3),
+        "test_accuracy_after_1_epoch": round(result.metrics["test"]["accuracy"], 4),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--samples", type=int, default=60000)
+    parser.add_argument("--ks", default="10,50,100")
+    parser.add_argument("--algorithms", default="fedsim,top1sim")
+    parser.add_argument("--batch", type=int, default=32, help="FedSim batch (App. E: 32/128)")
+    parser.add_argument("--case", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.case:
+        alg, k = args.case.split(":")
+        print(json.dumps(run_case(alg, int(k), args.samples, args.batch)))
+        return
+    cases = []
+    for alg in args.algorithms.split(","):
+        ks = [int(k) for k in args.ks.split(",")] if alg != "top1sim" else [min(
+            int(k) for k in args.ks.split(","))]
+        for k in ks:
+            out = subprocess.run(
+                [sys.executable, __file__, "--case", f"{alg}:{k}", "--samples",
+                 str(args.samples), "--batch", str(args.batch)],
+                check=True, capture_output=True, text=True)
+            cases.append(json.loads(out.stdout.strip().splitlines()[-1]))
+            print(json.dumps(cases[-1]), file=sys.stderr)
+    print(json.dumps({"benchmark": "training", "cases": cases}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

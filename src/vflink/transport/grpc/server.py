@@ -1,0 +1,303 @@
+"""Server side of the gRPC transport: :class:`GrpcServer` serves one party's handler.
+
+Every call is checked before its message is even read: the TLS client certificate must have been
+issued by the federation's CA (enforced by the TLS handshake), must name one party consistently
+(CN = DNS SAN), and that party must be in ``allowed_peers``; the sender claimed in the envelope
+must then be that same party. Refusals end the call with PERMISSION_DENIED and are logged.
+
+Handler calls are serialised by default: party state (models, optimisers, pending batches) is not
+thread-safe. A handler with a true ``thread_safe`` attribute is called concurrently.
+
+Errors go back as gRPC statuses the client translates (:mod:`.channel`): a malformed or
+oversized message → INVALID_ARGUMENT; a vflink error raised by the handler → its class names in
+trailing metadata (a ProtocolError as INVALID_ARGUMENT, others FAILED_PRECONDITION); any other
+exception → INTERNAL with only its type (details stay in this party's log, since exception
+texts can quote private data). The server keeps serving after any of them.
+
+The server counts nothing: the calling channel counts both directions of each call.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Collection, Iterator
+from concurrent import futures
+from typing import NoReturn
+
+import grpc
+
+from vflink.errors import ConfigError, ProtocolError, TransportError, VflinkError
+from vflink.protocol.channel import MessageHandler
+from vflink.protocol.messages import Message
+from vflink.transport.grpc._wire import (
+    DEFAULT_CHUNK_BYTES,
+    DEFAULT_MAX_MESSAGE_BYTES,
+    ERROR_KEY,
+    GRPC_FRAME_LIMIT,
+    ORIGIN_KEY,
+    SERVICE,
+    check_sizes,
+    error_chain,
+    iter_chunks,
+    read_chunks,
+)
+from vflink.transport.grpc.channel import split_host_port
+from vflink.transport.grpc.serde import envelope_from_bytes, message_from_proto, message_to_proto
+from vflink.transport.grpc.tls import TlsConfig, load_tls
+
+__all__ = ["GrpcServer"]
+
+log = logging.getLogger(__name__)
+
+# gRPC carries status details in a header; keep them well below header size limits.
+_MAX_DETAILS = 4000
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= _MAX_DETAILS else text[:_MAX_DETAILS] + " [...]"
+
+
+class GrpcServer:
+    """Serves ``handler`` (one party) to the peers in ``allowed_peers``.
+
+    Args:
+        name: this party's name; with TLS it must be the identity in ``tls``'s certificate.
+        handler: answers messages (``handle(sender, message) -> Message``).
+        listen: ``"host:port"`` to bind; port 0 picks a free port (see :attr:`port`).
+        tls: this party's CA/certificate/key; ``None`` only together with ``insecure=True``.
+        allowed_peers: party names that may call; anyone else is refused.
+        insecure: plaintext and unauthenticated (the envelope's sender is taken on trust),
+            for local experiments only.
+        max_message_bytes: hard cap on one serialised request or reply.
+        chunk_bytes: payload bytes per gRPC message when streaming a large reply.
+        max_workers: threads serving calls (each call holds one while it transfers).
+        thread_safe: call the handler concurrently; default: the handler's ``thread_safe``
+            attribute, else False (calls are serialised).
+    """
+
+    def __init__(self, name: str, handler: MessageHandler, listen: str, tls: TlsConfig | None,
+                 allowed_peers: Collection[str], *, insecure: bool = False,
+                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+                 chunk_bytes: int = DEFAULT_CHUNK_BYTES, max_workers: int = 4,
+                 thread_safe: bool | None = None) -> None:
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"server `name` must be a non-empty party name, got {name!r}")
+        if not callable(getattr(handler, "handle", None)):
+            raise ConfigError(f"server `handler` must have a handle(sender, message) method, "
+                              f"got {type(handler).__name__}")
+        self._host, port = split_host_port(listen)
+        if not 0 <= port <= 65535:
+            raise ConfigError(f"listen port must be in [0, 65535], got {port}")
+        if isinstance(allowed_peers, str) or not all(
+                isinstance(p, str) and p for p in allowed_peers):
+            raise ConfigError(f"`allowed_peers` must be a collection of party names, "
+                              f"got {allowed_peers!r}")
+        if not allowed_peers:
+            raise ConfigError(f"server {name!r}: `allowed_peers` is empty, nobody could call")
+        check_sizes(chunk_bytes, max_message_bytes)
+        if isinstance(max_workers, bool) or not isinstance(max_workers, int) or max_workers < 1:
+            raise ConfigError(f"`max_workers` must be an int >= 1, got {max_workers!r}")
+        if tls is not None and insecure:
+            raise ConfigError("pass either `tls` or `insecure=True`, not both")
+        if tls is None and not insecure:
+            raise ConfigError(f"party {name!r}: the gRPC server needs a TLS configuration; "
+                              "plaintext needs an explicit insecure=True (local experiments "
+                              "only)")
+        self._credentials: grpc.ServerCredentials | None = None
+        if tls is not None:
+            material = load_tls(tls)
+            if material.identity != name:
+                raise ConfigError(f"the certificate {tls.cert} identifies party "
+                                  f"{material.identity!r}, but this server is {name!r}")
+            # require_client_auth: the handshake itself rejects clients without a certificate
+            # from our CA; the identity check per call below does the rest.
+            self._credentials = grpc.ssl_server_credentials(
+                [(material.key_pem, material.cert_pem)], root_certificates=material.ca_pem,
+                require_client_auth=True)
+        self.name = name
+        self.handler = handler
+        self.listen = listen
+        self.allowed_peers = frozenset(allowed_peers)
+        self.insecure = insecure
+        self.max_message_bytes = max_message_bytes
+        self.chunk_bytes = chunk_bytes
+        self.max_workers = max_workers
+        self.thread_safe = bool(getattr(handler, "thread_safe", False)) \
+            if thread_safe is None else thread_safe
+        self._requested_port = port
+        self._handler_lock = threading.Lock()
+        self._server: grpc.Server | None = None
+        self._port: int | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    @property
+    def port(self) -> int:
+        """The bound port (after :meth:`start`), also when ``listen`` asked for port 0."""
+        if self._port is None:
+            raise TransportError(f"server {self.name!r} is not started")
+        return self._port
+
+    @property
+    def address(self) -> str:
+        """``host:port`` that peers can use to reach this server (after :meth:`start`)."""
+        return f"[{self._host}]:{self.port}" if ":" in self._host else f"{self._host}:{self.port}"
+
+    def start(self) -> GrpcServer:
+        if self._server is not None:
+            raise TransportError(f"server {self.name!r} is already started")
+        server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=self.max_workers,
+                                       thread_name_prefix=f"vflink-{self.name}"),
+            handlers=[grpc.method_handlers_generic_handler(
+                SERVICE, {"Call": grpc.unary_stream_rpc_method_handler(self._call),
+                          "Exchange": grpc.stream_stream_rpc_method_handler(self._exchange)})],
+            options=[
+                ("grpc.max_send_message_length", GRPC_FRAME_LIMIT),
+                ("grpc.max_receive_message_length", GRPC_FRAME_LIMIT),
+                # Without this, Linux lets two servers share a port silently: a second party
+                # would steal half the connections instead of failing to start.
+                ("grpc.so_reuseport", 0),
+            ])
+        try:
+            if self._credentials is not None:
+                port = server.add_secure_port(self.listen, self._credentials)
+            else:
+                log.warning("party %r: plaintext gRPC server on %s: callers are not "
+                            "authenticated and traffic is not encrypted; use this for local "
+                            "experiments only", self.name, self.listen)
+                port = server.add_insecure_port(self.listen)
+        except RuntimeError as exc:
+            raise TransportError(f"server {self.name!r} cannot listen on {self.listen}: "
+                                 f"{exc}") from exc
+        if not port:
+            raise TransportError(f"server {self.name!r} cannot listen on {self.listen} "
+                                 "(address in use or not local?)")
+        server.start()
+        self._server, self._port = server, port
+        log.info("party %r serving on %s (peers: %s)", self.name, self.address,
+                 ", ".join(sorted(self.allowed_peers)))
+        return self
+
+    def stop(self, grace: float | None = 1.0) -> None:
+        """Stop serving; calls in flight get ``grace`` seconds to finish."""
+        server, self._server = self._server, None
+        if server is not None:
+            server.stop(grace).wait()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the server stops (True) or ``timeout`` passes (False)."""
+        server = self._server
+        if server is None:
+            return True
+        return bool(server.wait_for_termination(timeout))
+
+    def __enter__(self) -> GrpcServer:
+        if self._server is None:
+            self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- calls -----------------------------------------------------------------------------
+
+    def _refuse(self, context: grpc.ServicerContext, who: str, reason: str) -> NoReturn:
+        log.warning("party %r refused a call from %s (%s): %s", self.name, who, context.peer(),
+                    reason)
+        context.abort(grpc.StatusCode.PERMISSION_DENIED, reason)
+        raise TransportError("grpc's context.abort returned")  # it raises  # pragma: no cover
+
+    def _fail(self, context: grpc.ServicerContext, code: grpc.StatusCode, exc: VflinkError,
+              origin: str) -> NoReturn:
+        context.set_trailing_metadata(((ERROR_KEY, error_chain(exc)), (ORIGIN_KEY, origin)))
+        context.abort(code, _clip(str(exc)))
+        raise TransportError("grpc's context.abort returned")  # it raises  # pragma: no cover
+
+    def _authenticate(self, context: grpc.ServicerContext) -> str | None:
+        """The caller's party name from its TLS certificate (None when insecure)."""
+        if self.insecure:
+            return None
+        auth = context.auth_context()
+        if auth.get("transport_security_type") != [b"ssl"]:
+            self._refuse(context, "an unauthenticated caller", "the connection is not TLS")
+        cns = auth.get("x509_common_name", [])
+        if len(cns) != 1:
+            self._refuse(context, "an unidentified caller",
+                         "the client certificate must carry exactly one common name")
+        identity = cns[0].decode("utf-8", "replace")
+        if cns[0] not in auth.get("x509_subject_alternative_name", []):
+            self._refuse(context, repr(identity), "the client certificate's common name is not "
+                                                  "among its subject alternative names")
+        if identity not in self.allowed_peers:
+            self._refuse(context, repr(identity),
+                         f"party {identity!r} is not allowed to call {self.name!r}")
+        return identity
+
+    def _call(self, chunk: bytes, context: grpc.ServicerContext) -> Iterator[bytes]:
+        return self._exchange(iter((chunk,)), context)
+
+    def _exchange(self, chunks: Iterator[bytes], context: grpc.ServicerContext
+                  ) -> Iterator[bytes]:
+        identity = self._authenticate(context)
+        try:
+            envelope = envelope_from_bytes(read_chunks(
+                chunks, self.max_message_bytes, f"request to {self.name!r}"))
+            sender = envelope.sender
+            if identity is not None and sender != identity:
+                self._refuse(context, repr(identity),
+                             f"the message claims to come from {sender!r}, but the caller's "
+                             f"certificate identifies {identity!r}")
+            if identity is None and sender not in self.allowed_peers:
+                self._refuse(context, repr(sender),
+                             f"party {sender!r} is not allowed to call {self.name!r}")
+            message = message_from_proto(envelope)
+        except ProtocolError as exc:
+            log.warning("party %r rejected a malformed request from %s (%s): %s", self.name,
+                        identity or "?", context.peer(), exc)
+            self._fail(context, grpc.StatusCode.INVALID_ARGUMENT, exc, "transport")
+        reply = self._handle(sender, message, context)
+        try:
+            data = message_to_proto(reply, sender=self.name,
+                                    correlation_id=envelope.correlation_id).SerializeToString()
+            if len(data) > self.max_message_bytes:
+                raise ProtocolError(f"the reply {reply.kind} of {self.name!r} is {len(data)} "
+                                    f"bytes, over the limit of {self.max_message_bytes}")
+        except ProtocolError as exc:
+            log.error("party %r cannot send its reply to %r: %s", self.name, sender, exc)
+            self._fail(context, grpc.StatusCode.INTERNAL, exc, "handler")
+        yield from iter_chunks(data, self.chunk_bytes)
+
+    def _handle(self, sender: str, message: Message, context: grpc.ServicerContext) -> Message:
+        lock = None if self.thread_safe else self._handler_lock
+        if lock is not None:
+            lock.acquire()
+        try:
+            # A call whose caller gave up (deadline, cancel) while it queued must not be applied
+            # now: the caller treats it as failed and may retry it.
+            if not context.is_active():
+                context.abort(grpc.StatusCode.CANCELLED, "the caller gave up before the call ran")
+            try:
+                reply = self.handler.handle(sender, message)
+            except VflinkError as exc:
+                log.warning("party %r: handler failed on %s from %r: %s", self.name,
+                            message.kind, sender, exc)
+                code = grpc.StatusCode.INVALID_ARGUMENT if isinstance(exc, ProtocolError) \
+                    else grpc.StatusCode.FAILED_PRECONDITION
+                self._fail(context, code, exc, "handler")
+            except Exception as exc:
+                log.exception("party %r: handler crashed on %s from %r", self.name,
+                              message.kind, sender)
+                self._fail(context, grpc.StatusCode.INTERNAL,
+                           TransportError(f"party {self.name!r} failed internally on "
+                                          f"{message.kind} ({type(exc).__name__}); see its log"),
+                           "handler")
+        finally:
+            if lock is not None:
+                lock.release()
+        if not isinstance(reply, Message):
+            self._fail(context, grpc.StatusCode.INTERNAL,
+                       ProtocolError(f"party {self.name!r} answered {type(reply).__name__}, "
+                                     "which is not a protocol message"), "handler")
+        return reply
