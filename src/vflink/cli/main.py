@@ -11,12 +11,12 @@ from rich.console import Console
 from rich.logging import RichHandler
 
 from vflink import __version__
-from vflink.cli import certs, demo, experiment, link, predict, train
+from vflink.cli import certs, demo, experiment, link, predict, serve, train
 from vflink.errors import ConfigError, VflinkError
 
 __all__ = ["main"]
 
-COMMANDS = (train, link, experiment, predict, demo, certs)
+COMMANDS = (train, link, experiment, predict, demo, serve, certs)
 
 
 def build_parser() -> argparse.ArgumentParser:

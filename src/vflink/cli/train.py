@@ -9,7 +9,11 @@ from typing import Any
 from rich.console import Console
 
 from vflink.cli._progress import epoch_progress
+from vflink.errors import ConfigError
 from vflink.runner.config import ALGORITHMS, load_config
+from vflink.runner.inputs import Inputs, load_inputs
+from vflink.runner.network import network_federation
+from vflink.runner.party_config import load_party_config
 from vflink.runner.train import RunResult, run_training
 
 __all__ = ["register", "run"]
@@ -33,6 +37,11 @@ def register(sub: Any) -> None:
                    help="override the file's `algorithm`")
     p.add_argument("--seed", type=int, default=None, help="override the file's `seed`")
     p.add_argument("--overwrite", action="store_true", help="replace an existing run directory")
+    p.add_argument("--party", type=Path, default=None,
+                   help="the primary's party file: run against secondaries and a coordinator "
+                   "served elsewhere (`vflink serve`) over gRPC with mutual TLS")
+    p.add_argument("--resume", action="store_true",
+                   help="continue an interrupted run from its last epoch checkpoint")
     p.set_defaults(func=run)
 
 
@@ -57,8 +66,23 @@ def run(args: argparse.Namespace) -> int:
         config = config.replace(**changes)
     out = args.out or Path("runs") / f"{args.config.stem}-{config.algorithm}"
     console = Console()
-    with epoch_progress(f"training {config.algorithm}", console) as progress:
-        result = run_training(config, out, overwrite=args.overwrite, progress=progress)
+    federation = None
+    tables = None
+    if args.party is not None:
+        party = load_party_config(args.party)
+        inputs = load_inputs(config)
+        if inputs.primary.name != party.name:
+            raise ConfigError(f"the run file's primary is {inputs.primary.name!r} but the party "
+                              f"file is for {party.name!r}")
+        tables = Inputs(inputs.primary, ())  # the other parties' data stay with them
+        federation = network_federation(party, run_id=out.name)
+    try:
+        with epoch_progress(f"training {config.algorithm}", console) as progress:
+            result = run_training(config, out, overwrite=args.overwrite, progress=progress,
+                                  tables=tables, federation=federation, resume=args.resume)
+    finally:
+        if federation is not None:
+            federation.close()
     summarise(result, console)
     console.print(f"run directory: {out}")
     return 0

@@ -240,6 +240,15 @@ class GeneratorDropout(nn.Module):
     def extra_repr(self) -> str:
         return f"p={self.p}"
 
+    # The stream position is part of the training state: a checkpoint saves it so that a
+    # resumed run draws the same masks as an uninterrupted one.
+    def get_extra_state(self) -> dict[str, Tensor]:
+        return {str(d): g.get_state() for d, g in self._rng._gens.items()}
+
+    def set_extra_state(self, state: dict[str, Tensor]) -> None:
+        for device, gen_state in state.items():
+            self._rng.get(torch.device(device)).set_state(gen_state)
+
 
 def _mlp(in_dim: int, hidden: tuple[int, ...], out_dim: int, config: AggregatorConfig,
          rng: _DropoutRng, *, dropout: float) -> nn.Sequential:

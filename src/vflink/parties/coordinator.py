@@ -7,6 +7,7 @@ alignment indices out — similarities go to the primary only.
 from __future__ import annotations
 
 import logging
+import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -70,8 +71,16 @@ class CoordinatorParty(Party):
                  search: SearchOptions | None = None) -> None:
         super().__init__(name)
         self._sessions: dict[str, _Session] = {}
+        self._seed = seed
         self._rng = np.random.default_rng(seed)
         self._search = search
+
+    def _noise_rng(self, session: str) -> np.random.Generator:
+        """With a seed, each session's noise depends on (seed, session) only, so a long-lived
+        coordinator gives the same linkage as a fresh in-process one; without, OS entropy."""
+        if self._seed is None:
+            return self._rng
+        return np.random.default_rng([self._seed, zlib.crc32(session.encode())])
 
     def linkage(self, session: str, secondary: str) -> SoftLinkage:
         """The coordinator's full linkage result (raw distances included): coordinator-side."""
@@ -127,7 +136,7 @@ class CoordinatorParty(Party):
         linkage = link(s.encodings[sender][1], s.encodings[anchor][1], metric=message.metric,
                        top_k=message.top_k, mode=message.mode,  # type: ignore[arg-type]
                        tau=message.tau, sigma=message.sigma, delta=message.delta,
-                       search=self._search, rng=self._rng,
+                       search=self._search, rng=self._noise_rng(message.session),
                        scale=(message.scale[0], message.scale[1]) if message.scale else None)
         s.linkages[anchor] = linkage
         first = linkage.to_alignment(anchor)
@@ -135,7 +144,8 @@ class CoordinatorParty(Party):
         views = [view_of(message.session, first, with_similarity=True)]
         for sec in others:
             one = link(s.encodings[anchor][1], s.encodings[sec][1], metric=message.metric,
-                       top_k=1, mode="top1", search=self._search, rng=self._rng)
+                       top_k=1, mode="top1", search=self._search,
+                       rng=self._noise_rng(f"{message.session}/{sec}"))
             s.linkages[sec] = one
             hop = one.indices[:, 0]
             chained = np.where(first.secondary_index >= 0,

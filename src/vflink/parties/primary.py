@@ -333,17 +333,22 @@ class PrimaryParty(Party):
                 "label_codec": dict(self.codec.__dict__), "plan": plan_dict,
                 "dims": list(self._dims), "secondaries": list(self.secondaries)}
 
-    def save_states(self, name: str = "model.pt", *, extra: dict[str, Any] | None = None
-                    ) -> None:
-        """Every party writes its own model state into its own directory (atomically)."""
-        if self.out_dir is not None:
-            self.out_dir.mkdir(parents=True, exist_ok=True)
-            target = self.out_dir / name
-            tmp = target.with_name(target.name + ".tmp")
-            torch.save({**self._full_state(), **(extra or {})}, tmp)
-            tmp.replace(target)
+    def save_states(self, name: str = "model.pt", *, extra: dict[str, Any] | None = None,
+                    secondary_name: str | None = None) -> None:
+        """Every party writes its own model state into its own directory (atomically).
+
+        The secondaries write first (as ``secondary_name``, default ``name``) and the primary
+        last, so the primary's file is the commit point: a checkpoint it refers to is complete.
+        """
         for sec in self.secondaries:
-            self.channel.request(sec, SaveState(name=name), Ack)
+            self.channel.request(sec, SaveState(name=secondary_name or name), Ack)
+        if self.out_dir is not None:
+            target = self.out_dir / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            tmp = target.with_name(target.name + ".tmp")
+            torch.save({**self._full_state(), **(extra or {}),
+                        "secondary_state": secondary_name or name}, tmp)
+            tmp.replace(target)
 
     def load_states(self, name: str = "model.pt") -> dict[str, Any]:
         """Load this party's saved state and ask every secondary to load its own.
@@ -359,7 +364,7 @@ class PrimaryParty(Party):
         # Our own file (see save_states): it holds fitted preprocessing objects, hence pickle.
         state = torch.load(path, weights_only=False)
         for sec in self.secondaries:
-            self.channel.request(sec, LoadState(name=name), Ack)
+            self.channel.request(sec, LoadState(name=state.get("secondary_state", name)), Ack)
         plan_raw = dict(state["plan"])
         plan_raw["bottom"] = BottomSpec(**plan_raw["bottom"])
         if plan_raw.get("aggregator_config") is not None:

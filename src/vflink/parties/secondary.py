@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
+import re
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,21 @@ from vflink.types import MISSING
 __all__ = ["SecondaryParty"]
 
 log = logging.getLogger(__name__)
+
+_EPOCH_CHECKPOINT = re.compile(r"^checkpoint-(\d+)\.pt$")
+
+
+def _prune_checkpoints(latest: Path) -> None:
+    """Keep the latest two per-epoch checkpoints: the primary's commit point refers to one of
+    them even if it died between our write and its own."""
+    m = _EPOCH_CHECKPOINT.match(latest.name)
+    if m is None:
+        return
+    current = int(m.group(1))
+    for old in latest.parent.glob("checkpoint-*.pt"):
+        mo = _EPOCH_CHECKPOINT.match(old.name)
+        if mo is not None and int(mo.group(1)) < current - 1:
+            old.unlink(missing_ok=True)
 
 
 class SecondaryParty(Party):
@@ -231,6 +247,7 @@ class SecondaryParty(Party):
         tmp = target.with_name(target.name + ".tmp")
         torch.save(self._full_state(), tmp)
         tmp.replace(target)  # atomic: a crash never leaves a half-written state file
+        _prune_checkpoints(target)
         return Ack(info={"saved": 1.0})
 
     def on_load_state(self, sender: str, message: LoadState) -> Ack:

@@ -171,7 +171,7 @@ class EncodingSpec:
 
     encoder: str
     kind: str
-    params: dict[str, float] = field(default_factory=dict)
+    params: dict[str, float | int | bool] = field(default_factory=dict)
     low: tuple[float, ...] = ()
     high: tuple[float, ...] = ()
     mean: tuple[float, ...] = ()

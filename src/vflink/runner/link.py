@@ -73,13 +73,14 @@ def _kind(frame: pd.DataFrame, columns: Sequence[str], metric: str) -> str:
 
 def encoding_for(metric: str, *, bloom: bool,
                  sides: Sequence[tuple[pd.DataFrame, Sequence[str]]],
-                 bloom_config: BloomConfig | None = None) -> tuple[EncodingSpec, str]:
+                 bloom_config: BloomConfig | None = None,
+                 margin: float = 0.01) -> tuple[EncodingSpec, str]:
     """The encoding spec every data party uses, and the metric the coordinator searches with.
 
-    ``sides`` are the parties' (table, identifier columns), primary first. ``hamming`` (or
-    ``bloom=True``) means FEDERAL Bloom filters; numeric Bloom filters need an agreed value
-    range, which this in-process run fits on all tables (in a deployment the parties agree on it
-    beforehand, e.g. the bounding box of their region).
+    ``sides`` are the (table, identifier columns) the value range is fitted on, primary first.
+    ``hamming`` (or ``bloom=True``) means FEDERAL Bloom filters; numeric Bloom filters need an
+    agreed value range: the min/max over ``sides`` widened by ``margin`` × range (values outside
+    it still encode, with fewer bits set), which every party then uses.
     """
     if metric not in LINK_METRICS:
         raise ConfigError(f"`metric` must be one of {', '.join(LINK_METRICS)}, got {metric!r}")
@@ -96,7 +97,7 @@ def encoding_for(metric: str, *, bloom: bool,
     for i, (frame, columns) in enumerate(sides):
         values = np.asarray(identifier_values(frame, columns, "numeric", source=f"party {i}"))
         tables.append(values[np.isfinite(values).all(axis=1)])
-    ranges = NumericRange.fit(*tables, margin=0.01)
+    ranges = NumericRange.fit(*tables, margin=margin)
     return EncodingSpec(encoder="bloom", kind="numeric", params=params, low=ranges.low,
                         high=ranges.high), "hamming"
 

@@ -202,10 +202,11 @@ def prepare(config: RunConfig, tables: Inputs | tuple[PartyTable, Sequence[Party
         alignments = {"base": base, "top1": base, "exact": base}
         sessions = dict.fromkeys(alignments, "exact")
     else:
+        # The primary proposes the encoding; a numeric Bloom range comes from its own
+        # identifiers (widened by 10 %), as it must when the secondaries' data are elsewhere.
         sides = [(inputs.primary.frame, inputs.primary.schema.identifiers)]
-        sides += [(t.frame, t.schema.identifiers) for t in inputs.secondaries]
         spec, search_metric = encoding_for(a_cfg.metric, bloom=a_cfg.privacy == "bloom",
-                                           sides=sides)
+                                           sides=sides, margin=0.1)
         top_k = a_cfg.top_k if "topk" in needs else 1
         soft = initiator.align_soft(coordinator, spec, metric=search_metric, top_k=top_k,
                                     tau=a_cfg.tau, sigma=a_cfg.sigma, delta=a_cfg.delta,
@@ -277,7 +278,7 @@ def train_and_evaluate(primary: PrimaryParty, config: RunConfig, plan: TrainingP
     first_epoch = 1
     history: list[EpochRecord] = []
     if resume:
-        state = primary.load_states(state_prefix + CHECKPOINT)
+        state = primary.load_states(CHECKPOINT)
         progress_state = state["training_progress"]
         rng.bit_generator.state = progress_state["rng"]
         primary.next_batch_id = int(progress_state["next_batch_id"])
@@ -307,16 +308,21 @@ def train_and_evaluate(primary: PrimaryParty, config: RunConfig, plan: TrainingP
         if improved:
             best, best_epoch, stale = score, epoch, 0
             if checkpoints:
-                primary.save_states(state_prefix + BEST)
+                primary.save_states(BEST, secondary_name=state_prefix + BEST)
             else:
                 primary.snapshot("best")
         else:
             stale += 1
         if checkpoints:
-            primary.save_states(state_prefix + CHECKPOINT, extra={"training_progress": {
-                "rng": rng.bit_generator.state, "next_batch_id": primary.next_batch_id,
-                "best": best, "best_epoch": best_epoch, "stale": stale,
-                "history": [dataclasses.asdict(r) for r in history]}})
+            # per-epoch names for the secondaries: the primary's checkpoint (written last)
+            # names the one that belongs to it
+            primary.save_states(
+                CHECKPOINT,
+                secondary_name=f"{state_prefix}checkpoint-{epoch:04d}.pt",
+                extra={"training_progress": {
+                    "rng": rng.bit_generator.state, "next_batch_id": primary.next_batch_id,
+                    "best": best, "best_epoch": best_epoch, "stale": stale,
+                    "history": [dataclasses.asdict(r) for r in history]}})
         log.info("epoch %d: loss %.4f, validation %s %.4f", epoch, record.train_loss, metric,
                  score)
         if progress is not None:
@@ -325,7 +331,7 @@ def train_and_evaluate(primary: PrimaryParty, config: RunConfig, plan: TrainingP
             log.info("early stopping after epoch %d (best %d)", epoch, best_epoch)
             break
     if checkpoints:
-        primary.load_states(state_prefix + BEST)
+        primary.load_states(BEST)
     else:
         primary.restore("best")
     metrics = {name: evaluate(primary.task, primary.targets(rows), primary.predict_scores(rows))
@@ -434,7 +440,7 @@ def _run(config: RunConfig, out_dir: Path | None, progress: Progress | None,
         primary, config, plan, splits, counter, batch_size=batch_size, progress=progress,
         checkpoints=out_dir is not None, state_prefix=state_prefix, resume=resume)
     if out_dir is not None:
-        primary.save_states(state_prefix + FINAL)
+        primary.save_states(FINAL, secondary_name=state_prefix + FINAL)
     sizes = {"primary_rows": len(inputs.primary), "aligned_rows": len(rows),
              "train": len(splits[0]), "validation": len(splits[1]), "test": len(splits[2]),
              "k": k, **{f"{t.name}_rows": len(t) for t in inputs.secondaries}}

@@ -64,11 +64,13 @@ class TrafficCounter:
     @staticmethod
     def delta(after: dict[str, dict[str, int]], before: dict[str, dict[str, int]]
               ) -> dict[str, dict[str, int]]:
-        """``after - before``, per direction (for per-epoch figures)."""
+        """``after - before``, per direction with traffic (for per-epoch figures)."""
         out = {}
         for k, v in after.items():
             b = before.get(k, {"messages": 0, "bytes": 0})
-            out[k] = {"messages": v["messages"] - b["messages"], "bytes": v["bytes"] - b["bytes"]}
+            if v["messages"] != b["messages"]:
+                out[k] = {"messages": v["messages"] - b["messages"],
+                          "bytes": v["bytes"] - b["bytes"]}
         return out
 
     @property

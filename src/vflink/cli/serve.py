@@ -1,0 +1,44 @@
+"""``vflink serve --config party.toml``: run a secondary party or the coordinator as a service."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from vflink.runner.network import serve
+from vflink.runner.party_config import load_party_config
+
+__all__ = ["register", "run"]
+
+HELP = """Serve one party (a secondary data party or the linkage coordinator) over gRPC with
+mutual TLS until interrupted (Ctrl-C or SIGTERM). The party file names the party, its data, its
+listen address, the peers it calls, its certificates and which peers may call it. The primary
+then drives alignment and training against it with `vflink train --config run.toml --party
+primary.toml`. See README "Parties on separate hosts".
+"""
+
+
+def register(sub: Any) -> None:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "serve", help="serve a secondary party or the coordinator over gRPC",
+        description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", required=True, type=Path, help="the party's TOML file")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    config = load_party_config(args.config)
+    console = Console(stderr=True)
+
+    def ready(address: str) -> None:
+        security = "plaintext (insecure)" if config.insecure else "mutual TLS"
+        console.print(f"[bold]{config.name}[/] ({config.role}) serving on {address} with "
+                      f"{security}; accepting calls from: {', '.join(config.allowed) or 'nobody'}"
+                      "; Ctrl-C to stop", highlight=False)
+
+    serve(config, on_ready=ready)
+    console.print(f"{config.name} stopped")
+    return 0

@@ -1,0 +1,95 @@
+"""Parties on separate hosts: serving a secondary or the coordinator, and the primary's
+federation of remote peers over gRPC with mutual TLS."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from collections.abc import Callable
+from types import FrameType
+
+from vflink.errors import ConfigError
+from vflink.parties import CoordinatorParty, SecondaryParty
+from vflink.protocol import MessageHandler
+from vflink.runner.federation import Federation, shared_secret
+from vflink.runner.party_config import PartyConfig, party_table
+from vflink.transport import TrafficCounter, Transcript
+from vflink.transport.grpc import GrpcChannel, GrpcServer, TlsConfig
+
+__all__ = ["network_federation", "serve"]
+
+log = logging.getLogger(__name__)
+
+
+def _tls(config: PartyConfig) -> TlsConfig | None:
+    if config.insecure:
+        return None
+    if config.tls_dir is None:
+        raise ConfigError("security.tls_dir is required unless security.insecure = true")
+    return TlsConfig.for_party(config.tls_dir, config.name)
+
+
+def _channel(config: PartyConfig, *, counter: TrafficCounter | None = None,
+             transcript: Transcript | None = None) -> GrpcChannel:
+    return GrpcChannel(config.name, config.addresses, _tls(config), insecure=config.insecure,
+                       deadline_s=config.deadline_s, counter=counter, transcript=transcript)
+
+
+def network_federation(config: PartyConfig, *, run_id: str,
+                       transcript: Transcript | None = None) -> Federation:
+    """The primary's federation: its peers served elsewhere, reached over gRPC."""
+    if config.role != "primary":
+        raise ConfigError(f"party file {config.source}: `vflink train --party` needs the "
+                          f"primary's party file, got role {config.role!r}")
+    coordinator = config.coordinator
+    if coordinator is None:
+        raise ConfigError(f"{config.source}: no coordinator among [peers]")
+    counter = TrafficCounter()
+    channel = _channel(config, counter=counter, transcript=transcript)
+    return Federation(channel=channel, secondaries=config.secondaries, coordinator=coordinator,
+                      counter=counter, secret=shared_secret(config.secret_env, required=True),
+                      state_prefix=f"{run_id}/", closer=channel.close)
+
+
+def build_handler(config: PartyConfig) -> MessageHandler:
+    if config.role == "coordinator":
+        return CoordinatorParty(config.name, seed=config.seed)
+    if config.role == "secondary":
+        table = party_table(config)
+        return SecondaryParty(table, _channel(config),
+                              secret=shared_secret(config.secret_env, required=True),
+                              out_dir=config.state_dir)
+    raise ConfigError(f"{config.source}: `vflink serve` runs a secondary or the coordinator; "
+                      "the primary drives runs with `vflink train --party`")
+
+
+def serve(config: PartyConfig, *, ready: threading.Event | None = None,
+          stop: threading.Event | None = None,
+          on_ready: Callable[[str], None] | None = None) -> None:
+    """Serve this party until SIGINT/SIGTERM (or ``stop`` is set); ``on_ready(address)``."""
+    handler = build_handler(config)
+    if config.listen is None:
+        raise ConfigError(f"{config.source}: `party.listen` is required to serve")
+    server = GrpcServer(config.name, handler, config.listen, _tls(config),
+                        allowed_peers=set(config.allowed), insecure=config.insecure)
+    server.start()
+    log.info("%s (%s) serving on %s; allowed peers: %s", config.name, config.role,
+             server.address, ", ".join(config.allowed) or "none")
+    if on_ready is not None:
+        on_ready(server.address)
+    stop = stop or threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+    if ready is not None:
+        ready.set()
+    try:
+        stop.wait()
+    finally:
+        server.stop(grace=1.0)
+        log.info("%s stopped", config.name)

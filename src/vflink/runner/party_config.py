@@ -1,0 +1,193 @@
+"""A party's own configuration for runs across hosts (``vflink serve``, ``vflink train --party``).
+
+::
+
+    version = 1
+    [party]
+    name = "bank"                  # must match the certificate identity (a DNS label)
+    role = "secondary"             # secondary | coordinator | primary
+    listen = "127.0.0.1:50061"     # where a secondary or the coordinator serves
+    state_dir = "state/bank"       # this party's checkpoints and models
+    deadline_s = 60                # every call to a peer fails after this long
+    seed = 0                       # coordinator only: seeds its similarity noise
+
+    [party.table]                  # this party's data (like one [[data.parties]] entry)
+    path = "bank.csv"
+    key = ["id"]
+    numeric = ["income"]
+    # or: dataset = "sklearn-small" with [party.options]; the party takes its own table
+
+    [peers.coordinator]            # parties this party calls
+    address = "127.0.0.1:50060"
+    role = "coordinator"
+
+    [security]
+    tls_dir = "certs"              # ca.pem, <name>.pem, <name>.key from `vflink certs`
+    allowed = ["primary"]          # who may call this party (pinned certificate identities)
+    insecure = false               # plaintext: local experiments only
+    secret_env = "VFLINK_SECRET"   # the data parties' shared secret
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vflink._checks import check_choice, check_float, check_int, raise_if
+from vflink.data.schema import PartySchema
+from vflink.data.table import PartyTable, load_table
+from vflink.datasets import load_dataset
+from vflink.errors import ConfigError
+
+__all__ = ["PartyConfig", "PeerConfig", "load_party_config", "party_table"]
+
+ROLES = ("primary", "secondary", "coordinator")
+
+
+@dataclass(frozen=True, kw_only=True)
+class PeerConfig:
+    name: str
+    address: str
+    role: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class PartyConfig:
+    name: str
+    role: str
+    listen: str | None = None
+    state_dir: Path | None = None
+    deadline_s: float = 60.0
+    seed: int | None = None
+    table: PartySchema | None = None
+    dataset: str | None = None
+    dataset_options: dict[str, Any] = field(default_factory=dict)
+    peers: tuple[PeerConfig, ...] = ()
+    tls_dir: Path | None = None
+    allowed: tuple[str, ...] = ()
+    insecure: bool = False
+    secret_env: str = "VFLINK_SECRET"
+    source: str = "party.toml"
+
+    def __post_init__(self) -> None:
+        problems: list[str] = []
+        check_choice(problems, "party.role", self.role, ROLES)
+        check_float(problems, "party.deadline_s", self.deadline_s, min=0.0, min_exclusive=True)
+        if self.seed is not None:
+            check_int(problems, "party.seed", self.seed, min=0)
+        if self.role in ("secondary", "coordinator") and not self.listen:
+            problems.append(f"a {self.role} party needs `party.listen` (host:port)")
+        if self.role != "coordinator" and self.table is None and self.dataset is None:
+            problems.append("a data party needs [party.table] or `party.dataset`")
+        if not self.insecure and self.tls_dir is None:
+            problems.append("set `security.tls_dir` (certificates from `vflink certs`), or "
+                            "`security.insecure = true` for a local plaintext experiment")
+        roles = [p.role for p in self.peers]
+        if self.role == "primary" and roles.count("coordinator") != 1:
+            problems.append("the primary needs exactly one peer with role = \"coordinator\"")
+        if self.role == "secondary" and "coordinator" not in roles:
+            problems.append("a secondary needs the coordinator among its [peers]")
+        for peer in self.peers:
+            check_choice(problems, f"peers.{peer.name}.role", peer.role, ROLES)
+            if ":" not in peer.address:
+                problems.append(f"peers.{peer.name}.address must be host:port, got "
+                                f"{peer.address!r}")
+        raise_if(problems, f"party file {self.source}")
+
+    @property
+    def coordinator(self) -> str | None:
+        return next((p.name for p in self.peers if p.role == "coordinator"), None)
+
+    @property
+    def secondaries(self) -> tuple[str, ...]:
+        return tuple(p.name for p in self.peers if p.role == "secondary")
+
+    @property
+    def addresses(self) -> dict[str, str]:
+        return {p.name: p.address for p in self.peers}
+
+
+def load_party_config(path: Path) -> PartyConfig:
+    """Read and validate a party file; relative paths are resolved against its directory."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: party file not found")
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    base = path.parent.resolve()
+    problems: list[str] = []
+    if raw.get("version") != 1:
+        problems.append("the file needs `version = 1`")
+    party = dict(raw.get("party", {}))
+    security = dict(raw.get("security", {}))
+    unknown = sorted(set(raw) - {"version", "party", "peers", "security"})
+    if unknown:
+        problems.append(f"unknown top-level key(s) {unknown}; known: party, peers, security")
+
+    def resolve(p: Any) -> Path | None:
+        if p is None:
+            return None
+        q = Path(p)
+        return q if q.is_absolute() else base / q
+
+    schema = None
+    table_raw = party.pop("table", None)
+    if table_raw is not None:
+        t = dict(table_raw)
+        t.setdefault("name", party.get("name", ""))
+        t.setdefault("role", party.get("role", ""))
+        if "path" in t:
+            t["path"] = str(resolve(t["path"]))
+        try:
+            schema = PartySchema(**t)
+        except ConfigError as exc:
+            problems.extend(f"[party.table]: {p}" for p in exc.problems)
+        except TypeError as exc:
+            problems.append(f"[party.table]: {exc}")
+    peers = []
+    for name, p in dict(raw.get("peers", {})).items():
+        if not isinstance(p, dict) or "address" not in p or "role" not in p:
+            problems.append(f"[peers.{name}] needs `address` and `role`")
+            continue
+        peers.append(PeerConfig(name=name, address=str(p["address"]), role=str(p["role"])))
+    known_party = {"name", "role", "listen", "state_dir", "deadline_s", "seed", "dataset",
+                   "options"}
+    extra = sorted(set(party) - known_party)
+    if extra:
+        problems.append(f"[party] has unknown key(s) {extra}; known: {sorted(known_party)}")
+    extra = sorted(set(security) - {"tls_dir", "allowed", "insecure", "secret_env"})
+    if extra:
+        problems.append(f"[security] has unknown key(s) {extra}")
+    if problems:
+        raise_if(problems, f"party file {path}")
+    try:
+        return PartyConfig(
+            name=str(party.get("name", "")), role=str(party.get("role", "")),
+            listen=party.get("listen"), state_dir=resolve(party.get("state_dir")),
+            deadline_s=float(party.get("deadline_s", 60.0)), seed=party.get("seed"),
+            table=schema, dataset=party.get("dataset"),
+            dataset_options=dict(party.get("options", {})), peers=tuple(peers),
+            tls_dir=resolve(security.get("tls_dir")),
+            allowed=tuple(security.get("allowed", ())),
+            insecure=bool(security.get("insecure", False)),
+            secret_env=str(security.get("secret_env", "VFLINK_SECRET")), source=str(path))
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}", exc.problems) from None
+
+
+def party_table(config: PartyConfig) -> PartyTable:
+    """This party's own table: from its file, or its part of a built-in dataset."""
+    if config.table is not None:
+        return load_table(config.table)
+    if config.dataset is None:
+        raise ConfigError(f"party {config.name!r} has no data")
+    ds = load_dataset(config.dataset, **config.dataset_options)
+    for table in ds.parties:
+        if table.name == config.name:
+            return table
+    raise ConfigError(f"dataset {config.dataset!r} has no party named {config.name!r}; its "
+                      f"parties are {[t.name for t in ds.parties]}")

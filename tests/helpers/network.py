@@ -1,0 +1,101 @@
+"""Start parties as gRPC services on 127.0.0.1 for tests (threads or real processes)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from vflink.runner.network import serve
+from vflink.runner.party_config import load_party_config
+from vflink.transport.grpc import create_dev_pki
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def write_party_files(tmp: Path, *, dataset: str, options: dict[str, object], seed: int,
+                      secondary: str = "secondary", primary: str = "primary",
+                      insecure: bool = False) -> dict[str, Path]:
+    """Certificates and party files for primary, one secondary and the coordinator."""
+    certs = tmp / "certs"
+    if not insecure:
+        create_dev_pki(certs, [primary, secondary, "coordinator"])
+    ports = {"coordinator": free_port(), secondary: free_port()}
+    opts = "\n".join(f"{k} = {v!r}" for k, v in options.items())
+    security = ('[security]\ninsecure = true\n' if insecure else
+                f'[security]\ntls_dir = "{certs}"\n')
+    files = {}
+    files["coordinator"] = tmp / "coordinator.toml"
+    files["coordinator"].write_text(
+        f'version = 1\n[party]\nname = "coordinator"\nrole = "coordinator"\n'
+        f'listen = "127.0.0.1:{ports["coordinator"]}"\nseed = {seed}\n'
+        f'{security}allowed = ["{primary}", "{secondary}"]\n')
+    files[secondary] = tmp / f"{secondary}.toml"
+    files[secondary].write_text(
+        f'version = 1\n[party]\nname = "{secondary}"\nrole = "secondary"\n'
+        f'listen = "127.0.0.1:{ports[secondary]}"\nstate_dir = "{tmp / "state" / secondary}"\n'
+        f'dataset = "{dataset}"\ndeadline_s = 20\n[party.options]\n{opts}\n'
+        f'[peers.coordinator]\naddress = "127.0.0.1:{ports["coordinator"]}"\n'
+        f'role = "coordinator"\n{security}allowed = ["{primary}"]\n')
+    files[primary] = tmp / f"{primary}.toml"
+    files[primary].write_text(
+        f'version = 1\n[party]\nname = "{primary}"\nrole = "primary"\n'
+        f'dataset = "{dataset}"\ndeadline_s = 10\n[party.options]\n{opts}\n'
+        f'[peers.coordinator]\naddress = "127.0.0.1:{ports["coordinator"]}"\n'
+        f'role = "coordinator"\n[peers.{secondary}]\n'
+        f'address = "127.0.0.1:{ports[secondary]}"\nrole = "secondary"\n{security}')
+    return files
+
+
+@contextmanager
+def served_in_threads(*party_files: Path) -> Iterator[None]:
+    """Serve the given parties from threads of this process (same code as `vflink serve`)."""
+    stops, threads = [], []
+    for path in party_files:
+        config = load_party_config(path)
+        ready, stop = threading.Event(), threading.Event()
+        t = threading.Thread(target=serve, args=(config,), kwargs={"ready": ready, "stop": stop},
+                             daemon=True)
+        t.start()
+        if not ready.wait(30):
+            raise RuntimeError(f"{path} did not start")
+        stops.append(stop)
+        threads.append(t)
+    try:
+        yield
+    finally:
+        for stop in stops:
+            stop.set()
+        for t in threads:
+            t.join(10)
+
+
+def start_process(party_file: Path, log: Path) -> subprocess.Popen[bytes]:
+    """`vflink serve --config party_file` as a real process; waits until it listens."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    with log.open("wb") as handle:  # the child keeps its own descriptor
+        proc = subprocess.Popen([sys.executable, "-m", "vflink.cli.main", "serve", "--config",
+                                 str(party_file)], stdout=handle, stderr=subprocess.STDOUT,
+                                env=env)
+    config = load_party_config(party_file)
+    host, port = (config.listen or "").rsplit(":", 1)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{party_file} exited: {log.read_text()}")
+        with socket.socket() as s:
+            if s.connect_ex((host, int(port))) == 0:
+                return proc
+        time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError(f"{party_file} did not start listening: {log.read_text()}")

@@ -1,0 +1,134 @@
+"""Checkpoints and --resume: an interrupted run continues to the same final model."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from tests.helpers.network import start_process, write_party_files
+
+from vflink.errors import PeerUnavailable
+from vflink.parties import SecondaryParty
+from vflink.protocol import Forward
+from vflink.runner.config import AlignmentConfig, DataConfig, RunConfig, TrainingConfig
+from vflink.runner.rundir import staging_dir
+from vflink.runner.train import run_training
+
+OPTIONS = {"n_samples": 1500, "sigma_cf": 0.1, "seed": 5}
+
+
+def config(epochs: int = 6) -> RunConfig:
+    return RunConfig(seed=5, algorithm="fedsim",
+                     data=DataConfig(dataset="sklearn-small", options=dict(OPTIONS)),
+                     alignment=AlignmentConfig(method="soft", top_k=4, privacy="off",
+                                               sigma=0.1),
+                     training=TrainingConfig(epochs=epochs, patience=epochs, lr=3e-3))
+
+
+def test_in_process_interruption_and_resume(tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    whole = run_training(config(), tmp_path / "whole")
+    calls = {"n": 0}
+    original = SecondaryParty.on_forward
+
+    def dying(self: SecondaryParty, sender: str, message: Forward):  # type: ignore[no-untyped-def]
+        calls["n"] += 1
+        if calls["n"] == 80:  # somewhere in epoch 2 or 3
+            raise PeerUnavailable(self.name, "simulated crash")
+        return original(self, sender, message)
+
+    monkeypatch.setattr(SecondaryParty, "on_forward", dying)
+    with pytest.raises(PeerUnavailable):
+        run_training(config(), tmp_path / "cut")
+    assert not (tmp_path / "cut").exists()  # nothing that looks complete
+    assert (staging_dir(tmp_path / "cut") / "models" / "primary" / "checkpoint.pt").exists()
+    monkeypatch.setattr(SecondaryParty, "on_forward", original)
+    resumed = run_training(config(), tmp_path / "cut", resume=True)
+    assert resumed.metrics == whole.metrics
+    assert [h.train_loss for h in resumed.history] == [h.train_loss for h in whole.history]
+    assert not staging_dir(tmp_path / "cut").exists()
+
+
+RUN = """version = 1
+seed = 5
+algorithm = "fedsim"
+[data]
+dataset = "sklearn-small"
+[data.options]
+n_samples = 3000
+sigma_cf = 0.1
+seed = 5
+[alignment]
+method = "soft"
+top_k = 4
+privacy = "off"
+sigma = 0.1
+[training]
+epochs = 12
+patience = 12
+lr = 0.003
+"""
+
+
+def train(run: Path, party: Path, out: Path, env: dict[str, str], *extra: str
+          ) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "vflink.cli.main", "train", "--config",
+                           str(run), "--party", str(party), "--out", str(out), *extra],
+                          env=env, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.slow
+@pytest.mark.network
+def test_kill_secondary_then_resume_over_grpc(tmp_path: Path) -> None:
+    """Three processes on 127.0.0.1: kill -9 the secondary mid-training, the primary fails
+    clearly within its deadline, and --resume after a restart gives the uninterrupted result."""
+    opts = {"n_samples": 3000, "sigma_cf": 0.1, "seed": 5}
+    files = write_party_files(tmp_path, dataset="sklearn-small", options=opts, seed=5)
+    run = tmp_path / "run.toml"
+    run.write_text(RUN)
+    env = {**os.environ, "VFLINK_SECRET": "a-test-secret-shared-by-data-parties"}
+    os.environ["VFLINK_SECRET"] = env["VFLINK_SECRET"]
+    coordinator = start_process(files["coordinator"], tmp_path / "coordinator.log")
+    secondary = start_process(files["secondary"], tmp_path / "secondary.log")
+    try:
+        whole = train(run, files["primary"], tmp_path / "whole", env)
+        assert whole.returncode == 0, whole.stderr
+        # the interrupted run
+        out = tmp_path / "cut"
+        proc = subprocess.Popen([sys.executable, "-m", "vflink.cli.main", "train", "--config",
+                                 str(run), "--party", str(files["primary"]), "--out", str(out)],
+                                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+        checkpoint = staging_dir(out) / "models" / "primary" / "checkpoint.pt"
+        deadline = time.monotonic() + 120
+        while not checkpoint.exists() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        assert checkpoint.exists(), "no checkpoint was written"
+        secondary.send_signal(signal.SIGKILL)
+        secondary.wait()
+        killed_at = time.monotonic()
+        _, stderr = proc.communicate(timeout=60)
+        assert proc.returncode != 0
+        assert time.monotonic() - killed_at < 10 + 5  # within the primary's deadline
+        message = " ".join(stderr.split())
+        assert "secondary" in message and "unavailable" in message, message
+        assert not out.exists()
+        # restart the secondary, resume
+        secondary = start_process(files["secondary"], tmp_path / "secondary2.log")
+        resumed = train(run, files["primary"], out, env, "--resume")
+        assert resumed.returncode == 0, resumed.stderr
+        a = json.loads((tmp_path / "whole" / "metrics.json").read_text())
+        b = json.loads((out / "metrics.json").read_text())
+        assert b["metrics"] == a["metrics"]
+        assert b["best_epoch"] == a["best_epoch"]
+    finally:
+        for p in (coordinator, secondary):
+            if p.poll() is None:
+                p.terminate()
+                p.wait(10)
