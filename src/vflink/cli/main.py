@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 from rich.console import Console
 from rich.logging import RichHandler
+from rich.markup import escape
 
 from vflink import __version__
 from vflink.cli import certs, demo, experiment, link, predict, serve, train
@@ -46,10 +47,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         code = int(args.func(args) or 0)
     except ConfigError as exc:
-        err.print(f"[bold red]configuration error:[/] {exc}", highlight=False)
+        err.print(f"[bold red]configuration error:[/] {escape(str(exc))}", highlight=False)
         return 2
     except VflinkError as exc:
-        err.print(f"[bold red]error:[/] {exc}", highlight=False)
+        err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
         return 1
     except KeyboardInterrupt:
         err.print("[yellow]interrupted[/]")

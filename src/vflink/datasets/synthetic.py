@@ -5,8 +5,11 @@ randomly select some features as common features and randomly divide the remaini
 equally to both parties. Common features are not used in training [...] we also add different
 scales σ_cf of Gaussian noise to the common features [...] v'_i = v_i + N(σ_cf² I) will be used
 for linkage." Table 4: 60,000 samples, 50 features at each party, 5 float identifiers, binary
-classification. The ``make_classification`` settings (20 informative, 0 redundant, 3 clusters
-per class, class_sep 0.3) are those of the FedSim authors' generator for this dataset.
+classification. The ``make_classification`` settings (20 informative, 10 redundant, 3 clusters
+per class, class_sep 0.7) and the choice of the common features among the *informative* ones are
+those of the FedSim authors' public generator for this dataset ("sklearn selects existing
+features as common features", App. F.6, as opposed to "sklearn-random" whose common features
+carry no information: ``identifiers_from = "any"`` picks them among all columns instead).
 
 Deviations, all documented options: the paper counts the 5 common features inside each party's
 50 columns (its generator draws 95 global features); here ``n_primary_features`` and
@@ -69,6 +72,11 @@ class SklearnOptions:
             slots allow; ``None`` splits all features at random as the paper does.
         overlap: fraction of records held by both parties; the others are split evenly into
             primary-only and secondary-only records.
+        identifiers_from: ``"informative"`` (the authors' generator: common features are
+            informative features, so similar identifiers mean similar records; if there are more
+            identifiers than informative features the rest are drawn from the others) or
+            ``"any"`` (chosen among all features; mostly noise, like App. F.6's
+            "sklearn-random").
         seed: seeds every random choice (explicit randomness, no global state).
     """
 
@@ -77,14 +85,15 @@ class SklearnOptions:
     n_secondary_features: int = 50
     n_identifiers: int = 5
     n_informative: int = 20
-    n_redundant: int = 0
+    n_redundant: int = 10
     n_classes: int = 2
     n_clusters_per_class: int = 3
-    class_sep: float = 0.3
+    class_sep: float = 0.7
     flip_y: float = 0.01
     sigma_cf: float = 0.0
     secondary_signal: float | None = None
     overlap: float = 1.0
+    identifiers_from: str = "informative"
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -104,6 +113,9 @@ class SklearnOptions:
                        allow_none=True)
         check_fraction(problems, "overlap", self.overlap, open_low=True)
         check_seed(problems, self.seed)
+        if self.identifiers_from not in ("informative", "any"):
+            problems.append(f"`identifiers_from` must be 'informative' or 'any', got "
+                            f"{self.identifiers_from!r}")
         if not problems:
             n_features = (self.n_primary_features + self.n_secondary_features
                           + self.n_identifiers)
@@ -144,7 +156,7 @@ def vertical_classification(*, n_samples: int, n_primary_features: int,
                             n_secondary_features: int, n_identifiers: int, n_informative: int,
                             n_redundant: int, n_classes: int, n_clusters_per_class: int,
                             class_sep: float, flip_y: float, secondary_signal: float | None,
-                            make_rng: np.random.Generator,
+                            make_rng: np.random.Generator, identifiers_from: str = "any",
                             split_rng: np.random.Generator) -> VerticalFeatures:
     """Generate the global dataset and divide its columns (FedSim §6.1).
 
@@ -164,9 +176,12 @@ def vertical_classification(*, n_samples: int, n_primary_features: int,
     y = np.asarray(y[rows], dtype=np.int64)
     signal = np.arange(n_features) < n_informative + n_redundant
 
-    # "we randomly select some features as common features" (FedSim §6.1)
+    # "we randomly select some features as common features" (FedSim §6.1); the authors'
+    # generator selects them among the informative ones.
     order = split_rng.permutation(n_features)
-    ident, rest = order[:n_identifiers], order[n_identifiers:]
+    if identifiers_from == "informative":
+        order = np.concatenate([order[order < n_informative], order[order >= n_informative]])
+    ident, rest = order[:n_identifiers], split_rng.permutation(order[n_identifiers:])
     if secondary_signal is None:
         # "... and randomly divide the remaining features equally to both parties"
         prim, sec = rest[:n_primary_features], rest[n_primary_features:]
@@ -200,7 +215,8 @@ def make_sklearn(options: SklearnOptions) -> VFLDataset:
         n_secondary_features=o.n_secondary_features, n_identifiers=o.n_identifiers,
         n_informative=o.n_informative, n_redundant=o.n_redundant, n_classes=o.n_classes,
         n_clusters_per_class=o.n_clusters_per_class, class_sep=o.class_sep, flip_y=o.flip_y,
-        secondary_signal=o.secondary_signal, make_rng=make_rng, split_rng=split_rng)
+        secondary_signal=o.secondary_signal, make_rng=make_rng, split_rng=split_rng,
+        identifiers_from=o.identifiers_from)
     ids = record_ids(o.n_samples, entity_rng)
     prim_rows, sec_rows = split_entities(o.n_samples, o.overlap, entity_rng)
 
@@ -255,4 +271,5 @@ register_dataset(
     "A small, easier 'sklearn' preset for demos and tests: 6,000 rows, 10+10 features, "
     "3 identifiers",
     n_samples=6_000, n_primary_features=10, n_secondary_features=10, n_identifiers=3,
-    n_informative=8, n_redundant=0, n_clusters_per_class=2, class_sep=1.0)
+    n_informative=8, n_redundant=0, n_clusters_per_class=2, class_sep=1.0,
+    identifiers_from="any")

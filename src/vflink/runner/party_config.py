@@ -79,8 +79,8 @@ class PartyConfig:
             check_int(problems, "party.seed", self.seed, min=0)
         if self.role in ("secondary", "coordinator") and not self.listen:
             problems.append(f"a {self.role} party needs `party.listen` (host:port)")
-        if self.role != "coordinator" and self.table is None and self.dataset is None:
-            problems.append("a data party needs [party.table] or `party.dataset`")
+        if self.role == "secondary" and self.table is None and self.dataset is None:
+            problems.append("a secondary party needs [party.table] or `party.dataset`")
         if not self.insecure and self.tls_dir is None:
             problems.append("set `security.tls_dir` (certificates from `vflink certs`), or "
                             "`security.insecure = true` for a local plaintext experiment")

@@ -69,8 +69,8 @@ def test_deterministic_by_seed() -> None:
 
 def test_make_sklearn_accepts_options_object() -> None:
     ds = make_sklearn(SklearnOptions(n_samples=50, n_primary_features=2, n_secondary_features=2,
-                                     n_identifiers=1, n_informative=2, n_clusters_per_class=1,
-                                     seed=1))
+                                     n_identifiers=1, n_informative=2, n_redundant=0,
+                                     n_clusters_per_class=1, seed=1))
     assert len(ds.primary) == 50 and ds.primary.schema.numeric == ("p0", "p1")
 
 
