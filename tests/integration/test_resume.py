@@ -16,7 +16,13 @@ from tests.helpers.network import start_process, write_party_files
 from vflink.errors import PeerUnavailable
 from vflink.parties import SecondaryParty
 from vflink.protocol import Forward
-from vflink.runner.config import AlignmentConfig, DataConfig, RunConfig, TrainingConfig
+from vflink.runner.config import (
+    AlignmentConfig,
+    DataConfig,
+    RunConfig,
+    TrainingConfig,
+    load_config,
+)
 from vflink.runner.rundir import staging_dir
 from vflink.runner.train import run_training
 
@@ -127,6 +133,10 @@ def test_kill_secondary_then_resume_over_grpc(tmp_path: Path) -> None:
         b = json.loads((out / "metrics.json").read_text())
         assert b["metrics"] == a["metrics"]
         assert b["best_epoch"] == a["best_epoch"]
+        # and the three-process run equals the same run with every party in one process
+        local = run_training(load_config(run), tmp_path / "local")
+        for split in ("train", "validation", "test"):
+            assert a["metrics"][split] == pytest.approx(local.metrics[split], rel=1e-6)
     finally:
         for p in (coordinator, secondary):
             if p.poll() is None:

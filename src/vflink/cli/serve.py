@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,9 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # TLS handshakes that fail (a certificate from another CA, no certificate, plaintext) end
+    # inside gRPC's C core before any Python code runs; at INFO its log names each refusal.
+    os.environ.setdefault("GRPC_VERBOSITY", "INFO")
     config = load_party_config(args.config)
     console = Console(stderr=True)
 
