@@ -5,13 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import tomllib
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
+from vflink.config import read_toml
 from vflink.data.table import read_frame
 from vflink.errors import ConfigError
 from vflink.linkage import SearchOptions
@@ -86,10 +86,7 @@ _KEYS = ("primary", "secondary", "on", "secondary_on", "metric", "bloom", "top_k
 def resolve(args: argparse.Namespace) -> dict[str, Any]:
     opts: dict[str, Any] = {}
     if args.config is not None:
-        try:
-            raw = tomllib.loads(Path(args.config).read_text(encoding="utf-8"))
-        except (OSError, tomllib.TOMLDecodeError) as exc:
-            raise ConfigError(f"{args.config}: cannot read: {exc}") from None
+        raw = read_toml(Path(args.config))
         table = raw.get("link", raw)
         unknown = sorted(set(table) - set(_KEYS) - {"version"})
         if unknown:

@@ -97,13 +97,17 @@ class CoordinatorParty(Party):
         log.info("coordinator: %d key digests from %s", len(message.digests), sender)
         return Ack(info={"rows": float(len(message.digests))})
 
-    def on_match_keys(self, sender: str, message: MatchKeys) -> AlignmentViews:
-        s = self._session(message.session)
-        needed = [sender, *message.secondaries]
-        absent = [p for p in needed if p not in s.digests]
+    def _complete(self, session: str, parties: list[str], store: str, what: str) -> _Session:
+        """The session, once every party in ``parties`` has submitted its ``store``."""
+        s = self._session(session)
+        absent = [p for p in parties if p not in getattr(s, store)]
         if absent:
-            raise ProtocolError(f"coordinator: session {message.session!r} has no key digests "
-                                f"from {absent}")
+            raise ProtocolError(f"coordinator: session {session!r} has no {what} from {absent}")
+        return s
+
+    def on_match_keys(self, sender: str, message: MatchKeys) -> AlignmentViews:
+        s = self._complete(message.session, [sender, *message.secondaries], "digests",
+                           "key digests")
         s.primary = sender
         views = []
         for sec in message.secondaries:
@@ -119,12 +123,8 @@ class CoordinatorParty(Party):
         return Ack(info={"rows": float(len(message.values))})
 
     def on_soft_link(self, sender: str, message: SoftLink) -> AlignmentViews:
-        s = self._session(message.session)
         needed = [sender, *message.secondaries]
-        absent = [p for p in needed if p not in s.encodings]
-        if absent:
-            raise ProtocolError(f"coordinator: session {message.session!r} has no identifier "
-                                f"encodings from {absent}")
+        s = self._complete(message.session, needed, "encodings", "identifier encodings")
         encoders = {s.encodings[p][0] for p in needed}
         if len(encoders) != 1:
             raise ProtocolError(f"coordinator: parties used different encoders {sorted(encoders)}")

@@ -7,7 +7,6 @@ convention 6). Relative data paths are resolved against the file's directory.
 from __future__ import annotations
 
 import dataclasses
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,7 +31,7 @@ __all__ = [
     "parse_config",
 ]
 
-from vflink.config import CONFIG_VERSION  # noqa: E402
+from vflink.config import CONFIG_VERSION, read_toml  # noqa: E402
 
 #: Training algorithms a run may name (FedSim §3 and §6.1; see ``vflink.runner.algorithms``).
 ALGORITHMS = algorithm_names()
@@ -284,12 +283,7 @@ def parse_config(raw: dict[str, Any], base_dir: Path | None = None) -> RunConfig
 def load_config(path: Path) -> RunConfig:
     """Read and validate a TOML run file."""
     path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"{path}: config file not found")
-    try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    raw = read_toml(path)
     try:
         return parse_config(raw, base_dir=path.parent.resolve())
     except ConfigError as exc:

@@ -20,7 +20,6 @@ import json
 import logging
 import math
 import time
-import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from vflink._checks import raise_if
+from vflink.config import read_toml
 from vflink.errors import ConfigError
 from vflink.runner.algorithms import algorithm_names
 from vflink.runner.config import RunConfig, config_to_dict, parse_config
@@ -118,12 +118,7 @@ def parse_experiment(raw: dict[str, Any], base_dir: Path | None = None) -> Exper
 
 def load_experiment(path: Path) -> Experiment:
     path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"{path}: experiment file not found")
-    try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    raw = read_toml(path, "experiment file")
     try:
         return parse_experiment(raw, base_dir=path.parent.resolve())
     except ConfigError as exc:

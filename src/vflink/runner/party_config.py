@@ -30,12 +30,12 @@
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from vflink._checks import check_choice, check_float, check_int, raise_if
+from vflink.config import read_toml
 from vflink.data.schema import PartySchema
 from vflink.data.table import PartyTable, load_table
 from vflink.datasets import load_dataset
@@ -112,12 +112,7 @@ class PartyConfig:
 def load_party_config(path: Path) -> PartyConfig:
     """Read and validate a party file; relative paths are resolved against its directory."""
     path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"{path}: party file not found")
-    try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    raw = read_toml(path, "party file")
     base = path.parent.resolve()
     problems: list[str] = []
     if raw.get("version") != 1:
