@@ -91,7 +91,8 @@ def train(run: Path, party: Path, out: Path, env: dict[str, str], *extra: str
 
 @pytest.mark.slow
 @pytest.mark.network
-def test_kill_secondary_then_resume_over_grpc(tmp_path: Path) -> None:
+def test_kill_secondary_then_resume_over_grpc(tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
     """Three processes on 127.0.0.1: kill -9 the secondary mid-training, the primary fails
     clearly within its deadline, and --resume after a restart gives the uninterrupted result."""
     opts = {"n_samples": 3000, "sigma_cf": 0.1, "seed": 5}
@@ -99,7 +100,7 @@ def test_kill_secondary_then_resume_over_grpc(tmp_path: Path) -> None:
     run = tmp_path / "run.toml"
     run.write_text(RUN)
     env = {**os.environ, "VFLINK_SECRET": "a-test-secret-shared-by-data-parties"}
-    os.environ["VFLINK_SECRET"] = env["VFLINK_SECRET"]
+    monkeypatch.setenv("VFLINK_SECRET", env["VFLINK_SECRET"])  # for the in-process comparison
     coordinator = start_process(files["coordinator"], tmp_path / "coordinator.log")
     secondary = start_process(files["secondary"], tmp_path / "secondary.log")
     try:
