@@ -220,7 +220,9 @@ def load_imdb_movies(options: ImdbMoviesOptions) -> VFLDataset:
         imdb = imdb.assign(title=imdb[TITLE].astype("string"))
     primary_schema = PartySchema(
         name="imdb", role="primary", identifiers=(TITLE,),
-        numeric=("year", "length", "budget", "votes", *(f"r{i}" for i in range(1, 11)),
+        # r1..r10 (the share of votes at each star) are left out: the rating is their
+        # weighted mean, so they would leak the label.
+        numeric=("year", "length", "budget", "votes",
                  *_IMDB_GENRES),
         categorical=("mpaa",), label="rating", task=Task.REGRESSION)
     # Keep only the schema's columns; with a column missing, pass everything through so that
