@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from tests.helpers.tables import two_party_tables
 
+from tests.helpers.tables import two_party_tables
 from vflink.cli.main import main
 
 RUN = """version = 1

@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 
 import pytest
-from tests.helpers.network import start_process, write_party_files
 
+from tests.helpers.network import start_process, write_party_files
 from vflink.errors import PeerUnavailable
 from vflink.parties import SecondaryParty
 from vflink.protocol import Forward

@@ -7,8 +7,8 @@ import hashlib
 import numpy as np
 import pytest
 import torch
-from tests.helpers.tables import two_party_tables
 
+from tests.helpers.tables import two_party_tables
 from vflink.data import PartySchema, PartyTable
 from vflink.protocol import (
     AlignmentView,

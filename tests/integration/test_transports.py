@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from tests.helpers.network import served_in_threads, write_party_files
 
+from tests.helpers.network import served_in_threads, write_party_files
 from vflink.runner.config import AlignmentConfig, DataConfig, RunConfig, TrainingConfig
 from vflink.runner.inputs import Inputs, load_inputs
 from vflink.runner.network import network_federation

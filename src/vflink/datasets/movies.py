@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from vflink._checks import raise_if
+from vflink._checks import check_int, raise_if
 from vflink.data.schema import PartySchema
 from vflink.data.table import PartyTable, read_frame
 from vflink.datasets._base import (
@@ -185,11 +185,16 @@ class ImdbMoviesOptions:
         path: a CSV/Parquet copy of R's ``ggplot2movies::movies`` (columns title, year,
             length, budget, rating, votes, r1..r10, mpaa, Action..Short); required, because
             IMDb data cannot be redistributed with vflink.
+        min_votes: keep films with at least this many IMDb votes (default 100): most of the
+            58,788 titles are obscure films or shorts with no counterpart among the Wikidata
+            films, so their links would be noise (about half of the films with ≥ 100 votes
+            have an exact title match there, against 17 % of all).
         max_rows: keep a random subset of this many IMDb rows (``None``: all).
         seed: seeds the subset and the shuffling of the secondary table.
     """
 
     path: str | None = None
+    min_votes: int = 100
     max_rows: int | None = None
     seed: int = 0
 
@@ -201,6 +206,7 @@ class ImdbMoviesOptions:
             problems.append(f"`path` is required: {_IMDB_HOWTO}")
         elif not isinstance(self.path, str) or not self.path:
             problems.append(f"`path` must be a file path, got {self.path!r}")
+        check_int(problems, "min_votes", self.min_votes, min=0)
         check_max_rows(problems, self.max_rows)
         check_seed(problems, self.seed)
         raise_if(problems, "ImdbMoviesOptions")
@@ -213,6 +219,9 @@ def load_imdb_movies(options: ImdbMoviesOptions) -> VFLDataset:
         raise ConfigError(f"`path` is required: {_IMDB_HOWTO}")
     subset_rng, shuffle_rng = seed_streams(options.seed, 2)
     imdb = read_frame(Path(options.path))
+    if options.min_votes > 0 and "votes" in imdb.columns:
+        votes = pd.to_numeric(imdb["votes"], errors="coerce")
+        imdb = imdb[votes.to_numpy() >= options.min_votes]
     if options.max_rows is not None and options.max_rows < len(imdb):
         imdb = imdb.iloc[np.sort(subset_rng.choice(len(imdb), size=options.max_rows,
                                                    replace=False))]
