@@ -24,8 +24,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="vflink",
         description="Vertical federated learning across organisations whose records do not "
-                    "share a clean key: private record linkage, split learning across a real "
-                    "party boundary, protections and leakage measurements.",
+                    "share a clean key: private record linkage (exact keyed hashes, fuzzy top-K "
+                    "soft linkage) and split learning (SplitNN, FedSim and baselines) across a "
+                    "real party boundary, in one process or over gRPC with mutual TLS.",
         epilog="Run `vflink COMMAND --help` for the options of a command.",
     )
     parser.add_argument("--version", action="version", version=f"vflink {__version__}")
