@@ -47,7 +47,7 @@ from vflink.transport.grpc._wire import (
     remote_error,
 )
 from vflink.transport.grpc.serde import envelope_from_bytes, message_from_proto, message_to_proto
-from vflink.transport.grpc.tls import TlsConfig, load_tls
+from vflink.transport.grpc.tls import TlsConfig, party_material
 
 __all__ = ["GrpcChannel", "PeerAddress", "split_host_port"]
 
@@ -140,18 +140,9 @@ class GrpcChannel(Channel):
         self.peers: dict[str, PeerAddress] = {
             peer: addr if isinstance(addr, PeerAddress) else PeerAddress.parse(addr)
             for peer, addr in peers.items()}
-        if tls is not None and insecure:
-            raise ConfigError("pass either `tls` or `insecure=True`, not both")
-        if tls is None and not insecure:
-            raise ConfigError(f"party {name!r}: the gRPC channel needs a TLS configuration; "
-                              "plaintext needs an explicit insecure=True (local experiments "
-                              "only)")
         self._credentials: grpc.ChannelCredentials | None = None
-        if tls is not None:
-            material = load_tls(tls)
-            if material.identity != name:
-                raise ConfigError(f"the certificate {tls.cert} identifies party "
-                                  f"{material.identity!r}, but this channel is {name!r}")
+        material = party_material(name, tls, insecure=insecure, what="channel")
+        if material is not None:
             self._credentials = grpc.ssl_channel_credentials(
                 root_certificates=material.ca_pem, private_key=material.key_pem,
                 certificate_chain=material.cert_pem)

@@ -44,7 +44,7 @@ from vflink.transport.grpc._wire import (
 )
 from vflink.transport.grpc.channel import split_host_port
 from vflink.transport.grpc.serde import envelope_from_bytes, message_from_proto, message_to_proto
-from vflink.transport.grpc.tls import TlsConfig, load_tls
+from vflink.transport.grpc.tls import TlsConfig, party_material
 
 __all__ = ["GrpcServer"]
 
@@ -98,18 +98,9 @@ class GrpcServer:
         check_sizes(chunk_bytes, max_message_bytes)
         if isinstance(max_workers, bool) or not isinstance(max_workers, int) or max_workers < 1:
             raise ConfigError(f"`max_workers` must be an int >= 1, got {max_workers!r}")
-        if tls is not None and insecure:
-            raise ConfigError("pass either `tls` or `insecure=True`, not both")
-        if tls is None and not insecure:
-            raise ConfigError(f"party {name!r}: the gRPC server needs a TLS configuration; "
-                              "plaintext needs an explicit insecure=True (local experiments "
-                              "only)")
         self._credentials: grpc.ServerCredentials | None = None
-        if tls is not None:
-            material = load_tls(tls)
-            if material.identity != name:
-                raise ConfigError(f"the certificate {tls.cert} identifies party "
-                                  f"{material.identity!r}, but this server is {name!r}")
+        material = party_material(name, tls, insecure=insecure, what="server")
+        if material is not None:
             # require_client_auth: the handshake itself rejects clients without a certificate
             # from our CA; the identity check per call below does the rest.
             self._credentials = grpc.ssl_server_credentials(

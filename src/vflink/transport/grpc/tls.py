@@ -322,3 +322,22 @@ def create_dev_pki(out: str | os.PathLike[str], parties: Sequence[str], *, days:
     except OSError as exc:
         raise ConfigError(f"cannot write certificates to {directory}: {exc}") from exc
     return targets
+
+
+def party_material(name: str, tls: TlsConfig | None, *, insecure: bool,
+                   what: str) -> TlsMaterial | None:
+    """The TLS material of party ``name``'s ``what`` (channel/server), or None in explicit
+    insecure mode; refuses a missing configuration and a certificate naming another party."""
+    if tls is not None and insecure:
+        raise ConfigError("pass either `tls` or `insecure=True`, not both")
+    if tls is None:
+        if not insecure:
+            raise ConfigError(f"party {name!r}: the gRPC {what} needs a TLS configuration; "
+                              "plaintext needs an explicit insecure=True (local experiments "
+                              "only)")
+        return None
+    material = load_tls(tls)
+    if material.identity != name:
+        raise ConfigError(f"the certificate {tls.cert} identifies party "
+                          f"{material.identity!r}, but this {what} is {name!r}")
+    return material
