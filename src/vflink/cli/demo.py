@@ -12,8 +12,9 @@ from rich.table import Table
 
 from vflink.cli._progress import epoch_progress
 from vflink.runner.config import DataConfig, RunConfig, TrainingConfig, load_config
+from vflink.runner.inputs import load_inputs
 from vflink.runner.rundir import atomic_run_dir, write_json
-from vflink.runner.train import RunResult, load_party_tables, run_training
+from vflink.runner.train import RunResult, run_training
 
 __all__ = ["DEMO_DATASET", "demo_config", "register", "run"]
 
@@ -67,8 +68,8 @@ def run(args: argparse.Namespace) -> int:
     config = load_config(args.config) if args.config else demo_config(args.seed)
     console = Console()
     start = time.perf_counter()
-    tables = load_party_tables(config)
-    primary, secondaries = tables
+    tables = load_inputs(config)
+    primary, secondaries = tables.primary, tables.secondaries
     console.print(f"dataset: primary {primary.name!r} {len(primary)} rows × "
                   f"{len(primary.schema.features)} features; "
                   + ", ".join(f"secondary {t.name!r} {len(t)} rows × {len(t.schema.features)} "

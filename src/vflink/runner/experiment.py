@@ -16,7 +16,6 @@ algorithm trains on the same alignment and the same split.
 from __future__ import annotations
 
 import copy
-import json
 import logging
 import math
 import time
@@ -235,7 +234,3 @@ def plot_results(results: dict[str, Any], path: Path) -> None:
     ax.legend(fontsize="small")
     fig.tight_layout()
     fig.savefig(path, format="png")
-
-
-def results_json(path: Path) -> dict[str, Any]:
-    return json.loads(Path(path).read_text(encoding="utf-8"))  # type: ignore[no-any-return]

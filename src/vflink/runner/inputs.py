@@ -11,7 +11,7 @@ from vflink.data.table import PartyTable, load_table
 from vflink.datasets import load_dataset
 from vflink.runner.config import RunConfig
 
-__all__ = ["Inputs", "load_inputs", "load_party_tables"]
+__all__ = ["Inputs", "load_inputs"]
 
 
 @dataclass(frozen=True)
@@ -38,8 +38,3 @@ def load_inputs(config: RunConfig) -> Inputs:
     tables = [load_table(schema) for schema in data.parties]
     primary = next(t for t in tables if t.schema.role == "primary")
     return Inputs(primary, tuple(t for t in tables if t.schema.role == "secondary"))
-
-
-def load_party_tables(config: RunConfig) -> tuple[PartyTable, tuple[PartyTable, ...]]:
-    inputs = load_inputs(config)
-    return inputs.primary, inputs.secondaries

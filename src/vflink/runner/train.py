@@ -33,7 +33,7 @@ from vflink.protocol import Ack, AlignmentReady
 from vflink.runner.algorithms import Algorithm, get_algorithm
 from vflink.runner.config import RunConfig, config_to_dict
 from vflink.runner.federation import Federation, in_process
-from vflink.runner.inputs import Inputs, load_inputs, load_party_tables
+from vflink.runner.inputs import Inputs, load_inputs
 from vflink.runner.link import encoding_for
 from vflink.runner.rundir import atomic_run_dir, write_json
 from vflink.transport import InProcessHub, TrafficCounter, Transcript
@@ -48,7 +48,6 @@ __all__ = [
     "RunResult",
     "combined_table",
     "load_inputs",
-    "load_party_tables",
     "prepare",
     "run_training",
     "train_and_evaluate",
