@@ -240,8 +240,8 @@ class SecondaryParty(Party):
         return Ack()
 
     def on_save_state(self, sender: str, message: SaveState) -> Ack:
-        if self.out_dir is None:
-            return Ack(info={"saved": 0.0})
+        if self.out_dir is None:  # a silent no-op would fail only later, at LoadState
+            raise ProtocolError(f"party {self.name!r} has no state directory to save to")
         target = state_path(self.out_dir, message.name)  # never outside our own directory
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_name(target.name + ".tmp")

@@ -306,9 +306,8 @@ def value_to_proto(value: Any, out: Any, path: str = "value", depth: int = 0) ->
                             "type, nor a dataclass listed in PAYLOAD_TYPES)")
 
 
-def _record_to_proto(obj: Any, type_name: str, out: Any, path: str, depth: int) -> None:
-    out.type = type_name
-    out.SetInParent()
+def _fields_to_proto(obj: Any, fields: Any, path: str, depth: int) -> None:
+    """Each init field of dataclass ``obj``, type-checked, appended to repeated ``fields``."""
     hints = _hints(type(obj))
     for f in dataclasses.fields(obj):
         if not f.init:
@@ -316,9 +315,15 @@ def _record_to_proto(obj: Any, type_name: str, out: Any, path: str, depth: int) 
         value = getattr(obj, f.name)
         fpath = f"{path}.{f.name}"
         _check(value, hints.get(f.name, Any), fpath)
-        field = out.fields.add()
+        field = fields.add()
         field.name = f.name
         value_to_proto(value, field.value, fpath, depth + 1)
+
+
+def _record_to_proto(obj: Any, type_name: str, out: Any, path: str, depth: int) -> None:
+    out.type = type_name
+    out.SetInParent()
+    _fields_to_proto(obj, out.fields, path, depth)
 
 
 def value_from_proto(v: Any, path: str = "value", depth: int = 0) -> Any:
@@ -408,16 +413,7 @@ def message_to_proto(message: Message, *, sender: str, correlation_id: str = "")
                             "in MESSAGE_TYPES")
     env = pb.Envelope(protocol_version=PROTOCOL_VERSION, kind=message.kind, sender=sender,
                       correlation_id=correlation_id)
-    hints = _hints(type(message))
-    for f in dataclasses.fields(message):
-        if not f.init:
-            continue
-        value = getattr(message, f.name)
-        path = f"{message.kind}.{f.name}"
-        _check(value, hints.get(f.name, Any), path)
-        field = env.fields.add()
-        field.name = f.name
-        value_to_proto(value, field.value, path, 1)
+    _fields_to_proto(message, env.fields, message.kind, 0)
     return env
 
 
