@@ -131,7 +131,6 @@ def run(args: argparse.Namespace) -> int:
     secondary_on = _columns(opts.get("secondary_on")) or on
     primary = read_frame(Path(opts["primary"]))
     secondary = read_frame(Path(opts["secondary"]))
-    env_secret = os.environ.get("VFLINK_SECRET")
     search = SearchOptions(mode="approximate") if opts.get("approximate") else None
     console = Console()
     with console.status(f"linking {len(primary)} × {len(secondary)} records "
@@ -140,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
             primary, secondary, on=on or (), secondary_on=secondary_on,
             metric=opts["metric"], top_k=int(opts["top_k"]), bloom=bool(opts.get("bloom")),
             mode=opts.get("mode") or "soft", tau=opts.get("tau"), sigma=opts.get("sigma"),
-            delta=opts.get("delta") or 1e-5, secret=env_secret.encode() if env_secret else None,
+            delta=opts.get("delta") or 1e-5,
             seed=opts.get("seed"), search=search, primary_source=str(opts["primary"]),
             secondary_source=str(opts["secondary"]))
         frame = linkage_table(outcome.linkage)

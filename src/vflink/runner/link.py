@@ -25,6 +25,7 @@ from vflink.linkage.validation import validate_identifiers
 from vflink.parties import CoordinatorParty, SecondaryParty
 from vflink.parties.linking import AlignmentInitiator, identifier_values
 from vflink.protocol import EncodingSpec
+from vflink.runner.federation import shared_secret
 from vflink.transport import InProcessHub, Transcript
 from vflink.types import Alignment
 
@@ -130,9 +131,7 @@ def run_linkage(primary: pd.DataFrame, secondary: pd.DataFrame, *, on: Sequence[
                                        sides=((primary, on), (secondary, secondary_on)),
                                        bloom_config=bloom_config)
     if spec.encoder == "bloom" and secret is None:
-        import secrets
-
-        secret = secrets.token_bytes(32)  # both data parties are simulated in this process
+        secret = shared_secret("VFLINK_SECRET")  # random when unset: both parties are here
     hub = InProcessHub(transcript=transcript)
     coordinator = CoordinatorParty(COORDINATOR, seed=seed, search=search)
     hub.register(COORDINATOR, coordinator)
