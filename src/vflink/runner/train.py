@@ -34,6 +34,7 @@ from vflink.runner.algorithms import Algorithm, get_algorithm
 from vflink.runner.config import RunConfig, config_to_dict
 from vflink.runner.federation import Federation, in_process
 from vflink.runner.inputs import Inputs, load_inputs
+from vflink.runner.ledger import write_run_ledger
 from vflink.runner.link import encoding_for
 from vflink.runner.rundir import atomic_run_dir, write_json
 from vflink.transport import InProcessHub, TrafficCounter, Transcript
@@ -360,6 +361,7 @@ def run_training(config: RunConfig, out_dir: Path | None = None, *, overwrite: b
                       resume)
         write_json(staging / "config.json", config_to_dict(config))
         write_json(staging / "metrics.json", result.to_json())
+        write_run_ledger(staging, result)
         from vflink.runner.plots import learning_curve  # matplotlib only when writing
 
         learning_curve(result, staging / "learning_curve.png")
