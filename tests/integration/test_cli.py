@@ -63,8 +63,8 @@ def test_train_writes_a_complete_run_directory(tmp_path: Path) -> None:
     assert metrics["epochs"][0]["communication"]["bank->primary"]["bytes"] > 0
     assert json.loads((out / "config.json").read_text())["algorithm"] == "splitnn"
     assert (out / "learning_curve.png").stat().st_size > 1000
-    assert (out / "models" / "primary" / "model.pt").exists()
-    assert (out / "models" / "bank" / "model.pt").exists()
+    assert (out / "models" / "primary" / "model.json").exists()
+    assert (out / "models" / "bank" / "model.json").exists()
     # an existing run directory is not silently replaced
     assert main(["train", "--config", str(config), "--out", str(out)]) == 1
 

@@ -53,7 +53,7 @@ def test_in_process_interruption_and_resume(tmp_path: Path,
     with pytest.raises(PeerUnavailable):
         run_training(config(), tmp_path / "cut")
     assert not (tmp_path / "cut").exists()  # nothing that looks complete
-    assert (staging_dir(tmp_path / "cut") / "models" / "primary" / "checkpoint.pt").exists()
+    assert (staging_dir(tmp_path / "cut") / "models" / "primary" / "checkpoint.json").exists()
     monkeypatch.setattr(SecondaryParty, "on_forward", original)
     resumed = run_training(config(), tmp_path / "cut", resume=True)
     assert resumed.metrics == whole.metrics
@@ -112,7 +112,7 @@ def test_kill_secondary_then_resume_over_grpc(tmp_path: Path,
                                  str(run), "--party", str(files["primary"]), "--out", str(out)],
                                 env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True)
-        checkpoint = staging_dir(out) / "models" / "primary" / "checkpoint.pt"
+        checkpoint = staging_dir(out) / "models" / "primary" / "checkpoint.json"
         deadline = time.monotonic() + 120
         while not checkpoint.exists() and time.monotonic() < deadline and proc.poll() is None:
             time.sleep(0.05)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import numpy.typing as npt
 import pandas as pd
@@ -11,7 +13,11 @@ from torch.nn import functional as F
 from vflink.errors import DataError
 from vflink.types import Task
 
-__all__ = ["LabelCodec"]
+__all__ = ["LABEL_CODEC_VERSION", "LabelCodec"]
+
+#: Version of :meth:`LabelCodec.to_json`'s format.
+LABEL_CODEC_VERSION = 1
+_FORMAT = "vflink-label-codec"
 
 
 class LabelCodec:
@@ -39,6 +45,32 @@ class LabelCodec:
             std = float(y.std())
             self.std = std if std > 0 else 1.0
         return self
+
+    def to_json(self) -> dict[str, Any]:
+        """The fitted codec as a versioned JSON-able dict (see :meth:`from_json`)."""
+        classes = [c.item() if isinstance(c, np.generic) else c for c in self.classes]
+        bad = [c for c in classes if not isinstance(c, (str, int, float, bool))]
+        if bad:
+            raise DataError(f"label classes must be text, numbers or booleans, got {bad[:3]}")
+        return {"format": _FORMAT, "version": LABEL_CODEC_VERSION, "task": self.task.value,
+                "classes": classes, "mean": self.mean, "std": self.std}
+
+    @classmethod
+    def from_json(cls, data: Any, *, source: str = "state file") -> LabelCodec:
+        """Rebuild a codec from :meth:`to_json`'s output; a clear :class:`DataError` for
+        another format version or a malformed dict."""
+        if not isinstance(data, dict) or data.get("format") != _FORMAT:
+            raise DataError(f"{source}: no fitted label codec")
+        if data.get("version") != LABEL_CODEC_VERSION:
+            raise DataError(f"{source}: label codec saved in format version "
+                            f"{data.get('version')!r}; this vflink reads {LABEL_CODEC_VERSION}")
+        try:
+            codec = cls(Task.parse(data["task"]))
+            codec.classes = list(data["classes"])
+            codec.mean, codec.std = float(data["mean"]), float(data["std"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise DataError(f"{source}: malformed label codec ({exc})") from None
+        return codec
 
     @property
     def out_dim(self) -> int:

@@ -23,11 +23,12 @@ import torch
 from vflink.data.labels import LabelCodec
 from vflink.data.preprocess import Preprocessor
 from vflink.data.table import PartyTable
-from vflink.errors import ConfigError, ProtocolError
+from vflink.errors import ConfigError, DataError, ProtocolError, VflinkError
 from vflink.models.merge import AggregatorConfig
 from vflink.models.mlp import build_optimizer, seeded_init
 from vflink.models.spec import BottomSpec
 from vflink.models.splitnn import SplitNNPrimary
+from vflink.models.statefile import load_state, save_state, state_json_path
 from vflink.parties.base import Party
 from vflink.parties.linking import AlignmentInitiator
 from vflink.protocol.channel import Channel
@@ -329,50 +330,68 @@ class PrimaryParty(Party):
         if plan is None:
             raise ProtocolError("the primary party is not set up")
         plan_dict = dataclasses.asdict(plan)
-        return {**self._state(), "preprocessor": self.preprocessor,
-                "label_codec": dict(self.codec.__dict__), "plan": plan_dict,
+        return {**self._state(), "preprocessor": self.preprocessor.to_json(),
+                "label_codec": self.codec.to_json(), "plan": plan_dict,
                 "dims": list(self._dims), "secondaries": list(self.secondaries)}
 
-    def save_states(self, name: str = "model.pt", *, extra: dict[str, Any] | None = None,
+    def save_states(self, name: str = "model", *, extra: dict[str, Any] | None = None,
                     secondary_name: str | None = None) -> None:
         """Every party writes its own model state into its own directory (atomically).
 
         The secondaries write first (as ``secondary_name``, default ``name``) and the primary
         last, so the primary's file is the commit point: a checkpoint it refers to is complete.
+        A state is ``NAME.json`` plus ``NAME.<digest>.safetensors`` (``models/statefile.py``).
         """
         for sec in self.secondaries:
             self.channel.request(sec, SaveState(name=secondary_name or name), Ack)
         if self.out_dir is not None:
-            target = self.out_dir / name
-            target.parent.mkdir(parents=True, exist_ok=True)
-            tmp = target.with_name(target.name + ".tmp")
-            torch.save({**self._full_state(), **(extra or {}),
-                        "secondary_state": secondary_name or name}, tmp)
-            tmp.replace(target)
+            save_state(self.out_dir, name, {**self._full_state(), **(extra or {}),
+                                            "secondary_state": secondary_name or name},
+                       kind="primary")
 
-    def load_states(self, name: str = "model.pt") -> dict[str, Any]:
+    def load_states(self, name: str = "model", *, same_data: bool = False) -> dict[str, Any]:
         """Load this party's saved state and ask every secondary to load its own.
 
         Alignments must be set first (they fix K). Returns the primary's state dict, whose
-        extra entries (e.g. a training checkpoint's progress) the caller may use.
+        extra entries (e.g. a training checkpoint's progress) the caller may use. With
+        ``same_data`` (resuming a run) a secondary whose data changed since the save is an
+        error; otherwise (predicting) it is only logged.
         """
         if self.out_dir is None:
             raise ConfigError("the primary party has no state directory to load from")
-        path = self.out_dir / name
-        if not path.is_file():
-            raise ConfigError(f"no saved primary state at {path}")
-        # Our own file (see save_states): it holds fitted preprocessing objects, hence pickle.
-        state = torch.load(path, weights_only=False)
+        # tensors from safetensors, the rest from versioned JSON: nothing is unpickled
+        state = load_state(self.out_dir, name, kind="primary")
+        source = str(state_json_path(self.out_dir, name))
+        changed = []
         for sec in self.secondaries:
-            self.channel.request(sec, LoadState(name=state.get("secondary_state", name)), Ack)
-        plan_raw = dict(state["plan"])
-        plan_raw["bottom"] = BottomSpec(**plan_raw["bottom"])
-        if plan_raw.get("aggregator_config") is not None:
-            plan_raw["aggregator_config"] = AggregatorConfig(**plan_raw["aggregator_config"])
-        self.codec.__dict__.update(state["label_codec"])
-        self._build(TrainingPlan(**plan_raw), state["preprocessor"], list(state["dims"]))
-        model, optimizer = self._require_model(), self.optimizer
-        model.load_state_dict(state["model"])
-        if optimizer is not None and state.get("optimizer"):
-            optimizer.load_state_dict(state["optimizer"])
-        return state  # type: ignore[no-any-return]
+            ack = self.channel.request(sec, LoadState(name=state.get("secondary_state", name)),
+                                       Ack)
+            if ack.info.get("data_changed"):
+                changed.append(sec)
+        if changed and same_data:
+            raise DataError("cannot resume: the data of " + ", ".join(
+                f"party {s!r}" for s in changed) + " changed since the checkpoint")
+        if changed:
+            log.warning("the data of %s changed since the model was saved",
+                        ", ".join(repr(s) for s in changed))
+        try:
+            plan_raw = dict(state["plan"])
+            plan_raw["bottom"] = BottomSpec(**plan_raw["bottom"])
+            if plan_raw.get("aggregator_config") is not None:
+                plan_raw["aggregator_config"] = AggregatorConfig(
+                    **plan_raw["aggregator_config"])
+            codec = LabelCodec.from_json(state["label_codec"], source=source)
+            pre = Preprocessor.from_json(state["preprocessor"], self.table.schema,
+                                         source=source)
+            self.codec = codec
+            self._build(TrainingPlan(**plan_raw), pre, [int(d) for d in state["dims"]])
+            model, optimizer = self._require_model(), self.optimizer
+            model.load_state_dict(state["model"])
+            if optimizer is not None and state.get("optimizer"):
+                optimizer.load_state_dict(state["optimizer"])
+        except VflinkError:
+            raise
+        except (KeyError, TypeError, ValueError, RuntimeError) as exc:
+            raise DataError(f"{source}: the saved state does not fit this party's model "
+                            f"({type(exc).__name__}: {exc})") from None
+        return state

@@ -19,11 +19,13 @@ import numpy.typing as npt
 import torch
 
 from vflink.alignment.exact import key_digests
+from vflink.data.fingerprint import frame_fingerprint
 from vflink.data.preprocess import Preprocessor
 from vflink.data.table import PartyTable
-from vflink.errors import ProtocolError
+from vflink.errors import ProtocolError, VflinkError
 from vflink.models.mlp import build_mlp, build_optimizer, seeded_init
 from vflink.models.spec import BottomSpec
+from vflink.models.statefile import load_state, remove_state, save_state
 from vflink.parties.base import Party, state_path
 from vflink.parties.linking import encode_identifiers
 from vflink.protocol.channel import Channel
@@ -52,7 +54,7 @@ __all__ = ["SecondaryParty"]
 
 log = logging.getLogger(__name__)
 
-_EPOCH_CHECKPOINT = re.compile(r"^checkpoint-(\d+)\.pt$")
+_EPOCH_CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 
 
 def _prune_checkpoints(latest: Path) -> None:
@@ -62,10 +64,10 @@ def _prune_checkpoints(latest: Path) -> None:
     if m is None:
         return
     current = int(m.group(1))
-    for old in latest.parent.glob("checkpoint-*.pt"):
-        mo = _EPOCH_CHECKPOINT.match(old.name)
+    for old in latest.parent.glob("checkpoint-*.json"):
+        mo = _EPOCH_CHECKPOINT.match(old.name[:-len(".json")])
         if mo is not None and int(mo.group(1)) < current - 1:
-            old.unlink(missing_ok=True)
+            remove_state(old.parent, mo.group(0))
 
 
 class SecondaryParty(Party):
@@ -96,6 +98,14 @@ class SecondaryParty(Party):
         self._pending: dict[int, torch.Tensor] = {}
         self._applied: set[int] = set()
         self._snapshots: dict[str, dict[str, Any]] = {}
+        self._fingerprint: str | None = None
+
+    @property
+    def data_fingerprint(self) -> str:
+        """Hash of this party's own table (computed here; only comparisons leave)."""
+        if self._fingerprint is None:
+            self._fingerprint = frame_fingerprint(self.table.frame)
+        return self._fingerprint
 
     # --- alignment ------------------------------------------------------------------------
 
@@ -219,9 +229,9 @@ class SecondaryParty(Party):
     def _full_state(self) -> dict[str, Any]:
         """Everything needed to rebuild this party's model later: parameters, optimiser,
         fitted preprocessing and spec (a file for this party's own directory only)."""
-        return {**self._state(), "preprocessor": self.preprocessor,
+        return {**self._state(), "preprocessor": self.preprocessor.to_json(),
                 "spec": dataclasses.asdict(self.spec) if self.spec else None,
-                "applied": sorted(self._applied)}
+                "applied": sorted(self._applied), "data": self.data_fingerprint}
 
     def on_snapshot(self, sender: str, message: Snapshot) -> Ack:
         self._snapshots[message.tag] = copy.deepcopy(self._state())
@@ -243,10 +253,8 @@ class SecondaryParty(Party):
         if self.out_dir is None:  # a silent no-op would fail only later, at LoadState
             raise ProtocolError(f"party {self.name!r} has no state directory to save to")
         target = state_path(self.out_dir, message.name)  # never outside our own directory
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(target.name + ".tmp")
-        torch.save(self._full_state(), tmp)
-        tmp.replace(target)  # atomic: a crash never leaves a half-written state file
+        # weights as safetensors, the rest as JSON, committed atomically (models/statefile.py)
+        save_state(target.parent, target.name, self._full_state(), kind="secondary")
         _prune_checkpoints(target)
         return Ack(info={"saved": 1.0})
 
@@ -254,16 +262,26 @@ class SecondaryParty(Party):
         if self.out_dir is None:
             raise ProtocolError(f"party {self.name!r} has no state directory to load from")
         path = state_path(self.out_dir, message.name)
-        if not path.is_file():
-            raise ProtocolError(f"party {self.name!r}: no saved state {path}")
-        # Our own file, written by on_save_state: it holds the fitted preprocessing objects,
-        # so it is loaded with pickle support (never load a state file from elsewhere).
-        state = torch.load(path, weights_only=False)
-        self._build(BottomSpec(**state["spec"]), state["preprocessor"])
-        model, optimizer = self.model, self.optimizer
-        if model is None or optimizer is None:
-            raise ProtocolError(f"party {self.name!r}: failed to rebuild the model")
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
+        # tensors from safetensors and the rest from JSON: nothing is unpickled
+        state = load_state(path.parent, path.name, kind="secondary")
+        source = f"state {message.name!r} of party {self.name!r}"
+        try:
+            spec = BottomSpec(**state["spec"])
+            pre = Preprocessor.from_json(state["preprocessor"], self.table.schema, source=source)
+            self._build(spec, pre)
+            model, optimizer = self.model, self.optimizer
+            if model is None or optimizer is None:
+                raise ProtocolError(f"party {self.name!r}: failed to rebuild the model")
+            model.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+        except VflinkError:
+            raise
+        except (KeyError, TypeError, ValueError, RuntimeError) as exc:
+            raise ProtocolError(f"party {self.name!r}: {source} does not fit this party's "
+                                f"model ({type(exc).__name__})") from exc
         self._applied = set(state.get("applied", []))
-        return Ack(info={"n_features": float(self.preprocessor.n_features)})
+        # Only whether our data changed since the save crosses the boundary (never the hash):
+        # the primary refuses to resume a run on changed data (issue 13, item 4).
+        changed = state.get("data") != self.data_fingerprint
+        return Ack(info={"n_features": float(self.preprocessor.n_features),
+                         "data_changed": float(changed)})

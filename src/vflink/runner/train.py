@@ -36,6 +36,7 @@ from vflink.runner.federation import Federation, in_process
 from vflink.runner.inputs import Inputs, load_inputs
 from vflink.runner.ledger import write_run_ledger
 from vflink.runner.link import encoding_for
+from vflink.runner.resume import check_resume, run_fingerprint
 from vflink.runner.rundir import atomic_run_dir, write_json
 from vflink.transport import InProcessHub, TrafficCounter, Transcript
 from vflink.types import MISSING, Alignment, Task
@@ -59,8 +60,9 @@ log = logging.getLogger(__name__)
 #: ``progress(stage, done, total)``: the CLI renders it as a progress bar.
 Progress = Callable[[str, int, int], None]
 
-#: State file names every party writes into its own state directory.
-CHECKPOINT, BEST, FINAL = "checkpoint.pt", "best.pt", "model.pt"
+#: State names every party writes into its own state directory; a state NAME is the pair
+#: NAME.json + NAME.<digest>.safetensors (vflink.models.statefile).
+CHECKPOINT, BEST, FINAL = "checkpoint", "best", "model"
 
 
 @dataclass(frozen=True)
@@ -258,14 +260,15 @@ def train_and_evaluate(primary: PrimaryParty, config: RunConfig, plan: TrainingP
                        splits: tuple[npt.NDArray[np.int64], ...], counter: TrafficCounter,
                        *, batch_size: int, progress: Progress | None = None,
                        checkpoints: bool = False, state_prefix: str = "",
-                       resume: bool = False
+                       resume: bool = False, fingerprint: dict[str, Any] | None = None
                        ) -> tuple[dict[str, dict[str, float]], tuple[EpochRecord, ...], int]:
     """Train with early stopping on the validation metric; restore the best epoch; evaluate.
 
     With ``checkpoints`` every party writes its state atomically at each epoch boundary
-    (``checkpoint.pt``, and ``best.pt`` when validation improves), so a run that died can be
+    (``checkpoint``, and ``best`` when validation improves), so a run that died can be
     continued with ``resume``: the same batches, ids and random numbers follow, and the final
-    model equals that of an uninterrupted run.
+    model equals that of an uninterrupted run. ``fingerprint`` (the run's configuration and
+    data, see ``runner/resume.py``) is recorded in each checkpoint.
     """
     train, val, test = splits
     t = config.training
@@ -278,7 +281,7 @@ def train_and_evaluate(primary: PrimaryParty, config: RunConfig, plan: TrainingP
     first_epoch = 1
     history: list[EpochRecord] = []
     if resume:
-        state = primary.load_states(CHECKPOINT)
+        state = primary.load_states(CHECKPOINT, same_data=True)
         progress_state = state["training_progress"]
         rng.bit_generator.state = progress_state["rng"]
         primary.next_batch_id = int(progress_state["next_batch_id"])
@@ -318,8 +321,8 @@ def train_and_evaluate(primary: PrimaryParty, config: RunConfig, plan: TrainingP
             # names the one that belongs to it
             primary.save_states(
                 CHECKPOINT,
-                secondary_name=f"{state_prefix}checkpoint-{epoch:04d}.pt",
-                extra={"training_progress": {
+                secondary_name=f"{state_prefix}checkpoint-{epoch:04d}",
+                extra={"run": fingerprint or {}, "training_progress": {
                     "rng": rng.bit_generator.state, "next_batch_id": primary.next_batch_id,
                     "best": best, "best_epoch": best_epoch, "stale": stale,
                     "history": [dataclasses.asdict(r) for r in history]}})
@@ -356,7 +359,7 @@ def run_training(config: RunConfig, out_dir: Path | None = None, *, overwrite: b
             raise ConfigError("--resume needs the run directory of the interrupted run")
         return _run(config, None, progress, transcript, tables, prepared, federation, False)
     with atomic_run_dir(out_dir, overwrite=overwrite, resume=resume,
-                        keep_if=lambda d: any(d.glob(f"models/*/{CHECKPOINT}"))) as staging:
+                        keep_if=lambda d: any(d.glob(f"models/*/{CHECKPOINT}.json"))) as staging:
         result = _run(config, staging, progress, transcript, tables, prepared, federation,
                       resume)
         write_json(staging / "config.json", config_to_dict(config))
@@ -389,6 +392,8 @@ def _run(config: RunConfig, out_dir: Path | None, progress: Progress | None,
     models_dir = None if out_dir is None else out_dir / "models"
     if prepared is None:
         inputs = _as_inputs(tables) if tables is not None else load_inputs(config)
+        if resume and models_dir is not None:  # before any alignment work
+            check_resume(config, models_dir / inputs.primary.name, inputs.primary, CHECKPOINT)
         if federation is None:
             federation = in_process(inputs, config, transcript=transcript, state_root=models_dir)
         prepared = prepare(config, inputs, transcript=transcript, federation=federation)
@@ -439,7 +444,8 @@ def _run(config: RunConfig, out_dir: Path | None, progress: Progress | None,
     start_bytes = counter.snapshot()
     metrics, history, best_epoch = train_and_evaluate(
         primary, config, plan, splits, counter, batch_size=batch_size, progress=progress,
-        checkpoints=out_dir is not None, state_prefix=state_prefix, resume=resume)
+        checkpoints=out_dir is not None, state_prefix=state_prefix, resume=resume,
+        fingerprint=run_fingerprint(config, inputs.primary) if out_dir is not None else None)
     if out_dir is not None:
         primary.save_states(FINAL, secondary_name=state_prefix + FINAL)
     sizes = {"primary_rows": len(inputs.primary), "aligned_rows": len(rows),
