@@ -66,7 +66,7 @@ def test_train_writes_a_complete_run_directory(tmp_path: Path) -> None:
     assert (out / "models" / "primary" / "model.json").exists()
     assert (out / "models" / "bank" / "model.json").exists()
     # an existing run directory is not silently replaced
-    assert main(["train", "--config", str(config), "--out", str(out)]) == 1
+    assert main(["train", "--config", str(config), "--out", str(out)]) == 2  # a usage error
 
 
 def _nan_label(f: pd.DataFrame) -> pd.DataFrame:

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from vflink.runner.train import Progress as ProgressFn
+#: the runner's ``progress(stage, done, total)`` (vflink.runner.train.Progress), spelt out here
+#: so that importing this module does not import the runner (and torch)
+ProgressFn = Callable[[str, int, int], None]
 
 __all__ = ["epoch_progress"]
 

@@ -6,11 +6,6 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-
-from vflink.errors import ConfigError
-from vflink.transport.grpc.tls import create_dev_pki
-
 __all__ = ["register", "run"]
 
 HELP = """Create a development CA and one TLS key/certificate pair per party, for the gRPC
@@ -47,6 +42,11 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from vflink.errors import ConfigError
+    from vflink.transport.grpc.tls import create_dev_pki
+
     if args.days < 1:
         raise ConfigError(f"`--days` must be >= 1, got {args.days}")
     written = create_dev_pki(args.out, args.parties, days=args.days, overwrite=args.overwrite)

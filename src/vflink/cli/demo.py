@@ -5,16 +5,13 @@ from __future__ import annotations
 import argparse
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
-from rich.table import Table
+if TYPE_CHECKING:  # heavy modules are imported when the demo runs, so `--help` is instant
+    from rich.table import Table
 
-from vflink.cli._progress import epoch_progress
-from vflink.runner.config import DataConfig, RunConfig, TrainingConfig, load_config
-from vflink.runner.inputs import load_inputs
-from vflink.runner.rundir import atomic_run_dir, write_json
-from vflink.runner.train import RunResult, run_training
+    from vflink.runner.config import RunConfig
+    from vflink.runner.train import RunResult
 
 __all__ = ["DEMO_DATASET", "demo_config", "register", "run"]
 
@@ -29,6 +26,8 @@ an upper bound) and prints a comparison table. Finishes in well under two minute
 
 
 def demo_config(seed: int = 0) -> RunConfig:
+    from vflink.runner.config import DataConfig, RunConfig, TrainingConfig
+
     return RunConfig(
         seed=seed,
         data=DataConfig(dataset=DEMO_DATASET),
@@ -49,6 +48,8 @@ def register(sub: Any) -> None:
 
 
 def comparison_table(results: list[RunResult]) -> Table:
+    from rich.table import Table
+
     metrics = list(results[0].metrics["test"])
     table = Table(title="vflink demo: test metrics (7:1:2 split, early stopping on validation)")
     table.add_column("algorithm", style="bold")
@@ -65,6 +66,14 @@ def comparison_table(results: list[RunResult]) -> Table:
 
 
 def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from vflink.cli._progress import epoch_progress
+    from vflink.runner.config import load_config
+    from vflink.runner.inputs import load_inputs
+    from vflink.runner.rundir import atomic_run_dir, write_json
+    from vflink.runner.train import run_training
+
     config = load_config(args.config) if args.config else demo_config(args.seed)
     console = Console()
     start = time.perf_counter()

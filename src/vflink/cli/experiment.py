@@ -6,12 +6,6 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-from rich.markdown import Markdown
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-from vflink.runner.experiment import load_experiment, markdown_table, run_experiment
-
 __all__ = ["register", "run"]
 
 HELP = """Run a reproduction experiment: every algorithm × seed (× value of one swept
@@ -34,6 +28,18 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.markdown import Markdown
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+
+    from vflink.runner.experiment import load_experiment, markdown_table, run_experiment
+
     exp = load_experiment(args.config)
     out = args.out or Path("runs") / exp.name
     console = Console()

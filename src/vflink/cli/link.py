@@ -8,17 +8,14 @@ import os
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-from rich.table import Table
-
 from vflink.config import read_toml
-from vflink.data.table import read_frame
 from vflink.errors import ConfigError
-from vflink.linkage import SearchOptions
-from vflink.linkage.improvement import plot_similarity_curve
-from vflink.runner.link import LINK_METRICS, linkage_table, run_linkage
 
 __all__ = ["register", "run"]
+
+#: ``vflink.runner.link.LINK_METRICS``, spelt out so that `--help` does not import the linkage
+#: stack (tests/integration/test_cli_consistency.py checks that they agree).
+LINK_METRICS = ("euclidean", "haversine", "hamming", "levenshtein")
 
 HELP = """Link every record of PRIMARY to its K most similar records of SECONDARY through a
 coordinator, as FedSim §4.1 does: each data party encodes its identifier columns and sends only
@@ -123,6 +120,14 @@ def _write_table(frame: Any, out: Path) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from vflink.data.table import read_frame
+    from vflink.linkage import SearchOptions
+    from vflink.linkage.improvement import plot_similarity_curve
+    from vflink.runner.link import linkage_table, run_linkage
+
     opts = resolve(args)
     out = Path(opts["out"])
     if out.exists() and not args.overwrite:

@@ -1,19 +1,22 @@
-"""``vflink`` command line: one module per command, each registering its own sub-parser."""
+"""``vflink`` command line: one module per command, each registering its own sub-parser.
+
+Heavy libraries (torch, gRPC, faiss, matplotlib, pandas) are imported inside the commands that
+use them, so ``vflink --help`` and every ``vflink COMMAND --help`` answer at once.
+"""
 
 from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 from collections.abc import Sequence
-
-from rich.console import Console
-from rich.logging import RichHandler
-from rich.markup import escape
+from types import FrameType
+from typing import Any
 
 from vflink import __version__
 from vflink.cli import certs, demo, experiment, link, predict, serve, train
-from vflink.errors import ConfigError, VflinkError
+from vflink.cli._errors import EXIT_CODES_HELP, Terminated, report_failure
 
 __all__ = ["main"]
 
@@ -27,7 +30,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "share a clean key: private record linkage (exact keyed hashes, fuzzy top-K "
                     "soft linkage) and split learning (SplitNN, FedSim and baselines) across a "
                     "real party boundary, in one process or over gRPC with mutual TLS.",
-        epilog="Run `vflink COMMAND --help` for the options of a command.",
+        epilog="Run `vflink COMMAND --help` for the options of a command.\n\n" + EXIT_CODES_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"vflink {__version__}")
     parser.add_argument("-v", "--verbose", action="count", default=0,
@@ -38,25 +42,42 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    raise Terminated
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    from rich.console import Console
+
+    from vflink.cli._errors import console_log_handler
+
     err = Console(stderr=True)
     level = {0: logging.WARNING, 1: logging.INFO}.get(args.verbose, logging.DEBUG)
-    logging.basicConfig(level=level, format="%(message)s",
-                        handlers=[RichHandler(console=err, show_path=False)])
+    handler = console_log_handler(err)
+    logging.basicConfig(level=level, format="%(message)s", handlers=[handler])
+    # SIGTERM ends a command like Ctrl-C does (partial runs cleaned up or kept for --resume),
+    # with a message and exit code 143; `vflink serve` installs its own graceful stop.
+    previous: Any = None
+    in_main = _is_main_thread()
+    if in_main:
+        previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
-        code = int(args.func(args) or 0)
-    except ConfigError as exc:
-        err.print(f"[bold red]configuration error:[/] {escape(str(exc))}", highlight=False)
-        return 2
-    except VflinkError as exc:
-        err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
-        return 1
-    except KeyboardInterrupt:
-        err.print("[yellow]interrupted[/]")
-        return 130
-    return code
+        return int(args.func(args) or 0)
+    except BaseException as exc:  # every failure becomes one message and an exit code
+        if isinstance(exc, SystemExit):
+            raise
+        return report_failure(exc, err, handler, command=args.command)
+    finally:
+        if in_main:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _is_main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
 
 
 if __name__ == "__main__":

@@ -7,12 +7,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-
-from vflink.data.table import read_frame
-from vflink.errors import ConfigError
-from vflink.runner.predict import predict_records
-
 __all__ = ["register", "run"]
 
 HELP = """Predict new primary records with a run directory written by `vflink train`.
@@ -38,6 +32,12 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from vflink.data.table import read_frame
+    from vflink.errors import ConfigError
+    from vflink.runner.predict import predict_records
+
     out: Path = args.out
     if out.suffix.lower() not in (".csv", ".parquet"):
         raise ConfigError(f"--out must end in .csv or .parquet, got {str(out)!r}")

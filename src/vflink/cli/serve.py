@@ -7,11 +7,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-
-from vflink.runner.network import serve
-from vflink.runner.party_config import load_party_config
-
 __all__ = ["register", "run"]
 
 HELP = """Serve one party (a secondary data party or the linkage coordinator) over gRPC with
@@ -34,6 +29,11 @@ def run(args: argparse.Namespace) -> int:
     # TLS handshakes that fail (a certificate from another CA, no certificate, plaintext) end
     # inside gRPC's C core before any Python code runs; at INFO its log names each refusal.
     os.environ.setdefault("GRPC_VERBOSITY", "INFO")
+    from rich.console import Console
+
+    from vflink.runner.network import serve
+    from vflink.runner.party_config import load_party_config
+
     config = load_party_config(args.config)
     console = Console(stderr=True)
 

@@ -4,25 +4,29 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
+from vflink.runner.algorithms import ALGORITHMS as ALGORITHM_REGISTRY
 
-from vflink.cli._progress import epoch_progress
-from vflink.errors import ConfigError
-from vflink.runner.config import ALGORITHMS, load_config
-from vflink.runner.inputs import Inputs, load_inputs
-from vflink.runner.network import network_federation
-from vflink.runner.party_config import load_party_config
-from vflink.runner.train import RunResult, run_training
+if TYPE_CHECKING:  # heavy modules are imported in run(), so `--help` is instant
+    from rich.console import Console
+
+    from vflink.runner.train import RunResult
 
 __all__ = ["register", "run"]
 
-HELP = """Train one algorithm (solo, splitnn or combine) as configured in a TOML run file.
+ALGORITHMS = ALGORITHM_REGISTRY.names()
+
+HELP = """Train one algorithm as configured in a TOML run file (`algorithm`, or --algorithm):
+
+""" + "\n".join(f"  {name:18s} {ALGORITHM_REGISTRY.get(name).description}"
+               for name in ALGORITHMS) + """
 
 The run directory receives the resolved config (config.json), metrics.json (per split, per
-epoch, communication bytes per direction), learning_curve.png and models/<party>/model.pt.
-It appears only when the run has finished: a failed run leaves nothing that looks complete.
+epoch, communication bytes per direction), privacy.json, learning_curve.png and each party's
+saved model in models/<party>/ (model.json + model.<digest>.safetensors: no pickle).
+It appears only when the run has finished: a failed run leaves nothing that looks complete
+(only a hidden .<name>.partial with checkpoints, for --resume).
 """
 
 
@@ -56,6 +60,16 @@ def summarise(result: RunResult, console: Console) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from vflink.cli._progress import epoch_progress
+    from vflink.errors import ConfigError
+    from vflink.runner.config import load_config
+    from vflink.runner.inputs import Inputs, load_inputs
+    from vflink.runner.network import network_federation
+    from vflink.runner.party_config import load_party_config
+    from vflink.runner.train import run_training
+
     config = load_config(args.config)
     changes: dict[str, Any] = {}
     if args.algorithm:

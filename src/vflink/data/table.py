@@ -89,8 +89,11 @@ def load_table(schema: PartySchema, path: Path | None = None) -> PartyTable:
 
 def _example(frame: pd.DataFrame, mask: np.ndarray, column: str) -> str:
     row = int(np.flatnonzero(mask)[0])
+    value = frame[column].iloc[row]
+    if isinstance(value, np.generic):  # print 'nan' or 3.5, not np.float64(nan)
+        value = value.item()
     # +2: one for the header line, one because people count rows from 1.
-    return f"first at row {row} (line {row + 2} of a CSV), value {frame[column].iloc[row]!r}"
+    return f"first at row {row} (line {row + 2} of a CSV), value {value!r}"
 
 
 def validate_frame(frame: pd.DataFrame, schema: PartySchema, source: str, *,
@@ -140,6 +143,10 @@ def validate_frame(frame: pd.DataFrame, schema: PartySchema, source: str, *,
             if bad.any():
                 raise DataError(f"{where}: regression label {schema.label!r} is not numeric, "
                                 f"{_example(frame, bad, schema.label)}")
+            inf = np.isinf(coerced.to_numpy(dtype=np.float64))
+            if inf.any():  # caught here, not after training inside a metric
+                raise DataError(f"{where}: regression label {schema.label!r} holds an infinite "
+                                f"value, {_example(frame, inf, schema.label)}")
             frame[schema.label] = coerced.astype(np.float64)
         elif training:
             n_classes = lab.nunique()

@@ -29,6 +29,33 @@ def write_json(path: Path, data: Any) -> None:
     os.replace(tmp, path)
 
 
+def _make_parents(out_dir: Path) -> list[Path]:
+    """Create ``out_dir``'s missing parents; return those created, deepest first."""
+    missing = []
+    parent = out_dir.parent
+    while not parent.exists() and parent != parent.parent:
+        missing.append(parent)
+        parent = parent.parent
+    try:
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        _remove_empty(missing)
+        where = Path(exc.filename or out_dir.parent)
+        reason = (" is a file, not a directory" if where.exists() and not where.is_dir()
+                  else f": {exc.strerror or exc}")
+        raise RunError(f"{out_dir}: cannot create the run directory: {where}{reason}"
+                       ) from None
+    return missing
+
+
+def _remove_empty(directories: list[Path]) -> None:
+    for d in directories:  # deepest first
+        try:
+            d.rmdir()
+        except OSError:
+            break  # not empty (or already gone): leave it and its parents
+
+
 def staging_dir(out_dir: Path) -> Path:
     """Where a run is written until it is complete (a hidden sibling of ``out_dir``)."""
     return out_dir.with_name(f".{out_dir.name}.partial")
@@ -46,15 +73,22 @@ def atomic_run_dir(out_dir: Path, *, overwrite: bool = False, resume: bool = Fal
     if out_dir.exists() and not overwrite:
         raise RunError(f"{out_dir}: run directory already exists; choose another --out or pass "
                        "--overwrite")
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = staging_dir(out_dir)
     if resume:
         if not staging.is_dir():
-            raise RunError(f"{out_dir}: nothing to resume (no interrupted run at {staging})")
-    else:
-        if staging.exists():
-            shutil.rmtree(staging)
-        staging.mkdir()
+            raise RunError(f"{out_dir}: nothing to resume (no interrupted run at {staging}); "
+                           "a run that stopped before its first checkpoint (e.g. during "
+                           "alignment) is started again without --resume")
+    created = _make_parents(out_dir)
+    if not resume:
+        try:
+            if staging.exists():
+                shutil.rmtree(staging)
+            staging.mkdir()
+        except OSError as exc:
+            _remove_empty(created)
+            raise RunError(f"{out_dir}: cannot create the run directory "
+                           f"({exc.strerror or exc})") from None
     try:
         yield staging
     except BaseException:
@@ -63,6 +97,7 @@ def atomic_run_dir(out_dir: Path, *, overwrite: bool = False, resume: bool = Fal
                         "--resume", staging)
         else:
             shutil.rmtree(staging, ignore_errors=True)
+            _remove_empty(created)  # a failed run leaves no empty runs/ folder behind
         raise
     if out_dir.exists():
         shutil.rmtree(out_dir)
