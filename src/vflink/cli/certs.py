@@ -32,7 +32,8 @@ def register(sub: Any) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
         "certs", help="create a development CA and per-party TLS certificates", description=HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", required=True, type=Path, help="directory to write the files to")
+    p.add_argument("--out", required=True, type=Path, metavar="DIR",
+                   help="directory to write the files to")
     p.add_argument("--parties", required=True, type=_party_list,
                    help="comma-separated party names, e.g. primary,bank,coordinator")
     p.add_argument("--days", type=int, default=365, help="validity in days (default: 365)")

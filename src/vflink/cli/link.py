@@ -73,7 +73,15 @@ def register(sub: Any) -> None:
                    help="seed of the coordinator's noise (default: OS entropy)")
     p.add_argument("--out", type=Path, help="output table (.csv or .parquet)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output file")
+    p.usage = ("%(prog)s --primary P --secondary S --on COLS --metric M --top-k K --out F "
+               "[options]\n       %(prog)s --config FILE [options]  (a [link] table of the same)")
+    for action in p._actions:  # required, but may come from --config, so argparse can't enforce
+        if action.dest in _REQUIRED:
+            action.help = f"{action.help} [required: here or in --config]"
     p.set_defaults(func=run)
+
+
+_REQUIRED = ("primary", "secondary", "on", "metric", "top_k", "out")
 
 
 _KEYS = ("primary", "secondary", "on", "secondary_on", "metric", "bloom", "top_k", "mode", "tau",
@@ -88,7 +96,7 @@ def resolve(args: argparse.Namespace) -> dict[str, Any]:
         unknown = sorted(set(table) - set(_KEYS) - {"version"})
         if unknown:
             raise ConfigError(f"{args.config}: unknown key(s) {unknown}; known: {list(_KEYS)}")
-        base = Path(args.config).parent
+        base = Path(args.config).parent.resolve()  # messages then show the resolved path
         opts.update(table)
         for key in ("primary", "secondary", "out"):
             if key in opts and not Path(opts[key]).is_absolute():
@@ -98,7 +106,7 @@ def resolve(args: argparse.Namespace) -> dict[str, Any]:
         if value is not None:
             opts[key] = value
     problems = [f"--{k.replace('_', '-')} is required" for k in
-                ("primary", "secondary", "on", "metric", "top_k", "out") if opts.get(k) is None]
+                _REQUIRED if opts.get(k) is None]
     if opts.get("tau") is not None and opts.get("sigma") is not None:
         problems.append("give at most one of --tau and --sigma")
     out = opts.get("out")

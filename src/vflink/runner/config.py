@@ -257,9 +257,13 @@ def parse_config(raw: dict[str, Any], base_dir: Path | None = None) -> RunConfig
         extra = sorted(set(raw_data) - {"dataset", "options", "parties"})
         if extra:
             problems.append(f"[data] has unknown key(s) {extra}; known: dataset, options, parties")
+        options = dict(raw_data.get("options", {}))
+        if isinstance(options.get("path"), str) and base_dir is not None:
+            # a dataset's own file (e.g. imdb-movies) resolves against the run file, like
+            # [[data.parties]] paths do
+            options["path"] = str((base_dir / options["path"]).resolve())
         try:
-            data = DataConfig(dataset=raw_data.get("dataset"),
-                              options=dict(raw_data.get("options", {})),
+            data = DataConfig(dataset=raw_data.get("dataset"), options=options,
                               parties=tuple(parties))
         except ConfigError as exc:
             problems.extend(exc.problems)

@@ -165,13 +165,21 @@ def load_party_config(path: Path) -> PartyConfig:
             listen=party.get("listen"), state_dir=resolve(party.get("state_dir")),
             deadline_s=float(party.get("deadline_s", 60.0)), seed=party.get("seed"),
             table=schema, dataset=party.get("dataset"),
-            dataset_options=dict(party.get("options", {})), peers=tuple(peers),
+            dataset_options=_resolve_path_option(dict(party.get("options", {})), base),
+            peers=tuple(peers),
             tls_dir=resolve(security.get("tls_dir")),
             allowed=tuple(security.get("allowed", ())),
             insecure=bool(security.get("insecure", False)),
             secret_env=str(security.get("secret_env", "VFLINK_SECRET")), source=str(path))
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}", exc.problems) from None
+
+
+def _resolve_path_option(options: dict[str, Any], base: Path) -> dict[str, Any]:
+    """A dataset's own file (``options.path``) resolves against the party file."""
+    if isinstance(options.get("path"), str):
+        options["path"] = str((base / options["path"]).resolve())
+    return options
 
 
 def party_table(config: PartyConfig) -> PartyTable:

@@ -1,0 +1,168 @@
+"""The docs match the program (issue 8, items 8 and 9): every command the README shows parses,
+every command in its table has a working --help that knows the options shown, every example
+config parses with its loader, and `--help` stays fast (no torch, gRPC, faiss, matplotlib)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from vflink.cli import link as link_cli
+from vflink.cli import train as train_cli
+from vflink.cli.main import build_parser, main
+from vflink.runner.algorithms import algorithm_names
+
+ROOT = Path(__file__).resolve().parents[2]
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+HEAVY = ("torch", "grpc", "faiss", "matplotlib", "pandas", "sklearn")
+
+
+def blocks(language: str) -> list[str]:
+    return re.findall(rf"```{language}\n(.*?)```", README, flags=re.S)
+
+
+def readme_commands() -> list[list[str]]:
+    """Every `vflink ...` command line of the README's bash blocks, as argv after `vflink`."""
+    commands = []
+    for block in blocks("bash"):
+        for line in block.replace("\\\n", " ").splitlines():
+            for part in re.split(r"&&|;", line):
+                words = shlex.split(part.strip().rstrip("&"))
+                for i, w in enumerate(words):
+                    if w.endswith("vflink") and i + 1 < len(words):
+                        commands.append(words[i + 1:])
+                        break
+    return commands
+
+
+def table_commands() -> list[list[str]]:
+    return [shlex.split(cmd) for cmd in re.findall(r"^\| `vflink ([^`]*)` \|", README,
+                                                      flags=re.M)]
+
+
+def test_readme_shows_commands() -> None:
+    assert len(table_commands()) >= 7
+    assert {c[0] for c in readme_commands()} >= {"demo", "link", "certs", "serve", "train"}
+
+
+@pytest.mark.parametrize("argv", readme_commands(),
+                         ids=lambda a: " ".join(a)[:60])
+def test_every_readme_command_parses(argv: list[str]) -> None:
+    parser = build_parser()
+    args = parser.parse_args(argv)  # argparse exits (SystemExit 2) on an unknown option
+    assert callable(args.func)
+
+
+@pytest.mark.parametrize("argv", table_commands(), ids=lambda a: a[0])
+def test_every_table_command_has_help_naming_its_options(
+        argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main([argv[0], "--help"])
+    assert info.value.code == 0
+    text = capsys.readouterr().out
+    for option in (a for a in argv if a.startswith("--")):
+        assert option in text, option
+    # every metavar named in the description is a real argument's
+    for name in re.findall(r"\b(DIR|FILE|PRIMARY|SECONDARY)\b", text.split("\n\n", 1)[-1]):
+        assert re.search(rf"--\w[\w-]* {name}\b", text) or name in ("PRIMARY", "SECONDARY"), name
+
+
+def test_train_help_and_example_list_every_algorithm(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    text = capsys.readouterr().out
+    example = (ROOT / "examples" / "splitnn.toml").read_text()
+    for name in algorithm_names():
+        assert re.search(rf"\b{re.escape(name)}\b", text), name
+        assert re.search(rf"\b{re.escape(name)}\b", example), name
+        assert f"`{name}`" in README, name
+
+
+def test_link_help_marks_required_options(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["link", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--out F" in text.split("Link every")[0]  # in the usage line
+    assert text.count("[required: here or in --config]") == 6
+
+
+def test_cli_constants_agree_with_the_runner() -> None:
+    from vflink.runner.config import LINK_METRICS as CONFIG_METRICS
+    from vflink.runner.link import LINK_METRICS
+
+    assert set(link_cli.LINK_METRICS) == set(LINK_METRICS) == set(CONFIG_METRICS)
+    assert tuple(train_cli.ALGORITHMS) == algorithm_names()
+
+
+def test_every_experiment_config_is_in_the_readme() -> None:
+    for path in sorted((ROOT / "examples" / "experiments").glob("*.toml")):
+        assert f"`{path.name}`" in README, path.name
+
+
+def load_example(path: Path) -> Any:
+    """Parse an example file with the loader its kind needs."""
+    raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    if "experiment" in raw:
+        from vflink.runner.experiment import load_experiment
+
+        return load_experiment(path)
+    if "party" in raw:
+        from vflink.runner.party_config import load_party_config
+
+        return load_party_config(path)
+    if "link" in raw:
+        import argparse
+
+        args = argparse.Namespace(config=path, **{k: None for k in link_cli._KEYS})
+        return link_cli.resolve(args)
+    from vflink.runner.config import load_config
+
+    return load_config(path)
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "examples").rglob("*.toml")),
+                         ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_example_config_parses(path: Path) -> None:
+    assert load_example(path) is not None
+
+
+def test_readme_toml_blocks_parse(tmp_path: Path) -> None:
+    from vflink.runner.config import parse_config
+
+    found = blocks("toml")
+    assert found
+    base = tomllib.loads(found[0])
+    for block in found:
+        raw = tomllib.loads(block)
+        if "version" not in raw:  # a fragment: on top of the README's run file
+            raw = {**base, **raw}
+        parse_config(raw, base_dir=tmp_path)
+
+
+def test_example_paths_resolve_against_the_file() -> None:
+    exp = load_example(ROOT / "examples" / "experiments" / "imdb-titles.toml")
+    assert Path(exp.configs[0].data.options["path"]) == ROOT / "imdb_movies.csv.gz"
+
+
+@pytest.mark.parametrize("argv", [["--help"], *([c, "--help"] for c in
+                                              ("train", "link", "experiment", "predict",
+                                               "demo", "serve", "certs"))],
+                         ids=lambda a: " ".join(a))
+def test_help_imports_no_heavy_library(argv: list[str]) -> None:
+    code = ("import sys, json\nfrom vflink.cli.main import main\ntry:\n"
+            f"    main({argv!r})\nexcept SystemExit as e:\n    code = e.code\n"
+            "print(json.dumps([code, sorted(m for m in %r if m in sys.modules)]))" % (HEAVY,))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin"},
+                         timeout=120, check=True).stdout
+    exit_code, heavy = json.loads(out.strip().splitlines()[-1])
+    assert exit_code == 0
+    assert heavy == []
