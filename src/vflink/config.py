@@ -23,7 +23,7 @@ def read_toml(path: Path, what: str = "config file") -> dict[str, Any]:
     """Parse a TOML file, with errors that name the file (missing, unreadable, invalid)."""
     path = Path(path)
     if not path.is_file():
-        raise ConfigError(f"{path}: {what} not found")
+        raise ConfigError(f"{path.absolute()}: {what} not found")
     try:
         return tomllib.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError) as exc:

@@ -190,3 +190,22 @@ def test_sigterm_gives_a_message_and_143(tmp_path: Path) -> None:
     assert proc.returncode == EXIT_TERMINATED, err
     assert "terminated" in err and "Traceback" not in err, err
     assert staging_dir(out).is_dir() and not out.exists()  # kept for --resume
+
+
+def test_missing_files_are_named_by_their_resolved_path(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.chdir(tmp_path)
+    code, err = run_cli(["train", "--config", "nope.toml"], capsys)
+    assert code == EXIT_USAGE and str(tmp_path / "nope.toml") in err.replace(" ", ""), err
+    code, err = run_cli(["predict", "--run", "r", "--input", "in.csv", "--out", "o.csv"], capsys)
+    assert code == EXIT_USAGE and str(tmp_path / "in.csv") in err.replace(" ", ""), err
+    # a data file named in a run file resolves against the run file, not the working directory
+    sub = tmp_path / "cfg"
+    sub.mkdir()
+    (sub / "run.toml").write_text(
+        'version = 1\nalgorithm = "solo"\n[[data.parties]]\nname = "p"\nrole = "primary"\n'
+        'path = "p.csv"\nnumeric = ["a"]\nlabel = "y"\ntask = "binary"\n')
+    code, err = run_cli(["train", "--config", "cfg/run.toml", "--out", "r"], capsys)
+    assert code == EXIT_USAGE and str(sub / "p.csv") in err.replace(" ", ""), err
+    assert not (tmp_path / "r").exists()

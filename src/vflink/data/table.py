@@ -57,7 +57,7 @@ def read_frame(path: Path, *, text_columns: tuple[str, ...] = ()) -> pd.DataFram
     """
     path = Path(path)
     if not path.exists():
-        raise DataError(f"{path}: file not found")
+        raise DataError(f"{path.absolute()}: file not found")
     if path.is_dir():
         raise DataError(f"{path}: is a directory, expected a CSV or Parquet file")
     suffix = path.suffix.lower()
