@@ -108,3 +108,62 @@ def test_changed_data_is_refused_naming_the_party(interrupted: tuple[Path, Path]
     assert f"data of party '{party}' changed" in err, err
     assert "Traceback" not in err
     assert staging_dir(out).is_dir() and not out.exists()
+
+
+@pytest.mark.network
+def test_changed_secondary_data_is_refused_over_grpc(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """The secondary compares its own data with its checkpoint; over gRPC only the outcome
+    crosses, and the primary refuses to resume."""
+    from tests.helpers.network import served_in_threads, write_party_files
+    from vflink.errors import DataError
+    from vflink.runner.config import DataConfig, RunConfig, TrainingConfig
+    from vflink.runner.inputs import Inputs, load_inputs
+    from vflink.runner.network import network_federation
+    from vflink.runner.party_config import load_party_config
+    from vflink.runner.train import run_training
+
+    monkeypatch.setenv("VFLINK_SECRET", "a-test-secret-shared-by-data-parties")
+    options = {"n_samples": 600, "sigma_cf": 0.1, "seed": 3}
+    config = RunConfig(seed=3, data=DataConfig(dataset="sklearn-small", options=dict(options)),
+                       training=TrainingConfig(epochs=3, patience=3))
+    files = write_party_files(tmp_path, dataset="sklearn-small", options=options, seed=3)
+    out = tmp_path / "runs" / "net"
+    primary = load_inputs(config).primary
+
+    def train(resume: bool) -> None:
+        federation = network_federation(load_party_config(files["primary"]), run_id=out.name)
+        try:
+            run_training(config, out, tables=Inputs(primary, ()), federation=federation,
+                         resume=resume)
+        finally:
+            federation.close()
+
+    original = SecondaryParty.on_forward
+    calls = {"n": 0}
+
+    def dying(self: SecondaryParty, sender: str, message: Forward):  # type: ignore[no-untyped-def]
+        calls["n"] += 1
+        if calls["n"] == 6:
+            raise PeerUnavailable(self.name, "simulated crash")
+        return original(self, sender, message)
+
+    with served_in_threads(files["coordinator"], files["secondary"]):
+        monkeypatch.setattr(SecondaryParty, "on_forward", dying)
+        with pytest.raises(Exception):  # noqa: B017 - the crash, as the transport reports it
+            train(resume=False)
+        monkeypatch.setattr(SecondaryParty, "on_forward", original)
+    assert (staging_dir(out) / "models" / "primary" / "checkpoint.json").exists()
+    assert list((tmp_path / "state" / "secondary" / "net").glob("checkpoint-*.json"))
+    # the secondary comes back with other data (its identifiers' noise changed)
+    text = files["secondary"].read_text()
+    files["secondary"].write_text(text.replace("sigma_cf = 0.1", "sigma_cf = 0.2"))
+    with served_in_threads(files["coordinator"], files["secondary"]):
+        with pytest.raises(DataError, match="data of party 'secondary' changed"):
+            train(resume=True)
+    assert staging_dir(out).is_dir() and not out.exists()
+    # with its old data back, the run resumes and finishes
+    files["secondary"].write_text(text)
+    with served_in_threads(files["coordinator"], files["secondary"]):
+        train(resume=True)
+    assert (out / "metrics.json").exists()
