@@ -25,6 +25,7 @@ from vflink.errors import ProtocolError
 from vflink.models.mlp import build_mlp, build_optimizer, seeded_init
 from vflink.models.spec import BottomSpec
 from vflink.parties.base import Party, state_path
+from vflink.parties.guard import admit_forward, admit_snapshot, check_backward, check_bottom_spec
 from vflink.parties.linking import encode_identifiers
 from vflink.protocol.channel import Channel
 from vflink.protocol.messages import (
@@ -94,6 +95,7 @@ class SecondaryParty(Party):
         self.model: torch.nn.Module | None = None
         self.optimizer: torch.optim.Optimizer | None = None
         self._pending: dict[int, torch.Tensor] = {}
+        self._pending_since: dict[int, float] = {}  # when each pending batch arrived (expiry)
         self._applied: set[int] = set()
         self._snapshots: dict[str, dict[str, Any]] = {}
 
@@ -108,6 +110,8 @@ class SecondaryParty(Party):
         return Ack(info={"rows": float(len(digests))})
 
     def on_share_encodings(self, sender: str, message: ShareEncodings) -> Ack:
+        # Our own policy decides what leaves, not the primary's spec (issue 13).
+        self.policy.check_identifier_release(self.name, message.spec.encoder)
         values = encode_identifiers(self.table.frame, self.table.schema.identifiers,
                                     message.spec, self._secret, source=self.table.source)
         self.channel.request(message.coordinator, IdentifierEncodings(
@@ -134,6 +138,8 @@ class SecondaryParty(Party):
     # --- model ----------------------------------------------------------------------------
 
     def on_setup_bottom(self, sender: str, message: SetupBottom) -> Ack:
+        check_bottom_spec(message.spec, len(self.table.frame.columns), party=self.name,
+                          policy=self.policy)
         self.spec = message.spec
         return Ack()
 
@@ -175,6 +181,9 @@ class SecondaryParty(Party):
         if self.model is None or self.features is None:
             raise ProtocolError(f"party {self.name!r}: Forward before FitPreprocessing")
         rows = self._check_rows(message.rows, "forward")
+        if message.train:  # bounded: at most policy.max_pending_batches wait for a Backward
+            admit_forward(self._pending, self._pending_since, message.batch_id,
+                          party=self.name, policy=self.policy)
         unique, inverse = np.unique(rows, return_inverse=True)
         x = self.features[torch.from_numpy(unique)]
         if message.train:
@@ -196,6 +205,9 @@ class SecondaryParty(Party):
                           inverse=inverse.astype(np.int64))
 
     def on_backward(self, sender: str, message: Backward) -> Ack:
+        # shape and values are checked before the pending batch is consumed
+        check_backward(self._pending, self._applied, message, party=self.name,
+                       policy=self.policy)
         if message.batch_id in self._applied:  # a retried call: already applied once
             return Ack(info={"duplicate": 1.0})
         out = self._pending.pop(message.batch_id, None)
@@ -224,6 +236,7 @@ class SecondaryParty(Party):
                 "applied": sorted(self._applied)}
 
     def on_snapshot(self, sender: str, message: Snapshot) -> Ack:
+        admit_snapshot(self._snapshots, message.tag, party=self.name, policy=self.policy)
         self._snapshots[message.tag] = copy.deepcopy(self._state())
         return Ack()
 
