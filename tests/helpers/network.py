@@ -39,7 +39,8 @@ def write_party_files(tmp: Path, *, dataset: str, options: dict[str, object], se
     files["coordinator"].write_text(
         f'version = 1\n[party]\nname = "coordinator"\nrole = "coordinator"\n'
         f'listen = "127.0.0.1:{ports["coordinator"]}"\nseed = {seed}\n'
-        f'{security}allowed = ["{primary}", "{secondary}"]\n')
+        f'{security}allowed = ["{primary}", "{secondary}"]\n'
+        f'roles = {{ {primary} = "primary", {secondary} = "secondary" }}\n')
     files[secondary] = tmp / f"{secondary}.toml"
     files[secondary].write_text(
         f'version = 1\n[party]\nname = "{secondary}"\nrole = "secondary"\n'
