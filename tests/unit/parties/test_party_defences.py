@@ -41,7 +41,6 @@ from vflink.protocol import (
     FitPreprocessing,
     Forward,
     IdentifierEncodings,
-    Message,
     SetupBottom,
     ShareEncodings,
     Snapshot,
