@@ -216,8 +216,12 @@ def test_a_tau_request_is_checked_against_the_achieved_bound() -> None:
     assert fed.coordinator._sessions["s"].alignments == {}
 
 
-def test_unconfigured_coordinator_binds_sessions_to_their_opener() -> None:
-    coordinator = CoordinatorParty("coordinator", seed=0)  # roles unknown
+@pytest.mark.parametrize("roles", [None, {"primary": "data", "bank": "data"}])
+def test_unconfigured_coordinator_binds_sessions_to_their_opener(
+        roles: dict[str, str] | None) -> None:
+    # None: built without roles; "data": a party file that lists callers without their roles
+    coordinator = CoordinatorParty("coordinator", seed=0)
+    coordinator.roles = roles
     coordinator.handle("primary", IdentifierEncodings(session="s", encoder="string",
                                                       values=("a", "b")))
     coordinator.handle("bank", IdentifierEncodings(session="s", encoder="string",
