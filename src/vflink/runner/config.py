@@ -199,10 +199,25 @@ class RunConfig:
             problems.append(f"`version` must be {CONFIG_VERSION}, got {self.version!r}")
         check_int(problems, "seed", self.seed, min=0)
         check_choice(problems, "algorithm", self.algorithm, ALGORITHMS)
+        problems.extend(_policy_conflicts(self.alignment, self.policy))
         raise_if(problems, "run configuration")
 
     def replace(self, **changes: Any) -> RunConfig:
         return dataclasses.replace(self, **changes)
+
+
+def _policy_conflicts(alignment: AlignmentConfig, policy: PartyPolicy | None) -> list[str]:
+    """What the in-process parties' [policy] would refuse of [alignment], found at load time."""
+    if policy is None or not isinstance(alignment, AlignmentConfig) or alignment.method != "soft":
+        return []
+    problems = []
+    if alignment.privacy == "off" and policy.identifiers != "any":
+        problems.append('alignment.privacy = "off" sends raw identifiers, which [policy] '
+                        'refuses; set policy.identifiers = "any" to opt out')
+    if policy.requires_noise and alignment.tau is None and alignment.sigma is None:
+        problems.append("[policy] requires noise on similarities: set alignment.tau (at most "
+                        f"{policy.max_tau:g}) or alignment.sigma (at least {policy.min_sigma:g})")
+    return problems
 
 
 _SECTIONS: dict[str, type] = {"alignment": AlignmentConfig, "model": ModelConfig,

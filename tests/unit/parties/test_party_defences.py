@@ -354,10 +354,13 @@ def test_run_policy_defaults_follow_the_run_file() -> None:
                     alignment=AlignmentConfig(method="soft", privacy="off"))
     assert run_policy(cfg).identifiers == "any" and not run_policy(cfg).requires_noise
     strict = parse_config({"version": 1, "data": {"dataset": "sklearn-small"},
-                           "alignment": {"method": "soft", "privacy": "off"},
+                           "alignment": {"method": "soft", "sigma": 0.3},
                            "policy": {"min_sigma": 0.2}})
     assert run_policy(strict) == PartyPolicy(min_sigma=0.2)
     assert run_policy(strict).identifiers == "bloom"
+    with pytest.raises(ConfigError, match=r"(?s)2 problems.*raw identifiers.*requires noise"):
+        parse_config({"version": 1, "data": {"dataset": "sklearn-small"},
+                      "alignment": {"method": "soft", "privacy": "off"}, "policy": {}})
     with pytest.raises(ConfigError, match=r"policy.identifiers.*got 'raw'"):
         parse_config({"version": 1, "data": {"dataset": "sklearn-small"},
                       "policy": {"identifiers": "raw"}})
