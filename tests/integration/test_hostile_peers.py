@@ -260,6 +260,8 @@ def test_bad_requests_reveal_no_values_or_paths(fed: Federation) -> None:
         ("secondary", Restore(tag="nope")),
         ("secondary", Backward(batch_id=99, grad=torch.zeros(2, 16))),
         ("secondary", ShareKeys(session="k", coordinator="nowhere")),
+        ("secondary", ShareKeys(session="k", coordinator="primary")),  # "send them to me"
+        ("secondary", ShareEncodings(session="k", coordinator="primary", spec=BLOOM)),
         ("secondary", AlignmentReady(session="never-opened", coordinator="coordinator")),
         ("secondary", Hello(party="primary", role="primary", version=99)),
         ("secondary", KeyDigests(session="k", digests=np.zeros((1, 32), dtype=np.uint8))),

@@ -26,6 +26,7 @@ __all__ = [
     "PartyPolicy",
     "ROLE_UNKNOWN",
     "SENDERS",
+    "check_coordinator",
     "check_sender",
 ]
 
@@ -147,3 +148,13 @@ def check_sender(party: str, role: str, roles: Mapping[str, str] | None, sender:
                      f"party {party!r} ({role}) does not accept {kind} from {sender!r} ({who}): "
                      f"only a {need} party may send it", code="role")
     return sender_role
+
+
+def check_coordinator(party: str, roles: Mapping[str, str] | None, target: str) -> None:
+    """Refuse to send keyed hashes or encodings to ``target`` unless it is the coordinator: a
+    primary that named itself (or another data party, who holds the keys) could otherwise
+    collect a secondary's Bloom filters and test guesses against them."""
+    if roles is not None and roles.get(target) != "coordinator":
+        raise refuse(PolicyViolation, f"party {party!r} sends identifier digests and encodings "
+                                      f"only to the coordinator, and {target!r} is not it",
+                     code="role.destination")

@@ -27,6 +27,7 @@ from vflink.models.spec import BottomSpec
 from vflink.parties.base import Party, state_path
 from vflink.parties.guard import admit_forward, admit_snapshot, check_backward, check_bottom_spec
 from vflink.parties.linking import encode_identifiers
+from vflink.parties.policy import check_coordinator
 from vflink.protocol.channel import Channel
 from vflink.protocol.messages import (
     Ack,
@@ -102,6 +103,7 @@ class SecondaryParty(Party):
     # --- alignment ------------------------------------------------------------------------
 
     def on_share_keys(self, sender: str, message: ShareKeys) -> Ack:
+        check_coordinator(self.name, self.roles, message.coordinator)
         if self._secret is None:
             raise ProtocolError(f"party {self.name!r} has no alignment secret configured")
         digests = key_digests(self.table.frame, self.table.schema.key, self._secret)
@@ -112,6 +114,7 @@ class SecondaryParty(Party):
     def on_share_encodings(self, sender: str, message: ShareEncodings) -> Ack:
         # Our own policy decides what leaves, not the primary's spec (issue 13).
         self.policy.check_identifier_release(self.name, message.spec.encoder)
+        check_coordinator(self.name, self.roles, message.coordinator)
         values = encode_identifiers(self.table.frame, self.table.schema.identifiers,
                                     message.spec, self._secret, source=self.table.source)
         self.channel.request(message.coordinator, IdentifierEncodings(
@@ -119,6 +122,7 @@ class SecondaryParty(Party):
         return Ack(info={"rows": float(len(values))})
 
     def on_alignment_ready(self, sender: str, message: AlignmentReady) -> Ack:
+        check_coordinator(self.name, self.roles, message.coordinator)
         view = self.channel.request(message.coordinator, FetchAlignment(session=message.session),
                                     AlignmentView)
         self.set_linked_rows(view.secondary_index)

@@ -35,6 +35,7 @@ from vflink.parties.guard import bottom_parameters, check_values
 from vflink.parties.policy import PartyPolicy
 from vflink.protocol import (
     Ack,
+    AlignmentReady,
     AlignmentViews,
     Backward,
     EncodingSpec,
@@ -43,6 +44,7 @@ from vflink.protocol import (
     IdentifierEncodings,
     SetupBottom,
     ShareEncodings,
+    ShareKeys,
     Snapshot,
     SoftLink,
 )
@@ -172,6 +174,19 @@ def test_roles_are_checked_at_every_handler(transport: Any) -> None:
     with pytest.raises(PolicyViolation, match=r"\[role"):
         forger.call("coordinator", SoftLink(session="s", secondaries=("primary",),
                                             metric="levenshtein", top_k=1, sigma=0.0))
+
+
+def test_digests_and_encodings_go_to_the_coordinator_only() -> None:
+    fed = Federation()
+    fed.hub.register("primary", fed.coordinator)  # a primary that would collect them itself
+    ch = fed.channel()
+    for message in (ShareKeys(session="s", coordinator="primary"),
+                    ShareEncodings(session="s", coordinator="primary", spec=EncodingSpec(
+                        encoder="bloom", kind="string")),
+                    AlignmentReady(session="s", coordinator="primary")):
+        with pytest.raises(PolicyViolation, match=r"role.destination"):
+            ch.call("bank", message)
+    assert fed.coordinator._sessions == {}
 
 
 def _link_session(fed: Federation, ch: Any, session: str = "s") -> None:
