@@ -50,20 +50,24 @@ def party_files(tmp: Path, options: dict[str, object], seed: int) -> dict[str, P
     cp, sp = free_port(), free_port()
     opts = "\n".join(f"{k} = {v!r}" for k, v in options.items())
     sec = f'[security]\ntls_dir = "{certs}"\n'
+    # The in-process run sends raw identifiers without noise (privacy = "off"); across hosts
+    # every party must opt out in its own file for the same run (issue 13: each party's policy).
+    raw = '[policy]\nidentifiers = "any"\n'
     files = {name: tmp / f"{name}.toml" for name in ("coordinator", "secondary", "primary")}
     files["coordinator"].write_text(
         f'version = 1\n[party]\nname = "coordinator"\nrole = "coordinator"\n'
-        f'listen = "127.0.0.1:{cp}"\nseed = {seed}\n{sec}allowed = ["primary", "secondary"]\n')
+        f'listen = "127.0.0.1:{cp}"\nseed = {seed}\n{sec}allowed = ["primary", "secondary"]\n'
+        f'roles = {{ primary = "primary", secondary = "secondary" }}\n[policy]\nmax_tau = 1.0\n')
     files["secondary"].write_text(
         f'version = 1\n[party]\nname = "secondary"\nrole = "secondary"\n'
         f'listen = "127.0.0.1:{sp}"\nstate_dir = "{tmp / "state"}"\ndataset = "sklearn"\n'
         f'[party.options]\n{opts}\n[peers.coordinator]\naddress = "127.0.0.1:{cp}"\n'
-        f'role = "coordinator"\n{sec}allowed = ["primary"]\n')
+        f'role = "coordinator"\n{sec}allowed = ["primary"]\n{raw}')
     files["primary"].write_text(
         f'version = 1\n[party]\nname = "primary"\nrole = "primary"\ndataset = "sklearn"\n'
         f'[party.options]\n{opts}\n[peers.coordinator]\naddress = "127.0.0.1:{cp}"\n'
         f'role = "coordinator"\n[peers.secondary]\naddress = "127.0.0.1:{sp}"\n'
-        f'role = "secondary"\n{sec}')
+        f'role = "secondary"\n{sec}{raw}')
     return files
 
 

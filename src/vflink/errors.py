@@ -27,6 +27,7 @@ __all__ = [
     "DataError",
     "LinkageError",
     "PeerUnavailable",
+    "PolicyViolation",
     "PrivacyBudgetExceeded",
     "ProtocolError",
     "RunError",
@@ -95,3 +96,9 @@ class PrivacyBudgetExceeded(VflinkError):
 
 class RunError(VflinkError):
     """A run or experiment cannot be started, written or resumed."""
+
+
+class PolicyViolation(VflinkError):
+    """A peer asked for something this party's own policy does not allow: identifiers in a
+    form it does not release, similarity noise below its minimum, a message the sender's role
+    may not send, or more pending state than its limits allow."""

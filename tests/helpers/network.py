@@ -25,8 +25,13 @@ def free_port() -> int:
 
 def write_party_files(tmp: Path, *, dataset: str, options: dict[str, object], seed: int,
                       secondary: str = "secondary", primary: str = "primary",
-                      insecure: bool = False) -> dict[str, Path]:
-    """Certificates and party files for primary, one secondary and the coordinator."""
+                      insecure: bool = False, private: bool = True) -> dict[str, Path]:
+    """Certificates and party files for primary, one secondary and the coordinator.
+
+    ``private=False``: every party opts out of the private defaults of its [policy] (raw
+    identifiers may reach the coordinator, similarities with any noise), for runs whose
+    ``alignment.privacy = "off"``.
+    """
     certs = tmp / "certs"
     if not insecure:
         create_dev_pki(certs, [primary, secondary, "coordinator"])
@@ -34,26 +39,31 @@ def write_party_files(tmp: Path, *, dataset: str, options: dict[str, object], se
     opts = "\n".join(f"{k} = {v!r}" for k, v in options.items())
     security = ('[security]\ninsecure = true\n' if insecure else
                 f'[security]\ntls_dir = "{certs}"\n')
+    data_policy = "" if private else '[policy]\nidentifiers = "any"\n'
+    coordinator_policy = "" if private else "[policy]\nmax_tau = 1.0\n"
     files = {}
     files["coordinator"] = tmp / "coordinator.toml"
     files["coordinator"].write_text(
         f'version = 1\n[party]\nname = "coordinator"\nrole = "coordinator"\n'
         f'listen = "127.0.0.1:{ports["coordinator"]}"\nseed = {seed}\n'
-        f'{security}allowed = ["{primary}", "{secondary}"]\n')
+        f'{security}allowed = ["{primary}", "{secondary}"]\n'
+        f'roles = {{ {primary} = "primary", {secondary} = "secondary" }}\n'
+        f'{coordinator_policy}')
     files[secondary] = tmp / f"{secondary}.toml"
     files[secondary].write_text(
         f'version = 1\n[party]\nname = "{secondary}"\nrole = "secondary"\n'
         f'listen = "127.0.0.1:{ports[secondary]}"\nstate_dir = "{tmp / "state" / secondary}"\n'
         f'dataset = "{dataset}"\ndeadline_s = 20\n[party.options]\n{opts}\n'
         f'[peers.coordinator]\naddress = "127.0.0.1:{ports["coordinator"]}"\n'
-        f'role = "coordinator"\n{security}allowed = ["{primary}"]\n')
+        f'role = "coordinator"\n{security}allowed = ["{primary}"]\n{data_policy}')
     files[primary] = tmp / f"{primary}.toml"
     files[primary].write_text(
         f'version = 1\n[party]\nname = "{primary}"\nrole = "primary"\n'
         f'dataset = "{dataset}"\ndeadline_s = 10\n[party.options]\n{opts}\n'
         f'[peers.coordinator]\naddress = "127.0.0.1:{ports["coordinator"]}"\n'
         f'role = "coordinator"\n[peers.{secondary}]\n'
-        f'address = "127.0.0.1:{ports[secondary]}"\nrole = "secondary"\n{security}')
+        f'address = "127.0.0.1:{ports[secondary]}"\nrole = "secondary"\n{security}'
+        f'{data_policy}')
     return files
 
 

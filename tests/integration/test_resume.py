@@ -96,7 +96,8 @@ def test_kill_secondary_then_resume_over_grpc(tmp_path: Path,
     """Three processes on 127.0.0.1: kill -9 the secondary mid-training, the primary fails
     clearly within its deadline, and --resume after a restart gives the uninterrupted result."""
     opts = {"n_samples": 3000, "sigma_cf": 0.1, "seed": 5}
-    files = write_party_files(tmp_path, dataset="sklearn-small", options=opts, seed=5)
+    files = write_party_files(tmp_path, dataset="sklearn-small", options=opts, seed=5,
+                              private=False)  # RUN sends raw identifiers (privacy = "off")
     run = tmp_path / "run.toml"
     run.write_text(RUN)
     env = {**os.environ, "VFLINK_SECRET": "a-test-secret-shared-by-data-parties"}

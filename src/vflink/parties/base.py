@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from vflink.errors import ProtocolError, VflinkError
+from vflink.parties.policy import PartyPolicy, check_sender
+from vflink.protocol.boundary import boundary_error, local_detail, refuse
 from vflink.protocol.messages import PROTOCOL_VERSION, Hello, Message
 
 __all__ = ["Party", "state_path"]
@@ -29,28 +31,39 @@ log = logging.getLogger(__name__)
 
 
 class Party:
-    """Base class: ``handle`` dispatches a message to ``on_<kind>``."""
+    """Base class: ``handle`` dispatches a message to ``on_<kind>``.
+
+    Attributes set by whoever builds the federation (``vflink.runner``):
+        roles: every known party's role (name → ``"primary"``/``"secondary"``/
+            ``"coordinator"``); ``handle`` refuses a message kind the sender's role may not send
+            (:data:`vflink.parties.policy.SENDERS`). ``None``: roles unknown, not checked.
+        policy: what this party agrees to release and its limits (private defaults).
+    """
 
     role = "party"
+    roles: Mapping[str, str] | None = None
+    policy: PartyPolicy = PartyPolicy()
 
     def __init__(self, name: str) -> None:
         self.name = name
 
     def handle(self, sender: str, message: Message) -> Message:
-        method: Callable[[str, Any], Message] | None = getattr(self, f"on_{message.kind}", None)
-        if method is None:
-            raise ProtocolError(
-                f"party {self.name!r} ({self.role}) does not accept {type(message).__name__} "
-                f"messages (from {sender!r})"
-            )
+        # Whatever fails, the peer gets only a boundary message (class, code, which check);
+        # the full text and any trace stay in this party's log (issue 13).
         try:
+            check_sender(self.name, self.role, self.roles, sender, message.kind)
+            method: Callable[[str, Any], Message] | None = getattr(
+                self, f"on_{message.kind}", None)
+            if method is None:
+                raise refuse(ProtocolError, f"party {self.name!r} ({self.role}) does not accept "
+                                            f"{type(message).__name__} messages",
+                             code="unexpected-kind")
             return method(sender, message)
-        except VflinkError:
-            raise
-        except Exception as exc:  # translate at the boundary, keep the cause for debugging
-            log.exception("party %s failed handling %s from %s", self.name, message.kind, sender)
-            raise ProtocolError(f"party {self.name!r} failed handling {message.kind} from "
-                                f"{sender!r}: {exc}") from exc
+        except Exception as exc:
+            if isinstance(exc, VflinkError):
+                log.warning("party %s refused %s from %s: %s", self.name, message.kind, sender,
+                            local_detail(exc))
+            raise boundary_error(exc, self.name, message.kind) from None
 
     def on_hello(self, sender: str, message: Hello) -> Message:
         if message.version != PROTOCOL_VERSION:

@@ -7,6 +7,8 @@ alignment indices out — similarities go to the primary only.
 from __future__ import annotations
 
 import logging
+import math
+import time
 import zlib
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,9 +17,11 @@ import numpy as np
 import numpy.typing as npt
 
 from vflink.alignment.exact import exact_alignment
-from vflink.errors import ProtocolError
+from vflink.errors import LinkageError, PolicyViolation, ProtocolError
 from vflink.linkage import SearchOptions, SoftLinkage, link
 from vflink.parties.base import Party
+from vflink.parties.policy import ROLE_UNKNOWN
+from vflink.protocol.boundary import refuse
 from vflink.protocol.messages import (
     Ack,
     AlignmentView,
@@ -42,6 +46,8 @@ class _Session:
     primary: str | None = None
     alignments: dict[str, Alignment] = field(default_factory=dict)
     linkages: dict[str, SoftLinkage] = field(default_factory=dict)
+    opener: str | None = None  # the data party that opened it (its primary, in the protocol)
+    touched: float = 0.0  # last use, for expiry (policy.session_ttl_s)
 
 
 def view_of(session: str, alignment: Alignment, *, with_similarity: bool) -> AlignmentView:
@@ -74,6 +80,7 @@ class CoordinatorParty(Party):
         self._seed = seed
         self._rng = np.random.default_rng(seed)
         self._search = search
+        self._clock = time.monotonic
 
     def _noise_rng(self, session: str) -> np.random.Generator:
         """With a seed, each session's noise depends on (seed, session) only, so a long-lived
@@ -89,21 +96,129 @@ class CoordinatorParty(Party):
         except KeyError:
             raise ProtocolError(f"no linkage for {secondary!r} in session {session!r}") from None
 
-    def _session(self, session: str) -> _Session:
-        return self._sessions.setdefault(session, _Session())
+    def _expire(self) -> float:
+        now = self._clock()
+        for name, s in list(self._sessions.items()):
+            if now - s.touched > self.policy.session_ttl_s:
+                del self._sessions[name]
+                log.info("coordinator: session %r expired", name)
+        return now
+
+    def _session(self, session: str, sender: str | None = None) -> _Session:
+        """The session ``sender`` submits to, opened if new. A session is bound to the parties
+        that opened and linked it: once linked, only its primary may open it again (a new run)
+        and nobody else may submit to it (issue 13)."""
+        now = self._expire()
+        if not isinstance(session, str) or not 0 < len(session) <= 200:
+            raise refuse(ProtocolError, "session names are 1 to 200 characters",
+                         code="session.name")
+        s = self._sessions.get(session)
+        if s is not None and s.alignments:
+            if sender is not None and sender == s.primary:
+                s = None  # its primary starts the session again
+            elif sender in s.alignments:
+                raise refuse(PolicyViolation, f"session {session!r} is already linked; only its "
+                                              "primary may open it again", code="session.linked")
+            else:
+                raise refuse(PolicyViolation, f"session {session!r} belongs to other parties",
+                             code="session.bound")
+        if s is None:
+            if session not in self._sessions and len(self._sessions) >= self.policy.max_sessions:
+                raise refuse(PolicyViolation,
+                             f"the coordinator already holds {len(self._sessions)} sessions (its "
+                             "limit, policy.max_sessions); finish or let sessions expire "
+                             f"({self.policy.session_ttl_s:g} s unused)", code="limit.sessions")
+            s = _Session(opener=sender)
+            self._sessions[session] = s
+        s.touched = now
+        return s
 
     def on_key_digests(self, sender: str, message: KeyDigests) -> Ack:
-        self._session(message.session).digests[sender] = np.asarray(message.digests)
+        digests = np.asarray(message.digests)
+        if digests.ndim != 2 or digests.shape[1] != 32:
+            raise refuse(ProtocolError, "key digests must be an (n, 32) array of HMAC-SHA256 "
+                                        "digests", code="digests.shape")
+        self._session(message.session, sender).digests[sender] = digests
         log.info("coordinator: %d key digests from %s", len(message.digests), sender)
         return Ack(info={"rows": float(len(message.digests))})
 
     def _complete(self, session: str, parties: list[str], store: str, what: str) -> _Session:
-        """The session, once every party in ``parties`` has submitted its ``store``."""
-        s = self._session(session)
+        """The session, once every party in ``parties`` has submitted its ``store``; the first
+        of ``parties`` (the sender) must be allowed to link it with the others."""
+        self._expire()
+        sender, *secondaries = parties
+        s = self._sessions.get(session)
+        if s is None:
+            raise refuse(ProtocolError, f"there is no open session {session!r}",
+                         code="session.unknown")
+        role = None if self.roles is None else self.roles.get(sender)
+        # Without a configured primary role, the party that opened the session (the primary
+        # submits first in the protocol) is the only one that may link it.
+        if role != "primary" and s.opener != sender:
+            raise refuse(PolicyViolation, f"only the party that opened session {session!r} may "
+                                          "link it", code="session.bound")
+        if s.primary is not None and s.alignments and s.primary != sender:
+            raise refuse(PolicyViolation, f"session {session!r} belongs to other parties",
+                         code="session.bound")
+        if not secondaries or len(set(secondaries)) != len(secondaries) or sender in secondaries:
+            raise refuse(ProtocolError, "a link request must name distinct secondary parties "
+                                        "other than the sender", code="link.secondaries")
+        for sec in secondaries:
+            sec_role = None if self.roles is None else self.roles.get(sec, ROLE_UNKNOWN)
+            if sec_role not in (None, "secondary", ROLE_UNKNOWN):
+                raise refuse(PolicyViolation, f"{sec!r} is not a secondary party",
+                             code="role")
         absent = [p for p in parties if p not in getattr(s, store)]
         if absent:
-            raise ProtocolError(f"coordinator: session {session!r} has no {what} from {absent}")
+            raise refuse(ProtocolError, f"session {session!r} has no {what} from {absent}",
+                         code="session.incomplete")
+        s.touched = self._clock()
         return s
+
+    def _check_noise(self, message: SoftLink) -> None:
+        """Refuse a request outside the coordinator's own limits before any work: K, the
+        Eq. 2 noise (σ ≥ min_sigma, τ ≤ max_tau) and the reused Eq. 1 scale."""
+        policy = self.policy
+        if isinstance(message.top_k, bool) or not 1 <= message.top_k <= policy.max_top_k:
+            raise refuse(PolicyViolation, f"top_k must be in [1, {policy.max_top_k}] "
+                                          "(policy.max_top_k)", code="limit.top-k")
+        if message.mode not in ("soft", "top1", "exact"):
+            raise refuse(ProtocolError, "mode must be soft, top1 or exact", code="link.mode")
+        if message.scale and (len(message.scale) != 2 or not all(map(math.isfinite,
+                                                                      message.scale))
+                              or message.scale[1] <= 0):
+            raise refuse(ProtocolError, "scale must be (mu0, sigma0) with finite values and "
+                                        "sigma0 > 0", code="link.scale")
+        if message.mode == "exact" or not policy.requires_noise:
+            return  # exact links carry no distance information
+        sigma, tau = message.sigma, message.tau
+        if (sigma is None and tau is None) or (sigma is not None and (
+                sigma < policy.min_sigma or (sigma == 0 and policy.max_tau < 1))) or (
+                tau is not None and tau > policy.max_tau * (1 + 1e-9)):
+            raise refuse(PolicyViolation,
+                         f"the coordinator releases similarities only with noise sigma >= "
+                         f"{policy.min_sigma:g} and a greedy-attack bound tau <= "
+                         f"{policy.max_tau:g} (its policy); the request asks for sigma = "
+                         f"{sigma}, tau = {tau}", code="policy.noise")
+
+    def _link(self, *args: Any, **kwargs: Any) -> SoftLinkage:
+        try:
+            return link(*args, **kwargs)
+        except LinkageError as exc:
+            # The linkage package's errors concern parameters and sizes (an unreachable τ and
+            # its τ_min, K against the table size), never identifier values: safe to tell.
+            raise refuse(LinkageError, str(exc), code="link.parameters") from None
+
+    def _check_released(self, linkage: SoftLinkage, mode: str) -> None:
+        policy = self.policy
+        if mode == "exact" or not policy.requires_noise:
+            return
+        if linkage.sigma < policy.min_sigma or linkage.tau > policy.max_tau * (1 + 1e-9):
+            raise refuse(PolicyViolation,
+                         f"the requested noise gives sigma = {linkage.sigma:.6g} and tau = "
+                         f"{linkage.tau:.6g}; the coordinator's policy needs sigma >= "
+                         f"{policy.min_sigma:g} and tau <= {policy.max_tau:g}",
+                         code="policy.noise")
 
     def on_match_keys(self, sender: str, message: MatchKeys) -> AlignmentViews:
         s = self._complete(message.session, [sender, *message.secondaries], "digests",
@@ -117,12 +232,20 @@ class CoordinatorParty(Party):
         return AlignmentViews(views=tuple(views))
 
     def on_identifier_encodings(self, sender: str, message: IdentifierEncodings) -> Ack:
-        self._session(message.session).encodings[sender] = (message.encoder, message.values)
+        if message.encoder not in ("bloom", "raw", "string"):
+            raise refuse(ProtocolError, "unknown identifier encoder; valid: bloom, raw, string",
+                         code="encodings.encoder")
+        if isinstance(message.values, np.ndarray) and message.values.ndim != 2:
+            raise refuse(ProtocolError, "encoded identifiers must be one row per record",
+                         code="encodings.shape")
+        s = self._session(message.session, sender)
+        s.encodings[sender] = (message.encoder, message.values)
         log.info("coordinator: %d %s encodings from %s", len(message.values), message.encoder,
                  sender)
         return Ack(info={"rows": float(len(message.values))})
 
     def on_soft_link(self, sender: str, message: SoftLink) -> AlignmentViews:
+        self._check_noise(message)
         needed = [sender, *message.secondaries]
         s = self._complete(message.session, needed, "encodings", "identifier encodings")
         encoders = {s.encodings[p][0] for p in needed}
@@ -133,17 +256,18 @@ class CoordinatorParty(Party):
         # secondary is linked one-to-one to that first one, so a primary record's k-th pair is
         # the chain primary → first secondary → others. K^(n-1) pairs would not scale.
         anchor, *others = message.secondaries
-        linkage = link(s.encodings[sender][1], s.encodings[anchor][1], metric=message.metric,
+        linkage = self._link(s.encodings[sender][1], s.encodings[anchor][1], metric=message.metric,
                        top_k=message.top_k, mode=message.mode,  # type: ignore[arg-type]
                        tau=message.tau, sigma=message.sigma, delta=message.delta,
                        search=self._search, rng=self._noise_rng(message.session),
                        scale=(message.scale[0], message.scale[1]) if message.scale else None)
+        self._check_released(linkage, message.mode)
         s.linkages[anchor] = linkage
         first = linkage.to_alignment(anchor)
         s.alignments[anchor] = first
         views = [view_of(message.session, first, with_similarity=True)]
         for sec in others:
-            one = link(s.encodings[anchor][1], s.encodings[sec][1], metric=message.metric,
+            one = self._link(s.encodings[anchor][1], s.encodings[sec][1], metric=message.metric,
                        top_k=1, mode="top1", search=self._search,
                        rng=self._noise_rng(f"{message.session}/{sec}"))
             s.linkages[sec] = one
@@ -159,7 +283,9 @@ class CoordinatorParty(Party):
     def on_fetch_alignment(self, sender: str, message: FetchAlignment) -> AlignmentView:
         s = self._sessions.get(message.session)
         if s is None or sender not in s.alignments:
-            raise ProtocolError(f"coordinator: no alignment for {sender!r} in session "
-                                f"{message.session!r}")
+            raise refuse(ProtocolError, f"the coordinator has no alignment for {sender!r} in "
+                                        f"session {message.session!r}",
+                         code="session.no-alignment")
+        s.touched = self._clock()
         # Similarities are for the primary only (ARCHITECTURE.md, boundary table).
         return view_of(message.session, s.alignments[sender], with_similarity=False)

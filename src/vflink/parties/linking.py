@@ -27,6 +27,8 @@ from vflink.linkage.encoding import (
     Standardization,
     StringEncoder,
 )
+from vflink.parties.guard import check_alignment_view
+from vflink.parties.policy import PartyPolicy
 from vflink.protocol.channel import Channel
 from vflink.protocol.messages import (
     Ack,
@@ -113,7 +115,7 @@ class AlignmentInitiator:
     def __init__(self, name: str, frame: pd.DataFrame, channel: Channel, *,
                  secondaries: Sequence[str], key: Sequence[str] = (),
                  identifiers: Sequence[str] = (), secret: bytes | None = None,
-                 source: str = "table") -> None:
+                 source: str = "table", policy: PartyPolicy | None = None) -> None:
         self.name = name
         self.frame = frame
         self.channel = channel
@@ -122,9 +124,12 @@ class AlignmentInitiator:
         self.identifiers = tuple(identifiers)
         self._secret = secret
         self.source = source
+        self.policy = policy if policy is not None else PartyPolicy()
 
     def _finish(self, coordinator: str, session: str, views: AlignmentViews
                 ) -> dict[str, Alignment]:
+        for v in views.views:  # numbers are checked where they arrive
+            check_alignment_view(v, party=self.name, peer=coordinator, policy=self.policy)
         alignments = {v.secondary: Alignment(v.primary_index, v.secondary_index, v.similarity,
                                              v.secondary, dict(v.meta)) for v in views.views}
         for name in self.secondaries:
@@ -151,6 +156,7 @@ class AlignmentInitiator:
                    delta: float = 1e-5, session: str = "soft",
                    scale: tuple[float, float] | None = None) -> dict[str, Alignment]:
         """Fuzzy top-K soft linkage (FedSim §4.1) on encoded identifiers."""
+        self.policy.check_identifier_release(self.name, spec.encoder)  # our own release too
         if spec.encoder != "bloom":
             log.info("privacy is off: raw identifiers are sent to the coordinator "
                         "(encoder %r)", spec.encoder)

@@ -30,6 +30,7 @@ from vflink.models.spec import BottomSpec
 from vflink.models.splitnn import SplitNNPrimary
 from vflink.models.statefile import load_state, save_state, state_json_path
 from vflink.parties.base import Party
+from vflink.parties.guard import check_embeddings
 from vflink.parties.linking import AlignmentInitiator
 from vflink.protocol.channel import Channel
 from vflink.protocol.messages import (
@@ -120,7 +121,7 @@ class PrimaryParty(Party):
         return AlignmentInitiator(self.name, self.table.frame, self.channel,
                                   secondaries=self.secondaries, key=schema.key,
                                   identifiers=schema.identifiers, secret=self._secret,
-                                  source=self.table.source)
+                                  source=self.table.source, policy=self.policy)
 
     def align_exact(self, coordinator: str, session: str = "exact") -> dict[str, Alignment]:
         """Exact-key alignment through ``coordinator`` with keyed hashes (HMAC).
@@ -215,6 +216,10 @@ class PrimaryParty(Party):
                     raise ProtocolError(f"{name!r} answered batch {reply.batch_id} with "
                                         f"{len(reply.inverse)} rows; expected batch {batch_id} "
                                         f"with {int(present.sum())}")
+                # numbers are checked where they arrive, before they touch our model
+                check_embeddings(reply, requested=int(present.sum()),
+                                 width=self._dims[j] if j < len(self._dims) else None,
+                                 party=self.name, peer=name, policy=self.policy)
                 # A fresh leaf: the gradient stops here and travels back as a message, never
                 # through an autograd graph that spans parties.
                 leaf = reply.embeddings.detach().float()

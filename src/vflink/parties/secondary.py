@@ -27,7 +27,9 @@ from vflink.models.mlp import build_mlp, build_optimizer, seeded_init
 from vflink.models.spec import BottomSpec
 from vflink.models.statefile import load_state, remove_state, save_state
 from vflink.parties.base import Party, state_path
+from vflink.parties.guard import admit_forward, admit_snapshot, check_backward, check_bottom_spec
 from vflink.parties.linking import encode_identifiers
+from vflink.parties.policy import check_coordinator
 from vflink.protocol.channel import Channel
 from vflink.protocol.messages import (
     Ack,
@@ -96,6 +98,7 @@ class SecondaryParty(Party):
         self.model: torch.nn.Module | None = None
         self.optimizer: torch.optim.Optimizer | None = None
         self._pending: dict[int, torch.Tensor] = {}
+        self._pending_since: dict[int, float] = {}  # when each pending batch arrived (expiry)
         self._applied: set[int] = set()
         self._snapshots: dict[str, dict[str, Any]] = {}
         self._fingerprint: str | None = None
@@ -110,6 +113,7 @@ class SecondaryParty(Party):
     # --- alignment ------------------------------------------------------------------------
 
     def on_share_keys(self, sender: str, message: ShareKeys) -> Ack:
+        check_coordinator(self.name, self.roles, message.coordinator)
         if self._secret is None:
             raise ProtocolError(f"party {self.name!r} has no alignment secret configured")
         digests = key_digests(self.table.frame, self.table.schema.key, self._secret)
@@ -118,6 +122,9 @@ class SecondaryParty(Party):
         return Ack(info={"rows": float(len(digests))})
 
     def on_share_encodings(self, sender: str, message: ShareEncodings) -> Ack:
+        # Our own policy decides what leaves, not the primary's spec (issue 13).
+        self.policy.check_identifier_release(self.name, message.spec.encoder)
+        check_coordinator(self.name, self.roles, message.coordinator)
         values = encode_identifiers(self.table.frame, self.table.schema.identifiers,
                                     message.spec, self._secret, source=self.table.source)
         self.channel.request(message.coordinator, IdentifierEncodings(
@@ -125,6 +132,7 @@ class SecondaryParty(Party):
         return Ack(info={"rows": float(len(values))})
 
     def on_alignment_ready(self, sender: str, message: AlignmentReady) -> Ack:
+        check_coordinator(self.name, self.roles, message.coordinator)
         view = self.channel.request(message.coordinator, FetchAlignment(session=message.session),
                                     AlignmentView)
         self.set_linked_rows(view.secondary_index)
@@ -144,6 +152,8 @@ class SecondaryParty(Party):
     # --- model ----------------------------------------------------------------------------
 
     def on_setup_bottom(self, sender: str, message: SetupBottom) -> Ack:
+        check_bottom_spec(message.spec, len(self.table.frame.columns), party=self.name,
+                          policy=self.policy)
         self.spec = message.spec
         return Ack()
 
@@ -185,6 +195,9 @@ class SecondaryParty(Party):
         if self.model is None or self.features is None:
             raise ProtocolError(f"party {self.name!r}: Forward before FitPreprocessing")
         rows = self._check_rows(message.rows, "forward")
+        if message.train:  # bounded: at most policy.max_pending_batches wait for a Backward
+            admit_forward(self._pending, self._pending_since, message.batch_id,
+                          party=self.name, policy=self.policy)
         unique, inverse = np.unique(rows, return_inverse=True)
         x = self.features[torch.from_numpy(unique)]
         if message.train:
@@ -206,6 +219,9 @@ class SecondaryParty(Party):
                           inverse=inverse.astype(np.int64))
 
     def on_backward(self, sender: str, message: Backward) -> Ack:
+        # shape and values are checked before the pending batch is consumed
+        check_backward(self._pending, self._applied, message, party=self.name,
+                       policy=self.policy)
         if message.batch_id in self._applied:  # a retried call: already applied once
             return Ack(info={"duplicate": 1.0})
         out = self._pending.pop(message.batch_id, None)
@@ -234,6 +250,7 @@ class SecondaryParty(Party):
                 "applied": sorted(self._applied), "data": self.data_fingerprint}
 
     def on_snapshot(self, sender: str, message: Snapshot) -> Ack:
+        admit_snapshot(self._snapshots, message.tag, party=self.name, policy=self.policy)
         self._snapshots[message.tag] = copy.deepcopy(self._state())
         return Ack()
 

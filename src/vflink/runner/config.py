@@ -16,6 +16,7 @@ from vflink.data.schema import PartySchema
 from vflink.errors import ConfigError, VflinkError
 from vflink.models.merge import AggregatorConfig
 from vflink.models.spec import ACTIVATIONS, OPTIMIZERS
+from vflink.parties.policy import PartyPolicy
 from vflink.runner.algorithms import algorithm_names
 
 __all__ = [
@@ -188,6 +189,9 @@ class RunConfig:
     alignment: AlignmentConfig = field(default_factory=AlignmentConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     training: TrainingConfig = field(default_factory=TrainingConfig)
+    #: the in-process parties' policy ([policy]); None: they release what [alignment] asks
+    #: (the run file's author owns every party), see ``vflink.runner.federation``
+    policy: PartyPolicy | None = None
 
     def __post_init__(self) -> None:
         problems: list[str] = []
@@ -195,10 +199,25 @@ class RunConfig:
             problems.append(f"`version` must be {CONFIG_VERSION}, got {self.version!r}")
         check_int(problems, "seed", self.seed, min=0)
         check_choice(problems, "algorithm", self.algorithm, ALGORITHMS)
+        problems.extend(_policy_conflicts(self.alignment, self.policy))
         raise_if(problems, "run configuration")
 
     def replace(self, **changes: Any) -> RunConfig:
         return dataclasses.replace(self, **changes)
+
+
+def _policy_conflicts(alignment: AlignmentConfig, policy: PartyPolicy | None) -> list[str]:
+    """What the in-process parties' [policy] would refuse of [alignment], found at load time."""
+    if policy is None or not isinstance(alignment, AlignmentConfig) or alignment.method != "soft":
+        return []
+    problems = []
+    if alignment.privacy == "off" and policy.identifiers != "any":
+        problems.append('alignment.privacy = "off" sends raw identifiers, which [policy] '
+                        'refuses; set policy.identifiers = "any" to opt out')
+    if policy.requires_noise and alignment.tau is None and alignment.sigma is None:
+        problems.append("[policy] requires noise on similarities: set alignment.tau (at most "
+                        f"{policy.max_tau:g}) or alignment.sigma (at least {policy.min_sigma:g})")
+    return problems
 
 
 _SECTIONS: dict[str, type] = {"alignment": AlignmentConfig, "model": ModelConfig,
@@ -226,7 +245,7 @@ def _build(cls: type, raw: Any, where: str, problems: list[str]) -> Any:
 def parse_config(raw: dict[str, Any], base_dir: Path | None = None) -> RunConfig:
     """Build a :class:`RunConfig` from parsed TOML, collecting every problem before raising."""
     problems: list[str] = []
-    top_known = {"version", "seed", "algorithm", "data", *_SECTIONS}
+    top_known = {"version", "seed", "algorithm", "data", "policy", *_SECTIONS}
     unknown = sorted(set(raw) - top_known)
     if unknown:
         problems.append(f"unknown top-level key(s) {unknown}; known: {sorted(top_known)}")
@@ -236,6 +255,8 @@ def parse_config(raw: dict[str, Any], base_dir: Path | None = None) -> RunConfig
     for name, cls in _SECTIONS.items():
         if name in raw:
             sections[name] = _build(cls, raw[name], name, problems)
+    if raw.get("policy") is not None:  # config.json writes null when the file had none
+        sections["policy"] = _build(PartyPolicy, raw["policy"], "policy", problems)
     data = None
     raw_data = raw.get("data")
     if raw_data is None:

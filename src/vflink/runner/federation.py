@@ -17,12 +17,13 @@ from pathlib import Path
 from vflink.errors import ConfigError
 from vflink.linkage import SearchOptions
 from vflink.parties import CoordinatorParty, SecondaryParty
+from vflink.parties.policy import PartyPolicy
 from vflink.protocol import Channel
 from vflink.runner.config import RunConfig
 from vflink.runner.inputs import Inputs
 from vflink.transport import InProcessHub, TrafficCounter, Transcript
 
-__all__ = ["COORDINATOR", "Federation", "in_process", "shared_secret"]
+__all__ = ["COORDINATOR", "Federation", "in_process", "run_policy", "shared_secret"]
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +58,7 @@ class Federation:
         counter: messages and payload bytes per direction, shared by the whole run.
         secret: the data parties' shared secret (the primary is a data party).
         state_prefix: prefix of state file names the secondaries write (a run id across hosts).
+        policy: the primary's own policy (what it releases, what it accepts).
     """
 
     channel: Channel
@@ -66,9 +68,25 @@ class Federation:
     secret: bytes
     state_prefix: str = ""
     closer: Callable[[], None] = field(default=lambda: None)
+    policy: PartyPolicy = field(default_factory=PartyPolicy)
 
     def close(self) -> None:
         self.closer()
+
+
+def run_policy(config: RunConfig) -> PartyPolicy:
+    """The policy of the parties a run builds in this process.
+
+    A run file's ``[policy]`` section applies as written (keys left out take the private
+    defaults). Without one, the file's author owns every party and its ``[alignment]`` is the
+    explicit choice: ``privacy = "off"`` lets raw identifiers reach the in-process coordinator,
+    and the noise is what ``tau``/``sigma`` ask for. Across hosts each party's own party file
+    decides instead (``vflink.runner.party_config``).
+    """
+    if config.policy is not None:
+        return config.policy
+    return PartyPolicy.permissive(
+        identifiers="any" if config.alignment.privacy == "off" else "bloom")
 
 
 def in_process(inputs: Inputs, config: RunConfig, *, transcript: Transcript | None = None,
@@ -78,11 +96,17 @@ def in_process(inputs: Inputs, config: RunConfig, *, transcript: Transcript | No
     counter = TrafficCounter()
     hub = InProcessHub(transcript=transcript, counter=counter)
     search = SearchOptions(mode=config.alignment.search)  # type: ignore[arg-type]
-    hub.register(COORDINATOR, CoordinatorParty(COORDINATOR, seed=config.seed, search=search))
+    policy = run_policy(config)
+    roles = {inputs.primary.name: "primary", COORDINATOR: "coordinator",
+             **{t.name: "secondary" for t in inputs.secondaries}}
+    coordinator = CoordinatorParty(COORDINATOR, seed=config.seed, search=search)
+    coordinator.roles, coordinator.policy = roles, policy
+    hub.register(COORDINATOR, coordinator)
     for table in inputs.secondaries:
-        hub.register(table.name, SecondaryParty(
-            table, hub.channel(table.name), secret=secret,
-            out_dir=None if state_root is None else state_root / table.name))
+        party = SecondaryParty(table, hub.channel(table.name), secret=secret,
+                               out_dir=None if state_root is None else state_root / table.name)
+        party.roles, party.policy = roles, policy
+        hub.register(table.name, party)
     return Federation(channel=hub.channel(inputs.primary.name),
                       secondaries=tuple(t.name for t in inputs.secondaries),
-                      coordinator=COORDINATOR, counter=counter, secret=secret)
+                      coordinator=COORDINATOR, counter=counter, secret=secret, policy=policy)

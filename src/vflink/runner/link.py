@@ -24,6 +24,7 @@ from vflink.linkage.improvement import improvement_estimate
 from vflink.linkage.validation import validate_identifiers
 from vflink.parties import CoordinatorParty, SecondaryParty
 from vflink.parties.linking import AlignmentInitiator, identifier_values
+from vflink.parties.policy import PartyPolicy
 from vflink.protocol import EncodingSpec
 from vflink.runner.federation import shared_secret
 from vflink.transport import InProcessHub, Transcript
@@ -133,15 +134,20 @@ def run_linkage(primary: pd.DataFrame, secondary: pd.DataFrame, *, on: Sequence[
     if spec.encoder == "bloom" and secret is None:
         secret = shared_secret("VFLINK_SECRET")  # random when unset: both parties are here
     hub = InProcessHub(transcript=transcript)
+    # Both tables are this user's: the arguments are the explicit release choice.
+    policy = PartyPolicy.permissive(identifiers="bloom" if spec.encoder == "bloom" else "any")
+    roles = {"primary": "primary", "secondary": "secondary", COORDINATOR: "coordinator"}
     coordinator = CoordinatorParty(COORDINATOR, seed=seed, search=search)
+    coordinator.roles, coordinator.policy = roles, policy
     hub.register(COORDINATOR, coordinator)
     sec_schema = PartySchema(name="secondary", role="secondary", identifiers=secondary_on)
-    hub.register("secondary", SecondaryParty(
-        PartyTable(sec_schema, secondary, secondary_source), hub.channel("secondary"),
-        secret=secret))
+    sec_party = SecondaryParty(PartyTable(sec_schema, secondary, secondary_source),
+                               hub.channel("secondary"), secret=secret)
+    sec_party.roles, sec_party.policy = roles, policy
+    hub.register("secondary", sec_party)
     initiator = AlignmentInitiator("primary", primary, hub.channel("primary"),
                                    secondaries=("secondary",), identifiers=on, secret=secret,
-                                   source=primary_source)
+                                   source=primary_source, policy=policy)
     alignment = initiator.align_soft(COORDINATOR, spec, metric=search_metric, top_k=top_k,
                                      mode=mode, tau=tau, sigma=sigma, delta=delta,
                                      session="link")["secondary"]

@@ -49,19 +49,26 @@ def network_federation(config: PartyConfig, *, run_id: str,
     channel = _channel(config, counter=counter, transcript=transcript)
     return Federation(channel=channel, secondaries=config.secondaries, coordinator=coordinator,
                       counter=counter, secret=shared_secret(config.secret_env, required=True),
-                      state_prefix=f"{run_id}/", closer=channel.close)
+                      state_prefix=f"{run_id}/", closer=channel.close, policy=config.policy)
 
 
 def build_handler(config: PartyConfig) -> MessageHandler:
+    party: CoordinatorParty | SecondaryParty
     if config.role == "coordinator":
-        return CoordinatorParty(config.name, seed=config.seed)
-    if config.role == "secondary":
+        party = CoordinatorParty(config.name, seed=config.seed)
+    elif config.role == "secondary":
         table = party_table(config)
-        return SecondaryParty(table, _channel(config),
-                              secret=shared_secret(config.secret_env, required=True),
-                              out_dir=config.state_dir)
-    raise ConfigError(f"{config.source}: `vflink serve` runs a secondary or the coordinator; "
-                      "the primary drives runs with `vflink train --party`")
+        party = SecondaryParty(table, _channel(config),
+                               secret=shared_secret(config.secret_env, required=True),
+                               out_dir=config.state_dir)
+    else:
+        raise ConfigError(f"{config.source}: `vflink serve` runs a secondary or the "
+                          "coordinator; the primary drives runs with `vflink train --party`")
+    # This party's own policy and its knowledge of who is who come from its own party file,
+    # never from a peer (issue 13).
+    party.roles, party.policy = config.roles, config.policy
+    log.info("%s: policy %s; roles %s", config.name, config.policy, config.roles)
+    return party
 
 
 def serve(config: PartyConfig, *, ready: threading.Event | None = None,

@@ -26,6 +26,15 @@
     allowed = ["primary"]          # who may call this party (pinned certificate identities)
     insecure = false               # plaintext: local experiments only
     secret_env = "VFLINK_SECRET"   # the data parties' shared secret
+    # roles of the callers that are not among [peers] (a secondary's one unlisted caller is
+    # its primary; a coordinator should list them all):
+    # roles = { primary = "primary", bank = "secondary" }
+
+    [policy]                       # what this party releases and its limits (private defaults)
+    identifiers = "bloom"          # "any" also releases raw identifiers (explicit opt-out)
+    min_sigma = 0.0                # coordinator: smallest similarity noise σ it releases
+    max_tau = 0.9999               # coordinator: largest greedy-attack bound τ (1 = no noise)
+    max_pending_batches = 8        # see vflink.parties.policy.PartyPolicy for every key
 """
 
 from __future__ import annotations
@@ -40,8 +49,9 @@ from vflink.data.schema import PartySchema
 from vflink.data.table import PartyTable, load_table
 from vflink.datasets import load_dataset
 from vflink.errors import ConfigError
+from vflink.parties.policy import ROLE_UNKNOWN, PartyPolicy
 
-__all__ = ["PartyConfig", "PeerConfig", "load_party_config", "party_table"]
+__all__ = ["PartyConfig", "PeerConfig", "load_party_config", "party_roles", "party_table"]
 
 ROLES = ("primary", "secondary", "coordinator")
 
@@ -70,9 +80,18 @@ class PartyConfig:
     insecure: bool = False
     secret_env: str = "VFLINK_SECRET"
     source: str = "party.toml"
+    caller_roles: dict[str, str] = field(default_factory=dict)
+    policy: PartyPolicy = field(default_factory=PartyPolicy)
 
     def __post_init__(self) -> None:
         problems: list[str] = []
+        for caller, role in self.caller_roles.items():
+            check_choice(problems, f"security.roles.{caller}", role, ROLES)
+        unresolved = [a for a in self.allowed if a not in self._known_roles()]
+        if self.role == "secondary" and len(unresolved) > 1:
+            problems.append(f"a secondary that accepts calls from {unresolved} must say which "
+                            "is its primary: `roles = { name = \"primary\", ... }` in "
+                            "[security]")
         check_choice(problems, "party.role", self.role, ROLES)
         check_float(problems, "party.deadline_s", self.deadline_s, min=0.0, min_exclusive=True)
         if self.seed is not None:
@@ -95,6 +114,15 @@ class PartyConfig:
                 problems.append(f"peers.{peer.name}.address must be host:port, got "
                                 f"{peer.address!r}")
         raise_if(problems, f"party file {self.source}")
+
+    def _known_roles(self) -> dict[str, str]:
+        return {**{p.name: p.role for p in self.peers}, **self.caller_roles,
+                self.name: self.role}
+
+    @property
+    def roles(self) -> dict[str, str]:
+        """Every party this one knows, with its role (see :func:`party_roles`)."""
+        return party_roles(self)
 
     @property
     def coordinator(self) -> str | None:
@@ -119,9 +147,29 @@ def load_party_config(path: Path) -> PartyConfig:
         problems.append("the file needs `version = 1`")
     party = dict(raw.get("party", {}))
     security = dict(raw.get("security", {}))
-    unknown = sorted(set(raw) - {"version", "party", "peers", "security"})
+    unknown = sorted(set(raw) - {"version", "party", "peers", "security", "policy"})
     if unknown:
-        problems.append(f"unknown top-level key(s) {unknown}; known: party, peers, security")
+        problems.append(f"unknown top-level key(s) {unknown}; known: party, peers, security, "
+                        "policy")
+    policy = PartyPolicy()
+    policy_raw = raw.get("policy", {})
+    if not isinstance(policy_raw, dict):
+        problems.append("[policy] must be a table")
+    else:
+        known_policy = set(PartyPolicy.__dataclass_fields__)
+        extra_policy = sorted(set(policy_raw) - known_policy)
+        if extra_policy:
+            problems.append(f"[policy] has unknown key(s) {extra_policy}; known: "
+                            f"{sorted(known_policy)}")
+        else:
+            try:
+                policy = PartyPolicy(**policy_raw)
+            except ConfigError as exc:
+                problems.extend(exc.problems)
+    roles_raw = security.get("roles", {})
+    if not isinstance(roles_raw, dict):
+        problems.append("[security] roles must be a table of party name = role")
+        roles_raw = {}
 
     def resolve(p: Any) -> Path | None:
         if p is None:
@@ -154,7 +202,7 @@ def load_party_config(path: Path) -> PartyConfig:
     extra = sorted(set(party) - known_party)
     if extra:
         problems.append(f"[party] has unknown key(s) {extra}; known: {sorted(known_party)}")
-    extra = sorted(set(security) - {"tls_dir", "allowed", "insecure", "secret_env"})
+    extra = sorted(set(security) - {"tls_dir", "allowed", "insecure", "secret_env", "roles"})
     if extra:
         problems.append(f"[security] has unknown key(s) {extra}")
     if problems:
@@ -170,7 +218,8 @@ def load_party_config(path: Path) -> PartyConfig:
             tls_dir=resolve(security.get("tls_dir")),
             allowed=tuple(security.get("allowed", ())),
             insecure=bool(security.get("insecure", False)),
-            secret_env=str(security.get("secret_env", "VFLINK_SECRET")), source=str(path))
+            secret_env=str(security.get("secret_env", "VFLINK_SECRET")), source=str(path),
+            caller_roles={str(k): str(v) for k, v in roles_raw.items()}, policy=policy)
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}", exc.problems) from None
 
@@ -180,6 +229,21 @@ def _resolve_path_option(options: dict[str, Any], base: Path) -> dict[str, Any]:
     if isinstance(options.get("path"), str):
         options["path"] = str((base / options["path"]).resolve())
     return options
+
+
+def party_roles(config: PartyConfig) -> dict[str, str]:
+    """The role of every party this one knows: itself, its [peers], ``security.roles``, and
+    the callers in ``allowed`` without a stated role: a secondary's single such caller is its
+    primary; a coordinator's are data parties of unknown role (``"data"``), which may submit
+    and may link only the sessions they opened (:class:`~vflink.parties.CoordinatorParty`)."""
+    known = config._known_roles()
+    unresolved = [a for a in config.allowed if a not in known]
+    for caller in unresolved:
+        if config.role == "secondary" and len(unresolved) == 1:
+            known[caller] = "primary"
+        else:
+            known[caller] = ROLE_UNKNOWN
+    return known
 
 
 def party_table(config: PartyConfig) -> PartyTable:

@@ -24,6 +24,7 @@ from vflink.metrics.functional import evaluate
 from vflink.parties import PrimaryParty, SecondaryParty
 from vflink.runner.algorithms import get_algorithm
 from vflink.runner.config import RunConfig, parse_config
+from vflink.runner.federation import run_policy
 from vflink.runner.train import Inputs, load_inputs, prepare
 from vflink.transport import InProcessHub
 from vflink.types import Task
@@ -91,8 +92,10 @@ def predict_records(run_dir: Path, records: pd.DataFrame, *, source: str = "inpu
         prepared = prepare(config, inputs, algorithms=[algorithm.name], scale=scale)
         alignments = prepared.alignments[algorithm.links]
     hub = InProcessHub()
+    roles = {new_primary.name: "primary", **{t.name: "secondary" for t in secondaries}}
     for table in secondaries:
         party = SecondaryParty(table, hub.channel(table.name), out_dir=models / table.name)
+        party.roles, party.policy = roles, run_policy(config)
         party.set_linked_rows(alignments[table.name].secondary_index)
         hub.register(table.name, party)
     primary = PrimaryParty(new_primary, hub.channel(new_primary.name),

@@ -193,6 +193,7 @@ def prepare(config: RunConfig, tables: Inputs | tuple[PartyTable, Sequence[Party
                           "soft linkage: set alignment.method = \"soft\"")
     primary = PrimaryParty(inputs.primary, federation.channel, secondaries=names,
                            secret=federation.secret)
+    primary.policy = federation.policy
     initiator = primary.initiator()
     coordinator = federation.coordinator
     alignments: dict[str, dict[str, Alignment]] = {}
@@ -417,6 +418,7 @@ def _run(config: RunConfig, out_dir: Path | None, progress: Progress | None,
             learn_missing = True  # records without an exact match keep a "missing" embedding
         primary = PrimaryParty(inputs.primary, federation.channel,
                                secondaries=federation.secondaries, out_dir=primary_dir)
+        primary.policy = federation.policy
         # every secondary fetches the view of the alignment this algorithm uses
         for name in federation.secondaries:
             federation.channel.request(name, AlignmentReady(

@@ -7,12 +7,17 @@ gRPC, so tensors are not copied.
 
 from __future__ import annotations
 
-from vflink.errors import PeerUnavailable, ProtocolError
+import logging
+
+from vflink.errors import PeerUnavailable, ProtocolError, VflinkError
+from vflink.protocol.boundary import boundary_error, is_boundary
 from vflink.protocol.channel import Channel, MessageHandler
 from vflink.protocol.messages import Message
 from vflink.transport.accounting import TrafficCounter, Transcript
 
 __all__ = ["InProcessChannel", "InProcessHub"]
+
+log = logging.getLogger(__name__)
 
 
 class InProcessHub:
@@ -38,7 +43,15 @@ class InProcessHub:
             raise PeerUnavailable(receiver, f"no party of that name in this process "
                                             f"(known: {', '.join(sorted(self._handlers))})")
         self._count(sender, receiver, message)
-        reply = handler.handle(sender, message)
+        try:
+            reply = handler.handle(sender, message)
+        except Exception as exc:
+            # Parity with the network transport: the caller learns only the boundary message
+            # (vflink.protocol.boundary); the full text stays in the log.
+            if isinstance(exc, VflinkError) and not is_boundary(exc):
+                log.warning("party %r: handler failed on %s from %r: %s", receiver,
+                            message.kind, sender, exc)
+            raise boundary_error(exc, receiver, message.kind) from None
         if not isinstance(reply, Message):
             raise ProtocolError(f"party {receiver!r} answered {type(reply).__name__}, "
                                 "which is not a protocol message")

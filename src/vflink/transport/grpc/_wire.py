@@ -26,6 +26,7 @@ __all__ = [
     "DEFAULT_DEADLINE_S",
     "DEFAULT_MAX_MESSAGE_BYTES",
     "CALL",
+    "CODE_KEY",
     "ERROR_KEY",
     "EXCHANGE",
     "GRPC_FRAME_LIMIT",
@@ -84,6 +85,8 @@ DEFAULT_DEADLINE_S = 60.0
 #: party's handler or from the transport itself (decoding, size limits).
 ERROR_KEY = "vflink-error"
 ORIGIN_KEY = "vflink-error-origin"
+#: The error's stable code (``vflink.protocol.boundary.error_code``), e.g. ``policy.noise``.
+CODE_KEY = "vflink-error-code"
 
 
 def check_sizes(chunk_bytes: object, max_message_bytes: object) -> None:

@@ -30,11 +30,13 @@ import grpc
 import grpc.experimental
 
 from vflink.errors import ConfigError, PeerUnavailable, ProtocolError, TransportError, VflinkError
+from vflink.protocol.boundary import mark_public
 from vflink.protocol.channel import Channel
 from vflink.protocol.messages import Message
 from vflink.transport.accounting import TrafficCounter, Transcript
 from vflink.transport.grpc._wire import (
     CALL,
+    CODE_KEY,
     DEFAULT_CHUNK_BYTES,
     DEFAULT_DEADLINE_S,
     DEFAULT_MAX_MESSAGE_BYTES,
@@ -270,7 +272,9 @@ class GrpcChannel(Channel):
         if isinstance(chain, str):
             rebuilt = remote_error(chain, f"{details} (reported by peer {peer!r})")
             if rebuilt is not None:
-                return rebuilt
+                # the peer's boundary message: a party may pass it on to its own caller
+                code = trailing.get(CODE_KEY)
+                return mark_public(rebuilt, code if isinstance(code, str) else None)
         name = code.name if code is not None else "UNKNOWN"
         if code is grpc.StatusCode.DEADLINE_EXCEEDED:
             return PeerUnavailable(peer, f"no answer within the {self.deadline_s:g} s deadline "

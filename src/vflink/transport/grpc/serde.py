@@ -55,6 +55,9 @@ log = logging.getLogger(__name__)
 #: Deepest nesting of containers/dataclasses accepted (messages nest two or three levels).
 MAX_DEPTH = 16
 _MAX_NDIM = 32
+#: Largest extent of one dimension, and of the product of the non-zero extents: a shape like
+#: [0, 2**63+5] announces no bytes yet overflows numpy and torch (issue 13).
+_MAX_EXTENT = 2**48
 _INT64 = (-(2**63), 2**63 - 1)
 
 #: Array dtypes that may travel, by wire name. Object, string and structured dtypes never do.
@@ -222,6 +225,9 @@ def _shape_and_buffer(arr: Any, itemsize: int, path: str) -> tuple[tuple[int, ..
     shape = tuple(int(d) for d in arr.shape)
     if len(shape) > _MAX_NDIM:
         raise ProtocolError(f"{path}: {len(shape)} dimensions (at most {_MAX_NDIM})")
+    if any(d > _MAX_EXTENT for d in shape) or math.prod(max(d, 1) for d in shape) > _MAX_EXTENT:
+        raise ProtocolError(f"{path}: shape {shape} is too large (at most {_MAX_EXTENT} per "
+                            "dimension and in total)")
     count = math.prod(shape)
     if count * itemsize != len(arr.data):
         raise ProtocolError(f"{path}: {len(arr.data)} bytes do not match shape {shape} of "

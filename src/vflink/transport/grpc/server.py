@@ -9,10 +9,12 @@ Handler calls are serialised by default: party state (models, optimisers, pendin
 thread-safe. A handler with a true ``thread_safe`` attribute is called concurrently.
 
 Errors go back as gRPC statuses the client translates (:mod:`.channel`): a malformed or
-oversized message → INVALID_ARGUMENT; a vflink error raised by the handler → its class names in
-trailing metadata (a ProtocolError as INVALID_ARGUMENT, others FAILED_PRECONDITION); any other
-exception → INTERNAL with only its type (details stay in this party's log, since exception
-texts can quote private data). The server keeps serving after any of them.
+oversized message → INVALID_ARGUMENT; a vflink error raised by the handler → its class names and
+stable code in trailing metadata (a ProtocolError as INVALID_ARGUMENT, others
+FAILED_PRECONDITION) with only its boundary message (:mod:`vflink.protocol.boundary`: which
+check failed, never a value, a path or another exception's text); any other exception →
+INTERNAL with an incident id. Full texts and traces stay in this party's log. The server keeps
+serving after any of them.
 
 The server counts nothing: the calling channel counts both directions of each call.
 """
@@ -28,9 +30,11 @@ from typing import NoReturn
 import grpc
 
 from vflink.errors import ConfigError, ProtocolError, TransportError, VflinkError
+from vflink.protocol.boundary import boundary_error, error_code
 from vflink.protocol.channel import MessageHandler
 from vflink.protocol.messages import Message
 from vflink.transport.grpc._wire import (
+    CODE_KEY,
     DEFAULT_CHUNK_BYTES,
     DEFAULT_MAX_MESSAGE_BYTES,
     ERROR_KEY,
@@ -202,7 +206,8 @@ class GrpcServer:
 
     def _fail(self, context: grpc.ServicerContext, code: grpc.StatusCode, exc: VflinkError,
               origin: str) -> NoReturn:
-        context.set_trailing_metadata(((ERROR_KEY, error_chain(exc)), (ORIGIN_KEY, origin)))
+        context.set_trailing_metadata(((ERROR_KEY, error_chain(exc)), (ORIGIN_KEY, origin),
+                                       (CODE_KEY, error_code(exc))))
         context.abort(code, _clip(str(exc)))
         raise TransportError("grpc's context.abort returned")  # it raises  # pragma: no cover
 
@@ -226,6 +231,15 @@ class GrpcServer:
                          f"party {identity!r} is not allowed to call {self.name!r}")
         return identity
 
+    def _decode(self, envelope: object) -> Message:
+        try:
+            return message_from_proto(envelope)
+        except ProtocolError:
+            raise
+        except Exception as exc:  # a decoding failure serde did not foresee: never a trace
+            log.exception("party %r could not decode a request", self.name)
+            raise ProtocolError("malformed request: it could not be decoded") from exc
+
     def _call(self, chunk: bytes, context: grpc.ServicerContext) -> Iterator[bytes]:
         return self._exchange(iter((chunk,)), context)
 
@@ -243,7 +257,7 @@ class GrpcServer:
             if identity is None and sender not in self.allowed_peers:
                 self._refuse(context, repr(sender),
                              f"party {sender!r} is not allowed to call {self.name!r}")
-            message = message_from_proto(envelope)
+            message = self._decode(envelope)
         except ProtocolError as exc:
             log.warning("party %r rejected a malformed request from %s (%s): %s", self.name,
                         identity or "?", context.peer(), exc)
@@ -271,19 +285,21 @@ class GrpcServer:
                 context.abort(grpc.StatusCode.CANCELLED, "the caller gave up before the call ran")
             try:
                 reply = self.handler.handle(sender, message)
-            except VflinkError as exc:
-                log.warning("party %r: handler failed on %s from %r: %s", self.name,
-                            message.kind, sender, exc)
-                code = grpc.StatusCode.INVALID_ARGUMENT if isinstance(exc, ProtocolError) \
-                    else grpc.StatusCode.FAILED_PRECONDITION
-                self._fail(context, code, exc, "handler")
             except Exception as exc:
-                log.exception("party %r: handler crashed on %s from %r", self.name,
-                              message.kind, sender)
-                self._fail(context, grpc.StatusCode.INTERNAL,
-                           TransportError(f"party {self.name!r} failed internally on "
-                                          f"{message.kind} ({type(exc).__name__}); see its log"),
-                           "handler")
+                if isinstance(exc, VflinkError):
+                    log.warning("party %r: handler failed on %s from %r: %s", self.name,
+                                message.kind, sender, exc)
+                # Only the boundary message leaves (a party's handler already reduced it;
+                # another handler's error is reduced here); an unexpected exception's trace
+                # is logged with its incident id.
+                public = boundary_error(exc, self.name, message.kind)
+                if not isinstance(exc, VflinkError):
+                    code = grpc.StatusCode.INTERNAL
+                elif isinstance(exc, ProtocolError):
+                    code = grpc.StatusCode.INVALID_ARGUMENT
+                else:
+                    code = grpc.StatusCode.FAILED_PRECONDITION
+                self._fail(context, code, public, "handler")
         finally:
             if lock is not None:
                 lock.release()

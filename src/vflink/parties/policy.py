@@ -1,0 +1,160 @@
+"""Each party's own policy: what it agrees to release, whom it takes orders from, its limits.
+
+In VFL the peers are authenticated but curious (FedSim §5; FLORIST's threat model), so a party
+does not let a peer decide its privacy: a secondary releases identifiers only in the forms its
+own policy allows, whatever encoding the primary proposes; the coordinator releases similarities
+only with at least its own minimum noise (Eq. 2, Theorem 2), whatever σ the primary asks for;
+and every party accepts a message kind only from the role that may send it.
+
+The defaults are the private ones: identifiers only as keyed Bloom filters (FedSim App. I),
+similarities only with noise (τ < 1), bounded pending state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from vflink._checks import check_choice, check_float, check_int, raise_if
+from vflink.errors import PolicyViolation
+from vflink.protocol.boundary import refuse
+
+__all__ = [
+    "DATA_ROLES",
+    "DEFAULT_MAX_TAU",
+    "IDENTIFIER_RELEASES",
+    "PartyPolicy",
+    "ROLE_UNKNOWN",
+    "SENDERS",
+    "check_coordinator",
+    "check_sender",
+]
+
+#: Role of a data party whose role the configuration does not say (a coordinator whose party
+#: file lists its callers without roles): it may submit, and binds the sessions it opens.
+ROLE_UNKNOWN = "data"
+DATA_ROLES = frozenset({"primary", "secondary", ROLE_UNKNOWN})
+_PRIMARY = frozenset({"primary"})
+
+#: Who may send what, by the receiving party's role (message kind → sender roles). A kind
+#: missing here has no role restriction; a new handler should add its kind.
+SENDERS: dict[str, dict[str, frozenset[str]]] = {
+    "secondary": {kind: _PRIMARY for kind in (
+        "share_keys", "share_encodings", "alignment_ready", "setup_bottom",
+        "fit_preprocessing", "forward", "backward", "snapshot", "restore", "save_state",
+        "load_state")},
+    "coordinator": {
+        "key_digests": DATA_ROLES,
+        "identifier_encodings": DATA_ROLES,
+        # A sender of unknown role is also checked against the session it links: only the
+        # party that opened a session may link it (CoordinatorParty).
+        "match_keys": frozenset({"primary", ROLE_UNKNOWN}),
+        "soft_link": frozenset({"primary", ROLE_UNKNOWN}),
+        "fetch_alignment": DATA_ROLES,
+    },
+}
+
+IDENTIFIER_RELEASES = ("bloom", "any")
+#: Noise-free similarities have τ = 1 (Theorem 2 with σ = 0): the default refuses them.
+DEFAULT_MAX_TAU = 0.9999
+
+
+@dataclass(frozen=True, kw_only=True)
+class PartyPolicy:
+    """What this party agrees to release, and the limits it keeps.
+
+    Attributes:
+        identifiers: ``"bloom"``: identifiers leave this party only as keyed Bloom filters
+            (FedSim App. I); ``"any"``: also as raw vectors or strings (explicit opt-out).
+        min_sigma: coordinator: the smallest Eq. 2 noise σ it releases similarities with.
+        max_tau: coordinator: the largest Theorem 2 greedy-attack bound τ it accepts
+            (τ = 1 means no noise, so any value below 1 requires noise). Links in
+            ``mode = "exact"`` carry no distance information and are exempt.
+        embeddings: the DP this party requires on the embeddings it releases. Only ``"any"``
+            exists for now; the VFL-AFE embedding DP adds its (ε, δ) minimum here.
+        max_abs_value: largest magnitude accepted in received gradients, embeddings and
+            similarities (non-finite values are always refused).
+        max_pending_batches: training forwards kept waiting for their Backward.
+        pending_ttl_s: a pending forward older than this is dropped.
+        max_snapshots: distinct snapshot tags kept.
+        max_sessions: coordinator sessions kept at once.
+        session_ttl_s: a session not used for this long is dropped.
+        max_top_k: largest K a soft-linkage request may ask for.
+        max_model_parameters: largest bottom model a SetupBottom may ask this party to build.
+    """
+
+    identifiers: str = "bloom"
+    min_sigma: float = 0.0
+    max_tau: float = DEFAULT_MAX_TAU
+    embeddings: str = "any"
+    max_abs_value: float = 1e6
+    max_pending_batches: int = 8
+    pending_ttl_s: float = 600.0
+    max_snapshots: int = 8
+    max_sessions: int = 16
+    session_ttl_s: float = 86400.0
+    max_top_k: int = 1000
+    max_model_parameters: int = 50_000_000
+
+    def __post_init__(self) -> None:
+        problems: list[str] = []
+        check_choice(problems, "policy.identifiers", self.identifiers, IDENTIFIER_RELEASES)
+        check_float(problems, "policy.min_sigma", self.min_sigma, min=0.0)
+        check_float(problems, "policy.max_tau", self.max_tau, min=0.0, max=1.0,
+                    min_exclusive=True)
+        check_choice(problems, "policy.embeddings", self.embeddings, ("any",))
+        check_float(problems, "policy.max_abs_value", self.max_abs_value, min=0.0,
+                    min_exclusive=True)
+        for name in ("max_pending_batches", "max_snapshots", "max_sessions", "max_top_k",
+                     "max_model_parameters"):
+            check_int(problems, f"policy.{name}", getattr(self, name), min=1)
+        for name in ("pending_ttl_s", "session_ttl_s"):
+            check_float(problems, f"policy.{name}", getattr(self, name), min=0.0,
+                        min_exclusive=True)
+        raise_if(problems, "[policy] section")
+
+    @property
+    def requires_noise(self) -> bool:
+        return self.min_sigma > 0.0 or self.max_tau < 1.0
+
+    @classmethod
+    def permissive(cls, *, identifiers: str = "any") -> PartyPolicy:
+        """No release restriction (limits unchanged): for a run whose single operator owns
+        every party and chose the release explicitly (see ``vflink.runner.federation``)."""
+        return cls(identifiers=identifiers, min_sigma=0.0, max_tau=1.0)
+
+    def check_identifier_release(self, party: str, encoder: str) -> None:
+        """Refuse to release identifiers with ``encoder`` unless the policy allows it."""
+        if encoder != "bloom" and self.identifiers != "any":
+            raise refuse(PolicyViolation,
+                         f"party {party!r} releases identifiers only as keyed Bloom filters "
+                         f"(its policy: identifiers = \"bloom\"); the request asks for the "
+                         f"{encoder!r} encoding, which would send raw identifiers",
+                         code="policy.identifiers")
+
+
+def check_sender(party: str, role: str, roles: Mapping[str, str] | None, sender: str,
+                 kind: str) -> str | None:
+    """The sender's role, after refusing a ``kind`` message its role may not send to a party
+    of ``role``. With ``roles`` unknown (None) nothing is checked and None is returned."""
+    if roles is None:
+        return None
+    sender_role = roles.get(sender)
+    allowed = SENDERS.get(role, {}).get(kind)
+    if allowed is not None and sender_role not in allowed:
+        who = f"role {sender_role!r}" if sender_role else "no known role"
+        need = " or ".join(sorted(r for r in allowed if r != ROLE_UNKNOWN))
+        raise refuse(PolicyViolation,
+                     f"party {party!r} ({role}) does not accept {kind} from {sender!r} ({who}): "
+                     f"only a {need} party may send it", code="role")
+    return sender_role
+
+
+def check_coordinator(party: str, roles: Mapping[str, str] | None, target: str) -> None:
+    """Refuse to send keyed hashes or encodings to ``target`` unless it is the coordinator: a
+    primary that named itself (or another data party, who holds the keys) could otherwise
+    collect a secondary's Bloom filters and test guesses against them."""
+    if roles is not None and roles.get(target) != "coordinator":
+        raise refuse(PolicyViolation, f"party {party!r} sends identifier digests and encodings "
+                                      f"only to the coordinator, and {target!r} is not it",
+                     code="role.destination")
