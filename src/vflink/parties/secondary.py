@@ -25,11 +25,12 @@ from vflink.data.table import PartyTable
 from vflink.errors import ProtocolError, VflinkError
 from vflink.models.mlp import build_mlp, build_optimizer, seeded_init
 from vflink.models.spec import BottomSpec
-from vflink.models.statefile import load_state, remove_state, save_state
+from vflink.models.statefile import StateFileError, load_state, remove_state, save_state
 from vflink.parties.base import Party, state_path
 from vflink.parties.guard import admit_forward, admit_snapshot, check_backward, check_bottom_spec
 from vflink.parties.linking import encode_identifiers
 from vflink.parties.policy import check_coordinator
+from vflink.protocol.boundary import refuse
 from vflink.protocol.channel import Channel
 from vflink.protocol.messages import (
     Ack,
@@ -280,8 +281,17 @@ class SecondaryParty(Party):
             raise ProtocolError(f"party {self.name!r} has no state directory to load from")
         path = state_path(self.out_dir, message.name)
         # tensors from safetensors and the rest from JSON: nothing is unpickled
-        state = load_state(path.parent, path.name, kind="secondary")
         source = f"state {message.name!r} of party {self.name!r}"
+        try:
+            state = load_state(path.parent, path.name, kind="secondary")
+        except StateFileError as exc:
+            # the peer learns which check failed, never this party's paths (issue 13, item 1)
+            text = str(exc)
+            why = next((w for w in ("truncated or not a vflink state file", "not found",
+                                    "format version", "cannot read") if w in text),
+                       "unusable")
+            raise refuse(StateFileError, f"party {self.name!r}: saved {source}: {why}",
+                         code="state-file", detail=text) from None
         try:
             spec = BottomSpec(**state["spec"])
             pre = Preprocessor.from_json(state["preprocessor"], self.table.schema, source=source)
