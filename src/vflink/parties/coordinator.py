@@ -23,8 +23,11 @@ from vflink.protocol.messages import (
     AlignmentView,
     AlignmentViews,
     FetchAlignment,
+    FetchKeyTags,
     IdentifierEncodings,
     KeyDigests,
+    KeyTag,
+    KeyTags,
     MatchKeys,
     SoftLink,
 )
@@ -42,6 +45,7 @@ class _Session:
     primary: str | None = None
     alignments: dict[str, Alignment] = field(default_factory=dict)
     linkages: dict[str, SoftLinkage] = field(default_factory=dict)
+    key_tags: dict[tuple[str, str], npt.NDArray[np.uint8]] = field(default_factory=dict)
 
 
 def view_of(session: str, alignment: Alignment, *, with_similarity: bool) -> AlignmentView:
@@ -96,6 +100,25 @@ class CoordinatorParty(Party):
         self._session(message.session).digests[sender] = np.asarray(message.digests)
         log.info("coordinator: %d key digests from %s", len(message.digests), sender)
         return Ack(info={"rows": float(len(message.digests))})
+
+    # Key confirmation (vflink.alignment.confirm): the coordinator only relays the tags; it holds
+    # no secret, so it can neither check nor forge them.
+
+    def on_key_tag(self, sender: str, message: KeyTag) -> Ack:
+        self._session(message.session).key_tags[(message.nonce, sender)] = np.asarray(
+            message.tag, dtype=np.uint8)
+        return Ack()
+
+    def on_fetch_key_tags(self, sender: str, message: FetchKeyTags) -> KeyTags:
+        tags = self._session(message.session).key_tags
+        absent = [p for p in message.parties if (message.nonce, p) not in tags]
+        if absent:
+            raise ProtocolError(f"coordinator: no key-confirmation tag from {absent} in session "
+                                f"{message.session!r}")
+        stacked = (np.stack([tags[(message.nonce, p)] for p in message.parties])
+                   if message.parties else np.zeros((0, 32), dtype=np.uint8))
+        return KeyTags(session=message.session, nonce=message.nonce, parties=message.parties,
+                       tags=stacked)
 
     def _complete(self, session: str, parties: list[str], store: str, what: str) -> _Session:
         """The session, once every party in ``parties`` has submitted its ``store``."""

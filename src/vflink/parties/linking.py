@@ -16,6 +16,7 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
+from vflink.alignment.confirm import confirmation_tag, new_nonce, tag_matches
 from vflink.alignment.exact import key_digests
 from vflink.errors import ConfigError, DataError, ProtocolError
 from vflink.linkage.encoding import (
@@ -32,9 +33,13 @@ from vflink.protocol.messages import (
     Ack,
     AlignmentReady,
     AlignmentViews,
+    ConfirmKey,
     EncodingSpec,
+    FetchKeyTags,
     IdentifierEncodings,
     KeyDigests,
+    KeyTag,
+    KeyTags,
     MatchKeys,
     ShareEncodings,
     ShareKeys,
@@ -42,9 +47,32 @@ from vflink.protocol.messages import (
 )
 from vflink.types import Alignment
 
-__all__ = ["AlignmentInitiator", "build_encoder", "encode_identifiers", "identifier_values"]
+__all__ = ["AlignmentInitiator", "build_encoder", "encode_identifiers", "identifier_values",
+           "secret_mismatch", "send_key_tag", "uses_secret"]
 
 log = logging.getLogger(__name__)
+
+
+def uses_secret(spec: EncodingSpec) -> bool:
+    """Does this encoding depend on the data parties' shared secret (keyed Bloom filters)?"""
+    return spec.encoder == "bloom"
+
+
+def send_key_tag(channel: Channel, coordinator: str, secret: bytes, *, party: str,
+                 session: str, nonce: str) -> None:
+    """Send ``party``'s key-confirmation tag (:mod:`vflink.alignment.confirm`) to the
+    coordinator."""
+    tag = confirmation_tag(secret, session=session, nonce=nonce, party=party)
+    channel.request(coordinator, KeyTag(session=session, nonce=nonce, tag=tag), Ack)
+
+
+def secret_mismatch(party: str, others: Sequence[str]) -> str:
+    """The error text of a failed key confirmation, naming the parties involved."""
+    names = ", ".join(repr(o) for o in others)
+    return (f"key confirmation failed before alignment: the shared secrets of data parties "
+            f"{party!r} and {names} differ (or the coordinator altered the confirmation tags). "
+            "Every data party must hold the same secret (alignment.secret_env, $VFLINK_SECRET "
+            "by default); the coordinator needs none")
 
 
 def identifier_values(frame: pd.DataFrame, identifiers: Sequence[str], kind: str, *,
@@ -123,6 +151,37 @@ class AlignmentInitiator:
         self._secret = secret
         self.source = source
 
+    def confirm_key(self, coordinator: str, session: str) -> None:
+        """Key confirmation before alignment ``session`` (:mod:`vflink.alignment.confirm`).
+
+        The primary sends its tag to the coordinator and asks every secondary to do the same
+        and check the primary's; then it checks every secondary's. A mismatch raises a
+        :class:`ConfigError` naming the parties whose secrets differ.
+        """
+        if self._secret is None:
+            raise ConfigError("alignment with keyed hashes or Bloom filters needs the data "
+                              "parties' shared secret (alignment.secret_env)")
+        nonce = new_nonce()
+        send_key_tag(self.channel, coordinator, self._secret, party=self.name, session=session,
+                     nonce=nonce)
+        refused = set()
+        for name in self.secondaries:
+            ack = self.channel.request(name, ConfirmKey(session=session, nonce=nonce,
+                                                        coordinator=coordinator), Ack)
+            if ack.info.get("confirmed") != 1.0:
+                refused.add(name)
+        reply = self.channel.request(coordinator, FetchKeyTags(
+            session=session, nonce=nonce, parties=self.secondaries), KeyTags)
+        tags = dict(zip(reply.parties, np.asarray(reply.tags), strict=True))
+        mismatched = [name for name in self.secondaries
+                      if name in refused or name not in tags
+                      or not tag_matches(self._secret, tags[name], session=session, nonce=nonce,
+                                         party=name)]
+        if mismatched:
+            raise ConfigError(secret_mismatch(self.name, mismatched))
+        log.info("key confirmation: %s share %s's secret (session %r)",
+                 ", ".join(self.secondaries), self.name, session)
+
     def _finish(self, coordinator: str, session: str, views: AlignmentViews
                 ) -> dict[str, Alignment]:
         alignments = {v.secondary: Alignment(v.primary_index, v.secondary_index, v.similarity,
@@ -138,6 +197,7 @@ class AlignmentInitiator:
         """Exact keys, hashed with HMAC under the data parties' secret; digests only leave."""
         if self._secret is None:
             raise ConfigError("exact alignment needs a shared secret (alignment.secret_env)")
+        self.confirm_key(coordinator, session)
         digests = key_digests(self.frame, self.key, self._secret)
         self.channel.request(coordinator, KeyDigests(session=session, digests=digests), Ack)
         for name in self.secondaries:
@@ -151,9 +211,11 @@ class AlignmentInitiator:
                    delta: float = 1e-5, session: str = "soft",
                    scale: tuple[float, float] | None = None) -> dict[str, Alignment]:
         """Fuzzy top-K soft linkage (FedSim §4.1) on encoded identifiers."""
-        if spec.encoder != "bloom":
+        if not uses_secret(spec):
             log.info("privacy is off: raw identifiers are sent to the coordinator "
-                        "(encoder %r)", spec.encoder)
+                     "(encoder %r)", spec.encoder)
+        elif self.secondaries:
+            self.confirm_key(coordinator, session)
         values = encode_identifiers(self.frame, self.identifiers, spec, self._secret,
                                     source=self.source)
         self.channel.request(coordinator, IdentifierEncodings(

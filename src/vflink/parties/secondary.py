@@ -18,6 +18,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from vflink.alignment.confirm import tag_matches
 from vflink.alignment.exact import key_digests
 from vflink.data.preprocess import Preprocessor
 from vflink.data.table import PartyTable
@@ -25,19 +26,22 @@ from vflink.errors import ProtocolError
 from vflink.models.mlp import build_mlp, build_optimizer, seeded_init
 from vflink.models.spec import BottomSpec
 from vflink.parties.base import Party, state_path
-from vflink.parties.linking import encode_identifiers
+from vflink.parties.linking import encode_identifiers, secret_mismatch, send_key_tag, uses_secret
 from vflink.protocol.channel import Channel
 from vflink.protocol.messages import (
     Ack,
     AlignmentReady,
     AlignmentView,
     Backward,
+    ConfirmKey,
     Embeddings,
     FetchAlignment,
+    FetchKeyTags,
     FitPreprocessing,
     Forward,
     IdentifierEncodings,
     KeyDigests,
+    KeyTags,
     LoadState,
     Restore,
     SaveState,
@@ -96,18 +100,52 @@ class SecondaryParty(Party):
         self._pending: dict[int, torch.Tensor] = {}
         self._applied: set[int] = set()
         self._snapshots: dict[str, dict[str, Any]] = {}
+        #: alignment sessions whose key confirmation succeeded (vflink.alignment.confirm)
+        self._confirmed: set[str] = set()
 
     # --- alignment ------------------------------------------------------------------------
+
+    def on_confirm_key(self, sender: str, message: ConfirmKey) -> Ack:
+        """Send our key-confirmation tag and check the sender's, both through the coordinator.
+
+        A mismatch is logged here and reported in the reply (the primary raises one error
+        naming every party whose secret differs); this party then refuses to align.
+        """
+        if self._secret is None:
+            raise ProtocolError(f"party {self.name!r} has no alignment secret configured")
+        session, nonce = message.session, message.nonce
+        send_key_tag(self.channel, message.coordinator, self._secret, party=self.name,
+                     session=session, nonce=nonce)
+        reply = self.channel.request(message.coordinator, FetchKeyTags(
+            session=session, nonce=nonce, parties=(sender,)), KeyTags)
+        ok = (reply.parties == (sender,) and len(reply.tags) == 1
+              and tag_matches(self._secret, reply.tags[0], session=session, nonce=nonce,
+                              party=sender))
+        if ok:
+            self._confirmed.add(session)
+        else:
+            self._confirmed.discard(session)
+            log.error("%s", secret_mismatch(self.name, [sender]))
+        return Ack(info={"confirmed": float(ok)})
+
+    def _require_confirmed(self, session: str) -> None:
+        if session not in self._confirmed:
+            raise ProtocolError(f"party {self.name!r}: no successful key confirmation for "
+                                f"session {session!r}; it aligns only with parties proven to "
+                                "share its secret")
 
     def on_share_keys(self, sender: str, message: ShareKeys) -> Ack:
         if self._secret is None:
             raise ProtocolError(f"party {self.name!r} has no alignment secret configured")
+        self._require_confirmed(message.session)
         digests = key_digests(self.table.frame, self.table.schema.key, self._secret)
         self.channel.request(message.coordinator, KeyDigests(session=message.session,
                                                              digests=digests), Ack)
         return Ack(info={"rows": float(len(digests))})
 
     def on_share_encodings(self, sender: str, message: ShareEncodings) -> Ack:
+        if uses_secret(message.spec):
+            self._require_confirmed(message.session)
         values = encode_identifiers(self.table.frame, self.table.schema.identifiers,
                                     message.spec, self._secret, source=self.table.source)
         self.channel.request(message.coordinator, IdentifierEncodings(

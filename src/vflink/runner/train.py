@@ -35,7 +35,7 @@ from vflink.runner.config import RunConfig, config_to_dict
 from vflink.runner.federation import Federation, in_process
 from vflink.runner.inputs import Inputs, load_inputs
 from vflink.runner.ledger import write_run_ledger
-from vflink.runner.link import encoding_for
+from vflink.runner.link import encoding_for, encoding_summary
 from vflink.runner.rundir import atomic_run_dir, write_json
 from vflink.transport import InProcessHub, TrafficCounter, Transcript
 from vflink.types import MISSING, Alignment, Task
@@ -201,6 +201,7 @@ def prepare(config: RunConfig, tables: Inputs | tuple[PartyTable, Sequence[Party
         base = initiator.align_exact(coordinator, session="exact")
         alignments = {"base": base, "top1": base, "exact": base}
         sessions = dict.fromkeys(alignments, "exact")
+        summary.update(encoding_summary("hmac-sha256", federation.secret_source))
     else:
         # The primary proposes the encoding; a numeric Bloom range comes from its own
         # identifiers (widened by 10 %), as it must when the secondaries' data are elsewhere.
@@ -224,6 +225,7 @@ def prepare(config: RunConfig, tables: Inputs | tuple[PartyTable, Sequence[Party
         summary.update({k: first.meta.get(k) for k in ("mu0", "sigma0", "sigma", "tau",
                                                        "epsilon", "delta")})
         summary.update({"metric": a_cfg.metric, "top_k": top_k, "privacy": a_cfg.privacy})
+        summary.update(encoding_summary(spec.encoder, federation.secret_source))
     n = len(inputs.primary)
     rows = np.arange(n, dtype=np.int64)
     if a_cfg.method == "exact" and a_cfg.unmatched == "drop":
