@@ -18,6 +18,7 @@ import pandas as pd
 
 from vflink.alignment.confirm import confirmation_tag, new_nonce, tag_matches
 from vflink.alignment.exact import key_digests
+from vflink.data.table import bad_cells, missing_columns, report
 from vflink.errors import ConfigError, DataError, ProtocolError
 from vflink.linkage.encoding import (
     BloomConfig,
@@ -85,18 +86,20 @@ def identifier_values(frame: pd.DataFrame, identifiers: Sequence[str], kind: str
         raise ConfigError(f"{source}: no identifier columns configured for linkage")
     missing = [c for c in identifiers if c not in frame.columns]
     if missing:
-        raise DataError(f"{source}: unknown identifier column(s) {missing}; the table has: "
-                        f"{', '.join(map(str, frame.columns[:20]))}")
+        raise report(source, [missing_columns(frame, missing, "identifier column")])
     if kind == "numeric":
         out = np.empty((len(frame), len(identifiers)), dtype=np.float64)
+        problems = []
         for j, col in enumerate(identifiers):
             values = pd.to_numeric(frame[col], errors="coerce")
             bad = values.isna().to_numpy() & frame[col].notna().to_numpy()
             if bad.any():
-                row = int(np.flatnonzero(bad)[0])
-                raise DataError(f"{source}: identifier column {col!r} must be numeric; row {row} "
-                                f"holds {frame[col].iloc[row]!r}")
+                problems.append(f"identifier column {col!r} must be numeric, "
+                                f"{bad_cells(frame, bad, col)}")
+                continue
             out[:, j] = values.to_numpy(dtype=np.float64, na_value=np.nan)
+        if problems:
+            raise report(source, problems)
         return out
     if kind == "string":
         parts = frame[list(identifiers)].astype(object)

@@ -260,7 +260,7 @@ def train_and_evaluate(primary: PrimaryParty, config: RunConfig, plan: TrainingP
                        splits: tuple[npt.NDArray[np.int64], ...], counter: TrafficCounter,
                        *, batch_size: int, progress: Progress | None = None,
                        checkpoints: bool = False, state_prefix: str = "",
-                       resume: bool = False
+                       resume: bool = False, accounting: dict[str, Any] | None = None
                        ) -> tuple[dict[str, dict[str, float]], tuple[EpochRecord, ...], int]:
     """Train with early stopping on the validation metric; restore the best epoch; evaluate.
 
@@ -268,6 +268,11 @@ def train_and_evaluate(primary: PrimaryParty, config: RunConfig, plan: TrainingP
     (``checkpoint.pt``, and ``best.pt`` when validation improves), so a run that died can be
     continued with ``resume``: the same batches, ids and random numbers follow, and the final
     model equals that of an uninterrupted run.
+
+    ``accounting["communication"]``, if a dict is given, receives the training traffic: setup,
+    every epoch and the final evaluation. The setup's share travels in the checkpoint, so a
+    resumed run reports the same total as an uninterrupted one; the state writes and snapshots
+    between epochs are bookkeeping, not counted (a resumed run would count them differently).
     """
     train, val, test = splits
     t = config.training
@@ -287,12 +292,15 @@ def train_and_evaluate(primary: PrimaryParty, config: RunConfig, plan: TrainingP
         best, best_epoch, stale = (progress_state["best"], progress_state["best_epoch"],
                                    progress_state["stale"])
         history = _records(progress_state["history"])
+        setup_traffic = dict(progress_state.get("setup_communication", {}))
         first_epoch = len(history) + 1
         log.info("resuming after epoch %d (best epoch %d)", len(history), best_epoch)
         if progress is not None:
             progress("epoch", len(history), t.epochs)
     else:
+        before_setup = counter.snapshot()
         primary.setup(plan, train)
+        setup_traffic = TrafficCounter.delta(counter.snapshot(), before_setup)
     finished = resume and (stale >= t.patience or first_epoch > t.epochs)
     for epoch in range(first_epoch, t.epochs + 1):
         if finished:
@@ -324,7 +332,8 @@ def train_and_evaluate(primary: PrimaryParty, config: RunConfig, plan: TrainingP
                 extra={"training_progress": {
                     "rng": rng.bit_generator.state, "next_batch_id": primary.next_batch_id,
                     "best": best, "best_epoch": best_epoch, "stale": stale,
-                    "history": [dataclasses.asdict(r) for r in history]}})
+                    "history": [dataclasses.asdict(r) for r in history],
+                    "setup_communication": setup_traffic}})
         log.info("epoch %d: loss %.4f, validation %s %.4f", epoch, record.train_loss, metric,
                  score)
         if progress is not None:
@@ -332,12 +341,17 @@ def train_and_evaluate(primary: PrimaryParty, config: RunConfig, plan: TrainingP
         if stale >= t.patience:
             log.info("early stopping after epoch %d (best %d)", epoch, best_epoch)
             break
+    before_final = counter.snapshot()
     if checkpoints:
         primary.load_states(BEST)
     else:
         primary.restore("best")
     metrics = {name: evaluate(primary.task, primary.targets(rows), primary.predict_scores(rows))
                for name, rows in (("train", train), ("validation", val), ("test", test))}
+    if accounting is not None:
+        accounting["communication"] = TrafficCounter.combine(
+            setup_traffic, *(r.communication for r in history),
+            TrafficCounter.delta(counter.snapshot(), before_final))
     return metrics, tuple(history), best_epoch
 
 
@@ -438,10 +452,12 @@ def _run(config: RunConfig, out_dir: Path | None, progress: Progress | None,
     plan = _plan(config, algorithm, learn_missing=learn_missing, k=k)
     if resume and plan.k != k:
         raise ConfigError("cannot resume: the alignment changed")
-    start_bytes = counter.snapshot()
+    accounting: dict[str, Any] = {}
     metrics, history, best_epoch = train_and_evaluate(
         primary, config, plan, splits, counter, batch_size=batch_size, progress=progress,
-        checkpoints=out_dir is not None, state_prefix=state_prefix, resume=resume)
+        checkpoints=out_dir is not None, state_prefix=state_prefix, resume=resume,
+        accounting=accounting)
+    start_bytes = counter.snapshot()
     if out_dir is not None:
         primary.save_states(FINAL, secondary_name=state_prefix + FINAL)
     sizes = {"primary_rows": len(inputs.primary), "aligned_rows": len(rows),
@@ -450,7 +466,8 @@ def _run(config: RunConfig, out_dir: Path | None, progress: Progress | None,
     return RunResult(
         algorithm=algorithm.name, task=primary.task, metrics=metrics, history=history,
         best_epoch=best_epoch,
-        communication=TrafficCounter.delta(counter.snapshot(), start_bytes), sizes=sizes,
+        communication=TrafficCounter.combine(accounting["communication"], TrafficCounter.delta(
+            counter.snapshot(), start_bytes)), sizes=sizes,
         seconds=time.perf_counter() - start,
         extra={"alignment": {**prepared.summary, "communication": prepared.communication}},
     )
