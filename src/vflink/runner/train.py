@@ -29,13 +29,14 @@ from vflink.metrics.functional import evaluate, higher_is_better, primary_metric
 from vflink.models.merge import AggregatorConfig
 from vflink.models.spec import BottomSpec
 from vflink.parties import PrimaryParty, TrainingPlan
-from vflink.protocol import Ack, AlignmentReady
+from vflink.protocol import Ack, AlignmentReady, EncodingSpec
 from vflink.runner.algorithms import Algorithm, get_algorithm
 from vflink.runner.config import RunConfig, config_to_dict
 from vflink.runner.federation import Federation, in_process
 from vflink.runner.inputs import Inputs, load_inputs
 from vflink.runner.ledger import write_run_ledger
 from vflink.runner.link import encoding_for, encoding_summary
+from vflink.runner.link_quality import training_link_quality, write_link_quality
 from vflink.runner.rundir import atomic_run_dir, write_json
 from vflink.transport import InProcessHub, TrafficCounter, Transcript
 from vflink.types import MISSING, Alignment, Task
@@ -170,11 +171,13 @@ def _needs(algorithms: Sequence[Algorithm]) -> set[str]:
 def prepare(config: RunConfig, tables: Inputs | tuple[PartyTable, Sequence[PartyTable]] | None
             = None, *, algorithms: Sequence[str] | None = None,
             transcript: Transcript | None = None, federation: Federation | None = None,
-            scale: tuple[float, float] | None = None) -> Prepared:
+            scale: tuple[float, float] | None = None,
+            encoding: EncodingSpec | None = None) -> Prepared:
     """Align the parties through the coordinator (the real protocol).
 
     Without a ``federation`` the other parties are built in this process. ``scale`` fixes
-    Eq. 1's (μ0, σ0), e.g. to a training linkage's when predicting.
+    Eq. 1's (μ0, σ0) and ``encoding`` the identifier encoding (e.g. a Bloom filter's value
+    range), both to a training linkage's when predicting.
     """
     inputs = _as_inputs(tables) if tables is not None else load_inputs(config)
     algs = [get_algorithm(a) for a in (algorithms or [config.algorithm])]
@@ -208,6 +211,8 @@ def prepare(config: RunConfig, tables: Inputs | tuple[PartyTable, Sequence[Party
         sides = [(inputs.primary.frame, inputs.primary.schema.identifiers)]
         spec, search_metric = encoding_for(a_cfg.metric, bloom=a_cfg.privacy == "bloom",
                                            sides=sides, margin=0.1)
+        if encoding is not None:  # the training's: same centres, so similarities compare
+            spec = encoding
         top_k = a_cfg.top_k if "topk" in needs else 1
         soft = initiator.align_soft(coordinator, spec, metric=search_metric, top_k=top_k,
                                     tau=a_cfg.tau, sigma=a_cfg.sigma, delta=a_cfg.delta,
@@ -226,6 +231,7 @@ def prepare(config: RunConfig, tables: Inputs | tuple[PartyTable, Sequence[Party
                                                        "epsilon", "delta")})
         summary.update({"metric": a_cfg.metric, "top_k": top_k, "privacy": a_cfg.privacy})
         summary.update(encoding_summary(spec.encoder, federation.secret_source))
+        summary["encoding_spec"] = dataclasses.asdict(spec)  # public; reused by predict
     n = len(inputs.primary)
     rows = np.arange(n, dtype=np.int64)
     if a_cfg.method == "exact" and a_cfg.unmatched == "drop":
@@ -271,8 +277,9 @@ def train_and_evaluate(primary: PrimaryParty, config: RunConfig, plan: TrainingP
 
     ``accounting["communication"]``, if a dict is given, receives the training traffic: setup,
     every epoch and the final evaluation. The setup's share travels in the checkpoint, so a
-    resumed run reports the same total as an uninterrupted one; the state writes and snapshots
-    between epochs are bookkeeping, not counted (a resumed run would count them differently).
+    resumed run reports the same total as an uninterrupted one. Saving, loading, snapshotting
+    and restoring states is bookkeeping and not counted: a resumed run does it differently, and
+    state names carry the run id.
     """
     train, val, test = splits
     t = config.training
@@ -341,11 +348,11 @@ def train_and_evaluate(primary: PrimaryParty, config: RunConfig, plan: TrainingP
         if stale >= t.patience:
             log.info("early stopping after epoch %d (best %d)", epoch, best_epoch)
             break
-    before_final = counter.snapshot()
     if checkpoints:
         primary.load_states(BEST)
     else:
         primary.restore("best")
+    before_final = counter.snapshot()
     metrics = {name: evaluate(primary.task, primary.targets(rows), primary.predict_scores(rows))
                for name, rows in (("train", train), ("validation", val), ("test", test))}
     if accounting is not None:
@@ -378,6 +385,8 @@ def run_training(config: RunConfig, out_dir: Path | None = None, *, overwrite: b
         write_json(staging / "config.json", config_to_dict(config))
         write_json(staging / "metrics.json", result.to_json())
         write_run_ledger(staging, result)
+        if "link_quality" in result.extra:  # read by `vflink predict`
+            write_link_quality(staging, result.extra["link_quality"])
         from vflink.runner.plots import learning_curve  # matplotlib only when writing
 
         learning_curve(result, staging / "learning_curve.png")
@@ -457,7 +466,6 @@ def _run(config: RunConfig, out_dir: Path | None, progress: Progress | None,
         primary, config, plan, splits, counter, batch_size=batch_size, progress=progress,
         checkpoints=out_dir is not None, state_prefix=state_prefix, resume=resume,
         accounting=accounting)
-    start_bytes = counter.snapshot()
     if out_dir is not None:
         primary.save_states(FINAL, secondary_name=state_prefix + FINAL)
     sizes = {"primary_rows": len(inputs.primary), "aligned_rows": len(rows),
@@ -466,8 +474,11 @@ def _run(config: RunConfig, out_dir: Path | None, progress: Progress | None,
     return RunResult(
         algorithm=algorithm.name, task=primary.task, metrics=metrics, history=history,
         best_epoch=best_epoch,
-        communication=TrafficCounter.combine(accounting["communication"], TrafficCounter.delta(
-            counter.snapshot(), start_bytes)), sizes=sizes,
+        communication=accounting["communication"], sizes=sizes,
         seconds=time.perf_counter() - start,
-        extra={"alignment": {**prepared.summary, "communication": prepared.communication}},
+        extra={"alignment": {**prepared.summary, "communication": prepared.communication},
+               **({"link_quality": training_link_quality(
+                   config.alignment.method, prepared.alignments["base"],
+                   federation.secondaries, splits[0], len(inputs.primary))}
+                  if algorithm.kind == "vfl" and federation is not None else {})},
     )
