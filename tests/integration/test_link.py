@@ -108,6 +108,10 @@ BAD = {
                     "larger than the secondary table"),
     "empty string": (["--on", "name", "--metric", "levenshtein"], "empty string"),
     "unknown column": (["--on", "lat,height", "--metric", "euclidean"], "height"),
+    "secondary lacks a column": (
+        ["--on", "lat,lon", "--secondary-on", "lat,height", "--metric", "hamming"],
+        "s.parquet: identifier column(s) ['height'] named in the configuration but missing "
+        "from the table; this table has: lat, lon, price, name"),
     "unreachable tau": (["--on", "lat,lon", "--metric", "euclidean", "--tau", "0.0001"],
                         "smallest achievable"),
 }

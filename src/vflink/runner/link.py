@@ -111,7 +111,7 @@ def _kind(frame: pd.DataFrame, columns: Sequence[str], metric: str) -> str:
 def encoding_for(metric: str, *, bloom: bool,
                  sides: Sequence[tuple[pd.DataFrame, Sequence[str]]],
                  bloom_config: BloomConfig | None = None,
-                 margin: float = 0.01) -> tuple[EncodingSpec, str]:
+                 margin: float = 0.01, sources: Sequence[str] = ()) -> tuple[EncodingSpec, str]:
     """The encoding spec every data party uses, and the metric the coordinator searches with.
 
     ``sides`` are the (table, identifier columns) the value range is fitted on, primary first.
@@ -132,7 +132,8 @@ def encoding_for(metric: str, *, bloom: bool,
         return EncodingSpec(encoder="bloom", kind="string", params=params), "hamming"
     tables = []
     for i, (frame, columns) in enumerate(sides):
-        values = np.asarray(identifier_values(frame, columns, "numeric", source=f"party {i}"))
+        source = sources[i] if i < len(sources) else f"party {i}"
+        values = np.asarray(identifier_values(frame, columns, "numeric", source=source))
         tables.append(values[np.isfinite(values).all(axis=1)])
     ranges = NumericRange.fit(*tables, margin=margin)
     return EncodingSpec(encoder="bloom", kind="numeric", params=params, low=ranges.low,
@@ -171,7 +172,8 @@ def run_linkage(primary: pd.DataFrame, secondary: pd.DataFrame, *, on: Sequence[
             metric=metric, top_k=top_k)
     spec, search_metric = encoding_for(metric, bloom=privacy == "bloom",
                                        sides=((primary, on), (secondary, secondary_on)),
-                                       bloom_config=bloom_config)
+                                       bloom_config=bloom_config,
+                                       sources=(primary_source, secondary_source))
     secret_source = "given" if secret is not None else ""
     if spec.encoder == "bloom" and secret is None:
         # derived from the seed when unset (and said so), random without a seed: both data
