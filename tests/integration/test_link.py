@@ -110,8 +110,8 @@ BAD = {
     "unknown column": (["--on", "lat,height", "--metric", "euclidean"], "height"),
     "secondary lacks a column": (
         ["--on", "lat,lon", "--secondary-on", "lat,height", "--metric", "hamming"],
-        "s.parquet: identifier column(s) ['height'] named in the configuration but missing "
-        "from the table; this table has: lat, lon, price, name"),
+        "s.parquet: identifier column(s) ['height'] expected but missing from the table; "
+        "this table has: lat, lon, price, name"),
     "unreachable tau": (["--on", "lat,lon", "--metric", "euclidean", "--tau", "0.0001"],
                         "smallest achievable"),
 }

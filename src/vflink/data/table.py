@@ -118,7 +118,7 @@ def bad_cells(frame: pd.DataFrame, mask: np.ndarray, column: str) -> str:
 def missing_columns(frame: pd.DataFrame, columns: Sequence[str], what: str = "column") -> str:
     """The problem text for ``columns`` that the configuration names but the table lacks."""
     have = ", ".join(map(str, frame.columns))
-    return (f"{what}(s) {list(columns)} named in the configuration but missing from the table; "
+    return (f"{what}(s) {list(columns)} expected but missing from the table; "
             f"this table has: {have}")
 
 

@@ -126,8 +126,8 @@ def test_every_problem_of_a_table_at_once(tmp_path: Path) -> None:
     text = str(err)
     assert len(err.problems) == 4 and "4 problems" in text
     assert all("t.csv (party 'primary')" in p for p in err.problems)
-    assert "['weight', 'height', 'colour'] named in the configuration but missing from the " \
-           "table; this table has: id, a, b, c, y" in text
+    assert "['weight', 'height', 'colour'] expected but missing from the table; this table " \
+           "has: id, a, b, c, y" in text
     assert "column 'a' is numeric but holds non-numeric values, first at row 0 (line 2 of a " \
            "CSV), value 'twelve'; row 2 (line 4 of a CSV), value '?'" in text
     assert "column 'b' holds infinite values, first at row 1 (line 3 of a CSV), value inf; " \
