@@ -66,7 +66,15 @@ class UnknownNameError(ConfigError, KeyError):
 
 
 class DataError(VflinkError, ValueError):
-    """Input data is unusable: missing file, unknown column, bad value, duplicate keys..."""
+    """Input data is unusable: missing file, unknown column, bad value, duplicate keys...
+
+    ``problems`` holds every problem found (as for :class:`ConfigError`), so a table with
+    several mistakes is reported at once.
+    """
+
+    def __init__(self, message: str, problems: Iterable[str] = ()) -> None:
+        self.problems: tuple[str, ...] = tuple(problems) or (message,)
+        super().__init__(message)
 
 
 class LinkageError(VflinkError, ValueError):

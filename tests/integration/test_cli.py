@@ -88,9 +88,10 @@ def _duplicate_key(f: pd.DataFrame) -> pd.DataFrame:
 
 BAD_INPUTS = {
     "missing file": ({"edit_primary": None}, "primary.csv: file not found"),
-    "unknown column": ({"edit_bank": lambda f: f.drop(columns=["s5"])}, "unknown column"),
+    "unknown column": ({"edit_bank": lambda f: f.drop(columns=["s5"])},
+                       "['s5'] expected but missing from the table"),
     "non-numeric": ({"edit_bank": _text_in_numeric}, "column 's3' is numeric but holds"),
-    "nan label": ({"edit_primary": _nan_label}, "label column 'y' has a missing"),
+    "nan label": ({"edit_primary": _nan_label}, "label column 'y' has missing (NaN) values"),
     "duplicate keys": ({"edit_primary": _duplicate_key}, "duplicate key"),
     "empty table": ({"edit_bank": lambda f: f.iloc[:0]}, "empty"),
     "label on secondary": ({"bank_extra": 'label = "risk"',

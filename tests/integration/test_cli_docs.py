@@ -99,6 +99,9 @@ def test_cli_constants_agree_with_the_runner() -> None:
     from vflink.runner.link import LINK_METRICS
 
     assert set(link_cli.LINK_METRICS) == set(LINK_METRICS) == set(CONFIG_METRICS)
+    from vflink.runner.link import PRIVACY
+
+    assert link_cli.PRIVACY == PRIVACY
     assert tuple(train_cli.ALGORITHMS) == algorithm_names()
 
 

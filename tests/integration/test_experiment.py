@@ -45,6 +45,8 @@ def test_experiment_tables_and_reproducibility(tmp_path: Path) -> None:
     assert stat["mean"] == pytest.approx(sum(runs) / 2) and stat["n"] == 2
     md = (tmp_path / "a" / "results.md").read_text()
     assert "| fedsim |" in md and "±" in md
+    # privacy = "off" was chosen explicitly, and the results say what reached the coordinator
+    assert first["encodings"] == ["raw"] and "coordinator as: raw" in md
     assert (tmp_path / "a" / "plot.png").stat().st_size > 1000
     # identical numbers on a re-run with the same seeds
     second = run_experiment(load_experiment(path), tmp_path / "b")

@@ -30,7 +30,8 @@ def test_only_encodings_reach_the_coordinator(bloom: bool) -> None:
                       tau=0.9, seed=3, transcript=transcript)
     to_coord = [r for r in transcript.records if r.receiver == "coordinator"]
     assert {r.message.kind for r in to_coord} <= {"identifier_encodings", "soft_link",
-                                                  "fetch_alignment"}
+                                                  "fetch_alignment", "key_tag",
+                                                  "fetch_key_tags"}
     raw_values = set(np.round(p[["lat", "lon"]].to_numpy().ravel(), 9))
     for r in to_coord:
         if isinstance(r.message, IdentifierEncodings):
@@ -49,7 +50,8 @@ def test_only_encodings_reach_the_coordinator(bloom: bool) -> None:
 
 def test_exact_search_through_parties_equals_brute_force() -> None:
     p, s = places(200, 4), places(90, 5)
-    out = run_linkage(p, s, on=("lat", "lon"), metric="haversine", top_k=7, seed=0)
+    out = run_linkage(p, s, on=("lat", "lon"), metric="haversine", top_k=7, seed=0,
+                      privacy="off")
     truth = brute_haversine(p[["lat", "lon"]].to_numpy(), s[["lat", "lon"]].to_numpy(), 7).distances
     np.testing.assert_allclose(out.linkage.distances, truth, rtol=1e-6, atol=1e-6)
     # Eq. 1 before noise: mean 0, standard deviation 1
@@ -61,7 +63,7 @@ def test_titles_by_levenshtein() -> None:
     p = pd.DataFrame({"title": ["The Matrix", "Alien", "Heat", "Up"]})
     s = pd.DataFrame({"name": ["Matrix, The", "Aliens", "Heat!", "Up", "Jaws", "Ran"]})
     out = run_linkage(p, s, on=("title",), secondary_on=("name",), metric="levenshtein",
-                      top_k=2, seed=0)
+                      top_k=2, seed=0, privacy="off")
     assert out.linkage.indices[2, 0] == 2 and out.linkage.indices[3, 0] == 3
     from vflink.linkage import normalize_string
 
@@ -106,6 +108,10 @@ BAD = {
                     "larger than the secondary table"),
     "empty string": (["--on", "name", "--metric", "levenshtein"], "empty string"),
     "unknown column": (["--on", "lat,height", "--metric", "euclidean"], "height"),
+    "secondary lacks a column": (
+        ["--on", "lat,lon", "--secondary-on", "lat,height", "--metric", "hamming"],
+        "s.parquet: identifier column(s) ['height'] expected but missing from the table; "
+        "this table has: lat, lon, price, name"),
     "unreachable tau": (["--on", "lat,lon", "--metric", "euclidean", "--tau", "0.0001"],
                         "smallest achievable"),
 }

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -11,8 +12,10 @@ import time
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
 from tests.helpers.network import start_process, write_party_files
+from vflink.cli.train import summarise
 from vflink.errors import PeerUnavailable
 from vflink.parties import SecondaryParty
 from vflink.protocol import Forward
@@ -24,7 +27,7 @@ from vflink.runner.config import (
     load_config,
 )
 from vflink.runner.rundir import staging_dir
-from vflink.runner.train import run_training
+from vflink.runner.train import RunResult, run_training
 
 OPTIONS = {"n_samples": 1500, "sigma_cf": 0.1, "seed": 5}
 
@@ -59,6 +62,28 @@ def test_in_process_interruption_and_resume(tmp_path: Path,
     assert resumed.metrics == whole.metrics
     assert [h.train_loss for h in resumed.history] == [h.train_loss for h in whole.history]
     assert not staging_dir(tmp_path / "cut").exists()
+    # the resumed run reports the whole run: totals, epochs and the summary line
+    assert_same_report(tmp_path / "whole", tmp_path / "cut")
+    assert resumed.communication == whole.communication
+    assert summary_bytes(resumed) == summary_bytes(whole)
+
+
+def assert_same_report(whole: Path, resumed: Path) -> None:
+    a = json.loads((whole / "metrics.json").read_text())
+    b = json.loads((resumed / "metrics.json").read_text())
+    assert b["communication_total"] == a["communication_total"]
+    assert sum(v["bytes"] for v in a["communication_total"].values()) > 0
+    assert [(e["epoch"], e["train_loss"], e["validation"], e["communication"])
+            for e in b["epochs"]] == [(e["epoch"], e["train_loss"], e["validation"],
+                                       e["communication"]) for e in a["epochs"]]
+    assert b["alignment"]["communication"] == a["alignment"]["communication"]
+    assert b["best_epoch"] == a["best_epoch"] and b["metrics"] == a["metrics"]
+
+
+def summary_bytes(result: RunResult) -> str:
+    console = Console(record=True, width=200)
+    summarise(result, console)
+    return re.search(r"[\d.]+ MB exchanged", console.export_text()).group(0)  # type: ignore[union-attr]
 
 
 RUN = """version = 1
@@ -135,6 +160,9 @@ def test_kill_secondary_then_resume_over_grpc(tmp_path: Path,
         b = json.loads((out / "metrics.json").read_text())
         assert b["metrics"] == a["metrics"]
         assert b["best_epoch"] == a["best_epoch"]
+        assert_same_report(tmp_path / "whole", out)  # totals of the whole run, not the rest
+        line = lambda text: re.search(r"[\d.]+ MB exchanged", text).group(0)  # noqa: E731
+        assert line(" ".join(resumed.stdout.split())) == line(" ".join(whole.stdout.split()))
         # and the three-process run equals the same run with every party in one process
         local = run_training(load_config(run), tmp_path / "local")
         for split in ("train", "validation", "test"):

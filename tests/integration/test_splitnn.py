@@ -48,11 +48,11 @@ def test_only_embeddings_gradients_and_hashes_cross(tables: tuple[PartyTable, Pa
     run_training(config(epochs=2), transcript=transcript, tables=(small[0], (small[1],)))
 
     allowed = {
-        ("primary", "coordinator"): {"key_digests", "match_keys"},
-        ("coordinator", "primary"): {"ack", "alignment_views"},
-        ("bank", "coordinator"): {"key_digests", "fetch_alignment"},
-        ("coordinator", "bank"): {"ack", "alignment_view"},
-        ("primary", "bank"): {"share_keys", "alignment_ready", "setup_bottom",
+        ("primary", "coordinator"): {"key_tag", "fetch_key_tags", "key_digests", "match_keys"},
+        ("coordinator", "primary"): {"ack", "key_tags", "alignment_views"},
+        ("bank", "coordinator"): {"key_tag", "fetch_key_tags", "key_digests", "fetch_alignment"},
+        ("coordinator", "bank"): {"ack", "key_tags", "alignment_view"},
+        ("primary", "bank"): {"confirm_key", "share_keys", "alignment_ready", "setup_bottom",
                               "fit_preprocessing", "forward", "backward", "snapshot", "restore",
                               "save_state"},
         ("bank", "primary"): {"ack", "embeddings"},

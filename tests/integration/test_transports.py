@@ -55,3 +55,4 @@ def test_same_metrics_and_bytes_over_both_transports(scenario: str, tmp_path: Pa
     for a, b in zip(local.history, remote.history, strict=True):
         assert a.communication == b.communication
     assert local.history[0].communication["secondary->primary"]["bytes"] > 0
+    assert remote.communication == local.communication  # the run's totals too

@@ -14,8 +14,10 @@ from vflink.errors import ConfigError
 __all__ = ["register", "run"]
 
 #: ``vflink.runner.link.LINK_METRICS``, spelt out so that `--help` does not import the linkage
-#: stack (tests/integration/test_cli_consistency.py checks that they agree).
+#: stack (tests/integration/test_cli_docs.py checks that they agree).
 LINK_METRICS = ("euclidean", "haversine", "hamming", "levenshtein")
+#: ``vflink.runner.link.PRIVACY``, spelt out for the same reason.
+PRIVACY = ("bloom", "off")
 
 HELP = """Link every record of PRIMARY to its K most similar records of SECONDARY through a
 coordinator, as FedSim §4.1 does: each data party encodes its identifier columns and sends only
@@ -23,8 +25,10 @@ the encodings; the coordinator finds the top-K, normalises the similarities (Eq.
 Gaussian noise (Eq. 2) whose scale σ follows from the target greedy-attack success rate τ
 (Theorem 2); it reports the (ε, δ) of Theorem 1 and the improvement estimate Δ (§4.3).
 
-Privacy: with --bloom (or --metric hamming) identifiers leave the parties only as keyed Bloom
-filters (FedSim App. I). Without it, raw identifiers are sent to the coordinator (privacy off).
+Privacy is on by default: identifiers leave the data parties only as keyed Bloom filters
+(FedSim App. I) and are compared by Hamming distance, under the secret in $VFLINK_SECRET (derived
+from --seed, and then not a secret, when unset; random without a seed). Raw identifiers are sent
+to the coordinator only with an explicit --privacy off. The summary names the encoding used.
 
 Output (by extension: .csv or .parquet): one row per (primary record, neighbour) with
 primary_index, secondary_index (0-based row positions in the input files), rank (0 = most
@@ -56,9 +60,11 @@ def register(sub: Any) -> None:
     p.add_argument("--metric", choices=LINK_METRICS,
                    help="distance: euclidean, haversine (lat,lon degrees → km), levenshtein, "
                    "hamming (Bloom filters)")
+    p.add_argument("--privacy", choices=PRIVACY, default=None,
+                   help="bloom (default): keyed Bloom filters reach the coordinator; off: RAW "
+                   "identifiers reach the coordinator")
     p.add_argument("--bloom", action="store_true", default=None,
-                   help="encode identifiers as keyed Bloom filters and compare by Hamming "
-                   "distance (privacy on)")
+                   help="same as --privacy bloom (the default)")
     p.add_argument("--top-k", type=int, help="K neighbours per primary record")
     p.add_argument("--mode", choices=("soft", "top1", "exact"), default=None,
                    help="soft (default: top-K), top1 (Top1Sim, K=1), exact (exact matches only)")
@@ -85,7 +91,7 @@ _REQUIRED = ("primary", "secondary", "on", "metric", "top_k", "out")
 
 
 _KEYS = ("primary", "secondary", "on", "secondary_on", "metric", "bloom", "top_k", "mode", "tau",
-         "sigma", "delta", "approximate", "seed", "out")
+         "sigma", "delta", "approximate", "seed", "out", "privacy")
 
 
 def resolve(args: argparse.Namespace) -> dict[str, Any]:
@@ -109,6 +115,11 @@ def resolve(args: argparse.Namespace) -> dict[str, Any]:
                 _REQUIRED if opts.get(k) is None]
     if opts.get("tau") is not None and opts.get("sigma") is not None:
         problems.append("give at most one of --tau and --sigma")
+    privacy, bloom = opts.get("privacy"), opts.get("bloom")
+    if privacy is not None and privacy not in PRIVACY:
+        problems.append(f"--privacy must be one of {', '.join(PRIVACY)}, got {privacy!r}")
+    elif privacy is not None and bloom is not None and (privacy == "bloom") != bool(bloom):
+        problems.append(f"--bloom contradicts --privacy {privacy}; give one of them")
     out = opts.get("out")
     if out is not None and Path(out).suffix.lower() not in (".csv", ".parquet"):
         problems.append(f"--out must end in .csv or .parquet, got {str(out)!r}")
@@ -150,7 +161,8 @@ def run(args: argparse.Namespace) -> int:
                         f"({opts['metric']}, K = {opts['top_k']})"):
         outcome = run_linkage(
             primary, secondary, on=on or (), secondary_on=secondary_on,
-            metric=opts["metric"], top_k=int(opts["top_k"]), bloom=bool(opts.get("bloom")),
+            metric=opts["metric"], top_k=int(opts["top_k"]), bloom=opts.get("bloom"),
+            privacy=opts.get("privacy"),
             mode=opts.get("mode") or "soft", tau=opts.get("tau"), sigma=opts.get("sigma"),
             delta=opts.get("delta") or 1e-5,
             seed=opts.get("seed"), search=search, primary_source=str(opts["primary"]),

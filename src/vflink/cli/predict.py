@@ -15,6 +15,12 @@ The records (CSV/Parquet with the primary's columns; the label column is optiona
 to the secondary parties' data as in training — keyed hashes, or top-K soft linkage through the
 coordinator — every party loads its own saved model, the secondaries send embeddings of the
 linked rows and the primary predicts. If the label column is present, metrics are printed too.
+
+Besides the predictions, every row says how well it was linked: best_similarity (soft linkage:
+the similarity of its best link) and low_similarity (below the lowest 1% of the training rows'
+best-link similarities, stored in the run's link_quality.json), or matched (exact alignment: a
+secondary record with the same key was found). A warning counts the rows that were linked worse
+than nearly every training row: their predictions deserve less trust.
 """
 
 
@@ -33,6 +39,7 @@ def register(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
+    from rich.markup import escape
 
     from vflink.data.table import read_frame
     from vflink.errors import ConfigError
@@ -55,6 +62,8 @@ def run(args: argparse.Namespace) -> int:
         result.frame.to_csv(tmp, index=False)
     os.replace(tmp, out)
     console.print(f"wrote {len(result.frame)} predictions to {out}")
+    for text in result.warnings:
+        console.print(f"[yellow]warning:[/] {escape(text)}", highlight=False)
     if result.metrics:
         console.print("metrics on the given labels: " +
                       ", ".join(f"{k} {v:.4f}" for k, v in result.metrics.items()))

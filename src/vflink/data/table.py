@@ -1,11 +1,13 @@
 """Loading a party's table from CSV or Parquet and checking it against its schema.
 
-Bad input fails fast with a :class:`~vflink.errors.DataError` that names the file, the column
-and an example row, so the user can find and fix it.
+Bad input fails with one :class:`~vflink.errors.DataError` that names the file and lists every
+problem found: each missing column, and the first few bad cells (row and value) of every bad
+column, so the user can fix them all in one go.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,7 +18,8 @@ from vflink.data.schema import PartySchema
 from vflink.errors import DataError
 from vflink.types import Task
 
-__all__ = ["PartyTable", "load_table", "read_frame", "validate_frame"]
+__all__ = ["PartyTable", "bad_cells", "load_table", "missing_columns", "read_frame", "report",
+           "show_value", "validate_frame"]
 
 _READERS = {".csv": "csv", ".tsv": "tsv", ".gz": "csv", ".parquet": "parquet", ".pq": "parquet"}
 
@@ -87,90 +90,135 @@ def load_table(schema: PartySchema, path: Path | None = None) -> PartyTable:
     return PartyTable(schema, validate_frame(frame, schema, str(path)), str(path))
 
 
-def _example(frame: pd.DataFrame, mask: np.ndarray, column: str) -> str:
-    row = int(np.flatnonzero(mask)[0])
-    value = frame[column].iloc[row]
-    if isinstance(value, np.generic):  # print 'nan' or 3.5, not np.float64(nan)
-        value = value.item()
+#: Bad cells shown per column in a data error (the number of all of them is given too).
+MAX_EXAMPLES = 3
+
+
+def show_value(value: object) -> str:
+    """A cell as the user wrote it: numbers as numbers (``nan``, ``1.5``), text quoted."""
+    if isinstance(value, np.generic):
+        value = value.item()  # np.float64(nan) → nan: messages speak the user's language
+    if value is None or value is pd.NA or value is pd.NaT:
+        return "missing"
+    if isinstance(value, (bool, int, float)):
+        return repr(value)
+    return repr(str(value)) if isinstance(value, str) else repr(value)
+
+
+def bad_cells(frame: pd.DataFrame, mask: np.ndarray, column: str) -> str:
+    """The first few flagged cells of ``column``: row, CSV line and value, and how many."""
+    rows = np.flatnonzero(mask)
     # +2: one for the header line, one because people count rows from 1.
-    return f"first at row {row} (line {row + 2} of a CSV), value {value!r}"
+    shown = "; ".join(f"row {r} (line {r + 2} of a CSV), value {show_value(frame[column].iloc[r])}"
+                      for r in rows[:MAX_EXAMPLES])
+    more = f" ({len(rows)} rows in all)" if len(rows) > MAX_EXAMPLES else ""
+    return f"first at {shown}{more}"
+
+
+def missing_columns(frame: pd.DataFrame, columns: Sequence[str], what: str = "column") -> str:
+    """The problem text for ``columns`` that the configuration names but the table lacks."""
+    have = ", ".join(map(str, frame.columns))
+    return (f"{what}(s) {list(columns)} expected but missing from the table; "
+            f"this table has: {have}")
+
+
+def report(where: str, problems: Sequence[str]) -> DataError:
+    """One :class:`DataError` carrying every problem of a table (ARCHITECTURE.md, conv. 6)."""
+    if len(problems) == 1:
+        return DataError(f"{where}: {problems[0]}", [f"{where}: {problems[0]}"])
+    listing = "\n  - ".join(problems)
+    return DataError(f"{where} ({len(problems)} problems):\n  - {listing}",
+                     [f"{where}: {p}" for p in problems])
 
 
 def validate_frame(frame: pd.DataFrame, schema: PartySchema, source: str, *,
                    training: bool = True) -> pd.DataFrame:
-    """Check ``frame`` against ``schema`` and return it with numeric columns as float64."""
+    """Check ``frame`` against ``schema`` and return it with numeric columns as float64.
+
+    Every problem is collected and raised as one :class:`DataError` (its ``problems`` list
+    them): each column the schema names but the table lacks, and the first few bad cells of
+    every bad column.
+    """
     where = f"{source} (party {schema.name!r})"
     if len(frame) == 0:
         raise DataError(f"{where}: the table is empty; it needs at least one row")
+    problems: list[str] = []
     if schema.role == "secondary" and schema.label is not None:
-        raise DataError(
-            f"{where}: column {schema.label!r} is configured as a label, but party "
+        problems.append(
+            f"column {schema.label!r} is configured as a label, but party "
             f"{schema.name!r} is a secondary party; only the primary party may hold labels"
         )
     missing = [c for c in schema.columns if c not in frame.columns]
     if missing:
-        have = ", ".join(map(str, frame.columns[:20]))
-        raise DataError(f"{where}: unknown column(s) {missing}; the table has: {have}")
+        problems.append(missing_columns(frame, missing))
     frame = frame.copy()
     for col in schema.numeric:
+        if col in missing:
+            continue
         values = frame[col]
         if not pd.api.types.is_numeric_dtype(values) or pd.api.types.is_bool_dtype(values):
             coerced = pd.to_numeric(values, errors="coerce")
             bad = coerced.isna().to_numpy() & values.notna().to_numpy()
             if bad.any():
-                raise DataError(
-                    f"{where}: column {col!r} is numeric but holds a non-numeric value, "
-                    f"{_example(frame, bad, col)}"
-                )
+                problems.append(f"column {col!r} is numeric but holds non-numeric values, "
+                                f"{bad_cells(frame, bad, col)}")
+                continue
             values = coerced
         arr = values.to_numpy(dtype=np.float64, na_value=np.nan)
         inf = np.isinf(arr)
         if inf.any():
-            raise DataError(f"{where}: column {col!r} holds an infinite value, "
-                            f"{_example(frame, inf, col)}")
+            problems.append(f"column {col!r} holds infinite values, {bad_cells(frame, inf, col)}")
+            continue
         frame[col] = arr
     for col in schema.categorical:
-        frame[col] = frame[col].astype("string")
-    if schema.label is not None and schema.role == "primary":
-        lab = frame[schema.label]
-        nan = lab.isna().to_numpy()
-        if nan.any():
-            raise DataError(f"{where}: label column {schema.label!r} has a missing (NaN) value, "
-                            f"{_example(frame, nan, schema.label)}")
-        if schema.task is Task.REGRESSION:
-            coerced = pd.to_numeric(lab, errors="coerce")
-            bad = coerced.isna().to_numpy()
-            if bad.any():
-                raise DataError(f"{where}: regression label {schema.label!r} is not numeric, "
-                                f"{_example(frame, bad, schema.label)}")
-            inf = np.isinf(coerced.to_numpy(dtype=np.float64))
-            if inf.any():  # caught here, not after training inside a metric
-                raise DataError(f"{where}: regression label {schema.label!r} holds an infinite "
-                                f"value, {_example(frame, inf, schema.label)}")
-            frame[schema.label] = coerced.astype(np.float64)
-        elif training:
-            n_classes = lab.nunique()
-            if n_classes < 2:
-                raise DataError(
-                    f"{where}: label {schema.label!r} has {n_classes} class; a "
-                    f"{schema.task.value if schema.task else 'classification'} task needs ≥ 2"
-                )
-            if schema.task is Task.BINARY and n_classes != 2:
-                raise DataError(f"{where}: task is binary but label {schema.label!r} has "
-                                f"{n_classes} classes: {sorted(map(str, lab.unique()))[:10]}")
-    if schema.key:
+        if col not in missing:
+            frame[col] = frame[col].astype("string")
+    if schema.label is not None and schema.role == "primary" and schema.label not in missing:
+        problems.extend(_label_problems(frame, schema, schema.label, training))
+    if schema.key and not any(c in missing for c in schema.key):
         keys = frame[list(schema.key)]
-        nan = keys.isna().any(axis=1).to_numpy()
-        if nan.any():
-            col = next(c for c in schema.key if frame[c].isna().any())
-            raise DataError(f"{where}: key column {col!r} has a missing value, "
-                            f"{_example(frame, frame[col].isna().to_numpy(), col)}")
-        dup = keys.duplicated(keep=False).to_numpy()
+        for col in schema.key:
+            nan = frame[col].isna().to_numpy()
+            if nan.any():
+                problems.append(f"key column {col!r} has missing values, "
+                                f"{bad_cells(frame, nan, col)}")
+        dup = keys.duplicated(keep=False).to_numpy() & keys.notna().all(axis=1).to_numpy()
         if dup.any():
             rows = np.flatnonzero(dup)[:2]
             value = tuple(keys.iloc[int(rows[0])].tolist())
-            raise DataError(
-                f"{where}: duplicate key {value!r} in column(s) {list(schema.key)} at rows "
-                f"{rows.tolist()}; exact alignment needs unique keys"
+            problems.append(
+                f"duplicate key {value!r} in column(s) {list(schema.key)} at rows "
+                f"{rows.tolist()} ({int(dup.sum())} rows share a key); exact alignment needs "
+                "unique keys"
             )
+    if problems:
+        raise report(where, problems)
     return frame
+
+
+def _label_problems(frame: pd.DataFrame, schema: PartySchema, label: str, training: bool
+                    ) -> list[str]:
+    """Checks the primary's label column; converts a regression label to float64 in place."""
+    lab = frame[label]
+    nan = lab.isna().to_numpy()
+    if nan.any():
+        return [f"label column {label!r} has missing (NaN) values, {bad_cells(frame, nan, label)}"]
+    if schema.task is Task.REGRESSION:
+        coerced = pd.to_numeric(lab, errors="coerce")
+        bad = coerced.isna().to_numpy()
+        if bad.any():
+            return [f"regression label {label!r} is not numeric, {bad_cells(frame, bad, label)}"]
+        inf = np.isinf(coerced.to_numpy(dtype=np.float64))
+        if inf.any():  # caught here, not after training inside a metric
+            return [f"regression label {label!r} holds infinite values, "
+                    f"{bad_cells(frame, inf, label)}"]
+        frame[label] = coerced.astype(np.float64)
+    elif training:
+        n_classes = lab.nunique()
+        if n_classes < 2:
+            return [f"label {label!r} has {n_classes} class; a "
+                    f"{schema.task.value if schema.task else 'classification'} task needs ≥ 2"]
+        if schema.task is Task.BINARY and n_classes != 2:
+            return [f"task is binary but label {label!r} has {n_classes} classes: "
+                    f"{sorted(map(str, lab.unique()))[:10]}"]
+    return []

@@ -27,8 +27,11 @@ from vflink.protocol.messages import (
     AlignmentView,
     AlignmentViews,
     FetchAlignment,
+    FetchKeyTags,
     IdentifierEncodings,
     KeyDigests,
+    KeyTag,
+    KeyTags,
     MatchKeys,
     SoftLink,
 )
@@ -48,6 +51,7 @@ class _Session:
     linkages: dict[str, SoftLinkage] = field(default_factory=dict)
     opener: str | None = None  # the data party that opened it (its primary, in the protocol)
     touched: float = 0.0  # last use, for expiry (policy.session_ttl_s)
+    key_tags: dict[tuple[str, str], npt.NDArray[np.uint8]] = field(default_factory=dict)
 
 
 def view_of(session: str, alignment: Alignment, *, with_similarity: bool) -> AlignmentView:
@@ -141,6 +145,27 @@ class CoordinatorParty(Party):
         self._session(message.session, sender).digests[sender] = digests
         log.info("coordinator: %d key digests from %s", len(message.digests), sender)
         return Ack(info={"rows": float(len(message.digests))})
+
+    # Key confirmation (vflink.alignment.confirm): the coordinator only relays the tags; it holds
+    # no secret, so it can neither check nor forge them.
+
+    def on_key_tag(self, sender: str, message: KeyTag) -> Ack:
+        tag = np.asarray(message.tag, dtype=np.uint8)
+        if tag.shape != (32,):
+            raise refuse(ProtocolError, "a key-confirmation tag is 32 bytes", code="key-tag.shape")
+        self._session(message.session, sender).key_tags[(message.nonce, sender)] = tag
+        return Ack()
+
+    def on_fetch_key_tags(self, sender: str, message: FetchKeyTags) -> KeyTags:
+        tags = self._session(message.session, sender).key_tags
+        absent = [p for p in message.parties if (message.nonce, p) not in tags]
+        if absent:
+            raise refuse(ProtocolError, f"no key-confirmation tag from {absent} in session "
+                                        f"{message.session!r}", code="key-tag.missing")
+        stacked = (np.stack([tags[(message.nonce, p)] for p in message.parties])
+                   if message.parties else np.zeros((0, 32), dtype=np.uint8))
+        return KeyTags(session=message.session, nonce=message.nonce, parties=message.parties,
+                       tags=stacked)
 
     def _complete(self, session: str, parties: list[str], store: str, what: str) -> _Session:
         """The session, once every party in ``parties`` has submitted its ``store``; the first

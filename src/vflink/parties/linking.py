@@ -16,7 +16,9 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
+from vflink.alignment.confirm import confirmation_tag, new_nonce, tag_matches
 from vflink.alignment.exact import key_digests
+from vflink.data.table import bad_cells, missing_columns, report
 from vflink.errors import ConfigError, DataError, ProtocolError
 from vflink.linkage.encoding import (
     BloomConfig,
@@ -34,9 +36,13 @@ from vflink.protocol.messages import (
     Ack,
     AlignmentReady,
     AlignmentViews,
+    ConfirmKey,
     EncodingSpec,
+    FetchKeyTags,
     IdentifierEncodings,
     KeyDigests,
+    KeyTag,
+    KeyTags,
     MatchKeys,
     ShareEncodings,
     ShareKeys,
@@ -44,9 +50,32 @@ from vflink.protocol.messages import (
 )
 from vflink.types import Alignment
 
-__all__ = ["AlignmentInitiator", "build_encoder", "encode_identifiers", "identifier_values"]
+__all__ = ["AlignmentInitiator", "build_encoder", "encode_identifiers", "identifier_values",
+           "secret_mismatch", "send_key_tag", "uses_secret"]
 
 log = logging.getLogger(__name__)
+
+
+def uses_secret(spec: EncodingSpec) -> bool:
+    """Does this encoding depend on the data parties' shared secret (keyed Bloom filters)?"""
+    return spec.encoder == "bloom"
+
+
+def send_key_tag(channel: Channel, coordinator: str, secret: bytes, *, party: str,
+                 session: str, nonce: str) -> None:
+    """Send ``party``'s key-confirmation tag (:mod:`vflink.alignment.confirm`) to the
+    coordinator."""
+    tag = confirmation_tag(secret, session=session, nonce=nonce, party=party)
+    channel.request(coordinator, KeyTag(session=session, nonce=nonce, tag=tag), Ack)
+
+
+def secret_mismatch(party: str, others: Sequence[str]) -> str:
+    """The error text of a failed key confirmation, naming the parties involved."""
+    names = ", ".join(repr(o) for o in others)
+    return (f"key confirmation failed before alignment: the shared secrets of data parties "
+            f"{party!r} and {names} differ (or the coordinator altered the confirmation tags). "
+            "Every data party must hold the same secret (alignment.secret_env, $VFLINK_SECRET "
+            "by default); the coordinator needs none")
 
 
 def identifier_values(frame: pd.DataFrame, identifiers: Sequence[str], kind: str, *,
@@ -59,18 +88,20 @@ def identifier_values(frame: pd.DataFrame, identifiers: Sequence[str], kind: str
         raise ConfigError(f"{source}: no identifier columns configured for linkage")
     missing = [c for c in identifiers if c not in frame.columns]
     if missing:
-        raise DataError(f"{source}: unknown identifier column(s) {missing}; the table has: "
-                        f"{', '.join(map(str, frame.columns[:20]))}")
+        raise report(source, [missing_columns(frame, missing, "identifier column")])
     if kind == "numeric":
         out = np.empty((len(frame), len(identifiers)), dtype=np.float64)
+        problems = []
         for j, col in enumerate(identifiers):
             values = pd.to_numeric(frame[col], errors="coerce")
             bad = values.isna().to_numpy() & frame[col].notna().to_numpy()
             if bad.any():
-                row = int(np.flatnonzero(bad)[0])
-                raise DataError(f"{source}: identifier column {col!r} must be numeric; row {row} "
-                                f"holds {frame[col].iloc[row]!r}")
+                problems.append(f"identifier column {col!r} must be numeric, "
+                                f"{bad_cells(frame, bad, col)}")
+                continue
             out[:, j] = values.to_numpy(dtype=np.float64, na_value=np.nan)
+        if problems:
+            raise report(source, problems)
         return out
     if kind == "string":
         parts = frame[list(identifiers)].astype(object)
@@ -126,6 +157,37 @@ class AlignmentInitiator:
         self.source = source
         self.policy = policy if policy is not None else PartyPolicy()
 
+    def confirm_key(self, coordinator: str, session: str) -> None:
+        """Key confirmation before alignment ``session`` (:mod:`vflink.alignment.confirm`).
+
+        The primary sends its tag to the coordinator and asks every secondary to do the same
+        and check the primary's; then it checks every secondary's. A mismatch raises a
+        :class:`ConfigError` naming the parties whose secrets differ.
+        """
+        if self._secret is None:
+            raise ConfigError("alignment with keyed hashes or Bloom filters needs the data "
+                              "parties' shared secret (alignment.secret_env)")
+        nonce = new_nonce()
+        send_key_tag(self.channel, coordinator, self._secret, party=self.name, session=session,
+                     nonce=nonce)
+        refused = set()
+        for name in self.secondaries:
+            ack = self.channel.request(name, ConfirmKey(session=session, nonce=nonce,
+                                                        coordinator=coordinator), Ack)
+            if ack.info.get("confirmed") != 1.0:
+                refused.add(name)
+        reply = self.channel.request(coordinator, FetchKeyTags(
+            session=session, nonce=nonce, parties=self.secondaries), KeyTags)
+        tags = dict(zip(reply.parties, np.asarray(reply.tags), strict=True))
+        mismatched = [name for name in self.secondaries
+                      if name in refused or name not in tags
+                      or not tag_matches(self._secret, tags[name], session=session, nonce=nonce,
+                                         party=name)]
+        if mismatched:
+            raise ConfigError(secret_mismatch(self.name, mismatched))
+        log.info("key confirmation: %s share %s's secret (session %r)",
+                 ", ".join(self.secondaries), self.name, session)
+
     def _finish(self, coordinator: str, session: str, views: AlignmentViews
                 ) -> dict[str, Alignment]:
         for v in views.views:  # numbers are checked where they arrive
@@ -143,6 +205,7 @@ class AlignmentInitiator:
         """Exact keys, hashed with HMAC under the data parties' secret; digests only leave."""
         if self._secret is None:
             raise ConfigError("exact alignment needs a shared secret (alignment.secret_env)")
+        self.confirm_key(coordinator, session)
         digests = key_digests(self.frame, self.key, self._secret)
         self.channel.request(coordinator, KeyDigests(session=session, digests=digests), Ack)
         for name in self.secondaries:
@@ -157,9 +220,11 @@ class AlignmentInitiator:
                    scale: tuple[float, float] | None = None) -> dict[str, Alignment]:
         """Fuzzy top-K soft linkage (FedSim §4.1) on encoded identifiers."""
         self.policy.check_identifier_release(self.name, spec.encoder)  # our own release too
-        if spec.encoder != "bloom":
+        if not uses_secret(spec):
             log.info("privacy is off: raw identifiers are sent to the coordinator "
-                        "(encoder %r)", spec.encoder)
+                     "(encoder %r)", spec.encoder)
+        elif self.secondaries:
+            self.confirm_key(coordinator, session)
         values = encode_identifiers(self.frame, self.identifiers, spec, self._secret,
                                     source=self.source)
         self.channel.request(coordinator, IdentifierEncodings(

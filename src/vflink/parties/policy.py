@@ -42,7 +42,7 @@ SENDERS: dict[str, dict[str, frozenset[str]]] = {
     "secondary": {kind: _PRIMARY for kind in (
         "share_keys", "share_encodings", "alignment_ready", "setup_bottom",
         "fit_preprocessing", "forward", "backward", "snapshot", "restore", "save_state",
-        "load_state")},
+        "load_state", "confirm_key")},
     "coordinator": {
         "key_digests": DATA_ROLES,
         "identifier_encodings": DATA_ROLES,
@@ -51,6 +51,9 @@ SENDERS: dict[str, dict[str, frozenset[str]]] = {
         "match_keys": frozenset({"primary", ROLE_UNKNOWN}),
         "soft_link": frozenset({"primary", ROLE_UNKNOWN}),
         "fetch_alignment": DATA_ROLES,
+        # key confirmation (vflink.alignment.confirm): the coordinator only relays tags
+        "key_tag": DATA_ROLES,
+        "fetch_key_tags": DATA_ROLES,
     },
 }
 

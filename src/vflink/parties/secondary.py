@@ -18,6 +18,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from vflink.alignment.confirm import tag_matches
 from vflink.alignment.exact import key_digests
 from vflink.data.fingerprint import frame_fingerprint
 from vflink.data.preprocess import Preprocessor
@@ -28,7 +29,7 @@ from vflink.models.spec import BottomSpec
 from vflink.models.statefile import StateFileError, load_state, remove_state, save_state
 from vflink.parties.base import Party, state_path
 from vflink.parties.guard import admit_forward, admit_snapshot, check_backward, check_bottom_spec
-from vflink.parties.linking import encode_identifiers
+from vflink.parties.linking import encode_identifiers, secret_mismatch, send_key_tag, uses_secret
 from vflink.parties.policy import check_coordinator
 from vflink.protocol.boundary import refuse
 from vflink.protocol.channel import Channel
@@ -37,12 +38,15 @@ from vflink.protocol.messages import (
     AlignmentReady,
     AlignmentView,
     Backward,
+    ConfirmKey,
     Embeddings,
     FetchAlignment,
+    FetchKeyTags,
     FitPreprocessing,
     Forward,
     IdentifierEncodings,
     KeyDigests,
+    KeyTags,
     LoadState,
     Restore,
     SaveState,
@@ -110,13 +114,46 @@ class SecondaryParty(Party):
         if self._fingerprint is None:
             self._fingerprint = frame_fingerprint(self.table.frame)
         return self._fingerprint
+        #: alignment sessions whose key confirmation succeeded (vflink.alignment.confirm)
+        self._confirmed: set[str] = set()
 
     # --- alignment ------------------------------------------------------------------------
+
+    def on_confirm_key(self, sender: str, message: ConfirmKey) -> Ack:
+        """Send our key-confirmation tag and check the sender's, both through the coordinator.
+
+        A mismatch is logged here and reported in the reply (the primary raises one error
+        naming every party whose secret differs); this party then refuses to align.
+        """
+        check_coordinator(self.name, self.roles, message.coordinator)
+        if self._secret is None:
+            raise ProtocolError(f"party {self.name!r} has no alignment secret configured")
+        session, nonce = message.session, message.nonce
+        send_key_tag(self.channel, message.coordinator, self._secret, party=self.name,
+                     session=session, nonce=nonce)
+        reply = self.channel.request(message.coordinator, FetchKeyTags(
+            session=session, nonce=nonce, parties=(sender,)), KeyTags)
+        ok = (reply.parties == (sender,) and len(reply.tags) == 1
+              and tag_matches(self._secret, reply.tags[0], session=session, nonce=nonce,
+                              party=sender))
+        if ok:
+            self._confirmed.add(session)
+        else:
+            self._confirmed.discard(session)
+            log.error("%s", secret_mismatch(self.name, [sender]))
+        return Ack(info={"confirmed": float(ok)})
+
+    def _require_confirmed(self, session: str) -> None:
+        if session not in self._confirmed:
+            raise ProtocolError(f"party {self.name!r}: no successful key confirmation for "
+                                f"session {session!r}; it aligns only with parties proven to "
+                                "share its secret")
 
     def on_share_keys(self, sender: str, message: ShareKeys) -> Ack:
         check_coordinator(self.name, self.roles, message.coordinator)
         if self._secret is None:
             raise ProtocolError(f"party {self.name!r} has no alignment secret configured")
+        self._require_confirmed(message.session)
         digests = key_digests(self.table.frame, self.table.schema.key, self._secret)
         self.channel.request(message.coordinator, KeyDigests(session=message.session,
                                                              digests=digests), Ack)
@@ -126,6 +163,8 @@ class SecondaryParty(Party):
         # Our own policy decides what leaves, not the primary's spec (issue 13).
         self.policy.check_identifier_release(self.name, message.spec.encoder)
         check_coordinator(self.name, self.roles, message.coordinator)
+        if uses_secret(message.spec):
+            self._require_confirmed(message.session)
         values = encode_identifiers(self.table.frame, self.table.schema.identifiers,
                                     message.spec, self._secret, source=self.table.source)
         self.channel.request(message.coordinator, IdentifierEncodings(

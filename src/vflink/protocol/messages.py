@@ -31,14 +31,18 @@ __all__ = [
     "AlignmentView",
     "AlignmentViews",
     "Backward",
+    "ConfirmKey",
     "Embeddings",
     "EncodingSpec",
     "FetchAlignment",
+    "FetchKeyTags",
     "FitPreprocessing",
     "Forward",
     "Hello",
     "IdentifierEncodings",
     "KeyDigests",
+    "KeyTag",
+    "KeyTags",
     "LoadState",
     "MatchKeys",
     "Message",
@@ -82,6 +86,58 @@ class Ack(Message):
 
     kind: ClassVar[str] = "ack"
     info: dict[str, float] = field(default_factory=dict)
+
+
+# --- key confirmation before any alignment (vflink.alignment.confirm) -------------------------
+
+
+@dataclass(frozen=True)
+class ConfirmKey(Message):
+    """Primary → secondary: prove through ``coordinator`` that you hold the data parties'
+    shared secret, before alignment ``session``.
+
+    The reply is an :class:`Ack` whose ``info["confirmed"]`` is 1.0 when the primary's tag
+    checked out. ``nonce`` is fresh per confirmation and travels directly, not through the
+    coordinator, so the coordinator cannot replay tags of an earlier run.
+    """
+
+    kind: ClassVar[str] = "confirm_key"
+    session: str
+    nonce: str
+    coordinator: str
+
+
+@dataclass(frozen=True)
+class KeyTag(Message):
+    """Data party → coordinator: its key-confirmation tag, HMAC-SHA256 under the shared secret
+    of (label, session, nonce, sender), shape ``(32,)`` uint8. Reveals nothing of the secret."""
+
+    kind: ClassVar[str] = "key_tag"
+    session: str
+    nonce: str
+    tag: npt.NDArray[np.uint8]
+
+
+@dataclass(frozen=True)
+class FetchKeyTags(Message):
+    """Data party → coordinator: the tags of ``parties`` for (``session``, ``nonce``);
+    reply :class:`KeyTags`."""
+
+    kind: ClassVar[str] = "fetch_key_tags"
+    session: str
+    nonce: str
+    parties: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class KeyTags(Message):
+    """Coordinator → data party: ``tags[i]`` is the tag ``parties[i]`` sent, shape ``(n, 32)``."""
+
+    kind: ClassVar[str] = "key_tags"
+    session: str
+    nonce: str
+    parties: tuple[str, ...]
+    tags: npt.NDArray[np.uint8]
 
 
 # --- exact alignment through a coordinator ------------------------------------------------------
@@ -320,7 +376,7 @@ MESSAGE_TYPES: dict[str, type[Message]] = {
         Hello, Ack, ShareKeys, KeyDigests, MatchKeys, AlignmentReady, FetchAlignment, AlignmentView,
         AlignmentViews, ShareEncodings, IdentifierEncodings, SoftLink, SetupBottom,
         FitPreprocessing, Forward, Embeddings, Backward, Snapshot,
-        Restore, SaveState, LoadState,
+        Restore, SaveState, LoadState, ConfirmKey, KeyTag, FetchKeyTags, KeyTags,
     )
 }
 

@@ -154,7 +154,8 @@ def run_experiment(exp: Experiment, out_dir: Path, *, overwrite: bool = False,
                                  "best_epoch": result.best_epoch,
                                  "seconds": result.seconds,
                                  "bytes": sum(v["bytes"] for v in
-                                              result.communication.values())})
+                                              result.communication.values()),
+                                 "encoding": prepared.summary.get("encoding")})
                     headline = result.headline
                     done += 1
                     log.info("%s: test %s", label, result.metrics["test"])
@@ -171,6 +172,7 @@ def run_experiment(exp: Experiment, out_dir: Path, *, overwrite: bool = False,
                    "seeds": list(exp.seeds), "sweep": {"key": exp.sweep_key,
                                                        "values": list(exp.sweep_values)},
                    "headline_metric": headline, "summary": summary, "runs": runs,
+                   "encodings": sorted({str(r["encoding"]) for r in runs if r["encoding"]}),
                    "seconds": time.perf_counter() - start}
         write_json(staging / "results.json", results)
         write_json(staging / "config.json", {"experiment": {
@@ -197,6 +199,9 @@ def markdown_table(results: dict[str, Any]) -> str:
     first = results["summary"][values[0]][results["algorithms"][0]]
     lines = [f"# {results['name']}", "",
              f"Test metrics over seeds {results['seeds']} (mean ± std).", ""]
+    if results.get("encodings"):
+        lines += ["Identifiers reached the coordinator as: "
+                  + ", ".join(results["encodings"]) + ".", ""]
     for metric in first:
         head = [sweep["key"] + " =" + f" {v}" if sweep["key"] else metric for v in values]
         lines += [f"## {metric}", "", "| algorithm | " + " | ".join(head) + " |",

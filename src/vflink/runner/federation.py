@@ -7,6 +7,7 @@ training and linkage code above is the same for both.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import secrets
@@ -23,28 +24,44 @@ from vflink.runner.config import RunConfig
 from vflink.runner.inputs import Inputs
 from vflink.transport import InProcessHub, TrafficCounter, Transcript
 
-__all__ = ["COORDINATOR", "Federation", "in_process", "run_policy", "shared_secret"]
+__all__ = ["COORDINATOR", "Federation", "in_process", "run_policy", "secret_with_source",
+           "shared_secret"]
 
 log = logging.getLogger(__name__)
 
 COORDINATOR = "coordinator"
 
 
-def shared_secret(env: str, *, required: bool = False) -> bytes:
-    """The data parties' HMAC/Bloom secret from ``$env``.
+def shared_secret(env: str, *, required: bool = False, seed: int | None = None) -> bytes:
+    """The data parties' HMAC/Bloom secret from ``$env`` (see :func:`secret_with_source`)."""
+    return secret_with_source(env, required=required, seed=seed)[0]
 
-    In-process, every data party lives here, so when ``$env`` is unset a fresh random secret is
-    as good as a shared one (the coordinator never receives it). Across hosts it is required.
+
+def secret_with_source(env: str, *, required: bool = False, seed: int | None = None
+                       ) -> tuple[bytes, str]:
+    """The data parties' HMAC/Bloom secret from ``$env``, and where it came from.
+
+    Across hosts (``required``) it must be set. In-process every data party lives here and the
+    coordinator never receives the secret, so when ``$env`` is unset the secret is derived from
+    the run's ``seed``: runs with the same seed then link, and score, identically. A secret
+    derived from a seed is not a secret, and the log and the run's summary say so. Without a
+    seed a fresh random secret is drawn.
     """
     value = os.environ.get(env)
     if value:
         if len(value.encode()) < 16:
             raise ConfigError(f"the secret in ${env} must be at least 16 bytes")
-        return value.encode()
+        return value.encode(), f"${env}"
     if required:
         raise ConfigError(f"set ${env} to the secret the data parties share (≥ 16 bytes)")
+    if seed is not None:
+        log.warning("$%s is not set: this in-process run derives its alignment secret from the "
+                    "seed (%d), so that it repeats; it is NOT a secret. Set $%s across hosts.",
+                    env, seed, env)
+        digest = hashlib.sha256(f"vflink/in-process-secret/v1/{int(seed)}".encode()).digest()
+        return digest, f"derived from seed {seed} (not a secret: ${env} unset, in-process)"
     log.info("$%s is not set: using a random alignment secret for this in-process run", env)
-    return secrets.token_bytes(32)
+    return secrets.token_bytes(32), f"random (${env} unset, in-process)"
 
 
 @dataclass
@@ -59,6 +76,7 @@ class Federation:
         secret: the data parties' shared secret (the primary is a data party).
         state_prefix: prefix of state file names the secondaries write (a run id across hosts).
         policy: the primary's own policy (what it releases, what it accepts).
+        secret_source: where the secret came from (for the run's summary; never the secret).
     """
 
     channel: Channel
@@ -69,6 +87,7 @@ class Federation:
     state_prefix: str = ""
     closer: Callable[[], None] = field(default=lambda: None)
     policy: PartyPolicy = field(default_factory=PartyPolicy)
+    secret_source: str = ""
 
     def close(self) -> None:
         self.closer()
@@ -92,7 +111,7 @@ def run_policy(config: RunConfig) -> PartyPolicy:
 def in_process(inputs: Inputs, config: RunConfig, *, transcript: Transcript | None = None,
                state_root: Path | None = None) -> Federation:
     """Coordinator and secondaries in this process; ``state_root/<party>`` holds their states."""
-    secret = shared_secret(config.alignment.secret_env)
+    secret, source = secret_with_source(config.alignment.secret_env, seed=config.seed)
     counter = TrafficCounter()
     hub = InProcessHub(transcript=transcript, counter=counter)
     search = SearchOptions(mode=config.alignment.search)  # type: ignore[arg-type]
@@ -109,4 +128,5 @@ def in_process(inputs: Inputs, config: RunConfig, *, transcript: Transcript | No
         hub.register(table.name, party)
     return Federation(channel=hub.channel(inputs.primary.name),
                       secondaries=tuple(t.name for t in inputs.secondaries),
-                      coordinator=COORDINATOR, counter=counter, secret=secret, policy=policy)
+                      coordinator=COORDINATOR, counter=counter, secret=secret, policy=policy,
+                      secret_source=source)

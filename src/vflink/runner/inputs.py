@@ -9,6 +9,7 @@ import numpy.typing as npt
 
 from vflink.data.table import PartyTable, load_table
 from vflink.datasets import load_dataset
+from vflink.errors import DataError
 from vflink.runner.config import RunConfig
 
 __all__ = ["Inputs", "load_inputs"]
@@ -23,6 +24,13 @@ class Inputs:
     truth: dict[str, npt.NDArray[np.int64]] | None = None
 
 
+def report_all(problems: list[str]) -> DataError:
+    if len(problems) == 1:
+        return DataError(problems[0], problems)
+    listing = "\n  - ".join(problems)
+    return DataError(f"{len(problems)} data problems:\n  - {listing}", problems)
+
+
 def load_inputs(config: RunConfig) -> Inputs:
     """The parties' tables from a built-in dataset or from files."""
     data = config.data
@@ -35,6 +43,14 @@ def load_inputs(config: RunConfig) -> Inputs:
             truth = {t.name: np.asarray(idx) for t, idx in
                      zip(ds.secondaries, ds.true_secondary_index, strict=True)}
         return Inputs(ds.primary, tuple(ds.secondaries), truth)
-    tables = [load_table(schema) for schema in data.parties]
+    tables: list[PartyTable] = []
+    problems: list[str] = []
+    for schema in data.parties:  # every table's problems at once, not the first table's only
+        try:
+            tables.append(load_table(schema))
+        except DataError as exc:
+            problems.extend(exc.problems)
+    if problems:
+        raise report_all(problems)
     primary = next(t for t in tables if t.schema.role == "primary")
     return Inputs(primary, tuple(t for t in tables if t.schema.role == "secondary"))

@@ -26,11 +26,12 @@ from vflink.parties import CoordinatorParty, SecondaryParty
 from vflink.parties.linking import AlignmentInitiator, identifier_values
 from vflink.parties.policy import PartyPolicy
 from vflink.protocol import EncodingSpec
-from vflink.runner.federation import shared_secret
+from vflink.runner.federation import secret_with_source
 from vflink.transport import InProcessHub, Transcript
 from vflink.types import Alignment
 
-__all__ = ["LINK_METRICS", "LinkOutcome", "encoding_for", "linkage_table", "run_linkage"]
+__all__ = ["LINK_METRICS", "PRIVACY", "LinkOutcome", "encoding_for", "encoding_summary",
+           "linkage_table", "resolve_privacy", "run_linkage"]
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +52,8 @@ class LinkOutcome:
     search_metric: str
     improvement: dict[str, float] = field(default_factory=dict)
     communication: dict[str, dict[str, int]] = field(default_factory=dict)
+    encoding: str = ""
+    secret_source: str = ""
 
     def summary(self) -> dict[str, Any]:
         lk = self.linkage
@@ -61,7 +64,40 @@ class LinkOutcome:
             "delta": lk.delta, "epsilon_valid": lk.epsilon_valid,
             "exact_search": lk.exact_search, "recall": lk.recall,
             "improvement_delta": self.improvement, "communication": self.communication,
+            **encoding_summary(self.encoding, self.secret_source),
         }
+
+
+#: What reaches the coordinator under each encoding (for summaries).
+ENCODINGS = {
+    "hmac-sha256": "keyed hashes (HMAC-SHA256) of the exact keys",
+    "bloom": "keyed Bloom filters of the identifiers (FedSim App. I)",
+    "raw": "RAW numeric identifiers (privacy off)",
+    "string": "RAW identifier strings (privacy off)",
+}
+
+
+PRIVACY = ("bloom", "off")
+
+
+def resolve_privacy(privacy: str | None, bloom: bool | None = None) -> str:
+    """``"bloom"`` unless raw identifiers were asked for explicitly (``privacy="off"`` or
+    ``bloom=False``): private by default."""
+    if privacy is not None and privacy not in PRIVACY:
+        raise ConfigError(f"`privacy` must be one of {', '.join(PRIVACY)}, got {privacy!r}")
+    if privacy is not None and bloom is not None and (privacy == "bloom") != bool(bloom):
+        raise ConfigError(f"--bloom contradicts --privacy {privacy}; give one of them")
+    if privacy is not None:
+        return privacy
+    return "off" if bloom is False else "bloom"
+
+
+def encoding_summary(encoder: str, secret_source: str = "") -> dict[str, str]:
+    """Which encoding reached the coordinator, for a run's or a linkage's summary."""
+    out = {"encoding": encoder, "sent_to_coordinator": ENCODINGS.get(encoder, encoder)}
+    if encoder in ("hmac-sha256", "bloom") and secret_source:
+        out["secret"] = secret_source
+    return out
 
 
 def _kind(frame: pd.DataFrame, columns: Sequence[str], metric: str) -> str:
@@ -76,7 +112,7 @@ def _kind(frame: pd.DataFrame, columns: Sequence[str], metric: str) -> str:
 def encoding_for(metric: str, *, bloom: bool,
                  sides: Sequence[tuple[pd.DataFrame, Sequence[str]]],
                  bloom_config: BloomConfig | None = None,
-                 margin: float = 0.01) -> tuple[EncodingSpec, str]:
+                 margin: float = 0.01, sources: Sequence[str] = ()) -> tuple[EncodingSpec, str]:
     """The encoding spec every data party uses, and the metric the coordinator searches with.
 
     ``sides`` are the (table, identifier columns) the value range is fitted on, primary first.
@@ -97,7 +133,8 @@ def encoding_for(metric: str, *, bloom: bool,
         return EncodingSpec(encoder="bloom", kind="string", params=params), "hamming"
     tables = []
     for i, (frame, columns) in enumerate(sides):
-        values = np.asarray(identifier_values(frame, columns, "numeric", source=f"party {i}"))
+        source = sources[i] if i < len(sources) else f"party {i}"
+        values = np.asarray(identifier_values(frame, columns, "numeric", source=source))
         tables.append(values[np.isfinite(values).all(axis=1)])
     ranges = NumericRange.fit(*tables, margin=margin)
     return EncodingSpec(encoder="bloom", kind="numeric", params=params, low=ranges.low,
@@ -106,14 +143,20 @@ def encoding_for(metric: str, *, bloom: bool,
 
 def run_linkage(primary: pd.DataFrame, secondary: pd.DataFrame, *, on: Sequence[str],
                 secondary_on: Sequence[str] | None = None, metric: str, top_k: int,
-                bloom: bool = False, mode: str = "soft", tau: float | None = None,
+                bloom: bool | None = None, mode: str = "soft", tau: float | None = None,
                 sigma: float | None = None, delta: float = 1e-5, secret: bytes | None = None,
                 seed: int | None = None, search: SearchOptions | None = None,
                 bloom_config: BloomConfig | None = None, primary_source: str = "primary",
                 secondary_source: str = "secondary",
-                transcript: Transcript | None = None) -> LinkOutcome:
-    """Link ``primary`` to ``secondary`` through a coordinator, all parties in this process."""
+                transcript: Transcript | None = None, privacy: str | None = None
+                ) -> LinkOutcome:
+    """Link ``primary`` to ``secondary`` through a coordinator, all parties in this process.
+
+    Private by default: identifiers reach the coordinator as keyed Bloom filters unless
+    ``privacy="off"`` (or ``bloom=False``) is given explicitly.
+    """
     start = time.perf_counter()
+    privacy = resolve_privacy(privacy, bloom)
     on = tuple(on)
     secondary_on = tuple(secondary_on or on)
     if len(on) != len(secondary_on):
@@ -128,11 +171,15 @@ def run_linkage(primary: pd.DataFrame, secondary: pd.DataFrame, *, on: Sequence[
             identifier_values(primary, on, kind, source=primary_source),
             identifier_values(secondary, secondary_on, kind, source=secondary_source),
             metric=metric, top_k=top_k)
-    spec, search_metric = encoding_for(metric, bloom=bloom,
+    spec, search_metric = encoding_for(metric, bloom=privacy == "bloom",
                                        sides=((primary, on), (secondary, secondary_on)),
-                                       bloom_config=bloom_config)
+                                       bloom_config=bloom_config,
+                                       sources=(primary_source, secondary_source))
+    secret_source = "given" if secret is not None else ""
     if spec.encoder == "bloom" and secret is None:
-        secret = shared_secret("VFLINK_SECRET")  # random when unset: both parties are here
+        # derived from the seed when unset (and said so), random without a seed: both data
+        # parties are in this process
+        secret, secret_source = secret_with_source("VFLINK_SECRET", seed=seed)
     hub = InProcessHub(transcript=transcript)
     # Both tables are this user's: the arguments are the explicit release choice.
     policy = PartyPolicy.permissive(identifiers="bloom" if spec.encoder == "bloom" else "any")
@@ -162,6 +209,7 @@ def run_linkage(primary: pd.DataFrame, secondary: pd.DataFrame, *, on: Sequence[
                        seconds=time.perf_counter() - start, sizes=sizes,
                        privacy="bloom" if spec.encoder == "bloom" else "off",
                        search_metric=search_metric, improvement=improvement,
+                       encoding=spec.encoder, secret_source=secret_source,
                        communication=hub.counter.snapshot())
 
 

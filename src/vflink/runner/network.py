@@ -49,7 +49,8 @@ def network_federation(config: PartyConfig, *, run_id: str,
     channel = _channel(config, counter=counter, transcript=transcript)
     return Federation(channel=channel, secondaries=config.secondaries, coordinator=coordinator,
                       counter=counter, secret=shared_secret(config.secret_env, required=True),
-                      state_prefix=f"{run_id}/", closer=channel.close, policy=config.policy)
+                      state_prefix=f"{run_id}/", closer=channel.close, policy=config.policy,
+                      secret_source=f"${config.secret_env}")
 
 
 def build_handler(config: PartyConfig) -> MessageHandler:

@@ -22,9 +22,11 @@ from vflink.data.table import PartyTable
 from vflink.errors import ConfigError, RunError
 from vflink.metrics.functional import evaluate
 from vflink.parties import PrimaryParty, SecondaryParty
+from vflink.protocol import EncodingSpec
 from vflink.runner.algorithms import get_algorithm
 from vflink.runner.config import RunConfig, parse_config
 from vflink.runner.federation import run_policy
+from vflink.runner.link_quality import link_columns, read_link_quality
 from vflink.runner.train import Inputs, load_inputs, prepare
 from vflink.transport import InProcessHub
 from vflink.types import Task
@@ -36,8 +38,12 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Predictions:
+    """Per-row predictions with their link columns; metrics if labels were given; warnings
+    (e.g. how many rows were linked worse than nearly every training row)."""
+
     frame: pd.DataFrame
     metrics: dict[str, float] | None
+    warnings: tuple[str, ...] = ()
 
 
 def _load_run_config(run_dir: Path) -> RunConfig:
@@ -54,6 +60,16 @@ def _training_alignment(run_dir: Path) -> dict[str, Any]:
     if not path.is_file():
         raise RunError(f"{run_dir}: no metrics.json; is the run complete?")
     return dict(json.loads(path.read_text(encoding="utf-8")).get("alignment", {}))
+
+
+def _training_encoding(trained_link: dict[str, Any]) -> EncodingSpec | None:
+    """The identifier encoding of the training linkage (a Bloom filter's centres come from the
+    training identifiers' range; new records must be encoded the same way)."""
+    raw = trained_link.get("encoding_spec")
+    if not isinstance(raw, dict):
+        return None  # a run written before it was recorded: refit on the new records
+    fields = {**raw, **{k: tuple(raw.get(k, ())) for k in ("low", "high", "mean", "scale")}}
+    return EncodingSpec(**fields)
 
 
 def predict_records(run_dir: Path, records: pd.DataFrame, *, source: str = "input"
@@ -85,11 +101,14 @@ def predict_records(run_dir: Path, records: pd.DataFrame, *, source: str = "inpu
         trained_link = _training_alignment(run_dir)
         changes: dict[str, Any] = {"unmatched": "keep"}
         scale = None
+        encoding = None
         if config.alignment.method == "soft":
             changes.update(tau=None, sigma=float(trained_link.get("sigma") or 0.0))
             scale = (float(trained_link["mu0"]), float(trained_link["sigma0"]))
+            encoding = _training_encoding(trained_link)
         config = config.replace(alignment=dataclasses.replace(config.alignment, **changes))
-        prepared = prepare(config, inputs, algorithms=[algorithm.name], scale=scale)
+        prepared = prepare(config, inputs, algorithms=[algorithm.name], scale=scale,
+                           encoding=encoding)
         alignments = prepared.alignments[algorithm.links]
     hub = InProcessHub()
     roles = {new_primary.name: "primary", **{t.name: "secondary" for t in secondaries}}
@@ -120,7 +139,16 @@ def predict_records(run_dir: Path, records: pd.DataFrame, *, source: str = "inpu
             out[f"probability_{c}"] = scores[:, j]
         out["prediction"] = pd.Series([classes[int(i)] for i in scores.argmax(axis=1)],
                                       dtype=object)
+    warnings: list[str] = []
+    if secondaries:
+        links, warnings = link_columns(
+            config.alignment.method, prepared.alignments["base"],
+            tuple(t.name for t in secondaries), len(rows), read_link_quality(run_dir),
+            exact=alignments if algorithm.links == "exact" else None)
+        out = pd.concat([out, links], axis=1)
+        for text in warnings:
+            log.warning("%s", text)
     metrics = None
     if has_label:
         metrics = evaluate(task, primary.targets(rows), scores)
-    return Predictions(out, metrics)
+    return Predictions(out, metrics, tuple(warnings))

@@ -29,13 +29,14 @@ from vflink.metrics.functional import evaluate, higher_is_better, primary_metric
 from vflink.models.merge import AggregatorConfig
 from vflink.models.spec import BottomSpec
 from vflink.parties import PrimaryParty, TrainingPlan
-from vflink.protocol import Ack, AlignmentReady
+from vflink.protocol import Ack, AlignmentReady, EncodingSpec
 from vflink.runner.algorithms import Algorithm, get_algorithm
 from vflink.runner.config import RunConfig, config_to_dict
 from vflink.runner.federation import Federation, in_process
 from vflink.runner.inputs import Inputs, load_inputs
 from vflink.runner.ledger import write_run_ledger
-from vflink.runner.link import encoding_for
+from vflink.runner.link import encoding_for, encoding_summary
+from vflink.runner.link_quality import training_link_quality, write_link_quality
 from vflink.runner.resume import check_resume, run_fingerprint
 from vflink.runner.rundir import atomic_run_dir, write_json
 from vflink.transport import InProcessHub, TrafficCounter, Transcript
@@ -172,11 +173,13 @@ def _needs(algorithms: Sequence[Algorithm]) -> set[str]:
 def prepare(config: RunConfig, tables: Inputs | tuple[PartyTable, Sequence[PartyTable]] | None
             = None, *, algorithms: Sequence[str] | None = None,
             transcript: Transcript | None = None, federation: Federation | None = None,
-            scale: tuple[float, float] | None = None) -> Prepared:
+            scale: tuple[float, float] | None = None,
+            encoding: EncodingSpec | None = None) -> Prepared:
     """Align the parties through the coordinator (the real protocol).
 
     Without a ``federation`` the other parties are built in this process. ``scale`` fixes
-    Eq. 1's (μ0, σ0), e.g. to a training linkage's when predicting.
+    Eq. 1's (μ0, σ0) and ``encoding`` the identifier encoding (e.g. a Bloom filter's value
+    range), both to a training linkage's when predicting.
     """
     inputs = _as_inputs(tables) if tables is not None else load_inputs(config)
     algs = [get_algorithm(a) for a in (algorithms or [config.algorithm])]
@@ -204,12 +207,15 @@ def prepare(config: RunConfig, tables: Inputs | tuple[PartyTable, Sequence[Party
         base = initiator.align_exact(coordinator, session="exact")
         alignments = {"base": base, "top1": base, "exact": base}
         sessions = dict.fromkeys(alignments, "exact")
+        summary.update(encoding_summary("hmac-sha256", federation.secret_source))
     else:
         # The primary proposes the encoding; a numeric Bloom range comes from its own
         # identifiers (widened by 10 %), as it must when the secondaries' data are elsewhere.
         sides = [(inputs.primary.frame, inputs.primary.schema.identifiers)]
         spec, search_metric = encoding_for(a_cfg.metric, bloom=a_cfg.privacy == "bloom",
                                            sides=sides, margin=0.1)
+        if encoding is not None:  # the training's: same centres, so similarities compare
+            spec = encoding
         top_k = a_cfg.top_k if "topk" in needs else 1
         soft = initiator.align_soft(coordinator, spec, metric=search_metric, top_k=top_k,
                                     tau=a_cfg.tau, sigma=a_cfg.sigma, delta=a_cfg.delta,
@@ -227,6 +233,8 @@ def prepare(config: RunConfig, tables: Inputs | tuple[PartyTable, Sequence[Party
         summary.update({k: first.meta.get(k) for k in ("mu0", "sigma0", "sigma", "tau",
                                                        "epsilon", "delta")})
         summary.update({"metric": a_cfg.metric, "top_k": top_k, "privacy": a_cfg.privacy})
+        summary.update(encoding_summary(spec.encoder, federation.secret_source))
+        summary["encoding_spec"] = dataclasses.asdict(spec)  # public; reused by predict
     n = len(inputs.primary)
     rows = np.arange(n, dtype=np.int64)
     if a_cfg.method == "exact" and a_cfg.unmatched == "drop":
@@ -261,7 +269,8 @@ def train_and_evaluate(primary: PrimaryParty, config: RunConfig, plan: TrainingP
                        splits: tuple[npt.NDArray[np.int64], ...], counter: TrafficCounter,
                        *, batch_size: int, progress: Progress | None = None,
                        checkpoints: bool = False, state_prefix: str = "",
-                       resume: bool = False, fingerprint: dict[str, Any] | None = None
+                       resume: bool = False, fingerprint: dict[str, Any] | None = None,
+                       accounting: dict[str, Any] | None = None
                        ) -> tuple[dict[str, dict[str, float]], tuple[EpochRecord, ...], int]:
     """Train with early stopping on the validation metric; restore the best epoch; evaluate.
 
@@ -270,6 +279,12 @@ def train_and_evaluate(primary: PrimaryParty, config: RunConfig, plan: TrainingP
     continued with ``resume``: the same batches, ids and random numbers follow, and the final
     model equals that of an uninterrupted run. ``fingerprint`` (the run's configuration and
     data, see ``runner/resume.py``) is recorded in each checkpoint.
+
+    ``accounting["communication"]``, if a dict is given, receives the training traffic: setup,
+    every epoch and the final evaluation. The setup's share travels in the checkpoint, so a
+    resumed run reports the same total as an uninterrupted one. Saving, loading, snapshotting
+    and restoring states is bookkeeping and not counted: a resumed run does it differently, and
+    state names carry the run id.
     """
     train, val, test = splits
     t = config.training
@@ -289,12 +304,15 @@ def train_and_evaluate(primary: PrimaryParty, config: RunConfig, plan: TrainingP
         best, best_epoch, stale = (progress_state["best"], progress_state["best_epoch"],
                                    progress_state["stale"])
         history = _records(progress_state["history"])
+        setup_traffic = dict(progress_state.get("setup_communication", {}))
         first_epoch = len(history) + 1
         log.info("resuming after epoch %d (best epoch %d)", len(history), best_epoch)
         if progress is not None:
             progress("epoch", len(history), t.epochs)
     else:
+        before_setup = counter.snapshot()
         primary.setup(plan, train)
+        setup_traffic = TrafficCounter.delta(counter.snapshot(), before_setup)
     finished = resume and (stale >= t.patience or first_epoch > t.epochs)
     for epoch in range(first_epoch, t.epochs + 1):
         if finished:
@@ -326,7 +344,8 @@ def train_and_evaluate(primary: PrimaryParty, config: RunConfig, plan: TrainingP
                 extra={"run": fingerprint or {}, "training_progress": {
                     "rng": rng.bit_generator.state, "next_batch_id": primary.next_batch_id,
                     "best": best, "best_epoch": best_epoch, "stale": stale,
-                    "history": [dataclasses.asdict(r) for r in history]}})
+                    "history": [dataclasses.asdict(r) for r in history],
+                    "setup_communication": setup_traffic}})
         log.info("epoch %d: loss %.4f, validation %s %.4f", epoch, record.train_loss, metric,
                  score)
         if progress is not None:
@@ -338,8 +357,13 @@ def train_and_evaluate(primary: PrimaryParty, config: RunConfig, plan: TrainingP
         primary.load_states(BEST)
     else:
         primary.restore("best")
+    before_final = counter.snapshot()
     metrics = {name: evaluate(primary.task, primary.targets(rows), primary.predict_scores(rows))
                for name, rows in (("train", train), ("validation", val), ("test", test))}
+    if accounting is not None:
+        accounting["communication"] = TrafficCounter.combine(
+            setup_traffic, *(r.communication for r in history),
+            TrafficCounter.delta(counter.snapshot(), before_final))
     return metrics, tuple(history), best_epoch
 
 
@@ -366,6 +390,8 @@ def run_training(config: RunConfig, out_dir: Path | None = None, *, overwrite: b
         write_json(staging / "config.json", config_to_dict(config))
         write_json(staging / "metrics.json", result.to_json())
         write_run_ledger(staging, result)
+        if "link_quality" in result.extra:  # read by `vflink predict`
+            write_link_quality(staging, result.extra["link_quality"])
         from vflink.runner.plots import learning_curve  # matplotlib only when writing
 
         learning_curve(result, staging / "learning_curve.png")
@@ -443,11 +469,12 @@ def _run(config: RunConfig, out_dir: Path | None, progress: Progress | None,
     plan = _plan(config, algorithm, learn_missing=learn_missing, k=k)
     if resume and plan.k != k:
         raise ConfigError("cannot resume: the alignment changed")
-    start_bytes = counter.snapshot()
+    accounting: dict[str, Any] = {}
     metrics, history, best_epoch = train_and_evaluate(
         primary, config, plan, splits, counter, batch_size=batch_size, progress=progress,
         checkpoints=out_dir is not None, state_prefix=state_prefix, resume=resume,
-        fingerprint=run_fingerprint(config, inputs.primary) if out_dir is not None else None)
+        fingerprint=run_fingerprint(config, inputs.primary) if out_dir is not None else None,
+        accounting=accounting)
     if out_dir is not None:
         primary.save_states(FINAL, secondary_name=state_prefix + FINAL)
     sizes = {"primary_rows": len(inputs.primary), "aligned_rows": len(rows),
@@ -456,7 +483,11 @@ def _run(config: RunConfig, out_dir: Path | None, progress: Progress | None,
     return RunResult(
         algorithm=algorithm.name, task=primary.task, metrics=metrics, history=history,
         best_epoch=best_epoch,
-        communication=TrafficCounter.delta(counter.snapshot(), start_bytes), sizes=sizes,
+        communication=accounting["communication"], sizes=sizes,
         seconds=time.perf_counter() - start,
-        extra={"alignment": {**prepared.summary, "communication": prepared.communication}},
+        extra={"alignment": {**prepared.summary, "communication": prepared.communication},
+               **({"link_quality": training_link_quality(
+                   config.alignment.method, prepared.alignments["base"],
+                   federation.secondaries, splits[0], len(inputs.primary))}
+                  if algorithm.kind == "vfl" and federation is not None else {})},
     )

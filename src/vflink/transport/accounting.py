@@ -73,6 +73,17 @@ class TrafficCounter:
                           "bytes": v["bytes"] - b["bytes"]}
         return out
 
+    @staticmethod
+    def combine(*parts: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
+        """The sum of several snapshots or deltas, per direction (sorted by direction)."""
+        out: dict[str, dict[str, int]] = {}
+        for part in parts:
+            for k, v in part.items():
+                acc = out.setdefault(k, {"messages": 0, "bytes": 0})
+                acc["messages"] += int(v["messages"])
+                acc["bytes"] += int(v["bytes"])
+        return {k: out[k] for k in sorted(out)}
+
     @property
     def total_bytes(self) -> int:
         with self._lock:

@@ -42,7 +42,8 @@ def test_missing_file_names_the_path(tmp_path: Path) -> None:
 
 
 def test_unknown_column(tmp_path: Path) -> None:
-    with pytest.raises(DataError, match=r"t\.csv.*unknown column.*'c'"):
+    with pytest.raises(DataError,
+                       match=r"t\.csv.*'c'.*missing from the table; this table has: id, a, b, y$"):
         load_table(PRIMARY, write(tmp_path, good().drop(columns=["c"])))
 
 
@@ -108,3 +109,57 @@ def test_primary_needs_label_and_task() -> None:
         PartySchema(name="p", role="primary", numeric=("a",))
     with pytest.raises(ConfigError, match="task"):
         PartySchema(name="p", role="primary", numeric=("a",), label="y", task="ranking")
+
+
+def test_every_problem_of_a_table_at_once(tmp_path: Path) -> None:
+    """Three wrong column names and three bad columns: one error lists them all."""
+    schema = PartySchema(name="primary", role="primary", key=("id",),
+                         numeric=("a", "b", "weight", "height"), categorical=("c", "colour"),
+                         label="y", task="binary")
+    frame = good().astype({"a": object})
+    frame.loc[0, "a"], frame.loc[2, "a"] = "twelve", "?"
+    frame["b"] = [0.0, np.inf, -np.inf]
+    frame.loc[1, "id"] = None
+    with pytest.raises(DataError) as info:
+        load_table(schema, write(tmp_path, frame))
+    err = info.value
+    text = str(err)
+    assert len(err.problems) == 4 and "4 problems" in text
+    assert all("t.csv (party 'primary')" in p for p in err.problems)
+    assert "['weight', 'height', 'colour'] expected but missing from the table; this table " \
+           "has: id, a, b, c, y" in text
+    assert "column 'a' is numeric but holds non-numeric values, first at row 0 (line 2 of a " \
+           "CSV), value 'twelve'; row 2 (line 4 of a CSV), value '?'" in text
+    assert "column 'b' holds infinite values, first at row 1 (line 3 of a CSV), value inf; " \
+           "row 2 (line 4 of a CSV), value -inf" in text
+    assert "key column 'id' has missing values, first at row 1" in text
+    assert "np." not in text  # numbers print as numbers
+
+
+def test_many_bad_cells_show_the_first_few_and_the_count(tmp_path: Path) -> None:
+    frame = pd.concat([good()] * 4, ignore_index=True)
+    frame["id"] = [f"k{i}" for i in range(len(frame))]
+    frame["a"] = ["x"] * len(frame)
+    with pytest.raises(DataError, match=r"row 2 \(line 4 of a CSV\), value 'x' \(12 rows in all\)"
+                       ) as info:
+        load_table(PRIMARY, write(tmp_path, frame))
+    assert "row 3 " not in str(info.value)
+
+
+def test_every_table_of_a_run_is_checked_before_reporting(tmp_path: Path) -> None:
+    from vflink.runner.config import DataConfig, RunConfig
+    from vflink.runner.inputs import load_inputs
+
+    p = write(tmp_path, good(), "p.csv")
+    s = write(tmp_path, good().rename(columns={"a": "amount"}), "s.csv")
+    config = RunConfig(data=DataConfig(parties=(
+        PartySchema(name="primary", role="primary", key=("id",), numeric=("a", "nope"),
+                    label="y", task="binary", path=p),
+        PartySchema(name="bank", role="secondary", key=("id",), numeric=("a",), path=s))))
+    with pytest.raises(DataError) as info:
+        load_inputs(config)
+    problems = info.value.problems
+    assert len(problems) == 2
+    assert "p.csv (party 'primary')" in problems[0] and "['nope']" in problems[0]
+    assert "s.csv (party 'bank')" in problems[1] and "['a']" in problems[1]
+    assert "this table has: id, amount, b, c, y" in problems[1]  # the bank's own columns

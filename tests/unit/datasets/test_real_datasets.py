@@ -182,7 +182,8 @@ def test_imdb_movies_loads_a_user_copy(tmp_path: Path, offline: None) -> None:
 def test_imdb_movies_reports_missing_columns(tmp_path: Path) -> None:
     path = tmp_path / "bad.csv"
     pd.DataFrame({"title": ["a"], "rating": [1.0]}).to_csv(path, index=False)
-    with pytest.raises(DataError, match="unknown column"):
+    with pytest.raises(DataError, match=r"\['year', .*\] expected but missing from the table; "
+                                        "this table has: title, rating"):
         load_dataset("imdb-movies", path=str(path))
     with pytest.raises(DataError, match="file not found"):
         load_dataset("imdb-movies", path=str(tmp_path / "absent.csv"))
