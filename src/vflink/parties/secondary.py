@@ -107,6 +107,8 @@ class SecondaryParty(Party):
         self._applied: set[int] = set()
         self._snapshots: dict[str, dict[str, Any]] = {}
         self._fingerprint: str | None = None
+        #: alignment sessions whose key confirmation succeeded (vflink.alignment.confirm)
+        self._confirmed: set[str] = set()
 
     @property
     def data_fingerprint(self) -> str:
@@ -114,8 +116,6 @@ class SecondaryParty(Party):
         if self._fingerprint is None:
             self._fingerprint = frame_fingerprint(self.table.frame)
         return self._fingerprint
-        #: alignment sessions whose key confirmation succeeded (vflink.alignment.confirm)
-        self._confirmed: set[str] = set()
 
     # --- alignment ------------------------------------------------------------------------
 
