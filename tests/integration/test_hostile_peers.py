@@ -23,17 +23,19 @@ import pytest
 import torch
 
 from tests.helpers.network import free_port, start_process
+from vflink.alignment.confirm import new_nonce
 from vflink.cli.main import main
 from vflink.errors import PolicyViolation, VflinkError
 from vflink.models.spec import BottomSpec
 from vflink.parties import SecondaryParty
-from vflink.parties.linking import encode_identifiers
+from vflink.parties.linking import encode_identifiers, send_key_tag
 from vflink.protocol import (
     PROTOCOL_VERSION,
     Ack,
     AlignmentReady,
     AlignmentViews,
     Backward,
+    ConfirmKey,
     Embeddings,
     EncodingSpec,
     FetchAlignment,
@@ -181,6 +183,13 @@ def _bloom_session(fed: Federation, ch: GrpcChannel, session: str) -> None:
     """The legitimate start of a soft linkage: primary and secondary submit Bloom filters."""
     mine = secondary_frame(40).assign(name=lambda f: f["name"].str.replace("Zelda", "Zeldo"))
     values = encode_identifiers(mine, ["name"], BLOOM, SECRET.encode())
+    # key confirmation first (issue 8): the secondary aligns only with a proven secret
+    nonce = new_nonce()
+    send_key_tag(ch, "coordinator", SECRET.encode(), party="primary", session=session,
+                 nonce=nonce)
+    ack = ch.request("secondary", ConfirmKey(session=session, nonce=nonce,
+                                             coordinator="coordinator"), Ack)
+    assert ack.info["confirmed"] == 1.0
     ch.request("coordinator", IdentifierEncodings(session=session, encoder="bloom",
                                                   values=values), Ack)
     ch.request("secondary", ShareEncodings(session=session, coordinator="coordinator",
