@@ -145,9 +145,9 @@ class SecondaryParty(Party):
 
     def _require_confirmed(self, session: str) -> None:
         if session not in self._confirmed:
-            raise ProtocolError(f"party {self.name!r}: no successful key confirmation for "
-                                f"session {session!r}; it aligns only with parties proven to "
-                                "share its secret")
+            raise refuse(ProtocolError, f"party {self.name!r}: no successful key confirmation "
+                                        f"for session {session!r}; it aligns only with parties "
+                                        "proven to share its secret", code="key-confirmation")
 
     def on_share_keys(self, sender: str, message: ShareKeys) -> Ack:
         check_coordinator(self.name, self.roles, message.coordinator)
