@@ -19,6 +19,7 @@ from vflink.linkage import SearchOptions
 from vflink.parties import CoordinatorParty, SecondaryParty
 from vflink.protocol import Channel
 from vflink.runner.config import RunConfig
+from vflink.runner.evaluation import recorder_for
 from vflink.runner.inputs import Inputs
 from vflink.transport import InProcessHub, TrafficCounter, Transcript
 
@@ -82,7 +83,8 @@ def in_process(inputs: Inputs, config: RunConfig, *, transcript: Transcript | No
     for table in inputs.secondaries:
         hub.register(table.name, SecondaryParty(
             table, hub.channel(table.name), secret=secret,
-            out_dir=None if state_root is None else state_root / table.name))
+            out_dir=None if state_root is None else state_root / table.name,
+            recorder=recorder_for(config)))
     return Federation(channel=hub.channel(inputs.primary.name),
                       secondaries=tuple(t.name for t in inputs.secondaries),
                       coordinator=COORDINATOR, counter=counter, secret=secret)

@@ -10,6 +10,7 @@
     state_dir = "state/bank"       # this party's checkpoints and models
     deadline_s = 60                # every call to a peer fails after this long
     seed = 0                       # coordinator only: seeds its similarity noise
+    record = false                 # keep a sample of what this party receives (vflink attack)
 
     [party.table]                  # this party's data (like one [[data.parties]] entry)
     path = "bank.csv"
@@ -70,6 +71,7 @@ class PartyConfig:
     insecure: bool = False
     secret_env: str = "VFLINK_SECRET"
     source: str = "party.toml"
+    record: bool = False
 
     def __post_init__(self) -> None:
         problems: list[str] = []
@@ -150,7 +152,7 @@ def load_party_config(path: Path) -> PartyConfig:
             continue
         peers.append(PeerConfig(name=name, address=str(p["address"]), role=str(p["role"])))
     known_party = {"name", "role", "listen", "state_dir", "deadline_s", "seed", "dataset",
-                   "options"}
+                   "options", "record"}
     extra = sorted(set(party) - known_party)
     if extra:
         problems.append(f"[party] has unknown key(s) {extra}; known: {sorted(known_party)}")
@@ -169,7 +171,8 @@ def load_party_config(path: Path) -> PartyConfig:
             tls_dir=resolve(security.get("tls_dir")),
             allowed=tuple(security.get("allowed", ())),
             insecure=bool(security.get("insecure", False)),
-            secret_env=str(security.get("secret_env", "VFLINK_SECRET")), source=str(path))
+            secret_env=str(security.get("secret_env", "VFLINK_SECRET")), source=str(path),
+            record=bool(party.get("record", False)))
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}", exc.problems) from None
 
