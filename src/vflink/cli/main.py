@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import sys
 from collections.abc import Sequence
@@ -18,6 +19,7 @@ from vflink.errors import ConfigError, VflinkError
 __all__ = ["main"]
 
 COMMANDS = (train, link, experiment, predict, demo, serve, certs)
+COMMANDS += tuple(importlib.import_module(f"vflink.cli.{m}") for m in ("attack",))  # issue 11
 
 
 def build_parser() -> argparse.ArgumentParser:
