@@ -19,7 +19,7 @@ from vflink.errors import ConfigError, VflinkError
 __all__ = ["main"]
 
 COMMANDS = (train, link, experiment, predict, demo, serve, certs)
-COMMANDS += tuple(importlib.import_module(f"vflink.cli.{m}") for m in ("attack",))  # issue 11
+COMMANDS += tuple(importlib.import_module(f"vflink.cli.{m}") for m in ("attack", "report"))
 
 
 def build_parser() -> argparse.ArgumentParser:

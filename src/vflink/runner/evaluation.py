@@ -161,14 +161,17 @@ def read_truth(run_dir: Path) -> tuple[dict[str, Any], dict[str, npt.NDArray[Any
     return manifest, arrays
 
 
-def linkage_figures(similarity: npt.NDArray[np.floating[Any]] | None) -> dict[str, Any] | None:
+def linkage_figures(similarity: npt.NDArray[np.floating[Any]] | None, model: Any = None
+                    ) -> dict[str, Any] | None:
     """What the report draws for a soft linkage, from the similarities the primary holds.
 
     * the sorted-similarity curve of FedSim Figure 4: mean, 10th and 90th percentile of each
       record's k-th largest row-scaled similarity, per rank k;
     * Δ of §4.3 (Definition 1) against Top1Sim and AvgSim, on row-scaled similarities
       (:mod:`vflink.linkage.improvement`). Δ against Exact needs the raw distances, which only
-      the coordinator has, so it is reported by ``vflink link``, not here.
+      the coordinator has, so it is reported by ``vflink link``, not here;
+    * the weight gate's learned similarity → weight mapping (FedSim Figure 10, middle), when
+      ``model`` (the primary's trained model) has one, on a grid over the observed range.
     """
     if similarity is None or similarity.ndim != 2 or similarity.shape[1] < 2:
         return None
@@ -183,6 +186,18 @@ def linkage_figures(similarity: npt.NDArray[np.floating[Any]] | None) -> dict[st
     curve = {"mean": ranked.mean(axis=0).tolist(),
              "p10": np.percentile(ranked, 10, axis=0).tolist(),
              "p90": np.percentile(ranked, 90, axis=0).tolist()}
-    return {"k": int(s.shape[1]), "scale": "row", "curve": curve,
-            "delta": {"top1sim": float(np.mean(improvement_per_record(scaled, top1))),
-                      "avgsim": float(np.mean(improvement_per_record(scaled, valid)))}}
+    out: dict[str, Any] = {
+        "k": int(s.shape[1]), "scale": "row", "curve": curve,
+        "delta": {"top1sim": float(np.mean(improvement_per_record(scaled, top1))),
+                  "avgsim": float(np.mean(improvement_per_record(scaled, valid)))}}
+    gate = getattr(getattr(model, "aggregator", None), "sim_model", None)
+    if gate is not None and valid.any():
+        import torch
+
+        lo, hi = float(s[valid].min()), float(s[valid].max())
+        grid = np.linspace(lo, hi, 101) if hi > lo else np.array([lo])
+        with torch.no_grad():
+            w = model.aggregator.weights(torch.from_numpy(grid.astype(np.float32))[None, :])
+        out["weight_gate"] = {"similarity": grid.tolist(),
+                              "weight": w.reshape(-1).double().numpy().tolist()}
+    return out

@@ -461,5 +461,5 @@ def _run(config: RunConfig, out_dir: Path | None, progress: Progress | None,
         seconds=time.perf_counter() - start,
         extra={"alignment": {**prepared.summary, "communication": prepared.communication},
                "messages": TrafficCounter.kinds_delta(counter.kinds(), start_kinds),
-               "linkage_figures": linkage_figures(primary.similarity)},
+               "linkage_figures": linkage_figures(primary.similarity, primary.model)},
     )
