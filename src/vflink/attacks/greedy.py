@@ -35,6 +35,7 @@ import numpy as np
 import numpy.typing as npt
 from scipy.special import gammaln
 
+from vflink._checks import raise_if
 from vflink.attacks.base import ATTACKS, AttackResult, AttackView
 from vflink.errors import ConfigError, DataError, LinkageError
 from vflink.linkage.privacy import sigma_for_tau, tau_for_sigma, tau_min
@@ -96,8 +97,7 @@ class GreedySimilarityAttack:
         if not isinstance(self.enumerate_limit, int) or self.enumerate_limit < 1:
             problems.append(f"`enumerate_limit` must be an int ≥ 1, got "
                             f"{self.enumerate_limit!r}")
-        if problems:
-            raise ConfigError("greedy-similarity parameters", problems)
+        raise_if(problems, "greedy-similarity parameters")
 
     @staticmethod
     def _scale(view: AttackView) -> tuple[float, float, float]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
 import sys
 from collections.abc import Sequence
@@ -13,13 +12,12 @@ from rich.logging import RichHandler
 from rich.markup import escape
 
 from vflink import __version__
-from vflink.cli import certs, demo, experiment, link, predict, serve, train
+from vflink.cli import attack, certs, demo, experiment, link, predict, report, serve, train
 from vflink.errors import ConfigError, VflinkError
 
 __all__ = ["main"]
 
-COMMANDS = (train, link, experiment, predict, demo, serve, certs)
-COMMANDS += tuple(importlib.import_module(f"vflink.cli.{m}") for m in ("attack", "report"))
+COMMANDS = (train, link, experiment, predict, demo, serve, certs, attack, report)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -156,10 +156,10 @@ class PrimaryParty(Party):
             for s in self.secondaries:
                 a = alignments[s]
                 self.recorder.whole("indices", s, a.primary_index, a.secondary_index)
-            anchor = alignments[self.secondaries[0]] if self.secondaries else None
-            if anchor is not None and anchor.similarity is not None:
-                self.recorder.whole("similarities", anchor.secondary, anchor.primary_index,
-                                    anchor.similarity, meta=dict(anchor.meta))
+            first = alignments[self.secondaries[0]] if self.secondaries else None
+            if first is not None and first.similarity is not None:
+                self.recorder.whole("similarities", first.secondary, first.primary_index,
+                                    first.similarity, meta=dict(first.meta))
 
     # --- training -------------------------------------------------------------------------
 
