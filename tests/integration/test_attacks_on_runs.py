@@ -161,3 +161,45 @@ def test_without_noise_the_distance_step_always_succeeds(tmp_path: Path) -> None
     result = run_attack(out, "greedy-similarity")
     assert result.metrics["distance_success"] == 1.0
     assert result.metrics["tau_bound"] == 1.0
+
+
+@pytest.mark.network
+def test_recording_across_hosts_equals_in_process(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A secondary served over gRPC (mutual TLS) records in its own state directory exactly
+    what the in-process secondary records; the attack runs on that directory."""
+    from tests.helpers.network import served_in_threads, write_party_files
+    from vflink.runner.inputs import Inputs, load_inputs
+    from vflink.runner.network import network_federation
+    from vflink.runner.party_config import load_party_config
+
+    monkeypatch.setenv("VFLINK_SECRET", "a-test-secret-shared-by-data-parties")
+    options = {"n_samples": 600, "seed": 3}
+    config = RunConfig(seed=3, algorithm="splitnn",
+                       data=DataConfig(dataset="sklearn-small", options=dict(options)),
+                       training=TrainingConfig(epochs=2, patience=2), evaluation=RECORD)
+    local = tmp_path / "local"
+    run_training(config, local)
+    files = write_party_files(tmp_path / "grpc", dataset="sklearn-small", options=options,
+                              seed=3)
+    sec = files["secondary"]
+    sec.write_text(sec.read_text().replace('role = "secondary"\n',
+                                           'role = "secondary"\nrecord = true\n', 1))
+    remote = tmp_path / "remote"
+    with served_in_threads(files["coordinator"], sec):
+        federation = network_federation(load_party_config(files["primary"]), run_id="r1")
+        try:
+            primary = load_inputs(config).primary
+            run_training(config, remote, tables=Inputs(primary, ()), federation=federation)
+        finally:
+            federation.close()
+    state = tmp_path / "grpc" / "state" / "secondary" / "r1"
+    a, b = read_recording(local / "models" / "secondary"), read_recording(state)
+    ga, ia, _ = a.get("gradients")
+    gb, ib, _ = b.get("gradients")
+    assert np.array_equal(ia, ib)
+    np.testing.assert_allclose(ga, gb, rtol=1e-5, atol=1e-7)
+    # the primary's run directory holds the labels per linked row (evaluation-only truth)
+    result = run_attack(state, "label-norm", truth_dir=remote)
+    assert result.party == "secondary" and result.metrics["rows"] > 0
+    assert Ledger.read(remote / "privacy.json").attacks[-1]["attack"] == "label-norm"

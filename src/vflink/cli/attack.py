@@ -35,6 +35,9 @@ def register(sub: Any) -> None:
                    help="also write the result as JSON into this directory")
     p.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
                    help="an attack parameter (VALUE parsed as JSON when possible); repeatable")
+    p.add_argument("--truth", type=Path, default=None,
+                   help="run directory holding the ground truth and the ledger, when --run is "
+                        "one party's own state directory (runs across hosts)")
     p.add_argument("--list", action="store_true", help="list the attacks, one line each")
     p.add_argument("--config", type=Path, default=None,
                    help="accepted for symmetry; the run directory's own files are used")
@@ -67,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     if args.run is None or args.attack is None:
         raise ConfigError("give --run RUN_DIR and --attack NAME (or --list)")
     result = run_attack(args.run, args.attack, party=args.party, params=_params(args.param),
-                        out=args.out)
+                        out=args.out, truth_dir=args.truth)
     table = Table(title=f"{result.attack} by {result.party}")
     table.add_column("metric")
     table.add_column("value", justify="right")
@@ -75,5 +78,5 @@ def run(args: argparse.Namespace) -> int:
         table.add_row(key, f"{value:.6g}")
     console.print(table)
     console.print(escape(result.explanation), highlight=False)
-    console.print(f"appended to {args.run / 'privacy.json'}", highlight=False)
+    console.print(f"appended to {(args.truth or args.run) / 'privacy.json'}", highlight=False)
     return 0

@@ -34,7 +34,14 @@ def attack_lines() -> list[tuple[str, str, str]]:
 
 
 def recorded_parties(run_dir: Path) -> dict[str, Path]:
-    """Party name → state directory, for every party of the run that recorded something."""
+    """Party name → state directory, for every party of the run that recorded something.
+
+    ``run_dir`` is a run directory (``models/<party>/``), or one party's own state directory
+    for a run across hosts (``<state_dir>/<run id>/``, where ``vflink serve`` wrote it).
+    """
+    own = Path(run_dir) / RECORDING_DIR / "received.json"
+    if own.is_file():
+        return {read_recording(Path(run_dir)).party: Path(run_dir)}
     out = {}
     for manifest in sorted(Path(run_dir).glob(f"models/*/{RECORDING_DIR}/received.json")):
         party_dir = manifest.parent.parent
@@ -45,7 +52,7 @@ def recorded_parties(run_dir: Path) -> dict[str, Path]:
 def _pick(run_dir: Path, role: str, party: str | None) -> Recording:
     parties = recorded_parties(run_dir)
     if not parties:
-        if not (Path(run_dir) / "metrics.json").is_file():
+        if not (Path(run_dir) / "metrics.json").is_file() and not Path(run_dir).is_dir():
             raise DataError(f"{run_dir}: not a run directory (no metrics.json)")
         raise DataError(f"{run_dir}: no party recorded what it received; rerun with "
                         "[evaluation] record = true")
@@ -91,7 +98,8 @@ def load_view(run_dir: Path, role: str, party: str | None = None) -> AttackView:
             extra.update(rec.meta("similarities", peer))
             extra["peer"] = peer
             extra["similarity_rows"] = rows
-        own = Path(run_dir) / "models" / rec.party / RECORDING_DIR / OWN_ENCODINGS
+        base = recorded_parties(Path(run_dir))[rec.party]
+        own = base / RECORDING_DIR / OWN_ENCODINGS
         if own.is_file():  # the primary's own Bloom filters: its own data
             with np.load(own, allow_pickle=False) as data:
                 extra["own_filters"] = data["filters"]
@@ -114,18 +122,22 @@ def truth_for(arrays: dict[str, npt.NDArray[Any]], peer: str | None
 
 
 def run_attack(run_dir: Path, name: str, *, party: str | None = None,
-               params: dict[str, Any] | None = None, out: Path | None = None) -> AttackResult:
-    """Run attack ``name`` on ``run_dir``; append the result to its ledger (and to ``out``)."""
+               params: dict[str, Any] | None = None, out: Path | None = None,
+               truth_dir: Path | None = None) -> AttackResult:
+    """Run attack ``name`` on ``run_dir``; append the result to the run's ledger (and to
+    ``out``). ``truth_dir``: the run directory with the ground truth and the ledger, when
+    ``run_dir`` is one party's own state directory (runs across hosts)."""
     run_dir = Path(run_dir)
+    home = Path(truth_dir) if truth_dir is not None else run_dir
     attack = get_attack(name, **(params or {}))
     view = load_view(run_dir, attack.role, party)
     view.require(attack.needs, attack.name)
-    _, arrays = read_truth(run_dir)
+    _, arrays = read_truth(home)
     # A secondary's truth is about its own rows; the primary attacks the secondary it received
     # similarities about (the first secondary, FedSim App. C).
     peer = view.party if view.role == "secondary" else view.extra.get("peer")
     result = attack.evaluate(view, truth_for(arrays, peer))
-    ledger_path = run_dir / LEDGER_FILE
+    ledger_path = home / LEDGER_FILE
     ledger = Ledger.read(ledger_path) if ledger_path.is_file() else Ledger()
     ledger.add_attack(result.to_json())
     ledger.write(ledger_path)
