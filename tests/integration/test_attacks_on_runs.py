@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from tests.helpers.imbalanced import imbalanced_inputs
 from vflink.cli.main import main
@@ -116,18 +118,42 @@ def test_ledger_lists_every_message_kind_with_counts_and_bytes(splitnn_run: Path
     assert all(m["explanation"] for m in ledger.messages)
 
 
-def test_recording_adds_nothing_to_what_crosses_the_boundary(tmp_path: Path) -> None:
+def _same(a: object, b: object) -> bool:
+    """Deep equality of message contents (arrays, tensors, nested dataclasses)."""
+    if dataclasses.is_dataclass(a) and not isinstance(a, type):
+        return type(a) is type(b) and all(
+            _same(getattr(a, f.name), getattr(b, f.name)) for f in dataclasses.fields(a))
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and torch.equal(a, b)
+    if isinstance(a, np.ndarray):
+        return isinstance(b, np.ndarray) and np.array_equal(a, b)
+    if isinstance(a, (list, tuple)):
+        return isinstance(b, (list, tuple)) and len(a) == len(b) and all(
+            _same(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    return a == b
+
+
+def test_recording_adds_nothing_to_what_crosses_the_boundary(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VFLINK_SECRET", "a-test-secret-shared-by-data-parties")
     inputs = imbalanced_inputs(600)
 
-    def transcript(record: bool) -> list[tuple[str, str, str, int]]:
+    def transcript(record: bool) -> Transcript:
         t = Transcript()
         run_training(splitnn_config(record, epochs=2), tmp_path / f"r{record}", tables=inputs,
                      transcript=t)
-        return [(r.sender, r.receiver, r.message.kind, payload_nbytes(r.message))
-                for r in t.records]
+        return t
 
     without, with_recording = transcript(False), transcript(True)
-    assert without == with_recording
+    assert [(r.sender, r.receiver, r.message.kind, payload_nbytes(r.message))
+            for r in without.records] == [
+        (r.sender, r.receiver, r.message.kind, payload_nbytes(r.message))
+        for r in with_recording.records]
+    # the same messages, value for value (the secret and every seed are fixed)
+    assert all(_same(a.message, b.message)
+               for a, b in zip(without.records, with_recording.records, strict=True))
     assert (tmp_path / "rTrue" / "models" / "bank" / "evaluation" / "received.npz").is_file()
     assert not (tmp_path / "rFalse" / "models" / "bank" / "evaluation").exists()
 

@@ -150,3 +150,16 @@ def test_report_renders_in_headless_chromium(soft_run: Path, tmp_path: Path) -> 
     seen = json.loads(match.group(1).replace("&quot;", '"'))
     assert seen == dict.fromkeys(VISIBLE, "visible")
     assert [line for line in dom.stderr.splitlines() if ":CONSOLE" in line] == []
+
+
+def test_run_report_compares_with_runs_of_the_same_data_beside_it(soft_run: Path) -> None:
+    sibling = soft_run.parent / "solo"
+    sibling.mkdir(exist_ok=True)
+    (sibling / "config.json").write_text((soft_run / "config.json").read_text())
+    metrics = json.loads((soft_run / "metrics.json").read_text())
+    metrics.update(algorithm="solo", metrics={"test": {"accuracy": 0.123456, "auc": 0.5}})
+    (sibling / "metrics.json").write_text(json.dumps(metrics))
+    page = (soft_run.parent / "page2.html")
+    assert main(["report", str(soft_run), "--out", str(page)]) == 0
+    text = page.read_text(encoding="utf-8")
+    assert "fedsim (this run)" in text and "0.1235" in text

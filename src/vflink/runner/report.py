@@ -269,6 +269,32 @@ def _read_json(path: Path) -> Any:
         raise DataError(f"{path}: not JSON ({exc})") from None
 
 
+def _baselines(run_dir: Path, config: dict[str, Any], metrics: dict[str, Any]) -> str:
+    """Test metrics of this run and of the runs next to it (same data and seed), e.g. the
+    solo / splitnn / combine runs of ``vflink demo``."""
+    rows = []
+    for sibling in sorted(run_dir.parent.iterdir()) if run_dir.parent.is_dir() else []:
+        try:
+            other = json.loads((sibling / "config.json").read_text(encoding="utf-8"))
+            result = json.loads((sibling / "metrics.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if other.get("data") != config.get("data") or other.get("seed") != config.get("seed"):
+            continue
+        test = (result.get("metrics") or {}).get("test", {})
+        mark = " (this run)" if sibling.resolve() == run_dir.resolve() else ""
+        rows.append((f"{result.get('algorithm')}{mark}",
+                     *[test.get(k) for k in sorted(test)]))
+    names = sorted((metrics.get("metrics") or {}).get("test") or {})
+    note = ""
+    if len(rows) < 2:
+        note = ('<p class="note">No other run of the same data and seed next to this one: '
+                "run the baselines into sibling directories (as <code>vflink demo</code> "
+                "does), or use <code>vflink experiment</code>, whose directory this command "
+                "renders too.</p>")
+    return _table(("algorithm", *[f"test {n}" for n in names]), rows, cls="baselines") + note
+
+
 def _run_page(run_dir: Path) -> str:
     metrics = _read_json(run_dir / "metrics.json")
     config = _read_json(run_dir / "config.json")
@@ -279,10 +305,8 @@ def _run_page(run_dir: Path) -> str:
     names = sorted(next(iter(metrics.get("metrics", {}).values()), {}))
     sizes = metrics.get("sizes", {})
     metric_body = _table(("split", *names), split_rows)
-    metric_body += ('<p class="note">A training run measures one algorithm; compare it with '
-                    "the baselines (Solo, Top1Sim, Combine, ...) in an experiment directory "
-                    "(<code>vflink experiment</code>; <code>vflink report</code> renders it "
-                    "too).</p>")
+    metric_body += "<h3>Against the baselines run beside it</h3>" + _baselines(run_dir, config,
+                                                                               metrics)
     metric_body += _table(("size", "value"), sorted(sizes.items()))
     title = f"vflink run: {metrics.get('algorithm')}"
     lead = (f"{run_dir.name}: task {metrics.get('task')}, best epoch "
