@@ -163,3 +163,15 @@ def test_run_report_compares_with_runs_of_the_same_data_beside_it(soft_run: Path
     assert main(["report", str(soft_run), "--out", str(page)]) == 0
     text = page.read_text(encoding="utf-8")
     assert "fedsim (this run)" in text and "0.1235" in text
+
+
+def test_demo_directory_report(soft_run: Path, tmp_path: Path) -> None:
+    (tmp_path / "fedsim").mkdir()
+    (tmp_path / "fedsim" / "metrics.json").write_text((soft_run / "metrics.json").read_text())
+    (tmp_path / "comparison.json").write_text(json.dumps({
+        "dataset": "sklearn-small", "headline_metric": "accuracy",
+        "test": {"solo": {"accuracy": 0.7, "auc": 0.8}, "fedsim": {"accuracy": 0.9, "auc": 0.95}}}))
+    assert main(["report", str(tmp_path)]) == 0
+    page = (tmp_path / "report.html").read_text(encoding="utf-8")
+    assert 'id="results"' in page and 'id="run-fedsim"' in page and "data:image/png" in page
+    assert _external_urls(page) == []

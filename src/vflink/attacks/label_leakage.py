@@ -82,6 +82,21 @@ def explain_auc(value: float, who: str, what: str) -> str:
             f"{verdict}")
 
 
+def _over_training(y: npt.NDArray[Any], scores: npt.NDArray[np.float64],
+                   batch: npt.NDArray[Any], parts: int = 10) -> list[dict[str, Any]]:
+    """The leak AUC along training: the recorded batches in up to ``parts`` consecutive groups
+    (Li et al. follow it per iteration; it falls as the model grows confident)."""
+    out = []
+    for chunk in np.array_split(np.unique(batch), min(parts, len(np.unique(batch)))):
+        if chunk.size == 0:
+            continue
+        m = np.isin(batch, chunk)
+        value, _ = grouped_auc(y[m], scores[m], batch[m])
+        out.append({"first_batch": int(chunk[0]), "last_batch": int(chunk[-1]),
+                    "auc": value})
+    return out
+
+
 class _LabelAttack:
     needs: ClassVar[frozenset[str]] = frozenset({"gradients"})
     role: ClassVar[str] = "secondary"
@@ -132,7 +147,8 @@ class _LabelAttack:
                                     "received"),
             params={},
             details={"reference": "Li et al., ICLR 2022, §3",
-                     "scoring": "per-batch AUC, size-weighted mean over training batches"})
+                     "scoring": "per-batch AUC, size-weighted mean over training batches",
+                     "auc_over_training": _over_training(y, s, batch)})
 
 
 @ATTACKS.register("label-norm")

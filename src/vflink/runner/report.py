@@ -366,11 +366,31 @@ def _experiment_page(exp_dir: Path) -> str:
     return _page(f"vflink experiment: {results.get('name')}", lead, sections)
 
 
+def _comparison_page(demo_dir: Path) -> str:
+    """``vflink demo``'s directory: its comparison table and each run's learning curve."""
+    comparison = _read_json(demo_dir / "comparison.json")
+    test = comparison.get("test", {})
+    names = sorted(next(iter(test.values()), {}))
+    sections = [_section("results", "Test metrics", _table(
+        ("algorithm", *names), [(alg, *[m.get(n) for n in names]) for alg, m in test.items()],
+        cls="results"))]
+    for alg in test:
+        metrics_file = demo_dir / alg / "metrics.json"
+        if metrics_file.is_file():
+            sections.append(_section(f"run-{alg}", f"{alg}: learning curve",
+                                     _learning_curve(_read_json(metrics_file))))
+    return _page(f"vflink demo: {comparison.get('dataset')}",
+                 "Solo, SplitNN and Combine on the same data; open each run directory's own "
+                 "report for its ledger", sections)
+
+
 def build_report(directory: Path) -> str:
-    """The HTML page for a run directory or an experiment directory."""
+    """The HTML page for a run directory, an experiment directory or a demo directory."""
     directory = Path(directory)
     if (directory / "results.json").is_file():
         return _experiment_page(directory)
+    if (directory / "comparison.json").is_file():
+        return _comparison_page(directory)
     if (directory / "metrics.json").is_file():
         return _run_page(directory)
     raise DataError(f"{directory}: neither a run directory (metrics.json) nor an experiment "
