@@ -17,7 +17,8 @@ C(m, û) candidate filters, so a uniform guess succeeds with probability 1[û = 
 report its exact mean over targets (each linked secondary record, through its pair with the
 smallest predicted distance, which has the fewest candidates) and,
 where C(m, û) ≤ ``enumerate_limit``, also enumerate the candidates, draw the guess and compare it
-with the true filter.
+with the true filter (the guess is a uniform draw of the û bits to flip, the same law as
+listing the candidates and picking one).
 
 Both are reported next to the τ bound of the run's σ, and (from the true distances, evaluation
 only) re-measured with fresh noise at the σ of each τ in ``taus``.
@@ -25,7 +26,6 @@ only) re-measured with fresh noise at the σ of each τ in ``taus``.
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -146,9 +146,10 @@ class GreedySimilarityAttack:
             too_many = float(log_binomial(bits, u)) > math.log(self.enumerate_limit)
             if not (0 <= u <= bits) or too_many or int(t) not in lookup:
                 continue
-            # Enumerate every filter at distance û from our own filter k_i^P, draw one.
-            candidates = list(itertools.combinations(range(bits), int(u)))
-            pick = candidates[int(rng.integers(len(candidates)))]
+            # A uniform draw from the C(m, û) filters at distance û from our own k_i^P: the
+            # û bit positions to flip, without replacement (the same law as listing the
+            # candidates and picking one, without building the list).
+            pick = tuple(int(p) for p in rng.choice(bits, size=int(u), replace=False))
             tried += 1
             hits += int(np.array_equal(_flip(own_bits[i], pick), f_bits[lookup[int(t)]]))
         out["enumerated_targets"] = float(tried)

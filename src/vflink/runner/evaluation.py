@@ -141,7 +141,9 @@ def _bloom_truth(config: RunConfig, prepared: Prepared, alignments: dict[str, Al
     valid = dense != MISSING
     dist = np.full(dense.shape, np.nan)
     rows, cols = np.nonzero(valid)
-    dist[rows, cols] = _hamming(own[rows], theirs[dense[rows, cols]])
+    for start in range(0, len(rows), 65_536):  # bounded memory on large linkages
+        r, c = rows[start:start + 65_536], cols[start:start + 65_536]
+        dist[r, c] = _hamming(own[r], theirs[dense[r, c]])
     linked = np.unique(dense[valid])
     arrays[f"distances__{anchor}"] = dist
     arrays[f"filters__{anchor}__rows"] = linked.astype(np.int64)
