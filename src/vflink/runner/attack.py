@@ -55,7 +55,8 @@ def _pick(run_dir: Path, role: str, party: str | None) -> Recording:
         if not (Path(run_dir) / "metrics.json").is_file() and not Path(run_dir).is_dir():
             raise DataError(f"{run_dir}: not a run directory (no metrics.json)")
         raise DataError(f"{run_dir}: no party recorded what it received; rerun with "
-                        "[evaluation] record = true")
+                        "[evaluation] record = true (Solo and Combine send nothing across a "
+                        "party boundary: there is nothing to attack)")
     if party is not None:
         if party not in parties:
             raise ConfigError(f"party {party!r} recorded nothing in {run_dir}; parties with a "
