@@ -136,6 +136,12 @@ def test_report_renders_in_headless_chromium(soft_run: Path, tmp_path: Path) -> 
     assert head[:8] == b"\x89PNG\r\n\x1a\n"
     width, height = struct.unpack(">II", head[16:24])
     assert (width, height) == (1200, 3000)
+    # the console check sees errors (a page with one is caught), so its silence means something
+    bad = tmp_path / "bad.html"
+    bad.write_text('<!DOCTYPE html><html><body><script>console.error("boom")</script></body>'
+                   "</html>", encoding="utf-8")
+    caught = _chrome(binary, tmp_path / "profile0", "--dump-dom", bad.as_uri())
+    assert any(":CONSOLE" in line and "boom" in line for line in caught.stderr.splitlines())
     # the page has no script: any console message (an error, a blocked load) is a failure
     console = [line for line in proc.stderr.splitlines() if ":CONSOLE" in line]
     assert console == [], console

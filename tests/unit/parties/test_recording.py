@@ -7,6 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from vflink.errors import ConfigError, DataError
 from vflink.parties.recording import Recorder, read_recording
@@ -44,3 +46,33 @@ def test_errors(tmp_path: Path) -> None:
     rec.flush(tmp_path, party="p", role="primary")
     with pytest.raises(DataError, match="no gradients"):
         read_recording(tmp_path).get("gradients")
+
+
+@settings(max_examples=25)
+@given(st.lists(st.integers(min_value=1, max_value=6), min_size=1, max_size=8),
+       st.integers(min_value=1, max_value=20), st.integers(min_value=1, max_value=4))
+def test_whole_batches_are_kept_until_the_budget(sizes: list[int], budget: int, width: int
+                                                 ) -> None:
+    import tempfile
+
+    rec = Recorder(max_rows=budget)
+    rng = np.random.default_rng(0)
+    sent = []
+    for batch_id, n in enumerate(sizes, start=1):
+        values = rng.normal(size=(n, width)).astype(np.float32)
+        rows = rng.integers(0, 100, size=n)
+        rec.batch("embeddings", "bank", batch_id, rows, values)
+        sent.append((batch_id, rows, values))
+    kept, total = [], 0
+    for item in sent:  # oracle: whole batches while fewer than `budget` rows are held
+        if total >= budget:
+            break
+        kept.append(item)
+        total += len(item[1])
+    with tempfile.TemporaryDirectory() as tmp:
+        rec.flush(Path(tmp), party="p", role="primary")
+        values, ids, batch = read_recording(Path(tmp)).get("embeddings", "bank")
+    assert np.array_equal(values, np.concatenate([v for _, _, v in kept]))
+    assert np.array_equal(ids, np.concatenate([r for _, r, _ in kept]))
+    assert batch is not None
+    assert batch.tolist() == [b for b, r, _ in kept for _ in r]
