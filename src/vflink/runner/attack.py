@@ -28,6 +28,14 @@ __all__ = ["attack_lines", "load_view", "recorded_parties", "run_attack", "truth
 log = logging.getLogger(__name__)
 
 
+#: why a recorded party may still lack a field an attack needs
+_WHY = {"similarities": "only soft linkage (alignment.method = \"soft\") sends similarities, "
+                        "to the primary",
+        "gradients": "a secondary receives gradients only when a VFL algorithm trains "
+                     "(splitnn, fedsim, ...)",
+        "embeddings": "the primary receives embeddings only when a VFL algorithm trains"}
+
+
 def attack_lines() -> list[tuple[str, str, str]]:
     """(name, attacker role, one-line summary) of every registered attack."""
     return [(n, ATTACKS.get(n).role, ATTACKS.get(n).summary) for n in ATTACKS.names()]
@@ -132,6 +140,11 @@ def run_attack(run_dir: Path, name: str, *, party: str | None = None,
     home = Path(truth_dir) if truth_dir is not None else run_dir
     attack = get_attack(name, **(params or {}))
     view = load_view(run_dir, attack.role, party)
+    missing = sorted(n for n in attack.needs if n in _WHY and getattr(view, n) is None)
+    if missing:  # the run recorded, but never sent this kind of message
+        raise ConfigError(f"attack {attack.name!r} needs {', '.join(missing)}, which party "
+                          f"{view.party!r} never received in this run: "
+                          + "; ".join(_WHY[n] for n in missing))
     view.require(attack.needs, attack.name)
     _, arrays = read_truth(home)
     # A secondary's truth is about its own rows; the primary attacks the secondary it received
