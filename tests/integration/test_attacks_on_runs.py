@@ -91,8 +91,10 @@ def test_label_norm_attack_from_the_cli_reaches_high_auc(splitnn_run: Path,
 def test_attack_list_and_errors(splitnn_run: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["attack", "--list"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
-    names = {line.split()[0] for line in lines if line and not line.startswith(" ")}
-    assert {"label-norm", "label-direction", "greedy-similarity"} <= names
+    from vflink.attacks import ATTACKS
+
+    assert [line.split()[0] for line in lines] == list(ATTACKS.names())  # one line each
+    assert {"label-norm", "label-direction", "greedy-similarity"} <= set(ATTACKS.names())
     assert main(["attack", "--run", str(splitnn_run), "--attack", "nope"]) == 2
     # an exact-key SplitNN run has no similarities: a clear error, not a traceback
     assert main(["attack", "--run", str(splitnn_run), "--attack", "greedy-similarity"]) == 2

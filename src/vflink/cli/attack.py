@@ -65,7 +65,8 @@ def run(args: argparse.Namespace) -> int:
     console = Console()
     if args.list:
         for name, role, summary in attack_lines():
-            console.print(f"{name:<20} ({role}) {escape(summary)}", highlight=False)
+            console.print(f"{name:<20} ({role}) {escape(summary)}", highlight=False,
+                          soft_wrap=True)  # one line per attack, whatever the terminal width
         return 0
     if args.run is None or args.attack is None:
         raise ConfigError("give --run RUN_DIR and --attack NAME (or --list)")
