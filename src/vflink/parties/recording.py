@@ -78,6 +78,14 @@ class Recorder:
 
     # --- what a party calls from its handlers ----------------------------------------------
 
+    def new_training(self) -> None:
+        """A new training starts (a served party lives through many runs): forget the previous
+        run's batches; the latest alignment is kept (it arrives before the training)."""
+        self._streams.clear()
+        self._pending.clear()
+        self._seen.clear()
+        self._dirty = True
+
     def batch(self, kind: str, peer: str, batch_id: int, ids: npt.ArrayLike,
               values: Any) -> None:
         """One training batch of per-row values received from ``peer`` (rows ``ids``)."""

@@ -141,6 +141,8 @@ class SecondaryParty(Party):
 
     def on_setup_bottom(self, sender: str, message: SetupBottom) -> Ack:
         self.spec = message.spec
+        if self.recorder is not None:
+            self.recorder.new_training()
         return Ack()
 
     def _check_rows(self, rows: npt.NDArray[np.int64], what: str) -> npt.NDArray[np.int64]:

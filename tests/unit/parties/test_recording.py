@@ -76,3 +76,15 @@ def test_whole_batches_are_kept_until_the_budget(sizes: list[int], budget: int, 
     assert np.array_equal(ids, np.concatenate([r for _, r, _ in kept]))
     assert batch is not None
     assert batch.tolist() == [b for b, r, _ in kept for _ in r]
+
+
+def test_a_new_training_forgets_the_previous_runs_batches(tmp_path: Path) -> None:
+    rec = Recorder(max_rows=3)
+    rec.whole("indices", "coordinator", [0], np.array([[1]]))
+    rec.batch("embeddings", "bank", 1, [1, 2, 3], np.zeros((3, 2)))
+    rec.new_training()
+    rec.batch("embeddings", "bank", 1, [4], np.ones((1, 2)))
+    rec.flush(tmp_path, party="p", role="primary")
+    back = read_recording(tmp_path)
+    assert back.get("embeddings")[1].tolist() == [4]
+    assert back.get("indices")[0].tolist() == [[1]]
