@@ -12,7 +12,6 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from vflink.cli import link as link_cli
 from vflink.cli.main import main
 from vflink.protocol import IdentifierEncodings, Message
 from vflink.runner.config import AlignmentConfig, DataConfig, RunConfig, TrainingConfig

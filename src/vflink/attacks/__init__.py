@@ -6,6 +6,9 @@ Every attack follows one contract (:mod:`vflink.attacks.base`) and is registered
 
 from __future__ import annotations
 
+# Registering modules (one line each): importing them adds their attacks to ATTACKS.
+from vflink.attacks import greedy as _greedy  # noqa: E402,F401  (greedy-similarity)
+from vflink.attacks import label_leakage as _label_leakage  # noqa: E402,F401  (label-*)
 from vflink.attacks.base import ATTACKS, Attack, AttackResult, AttackView, get_attack
 
 __all__ = ["ATTACKS", "Attack", "AttackResult", "AttackView", "get_attack"]

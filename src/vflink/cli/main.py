@@ -15,12 +15,12 @@ from types import FrameType
 from typing import Any
 
 from vflink import __version__
-from vflink.cli import certs, demo, experiment, link, predict, serve, train
+from vflink.cli import attack, certs, demo, experiment, link, predict, report, serve, train
 from vflink.cli._errors import EXIT_CODES_HELP, Terminated, report_failure
 
 __all__ = ["main"]
 
-COMMANDS = (train, link, experiment, predict, demo, serve, certs)
+COMMANDS = (train, link, experiment, predict, demo, serve, certs, attack, report)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -32,6 +32,7 @@ from vflink.models.statefile import load_state, save_state, state_json_path
 from vflink.parties.base import Party
 from vflink.parties.guard import check_embeddings
 from vflink.parties.linking import AlignmentInitiator
+from vflink.parties.recording import Recorder
 from vflink.protocol.channel import Channel
 from vflink.protocol.messages import (
     Ack,
@@ -79,13 +80,16 @@ class PrimaryParty(Party):
         secondaries: names of the secondary parties, in a fixed order.
         secret: HMAC secret shared by the data parties (exact alignment).
         out_dir: where the primary writes its own model state.
+        recorder: records what this party receives (``[evaluation] record``), for attacks.
     """
 
     role = "primary"
 
     def __init__(self, table: PartyTable, channel: Channel, *, secondaries: Sequence[str] = (),
-                 secret: bytes | None = None, out_dir: Path | None = None) -> None:
+                 secret: bytes | None = None, out_dir: Path | None = None,
+                 recorder: Recorder | None = None) -> None:
         super().__init__(table.name)
+        self.recorder = recorder
         schema = table.schema
         if schema.role != "primary" or schema.label is None or schema.task is None:
             raise ConfigError(f"party {table.name!r} is not a primary party with a label")
@@ -150,6 +154,14 @@ class PrimaryParty(Party):
                 dense = np.zeros((n, anchor.k), dtype=np.float32)
                 dense[anchor.primary_index] = anchor.similarity
                 self.similarity = dense[:, :k]
+        if self.recorder is not None:
+            for s in self.secondaries:
+                a = alignments[s]
+                self.recorder.whole("indices", s, a.primary_index, a.secondary_index)
+            first = alignments[self.secondaries[0]] if self.secondaries else None
+            if first is not None and first.similarity is not None:
+                self.recorder.whole("similarities", first.secondary, first.primary_index,
+                                    first.similarity, meta=dict(first.meta))
 
     # --- training -------------------------------------------------------------------------
 
@@ -223,6 +235,9 @@ class PrimaryParty(Party):
                 # A fresh leaf: the gradient stops here and travels back as a message, never
                 # through an autograd graph that spans parties.
                 leaf = reply.embeddings.detach().float()
+                if train and self.recorder is not None:  # rows in the secondary's answer order
+                    self.recorder.batch("embeddings", name, batch_id,
+                                        np.unique(links[present]), leaf)
                 if train:
                     leaf.requires_grad_(True)
                     leaves.append((name, leaf))
@@ -353,6 +368,8 @@ class PrimaryParty(Party):
             save_state(self.out_dir, name, {**self._full_state(), **(extra or {}),
                                             "secondary_state": secondary_name or name},
                        kind="primary")
+            if self.recorder is not None:
+                self.recorder.flush(self.out_dir, party=self.name, role=self.role)
 
     def load_states(self, name: str = "model", *, same_data: bool = False) -> dict[str, Any]:
         """Load this party's saved state and ask every secondary to load its own.

@@ -31,6 +31,7 @@ from vflink.parties.base import Party, state_path
 from vflink.parties.guard import admit_forward, admit_snapshot, check_backward, check_bottom_spec
 from vflink.parties.linking import encode_identifiers, secret_mismatch, send_key_tag, uses_secret
 from vflink.parties.policy import check_coordinator
+from vflink.parties.recording import Recorder
 from vflink.protocol.boundary import refuse
 from vflink.protocol.channel import Channel
 from vflink.protocol.messages import (
@@ -85,13 +86,15 @@ class SecondaryParty(Party):
         channel: how this party reaches the coordinator.
         secret: the HMAC secret shared by the data parties (not the coordinator).
         out_dir: where this party writes its own model state.
+        recorder: records what this party receives (``[evaluation] record``), for attacks.
     """
 
     role = "secondary"
 
     def __init__(self, table: PartyTable, channel: Channel, *, secret: bytes | None = None,
-                 out_dir: Path | None = None) -> None:
+                 out_dir: Path | None = None, recorder: Recorder | None = None) -> None:
         super().__init__(table.name)
+        self.recorder = recorder
         self.table = table
         self.channel = channel
         self._secret = secret
@@ -176,6 +179,9 @@ class SecondaryParty(Party):
         view = self.channel.request(message.coordinator, FetchAlignment(session=message.session),
                                     AlignmentView)
         self.set_linked_rows(view.secondary_index)
+        if self.recorder is not None:
+            self.recorder.whole("indices", message.coordinator, view.primary_index,
+                                view.secondary_index)
         return Ack(info={"linked_rows": float(self.linked_rows.sum())})  # type: ignore[union-attr]
 
     def set_linked_rows(self, secondary_index: npt.NDArray[np.int64]) -> None:
@@ -195,6 +201,8 @@ class SecondaryParty(Party):
         check_bottom_spec(message.spec, len(self.table.frame.columns), party=self.name,
                           policy=self.policy)
         self.spec = message.spec
+        if self.recorder is not None:
+            self.recorder.new_training()
         return Ack()
 
     def _check_rows(self, rows: npt.NDArray[np.int64], what: str) -> npt.NDArray[np.int64]:
@@ -251,6 +259,8 @@ class SecondaryParty(Party):
                 out = self.model(x)
             self._pending[message.batch_id] = out
             emb = out.detach()
+            if self.recorder is not None:
+                self.recorder.forward_rows(message.batch_id, unique)
         else:
             self.model.eval()
             with torch.no_grad():
@@ -275,6 +285,8 @@ class SecondaryParty(Party):
         out.backward(message.grad.to(out.dtype))
         self.optimizer.step()
         self._applied.add(message.batch_id)
+        if self.recorder is not None:
+            self.recorder.gradients(sender, message.batch_id, message.grad)
         return Ack()
 
     def _state(self) -> dict[str, Any]:
@@ -313,6 +325,8 @@ class SecondaryParty(Party):
         # weights as safetensors, the rest as JSON, committed atomically (models/statefile.py)
         save_state(target.parent, target.name, self._full_state(), kind="secondary")
         _prune_checkpoints(target)
+        if self.recorder is not None:
+            self.recorder.flush(target.parent, party=self.name, role=self.role)
         return Ack(info={"saved": 1.0})
 
     def on_load_state(self, sender: str, message: LoadState) -> Ack:

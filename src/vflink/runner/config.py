@@ -24,6 +24,7 @@ __all__ = [
     "CONFIG_VERSION",
     "AlignmentConfig",
     "DataConfig",
+    "EvaluationConfig",
     "ModelConfig",
     "RunConfig",
     "TrainingConfig",
@@ -179,6 +180,27 @@ class TrainingConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class EvaluationConfig:
+    """What a run keeps for measuring leakage afterwards (``vflink attack``).
+
+    ``record = true``: every party stores in its own state directory a sample of what it
+    received (embeddings, gradients, similarities, indices; at most ``record_rows`` rows of
+    per-batch messages), and the run writes evaluation-only ground truth under
+    ``evaluation/``. Recording sends nothing: the messages are the same either way.
+    """
+
+    record: bool = False
+    record_rows: int = 20_000
+
+    def __post_init__(self) -> None:
+        problems: list[str] = []
+        if not isinstance(self.record, bool):
+            problems.append(f"`evaluation.record` must be true or false, got {self.record!r}")
+        check_int(problems, "evaluation.record_rows", self.record_rows, min=1)
+        raise_if(problems, "[evaluation] section")
+
+
+@dataclass(frozen=True, kw_only=True)
 class RunConfig:
     """A complete run: data, alignment, algorithm, model and training settings."""
 
@@ -192,6 +214,7 @@ class RunConfig:
     #: the in-process parties' policy ([policy]); None: they release what [alignment] asks
     #: (the run file's author owns every party), see ``vflink.runner.federation``
     policy: PartyPolicy | None = None
+    evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
 
     def __post_init__(self) -> None:
         problems: list[str] = []
@@ -221,7 +244,7 @@ def _policy_conflicts(alignment: AlignmentConfig, policy: PartyPolicy | None) ->
 
 
 _SECTIONS: dict[str, type] = {"alignment": AlignmentConfig, "model": ModelConfig,
-                              "training": TrainingConfig}
+                              "training": TrainingConfig, "evaluation": EvaluationConfig}
 
 
 def _build(cls: type, raw: Any, where: str, problems: list[str]) -> Any:

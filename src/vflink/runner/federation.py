@@ -21,6 +21,7 @@ from vflink.parties import CoordinatorParty, SecondaryParty
 from vflink.parties.policy import PartyPolicy
 from vflink.protocol import Channel
 from vflink.runner.config import RunConfig
+from vflink.runner.evaluation import recorder_for
 from vflink.runner.inputs import Inputs
 from vflink.transport import InProcessHub, TrafficCounter, Transcript
 
@@ -123,7 +124,8 @@ def in_process(inputs: Inputs, config: RunConfig, *, transcript: Transcript | No
     hub.register(COORDINATOR, coordinator)
     for table in inputs.secondaries:
         party = SecondaryParty(table, hub.channel(table.name), secret=secret,
-                               out_dir=None if state_root is None else state_root / table.name)
+                               out_dir=None if state_root is None else state_root / table.name,
+                               recorder=recorder_for(config))
         party.roles, party.policy = roles, policy
         hub.register(table.name, party)
     return Federation(channel=hub.channel(inputs.primary.name),

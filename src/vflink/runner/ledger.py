@@ -3,26 +3,136 @@
 Protections report their ledger entries in ``RunResult.extra["protections"]`` (a list of dicts
 shaped like :meth:`Ledger.add_protection`'s arguments); this module turns a finished run into
 the ledger file, so no protection writes files of its own.
+
+On top of what protections report, the ledger lists every kind of message that crossed the
+boundary (from the transport's per-kind counts: ``extra["alignment"]["messages"]`` for the
+alignment stage, ``extra["messages"]`` for training), each with its protection and a plain
+sentence, and the protections of the alignment itself (keyed hashes, Bloom filters, similarity
+noise with FedSim's τ and ε).
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from vflink.privacy.ledger import LEDGER_FILE, Ledger
+from vflink.privacy.ledger import LEDGER_FILE, Ledger, explain_epsilon
 
 if TYPE_CHECKING:
     from vflink.runner.train import RunResult
 
-__all__ = ["build_run_ledger", "write_run_ledger"]
+__all__ = ["build_run_ledger", "explain_tau", "write_run_ledger"]
+
+#: What each protocol message carries, when nothing protects it (ARCHITECTURE.md boundary table).
+_CARRIES: dict[str, str] = {
+    "hello": "control: party name, role and protocol version",
+    "ack": "control: an acknowledgement with small counters (rows received, features)",
+    "share_keys": "control: a request to send keyed hashes to the coordinator",
+    "match_keys": "control: a request to match keyed hashes",
+    "share_encodings": "control: the encoding parameters every data party uses",
+    "soft_link": "control: linkage parameters (metric, K, τ or σ)",
+    "alignment_ready": "control: a request to fetch an alignment",
+    "fetch_alignment": "control: a request for this party's view of an alignment",
+    "alignment_view": "alignment indices only: the receiver learns which of its rows are linked "
+                      "to a primary record",
+    "setup_bottom": "control: model hyperparameters",
+    "fit_preprocessing": "row numbers: the secondary learns which of its records are linked",
+    "forward": "row numbers: the secondary learns which of its records are in each batch",
+    "embeddings": "cut-layer embeddings in clear: the primary could try to invert them or "
+                  "infer membership",
+    "backward": "gradients in clear: they can reveal the primary's labels to the secondary "
+                "(see the label-norm and label-direction attacks)",
+    "snapshot": "control: keep the current model", "restore": "control: restore a model",
+    "save_state": "control: write this party's own state", "load_state": "control: load it",
+}
+
+
+def explain_tau(tau: float) -> str:
+    """A plain sentence on FedSim's Theorem 2 bound τ."""
+    if tau >= 1.0:
+        return ("τ = 1: no noise on the similarities; an attacker who knows the scaling can "
+                "recover every distance exactly")
+    return (f"τ = {tau:.3g}: an attacker who maps a similarity back to a distance and guesses a "
+            f"Bloom filter from it (FedSim's greedy attack) succeeds at most {tau:.2%} of the "
+            "time per record")
+
+
+def _protections(result: RunResult) -> list[dict[str, Any]]:
+    """The alignment's own protections, from the run's alignment summary."""
+    a = result.extra.get("alignment", {}) or {}
+    method = a.get("method")
+    out: list[dict[str, Any]] = []
+    if method == "exact":
+        out.append({"kind": "keyed-hash", "party": "data parties", "applies_to": "key_digests",
+                    "params": {"hash": "HMAC-SHA256"}, "guarantee": {},
+                    "explanation": "keys are sent as HMAC digests under a secret only the data "
+                                   "parties share: the coordinator can tell which keys are "
+                                   "equal, and how many each party has, but cannot read them"})
+    if method == "soft":
+        spec = dict(a.get("encoding_spec") or {})  # the public EncodingSpec of the run
+        enc = {"encoder": spec.get("encoder", a.get("encoding")), "kind": spec.get("kind"),
+               **dict(spec.get("params") or {})}
+        if enc.get("encoder") == "bloom":
+            out.append({"kind": "bloom-filter", "party": "data parties",
+                        "applies_to": "identifier_encodings", "params": enc, "guarantee": {},
+                        "explanation": "identifiers are sent as keyed Bloom filters (FedSim App. "
+                                       "I): the coordinator sees bit patterns and their Hamming "
+                                       "distances, not the identifiers; this is no formal "
+                                       "guarantee, similar records still look similar"})
+        sigma = a.get("sigma")
+        eps = a.get("epsilon")
+        delta = a.get("delta")
+        tau = a.get("tau")
+        if sigma is not None:
+            eps_f = float(eps) if eps is not None else math.inf
+            sentence = explain_epsilon(eps_f, delta) + "; " + (
+                explain_tau(float(tau)) if tau is not None else "no τ bound")
+            out.append({"kind": "similarity-noise", "party": "coordinator",
+                        "applies_to": "alignment_views",
+                        "params": {"sigma": sigma, "mu0": a.get("mu0"),
+                                   "sigma0": a.get("sigma0"), "top_k": a.get("top_k")},
+                        "guarantee": {"tau": tau, "epsilon": eps_f, "delta": delta,
+                                      "theorem": "FedSim Theorem 1 (ε), Theorem 2 (τ)"},
+                        "explanation": sentence})
+    return out
+
+
+def _message_protection(kind: str, sender: str, protections: list[dict[str, Any]],
+                        alignment: dict[str, Any]) -> tuple[str, str]:
+    for p in protections:
+        party = p.get("party")
+        if p.get("applies_to") == kind and party in (sender, "data parties", None):
+            return str(p["kind"]), str(p.get("explanation", ""))
+    if kind == "identifier_encodings":
+        return "none", "raw identifiers in clear (privacy off): the coordinator reads them"
+    if kind == "alignment_views":
+        if alignment.get("method") == "soft":
+            return "none", "indices and similarities without noise"
+        return "none", ("alignment indices: the primary learns which of its records have a "
+                        "counterpart, and the matched set's size")
+    return "none", _CARRIES.get(kind, "not classified: see the protocol's documentation")
 
 
 def build_run_ledger(result: RunResult) -> Ledger:
-    """The ledger of one finished run: every protection the run's parties reported."""
+    """The ledger of one finished run: every message kind that crossed the boundary, every
+    protection (the alignment's own and those the run's parties reported)."""
     ledger = Ledger()
-    for entry in result.extra.get("protections", []):
+    reported = list(result.extra.get("protections", []) or [])
+    alignment = result.extra.get("alignment", {}) or {}
+    protections = _protections(result) + reported
+    for entry in protections:
         ledger.add_protection(**entry)
+    stages = (("alignment", alignment.get("messages", []) or []),
+              ("training", result.extra.get("messages", []) or []))
+    for stage, entries in stages:
+        for m in entries:
+            protection, sentence = _message_protection(str(m["kind"]), str(m["sender"]),
+                                                       protections, alignment)
+            ledger.add_message(kind=str(m["kind"]), sender=str(m["sender"]),
+                               receiver=str(m["receiver"]), stage=stage,
+                               count=int(m["messages"]), nbytes=int(m["bytes"]),
+                               protection=protection, explanation=sentence)
     return ledger
 
 

@@ -11,6 +11,7 @@ from types import FrameType
 
 from vflink.errors import ConfigError
 from vflink.parties import CoordinatorParty, SecondaryParty
+from vflink.parties.recording import Recorder
 from vflink.protocol import MessageHandler
 from vflink.runner.federation import Federation, shared_secret
 from vflink.runner.party_config import PartyConfig, party_table
@@ -61,7 +62,8 @@ def build_handler(config: PartyConfig) -> MessageHandler:
         table = party_table(config)
         party = SecondaryParty(table, _channel(config),
                                secret=shared_secret(config.secret_env, required=True),
-                               out_dir=config.state_dir)
+                               out_dir=config.state_dir,
+                               recorder=Recorder() if config.record else None)
     else:
         raise ConfigError(f"{config.source}: `vflink serve` runs a secondary or the "
                           "coordinator; the primary drives runs with `vflink train --party`")

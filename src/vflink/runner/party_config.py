@@ -10,6 +10,7 @@
     state_dir = "state/bank"       # this party's checkpoints and models
     deadline_s = 60                # every call to a peer fails after this long
     seed = 0                       # coordinator only: seeds its similarity noise
+    record = false                 # keep a sample of what this party receives (vflink attack)
 
     [party.table]                  # this party's data (like one [[data.parties]] entry)
     path = "bank.csv"
@@ -82,6 +83,7 @@ class PartyConfig:
     source: str = "party.toml"
     caller_roles: dict[str, str] = field(default_factory=dict)
     policy: PartyPolicy = field(default_factory=PartyPolicy)
+    record: bool = False
 
     def __post_init__(self) -> None:
         problems: list[str] = []
@@ -198,7 +200,7 @@ def load_party_config(path: Path) -> PartyConfig:
             continue
         peers.append(PeerConfig(name=name, address=str(p["address"]), role=str(p["role"])))
     known_party = {"name", "role", "listen", "state_dir", "deadline_s", "seed", "dataset",
-                   "options"}
+                   "options", "record"}
     extra = sorted(set(party) - known_party)
     if extra:
         problems.append(f"[party] has unknown key(s) {extra}; known: {sorted(known_party)}")
@@ -219,7 +221,8 @@ def load_party_config(path: Path) -> PartyConfig:
             allowed=tuple(security.get("allowed", ())),
             insecure=bool(security.get("insecure", False)),
             secret_env=str(security.get("secret_env", "VFLINK_SECRET")), source=str(path),
-            caller_roles={str(k): str(v) for k, v in roles_raw.items()}, policy=policy)
+            caller_roles={str(k): str(v) for k, v in roles_raw.items()}, policy=policy,
+            record=bool(party.get("record", False)))
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}", exc.problems) from None
 

@@ -32,6 +32,7 @@ from vflink.parties import PrimaryParty, TrainingPlan
 from vflink.protocol import Ack, AlignmentReady, EncodingSpec
 from vflink.runner.algorithms import Algorithm, get_algorithm
 from vflink.runner.config import RunConfig, config_to_dict
+from vflink.runner.evaluation import linkage_figures, recorder_for, write_truth
 from vflink.runner.federation import Federation, in_process
 from vflink.runner.inputs import Inputs, load_inputs
 from vflink.runner.ledger import write_run_ledger
@@ -203,6 +204,7 @@ def prepare(config: RunConfig, tables: Inputs | tuple[PartyTable, Sequence[Party
     sessions: dict[str, str] = {}
     summary: dict[str, Any] = {"method": a_cfg.method}
     before = federation.counter.snapshot()
+    before_kinds = federation.counter.kinds()
     if a_cfg.method == "exact":
         base = initiator.align_exact(coordinator, session="exact")
         alignments = {"base": base, "top1": base, "exact": base}
@@ -246,6 +248,7 @@ def prepare(config: RunConfig, tables: Inputs | tuple[PartyTable, Sequence[Party
     log.info("aligned: %d of %d primary rows kept (%s)", len(rows), n,
              summary["matched_fraction"])
     communication = TrafficCounter.delta(federation.counter.snapshot(), before)
+    summary["messages"] = TrafficCounter.kinds_delta(federation.counter.kinds(), before_kinds)
     return Prepared(inputs, alignments, sessions, rows, communication, federation, summary)
 
 
@@ -443,7 +446,8 @@ def _run(config: RunConfig, out_dir: Path | None, progress: Progress | None,
         if algorithm.links == "exact" and config.alignment.method == "soft":
             learn_missing = True  # records without an exact match keep a "missing" embedding
         primary = PrimaryParty(inputs.primary, federation.channel,
-                               secondaries=federation.secondaries, out_dir=primary_dir)
+                               secondaries=federation.secondaries, out_dir=primary_dir,
+                               recorder=recorder_for(config))
         primary.policy = federation.policy
         # every secondary fetches the view of the alignment this algorithm uses
         for name in federation.secondaries:
@@ -470,6 +474,7 @@ def _run(config: RunConfig, out_dir: Path | None, progress: Progress | None,
     if resume and plan.k != k:
         raise ConfigError("cannot resume: the alignment changed")
     accounting: dict[str, Any] = {}
+    start_kinds = counter.kinds()
     metrics, history, best_epoch = train_and_evaluate(
         primary, config, plan, splits, counter, batch_size=batch_size, progress=progress,
         checkpoints=out_dir is not None, state_prefix=state_prefix, resume=resume,
@@ -477,6 +482,9 @@ def _run(config: RunConfig, out_dir: Path | None, progress: Progress | None,
         accounting=accounting)
     if out_dir is not None:
         primary.save_states(FINAL, secondary_name=state_prefix + FINAL)
+        if config.evaluation.record:
+            write_truth(out_dir, config, prepared, primary, algorithm.links,
+                        federation.secret if federation is not None else None)
     sizes = {"primary_rows": len(inputs.primary), "aligned_rows": len(rows),
              "train": len(splits[0]), "validation": len(splits[1]), "test": len(splits[2]),
              "k": k, **{f"{t.name}_rows": len(t) for t in inputs.secondaries}}
@@ -489,5 +497,7 @@ def _run(config: RunConfig, out_dir: Path | None, progress: Progress | None,
                **({"link_quality": training_link_quality(
                    config.alignment.method, prepared.alignments["base"],
                    federation.secondaries, splits[0], len(inputs.primary))}
-                  if algorithm.kind == "vfl" and federation is not None else {})},
+                  if algorithm.kind == "vfl" and federation is not None else {}),
+               "messages": TrafficCounter.kinds_delta(counter.kinds(), start_kinds),
+               "linkage_figures": linkage_figures(primary.similarity, primary.model)},
     )

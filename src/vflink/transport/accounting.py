@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 from collections import defaultdict
 from dataclasses import dataclass
+from typing import Any
 
 from vflink.protocol.messages import Message, payload_nbytes
 
@@ -42,12 +43,14 @@ class Transcript:
 
 
 class TrafficCounter:
-    """Messages and payload bytes per direction (``"primary->bank"``)."""
+    """Messages and payload bytes per direction (``"primary->bank"``), and per
+    (message kind, sender, receiver) for the privacy ledger (:meth:`kinds`)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._messages: dict[str, int] = defaultdict(int)
         self._bytes: dict[str, int] = defaultdict(int)
+        self._kinds: dict[tuple[str, str, str], list[int]] = {}
 
     def add(self, sender: str, receiver: str, message: Message) -> None:
         key = f"{sender}->{receiver}"
@@ -55,6 +58,29 @@ class TrafficCounter:
         with self._lock:
             self._messages[key] += 1
             self._bytes[key] += n
+            slot = self._kinds.setdefault((message.kind, sender, receiver), [0, 0])
+            slot[0] += 1
+            slot[1] += n
+
+    def kinds(self) -> list[dict[str, Any]]:
+        """One entry per (kind, sender, receiver): ``messages`` and payload ``bytes``."""
+        with self._lock:
+            return [{"kind": k, "sender": s, "receiver": r, "messages": v[0], "bytes": v[1]}
+                    for (k, s, r), v in sorted(self._kinds.items())]
+
+    @staticmethod
+    def kinds_delta(after: list[dict[str, Any]], before: list[dict[str, Any]]
+                    ) -> list[dict[str, Any]]:
+        """``after - before`` of :meth:`kinds`, entries with traffic only."""
+        prior = {(b["kind"], b["sender"], b["receiver"]): b for b in before}
+        out = []
+        for a in after:
+            b = prior.get((a["kind"], a["sender"], a["receiver"]))
+            messages = int(a["messages"]) - (int(b["messages"]) if b else 0)
+            if messages:
+                nbytes = int(a["bytes"]) - (int(b["bytes"]) if b else 0)
+                out.append({**a, "messages": messages, "bytes": nbytes})
+        return out
 
     def snapshot(self) -> dict[str, dict[str, int]]:
         with self._lock:

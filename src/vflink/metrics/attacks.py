@@ -1,0 +1,51 @@
+"""Leakage metrics: how well an attack's scores recover a secret, as pure functions.
+
+They sit with the task metrics (:mod:`vflink.metrics.functional`) so an attack is scored the
+way a model is (ARCHITECTURE.md, convention 10).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import numpy.typing as npt
+
+from vflink.metrics.functional import auc
+
+__all__ = ["grouped_auc", "success_rate", "success_stderr"]
+
+
+def grouped_auc(y_true: npt.ArrayLike, scores: npt.ArrayLike, groups: npt.ArrayLike
+                ) -> tuple[float, int]:
+    """Mean ROC AUC over groups (e.g. training batches), weighted by group size.
+
+    Scores from different batches are on different scales (the model moves between them), so
+    Li et al. (ICLR 2022, §5) measure leak AUC per batch. Groups with a single class have no AUC
+    and are skipped; returns (AUC, number of groups used), NaN when none qualifies.
+    """
+    y = np.asarray(y_true)
+    s = np.asarray(scores, dtype=np.float64)
+    g = np.asarray(groups)
+    total, weight, used = 0.0, 0, 0
+    for key in np.unique(g):
+        m = g == key
+        a = auc(y[m], s[m])
+        if not math.isnan(a):
+            total += a * int(m.sum())
+            weight += int(m.sum())
+            used += 1
+    return (total / weight if weight else math.nan), used
+
+
+def success_rate(hits: npt.ArrayLike) -> float:
+    """Fraction of successful attempts (NaN for none)."""
+    h = np.asarray(hits, dtype=np.float64)
+    return float(h.mean()) if h.size else math.nan
+
+
+def success_stderr(rate: float, n: int) -> float:
+    """Binomial standard error √(p(1−p)/n) of a measured success rate."""
+    if n <= 0 or math.isnan(rate):
+        return math.nan
+    return math.sqrt(max(rate * (1.0 - rate), 0.0) / n)

@@ -1,0 +1,223 @@
+"""What a party *received*, recorded in its own state directory for later attacks.
+
+With ``[evaluation] record = true`` every party keeps a bounded sample of what crossed the
+boundary towards it (issue 11, ARCHITECTURE.md convention 10): the cut-layer embeddings at the
+primary, the gradients at each secondary, the similarities at the primary, and the alignment
+indices everywhere. The recorder only *observes* messages the party handles anyway; it never
+sends anything, so a run's transcript is the same with and without it (tested).
+
+A party writes its recording into its own directory only (``<state dir>/evaluation/``):
+``received.npz`` (plain arrays, loaded with ``allow_pickle=False``) and ``received.json`` (a
+versioned manifest). Nothing of another party's private data is ever stored here: only what
+this party saw. Ground truth for scoring attacks lives elsewhere (the run's ``evaluation/``
+directory, written by the runner).
+
+Layout of ``received.npz``: for each stream ``(kind, peer)`` the arrays
+``<kind>__<peer>__values`` and ``<kind>__<peer>__ids`` (and ``__batch`` for per-batch streams):
+
+* ``embeddings``/secondary (primary side): rows are *secondary* row ids, one per unique row of a
+  training batch, as the secondary answered (``Embeddings.inverse`` order).
+* ``gradients``/primary (secondary side): the gradient for each unique row of a training batch.
+* ``similarities``/coordinator and ``indices``/coordinator: the ``(n, K)`` alignment as received
+  (ids are the primary rows, or the secondary's view for a secondary).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from vflink.errors import ConfigError, DataError
+
+__all__ = ["RECORDING_DIR", "RECORDING_VERSION", "Recorder", "Recording", "read_recording"]
+
+log = logging.getLogger(__name__)
+
+RECORDING_VERSION = 1
+#: sub-directory of a party's state directory that holds its recording
+RECORDING_DIR = "evaluation"
+_NPZ, _MANIFEST = "received.npz", "received.json"
+
+
+@dataclass
+class _Stream:
+    values: list[npt.NDArray[Any]] = field(default_factory=list)
+    ids: list[npt.NDArray[np.int64]] = field(default_factory=list)
+    batch: list[npt.NDArray[np.int64]] = field(default_factory=list)
+    rows: int = 0
+
+
+class Recorder:
+    """Collects a bounded sample of what one party received.
+
+    Args:
+        max_rows: per-batch streams (embeddings, gradients) keep the rows of whole training
+            batches until this many rows are held; later batches are counted but not kept.
+            Early batches leak as much as late ones (Li et al., ICLR 2022, Fig. 2), and a
+            prefix keeps the sample reproducible without any random draw.
+    """
+
+    def __init__(self, *, max_rows: int = 20_000) -> None:
+        if not isinstance(max_rows, int) or max_rows < 1:
+            raise ConfigError(f"`max_rows` must be an int ≥ 1, got {max_rows!r}")
+        self.max_rows = max_rows
+        self._streams: dict[tuple[str, str], _Stream] = defaultdict(_Stream)
+        self._whole: dict[tuple[str, str], tuple[npt.NDArray[Any], npt.NDArray[np.int64]]] = {}
+        self._pending: dict[int, npt.NDArray[np.int64]] = {}
+        self._seen: dict[str, int] = defaultdict(int)
+        self.meta: dict[str, Any] = {}
+        self._dirty = False
+
+    # --- what a party calls from its handlers ----------------------------------------------
+
+    def new_training(self) -> None:
+        """A new training starts (a served party lives through many runs): forget the previous
+        run's batches; the latest alignment is kept (it arrives before the training)."""
+        self._streams.clear()
+        self._pending.clear()
+        self._seen.clear()
+        self._dirty = True
+
+    def batch(self, kind: str, peer: str, batch_id: int, ids: npt.ArrayLike,
+              values: Any) -> None:
+        """One training batch of per-row values received from ``peer`` (rows ``ids``)."""
+        arr = _numpy(values)
+        idx = np.asarray(ids, dtype=np.int64).ravel()
+        if arr.shape[0] != idx.shape[0]:
+            raise DataError(f"recording {kind}: {arr.shape[0]} rows for {idx.shape[0]} ids")
+        self._seen[kind] += int(idx.shape[0])
+        stream = self._streams[(kind, peer)]
+        if stream.rows >= self.max_rows:
+            return
+        stream.values.append(arr.copy())
+        stream.ids.append(idx.copy())
+        stream.batch.append(np.full(idx.shape[0], batch_id, dtype=np.int64))
+        stream.rows += int(idx.shape[0])
+        self._dirty = True
+
+    def whole(self, kind: str, peer: str, ids: npt.ArrayLike, values: Any,
+              meta: dict[str, Any] | None = None) -> None:
+        """A whole array received once (an alignment's indices or similarities)."""
+        self._whole[(kind, peer)] = (_numpy(values).copy(),
+                                     np.asarray(ids, dtype=np.int64).ravel().copy())
+        if meta:
+            self.meta[f"{kind}__{peer}"] = {k: _plain(v) for k, v in meta.items()}
+        self._dirty = True
+
+    def forward_rows(self, batch_id: int, rows: npt.ArrayLike) -> None:
+        """A secondary notes which of its rows a training batch covered (the gradient that comes
+        back for this batch is row-aligned with them)."""
+        self._pending[batch_id] = np.asarray(rows, dtype=np.int64).copy()
+
+    def gradients(self, peer: str, batch_id: int, grad: Any) -> None:
+        rows = self._pending.pop(batch_id, None)
+        if rows is not None:
+            self.batch("gradients", peer, batch_id, rows, grad)
+
+    # --- storage ------------------------------------------------------------------------
+
+    def flush(self, state_dir: Path, *, party: str, role: str) -> Path | None:
+        """Write the recording into ``state_dir/evaluation/`` (atomically); None if empty."""
+        if not self._dirty and (Path(state_dir) / RECORDING_DIR / _MANIFEST).is_file():
+            return None
+        if not self._streams and not self._whole:
+            return None
+        out = Path(state_dir) / RECORDING_DIR
+        out.mkdir(parents=True, exist_ok=True)
+        arrays: dict[str, npt.NDArray[Any]] = {}
+        streams = []
+        for (kind, peer), s in sorted(self._streams.items()):
+            if not s.values:
+                continue
+            key = f"{kind}__{peer}"
+            arrays[f"{key}__values"] = np.concatenate(s.values, axis=0)
+            arrays[f"{key}__ids"] = np.concatenate(s.ids)
+            arrays[f"{key}__batch"] = np.concatenate(s.batch)
+            streams.append({"kind": kind, "peer": peer, "rows": s.rows, "per_batch": True,
+                            "batches": len(s.values)})
+        for (kind, peer), (values, ids) in sorted(self._whole.items()):
+            key = f"{kind}__{peer}"
+            arrays[f"{key}__values"] = values
+            arrays[f"{key}__ids"] = ids
+            streams.append({"kind": kind, "peer": peer, "rows": int(values.shape[0]),
+                            "per_batch": False})
+        tmp = out / (_NPZ + ".tmp")
+        with open(tmp, "wb") as fh:
+            np.savez_compressed(fh, **arrays)  # type: ignore[arg-type]
+        os.replace(tmp, out / _NPZ)
+        manifest = {"version": RECORDING_VERSION, "party": party, "role": role,
+                    "max_rows": self.max_rows, "rows_seen": dict(self._seen),
+                    "streams": streams, "meta": self.meta,
+                    "note": "what this party received; never another party's private data"}
+        tmp_json = out / (_MANIFEST + ".tmp")
+        tmp_json.write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+        os.replace(tmp_json, out / _MANIFEST)
+        self._dirty = False
+        log.debug("%s: recorded %d streams into %s", party, len(streams), out)
+        return out
+
+
+@dataclass(frozen=True)
+class Recording:
+    """A party's recording as read back: ``get(kind, peer)`` → (values, ids, batch or None)."""
+
+    party: str
+    role: str
+    manifest: dict[str, Any]
+    arrays: dict[str, npt.NDArray[Any]]
+
+    def streams(self, kind: str) -> list[str]:
+        """Peers from which this party recorded ``kind``."""
+        return [s["peer"] for s in self.manifest["streams"] if s["kind"] == kind]
+
+    def get(self, kind: str, peer: str | None = None
+            ) -> tuple[npt.NDArray[Any], npt.NDArray[np.int64], npt.NDArray[np.int64] | None]:
+        peers = self.streams(kind)
+        if not peers:
+            raise DataError(f"party {self.party!r} recorded no {kind}")
+        if peer is None:
+            peer = peers[0]
+        key = f"{kind}__{peer}"
+        if f"{key}__values" not in self.arrays:
+            raise DataError(f"party {self.party!r} recorded no {kind} from {peer!r}")
+        return (self.arrays[f"{key}__values"], self.arrays[f"{key}__ids"],
+                self.arrays.get(f"{key}__batch"))
+
+    def meta(self, kind: str, peer: str) -> dict[str, Any]:
+        return dict(self.manifest.get("meta", {}).get(f"{kind}__{peer}", {}))
+
+
+def read_recording(state_dir: Path) -> Recording:
+    """Read a party's recording from its state directory (no pickle)."""
+    base = Path(state_dir) / RECORDING_DIR
+    try:
+        manifest = json.loads((base / _MANIFEST).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise DataError(f"{base}: nothing recorded (run with [evaluation] record = true)"
+                        ) from None
+    if manifest.get("version") != RECORDING_VERSION:
+        raise DataError(f"{base / _MANIFEST}: recording version {manifest.get('version')!r}, "
+                        f"expected {RECORDING_VERSION}")
+    with np.load(base / _NPZ, allow_pickle=False) as data:
+        arrays = {k: data[k] for k in data.files}
+    return Recording(str(manifest["party"]), str(manifest["role"]), manifest, arrays)
+
+
+def _numpy(values: Any) -> npt.NDArray[Any]:
+    if hasattr(values, "detach"):  # a torch tensor
+        return np.asarray(values.detach().cpu().numpy())
+    return np.asarray(values)
+
+
+def _plain(v: Any) -> Any:
+    if isinstance(v, (np.floating, np.integer)):
+        return v.item()
+    return v

@@ -1,0 +1,163 @@
+"""Run an attack against a finished run directory (``vflink attack``).
+
+The attacker's knowledge is what one party recorded in its own state directory
+(``models/<party>/evaluation/``, :mod:`vflink.parties.recording`), loaded into an
+:class:`~vflink.attacks.AttackView`; the attack is scored against the run's evaluation-only
+ground truth (``evaluation/truth.npz``), and its result is appended to the run's privacy
+ledger (``privacy.json``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from vflink.attacks import ATTACKS, AttackResult, AttackView, get_attack
+from vflink.errors import ConfigError, DataError
+from vflink.parties.recording import RECORDING_DIR, Recording, read_recording
+from vflink.privacy.ledger import LEDGER_FILE, Ledger
+from vflink.runner.evaluation import OWN_ENCODINGS, read_truth
+
+__all__ = ["attack_lines", "load_view", "recorded_parties", "run_attack", "truth_for"]
+
+log = logging.getLogger(__name__)
+
+
+#: why a recorded party may still lack a field an attack needs
+_WHY = {"similarities": "only soft linkage (alignment.method = \"soft\") sends similarities, "
+                        "to the primary",
+        "gradients": "a secondary receives gradients only when a VFL algorithm trains "
+                     "(splitnn, fedsim, ...)",
+        "embeddings": "the primary receives embeddings only when a VFL algorithm trains"}
+
+
+def attack_lines() -> list[tuple[str, str, str]]:
+    """(name, attacker role, one-line summary) of every registered attack."""
+    return [(n, ATTACKS.get(n).role, ATTACKS.get(n).summary) for n in ATTACKS.names()]
+
+
+def recorded_parties(run_dir: Path) -> dict[str, Path]:
+    """Party name → state directory, for every party of the run that recorded something.
+
+    ``run_dir`` is a run directory (``models/<party>/``), or one party's own state directory
+    for a run across hosts (``<state_dir>/<run id>/``, where ``vflink serve`` wrote it).
+    """
+    own = Path(run_dir) / RECORDING_DIR / "received.json"
+    if own.is_file():
+        return {read_recording(Path(run_dir)).party: Path(run_dir)}
+    out = {}
+    for manifest in sorted(Path(run_dir).glob(f"models/*/{RECORDING_DIR}/received.json")):
+        party_dir = manifest.parent.parent
+        out[party_dir.name] = party_dir
+    return out
+
+
+def _pick(run_dir: Path, role: str, party: str | None) -> Recording:
+    parties = recorded_parties(run_dir)
+    if not parties:
+        if not (Path(run_dir) / "metrics.json").is_file() and not Path(run_dir).is_dir():
+            raise DataError(f"{run_dir}: not a run directory (no metrics.json)")
+        raise DataError(f"{run_dir}: no party recorded what it received; rerun with "
+                        "[evaluation] record = true (Solo and Combine send nothing across a "
+                        "party boundary: there is nothing to attack)")
+    if party is not None:
+        if party not in parties:
+            raise ConfigError(f"party {party!r} recorded nothing in {run_dir}; parties with a "
+                              f"recording: {', '.join(parties)}")
+        rec = read_recording(parties[party])
+        if rec.role != role:
+            raise ConfigError(f"this attack is run by a {role} party; {party!r} is the "
+                              f"{rec.role}")
+        return rec
+    for directory in parties.values():
+        rec = read_recording(directory)
+        if rec.role == role:
+            return rec
+    raise ConfigError(f"no {role} party recorded anything in {run_dir}")
+
+
+def load_view(run_dir: Path, role: str, party: str | None = None) -> AttackView:
+    """What one party (by name, or the first of ``role``) received, as an attack view."""
+    rec = _pick(Path(run_dir), role, party)
+    kw: dict[str, Any] = {}
+    extra: dict[str, Any] = {}
+    if rec.role == "secondary":
+        if rec.streams("gradients"):
+            grads, ids, batch = rec.get("gradients")
+            kw.update(gradients=grads, ids=ids)
+            extra["batch"] = batch
+            extra["peer"] = rec.streams("gradients")[0]
+        if rec.streams("indices"):
+            kw["indices"] = rec.get("indices")[0]
+    else:
+        if rec.streams("embeddings"):
+            emb, ids, batch = rec.get("embeddings")
+            kw.update(embeddings=emb, ids=ids)
+            extra["batch"] = batch
+        if rec.streams("similarities"):
+            peer = rec.streams("similarities")[0]
+            sims, rows, _ = rec.get("similarities", peer)
+            kw["similarities"] = sims
+            kw["indices"] = rec.get("indices", peer)[0]
+            extra.update(rec.meta("similarities", peer))
+            extra["peer"] = peer
+            extra["similarity_rows"] = rows
+        base = recorded_parties(Path(run_dir))[rec.party]
+        own = base / RECORDING_DIR / OWN_ENCODINGS
+        if own.is_file():  # the primary's own Bloom filters: its own data
+            with np.load(own, allow_pickle=False) as data:
+                extra["own_filters"] = data["filters"]
+                extra["bits"] = int(data["filters"].shape[1] * 8)
+    return AttackView(party=rec.party, role=rec.role, extra=extra, **kw)
+
+
+def truth_for(arrays: dict[str, npt.NDArray[Any]], peer: str | None
+              ) -> dict[str, npt.NDArray[Any]]:
+    """The ground truth that concerns ``peer`` (the attacked or attacking secondary), with the
+    peer's name dropped from the keys: ``labels__bank__rows`` → ``labels__rows``."""
+    if peer is None:
+        return {}
+    tag = f"__{peer}"
+    out = {}
+    for key, value in arrays.items():
+        if key.endswith(tag) or f"{tag}__" in key:
+            out[key.replace(tag, "", 1)] = value
+    return out
+
+
+def run_attack(run_dir: Path, name: str, *, party: str | None = None,
+               params: dict[str, Any] | None = None, out: Path | None = None,
+               truth_dir: Path | None = None) -> AttackResult:
+    """Run attack ``name`` on ``run_dir``; append the result to the run's ledger (and to
+    ``out``). ``truth_dir``: the run directory with the ground truth and the ledger, when
+    ``run_dir`` is one party's own state directory (runs across hosts)."""
+    run_dir = Path(run_dir)
+    home = Path(truth_dir) if truth_dir is not None else run_dir
+    attack = get_attack(name, **(params or {}))
+    view = load_view(run_dir, attack.role, party)
+    missing = sorted(n for n in attack.needs if n in _WHY and getattr(view, n) is None)
+    if missing:  # the run recorded, but never sent this kind of message
+        raise ConfigError(f"attack {attack.name!r} needs {', '.join(missing)}, which party "
+                          f"{view.party!r} never received in this run: "
+                          + "; ".join(_WHY[n] for n in missing))
+    view.require(attack.needs, attack.name)
+    _, arrays = read_truth(home)
+    # A secondary's truth is about its own rows; the primary attacks the secondary it received
+    # similarities about (the first secondary, FedSim App. C).
+    peer = view.party if view.role == "secondary" else view.extra.get("peer")
+    result = attack.evaluate(view, truth_for(arrays, peer))
+    ledger_path = home / LEDGER_FILE
+    ledger = Ledger.read(ledger_path) if ledger_path.is_file() else Ledger()
+    ledger.add_attack(result.to_json())
+    ledger.write(ledger_path)
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / f"{name}-{view.party}.json").write_text(
+            json.dumps(result.to_json(), indent=2, default=float) + "\n", encoding="utf-8")
+    log.info("%s on %s: %s", name, view.party, result.metrics)
+    return result

@@ -1,0 +1,408 @@
+"""``vflink report``: one self-contained, offline HTML page for a run or an experiment.
+
+Everything is inline: styles in a ``<style>`` element, figures as base64 ``data:`` PNGs drawn
+with matplotlib's object API (no display), no script and no external URL, so the page opens
+from a file, offline, and can be mailed as it is.
+
+A run directory gives: configuration summary, learning curve, metrics, for soft-linkage runs the
+sorted-similarity curve (FedSim Figure 4), Δ (§4.3) and the weight gate's similarity → weight
+mapping (Figure 10, middle), communication per party and direction, the privacy ledger and the
+attack results. An experiment directory gives its tables (mean ± std over seeds) and its plot.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+import math
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from vflink.errors import DataError
+from vflink.privacy.ledger import LEDGER_FILE, Ledger, explain_epsilon
+from vflink.runner.ledger import explain_tau
+
+__all__ = ["build_report", "write_report"]
+
+_CSS = """
+body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 0 auto;
+       max-width: 1100px; padding: 1.5rem; color: #1d1d1f; background: #fff; }
+h1 { font-size: 1.6rem; margin-bottom: .2rem; } h2 { border-bottom: 2px solid #e3e3e8;
+     padding-bottom: .2rem; margin-top: 2rem; } h3 { margin-bottom: .3rem; }
+.lead { color: #555; margin-top: 0; }
+table { border-collapse: collapse; margin: .6rem 0 1rem; font-size: .92rem; }
+th, td { border: 1px solid #d5d5dc; padding: .3rem .55rem; text-align: left;
+         vertical-align: top; }
+th { background: #f3f3f7; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
+figure { margin: .5rem 0 1rem; } figure img { max-width: 100%; border: 1px solid #e3e3e8; }
+figcaption { color: #555; font-size: .88rem; }
+.note { color: #555; font-size: .9rem; } .explain { color: #333; max-width: 42rem; }
+.badge { display: inline-block; padding: 0 .4rem; border-radius: .3rem; font-size: .82rem;
+         background: #eef; } .badge.none { background: #fde8e8; }
+"""
+
+
+def _e(value: Any) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, bool) or value is None:
+        return "—" if value is None else str(value).lower()
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "n/a"
+        if math.isinf(value):
+            return "∞"
+        return f"{value:.4g}"
+    if isinstance(value, (list, tuple)):
+        return ", ".join(_fmt(v) for v in value)
+    return str(value)
+
+
+def _table(head: Sequence[str], rows: Iterable[Sequence[Any]], *, cls: str = "") -> str:
+    out = [f'<table class="{_e(cls)}"><thead><tr>'
+           + "".join(f"<th>{_e(h)}</th>" for h in head) + "</tr></thead><tbody>"]
+    for row in rows:
+        cells = []
+        for v in row:
+            num = isinstance(v, (int, float)) and not isinstance(v, bool)
+            cells.append(f'<td class="num">{_e(_fmt(v))}</td>' if num
+                         else f"<td>{_e(_fmt(v))}</td>")
+        out.append("<tr>" + "".join(cells) + "</tr>")
+    out.append("</tbody></table>")
+    return "".join(out)
+
+
+def _png(fig: Any) -> str:
+    buf = io.BytesIO()
+    # metadata: no "Software" entry (it names a web address), so nothing external is embedded
+    fig.savefig(buf, format="png", metadata={"Software": None})
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def _figure(src: str, alt: str, caption: str, fig_id: str) -> str:
+    return (f'<figure id="{_e(fig_id)}"><img alt="{_e(alt)}" src="{src}">'
+            f"<figcaption>{_e(caption)}</figcaption></figure>")
+
+
+def _new_figure(width: float = 6.4, height: float = 3.4) -> Any:
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=(width, height), dpi=100)
+
+
+# --- run pages ------------------------------------------------------------------------------
+
+def _config_rows(config: dict[str, Any]) -> list[tuple[str, Any]]:
+    data = config.get("data", {})
+    rows: list[tuple[str, Any]] = [("algorithm", config.get("algorithm")),
+                                   ("seed", config.get("seed"))]
+    if data.get("dataset"):
+        rows.append(("dataset", data["dataset"]))
+        if data.get("options"):
+            rows.append(("dataset options", json.dumps(data["options"], sort_keys=True)))
+    for p in data.get("parties", []) or []:
+        rows.append((f"party {p.get('name')}", f"{p.get('role')}: {p.get('path')}"))
+    for section in ("alignment", "model", "training", "evaluation"):
+        for key, value in (config.get(section) or {}).items():
+            if isinstance(value, dict):
+                value = json.dumps(value, sort_keys=True)
+            rows.append((f"{section}.{key}", value))
+    return rows
+
+
+def _learning_curve(metrics: dict[str, Any]) -> str:
+    epochs = metrics.get("epochs", [])
+    if not epochs:
+        return '<p class="note">No epochs recorded.</p>'
+    headline = metrics.get("headline_metric", "accuracy")
+    fig = _new_figure()
+    ax1 = fig.add_subplot()
+    xs = [e["epoch"] for e in epochs]
+    ax1.plot(xs, [e["train_loss"] for e in epochs], color="tab:blue", marker=".",
+             label="train loss")
+    ax1.set_xlabel("epoch")
+    ax1.set_ylabel("train loss", color="tab:blue")
+    ax2 = ax1.twinx()
+    ax2.plot(xs, [e["validation"].get(headline, math.nan) for e in epochs], color="tab:orange",
+             marker=".", label=f"validation {headline}")
+    ax2.set_ylabel(f"validation {headline}", color="tab:orange")
+    ax1.axvline(metrics.get("best_epoch", 0), color="grey", linestyle=":")
+    from matplotlib.ticker import MaxNLocator
+
+    ax1.xaxis.set_major_locator(MaxNLocator(integer=True))
+    fig.tight_layout()
+    return _figure(_png(fig), "learning curve", f"Training loss and validation {headline} per "
+                   f"epoch; dotted line: best epoch ({metrics.get('best_epoch')}), whose model "
+                   "is kept.", "learning-curve-figure")
+
+
+def _linkage(figures: dict[str, Any] | None, alignment: dict[str, Any]) -> str:
+    if alignment.get("method") != "soft":
+        return ('<p class="note">Exact alignment (keyed hashes): no similarities, so no '
+                "similarity curve, Δ or weight gate.</p>")
+    tau, eps = alignment.get("tau"), alignment.get("epsilon")
+    parts = [_table(("figure", "value", "meaning"), [
+        ("μ0", alignment.get("mu0"), "mean of the negative distances (Eq. 1)"),
+        ("σ0", alignment.get("sigma0"), "their standard deviation (Eq. 1)"),
+        ("σ", alignment.get("sigma"), "noise added to every similarity (Eq. 2)"),
+        ("τ", alignment.get("tau"), "FedSim Theorem 2: " + explain_tau(float(tau))
+         if tau is not None else "no noise bound"),
+        ("ε", alignment.get("epsilon"), "FedSim Theorem 1: " + explain_epsilon(
+            float(eps) if eps is not None else None, alignment.get("delta"))),
+    ])]
+    if not figures:
+        parts.append('<p class="note">This run kept one link per record (K = 1): no curve.</p>')
+        return "".join(parts)
+    curve = figures["curve"]
+    ks = list(range(1, int(figures["k"]) + 1))
+    fig = _new_figure()
+    ax = fig.add_subplot()
+    ax.fill_between(ks, curve["p10"], curve["p90"], color="tab:blue", alpha=0.2,
+                    label="10–90 % of records")
+    ax.plot(ks, curve["mean"], color="tab:blue", marker="o", label="mean")
+    ax.set_xlabel("rank k of the linked record")
+    ax.set_ylabel("scaled similarity")
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    parts.append(_figure(_png(fig), "similarity curve", "Each record's similarities to its K "
+                         "linked records, scaled to [0, 1] per record and sorted (FedSim "
+                         "Figure 4).", "similarity-curve"))
+    delta = figures.get("delta", {})
+    parts.append("<h3>Improvement estimate Δ (FedSim §4.3)</h3>")
+    parts.append(_table(("baseline", "Δ"), [(k, v) for k, v in delta.items()]))
+    parts.append('<p class="explain">Δ counts, per record, the information a baseline loses '
+                 "(similar records it ignores) or blurs (weakly similar records it treats as "
+                 "matches); the larger Δ, the more FedSim is expected to gain over it. Δ "
+                 "against Exact needs the raw distances, which only the coordinator holds "
+                 "(see <code>vflink link</code>).</p>")
+    gate = figures.get("weight_gate")
+    if gate:
+        fig = _new_figure(5.2, 3.2)
+        ax = fig.add_subplot()
+        ax.plot(gate["similarity"], gate["weight"], color="tab:green")
+        ax.set_xlabel("similarity s")
+        ax.set_ylabel("weight w")
+        fig.tight_layout()
+        parts.append(_figure(_png(fig), "weight gate", "The weight gate's learned mapping "
+                             "from similarity to weight (FedSim Figure 10, middle), over the "
+                             "similarities of this run.", "weight-gate"))
+    return "".join(parts)
+
+
+def _communication(metrics: dict[str, Any]) -> str:
+    total = metrics.get("communication_total", {}) or {}
+    align = (metrics.get("alignment") or {}).get("communication", {}) or {}
+    rows = []
+    per_party: dict[str, list[int]] = {}
+    for stage, table in (("alignment", align), ("training", total)):
+        for direction, v in table.items():
+            rows.append((stage, direction, v["messages"], v["bytes"]))
+            sender, _, receiver = direction.partition("->")
+            per_party.setdefault(sender, [0, 0])[0] += int(v["bytes"])
+            per_party.setdefault(receiver, [0, 0])[1] += int(v["bytes"])
+    if not rows:
+        return '<p class="note">Nothing crossed a party boundary (a centralised baseline).</p>'
+    return (_table(("stage", "direction", "messages", "bytes"), rows)
+            + "<h3>Per party</h3>"
+            + _table(("party", "bytes sent", "bytes received"),
+                     [(p, s, r) for p, (s, r) in sorted(per_party.items())]))
+
+
+def _ledger(ledger: Ledger | None) -> str:
+    if ledger is None:
+        return '<p class="note">No privacy ledger (privacy.json) in this run directory.</p>'
+    parts = ['<div id="ledger-messages">',
+             _table(("stage", "message", "from", "to", "count", "bytes", "protection",
+                     "what it means"),
+                    [(m["stage"], m["kind"], m["sender"], m["receiver"], m["count"], m["bytes"],
+                      m["protection"], m["explanation"]) for m in ledger.messages],
+                    cls="ledger"), "</div>"]
+    if ledger.protections:
+        parts.append("<h3>Protections</h3>")
+        parts.append(_table(("protection", "party", "applies to", "parameters", "guarantee",
+                             "what it means"),
+                            [(p["kind"], p["party"], p["applies_to"],
+                              json.dumps(p.get("params", {}), sort_keys=True, default=str),
+                              json.dumps(p.get("guarantee", {}), sort_keys=True, default=str),
+                              p.get("explanation", "")) for p in ledger.protections]))
+    return "".join(parts)
+
+
+def _attacks(ledger: Ledger | None) -> str:
+    attacks = ledger.attacks if ledger is not None else []
+    if not attacks:
+        return ('<p class="note">No attack has been run on this run yet: try '
+                "<code>vflink attack --run RUN_DIR --attack label-norm</code> "
+                "(<code>vflink attack --list</code> lists them).</p>")
+    rows = []
+    for a in attacks:
+        metrics = "; ".join(f"{k} = {_fmt(v)}" for k, v in (a.get("metrics") or {}).items())
+        rows.append((a.get("attack"), a.get("party"), metrics, a.get("explanation", "")))
+    return _table(("attack", "attacker", "figures", "what it means"), rows, cls="attacks")
+
+
+def _section(sid: str, title: str, body: str) -> str:
+    return f'<section id="{_e(sid)}"><h2>{_e(title)}</h2>{body}</section>'
+
+
+def _page(title: str, lead: str, sections: list[str]) -> str:
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
+            f"<title>{_e(title)}</title><style>{_CSS}</style></head><body>"
+            f"<h1>{_e(title)}</h1><p class=\"lead\">{_e(lead)}</p>"
+            + "".join(sections) + "</body></html>\n")
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise DataError(f"{path}: missing") from None
+    except ValueError as exc:
+        raise DataError(f"{path}: not JSON ({exc})") from None
+
+
+def _baselines(run_dir: Path, config: dict[str, Any], metrics: dict[str, Any]) -> str:
+    """Test metrics of this run and of the runs next to it (same data and seed), e.g. the
+    solo / splitnn / combine runs of ``vflink demo``."""
+    rows = []
+    for sibling in sorted(run_dir.parent.iterdir()) if run_dir.parent.is_dir() else []:
+        try:
+            other = json.loads((sibling / "config.json").read_text(encoding="utf-8"))
+            result = json.loads((sibling / "metrics.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if other.get("data") != config.get("data") or other.get("seed") != config.get("seed"):
+            continue
+        test = (result.get("metrics") or {}).get("test", {})
+        mark = " (this run)" if sibling.resolve() == run_dir.resolve() else ""
+        rows.append((f"{result.get('algorithm')}{mark}",
+                     *[test.get(k) for k in sorted(test)]))
+    names = sorted((metrics.get("metrics") or {}).get("test") or {})
+    note = ""
+    if len(rows) < 2:
+        note = ('<p class="note">No other run of the same data and seed next to this one: '
+                "run the baselines into sibling directories (as <code>vflink demo</code> "
+                "does), or use <code>vflink experiment</code>, whose directory this command "
+                "renders too.</p>")
+    return _table(("algorithm", *[f"test {n}" for n in names]), rows, cls="baselines") + note
+
+
+def _run_page(run_dir: Path) -> str:
+    metrics = _read_json(run_dir / "metrics.json")
+    config = _read_json(run_dir / "config.json")
+    ledger = Ledger.read(run_dir / LEDGER_FILE) if (run_dir / LEDGER_FILE).is_file() else None
+    alignment = metrics.get("alignment", {}) or {}
+    split_rows = [(split, *[values.get(k) for k in sorted(values)])
+                  for split, values in metrics.get("metrics", {}).items()]
+    names = sorted(next(iter(metrics.get("metrics", {}).values()), {}))
+    sizes = metrics.get("sizes", {})
+    metric_body = _table(("split", *names), split_rows)
+    metric_body += "<h3>Against the baselines run beside it</h3>" + _baselines(run_dir, config,
+                                                                               metrics)
+    metric_body += _table(("size", "value"), sorted(sizes.items()))
+    title = f"vflink run: {metrics.get('algorithm')}"
+    lead = (f"{run_dir.name}: task {metrics.get('task')}, best epoch "
+            f"{metrics.get('best_epoch')}, {_fmt(metrics.get('seconds'))} s")
+    sections = [
+        _section("configuration", "Configuration", _table(("setting", "value"),
+                                                          _config_rows(config))),
+        _section("learning-curve", "Learning curve", _learning_curve(metrics)),
+        _section("metrics", "Metrics", metric_body),
+        _section("linkage", "Soft linkage", _linkage(metrics.get("linkage_figures"),
+                                                     alignment)),
+        _section("communication", "Communication", _communication(metrics)),
+        _section("privacy-ledger", "Privacy ledger", _ledger(ledger)),
+        _section("attacks", "Attack results", _attacks(ledger)),
+    ]
+    return _page(title, lead, sections)
+
+
+# --- experiment pages -------------------------------------------------------------------------
+
+def _experiment_page(exp_dir: Path) -> str:
+    results = _read_json(exp_dir / "results.json")
+    sweep = results.get("sweep", {})
+    values = [str(v) for v in sweep.get("values", [])]
+    algorithms = results.get("algorithms", [])
+    parts = []
+    first = results["summary"][values[0]][algorithms[0]] if values and algorithms else {}
+    for metric in first:
+        head = [f"{sweep.get('key')} = {v}" if sweep.get("key") else metric for v in values]
+        rows = []
+        for alg in algorithms:
+            cells = []
+            for v in values:
+                stat = results["summary"][v][alg][metric]
+                cells.append(f"{_fmt(stat['mean'])} ± {_fmt(stat['std'])}")
+            rows.append((alg, *cells))
+        parts.append(f"<h3>{_e(metric)}</h3>" + _table(("algorithm", *head), rows,
+                                                        cls="results"))
+    body = "".join(parts) or '<p class="note">No results.</p>'
+    plot = exp_dir / "plot.png"
+    figure = ""
+    if plot.is_file():
+        src = "data:image/png;base64," + base64.b64encode(plot.read_bytes()).decode("ascii")
+        figure = _figure(src, "experiment plot", f"Test {results.get('headline_metric')} "
+                         "per algorithm (mean ± std over seeds).", "experiment-plot")
+    runs = [(r.get("algorithm"), r.get("seed"), r.get("sweep"),
+             (r.get("test") or {}).get(results.get("headline_metric", "")), r.get("bytes"),
+             r.get("seconds")) for r in results.get("runs", [])]
+    sections = [
+        _section("results", "Results (mean ± std over seeds)", body),
+        _section("plot", "Plot", figure or '<p class="note">No plot.</p>'),
+        _section("runs", "Runs", _table(("algorithm", "seed", "sweep", "test "
+                                         + str(results.get("headline_metric")), "bytes",
+                                         "seconds"), runs)),
+    ]
+    lead = f"seeds {results.get('seeds')}, algorithms {', '.join(algorithms)}"
+    return _page(f"vflink experiment: {results.get('name')}", lead, sections)
+
+
+def _comparison_page(demo_dir: Path) -> str:
+    """``vflink demo``'s directory: its comparison table and each run's learning curve."""
+    comparison = _read_json(demo_dir / "comparison.json")
+    test = comparison.get("test", {})
+    names = sorted(next(iter(test.values()), {}))
+    sections = [_section("results", "Test metrics", _table(
+        ("algorithm", *names), [(alg, *[m.get(n) for n in names]) for alg, m in test.items()],
+        cls="results"))]
+    for alg in test:
+        metrics_file = demo_dir / alg / "metrics.json"
+        if metrics_file.is_file():
+            sections.append(_section(f"run-{alg}", f"{alg}: learning curve",
+                                     _learning_curve(_read_json(metrics_file))))
+    return _page(f"vflink demo: {comparison.get('dataset')}",
+                 "Solo, SplitNN and Combine on the same data; open each run directory's own "
+                 "report for its ledger", sections)
+
+
+def build_report(directory: Path) -> str:
+    """The HTML page for a run directory, an experiment directory or a demo directory."""
+    directory = Path(directory)
+    if (directory / "results.json").is_file():
+        return _experiment_page(directory)
+    if (directory / "comparison.json").is_file():
+        return _comparison_page(directory)
+    if (directory / "metrics.json").is_file():
+        return _run_page(directory)
+    raise DataError(f"{directory}: neither a run directory (metrics.json) nor an experiment "
+                    "directory (results.json)")
+
+
+def write_report(directory: Path, out: Path | None = None) -> Path:
+    """Write the page (default ``<directory>/report.html``) atomically; returns its path."""
+    target = Path(out) if out is not None else Path(directory) / "report.html"
+    page = build_report(directory)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.partial")
+    tmp.write_text(page, encoding="utf-8")
+    tmp.replace(target)
+    return target

@@ -1,0 +1,183 @@
+"""`vflink report`: one offline HTML page, rendered in a real headless Chromium."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import struct
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from vflink.cli.main import main
+from vflink.runner.attack import run_attack
+from vflink.runner.config import (
+    AlignmentConfig,
+    DataConfig,
+    EvaluationConfig,
+    RunConfig,
+    TrainingConfig,
+)
+from vflink.runner.experiment import markdown_table, plot_results
+from vflink.runner.train import run_training
+
+RUN_SECTIONS = ("configuration", "learning-curve", "metrics", "linkage", "communication",
+                "privacy-ledger", "attacks")
+#: elements a reader must see: the sections, the learning curve, the ledger and communication
+VISIBLE = (*RUN_SECTIONS, "learning-curve-figure", "ledger-messages", "similarity-curve",
+           "weight-gate")
+
+
+def _chromium() -> str | None:
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        path = shutil.which(name)
+        if path:
+            return path
+    return None
+
+
+@pytest.fixture(scope="module")
+def soft_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("report") / "soft"
+    config = RunConfig(seed=2, algorithm="fedsim",
+                       data=DataConfig(dataset="sklearn-small", options={"n_samples": 600}),
+                       alignment=AlignmentConfig(method="soft", metric="euclidean", top_k=3,
+                                                 privacy="bloom", tau=0.99),
+                       training=TrainingConfig(epochs=2, patience=2),
+                       evaluation=EvaluationConfig(record=True))
+    run_training(config, out)
+    run_attack(out, "greedy-similarity")
+    return out
+
+
+def _external_urls(page: str) -> list[str]:
+    return re.findall(r"(?:https?:|ftp:|//[a-z0-9.-]+\.[a-z]{2,})", page, flags=re.I)
+
+
+def test_run_report_is_one_self_contained_file(soft_run: Path) -> None:
+    out = soft_run.parent / "page.html"
+    assert main(["report", str(soft_run), "--out", str(out)]) == 0
+    page = out.read_text(encoding="utf-8")
+    assert _external_urls(page) == []
+    srcs = re.findall(r'src="([^"]*)"', page)
+    assert srcs and all(s.startswith("data:image/png;base64,") for s in srcs)
+    assert "<link" not in page and "<script" not in page
+    for sid in RUN_SECTIONS:
+        assert f'id="{sid}"' in page
+    assert "greedy-similarity" in page  # the attack result
+    assert "no meaningful differential-privacy guarantee" in page  # ε explained, not bare
+    assert "identifier_encodings" in page and "bloom-filter" in page
+
+
+def test_experiment_report_has_its_tables_and_plot(tmp_path: Path) -> None:
+    stat = {"accuracy": {"mean": 0.81, "std": 0.01}, "auc": {"mean": 0.88, "std": 0.02}}
+    results = {"name": "toy", "algorithms": ["solo", "fedsim"], "seeds": [0, 1],
+               "sweep": {"key": None, "values": [None]}, "headline_metric": "accuracy",
+               "summary": {"None": {"solo": stat, "fedsim": stat}},
+               "runs": [{"algorithm": "solo", "seed": 0, "sweep": None,
+                         "test": {"accuracy": 0.8}, "bytes": 0, "seconds": 1.0}]}
+    (tmp_path / "results.json").write_text(json.dumps(results))
+    (tmp_path / "results.md").write_text(markdown_table(results))
+    plot_results(results, tmp_path / "plot.png")
+    assert main(["report", str(tmp_path)]) == 0
+    page = (tmp_path / "report.html").read_text(encoding="utf-8")
+    assert 'id="results"' in page and 'id="experiment-plot"' in page
+    assert "0.81 ± 0.01" in page and "fedsim" in page
+    assert _external_urls(page) == []
+
+
+def test_report_of_something_else_fails_cleanly(tmp_path: Path) -> None:
+    assert main(["report", str(tmp_path)]) == 1
+
+
+_PROBE = """<script>
+window.addEventListener("load", function () {
+  var out = {};
+  %s.forEach(function (id) {
+    var el = document.getElementById(id);
+    if (!el) { out[id] = "missing"; return; }
+    var st = getComputedStyle(el), r = el.getBoundingClientRect();
+    var img = el.querySelector("img");
+    out[id] = (st.display !== "none" && st.visibility !== "hidden" && r.width > 0 &&
+               r.height > 0 && (!img || img.naturalWidth > 0)) ? "visible" : "hidden";
+  });
+  var pre = document.createElement("pre");
+  pre.id = "probe-result";
+  pre.textContent = JSON.stringify(out);
+  document.body.appendChild(pre);
+});
+</script>"""
+
+
+def _chrome(binary: str, profile: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    cmd = [binary, "--headless", "--no-sandbox", "--disable-gpu",
+           "--disable-background-networking", "--disable-component-update", "--disable-sync",
+           "--no-first-run", "--disable-extensions", f"--user-data-dir={profile}",
+           "--enable-logging=stderr", "--v=0", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "HOME": str(profile)}, check=False)
+
+
+def test_report_renders_in_headless_chromium(soft_run: Path, tmp_path: Path) -> None:
+    binary = _chromium()
+    if binary is None:
+        pytest.skip("no Chromium installed (apt-get install chromium): the report's browser "
+                    "test needs a real browser")
+    page = soft_run / "report.html"
+    assert main(["report", str(soft_run)]) == 0
+    shot = tmp_path / "report.png"
+    proc = _chrome(binary, tmp_path / "profile", "--window-size=1200,3000",
+                   f"--screenshot={shot}", page.as_uri())
+    assert shot.is_file(), proc.stderr[-2000:]
+    head = shot.read_bytes()[:24]
+    assert head[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = struct.unpack(">II", head[16:24])
+    assert (width, height) == (1200, 3000)
+    # the console check sees errors (a page with one is caught), so its silence means something
+    bad = tmp_path / "bad.html"
+    bad.write_text('<!DOCTYPE html><html><body><script>console.error("boom")</script></body>'
+                   "</html>", encoding="utf-8")
+    caught = _chrome(binary, tmp_path / "profile0", "--dump-dom", bad.as_uri())
+    assert any(":CONSOLE" in line and "boom" in line for line in caught.stderr.splitlines())
+    # the page has no script: any console message (an error, a blocked load) is a failure
+    console = [line for line in proc.stderr.splitlines() if ":CONSOLE" in line]
+    assert console == [], console
+    # key sections present and visible: probe a copy of the page, read back its DOM
+    probed = tmp_path / "probed.html"
+    probed.write_text(page.read_text(encoding="utf-8").replace(
+        "</body>", _PROBE % json.dumps(list(VISIBLE)) + "</body>"), encoding="utf-8")
+    dom = _chrome(binary, tmp_path / "profile2", "--virtual-time-budget=5000", "--dump-dom",
+                  probed.as_uri())
+    match = re.search(r'<pre id="probe-result">(.*?)</pre>', dom.stdout, flags=re.S)
+    assert match, dom.stderr[-2000:]
+    seen = json.loads(match.group(1).replace("&quot;", '"'))
+    assert seen == dict.fromkeys(VISIBLE, "visible")
+    assert [line for line in dom.stderr.splitlines() if ":CONSOLE" in line] == []
+
+
+def test_run_report_compares_with_runs_of_the_same_data_beside_it(soft_run: Path) -> None:
+    sibling = soft_run.parent / "solo"
+    sibling.mkdir(exist_ok=True)
+    (sibling / "config.json").write_text((soft_run / "config.json").read_text())
+    metrics = json.loads((soft_run / "metrics.json").read_text())
+    metrics.update(algorithm="solo", metrics={"test": {"accuracy": 0.123456, "auc": 0.5}})
+    (sibling / "metrics.json").write_text(json.dumps(metrics))
+    page = (soft_run.parent / "page2.html")
+    assert main(["report", str(soft_run), "--out", str(page)]) == 0
+    text = page.read_text(encoding="utf-8")
+    assert "fedsim (this run)" in text and "0.1235" in text
+
+
+def test_demo_directory_report(soft_run: Path, tmp_path: Path) -> None:
+    (tmp_path / "fedsim").mkdir()
+    (tmp_path / "fedsim" / "metrics.json").write_text((soft_run / "metrics.json").read_text())
+    (tmp_path / "comparison.json").write_text(json.dumps({
+        "dataset": "sklearn-small", "headline_metric": "accuracy",
+        "test": {"solo": {"accuracy": 0.7, "auc": 0.8}, "fedsim": {"accuracy": 0.9, "auc": 0.95}}}))
+    assert main(["report", str(tmp_path)]) == 0
+    page = (tmp_path / "report.html").read_text(encoding="utf-8")
+    assert 'id="results"' in page and 'id="run-fedsim"' in page and "data:image/png" in page
+    assert _external_urls(page) == []

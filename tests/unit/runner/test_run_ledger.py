@@ -1,0 +1,61 @@
+"""The run ledger: messages with protections and plain sentences; the [evaluation] section."""
+
+from __future__ import annotations
+
+import pytest
+
+from vflink.errors import ConfigError
+from vflink.runner.config import parse_config
+from vflink.runner.ledger import build_run_ledger, explain_tau
+from vflink.runner.train import RunResult
+from vflink.types import Task
+
+
+def result(extra: dict) -> RunResult:  # type: ignore[type-arg]
+    return RunResult(algorithm="fedsim", task=Task.BINARY, metrics={}, history=(),
+                     best_epoch=1, communication={}, sizes={}, seconds=0.0, extra=extra)
+
+
+def test_soft_linkage_ledger_explains_every_figure() -> None:
+    alignment = {"method": "soft", "sigma": 0.4, "tau": 5.07e-5, "epsilon": 4e11,
+                 "delta": 1e-5, "mu0": -1.0, "sigma0": 2.0, "top_k": 5,
+                 "encoding": {"encoder": "bloom", "filter_bits": 1024},
+                 "messages": [{"kind": "identifier_encodings", "sender": "bank",
+                               "receiver": "coordinator", "messages": 1, "bytes": 100},
+                              {"kind": "alignment_views", "sender": "coordinator",
+                               "receiver": "primary", "messages": 1, "bytes": 50}]}
+    embedding_dp = {"kind": "embedding-dp", "party": "bank", "applies_to": "embeddings",
+                    "params": {"clip": 1.0}, "guarantee": {"epsilon": 3.0, "delta": 1e-5},
+                    "explanation": "moderate"}
+    ledger = build_run_ledger(result({
+        "alignment": alignment, "protections": [embedding_dp],
+        "messages": [{"kind": "embeddings", "sender": "bank", "receiver": "primary",
+                      "messages": 7, "bytes": 700},
+                     {"kind": "backward", "sender": "primary", "receiver": "bank",
+                      "messages": 7, "bytes": 600}]}))
+    by_kind = {m["kind"]: m for m in ledger.messages}
+    assert by_kind["identifier_encodings"]["protection"] == "bloom-filter"
+    assert by_kind["alignment_views"]["protection"] == "similarity-noise"
+    assert "no meaningful differential-privacy guarantee" in \
+        by_kind["alignment_views"]["explanation"]
+    assert by_kind["embeddings"]["protection"] == "embedding-dp"
+    assert by_kind["embeddings"]["stage"] == "training" and by_kind["embeddings"]["count"] == 7
+    assert by_kind["backward"]["protection"] == "none"
+    assert "labels" in by_kind["backward"]["explanation"]
+    kinds = [p["kind"] for p in ledger.protections]
+    assert kinds == ["bloom-filter", "similarity-noise", "embedding-dp"]
+
+
+def test_explain_tau() -> None:
+    assert "at most 0.01%" in explain_tau(1e-4)
+    assert "no noise" in explain_tau(1.0)
+
+
+def test_evaluation_section() -> None:
+    base = {"version": 1, "data": {"dataset": "sklearn-small"}}
+    assert parse_config({**base, "evaluation": {"record": True}}).evaluation.record is True
+    assert parse_config(base).evaluation.record is False
+    with pytest.raises(ConfigError) as exc:
+        parse_config({**base, "evaluation": {"record": "yes", "record_rows": 0, "x": 1}})
+    text = str(exc.value.problems)
+    assert "record" in text and "record_rows" in text and "unknown" in text
