@@ -90,7 +90,7 @@ def test_experiment_report_has_its_tables_and_plot(tmp_path: Path) -> None:
 
 
 def test_report_of_something_else_fails_cleanly(tmp_path: Path) -> None:
-    assert main(["report", str(tmp_path)]) == 1
+    assert main(["report", str(tmp_path)]) == 2  # a data error (README exit codes)
 
 
 _PROBE = """<script>

@@ -164,13 +164,16 @@ def test_kind_and_legacy_pickle_files_are_refused(tmp_path: Path) -> None:
 
 def test_no_pickle_anywhere_in_src() -> None:
     """Model and state files are data, never code (ARCHITECTURE.md): no name containing
-    ``pickle`` (the module, ``allow_pickle``, ``read_pickle``...) in any code of src/, and no
+    ``pickle`` (the module, ``allow_pickle=True``, ``read_pickle``...) in any code of src/, and no
     ``torch.load`` or ``weights_only=False`` at all (prose may still explain why)."""
     hits = []
     for path in sorted(SRC.rglob("*.py")):
         text = path.read_text(encoding="utf-8")
         for tok in tokenize.generate_tokens(io.StringIO(text).readline):
             if tok.type == tokenize.NAME and "pickle" in tok.string.lower():
+                if tok.string == "allow_pickle" and re.match(r"allow_pickle\s*=\s*False",
+                                                             tok.line[tok.start[1]:]):
+                    continue  # numpy's safe setting: refuse pickled objects in .npz
                 hits.append(f"{path.relative_to(SRC)}:{tok.start[0]}: {tok.line.strip()}")
         for m in re.finditer(r"weights_only\s*=\s*False|torch\.load\s*\(|\bdill\b", text):
             hits.append(f"{path.relative_to(SRC)}: {m.group(0)}")

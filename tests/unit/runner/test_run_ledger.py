@@ -19,7 +19,9 @@ def result(extra: dict) -> RunResult:  # type: ignore[type-arg]
 def test_soft_linkage_ledger_explains_every_figure() -> None:
     alignment = {"method": "soft", "sigma": 0.4, "tau": 5.07e-5, "epsilon": 4e11,
                  "delta": 1e-5, "mu0": -1.0, "sigma0": 2.0, "top_k": 5,
-                 "encoding": {"encoder": "bloom", "filter_bits": 1024},
+                 "encoding": "bloom",
+                 "encoding_spec": {"encoder": "bloom", "kind": "string",
+                                   "params": {"filter_bits": 1024}},
                  "messages": [{"kind": "identifier_encodings", "sender": "bank",
                                "receiver": "coordinator", "messages": 1, "bytes": 100},
                               {"kind": "alignment_views", "sender": "coordinator",
