@@ -26,6 +26,8 @@ from vflink.models.mlp import build_mlp, build_optimizer, seeded_init
 from vflink.models.spec import BottomSpec
 from vflink.parties.base import Party, state_path
 from vflink.parties.linking import encode_identifiers
+from vflink.parties.privacy import EmbeddingProtection
+from vflink.privacy.config import PrivacyConfig
 from vflink.protocol.channel import Channel
 from vflink.protocol.messages import (
     Ack,
@@ -34,14 +36,17 @@ from vflink.protocol.messages import (
     Backward,
     Embeddings,
     FetchAlignment,
+    FetchPrivacyReport,
     FitPreprocessing,
     Forward,
     IdentifierEncodings,
     KeyDigests,
     LoadState,
+    PrivacyReport,
     Restore,
     SaveState,
     SetupBottom,
+    SetupPrivacy,
     ShareEncodings,
     ShareKeys,
     Snapshot,
@@ -76,12 +81,16 @@ class SecondaryParty(Party):
         channel: how this party reaches the coordinator.
         secret: the HMAC secret shared by the data parties (not the coordinator).
         out_dir: where this party writes its own model state.
+        privacy: this party's own embedding protection (VFL-AFE), from the run config
+            in-process or from its party file across hosts; see :mod:`vflink.parties.privacy`.
+        privacy_seed: the noise seed (this party's own; ``None``: a fresh secret one).
     """
 
     role = "secondary"
 
     def __init__(self, table: PartyTable, channel: Channel, *, secret: bytes | None = None,
-                 out_dir: Path | None = None) -> None:
+                 out_dir: Path | None = None, privacy: PrivacyConfig | None = None,
+                 privacy_seed: int | None = None) -> None:
         super().__init__(table.name)
         self.table = table
         self.channel = channel
@@ -96,6 +105,7 @@ class SecondaryParty(Party):
         self._pending: dict[int, torch.Tensor] = {}
         self._applied: set[int] = set()
         self._snapshots: dict[str, dict[str, Any]] = {}
+        self.protection = EmbeddingProtection(self.name, len(table), privacy, privacy_seed)
 
     # --- alignment ------------------------------------------------------------------------
 
@@ -130,12 +140,20 @@ class SecondaryParty(Party):
         mask = np.zeros(len(self.table), dtype=bool)
         mask[idx] = True
         self.linked_rows = mask
+        self.protection.note_links(idx)
 
     # --- model ----------------------------------------------------------------------------
 
     def on_setup_bottom(self, sender: str, message: SetupBottom) -> Ack:
         self.spec = message.spec
+        self.protection.start()  # a new training run: fresh release counts
         return Ack()
+
+    def on_setup_privacy(self, sender: str, message: SetupPrivacy) -> Ack:
+        return Ack(info=self.protection.setup(message.settings, message.classes))
+
+    def on_fetch_privacy_report(self, sender: str, message: FetchPrivacyReport) -> PrivacyReport:
+        return PrivacyReport(entries=self.protection.report())
 
     def _check_rows(self, rows: npt.NDArray[np.int64], what: str) -> npt.NDArray[np.int64]:
         rows = np.asarray(rows, dtype=np.int64)
@@ -186,12 +204,12 @@ class SecondaryParty(Party):
                     out = self.model(x)
             else:
                 out = self.model(x)
+            out, emb = self.protection.protect(out, unique)  # VFL-AFE Alg. 1 lines 6-9
             self._pending[message.batch_id] = out
-            emb = out.detach()
         else:
             self.model.eval()
             with torch.no_grad():
-                emb = self.model(x)
+                _, emb = self.protection.protect(self.model(x), unique)
         return Embeddings(batch_id=message.batch_id, embeddings=emb,
                           inverse=inverse.astype(np.int64))
 
@@ -206,7 +224,8 @@ class SecondaryParty(Party):
             raise ProtocolError(f"party {self.name!r}: gradient shape {tuple(message.grad.shape)}"
                                 f" != embedding shape {tuple(out.shape)}")
         self.optimizer.zero_grad(set_to_none=True)
-        out.backward(message.grad.to(out.dtype))
+        # VFL-AFE Alg. 1 line 18: the received gradient plus the local α·L_KL + β·L_CL
+        self.protection.backward(out, message.grad.to(out.dtype))
         self.optimizer.step()
         self._applied.add(message.batch_id)
         return Ack()
@@ -221,7 +240,7 @@ class SecondaryParty(Party):
         fitted preprocessing and spec (a file for this party's own directory only)."""
         return {**self._state(), "preprocessor": self.preprocessor,
                 "spec": dataclasses.asdict(self.spec) if self.spec else None,
-                "applied": sorted(self._applied)}
+                "applied": sorted(self._applied), "privacy": self.protection.state_dict()}
 
     def on_snapshot(self, sender: str, message: Snapshot) -> Ack:
         self._snapshots[message.tag] = copy.deepcopy(self._state())
@@ -266,4 +285,5 @@ class SecondaryParty(Party):
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         self._applied = set(state.get("applied", []))
+        self.protection.load_state_dict(state.get("privacy"))
         return Ack(info={"n_features": float(self.preprocessor.n_features)})

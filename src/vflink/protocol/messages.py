@@ -34,6 +34,7 @@ __all__ = [
     "Embeddings",
     "EncodingSpec",
     "FetchAlignment",
+    "FetchPrivacyReport",
     "FitPreprocessing",
     "Forward",
     "Hello",
@@ -42,9 +43,11 @@ __all__ = [
     "LoadState",
     "MatchKeys",
     "Message",
+    "PrivacyReport",
     "Restore",
     "SaveState",
     "SetupBottom",
+    "SetupPrivacy",
     "ShareEncodings",
     "ShareKeys",
     "Snapshot",
@@ -314,13 +317,42 @@ class LoadState(Message):
     name: str
 
 
+# --- protection of what a secondary sends (VFL-AFE) ------------------------------------------
+
+
+@dataclass(frozen=True)
+class SetupPrivacy(Message):
+    """Primary → secondary: the embedding protection the run expects (public settings only:
+    mode, ε, δ, t, α, β, ...; never a noise seed) and the number of classes C of the task
+    (VFL-AFE Eq. 7; 0 for regression). A secondary with its own settings refuses others."""
+
+    kind: ClassVar[str] = "setup_privacy"
+    settings: dict[str, Any]
+    classes: int = 0
+
+
+@dataclass(frozen=True)
+class FetchPrivacyReport(Message):
+    """Primary → secondary: send your privacy-ledger entries for this run."""
+
+    kind: ClassVar[str] = "fetch_privacy_report"
+
+
+@dataclass(frozen=True)
+class PrivacyReport(Message):
+    """Secondary → primary: ledger entries (``Ledger.add_protection`` keyword arguments)."""
+
+    kind: ClassVar[str] = "privacy_report"
+    entries: tuple[dict[str, Any], ...] = ()
+
+
 MESSAGE_TYPES: dict[str, type[Message]] = {
     cls.kind: cls
     for cls in (
         Hello, Ack, ShareKeys, KeyDigests, MatchKeys, AlignmentReady, FetchAlignment, AlignmentView,
         AlignmentViews, ShareEncodings, IdentifierEncodings, SoftLink, SetupBottom,
         FitPreprocessing, Forward, Embeddings, Backward, Snapshot,
-        Restore, SaveState, LoadState,
+        Restore, SaveState, LoadState, SetupPrivacy, FetchPrivacyReport, PrivacyReport,
     )
 }
 

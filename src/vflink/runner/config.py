@@ -16,6 +16,7 @@ from vflink.data.schema import PartySchema
 from vflink.errors import ConfigError, VflinkError
 from vflink.models.merge import AggregatorConfig
 from vflink.models.spec import ACTIVATIONS, OPTIMIZERS
+from vflink.privacy.config import PrivacyConfig  # the [privacy] section (VFL-AFE)
 from vflink.runner.algorithms import algorithm_names
 
 __all__ = [
@@ -24,6 +25,7 @@ __all__ = [
     "AlignmentConfig",
     "DataConfig",
     "ModelConfig",
+    "PrivacyConfig",
     "RunConfig",
     "TrainingConfig",
     "config_to_dict",
@@ -188,6 +190,7 @@ class RunConfig:
     alignment: AlignmentConfig = field(default_factory=AlignmentConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     training: TrainingConfig = field(default_factory=TrainingConfig)
+    privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
 
     def __post_init__(self) -> None:
         problems: list[str] = []
@@ -202,7 +205,7 @@ class RunConfig:
 
 
 _SECTIONS: dict[str, type] = {"alignment": AlignmentConfig, "model": ModelConfig,
-                              "training": TrainingConfig}
+                              "training": TrainingConfig, "privacy": PrivacyConfig}
 
 
 def _build(cls: type, raw: Any, where: str, problems: list[str]) -> Any:

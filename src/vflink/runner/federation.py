@@ -14,6 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from vflink.errors import ConfigError
 from vflink.linkage import SearchOptions
 from vflink.parties import CoordinatorParty, SecondaryParty
@@ -71,6 +73,15 @@ class Federation:
         self.closer()
 
 
+def _noise_seed(config: RunConfig, j: int) -> int | None:
+    """In-process runs are reproducible: the noise seed comes from the run seed (or
+    ``privacy.seed``), one stream per secondary."""
+    if config.privacy.secure_rng:
+        return None
+    base = config.privacy.seed if config.privacy.seed is not None else config.seed
+    return int(np.random.SeedSequence([base, 0xAFE, j]).generate_state(1, np.uint64)[0] >> 1)
+
+
 def in_process(inputs: Inputs, config: RunConfig, *, transcript: Transcript | None = None,
                state_root: Path | None = None) -> Federation:
     """Coordinator and secondaries in this process; ``state_root/<party>`` holds their states."""
@@ -79,10 +90,11 @@ def in_process(inputs: Inputs, config: RunConfig, *, transcript: Transcript | No
     hub = InProcessHub(transcript=transcript, counter=counter)
     search = SearchOptions(mode=config.alignment.search)  # type: ignore[arg-type]
     hub.register(COORDINATOR, CoordinatorParty(COORDINATOR, seed=config.seed, search=search))
-    for table in inputs.secondaries:
+    for j, table in enumerate(inputs.secondaries):
         hub.register(table.name, SecondaryParty(
             table, hub.channel(table.name), secret=secret,
-            out_dir=None if state_root is None else state_root / table.name))
+            out_dir=None if state_root is None else state_root / table.name,
+            privacy=config.privacy, privacy_seed=_noise_seed(config, j)))
     return Federation(channel=hub.channel(inputs.primary.name),
                       secondaries=tuple(t.name for t in inputs.secondaries),
                       coordinator=COORDINATOR, counter=counter, secret=secret)

@@ -59,7 +59,7 @@ def build_handler(config: PartyConfig) -> MessageHandler:
         table = party_table(config)
         return SecondaryParty(table, _channel(config),
                               secret=shared_secret(config.secret_env, required=True),
-                              out_dir=config.state_dir)
+                              out_dir=config.state_dir, privacy=config.privacy)
     raise ConfigError(f"{config.source}: `vflink serve` runs a secondary or the coordinator; "
                       "the primary drives runs with `vflink train --party`")
 

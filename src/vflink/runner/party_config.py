@@ -26,6 +26,10 @@
     allowed = ["primary"]          # who may call this party (pinned certificate identities)
     insecure = false               # plaintext: local experiments only
     secret_env = "VFLINK_SECRET"   # the data parties' shared secret
+
+    [privacy]                      # secondary only: its own embedding protection (VFL-AFE);
+    embeddings = "afe"             # same keys as a run file's [privacy]; a run that expects
+    epsilon = 2.0                  # other settings is refused
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from vflink.data.schema import PartySchema
 from vflink.data.table import PartyTable, load_table
 from vflink.datasets import load_dataset
 from vflink.errors import ConfigError
+from vflink.privacy.config import PrivacyConfig
 
 __all__ = ["PartyConfig", "PeerConfig", "load_party_config", "party_table"]
 
@@ -70,6 +75,7 @@ class PartyConfig:
     insecure: bool = False
     secret_env: str = "VFLINK_SECRET"
     source: str = "party.toml"
+    privacy: PrivacyConfig | None = None
 
     def __post_init__(self) -> None:
         problems: list[str] = []
@@ -119,9 +125,18 @@ def load_party_config(path: Path) -> PartyConfig:
         problems.append("the file needs `version = 1`")
     party = dict(raw.get("party", {}))
     security = dict(raw.get("security", {}))
-    unknown = sorted(set(raw) - {"version", "party", "peers", "security"})
+    unknown = sorted(set(raw) - {"version", "party", "peers", "security", "privacy"})
     if unknown:
-        problems.append(f"unknown top-level key(s) {unknown}; known: party, peers, security")
+        problems.append(f"unknown top-level key(s) {unknown}; known: party, peers, security, "
+                        "privacy")
+    privacy = None
+    if "privacy" in raw:
+        try:
+            privacy = PrivacyConfig(**dict(raw["privacy"]))
+        except ConfigError as exc:
+            problems.extend(exc.problems)
+        except TypeError as exc:
+            problems.append(f"[privacy]: {exc}")
 
     def resolve(p: Any) -> Path | None:
         if p is None:
@@ -169,7 +184,8 @@ def load_party_config(path: Path) -> PartyConfig:
             tls_dir=resolve(security.get("tls_dir")),
             allowed=tuple(security.get("allowed", ())),
             insecure=bool(security.get("insecure", False)),
-            secret_env=str(security.get("secret_env", "VFLINK_SECRET")), source=str(path))
+            secret_env=str(security.get("secret_env", "VFLINK_SECRET")), source=str(path),
+            privacy=privacy)
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}", exc.problems) from None
 

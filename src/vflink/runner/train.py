@@ -36,6 +36,7 @@ from vflink.runner.federation import Federation, in_process
 from vflink.runner.inputs import Inputs, load_inputs
 from vflink.runner.ledger import write_run_ledger
 from vflink.runner.link import encoding_for
+from vflink.runner.privacy import check_privacy_task, privacy_extra
 from vflink.runner.rundir import atomic_run_dir, write_json
 from vflink.transport import InProcessHub, TrafficCounter, Transcript
 from vflink.types import MISSING, Alignment, Task
@@ -245,9 +246,10 @@ def _plan(config: RunConfig, algorithm: Algorithm, *, learn_missing: bool, k: in
                         dropout=m.dropout, optimizer=t.optimizer, lr=t.lr,
                         weight_decay=t.weight_decay, seed=config.seed)
     agg = AggregatorConfig(**{**m.aggregator.__dict__, "seed": config.seed})
+    privacy = config.privacy.public_settings() if config.privacy.enabled else None
     return TrainingPlan(bottom=bottom, top_hidden=m.top_hidden, learn_missing=learn_missing,
                         aggregator=algorithm.aggregator, k=k, aggregator_config=agg,
-                        pair_dim=m.pair_dim)
+                        pair_dim=m.pair_dim, privacy=privacy)
 
 
 def _records(raw: list[dict[str, Any]]) -> list[EpochRecord]:
@@ -434,6 +436,9 @@ def _run(config: RunConfig, out_dir: Path | None, progress: Progress | None,
                                out_dir=primary_dir)
         state_prefix = ""
     plan = _plan(config, algorithm, learn_missing=learn_missing, k=k)
+    if algorithm.kind != "vfl":
+        plan = dataclasses.replace(plan, privacy=None)  # nothing leaves the primary
+    check_privacy_task(config.privacy, primary.task)
     if resume and plan.k != k:
         raise ConfigError("cannot resume: the alignment changed")
     start_bytes = counter.snapshot()
@@ -442,6 +447,7 @@ def _run(config: RunConfig, out_dir: Path | None, progress: Progress | None,
         checkpoints=out_dir is not None, state_prefix=state_prefix, resume=resume)
     if out_dir is not None:
         primary.save_states(FINAL, secondary_name=state_prefix + FINAL)
+    extra = privacy_extra(primary) if plan.privacy is not None else {}
     sizes = {"primary_rows": len(inputs.primary), "aligned_rows": len(rows),
              "train": len(splits[0]), "validation": len(splits[1]), "test": len(splits[2]),
              "k": k, **{f"{t.name}_rows": len(t) for t in inputs.secondaries}}
@@ -450,5 +456,6 @@ def _run(config: RunConfig, out_dir: Path | None, progress: Progress | None,
         best_epoch=best_epoch,
         communication=TrafficCounter.delta(counter.snapshot(), start_bytes), sizes=sizes,
         seconds=time.perf_counter() - start,
-        extra={"alignment": {**prepared.summary, "communication": prepared.communication}},
+        extra={"alignment": {**prepared.summary, "communication": prepared.communication},
+               **extra},
     )
