@@ -7,5 +7,8 @@ Every attack follows one contract (:mod:`vflink.attacks.base`) and is registered
 from __future__ import annotations
 
 from vflink.attacks.base import ATTACKS, Attack, AttackResult, AttackView, get_attack
+from vflink.attacks.inversion import DecoderInversion, inversion_grid_png
+from vflink.attacks.membership import ShadowMembershipInference
 
-__all__ = ["ATTACKS", "Attack", "AttackResult", "AttackView", "get_attack"]
+__all__ = ["ATTACKS", "Attack", "AttackResult", "AttackView", "DecoderInversion",
+           "ShadowMembershipInference", "get_attack", "inversion_grid_png"]

@@ -33,7 +33,8 @@ def test_analytic_gaussian_from_one(epsilon: float, delta: float) -> None:
     assert cal.method == "analytic-gaussian"
     # Balle & Wang Thm 8 oracle: δ(ε) = Φ(1/2σ − εσ) − e^ε Φ(−1/2σ − εσ) equals the target
     s = cal.sigma
-    achieved = norm.cdf(0.5 / s - epsilon * s) - math.exp(epsilon) * norm.cdf(-0.5 / s - epsilon * s)
+    achieved = (norm.cdf(0.5 / s - epsilon * s)
+                - math.exp(epsilon) * norm.cdf(-0.5 / s - epsilon * s))
     assert achieved == pytest.approx(delta, rel=1e-6)
     # and it is tighter than the classical formula would be
     assert s < math.sqrt(2 * math.log(1.25 / delta)) / epsilon
