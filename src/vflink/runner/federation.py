@@ -24,7 +24,7 @@ from vflink.runner.config import RunConfig
 from vflink.runner.inputs import Inputs
 from vflink.transport import InProcessHub, TrafficCounter, Transcript
 
-__all__ = ["COORDINATOR", "Federation", "in_process", "shared_secret"]
+__all__ = ["COORDINATOR", "Federation", "in_process", "noise_seed", "shared_secret"]
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ class Federation:
         self.closer()
 
 
-def _noise_seed(config: RunConfig, j: int) -> int | None:
+def noise_seed(config: RunConfig, j: int) -> int | None:
     """In-process runs are reproducible: the noise seed comes from the run seed (or
     ``privacy.seed``), one stream per secondary."""
     if config.privacy.secure_rng:
@@ -94,7 +94,7 @@ def in_process(inputs: Inputs, config: RunConfig, *, transcript: Transcript | No
         hub.register(table.name, SecondaryParty(
             table, hub.channel(table.name), secret=secret,
             out_dir=None if state_root is None else state_root / table.name,
-            privacy=config.privacy, privacy_seed=_noise_seed(config, j)))
+            privacy=config.privacy, privacy_seed=noise_seed(config, j)))
     return Federation(channel=hub.channel(inputs.primary.name),
                       secondaries=tuple(t.name for t in inputs.secondaries),
                       coordinator=COORDINATOR, counter=counter, secret=secret)

@@ -59,6 +59,8 @@ log = logging.getLogger(__name__)
 
 #: ``progress(stage, done, total)``: the CLI renders it as a progress bar.
 Progress = Callable[[str, int, int], None]
+#: ``after_training(primary, (train, validation, test))`` on the trained parties.
+AfterTraining = Callable[[PrimaryParty, tuple[npt.NDArray[np.int64], ...]], None]
 
 #: State file names every party writes into its own state directory.
 CHECKPOINT, BEST, FINAL = "checkpoint.pt", "best.pt", "model.pt"
@@ -345,22 +347,26 @@ def run_training(config: RunConfig, out_dir: Path | None = None, *, overwrite: b
                  progress: Progress | None = None, transcript: Transcript | None = None,
                  tables: Inputs | tuple[PartyTable, Sequence[PartyTable]] | None = None,
                  prepared: Prepared | None = None, federation: Federation | None = None,
-                 resume: bool = False) -> RunResult:
+                 resume: bool = False, after_training: AfterTraining | None = None
+                 ) -> RunResult:
     """Run one algorithm end to end; write a run directory if ``out_dir``.
 
     Without a ``federation`` (or a ``prepared`` alignment that carries one) every party is
     built in this process. With ``out_dir`` every party checkpoints at epoch boundaries into
     its own state directory; ``resume`` continues an interrupted run from its checkpoints.
+    ``after_training(primary, splits)`` runs on the trained parties before the result is
+    built (e.g. attacks that query the model; :mod:`vflink.runner.afe_eval`).
     """
     torch.set_num_threads(config.training.threads)
     if out_dir is None:
         if resume:
             raise ConfigError("--resume needs the run directory of the interrupted run")
-        return _run(config, None, progress, transcript, tables, prepared, federation, False)
+        return _run(config, None, progress, transcript, tables, prepared, federation, False,
+                    after_training)
     with atomic_run_dir(out_dir, overwrite=overwrite, resume=resume,
                         keep_if=lambda d: any(d.glob(f"models/*/{CHECKPOINT}"))) as staging:
         result = _run(config, staging, progress, transcript, tables, prepared, federation,
-                      resume)
+                      resume, after_training)
         write_json(staging / "config.json", config_to_dict(config))
         write_json(staging / "metrics.json", result.to_json())
         write_run_ledger(staging, result)
@@ -385,7 +391,8 @@ def _truth_alignments(inputs: Inputs, prepared: Prepared, config: RunConfig
 def _run(config: RunConfig, out_dir: Path | None, progress: Progress | None,
          transcript: Transcript | None,
          tables: Inputs | tuple[PartyTable, Sequence[PartyTable]] | None,
-         prepared: Prepared | None, federation: Federation | None, resume: bool) -> RunResult:
+         prepared: Prepared | None, federation: Federation | None, resume: bool,
+         after_training: AfterTraining | None = None) -> RunResult:
     start = time.perf_counter()
     algorithm = get_algorithm(config.algorithm)
     models_dir = None if out_dir is None else out_dir / "models"
@@ -447,6 +454,8 @@ def _run(config: RunConfig, out_dir: Path | None, progress: Progress | None,
         checkpoints=out_dir is not None, state_prefix=state_prefix, resume=resume)
     if out_dir is not None:
         primary.save_states(FINAL, secondary_name=state_prefix + FINAL)
+    if after_training is not None:
+        after_training(primary, splits)
     extra = privacy_extra(primary) if plan.privacy is not None else {}
     sizes = {"primary_rows": len(inputs.primary), "aligned_rows": len(rows),
              "train": len(splits[0]), "validation": len(splits[1]), "test": len(splits[2]),
