@@ -327,7 +327,7 @@ class SetupPrivacy(Message):
     (VFL-AFE Eq. 7; 0 for regression). A secondary with its own settings refuses others."""
 
     kind: ClassVar[str] = "setup_privacy"
-    settings: dict[str, Any]
+    settings: dict[str, str | float | int | bool | None]
     classes: int = 0
 
 
