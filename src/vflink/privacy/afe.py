@@ -62,10 +62,15 @@ def sensitivity_estimate(d: torch.Tensor, sigmas: float = 3.0) -> torch.Tensor:
 def rescale(h: torch.Tensor, t: float, delta_tilde: torch.Tensor | float) -> torch.Tensor:
     """Line 8 / Eq. 4: h_j / (Δ̃ / 2t), so the estimated largest distance becomes 2t.
 
+    Δ̃ is capped at 2t: after clipping no two embeddings are further apart than the diameter
+    2t of the ball (§3.2: the local sensitivity Δ(f, X) = d(S) ≤ d(B) = 2t), so an estimate
+    above it is the Gaussian approximation of Eq. 5 failing (it does when the distances are
+    skewed or bimodal, as class-separated embeddings make them) and rescaling by it would only
+    shrink the signal under the same noise. Rescaling therefore never shrinks embeddings.
     A degenerate batch (Δ̃ ≈ 0: fewer than three rows, or all embeddings equal) is left as it
     is; dividing by ~0 would only blow up numerical noise.
     """
-    dt = float(delta_tilde)
+    dt = min(float(delta_tilde), 2.0 * t)
     if not math.isfinite(dt) or dt <= 1e-12:
         return h
     return h * (2.0 * t / dt)

@@ -61,6 +61,8 @@ def test_rescale_maps_the_estimated_diameter_to_2t() -> None:
     scaled = afe.rescale(h, 1.0, est)
     d2 = afe.pairwise_distances(scaled)
     assert float(afe.sensitivity_estimate(d2, 3.0)) == pytest.approx(2.0, rel=1e-5)
+    # an estimate above the ball's diameter 2t never shrinks the embeddings
+    torch.testing.assert_close(afe.rescale(h, 1.0, 3.5), h)
     # a degenerate batch is left alone
     same = torch.ones(5, 3)
     torch.testing.assert_close(afe.rescale(same, 1.0, afe.sensitivity_estimate(
