@@ -228,3 +228,31 @@ def test_in_process_noise_is_reproducible_and_exactly_2_sigma_t() -> None:
     # Lemma 3.3 (ε < 1): noise std 2σt ≈ 6.2 against clipped signal of norm ≤ t = 0.5
     noise_std = 2 * calibrate(0.5, 1e-2).sigma * 0.5
     assert float(runs[0][0].std()) == pytest.approx(noise_std, rel=0.05)
+
+
+VFL_ALGORITHMS = ("splitnn", "exact", "top1sim", "avgsim", "featuresim", "fedsim",
+                  "fedsim-no-weight", "fedsim-no-sort", "fedsim-mlp-merge", "fedsim-mean-merge")
+
+
+@pytest.mark.parametrize("algorithm", VFL_ALGORITHMS)
+def test_every_algorithm_with_secondaries_is_protected(algorithm: str) -> None:
+    """Soft linkage: a secondary row linked to several primary records is released several
+    times per epoch; the ledger counts every release of it."""
+    config = RunConfig(seed=2, algorithm=algorithm,
+                       data=DataConfig(dataset="sklearn-small",
+                                       options={"n_samples": 400, "sigma_cf": 0.0, "seed": 2}),
+                       alignment=AlignmentConfig(method="soft", metric="euclidean", top_k=3,
+                                                 privacy="off"),
+                       training=TrainingConfig(epochs=1, batch_size=64, knn_batch_size=16),
+                       privacy=PrivacyConfig(embeddings="afe", epsilon=4.0))
+    transcript = Transcript()
+    result = run_training(config, transcript=transcript)
+    (entry,) = result.extra["protections"]
+    g = entry["guarantee"]
+    assert g["records_released"] > 0 and g["epsilon_total"] >= 4.0 - 1e-6
+    assert g["max_links_per_record"] >= 1
+    if algorithm not in ("splitnn", "exact", "top1sim"):  # K = 3 links per primary record
+        assert g["max_links_per_record"] > 1
+        assert g["max_releases"] > 2  # more than one training and one final evaluation release
+    sent = _received(transcript, "primary")
+    assert float(torch.linalg.vector_norm(sent, dim=1).min()) > 0  # noised, never exactly 0
