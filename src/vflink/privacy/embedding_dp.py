@@ -165,7 +165,7 @@ class EmbeddingDP:
         terms: list[torch.Tensor] = []
         cfg = self.config
         if cfg.rescale and cfg.alpha > 0 and z.shape[0] >= 3:
-            terms.append(cfg.alpha * afe.kl_regulariser(torch.pdist(z)))
+            terms.append(cfg.alpha * afe.kl_regulariser(torch.pdist(z), generator=self._aux))
         if cfg.adjust and cfg.beta > 0 and z.shape[0] >= 2:
             clusters = cfg.fcm_clusters or self.classes
             if not clusters or clusters < 2:
