@@ -52,7 +52,21 @@ def main() -> None:
     parser.add_argument("--methods", nargs="*", default=list(METHODS))
     parser.add_argument("--attacks", action="store_true")
     parser.add_argument("--aux-rows", type=int, default=5000)
+    parser.add_argument("--merge", type=Path, nargs="*", default=None,
+                        help="only summarise the results.json of these output folders (runs "
+                        "split over several processes, e.g. one per seed) into --out")
     args = parser.parse_args()
+    if args.merge:
+        runs = [r for d in args.merge
+                for r in json.loads((d / "results.json").read_text())["runs"]]
+        args.out.mkdir(parents=True, exist_ok=True)
+        seeds = sorted({r["seed"] for r in runs})
+        (args.out / "results.json").write_text(json.dumps(
+            {"config": str(args.config), "seeds": seeds, "merged": [str(d) for d in args.merge],
+             "runs": runs}, indent=2, default=float))
+        methods = [m for m in METHODS if any(r["method"] == m for r in runs)]
+        print(summarise(str(args.config), seeds, methods, runs, args.out))
+        return
     torch.set_num_threads(1)
     logging.basicConfig(level=logging.WARNING)
     exp = parse_experiment(read_toml(args.config), base_dir=args.config.parent.resolve())
@@ -90,24 +104,35 @@ def main() -> None:
             (args.out / "results.json").write_text(json.dumps(
                 {"config": str(args.config), "seeds": seeds, "runs": runs}, indent=2,
                 default=float))
-    lines = [f"# {exp.name}", "", f"seeds {seeds}; test accuracy (mean ± std, %)", "",
-             "| method | accuracy | MI accuracy | inversion MSE ratio |", "|---|---|---|---|"]
-    for method in args.methods:
+    print(summarise(exp.name, seeds, args.methods, runs, args.out))
+    if "truth" in examples:
+        rows = [("truth", examples["truth"])] + [(m, examples[m]) for m in ATTACKED
+                                                 if m in examples]
+        inversion_grid_png(rows, (28, 14), args.out / "inversion.png")
+
+
+def summarise(name: str, seeds: list[int], methods: list[str], runs: list[dict[str, Any]],
+              out: Path) -> str:
+    """results.md: test accuracy, MI accuracy and inversion MSE ratio, mean ± std over seeds."""
+    lines = [f"# {name}", "", f"seeds {seeds}; test accuracy (mean ± std, %)", "",
+             "| method | accuracy | MI accuracy | inversion MSE ratio | ε total (worst record) |",
+             "|---|---|---|---|---|"]
+    for method in methods:
         chosen = [r for r in runs if r["method"] == method]
         acc = np.array([r["test"]["accuracy"] for r in chosen]) * 100
         mi = [r["membership"]["metrics"]["accuracy"] * 100 for r in chosen
               if r.get("membership")]
         inv = [r["inversion"]["metrics"]["mse_ratio"] for r in chosen if r.get("inversion")]
-        cells = [f"{acc.mean():.2f} ± {acc.std():.2f}",
+        eps = [max(p["epsilon_total"] for p in r["privacy"].values()) for r in chosen
+               if r.get("privacy")]
+        cells = [f"{acc.mean():.2f} ± {acc.std():.2f} (n={len(acc)})",
                  f"{np.mean(mi):.2f} ± {np.std(mi):.2f}" if mi else "",
-                 f"{np.mean(inv):.3f}" if inv else ""]
+                 f"{np.mean(inv):.3f}" if inv else "",
+                 f"{np.mean(eps):.1f}" if eps else ""]
         lines.append(f"| {method} | " + " | ".join(cells) + " |")
-    (args.out / "results.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
-    if "truth" in examples:
-        rows = [("truth", examples["truth"])] + [(m, examples[m]) for m in ATTACKED
-                                                 if m in examples]
-        inversion_grid_png(rows, (28, 14), args.out / "inversion.png")
+    text = "\n".join(lines) + "\n"
+    (out / "results.md").write_text(text)
+    return text
 
 
 if __name__ == "__main__":
