@@ -149,8 +149,9 @@ def fuzzy_cmeans(x: torch.Tensor, clusters: int, *, fuzziness: float = 2.0, iter
         um = u**fuzziness
         centres = (um.T @ x) / um.sum(dim=0)[:, None]
         dist = torch.cdist(x, centres).clamp_min(1e-12)
-        # u_ij = 1 / Σ_k (d_ij / d_ik)^(2/(m-1))
-        new = 1.0 / ((dist[:, :, None] / dist[:, None, :]) ** power).sum(dim=2)
+        # u_ij = 1 / Σ_k (d_ij / d_ik)^(2/(m-1)) = d_ij^(-p) / Σ_k d_ik^(-p), in O(n·C)
+        inv = dist ** (-power)
+        new = inv / inv.sum(dim=1, keepdim=True)
         change = float((new - u).abs().max())
         u = new
         if change < tol:
