@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from vflink.errors import ConfigError
@@ -55,3 +57,21 @@ def test_adjust_needs_classification() -> None:
     for mode in ("adjust", "afe"):
         with pytest.raises(ConfigError, match="distribution adjusting.*classification"):
             check_privacy_task(PrivacyConfig(embeddings=mode), Task.REGRESSION)
+
+
+def test_a_party_file_may_carry_its_own_privacy_section(tmp_path: Path) -> None:
+    from vflink.runner.party_config import load_party_config
+
+    base = ('version = 1\n[party]\nname = "bank"\nrole = "secondary"\n'
+            'listen = "127.0.0.1:1"\ndataset = "adult"\n[peers.coordinator]\n'
+            'address = "127.0.0.1:2"\nrole = "coordinator"\n[security]\ninsecure = true\n')
+    good = tmp_path / "good.toml"
+    good.write_text(base + '[privacy]\nembeddings = "afe"\nepsilon = 4.0\nseed = 9\n')
+    assert load_party_config(good).privacy == PrivacyConfig(embeddings="afe", epsilon=4.0,
+                                                            seed=9)
+    bad = tmp_path / "bad.toml"
+    bad.write_text(base + '[privacy]\nembeddings = "max"\nclip = -1\n')
+    with pytest.raises(ConfigError) as info:
+        load_party_config(bad)
+    assert any("privacy.embeddings" in p for p in info.value.problems)
+    assert any("privacy.clip" in p for p in info.value.problems)
