@@ -7,8 +7,10 @@ parties,
 * **membership inference** (Table 1): candidates are ``n_candidates`` training records
   (members) and as many test records (non-members); the attacker (the primary) sees the victim
   secondary's released embeddings and its own model's class probabilities on them, and trains
-  shadow models on auxiliary records of the victim's feature distribution with the victim's
-  public release mechanism (:class:`vflink.attacks.ShadowMembershipInference`);
+  shadow models on auxiliary records from the same distribution (every party's features, as
+  the probabilities depend on all of them; Shokri et al.'s attacker holds such data) with the
+  victim's public release mechanism, for as many epochs and with the batch size the run used
+  (:class:`vflink.attacks.ShadowMembershipInference`);
 * **model inversion** (Figure 10): a decoder trained on auxiliary records and their released
   embeddings (query access to the victim's bottom model, through its release) reconstructs the
   victim's features of test records from the embeddings the victim released for them
@@ -97,7 +99,7 @@ def _mechanism(config: RunConfig, victim: SecondaryParty) -> dict[str, Any]:
 
 def train_and_attack(config: RunConfig, aux: Inputs, *, victim: str | None = None,
                      n_candidates: int = 1000, n_examples: int = 10, shadow_models: int = 4,
-                     shadow_epochs: int = 30, decoder_epochs: int = 60,
+                     shadow_epochs: int | None = None, decoder_epochs: int = 60,
                      inputs: Inputs | None = None) -> AttackOutcome:
     """Train ``config`` in-process, then attack the secondary ``victim`` (default: the last).
 
@@ -134,6 +136,14 @@ def train_and_attack(config: RunConfig, aux: Inputs, *, victim: str | None = Non
     aux_frame = aux_table.frame.iloc[aux_rows[keep]]
     aux_x = aux_frame[list(aux_table.schema.numeric)].to_numpy(dtype=np.float32)
     aux_y = primary.codec.encode(aux.primary.frame[aux.primary.schema.label][keep]).numpy()
+    # shadows see whole records: the primary's own features and every secondary's, aligned
+    blocks = [aux.primary.frame[list(aux.primary.schema.numeric)].to_numpy(np.float32)[keep]]
+    for table in aux.secondaries:
+        idx = aux.truth[table.name][keep]
+        if (idx == MISSING).any():
+            raise ConfigError("the auxiliary records must be complete (every party's part)")
+        blocks.append(table.frame[list(table.schema.numeric)].to_numpy(np.float32)[idx])
+    shadow_x = np.concatenate(blocks, axis=1)
     mechanism = _mechanism(config, target)
     emb = _release(target, primary.name, links[cand])
     membership = None
@@ -143,10 +153,11 @@ def train_and_attack(config: RunConfig, aux: Inputs, *, victim: str | None = Non
         labels = primary.codec.encode(primary.labels.iloc[cand]).numpy().astype(np.int64)
         view = AttackView(party=primary.name, role="primary", embeddings=emb,
                           extra={"labels": labels, "posteriors": posteriors,
-                                 "shadow_features": aux_x, "shadow_labels": aux_y,
+                                 "shadow_features": shadow_x, "shadow_labels": aux_y,
                                  "classes": posteriors.shape[1], "mechanism": mechanism})
-        attack = ShadowMembershipInference(shadow_models=shadow_models, epochs=shadow_epochs,
-                                           seed=config.seed)
+        attack = ShadowMembershipInference(
+            shadow_models=shadow_models, epochs=shadow_epochs or config.training.epochs,
+            batch_size=config.training.batch_size, seed=config.seed)
         membership = attack.evaluate(view, {"membership": np.r_[np.ones(n), np.zeros(n)]}
                                      ).to_json()
     # inversion: queries of the victim's bottom model on the auxiliary records, through its
