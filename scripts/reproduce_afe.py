@@ -57,8 +57,11 @@ def main() -> None:
                         "split over several processes, e.g. one per seed) into --out")
     args = parser.parse_args()
     if args.merge:
-        runs = [r for d in args.merge
-                for r in json.loads((d / "results.json").read_text())["runs"]]
+        merged: dict[tuple[int, str], dict[str, Any]] = {}
+        for d in args.merge:  # one run per (seed, method): the first folder given wins
+            for r in json.loads((d / "results.json").read_text())["runs"]:
+                merged.setdefault((r["seed"], r["method"]), r)
+        runs = list(merged.values())
         args.out.mkdir(parents=True, exist_ok=True)
         seeds = sorted({r["seed"] for r in runs})
         (args.out / "results.json").write_text(json.dumps(
