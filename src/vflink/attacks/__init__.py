@@ -10,5 +10,8 @@ from __future__ import annotations
 from vflink.attacks import greedy as _greedy  # noqa: E402,F401  (greedy-similarity)
 from vflink.attacks import label_leakage as _label_leakage  # noqa: E402,F401  (label-*)
 from vflink.attacks.base import ATTACKS, Attack, AttackResult, AttackView, get_attack
+from vflink.attacks.inversion import DecoderInversion, inversion_grid_png
+from vflink.attacks.membership import ShadowMembershipInference
 
-__all__ = ["ATTACKS", "Attack", "AttackResult", "AttackView", "get_attack"]
+__all__ = ["ATTACKS", "Attack", "AttackResult", "AttackView", "DecoderInversion",
+           "ShadowMembershipInference", "get_attack", "inversion_grid_png"]

@@ -17,6 +17,8 @@ imdb-movies        IMDb ggplot2movies (user-supplied file) + Wikidata films     
 adult              UCI Adult split by attributes (VFL-AFE), optional partial        exact key
                    overlap for PSU (FLORIST)
 febrl              FEBRL 4 person records + synthetic features and label            strings
+fashion-mnist      Fashion-MNIST halves (VFL-AFE): left + label vs right pixels      exact key
+                   (Debian package dataset-fashion-mnist, not shipped)
 ================== ================================================================ ==========
 
 Real tables ship under ``vflink/datasets/data/`` (see ``PROVENANCE.md`` there for sources,
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 from vflink.datasets import adult as _adult  # noqa: F401  (registers "adult")
 from vflink.datasets import california as _california  # noqa: F401
+from vflink.datasets import fashion_mnist as _fashion_mnist  # noqa: F401
 from vflink.datasets import febrl as _febrl  # noqa: F401
 from vflink.datasets import movies as _movies  # noqa: F401
 from vflink.datasets import synthetic as _synthetic  # noqa: F401

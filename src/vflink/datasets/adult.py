@@ -50,6 +50,11 @@ class AdultOptions:
         n_secondaries: 1 puts every non-primary column at one ``employment`` party; 2 splits
             them into ``employment`` (work class, occupation, hours) and ``finance`` (capital
             gain/loss, census weight).
+        label_only_primary: VFL-AFE's setting (§4.1: "the active party and 2 passive
+            parties"): the primary ``income`` holds only the label, and the attribute groups
+            go to secondaries: ``demographics`` and (``n_secondaries`` = 2) ``work``
+            (employment and finance columns), or one ``demographics`` party with every column
+            (``n_secondaries`` = 1).
         overlap: fraction of people held by the primary and the secondaries alike; the rest
             is split evenly between primary-only and secondary-only people.
         max_rows: keep a random subset of this many people first (``None``: all 48,842).
@@ -57,6 +62,7 @@ class AdultOptions:
     """
 
     n_secondaries: int = 1
+    label_only_primary: bool = False
     overlap: float = 1.0
     max_rows: int | None = None
     seed: int = 0
@@ -64,6 +70,9 @@ class AdultOptions:
     def __post_init__(self) -> None:
         problems: list[str] = []
         check_int(problems, "n_secondaries", self.n_secondaries, min=1, max=2)
+        if not isinstance(self.label_only_primary, bool):
+            problems.append(f"`label_only_primary` must be true or false, got "
+                            f"{self.label_only_primary!r}")
         check_fraction(problems, "overlap", self.overlap, open_low=True)
         check_max_rows(problems, self.max_rows)
         check_seed(problems, self.seed)
@@ -86,7 +95,13 @@ def load_adult(options: AdultOptions) -> VFLDataset:
     primary = PartySchema(name="demographics", role="primary", key=(KEY,), label=LABEL,
                           task=Task.BINARY, numeric=_PRIMARY[0], categorical=_PRIMARY[1])
     parts: dict[str, _Columns]
-    if options.n_secondaries == 1:
+    if options.label_only_primary:
+        primary = PartySchema(name="income", role="primary", key=(KEY,), label=LABEL,
+                              task=Task.BINARY)
+        work = ((*_EMPLOYMENT[0], *_FINANCE[0]), (*_EMPLOYMENT[1], *_FINANCE[1]))
+        parts = ({"demographics": _PRIMARY, "work": work} if options.n_secondaries == 2 else
+                 {"demographics": ((*_PRIMARY[0], *work[0]), (*_PRIMARY[1], *work[1]))})
+    elif options.n_secondaries == 1:
         parts = {"employment": ((*_EMPLOYMENT[0], *_FINANCE[0]), (*_EMPLOYMENT[1], *_FINANCE[1]))}
     else:
         parts = {"employment": _EMPLOYMENT, "finance": _FINANCE}
@@ -101,7 +116,9 @@ def load_adult(options: AdultOptions) -> VFLDataset:
         truth.append(truth_index(prim_rows, rows))
     description = (
         "UCI Adult census income (Becker & Kohavi 1996, CC BY 4.0; 48,842 people) split by "
-        "attributes as in VFL-AFE: demographics + label (income > 50K, binary) at the primary, "
+        "attributes as in VFL-AFE: label (income > 50K, binary)"
+        f"{'' if options.label_only_primary else ' and demographics'} at the primary "
+        f"{primary.name!r}, "
         f"{' and '.join(parts)} column(s) at the secondary part{'ies' if len(parts) > 1 else 'y'}; "
         f"exact key {KEY!r}, overlap {options.overlap}."
     )

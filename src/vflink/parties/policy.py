@@ -42,7 +42,7 @@ SENDERS: dict[str, dict[str, frozenset[str]]] = {
     "secondary": {kind: _PRIMARY for kind in (
         "share_keys", "share_encodings", "alignment_ready", "setup_bottom",
         "fit_preprocessing", "forward", "backward", "snapshot", "restore", "save_state",
-        "load_state", "confirm_key")},
+        "load_state", "confirm_key", "setup_privacy", "fetch_privacy_report")},
     "coordinator": {
         "key_digests": DATA_ROLES,
         "identifier_encodings": DATA_ROLES,

@@ -38,12 +38,15 @@ from vflink.protocol.messages import (
     Ack,
     Backward,
     Embeddings,
+    FetchPrivacyReport,
     FitPreprocessing,
     Forward,
     LoadState,
+    PrivacyReport,
     Restore,
     SaveState,
     SetupBottom,
+    SetupPrivacy,
     Snapshot,
 )
 from vflink.types import MISSING, Alignment, Task
@@ -69,6 +72,8 @@ class TrainingPlan:
     k: int = 1
     aggregator_config: AggregatorConfig | None = None
     pair_dim: int = 10
+    #: public settings of the secondaries' embedding protection (VFL-AFE), None when off
+    privacy: dict[str, Any] | None = None
 
 
 class PrimaryParty(Party):
@@ -176,6 +181,10 @@ class PrimaryParty(Party):
         for j, name in enumerate(self.secondaries):
             spec = BottomSpec(**{**plan.bottom.__dict__, "seed": plan.bottom.seed + 1 + j})
             self.channel.request(name, SetupBottom(spec=spec), Ack)
+            if plan.privacy is not None:
+                classes = len(self.codec.classes) if self.task.is_classification else 0
+                self.channel.request(name, SetupPrivacy(settings=dict(plan.privacy),
+                                                        classes=classes), Ack)
             linked = self.links[name][train_rows].ravel()
             linked = np.unique(linked[linked != MISSING])
             self.channel.request(name, FitPreprocessing(rows=linked), Ack)
@@ -296,6 +305,14 @@ class PrimaryParty(Party):
             grad = leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
             self.channel.request(name, Backward(batch_id=batch_id, grad=grad), Ack)
         return float(loss.detach())
+
+    def privacy_reports(self) -> list[dict[str, Any]]:
+        """Every secondary's privacy-ledger entries for this run (its own figures)."""
+        entries: list[dict[str, Any]] = []
+        for name in self.secondaries:
+            reply = self.channel.request(name, FetchPrivacyReport(), PrivacyReport)
+            entries.extend(dict(e) for e in reply.entries)
+        return entries
 
     def batches(self, rows: npt.NDArray[np.int64], batch_size: int,
                 rng: np.random.Generator | None) -> Iterator[npt.NDArray[np.int64]]:

@@ -31,7 +31,9 @@ from vflink.parties.base import Party, state_path
 from vflink.parties.guard import admit_forward, admit_snapshot, check_backward, check_bottom_spec
 from vflink.parties.linking import encode_identifiers, secret_mismatch, send_key_tag, uses_secret
 from vflink.parties.policy import check_coordinator
+from vflink.parties.privacy import EmbeddingProtection
 from vflink.parties.recording import Recorder
+from vflink.privacy.config import PrivacyConfig
 from vflink.protocol.boundary import refuse
 from vflink.protocol.channel import Channel
 from vflink.protocol.messages import (
@@ -43,15 +45,18 @@ from vflink.protocol.messages import (
     Embeddings,
     FetchAlignment,
     FetchKeyTags,
+    FetchPrivacyReport,
     FitPreprocessing,
     Forward,
     IdentifierEncodings,
     KeyDigests,
     KeyTags,
     LoadState,
+    PrivacyReport,
     Restore,
     SaveState,
     SetupBottom,
+    SetupPrivacy,
     ShareEncodings,
     ShareKeys,
     Snapshot,
@@ -87,12 +92,16 @@ class SecondaryParty(Party):
         secret: the HMAC secret shared by the data parties (not the coordinator).
         out_dir: where this party writes its own model state.
         recorder: records what this party receives (``[evaluation] record``), for attacks.
+        privacy: this party's own embedding protection (VFL-AFE), from the run config
+            in-process or from its party file across hosts; see :mod:`vflink.parties.privacy`.
+        privacy_seed: the noise seed (this party's own; ``None``: a fresh secret one).
     """
 
     role = "secondary"
 
     def __init__(self, table: PartyTable, channel: Channel, *, secret: bytes | None = None,
-                 out_dir: Path | None = None, recorder: Recorder | None = None) -> None:
+                 out_dir: Path | None = None, recorder: Recorder | None = None,
+                 privacy: PrivacyConfig | None = None, privacy_seed: int | None = None) -> None:
         super().__init__(table.name)
         self.recorder = recorder
         self.table = table
@@ -112,6 +121,7 @@ class SecondaryParty(Party):
         self._fingerprint: str | None = None
         #: alignment sessions whose key confirmation succeeded (vflink.alignment.confirm)
         self._confirmed: set[str] = set()
+        self.protection = EmbeddingProtection(self.name, len(table), privacy, privacy_seed)
 
     @property
     def data_fingerprint(self) -> str:
@@ -194,6 +204,7 @@ class SecondaryParty(Party):
         mask = np.zeros(len(self.table), dtype=bool)
         mask[idx] = True
         self.linked_rows = mask
+        self.protection.note_links(idx)
 
     # --- model ----------------------------------------------------------------------------
 
@@ -201,9 +212,16 @@ class SecondaryParty(Party):
         check_bottom_spec(message.spec, len(self.table.frame.columns), party=self.name,
                           policy=self.policy)
         self.spec = message.spec
+        self.protection.start()  # a new training run: fresh release counts
         if self.recorder is not None:
             self.recorder.new_training()
         return Ack()
+
+    def on_setup_privacy(self, sender: str, message: SetupPrivacy) -> Ack:
+        return Ack(info=self.protection.setup(message.settings, message.classes))
+
+    def on_fetch_privacy_report(self, sender: str, message: FetchPrivacyReport) -> PrivacyReport:
+        return PrivacyReport(entries=self.protection.report())
 
     def _check_rows(self, rows: npt.NDArray[np.int64], what: str) -> npt.NDArray[np.int64]:
         rows = np.asarray(rows, dtype=np.int64)
@@ -257,14 +275,14 @@ class SecondaryParty(Party):
                     out = self.model(x)
             else:
                 out = self.model(x)
+            out, emb = self.protection.protect(out, unique)  # VFL-AFE Alg. 1 lines 6-9
             self._pending[message.batch_id] = out
-            emb = out.detach()
             if self.recorder is not None:
                 self.recorder.forward_rows(message.batch_id, unique)
         else:
             self.model.eval()
             with torch.no_grad():
-                emb = self.model(x)
+                _, emb = self.protection.protect(self.model(x), unique)
         return Embeddings(batch_id=message.batch_id, embeddings=emb,
                           inverse=inverse.astype(np.int64))
 
@@ -282,7 +300,8 @@ class SecondaryParty(Party):
             raise ProtocolError(f"party {self.name!r}: gradient shape {tuple(message.grad.shape)}"
                                 f" != embedding shape {tuple(out.shape)}")
         self.optimizer.zero_grad(set_to_none=True)
-        out.backward(message.grad.to(out.dtype))
+        # VFL-AFE Alg. 1 line 18: the received gradient plus the local α·L_KL + β·L_CL
+        self.protection.backward(out, message.grad.to(out.dtype))
         self.optimizer.step()
         self._applied.add(message.batch_id)
         if self.recorder is not None:
@@ -299,7 +318,8 @@ class SecondaryParty(Party):
         fitted preprocessing and spec (a file for this party's own directory only)."""
         return {**self._state(), "preprocessor": self.preprocessor.to_json(),
                 "spec": dataclasses.asdict(self.spec) if self.spec else None,
-                "applied": sorted(self._applied), "data": self.data_fingerprint}
+                "applied": sorted(self._applied), "data": self.data_fingerprint,
+                "privacy": self.protection.state_dict()}
 
     def on_snapshot(self, sender: str, message: Snapshot) -> Ack:
         admit_snapshot(self._snapshots, message.tag, party=self.name, policy=self.policy)
@@ -360,6 +380,7 @@ class SecondaryParty(Party):
             raise ProtocolError(f"party {self.name!r}: {source} does not fit this party's "
                                 f"model ({type(exc).__name__})") from exc
         self._applied = set(state.get("applied", []))
+        self.protection.load_state_dict(state.get("privacy"))
         # Only whether our data changed since the save crosses the boundary (never the hash):
         # the primary refuses to resume a run on changed data (issue 13, item 4).
         changed = state.get("data") != self.data_fingerprint

@@ -36,6 +36,7 @@ __all__ = [
     "EncodingSpec",
     "FetchAlignment",
     "FetchKeyTags",
+    "FetchPrivacyReport",
     "FitPreprocessing",
     "Forward",
     "Hello",
@@ -46,9 +47,11 @@ __all__ = [
     "LoadState",
     "MatchKeys",
     "Message",
+    "PrivacyReport",
     "Restore",
     "SaveState",
     "SetupBottom",
+    "SetupPrivacy",
     "ShareEncodings",
     "ShareKeys",
     "Snapshot",
@@ -370,6 +373,35 @@ class LoadState(Message):
     name: str
 
 
+# --- protection of what a secondary sends (VFL-AFE) ------------------------------------------
+
+
+@dataclass(frozen=True)
+class SetupPrivacy(Message):
+    """Primary → secondary: the embedding protection the run expects (public settings only:
+    mode, ε, δ, t, α, β, ...; never a noise seed) and the number of classes C of the task
+    (VFL-AFE Eq. 7; 0 for regression). A secondary with its own settings refuses others."""
+
+    kind: ClassVar[str] = "setup_privacy"
+    settings: dict[str, str | float | int | bool | None]
+    classes: int = 0
+
+
+@dataclass(frozen=True)
+class FetchPrivacyReport(Message):
+    """Primary → secondary: send your privacy-ledger entries for this run."""
+
+    kind: ClassVar[str] = "fetch_privacy_report"
+
+
+@dataclass(frozen=True)
+class PrivacyReport(Message):
+    """Secondary → primary: ledger entries (``Ledger.add_protection`` keyword arguments)."""
+
+    kind: ClassVar[str] = "privacy_report"
+    entries: tuple[dict[str, Any], ...] = ()
+
+
 MESSAGE_TYPES: dict[str, type[Message]] = {
     cls.kind: cls
     for cls in (
@@ -377,6 +409,7 @@ MESSAGE_TYPES: dict[str, type[Message]] = {
         AlignmentViews, ShareEncodings, IdentifierEncodings, SoftLink, SetupBottom,
         FitPreprocessing, Forward, Embeddings, Backward, Snapshot,
         Restore, SaveState, LoadState, ConfirmKey, KeyTag, FetchKeyTags, KeyTags,
+        SetupPrivacy, FetchPrivacyReport, PrivacyReport,
     )
 }
 

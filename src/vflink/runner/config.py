@@ -17,6 +17,7 @@ from vflink.errors import ConfigError, VflinkError
 from vflink.models.merge import AggregatorConfig
 from vflink.models.spec import ACTIVATIONS, OPTIMIZERS
 from vflink.parties.policy import PartyPolicy
+from vflink.privacy.config import PrivacyConfig  # the [privacy] section (VFL-AFE)
 from vflink.runner.algorithms import algorithm_names
 
 __all__ = [
@@ -26,6 +27,7 @@ __all__ = [
     "DataConfig",
     "EvaluationConfig",
     "ModelConfig",
+    "PrivacyConfig",
     "RunConfig",
     "TrainingConfig",
     "config_to_dict",
@@ -215,6 +217,7 @@ class RunConfig:
     #: (the run file's author owns every party), see ``vflink.runner.federation``
     policy: PartyPolicy | None = None
     evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
+    privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
 
     def __post_init__(self) -> None:
         problems: list[str] = []
@@ -244,7 +247,8 @@ def _policy_conflicts(alignment: AlignmentConfig, policy: PartyPolicy | None) ->
 
 
 _SECTIONS: dict[str, type] = {"alignment": AlignmentConfig, "model": ModelConfig,
-                              "training": TrainingConfig, "evaluation": EvaluationConfig}
+                              "training": TrainingConfig, "evaluation": EvaluationConfig,
+                              "privacy": PrivacyConfig}
 
 
 def _build(cls: type, raw: Any, where: str, problems: list[str]) -> Any:

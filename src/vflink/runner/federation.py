@@ -15,6 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from vflink.errors import ConfigError
 from vflink.linkage import SearchOptions
 from vflink.parties import CoordinatorParty, SecondaryParty
@@ -25,8 +27,8 @@ from vflink.runner.evaluation import recorder_for
 from vflink.runner.inputs import Inputs
 from vflink.transport import InProcessHub, TrafficCounter, Transcript
 
-__all__ = ["COORDINATOR", "Federation", "in_process", "run_policy", "secret_with_source",
-           "shared_secret"]
+__all__ = ["COORDINATOR", "Federation", "in_process", "noise_seed", "run_policy",
+           "secret_with_source", "shared_secret"]
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +111,15 @@ def run_policy(config: RunConfig) -> PartyPolicy:
         identifiers="any" if config.alignment.privacy == "off" else "bloom")
 
 
+def noise_seed(config: RunConfig, j: int) -> int | None:
+    """In-process runs are reproducible: the noise seed comes from the run seed (or
+    ``privacy.seed``), one stream per secondary."""
+    if config.privacy.secure_rng:
+        return None
+    base = config.privacy.seed if config.privacy.seed is not None else config.seed
+    return int(np.random.SeedSequence([base, 0xAFE, j]).generate_state(1, np.uint64)[0] >> 1)
+
+
 def in_process(inputs: Inputs, config: RunConfig, *, transcript: Transcript | None = None,
                state_root: Path | None = None) -> Federation:
     """Coordinator and secondaries in this process; ``state_root/<party>`` holds their states."""
@@ -122,10 +133,11 @@ def in_process(inputs: Inputs, config: RunConfig, *, transcript: Transcript | No
     coordinator = CoordinatorParty(COORDINATOR, seed=config.seed, search=search)
     coordinator.roles, coordinator.policy = roles, policy
     hub.register(COORDINATOR, coordinator)
-    for table in inputs.secondaries:
+    for j, table in enumerate(inputs.secondaries):
         party = SecondaryParty(table, hub.channel(table.name), secret=secret,
                                out_dir=None if state_root is None else state_root / table.name,
-                               recorder=recorder_for(config))
+                               recorder=recorder_for(config),
+                               privacy=config.privacy, privacy_seed=noise_seed(config, j))
         party.roles, party.policy = roles, policy
         hub.register(table.name, party)
     return Federation(channel=hub.channel(inputs.primary.name),

@@ -63,7 +63,8 @@ def build_handler(config: PartyConfig) -> MessageHandler:
         party = SecondaryParty(table, _channel(config),
                                secret=shared_secret(config.secret_env, required=True),
                                out_dir=config.state_dir,
-                               recorder=Recorder() if config.record else None)
+                               recorder=Recorder() if config.record else None,
+                               privacy=config.privacy)
     else:
         raise ConfigError(f"{config.source}: `vflink serve` runs a secondary or the "
                           "coordinator; the primary drives runs with `vflink train --party`")

@@ -36,6 +36,10 @@
     min_sigma = 0.0                # coordinator: smallest similarity noise σ it releases
     max_tau = 0.9999               # coordinator: largest greedy-attack bound τ (1 = no noise)
     max_pending_batches = 8        # see vflink.parties.policy.PartyPolicy for every key
+
+    [privacy]                      # secondary only: its own embedding protection (VFL-AFE);
+    embeddings = "afe"             # same keys as a run file's [privacy]; a run that expects
+    epsilon = 2.0                  # other settings is refused
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ from vflink.data.table import PartyTable, load_table
 from vflink.datasets import load_dataset
 from vflink.errors import ConfigError
 from vflink.parties.policy import ROLE_UNKNOWN, PartyPolicy
+from vflink.privacy.config import PrivacyConfig
 
 __all__ = ["PartyConfig", "PeerConfig", "load_party_config", "party_roles", "party_table"]
 
@@ -84,6 +89,7 @@ class PartyConfig:
     caller_roles: dict[str, str] = field(default_factory=dict)
     policy: PartyPolicy = field(default_factory=PartyPolicy)
     record: bool = False
+    privacy: PrivacyConfig | None = None
 
     def __post_init__(self) -> None:
         problems: list[str] = []
@@ -149,10 +155,11 @@ def load_party_config(path: Path) -> PartyConfig:
         problems.append("the file needs `version = 1`")
     party = dict(raw.get("party", {}))
     security = dict(raw.get("security", {}))
-    unknown = sorted(set(raw) - {"version", "party", "peers", "security", "policy"})
+    unknown = sorted(set(raw) - {"version", "party", "peers", "security", "policy",
+                                  "privacy"})
     if unknown:
         problems.append(f"unknown top-level key(s) {unknown}; known: party, peers, security, "
-                        "policy")
+                        "policy, privacy")
     policy = PartyPolicy()
     policy_raw = raw.get("policy", {})
     if not isinstance(policy_raw, dict):
@@ -172,6 +179,14 @@ def load_party_config(path: Path) -> PartyConfig:
     if not isinstance(roles_raw, dict):
         problems.append("[security] roles must be a table of party name = role")
         roles_raw = {}
+    privacy = None
+    if "privacy" in raw:
+        try:
+            privacy = PrivacyConfig(**dict(raw["privacy"]))
+        except ConfigError as exc:
+            problems.extend(exc.problems)
+        except TypeError as exc:
+            problems.append(f"[privacy]: {exc}")
 
     def resolve(p: Any) -> Path | None:
         if p is None:
@@ -222,7 +237,7 @@ def load_party_config(path: Path) -> PartyConfig:
             insecure=bool(security.get("insecure", False)),
             secret_env=str(security.get("secret_env", "VFLINK_SECRET")), source=str(path),
             caller_roles={str(k): str(v) for k, v in roles_raw.items()}, policy=policy,
-            record=bool(party.get("record", False)))
+            record=bool(party.get("record", False)), privacy=privacy)
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}", exc.problems) from None
 

@@ -38,6 +38,7 @@ from vflink.runner.inputs import Inputs, load_inputs
 from vflink.runner.ledger import write_run_ledger
 from vflink.runner.link import encoding_for, encoding_summary
 from vflink.runner.link_quality import training_link_quality, write_link_quality
+from vflink.runner.privacy import check_privacy_task, privacy_extra
 from vflink.runner.resume import check_resume, run_fingerprint
 from vflink.runner.rundir import atomic_run_dir, write_json
 from vflink.transport import InProcessHub, TrafficCounter, Transcript
@@ -61,6 +62,8 @@ log = logging.getLogger(__name__)
 
 #: ``progress(stage, done, total)``: the CLI renders it as a progress bar.
 Progress = Callable[[str, int, int], None]
+#: ``after_training(primary, (train, validation, test))`` on the trained parties.
+AfterTraining = Callable[[PrimaryParty, tuple[npt.NDArray[np.int64], ...]], None]
 
 #: State names every party writes into its own state directory; a state NAME is the pair
 #: NAME.json + NAME.<digest>.safetensors (vflink.models.statefile).
@@ -259,9 +262,10 @@ def _plan(config: RunConfig, algorithm: Algorithm, *, learn_missing: bool, k: in
                         dropout=m.dropout, optimizer=t.optimizer, lr=t.lr,
                         weight_decay=t.weight_decay, seed=config.seed)
     agg = AggregatorConfig(**{**m.aggregator.__dict__, "seed": config.seed})
+    privacy = config.privacy.public_settings() if config.privacy.enabled else None
     return TrainingPlan(bottom=bottom, top_hidden=m.top_hidden, learn_missing=learn_missing,
                         aggregator=algorithm.aggregator, k=k, aggregator_config=agg,
-                        pair_dim=m.pair_dim)
+                        pair_dim=m.pair_dim, privacy=privacy)
 
 
 def _records(raw: list[dict[str, Any]]) -> list[EpochRecord]:
@@ -374,22 +378,26 @@ def run_training(config: RunConfig, out_dir: Path | None = None, *, overwrite: b
                  progress: Progress | None = None, transcript: Transcript | None = None,
                  tables: Inputs | tuple[PartyTable, Sequence[PartyTable]] | None = None,
                  prepared: Prepared | None = None, federation: Federation | None = None,
-                 resume: bool = False) -> RunResult:
+                 resume: bool = False, after_training: AfterTraining | None = None
+                 ) -> RunResult:
     """Run one algorithm end to end; write a run directory if ``out_dir``.
 
     Without a ``federation`` (or a ``prepared`` alignment that carries one) every party is
     built in this process. With ``out_dir`` every party checkpoints at epoch boundaries into
     its own state directory; ``resume`` continues an interrupted run from its checkpoints.
+    ``after_training(primary, splits)`` runs on the trained parties before the result is
+    built (e.g. attacks that query the model; :mod:`vflink.runner.afe_eval`).
     """
     torch.set_num_threads(config.training.threads)
     if out_dir is None:
         if resume:
             raise ConfigError("--resume needs the run directory of the interrupted run")
-        return _run(config, None, progress, transcript, tables, prepared, federation, False)
+        return _run(config, None, progress, transcript, tables, prepared, federation, False,
+                    after_training)
     with atomic_run_dir(out_dir, overwrite=overwrite, resume=resume,
                         keep_if=lambda d: any(d.glob(f"models/*/{CHECKPOINT}.json"))) as staging:
         result = _run(config, staging, progress, transcript, tables, prepared, federation,
-                      resume)
+                      resume, after_training)
         write_json(staging / "config.json", config_to_dict(config))
         write_json(staging / "metrics.json", result.to_json())
         write_run_ledger(staging, result)
@@ -416,7 +424,8 @@ def _truth_alignments(inputs: Inputs, prepared: Prepared, config: RunConfig
 def _run(config: RunConfig, out_dir: Path | None, progress: Progress | None,
          transcript: Transcript | None,
          tables: Inputs | tuple[PartyTable, Sequence[PartyTable]] | None,
-         prepared: Prepared | None, federation: Federation | None, resume: bool) -> RunResult:
+         prepared: Prepared | None, federation: Federation | None, resume: bool,
+         after_training: AfterTraining | None = None) -> RunResult:
     start = time.perf_counter()
     algorithm = get_algorithm(config.algorithm)
     models_dir = None if out_dir is None else out_dir / "models"
@@ -471,6 +480,9 @@ def _run(config: RunConfig, out_dir: Path | None, progress: Progress | None,
                                out_dir=primary_dir)
         state_prefix = ""
     plan = _plan(config, algorithm, learn_missing=learn_missing, k=k)
+    if algorithm.kind != "vfl":
+        plan = dataclasses.replace(plan, privacy=None)  # nothing leaves the primary
+    check_privacy_task(config.privacy, primary.task)
     if resume and plan.k != k:
         raise ConfigError("cannot resume: the alignment changed")
     accounting: dict[str, Any] = {}
@@ -485,6 +497,9 @@ def _run(config: RunConfig, out_dir: Path | None, progress: Progress | None,
         if config.evaluation.record:
             write_truth(out_dir, config, prepared, primary, algorithm.links,
                         federation.secret if federation is not None else None)
+    if after_training is not None:
+        after_training(primary, splits)
+    extra = privacy_extra(primary) if plan.privacy is not None else {}
     sizes = {"primary_rows": len(inputs.primary), "aligned_rows": len(rows),
              "train": len(splits[0]), "validation": len(splits[1]), "test": len(splits[2]),
              "k": k, **{f"{t.name}_rows": len(t) for t in inputs.secondaries}}
@@ -499,5 +514,6 @@ def _run(config: RunConfig, out_dir: Path | None, progress: Progress | None,
                    federation.secondaries, splits[0], len(inputs.primary))}
                   if algorithm.kind == "vfl" and federation is not None else {}),
                "messages": TrafficCounter.kinds_delta(counter.kinds(), start_kinds),
-               "linkage_figures": linkage_figures(primary.similarity, primary.model)},
+               "linkage_figures": linkage_figures(primary.similarity, primary.model),
+               **extra},
     )

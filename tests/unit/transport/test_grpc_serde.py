@@ -79,6 +79,9 @@ def strategy_for(hint: Any) -> st.SearchStrategy[Any]:
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if hint is type(None) or hint is None:
         return st.none()
+    if hint is Any:  # e.g. ledger entries (PrivacyReport): plain JSON-like values
+        return st.one_of(st.none(), st.booleans(), st.integers(-(2**63), 2**63 - 1),
+                         st.floats(allow_nan=False), st.text(max_size=8))
     if origin is typing.Union or origin is types.UnionType:
         return st.one_of([strategy_for(a) for a in args])
     if hint is bool:

@@ -1,0 +1,99 @@
+"""A secondary's embedding protection, as the party uses it (VFL-AFE; ARCHITECTURE.md conv. 4).
+
+:class:`EmbeddingProtection` sits between the secondary's bottom model and the channel: the
+party passes its raw cut-layer output through :meth:`~EmbeddingProtection.protect` and sends
+what comes back; when the gradient returns it calls :meth:`~EmbeddingProtection.backward`. The
+noise is added here, in the secondary's own process, so over any transport the primary only
+ever receives clipped and noised embeddings. The secondary's settings are its own (the run
+config in-process, its party file across hosts); a primary's :class:`SetupPrivacy` is checked
+against them (:func:`vflink.privacy.embedding_dp.agree_settings`), and adopted only by a
+secondary that has none.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from vflink.privacy.config import PrivacyConfig
+from vflink.privacy.embedding_dp import EmbeddingDP, agree_settings
+
+__all__ = ["EmbeddingProtection"]
+
+
+class EmbeddingProtection:
+    """Pass-through when off; otherwise an :class:`EmbeddingDP` per training run."""
+
+    def __init__(self, party: str, n_rows: int, own: PrivacyConfig | None,
+                 seed: int | None) -> None:
+        self.party = party
+        self.n_rows = n_rows
+        self.own = own if own is not None and own.enabled else None
+        self._own_given = own is not None
+        self.seed = seed if seed is not None else (own.seed if own is not None else None)
+        self.dp: EmbeddingDP | None = None
+        self._links = np.zeros(n_rows, dtype=np.int64)
+        self.start()
+
+    def _new(self, config: PrivacyConfig, classes: int | None) -> EmbeddingDP:
+        dp = EmbeddingDP(config, party=self.party, n_rows=self.n_rows, seed=self.seed,
+                         classes=classes)
+        dp.note_links(self._links)
+        return dp
+
+    def start(self) -> None:
+        """A new training run: the party's own protection with fresh release counts."""
+        self.dp = self._new(self.own, None) if self.own is not None else None
+
+    def setup(self, settings: dict[str, Any], classes: int) -> dict[str, float]:
+        """The primary announced the run's settings: agree (or refuse), and start."""
+        own = self.own if self._own_given else None
+        if self._own_given and self.own is None:  # this party chose "off" explicitly
+            own = PrivacyConfig(embeddings="off")
+        config = agree_settings(own, settings, self.party)
+        if not config.enabled:
+            self.dp = None
+            return {}
+        self.dp = self._new(config, classes if classes >= 2 else None)
+        return {"sigma": self.dp.sigma, "noise_std": self.dp.noise_std}
+
+    def note_links(self, secondary_index: npt.NDArray[np.int64]) -> None:
+        """Links per record from the alignment (soft linkage: a row may serve many records)."""
+        self._links = np.bincount(np.asarray(secondary_index, dtype=np.int64),
+                                  minlength=self.n_rows)
+        if self.dp is not None:
+            self.dp.note_links(self._links)
+
+    def protect(self, out: torch.Tensor, rows: npt.NDArray[np.int64]
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(kept, sent)``: the tensor whose graph the backward pass uses, and what to send."""
+        if self.dp is None:
+            return out, out.detach()
+        return self.dp.release(out, rows)
+
+    def backward(self, kept: torch.Tensor, grad: torch.Tensor) -> None:
+        extra = self.dp.local_loss(kept, grad) if self.dp is not None else None
+        if extra is None or not extra.requires_grad:  # e.g. no confident soft labels
+            kept.backward(grad)
+        else:
+            torch.autograd.backward([kept, extra], [grad, torch.ones_like(extra)])
+
+    def report(self) -> tuple[dict[str, Any], ...]:
+        return (self.dp.report(),) if self.dp is not None else ()
+
+    def state_dict(self) -> dict[str, Any] | None:
+        return self.dp.state_dict() if self.dp is not None else None
+
+    def load_state_dict(self, state: dict[str, Any] | None) -> None:
+        if state is None:
+            return
+        config = self.own if self.own is not None else PrivacyConfig.from_public(
+            state["settings"])
+        if config.public_settings() != state["settings"]:
+            agree_settings(config, state["settings"], self.party)  # raises, naming the mismatch
+        if self.dp is None or self.dp.config != config:
+            self.dp = self._new(config, state.get("classes"))
+        self.dp.load_state_dict(state)

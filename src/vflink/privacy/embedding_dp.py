@@ -1,0 +1,239 @@
+"""The stateful wrapper on what a secondary releases: VFL-AFE Algorithm 1 for one party.
+
+:class:`EmbeddingDP` holds the noise generator, the per-record release counts and the
+settings, and calls the pure functions of :mod:`vflink.privacy.afe` and
+:mod:`vflink.privacy.accounting`. The secondary's bottom model never changes (ARCHITECTURE.md,
+convention 4): the party hands its raw output to :meth:`EmbeddingDP.release` and sends what
+comes back; it adds :meth:`EmbeddingDP.local_loss` when the gradient returns.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from vflink.errors import ConfigError, PrivacyBudgetExceeded
+from vflink.privacy import afe
+from vflink.privacy.accounting import (
+    ACCOUNTANT,
+    calibrate,
+    composed_epsilon,
+    delta_prime,
+    max_releases_within,
+    rescale_p2,
+)
+from vflink.privacy.config import PUBLIC_SETTINGS, PrivacyConfig
+from vflink.privacy.ledger import explain_epsilon
+
+__all__ = ["EmbeddingDP", "agree_settings"]
+
+log = logging.getLogger(__name__)
+
+#: p1 of Theorem 3.6 (local sensitivity of the whole data equals that of the batch's support);
+#: the paper lets p1 → 1 for large N and gives no estimate, so the ledger assumes 1.
+P1 = 1.0
+
+
+def agree_settings(own: PrivacyConfig | None, requested: dict[str, Any], party: str
+                   ) -> PrivacyConfig:
+    """The settings a secondary uses when the primary announces ``requested``.
+
+    A secondary with its own settings keeps them and refuses a run that expects different
+    ones (a primary cannot weaken a secondary's protection); without its own settings it
+    takes the run's.
+    """
+    try:
+        wanted = PrivacyConfig.from_public(dict(requested))
+    except ConfigError as exc:
+        raise ConfigError(f"party {party!r}: the run's privacy settings are invalid: {exc}",
+                          exc.problems) from None
+    if own is None:
+        return wanted
+    mine = own.public_settings()
+    differ = [f"{k}: run {requested.get(k)!r}, party {mine[k]!r}" for k in PUBLIC_SETTINGS
+              if k != "fcm_clusters" and requested.get(k) != mine[k]]
+    if differ:
+        raise ConfigError(f"party {party!r} protects its embeddings with other settings than "
+                          f"the run expects ({'; '.join(differ)}): align the run's [privacy] "
+                          "section with the party's")
+    return own
+
+
+class EmbeddingDP:
+    """Clip, rescale and noise one secondary's embeddings; count and account releases.
+
+    Args:
+        config: the settings (mode, ε, δ, t, α, β, ...).
+        party: the secondary's name (for messages and the ledger).
+        n_rows: the number of records of the party (release counts are per record).
+        seed: the noise seed (ignored with ``secure_rng``; ``None``: a fresh secret seed).
+        classes: C of Eq. 7 when ``fcm_clusters`` is not set (the number of classes).
+    """
+
+    def __init__(self, config: PrivacyConfig, *, party: str, n_rows: int,
+                 seed: int | None = None, classes: int | None = None) -> None:
+        if not config.enabled:
+            raise ConfigError("EmbeddingDP needs privacy.embeddings other than 'off'")
+        self.config = config
+        self.party = party
+        self.calibration = calibrate(config.epsilon, config.delta)
+        self.counts = np.zeros(n_rows, dtype=np.int64)
+        self.max_links = 0
+        self.classes = classes
+        self._seed_given = seed is not None
+        seed = int(seed) if seed is not None else secrets.randbits(63)
+        self._noise = torch.Generator().manual_seed(seed)
+        # FCM initialisation and sub-sampling are not secret; a separate stream keeps the noise
+        # sequence independent of how often they draw.
+        self._aux = torch.Generator().manual_seed((seed * 7919 + 17) % (2**63))
+        self._allowed: int | None = None
+        if config.budget is not None:
+            self._allowed = max_releases_within(self.sigma, config.delta, config.budget)
+
+    # --- figures ------------------------------------------------------------------------------
+
+    @property
+    def sigma(self) -> float:
+        """The noise multiplier σ (noise std over the sensitivity 2t)."""
+        return self.calibration.sigma
+
+    @property
+    def noise_std(self) -> float:
+        """Line 9: the noise standard deviation 2σt."""
+        return 2.0 * self.sigma * self.config.clip
+
+    @property
+    def max_releases(self) -> int:
+        return int(self.counts.max()) if self.counts.size else 0
+
+    def note_links(self, links_per_row: npt.NDArray[np.int64]) -> None:
+        """Remember how many primary records link to each row (soft linkage: many)."""
+        self.max_links = int(links_per_row.max()) if links_per_row.size else 0
+
+    # --- Algorithm 1, lines 6-9 ----------------------------------------------------------------
+
+    def _check_budget(self, rows: npt.NDArray[np.int64]) -> None:
+        if self._allowed is None or rows.size == 0:
+            return
+        worst = int(self.counts[rows].max()) + 1
+        if worst > self._allowed:
+            spent = composed_epsilon(self.sigma, worst - 1, self.config.delta)
+            would = composed_epsilon(self.sigma, worst, self.config.delta)
+            raise PrivacyBudgetExceeded(
+                f"party {self.party!r}: privacy budget ε = {self.config.budget:g} "
+                f"(`privacy.budget`) reached: a record released {worst - 1} times "
+                f"(ε = {spent:.3g} at δ = {self.config.delta:g}) would reach ε = {would:.3g} "
+                f"with one more release; training stops before that release")
+
+    def release(self, out: torch.Tensor, rows: npt.NDArray[np.int64]
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Protect the embeddings ``out`` of the (unique) records ``rows``.
+
+        Returns ``(z, released)``: ``z`` = clipped and rescaled embeddings (keeps ``out``'s
+        graph, for the backward pass) and ``released = z + noise`` (detached), what may be sent.
+        Raises :class:`PrivacyBudgetExceeded` *before* adding noise if a record would pass the
+        budget; nothing is released then.
+        """
+        rows = np.asarray(rows, dtype=np.int64)
+        if len(rows) != out.shape[0]:
+            raise ValueError(f"{len(rows)} rows for {out.shape[0]} embeddings")
+        if np.unique(rows).size != rows.size:
+            raise ValueError("release() needs unique rows (one embedding per record)")
+        self._check_budget(rows)
+        t = self.config.clip
+        z = afe.clip_norm(out.float(), t)  # line 6, Eq. 2
+        if self.config.rescale:  # lines 7-8, Eqs. 3-5
+            d = afe.pairwise_distances(z.detach(), generator=self._aux)
+            z = afe.rescale(z, t, afe.sensitivity_estimate(d, self.config.rescale_sigmas))
+        if self.config.secure_rng:  # line 9: N(0, 4σ²t²)
+            noise = afe.secure_gaussian_noise(tuple(z.shape), self.noise_std)
+        else:
+            noise = afe.gaussian_noise(tuple(z.shape), self.noise_std, self._noise)
+        released = z.detach() + noise
+        self.counts[rows] += 1
+        return z, released
+
+    # --- Algorithm 1, lines 16-18 -------------------------------------------------------------
+
+    def local_loss(self, z: torch.Tensor, grad: torch.Tensor) -> torch.Tensor | None:
+        """α·L_KL (Eq. 6, rescale) + β·L_CL (Eqs. 7-8, adjust) on the batch ``z``, or None."""
+        terms: list[torch.Tensor] = []
+        cfg = self.config
+        if cfg.rescale and cfg.alpha > 0 and z.shape[0] >= 3:
+            terms.append(cfg.alpha * afe.kl_regulariser(torch.pdist(z), generator=self._aux))
+        if cfg.adjust and cfg.beta > 0 and z.shape[0] >= 2:
+            clusters = cfg.fcm_clusters or self.classes
+            if not clusters or clusters < 2:
+                raise ConfigError(f"party {self.party!r}: distribution adjusting needs the "
+                                  "number of clusters (`privacy.fcm_clusters`, or a "
+                                  "classification task whose classes the primary announces)")
+            u = afe.fuzzy_cmeans(grad, clusters, generator=self._aux)  # line 16, Eq. 7
+            terms.append(cfg.beta * afe.contrastive_loss(z, u.to(z.dtype), cfg.fcm_threshold))
+        if not terms:
+            return None
+        total = terms[0]
+        for term in terms[1:]:
+            total = total + term
+        return total
+
+    # --- ledger and state ----------------------------------------------------------------------
+
+    def report(self) -> dict[str, Any]:
+        """This party's ledger entry (keyword arguments of ``Ledger.add_protection``)."""
+        cfg = self.config
+        m = self.max_releases
+        eps_total = composed_epsilon(self.sigma, m, cfg.delta)
+        p2 = rescale_p2(cfg.rescale_sigmas) if cfg.rescale else 1.0
+        d_prime = delta_prime(cfg.delta, P1, p2)
+        # Rescaling's Δ̃ holds with probability p1·p2 per release; a union bound over the
+        # record's m releases adds m(1 − p1 p2) to the composed δ (more cautious than
+        # composing Thm 3.6's δ' = δ/(p1 p2)).
+        delta_total = cfg.delta + (m * (1.0 - P1 * p2) if cfg.rescale else 0.0)
+        params = {
+            "mode": cfg.embeddings, "calibration": self.calibration.method, "t": cfg.clip,
+            "sigma": self.sigma, "noise_std": self.noise_std,
+            "alpha": cfg.alpha if cfg.rescale else None,
+            "beta": cfg.beta if cfg.adjust else None,
+            "fcm_clusters": (cfg.fcm_clusters or self.classes) if cfg.adjust else None,
+            "fcm_threshold": cfg.fcm_threshold if cfg.adjust else None,
+            "rescale_sigmas": cfg.rescale_sigmas if cfg.rescale else None,
+            "secure_rng": cfg.secure_rng, "budget": cfg.budget,
+        }
+        guarantee = {
+            "epsilon_per_release": cfg.epsilon, "delta": cfg.delta, "delta_prime": d_prime,
+            "p1": P1 if cfg.rescale else None, "p2": p2 if cfg.rescale else None,
+            "max_releases": m, "max_links_per_record": self.max_links,
+            "records_released": int((self.counts > 0).sum()),
+            "releases_total": int(self.counts.sum()),
+            "epsilon_total": eps_total, "delta_total": delta_total, "accountant": ACCOUNTANT,
+            "scope": "per record of this party, over this run (composition of every release)",
+        }
+        explanation = (f"{explain_epsilon(eps_total, delta_total)}. Every embedding party "
+                       f"{self.party!r} sent was clipped to norm {cfg.clip:g} and noised "
+                       f"(std {self.noise_std:.3g}); each release costs ε = {cfg.epsilon:g} "
+                       f"at δ = {cfg.delta:g}, and its most-released record was sent {m} times.")
+        return {"kind": "embedding-dp", "party": self.party, "applies_to": "embeddings",
+                "params": params, "guarantee": guarantee, "explanation": explanation}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"settings": self.config.public_settings(), "counts": self.counts.copy(),
+                "classes": self.classes, "max_links": self.max_links,
+                "noise": self._noise.get_state(), "aux": self._aux.get_state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        counts = np.asarray(state["counts"], dtype=np.int64)
+        if counts.shape != self.counts.shape:
+            raise ConfigError(f"party {self.party!r}: saved release counts are for "
+                              f"{counts.size} records, the party has {self.counts.size}")
+        # never forget releases: keep the larger count of memory and file
+        self.counts = np.maximum(self.counts, counts)
+        self.classes = state.get("classes", self.classes)
+        self.max_links = int(state.get("max_links", self.max_links))
+        if not self.config.secure_rng and self._seed_given:
+            self._noise.set_state(state["noise"])
+        self._aux.set_state(state["aux"])

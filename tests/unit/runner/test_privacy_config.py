@@ -1,0 +1,77 @@
+"""The [privacy] section is validated like every other section (all problems at once)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from vflink.errors import ConfigError
+from vflink.runner.config import PrivacyConfig, parse_config
+from vflink.runner.privacy import check_privacy_task
+from vflink.types import Task
+
+
+def test_defaults_are_off_and_paper_based() -> None:
+    c = PrivacyConfig()
+    assert not c.enabled and c.delta == 1e-2 and c.clip == 1.0 and c.rescale_sigmas == 3.0
+    assert PrivacyConfig(embeddings="afe").rescale and PrivacyConfig(embeddings="afe").adjust
+    assert not PrivacyConfig(embeddings="rescale").adjust
+    assert not PrivacyConfig(embeddings="adjust").rescale
+
+
+def test_every_problem_is_reported_at_once() -> None:
+    with pytest.raises(ConfigError) as info:
+        PrivacyConfig(embeddings="strong", epsilon=0, delta=1.5, clip=-1, alpha=-1,
+                      fcm_clusters=1, fcm_threshold=0, budget=-2, secure_rng="yes")
+    problems = "\n".join(info.value.problems)
+    for name in ("embeddings", "epsilon", "delta", "clip", "alpha", "fcm_clusters",
+                 "fcm_threshold", "budget", "secure_rng"):
+        assert f"privacy.{name}" in problems
+    assert len(info.value.problems) == 9
+
+
+def test_budget_below_one_release_and_seed_with_secure_rng() -> None:
+    with pytest.raises(ConfigError, match="privacy.budget.*below the ε of a single release"):
+        PrivacyConfig(embeddings="vanilla", epsilon=2.0, budget=1.0)
+    with pytest.raises(ConfigError, match="no effect with `privacy.secure_rng"):
+        PrivacyConfig(embeddings="vanilla", secure_rng=True, seed=3)
+
+
+def test_parse_config_reads_the_section_and_rejects_unknown_keys() -> None:
+    raw = {"version": 1, "data": {"dataset": "adult"},
+           "privacy": {"embeddings": "afe", "epsilon": 2.0, "budget": 50.0}}
+    config = parse_config(raw)
+    assert config.privacy == PrivacyConfig(embeddings="afe", epsilon=2.0, budget=50.0)
+    raw["privacy"] = {"embeddings": "afe", "epsilonn": 2.0, "clip": 0}
+    raw["training"] = {"epochs": 0}
+    with pytest.raises(ConfigError) as info:
+        parse_config(raw)
+    text = "\n".join(info.value.problems)
+    assert "[privacy] has unknown key(s) ['epsilonn']" in text
+    assert "training.epochs" in text  # other sections' problems in the same report
+
+
+def test_adjust_needs_classification() -> None:
+    check_privacy_task(PrivacyConfig(embeddings="rescale"), Task.REGRESSION)
+    for mode in ("adjust", "afe"):
+        with pytest.raises(ConfigError, match="distribution adjusting.*classification"):
+            check_privacy_task(PrivacyConfig(embeddings=mode), Task.REGRESSION)
+
+
+def test_a_party_file_may_carry_its_own_privacy_section(tmp_path: Path) -> None:
+    from vflink.runner.party_config import load_party_config
+
+    base = ('version = 1\n[party]\nname = "bank"\nrole = "secondary"\n'
+            'listen = "127.0.0.1:1"\ndataset = "adult"\n[peers.coordinator]\n'
+            'address = "127.0.0.1:2"\nrole = "coordinator"\n[security]\ninsecure = true\n')
+    good = tmp_path / "good.toml"
+    good.write_text(base + '[privacy]\nembeddings = "afe"\nepsilon = 4.0\nseed = 9\n')
+    assert load_party_config(good).privacy == PrivacyConfig(embeddings="afe", epsilon=4.0,
+                                                            seed=9)
+    bad = tmp_path / "bad.toml"
+    bad.write_text(base + '[privacy]\nembeddings = "max"\nclip = -1\n')
+    with pytest.raises(ConfigError) as info:
+        load_party_config(bad)
+    assert any("privacy.embeddings" in p for p in info.value.problems)
+    assert any("privacy.clip" in p for p in info.value.problems)
