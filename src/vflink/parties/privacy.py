@@ -18,8 +18,10 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from vflink.errors import ConfigError, PrivacyBudgetExceeded
 from vflink.privacy.config import PrivacyConfig
 from vflink.privacy.embedding_dp import EmbeddingDP, agree_settings
+from vflink.protocol.boundary import refuse
 
 __all__ = ["EmbeddingProtection"]
 
@@ -53,7 +55,11 @@ class EmbeddingProtection:
         own = self.own if self._own_given else None
         if self._own_given and self.own is None:  # this party chose "off" explicitly
             own = PrivacyConfig(embeddings="off")
-        config = agree_settings(own, settings, self.party)
+        try:
+            config = agree_settings(own, settings, self.party)
+        except ConfigError as exc:
+            # public parameters only (the run's and this party's settings): safe to tell
+            raise refuse(ConfigError, str(exc), code="privacy.settings") from None
         if not config.enabled:
             self.dp = None
             return {}
@@ -72,7 +78,11 @@ class EmbeddingProtection:
         """``(kept, sent)``: the tensor whose graph the backward pass uses, and what to send."""
         if self.dp is None:
             return out, out.detach()
-        return self.dp.release(out, rows)
+        try:
+            return self.dp.release(out, rows)
+        except PrivacyBudgetExceeded as exc:
+            # the budget and the release count are public parameters: the primary may see them
+            raise refuse(PrivacyBudgetExceeded, str(exc), code="privacy.budget") from None
 
     def backward(self, kept: torch.Tensor, grad: torch.Tensor) -> None:
         extra = self.dp.local_loss(kept, grad) if self.dp is not None else None
