@@ -12,12 +12,13 @@ from rich.logging import RichHandler
 from rich.markup import escape
 
 from vflink import __version__
+from vflink.cli import align as align_cmd
 from vflink.cli import certs, demo, experiment, link, predict, serve, train
 from vflink.errors import ConfigError, VflinkError
 
 __all__ = ["main"]
 
-COMMANDS = (train, link, experiment, predict, demo, serve, certs)
+COMMANDS = (train, link, experiment, predict, demo, serve, certs, align_cmd)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -26,6 +26,7 @@ from vflink.models.mlp import build_mlp, build_optimizer, seeded_init
 from vflink.models.spec import BottomSpec
 from vflink.parties.base import Party, state_path
 from vflink.parties.linking import encode_identifiers
+from vflink.parties.setalign import SetAlignmentPeer
 from vflink.protocol.channel import Channel
 from vflink.protocol.messages import (
     Ack,
@@ -68,7 +69,7 @@ def _prune_checkpoints(latest: Path) -> None:
             old.unlink(missing_ok=True)
 
 
-class SecondaryParty(Party):
+class SecondaryParty(SetAlignmentPeer, Party):
     """A data party without labels.
 
     Args:
@@ -115,6 +116,10 @@ class SecondaryParty(Party):
         return Ack(info={"rows": float(len(values))})
 
     def on_alignment_ready(self, sender: str, message: AlignmentReady) -> Ack:
+        local = self.local_alignment_rows(message.session)  # a PSI session held here
+        if local is not None:
+            self.set_linked_rows(local)
+            return Ack(info={"linked_rows": float(len(local))})
         view = self.channel.request(message.coordinator, FetchAlignment(session=message.session),
                                     AlignmentView)
         self.set_linked_rows(view.secondary_index)
