@@ -28,6 +28,7 @@ from __future__ import annotations
 from vflink.datasets import adult as _adult  # noqa: F401  (registers "adult")
 from vflink.datasets import california as _california  # noqa: F401
 from vflink.datasets import febrl as _febrl  # noqa: F401
+from vflink.datasets import kdd_protein as _kdd_protein  # noqa: F401
 from vflink.datasets import movies as _movies  # noqa: F401
 from vflink.datasets import synthetic as _synthetic  # noqa: F401
 from vflink.datasets._base import (
