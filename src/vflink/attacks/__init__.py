@@ -7,5 +7,7 @@ Every attack follows one contract (:mod:`vflink.attacks.base`) and is registered
 from __future__ import annotations
 
 from vflink.attacks.base import ATTACKS, Attack, AttackResult, AttackView, get_attack
+from vflink.attacks.spectral import SpectralAttack, spectral_scores
 
-__all__ = ["ATTACKS", "Attack", "AttackResult", "AttackView", "get_attack"]
+__all__ = ["ATTACKS", "Attack", "AttackResult", "AttackView", "SpectralAttack", "get_attack",
+           "spectral_scores"]

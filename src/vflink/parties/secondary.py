@@ -27,6 +27,7 @@ from vflink.models.spec import BottomSpec
 from vflink.parties.base import Party, state_path
 from vflink.parties.linking import encode_identifiers
 from vflink.parties.setalign import SetAlignmentPeer
+from vflink.parties.union import UnionPeer
 from vflink.protocol.channel import Channel
 from vflink.protocol.messages import (
     Ack,
@@ -69,7 +70,7 @@ def _prune_checkpoints(latest: Path) -> None:
             old.unlink(missing_ok=True)
 
 
-class SecondaryParty(SetAlignmentPeer, Party):
+class SecondaryParty(SetAlignmentPeer, UnionPeer, Party):
     """A data party without labels.
 
     Args:

@@ -57,6 +57,8 @@ __all__ = [
     "ShareKeys",
     "Snapshot",
     "SoftLink",
+    "UnionForward",
+    "UnionSetup",
     "payload_nbytes",
 ]
 
@@ -419,6 +421,37 @@ class PsiRound2(Message):
     p_ts: npt.NDArray[np.uint8]
 
 
+# --- training over the PSU union (FLORIST §2.3-2.4), primary ⇄ secondary -----------------------
+
+
+@dataclass(frozen=True)
+class UnionSetup(Message):
+    """Primary → secondary: train over the UID list of PSU ``session``.
+
+    Fit your preprocessing on your own records among the UIDs ``fit_uids`` (positions in U),
+    build your bottom model with ``spec``, and fill the UIDs you do not hold with the synthetic
+    ``features`` strategy (``fea-sampling``, ``fea-gaussian``, ``fea-random``; ``none`` refuses
+    them). The reply is an :class:`Ack` with ``n_features``.
+    """
+
+    kind: ClassVar[str] = "union_setup"
+    session: str
+    spec: BottomSpec
+    features: str
+    fit_uids: npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True)
+class UnionForward(Message):
+    """Primary → secondary: cut-layer embeddings for these UIDs (positions in U), real where
+    you hold the record and synthetic where you do not; the reply is :class:`Embeddings`."""
+
+    kind: ClassVar[str] = "union_forward"
+    batch_id: int
+    uids: npt.NDArray[np.int64]
+    train: bool
+
+
 MESSAGE_TYPES: dict[str, type[Message]] = {
     cls.kind: cls
     for cls in (
@@ -427,7 +460,7 @@ MESSAGE_TYPES: dict[str, type[Message]] = {
         FitPreprocessing, Forward, Embeddings, Backward, Snapshot,
         Restore, SaveState, LoadState,
         PsuRound1, PsuRound1Reply, PsuRound2, PsuRound2Reply, PsuRound3, PsiRound1,
-        PsiRound1Reply, PsiRound2,
+        PsiRound1Reply, PsiRound2, UnionSetup, UnionForward,
     )
 }
 
