@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import os
 import secrets
+import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
@@ -60,6 +61,8 @@ class Group(ABC):
     def __init__(self, *, workers: int | None = None) -> None:
         self.workers = default_workers() if workers is None else max(1, int(workers))
         self.operations = 0  # exponentiations and hashes done, for benchmarks and summaries
+        self._pool: Executor | None = None
+        self._finalizer: weakref.finalize | None = None
 
     # --- what each implementation provides --------------------------------------------
 
@@ -75,8 +78,25 @@ class Group(ABC):
     def _valid_chunk(self, elements: Elements) -> bool:
         """Do all rows encode elements of the group (and not the identity)?"""
 
-    def _executor(self) -> Executor:
+    def _new_executor(self) -> Executor:
         return ThreadPoolExecutor(self.workers)
+
+    def _chunk_worker(self) -> Callable[[Elements, int], Elements]:
+        """What the pool runs per chunk (a process pool needs a picklable module function)."""
+        return self._power_chunk
+
+    def _executor(self) -> Executor:
+        """One pool per group object, kept for its lifetime (a process pool is slow to start)."""
+        if self._pool is None:
+            self._pool = self._new_executor()
+            self._finalizer = weakref.finalize(self, self._pool.shutdown, wait=False)
+        return self._pool
+
+    def close(self) -> None:
+        """Shut the worker pool down now (it is also shut down when the group is collected)."""
+        if self._finalizer is not None:
+            self._finalizer()
+        self._pool = self._finalizer = None
 
     # --- public surface ---------------------------------------------------------------
 
@@ -119,11 +139,11 @@ class Group(ABC):
             size = max(1024, -(-n // (self.workers * 8)))
             chunks = [elements[i:i + size] for i in range(0, n, size)]
             parts: list[Elements] = []
-            with self._executor() as pool:
-                for part in pool.map(self._power_chunk, chunks, [e] * len(chunks)):
-                    parts.append(part)
-                    if progress is not None:
-                        progress(len(part))
+            pool = self._executor()
+            for part in pool.map(self._chunk_worker(), chunks, [e] * len(chunks)):
+                parts.append(part)
+                if progress is not None:
+                    progress(len(part))
             out = np.concatenate(parts) if parts else self.empty()
         self.operations += n
         return out

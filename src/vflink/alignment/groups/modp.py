@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import multiprocessing
+from collections.abc import Callable
 from concurrent.futures import Executor, ProcessPoolExecutor
 
 import gmpy2
@@ -45,6 +46,11 @@ def _power_rows(raw: bytes, exponent: int) -> bytes:
     return bytes(out)
 
 
+def _power_array(elements: Elements, exponent: int) -> Elements:
+    raw = _power_rows(elements.tobytes(), exponent)
+    return np.frombuffer(raw, dtype=np.uint8).reshape(len(elements), _BYTES).copy()
+
+
 class Modp2048(Group):
     name = "modp2048"
     element_bytes = _BYTES
@@ -59,10 +65,12 @@ class Modp2048(Group):
         return int(gmpy2.powmod(x, 2, _P)).to_bytes(_BYTES, "big")
 
     def _power_chunk(self, elements: Elements, exponent: int) -> Elements:
-        raw = _power_rows(elements.tobytes(), exponent)
-        return np.frombuffer(raw, dtype=np.uint8).reshape(len(elements), _BYTES).copy()
+        return _power_array(elements, exponent)
 
-    def _executor(self) -> Executor:
+    def _chunk_worker(self) -> Callable[[Elements, int], Elements]:
+        return _power_array
+
+    def _new_executor(self) -> Executor:
         # spawn, not fork: the parent may run gRPC threads, which fork does not survive
         return ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"))
 
