@@ -4,11 +4,12 @@ Both parties schedule mini-batches over positions in the sorted UID list U. The 
 (:class:`UnionPeer`, mixed into :class:`~vflink.parties.SecondaryParty`) answers a
 :class:`~vflink.protocol.messages.UnionForward` with one cut-layer embedding per requested UID:
 its bottom model on its real record where it holds one, otherwise a synthetic row from the
-configured strategy. The active party (:class:`UnionPrimary`) feeds its real label where it
-holds the record and a synthetic label otherwise, optionally shifts the logits (App. E-G), and
-returns the gradients with :class:`~vflink.protocol.messages.Backward`. Neither party learns
-which UIDs the other holds beyond what the embeddings and gradients reveal, which the spectral
-attack measures (App. C).
+configured strategy. As in FLORIST §3 and App. J the cut layer is the output of a ReLU layer
+(the bottom model's last linear layer followed by a ReLU). The active party
+(:class:`UnionPrimary`) feeds its real label where it holds the record and a synthetic label
+otherwise, optionally shifts the logits (App. E-G), and returns the gradients with
+:class:`~vflink.protocol.messages.Backward`. Neither party learns which UIDs the other holds
+beyond what the embeddings and gradients reveal, which the spectral attack measures (App. C).
 """
 
 from __future__ import annotations
@@ -120,9 +121,9 @@ class UnionPeer:
                 filled = rows.copy()
                 if n_fake:  # fea-sampling: a random real record of ours per missing UID
                     filled[~real] = syn.sampled_rows(state.own_rows, n_fake, state.rng)
-                out = model(features[torch.from_numpy(filled)])
+                out = torch.relu(model(features[torch.from_numpy(filled)]))
             else:
-                real_out = model(features[torch.from_numpy(rows[real])])
+                real_out = torch.relu(model(features[torch.from_numpy(rows[real])]))
                 if state.strategy.name == "fea-gaussian":
                     fake = syn.gaussian_embeddings(real_out, n_fake, state.generator)
                 else:
