@@ -119,8 +119,9 @@ class _Simulation:
 def _simulate(config: RunConfig, inputs: Inputs, alpha: float, beta: float,
               transcript: Transcript | None = None) -> _Simulation:
     if len(inputs.secondaries) != 1:
-        raise ConfigError("union training (alignment.method = \"psu\") runs between the primary "
-                          f"and one secondary; got {len(inputs.secondaries)}")
+        raise ConfigError("union training (alignment.method = \"psu\") is a simulation of FLORIST "
+                          "§3 with the primary and one secondary in this process; got "
+                          f"{len(inputs.secondaries)} secondary table(s) here")
     primary, secondary = inputs.primary, inputs.secondaries[0]
     n = len(primary)
     train, val, test = split_rows(np.arange(n, dtype=np.int64), config.training.split,
