@@ -17,6 +17,7 @@ imdb-movies        IMDb ggplot2movies (user-supplied file) + Wikidata films     
 adult              UCI Adult split by attributes (VFL-AFE), optional partial        exact key
                    overlap for PSU (FLORIST)
 febrl              FEBRL 4 person records + synthetic features and label            strings
+kdd-protein        KDD Cup 2004 protein homology (0.89 % positives), FLORIST §3     exact key
 ================== ================================================================ ==========
 
 Real tables ship under ``vflink/datasets/data/`` (see ``PROVENANCE.md`` there for sources,
