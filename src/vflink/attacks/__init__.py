@@ -12,6 +12,8 @@ from vflink.attacks import label_leakage as _label_leakage  # noqa: E402,F401  (
 from vflink.attacks.base import ATTACKS, Attack, AttackResult, AttackView, get_attack
 from vflink.attacks.inversion import DecoderInversion, inversion_grid_png
 from vflink.attacks.membership import ShadowMembershipInference
+from vflink.attacks.spectral import SpectralAttack, spectral_scores
 
 __all__ = ["ATTACKS", "Attack", "AttackResult", "AttackView", "DecoderInversion",
-           "ShadowMembershipInference", "get_attack", "inversion_grid_png"]
+           "ShadowMembershipInference", "SpectralAttack", "get_attack", "inversion_grid_png",
+           "spectral_scores"]

@@ -19,6 +19,7 @@ adult              UCI Adult split by attributes (VFL-AFE), optional partial    
 febrl              FEBRL 4 person records + synthetic features and label            strings
 fashion-mnist      Fashion-MNIST halves (VFL-AFE): left + label vs right pixels      exact key
                    (Debian package dataset-fashion-mnist, not shipped)
+kdd-protein        KDD Cup 2004 protein homology (0.89 % positives), FLORIST §3     exact key
 ================== ================================================================ ==========
 
 Real tables ship under ``vflink/datasets/data/`` (see ``PROVENANCE.md`` there for sources,
@@ -31,6 +32,7 @@ from vflink.datasets import adult as _adult  # noqa: F401  (registers "adult")
 from vflink.datasets import california as _california  # noqa: F401
 from vflink.datasets import fashion_mnist as _fashion_mnist  # noqa: F401
 from vflink.datasets import febrl as _febrl  # noqa: F401
+from vflink.datasets import kdd_protein as _kdd_protein  # noqa: F401
 from vflink.datasets import movies as _movies  # noqa: F401
 from vflink.datasets import synthetic as _synthetic  # noqa: F401
 from vflink.datasets._base import (

@@ -42,7 +42,10 @@ SENDERS: dict[str, dict[str, frozenset[str]]] = {
     "secondary": {kind: _PRIMARY for kind in (
         "share_keys", "share_encodings", "alignment_ready", "setup_bottom",
         "fit_preprocessing", "forward", "backward", "snapshot", "restore", "save_state",
-        "load_state", "confirm_key", "setup_privacy", "fetch_privacy_report")},
+        "load_state", "confirm_key", "setup_privacy", "fetch_privacy_report",
+        # FLORIST PSU / PSI and union training (primary ⇄ secondary)
+        "psu_round1", "psu_round2", "psu_round3", "psi_round1", "psi_round2", "union_setup",
+        "union_forward")},
     "coordinator": {
         "key_digests": DATA_ROLES,
         "identifier_encodings": DATA_ROLES,

@@ -33,6 +33,8 @@ from vflink.parties.linking import encode_identifiers, secret_mismatch, send_key
 from vflink.parties.policy import check_coordinator
 from vflink.parties.privacy import EmbeddingProtection
 from vflink.parties.recording import Recorder
+from vflink.parties.setalign import SetAlignmentPeer
+from vflink.parties.union import UnionPeer
 from vflink.privacy.config import PrivacyConfig
 from vflink.protocol.boundary import refuse
 from vflink.protocol.channel import Channel
@@ -83,7 +85,7 @@ def _prune_checkpoints(latest: Path) -> None:
             remove_state(old.parent, mo.group(0))
 
 
-class SecondaryParty(Party):
+class SecondaryParty(SetAlignmentPeer, UnionPeer, Party):
     """A data party without labels.
 
     Args:
@@ -185,6 +187,10 @@ class SecondaryParty(Party):
         return Ack(info={"rows": float(len(values))})
 
     def on_alignment_ready(self, sender: str, message: AlignmentReady) -> Ack:
+        local = self.local_alignment_rows(message.session)  # a PSI session held here
+        if local is not None:
+            self.set_linked_rows(local)
+            return Ack(info={"linked_rows": float(len(local))})
         check_coordinator(self.name, self.roles, message.coordinator)
         view = self.channel.request(message.coordinator, FetchAlignment(session=message.session),
                                     AlignmentView)

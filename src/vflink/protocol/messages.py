@@ -48,6 +48,14 @@ __all__ = [
     "MatchKeys",
     "Message",
     "PrivacyReport",
+    "PsiRound1",
+    "PsiRound1Reply",
+    "PsiRound2",
+    "PsuRound1",
+    "PsuRound1Reply",
+    "PsuRound2",
+    "PsuRound2Reply",
+    "PsuRound3",
     "Restore",
     "SaveState",
     "SetupBottom",
@@ -56,6 +64,8 @@ __all__ = [
     "ShareKeys",
     "Snapshot",
     "SoftLink",
+    "UnionForward",
+    "UnionSetup",
     "payload_nbytes",
 ]
 
@@ -402,6 +412,134 @@ class PrivacyReport(Message):
     entries: tuple[dict[str, Any], ...] = ()
 
 
+# --- private set union (FLORIST Algorithm 1) and ECDH PSI, primary ⇄ secondary ----------------
+# Every list of group elements below is an ``(n, element_bytes)`` uint8 array, shuffled by its
+# sender with secret randomness (or, for a party's own records, in a secret order only it
+# knows). Nothing else travels apart from the session name, the group's name and, for PSI, who
+# is to learn the intersection: no key text and no hash of one.
+
+
+@dataclass(frozen=True)
+class PsuRound1(Message):
+    """Primary (P_a) → secondary (P_p): I_a^{s1}, shuffled (Algorithm 1, line 3).
+
+    The reply is :class:`PsuRound1Reply`.
+    """
+
+    kind: ClassVar[str] = "psu_round1"
+    session: str
+    group: str
+    a_s1: npt.NDArray[np.uint8]
+
+
+@dataclass(frozen=True)
+class PsuRound1Reply(Message):
+    """P_p → P_a: I_a^{s1 t1} and I_p^{t1}, each shuffled (lines 4-5)."""
+
+    kind: ClassVar[str] = "psu_round1_reply"
+    a_s1t1: npt.NDArray[np.uint8]
+    p_t1: npt.NDArray[np.uint8]
+
+
+@dataclass(frozen=True)
+class PsuRound2(Message):
+    """P_a → P_p: I_p^{s1 t1} shuffled (line 6), (I_a ∪ I_p)^{s1 s2 s3 t1} shuffled (line 8)
+    and x^{s2} for P_a's records in P_a's secret order (line 11)."""
+
+    kind: ClassVar[str] = "psu_round2"
+    session: str
+    p_s1t1: npt.NDArray[np.uint8]
+    union_s123t1: npt.NDArray[np.uint8]
+    a_s2: npt.NDArray[np.uint8]
+
+
+@dataclass(frozen=True)
+class PsuRound2Reply(Message):
+    """P_p → P_a: (I_a ∪ I_p)^{s1 s2 s3 t1 t2 t3} shuffled (line 9), P_a's x^{s2 t1 t2 t3} in
+    the order received (line 11) and x^{t2} for P_p's records in its secret order (line 12)."""
+
+    kind: ClassVar[str] = "psu_round2_reply"
+    union: npt.NDArray[np.uint8]
+    a_s2t123: npt.NDArray[np.uint8]
+    p_t2: npt.NDArray[np.uint8]
+
+
+@dataclass(frozen=True)
+class PsuRound3(Message):
+    """P_a → P_p: P_p's x^{s1 s2 s3 t2} in the order received (line 12); the reply is an
+    empty :class:`Ack` once P_p has located each of its records in U."""
+
+    kind: ClassVar[str] = "psu_round3"
+    session: str
+    p_s123t2: npt.NDArray[np.uint8]
+
+
+@dataclass(frozen=True)
+class PsiRound1(Message):
+    """Primary → secondary: H(x)^a for the primary's records in its secret order (ECDH PSI).
+
+    ``reveal`` says who learns the intersection (``both``, ``primary``, ``secondary``) or that
+    only its size is to be known (``cardinality``). The reply is :class:`PsiRound1Reply`.
+    """
+
+    kind: ClassVar[str] = "psi_round1"
+    session: str
+    group: str
+    reveal: str
+    a_s: npt.NDArray[np.uint8]
+
+
+@dataclass(frozen=True)
+class PsiRound1Reply(Message):
+    """Secondary → primary: H(x)^{ab} (in the order received if the primary is to learn the
+    intersection, shuffled otherwise) and H(y)^b for the secondary's records, shuffled."""
+
+    kind: ClassVar[str] = "psi_round1_reply"
+    a_st: npt.NDArray[np.uint8]
+    p_t: npt.NDArray[np.uint8]
+
+
+@dataclass(frozen=True)
+class PsiRound2(Message):
+    """Primary → secondary: H(y)^{ba} in the order received, so the secondary can find its
+    records in the intersection (only when it is to learn it); the reply is an empty Ack."""
+
+    kind: ClassVar[str] = "psi_round2"
+    session: str
+    p_ts: npt.NDArray[np.uint8]
+
+
+# --- training over the PSU union (FLORIST §2.3-2.4), primary ⇄ secondary -----------------------
+
+
+@dataclass(frozen=True)
+class UnionSetup(Message):
+    """Primary → secondary: train over the UID list of PSU ``session``.
+
+    Fit your preprocessing on your own records among the UIDs ``fit_uids`` (positions in U),
+    build your bottom model with ``spec``, and fill the UIDs you do not hold with the synthetic
+    ``features`` strategy (``fea-sampling``, ``fea-gaussian``, ``fea-random``; ``none`` refuses
+    them). The reply is an :class:`Ack` with ``n_features``.
+    """
+
+    kind: ClassVar[str] = "union_setup"
+    session: str
+    spec: BottomSpec
+    features: str
+    fit_uids: npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True)
+class UnionForward(Message):
+    """Primary → secondary: cut-layer embeddings for these UIDs (positions in U), real where
+    you hold the record and synthetic where you do not; the reply is :class:`Embeddings`."""
+
+    kind: ClassVar[str] = "union_forward"
+    batch_id: int
+    uids: npt.NDArray[np.int64]
+    train: bool
+
+
 MESSAGE_TYPES: dict[str, type[Message]] = {
     cls.kind: cls
     for cls in (
@@ -410,6 +548,8 @@ MESSAGE_TYPES: dict[str, type[Message]] = {
         FitPreprocessing, Forward, Embeddings, Backward, Snapshot,
         Restore, SaveState, LoadState, ConfirmKey, KeyTag, FetchKeyTags, KeyTags,
         SetupPrivacy, FetchPrivacyReport, PrivacyReport,
+        PsuRound1, PsuRound1Reply, PsuRound2, PsuRound2Reply, PsuRound3, PsiRound1,
+        PsiRound1Reply, PsiRound2, UnionSetup, UnionForward,
     )
 }
 

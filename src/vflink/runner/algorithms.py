@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from vflink.alignment.synthetic import STRATEGIES, get_strategy
 from vflink.registry import Registry
 
 __all__ = ["ALGORITHMS", "Algorithm", "algorithm_names", "get_algorithm"]
@@ -70,6 +71,13 @@ for _alg in (
               "FedSim with mean merge"),
 ):
     ALGORITHMS.add(_alg.name, _alg)
+
+
+# FLORIST's strategies (§3, App. E-H) train over the PSU union (alignment.method = "psu"):
+# "kind" florist, one per named configuration of the paper's experiments.
+for _strategy in STRATEGIES.names():
+    ALGORITHMS.add(_strategy, Algorithm(_strategy, "florist",
+                                        description=get_strategy(_strategy).description))
 
 
 def algorithm_names() -> tuple[str, ...]:

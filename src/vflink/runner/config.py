@@ -94,10 +94,18 @@ class AlignmentConfig:
     delta: float = 1e-5
     privacy: str = "bloom"
     search: str = "exact"
+    # FLORIST (psi | psu): the DH group, and for union-training simulations the fractions of
+    # training records hidden from the secondary (α, synthetic features) and primary (β)
+    group: str = "ristretto255"
+    alpha: float = 0.0
+    beta: float = 0.0
 
     def __post_init__(self) -> None:
         problems: list[str] = []
-        check_choice(problems, "alignment.method", self.method, ("exact", "soft"))
+        check_choice(problems, "alignment.method", self.method, ("exact", "soft", "psi", "psu"))
+        check_choice(problems, "alignment.group", self.group, ("ristretto255", "modp2048"))
+        check_float(problems, "alignment.alpha", self.alpha, min=0.0, max=0.99)
+        check_float(problems, "alignment.beta", self.beta, min=0.0, max=0.99)
         check_choice(problems, "alignment.unmatched", self.unmatched, ("drop", "keep"))
         if not isinstance(self.secret_env, str) or not self.secret_env:
             problems.append("`alignment.secret_env` must name an environment variable")

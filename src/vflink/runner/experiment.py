@@ -54,6 +54,10 @@ class Experiment:
 
 
 def _set_path(raw: dict[str, Any], path: str, value: Any) -> None:
+    if "," in path:  # "alignment.alpha,alignment.beta": one value for several keys (α = β)
+        for part in path.split(","):
+            _set_path(raw, part.strip(), value)
+        return
     node = raw
     keys = path.split(".")
     for key in keys[:-1]:

@@ -195,6 +195,10 @@ def prepare(config: RunConfig, tables: Inputs | tuple[PartyTable, Sequence[Party
     if not names:
         rows = np.arange(len(inputs.primary), dtype=np.int64)
         return Prepared(inputs, {}, {}, rows, {}, federation)
+    if a_cfg.method in ("psi", "psu"):  # FLORIST: set protocols between the data parties
+        from vflink.runner.florist import prepare_set_alignment
+
+        return prepare_set_alignment(config, inputs, federation)
     if a_cfg.method == "exact" and "topk" in needs:
         raise ConfigError("algorithms that use K links (fedsim, avgsim, featuresim...) need "
                           "soft linkage: set alignment.method = \"soft\"")
@@ -426,6 +430,11 @@ def _run(config: RunConfig, out_dir: Path | None, progress: Progress | None,
          tables: Inputs | tuple[PartyTable, Sequence[PartyTable]] | None,
          prepared: Prepared | None, federation: Federation | None, resume: bool,
          after_training: AfterTraining | None = None) -> RunResult:
+    if config.alignment.method == "psu":  # FLORIST union training: its own plan
+        from vflink.runner.florist import run_union
+
+        return run_union(config, tables=None if tables is None else _as_inputs(tables),
+                         prepared=prepared, transcript=transcript, progress=progress)
     start = time.perf_counter()
     algorithm = get_algorithm(config.algorithm)
     models_dir = None if out_dir is None else out_dir / "models"

@@ -16,7 +16,7 @@ from vflink.errors import ConfigError, DataError
 from vflink.types import Task
 
 DATA = Path(__file__).resolve().parents[3] / "src" / "vflink" / "datasets" / "data"
-SHIPPED = ("adult", "california-housing", "febrl", "movies", "sklearn-small")
+SHIPPED = ("adult", "california-housing", "febrl", "kdd-protein", "movies", "sklearn-small")
 
 
 @pytest.fixture

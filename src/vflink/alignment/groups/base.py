@@ -1,0 +1,172 @@
+"""The prime-order group interface the DH protocols (PSU, ECDH PSI) are written against.
+
+Elements travel as fixed-width byte strings, held as ``(n, element_bytes)`` uint8 arrays so a
+list of them is one array on the wire. Exponents are Python ints in ``[1, order)``, drawn from the
+operating system's secure source (:mod:`secrets`). All group arithmetic is delegated to a
+library (libsodium through rbcl, GMP through gmpy2); nothing here does curve or modular
+arithmetic beyond multiplying exponents modulo the group order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import secrets
+import weakref
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor, ThreadPoolExecutor
+
+import numpy as np
+import numpy.typing as npt
+
+from vflink.errors import ProtocolError
+
+__all__ = ["Elements", "Group", "default_workers", "hash_input"]
+
+#: A list of group elements, one encoded element per row.
+Elements = npt.NDArray[np.uint8]
+
+#: Domain separation: a key hashed for vflink's DH protocols never collides with another use.
+_DOMAIN = b"vflink/dh-set-protocols/v1\x00"
+
+
+def default_workers() -> int:
+    """Worker count for large batches: every core this process may use."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def hash_input(key: bytes, group: str) -> bytes:
+    """SHA-512 of a record key under vflink's and the group's domain tags (64 bytes)."""
+    return hashlib.sha512(_DOMAIN + group.encode() + b"\x00" + key).digest()
+
+
+class Group(ABC):
+    """A cyclic group of prime order in which DDH is believed hard.
+
+    Args:
+        workers: threads (or processes, where the library holds the GIL) used for batches of at
+            least ``parallel_threshold`` elements; ``None`` means every available core.
+    """
+
+    name: str = "group"
+    element_bytes: int = 0
+    order: int = 0
+    #: batches smaller than this run in the calling thread (pool overhead would dominate)
+    parallel_threshold: int = 4096
+
+    def __init__(self, *, workers: int | None = None) -> None:
+        self.workers = default_workers() if workers is None else max(1, int(workers))
+        self.operations = 0  # exponentiations and hashes done, for benchmarks and summaries
+        self._pool: Executor | None = None
+        self._finalizer: weakref.finalize | None = None
+
+    # --- what each implementation provides --------------------------------------------
+
+    @abstractmethod
+    def _hash_one(self, digest: bytes) -> bytes:
+        """Map a 64-byte uniform digest to an encoded element."""
+
+    @abstractmethod
+    def _power_chunk(self, elements: Elements, exponent: int) -> Elements:
+        """``x^e`` for every row of ``elements`` (run in a worker)."""
+
+    @abstractmethod
+    def _valid_chunk(self, elements: Elements) -> bool:
+        """Do all rows encode elements of the group (and not the identity)?"""
+
+    def _new_executor(self) -> Executor:
+        return ThreadPoolExecutor(self.workers)
+
+    def _chunk_worker(self) -> Callable[[Elements, int], Elements]:
+        """What the pool runs per chunk (a process pool needs a picklable module function)."""
+        return self._power_chunk
+
+    def _executor(self) -> Executor:
+        """One pool per group object, kept for its lifetime (a process pool is slow to start)."""
+        if self._pool is None:
+            self._pool = self._new_executor()
+            self._finalizer = weakref.finalize(self, self._pool.shutdown, wait=False)
+        return self._pool
+
+    def close(self) -> None:
+        """Shut the worker pool down now (it is also shut down when the group is collected)."""
+        if self._finalizer is not None:
+            self._finalizer()
+        self._pool = self._finalizer = None
+
+    # --- public surface ---------------------------------------------------------------
+
+    def random_exponent(self) -> int:
+        """A secret exponent, uniform in ``[1, order)``, from the OS secure source."""
+        return 1 + secrets.randbelow(self.order - 1)
+
+    def combine(self, *exponents: int) -> int:
+        """The product of exponents modulo the group order (``x^a^b = x^(a·b)``)."""
+        out = 1
+        for e in exponents:
+            out = out * e % self.order
+        return out
+
+    def empty(self) -> Elements:
+        return np.empty((0, self.element_bytes), dtype=np.uint8)
+
+    def hash_to_group(self, keys: Sequence[bytes]) -> Elements:
+        """Each key hashed to a group element (random-oracle encoding of the record IDs)."""
+        out = np.empty((len(keys), self.element_bytes), dtype=np.uint8)
+        for i, key in enumerate(keys):
+            out[i] = np.frombuffer(self._hash_one(hash_input(key, self.name)), dtype=np.uint8)
+        self.operations += len(keys)
+        return out
+
+    def power(self, elements: Elements, exponent: int,
+              progress: Callable[[int], None] | None = None) -> Elements:
+        """``x^exponent`` for every element, in order; batches use every worker."""
+        elements = self.check(elements, "elements")
+        n = len(elements)
+        e = int(exponent) % self.order
+        if e == 0:
+            raise ValueError("the exponent must be non-zero modulo the group order")
+        if n < self.parallel_threshold or self.workers == 1:
+            out = self._power_chunk(elements, e)
+            if progress is not None:
+                progress(n)
+        else:
+            # chunks several times the worker count: balanced load and regular progress
+            size = max(1024, -(-n // (self.workers * 8)))
+            chunks = [elements[i:i + size] for i in range(0, n, size)]
+            parts: list[Elements] = []
+            pool = self._executor()
+            for part in pool.map(self._chunk_worker(), chunks, [e] * len(chunks)):
+                parts.append(part)
+                if progress is not None:
+                    progress(len(part))
+            out = np.concatenate(parts) if parts else self.empty()
+        self.operations += n
+        return out
+
+    def check(self, elements: object, what: str) -> Elements:
+        """``elements`` as an ``(n, element_bytes)`` uint8 array, or ProtocolError."""
+        arr = np.asarray(elements)
+        if arr.dtype != np.uint8 or arr.ndim != 2 or arr.shape[1] != self.element_bytes:
+            raise ProtocolError(f"{what}: expected an (n, {self.element_bytes}) uint8 array of "
+                                f"{self.name} elements, got {arr.dtype} {arr.shape}")
+        return np.ascontiguousarray(arr)
+
+    def validate(self, elements: object, what: str) -> Elements:
+        """Like :meth:`check`, and every row must encode a non-identity group element.
+
+        A peer's elements are validated before they are exponentiated: an element outside the
+        prime-order group (or the identity) could leak bits of the secret exponent.
+        """
+        arr = self.check(elements, what)
+        if len(arr) and not self._valid_chunk(arr):
+            raise ProtocolError(f"{what}: not every row encodes a {self.name} group element")
+        return arr
+
+    def random_elements(self, n: int) -> Elements:
+        """``n`` uniformly random elements (the simulators of FLORIST App. A draw these)."""
+        return self.hash_to_group([secrets.token_bytes(32) for _ in range(n)])

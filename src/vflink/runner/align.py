@@ -1,0 +1,148 @@
+"""Run PSU or PSI between two parties, in one process or with the secondary served elsewhere,
+and write each party's ``row``/``uid`` table and a summary (``vflink align``)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from vflink.alignment._dh import key_bytes
+from vflink.alignment.groups import get_group
+from vflink.alignment.psi import check_reveal
+from vflink.data.schema import PartySchema
+from vflink.data.table import PartyTable, read_frame
+from vflink.errors import ConfigError, DataError
+from vflink.parties import SecondaryParty
+from vflink.parties.setalign import SetAlignment, SetAlignmentDriver, write_set_alignment
+from vflink.protocol.channel import Channel
+from vflink.runner.party_config import PartyConfig
+from vflink.runner.rundir import write_json
+from vflink.transport import InProcessHub, TrafficCounter, Transcript
+
+__all__ = ["METHODS", "AlignOutcome", "align_in_process", "align_over_network", "key_table",
+           "run_set_alignment", "write_outcome"]
+
+METHODS = ("psu", "psi")
+
+StepProgress = Callable[[str, int, int], None]
+
+
+@dataclass(frozen=True)
+class AlignOutcome:
+    method: str
+    group: str
+    primary: SetAlignment
+    secondary: SetAlignment | None  # None when the secondary ran elsewhere
+    seconds: float
+    communication: dict[str, dict[str, int]]
+    operations: int  # group operations done by the parties in this process
+
+    def summary(self) -> dict[str, Any]:
+        sizes = dict(self.primary.sizes)
+        if self.secondary is not None:
+            sizes.update({k: v for k, v in self.secondary.sizes.items() if k not in sizes})
+        return {"method": self.method, "group": self.group, "sizes": sizes,
+                "seconds": round(self.seconds, 3), "bytes": {
+                    k: v["bytes"] for k, v in self.communication.items()},
+                "messages": {k: v["messages"] for k, v in self.communication.items()},
+                "group_operations_here": self.operations}
+
+
+def key_table(path: Path, on: Sequence[str], *, name: str) -> PartyTable:
+    """A party table holding only the key columns, read as text (``007`` stays ``007``)."""
+    frame = read_frame(path, text_columns=tuple(on))
+    missing = [c for c in on if c not in frame.columns]
+    if missing:
+        raise DataError(f"{path}: key column(s) {missing} not found; columns: "
+                        f"{list(frame.columns)[:20]}")
+    frame = frame[list(on)].astype("string").fillna("")
+    # key-only tables: the protocol's roles (P_a, P_p) are not the schema's label roles
+    schema = PartySchema(name=name, role="secondary", key=tuple(on))
+    return PartyTable(schema, frame.reset_index(drop=True), str(path))
+
+
+def _check(method: str, reveal: str) -> None:
+    if method not in METHODS:
+        raise ConfigError(f"`method` must be one of {', '.join(METHODS)}, got {method!r}")
+    check_reveal(reveal)
+
+
+def run_set_alignment(keys: Sequence[bytes], channel: Channel, peer: str, *, method: str,
+                      group: str, reveal: str = "both", session: str | None = None,
+                      workers: int | None = None, progress: StepProgress | None = None
+                      ) -> tuple[SetAlignment, int]:
+    """Drive PSU/PSI with ``peer`` over ``channel``; (own output, own group operations)."""
+    _check(method, reveal)
+    g = get_group(group, workers=workers)
+    driver = SetAlignmentDriver(keys, channel, g, progress=progress)
+    out = driver.psu(peer, session or "psu") if method == "psu" else \
+        driver.psi(peer, session or "psi", reveal=reveal)
+    return out, g.operations
+
+
+def align_in_process(primary: PartyTable, secondary: PartyTable, *, method: str,
+                     group: str = "ristretto255", reveal: str = "both",
+                     workers: int | None = None, progress: StepProgress | None = None,
+                     transcript: Transcript | None = None) -> AlignOutcome:
+    """Both parties in this process, talking through an in-process channel."""
+    _check(method, reveal)
+    keys = key_bytes(primary.frame, primary.schema.key, who=primary.source)
+    counter = TrafficCounter()
+    hub = InProcessHub(transcript=transcript, counter=counter)
+    peer = SecondaryParty(secondary, hub.channel(secondary.name))
+    hub.register(secondary.name, peer)
+    start = time.perf_counter()
+    mine, ops = run_set_alignment(keys, hub.channel(primary.name), secondary.name,
+                                  method=method, group=group, reveal=reveal, workers=workers,
+                                  progress=progress)
+    seconds = time.perf_counter() - start
+    theirs = peer.set_alignment(method)
+    return AlignOutcome(method, group, mine, theirs, seconds,
+                        TrafficCounter.delta(counter.snapshot(), {}), ops)
+
+
+def align_over_network(primary: PartyTable, config: PartyConfig, peer: str, *, method: str,
+                       group: str = "ristretto255", reveal: str = "both",
+                       workers: int | None = None, progress: StepProgress | None = None,
+                       transcript: Transcript | None = None) -> AlignOutcome:
+    """The secondary ``peer`` is served elsewhere (``vflink serve``); we are the primary of
+    ``config``. The secondary writes its own output into its state directory."""
+    from vflink.transport.grpc import GrpcChannel, TlsConfig
+
+    _check(method, reveal)
+    if peer not in config.addresses:
+        raise ConfigError(f"{config.source}: no peer {peer!r} (peers: "
+                          f"{', '.join(config.addresses)})")
+    tls = None
+    if not config.insecure:
+        if config.tls_dir is None:
+            raise ConfigError("security.tls_dir is required unless security.insecure = true")
+        tls = TlsConfig.for_party(config.tls_dir, config.name)
+    counter = TrafficCounter()
+    channel = GrpcChannel(config.name, config.addresses, tls, insecure=config.insecure,
+                          deadline_s=config.deadline_s, counter=counter, transcript=transcript)
+    keys = key_bytes(primary.frame, primary.schema.key, who=primary.source)
+    start = time.perf_counter()
+    try:
+        mine, ops = run_set_alignment(keys, channel, peer, method=method, group=group,
+                                      reveal=reveal, workers=workers, progress=progress)
+    finally:
+        channel.close()
+    return AlignOutcome(method, group, mine, None, time.perf_counter() - start,
+                        TrafficCounter.delta(counter.snapshot(), {}), ops)
+
+
+def write_outcome(outcome: AlignOutcome, out: Path) -> dict[str, Any]:
+    """``out/primary.parquet``, ``out/secondary.parquet`` (when held here), ``summary.json``."""
+    out.mkdir(parents=True, exist_ok=True)
+    for name, result in (("primary", outcome.primary), ("secondary", outcome.secondary)):
+        if result is None:
+            continue
+        # a party that learns only the size writes an empty table
+        write_set_alignment(result, out / f"{name}.parquet")
+    summary = outcome.summary()
+    write_json(out / "summary.json", summary)
+    return summary

@@ -1,0 +1,299 @@
+"""FLORIST in runs: exact alignment by ECDH PSI (``alignment.method = "psi"``) and training over
+the PSU union with synthetic rows (``alignment.method = "psu"``, algorithms named after the
+paper's strategies: ``label-majority-tr``, ``fea-sampling``, ``baseline-partial``...).
+
+The union run is a simulation of FLORIST §3: from tables where both parties hold every record,
+it hides a fraction β of the training records from the primary (whose labels become synthetic)
+and α from the secondary (whose features become synthetic), runs PSU between the parties'
+remaining tables through their channel, trains over the UID list, and evaluates on held-out
+records that both parties hold. Which rows were hidden is evaluation-only truth used for the
+baselines' schedules and the spectral attack; the parties never receive it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pandas as pd
+import torch
+
+from vflink.alignment._dh import key_bytes
+from vflink.alignment.groups import get_group
+from vflink.alignment.synthetic import Calibration, get_strategy
+from vflink.attacks.base import AttackView
+from vflink.attacks.spectral import SpectralAttack
+from vflink.data.split import split_rows
+from vflink.data.table import PartyTable
+from vflink.errors import ConfigError
+from vflink.metrics.calibration import adaptive_calibration_error
+from vflink.metrics.functional import accuracy, auc
+from vflink.models.spec import BottomSpec
+from vflink.parties import SecondaryParty
+from vflink.parties.setalign import SetAlignment, SetAlignmentDriver, pair_by_uid
+from vflink.parties.union import UnionPrimary, uid_rows
+from vflink.protocol.channel import Channel
+from vflink.runner.algorithms import get_algorithm
+from vflink.runner.config import RunConfig
+from vflink.runner.federation import Federation
+from vflink.runner.inputs import Inputs, load_inputs
+from vflink.runner.train import EpochRecord, Prepared, RunResult
+from vflink.transport import InProcessHub, TrafficCounter, Transcript
+from vflink.types import MISSING, Alignment
+
+__all__ = ["FloristResult", "prepare_set_alignment", "psi_alignments", "run_union"]
+
+log = logging.getLogger(__name__)
+
+Progress = Callable[[str, int, int], None]
+
+
+def psi_alignments(inputs: Inputs, federation: Federation, config: RunConfig
+                   ) -> dict[str, Alignment]:
+    """Exact alignment by ECDH PSI with each secondary: both learn the intersection and a UID
+    per intersecting record; the secondary then tells the primary its rows in UID order."""
+    primary = inputs.primary
+    keys = key_bytes(primary.frame, primary.schema.key, who=primary.source)
+    out: dict[str, Alignment] = {}
+    for name in federation.secondaries:
+        driver = SetAlignmentDriver(keys, federation.channel, get_group(config.alignment.group))
+        mine = driver.psi(name, session="psi", reveal="both")
+        view = driver.fetch_rows(name, "psi")
+        own, theirs = pair_by_uid(mine, view.secondary_index)
+        sec = np.full(len(primary), -1, dtype=np.int64)
+        sec[own] = theirs
+        out[name] = Alignment(np.arange(len(primary), dtype=np.int64), sec[:, None], None, name,
+                              {"matched": float(len(own) / max(len(primary), 1))})
+    return out
+
+
+@dataclass(frozen=True)
+class FloristResult(RunResult):
+    """A union-training run: AUC is the headline (the data are imbalanced, FLORIST §3)."""
+
+    @property
+    def headline(self) -> str:
+        return "auc"
+
+
+def _subset(table: PartyTable, keep: npt.NDArray[np.int64]) -> PartyTable:
+    frame = table.frame.iloc[np.sort(keep)].reset_index(drop=True)
+    return PartyTable(table.schema, frame, table.source)
+
+
+def _metrics(y: npt.NDArray[Any], p: npt.NDArray[np.float64]) -> dict[str, float]:
+    both = len(np.unique(y)) == 2
+    return {"auc": auc(y, p) if both else float("nan"),
+            "ace": adaptive_calibration_error(y, p),
+            "accuracy": accuracy(y, p)}
+
+
+@dataclass(frozen=True)
+class _Simulation:
+    """The parties after FLORIST §3's hiding and PSU: reused by every strategy of a seed."""
+
+    alpha: float
+    beta: float
+    p_table: PartyTable
+    s_table: PartyTable
+    counter: TrafficCounter
+    channel: Channel
+    peer: SecondaryParty
+    mine: SetAlignment
+    p_rows: npt.NDArray[np.int64]
+    s_rows: npt.NDArray[np.int64]
+    train_uids: npt.NDArray[np.int64]
+    val_uids: npt.NDArray[np.int64]
+    test_uids: npt.NDArray[np.int64]
+    n_held_out: int
+    positive_rate: float
+    psu_communication: dict[str, dict[str, int]]
+    sizes: dict[str, int]
+
+
+def _simulate(config: RunConfig, inputs: Inputs, alpha: float, beta: float,
+              transcript: Transcript | None = None) -> _Simulation:
+    if len(inputs.secondaries) != 1:
+        raise ConfigError("union training (alignment.method = \"psu\") is a simulation of FLORIST "
+                          "§3 with the primary and one secondary in this process; got "
+                          f"{len(inputs.secondaries)} secondary table(s) here")
+    primary, secondary = inputs.primary, inputs.secondaries[0]
+    n = len(primary)
+    train, val, test = split_rows(np.arange(n, dtype=np.int64), config.training.split,
+                                  np.random.default_rng([config.seed, 0]))
+    # simulation truth: each primary row's secondary row, by key
+    p_keys = key_bytes(primary.frame, primary.schema.key, who=primary.source)
+    s_keys = key_bytes(secondary.frame, secondary.schema.key, who=secondary.source)
+    s_pos = pd.Series(np.arange(len(s_keys)), index=pd.Index(s_keys))
+    held_out = np.concatenate([val, test])
+    if s_pos.reindex(pd.Index([p_keys[i] for i in held_out])).isna().any():
+        raise ConfigError("union training evaluates on records both parties hold: every "
+                          "primary record needs a counterpart at the secondary")
+    # FLORIST §3: hide β of the training records from the active party and α from the
+    # passive one (independently), with the seed
+    hide_rng = np.random.default_rng([config.seed, 17])
+    hide_p = hide_rng.choice(train, size=int(round(beta * len(train))), replace=False)
+    hide_s = hide_rng.choice(train, size=int(round(alpha * len(train))), replace=False)
+    keep_p = np.setdiff1d(np.arange(n), hide_p)
+    hidden_s_rows = s_pos.reindex(pd.Index([p_keys[i] for i in hide_s])).dropna()
+    keep_s = np.setdiff1d(np.arange(len(secondary)), hidden_s_rows.to_numpy(dtype=np.int64))
+    p_table, s_table = _subset(primary, keep_p), _subset(secondary, keep_s)
+    # the parties, talking through a channel
+    counter = TrafficCounter()
+    hub = InProcessHub(transcript=transcript, counter=counter)
+    peer = SecondaryParty(s_table, hub.channel(secondary.name))
+    hub.register(secondary.name, peer)
+    channel = hub.channel(primary.name)
+    mine = SetAlignmentDriver(key_bytes(p_table.frame, p_table.schema.key), channel,
+                              get_group(config.alignment.group)).psu(secondary.name,
+                                                                     session="psu")
+    psu_bytes = TrafficCounter.delta(counter.snapshot(), {})
+    theirs = peer.set_alignment("psu")
+    if theirs is None:
+        raise ConfigError("the secondary did not finish PSU")
+    p_rows, s_rows = uid_rows(mine), uid_rows(theirs)
+    # UIDs of the primary's held-out records (rows of p_table: keep_p is sorted)
+    new_row = np.full(n, -1, dtype=np.int64)
+    new_row[keep_p] = np.arange(len(keep_p))
+    uid_of_row = np.full(len(keep_p), -1, dtype=np.int64)
+    uid_of_row[p_rows[p_rows >= 0]] = np.flatnonzero(p_rows >= 0)
+    val_uids, test_uids = uid_of_row[new_row[val]], uid_of_row[new_row[test]]
+    train_uids = np.setdiff1d(np.arange(len(p_rows)), np.concatenate([val_uids, test_uids]))
+    y_all = primary.frame[primary.schema.label].to_numpy()
+    sizes = {"primary_rows": len(p_table), "secondary_rows": len(s_table),
+             "union": len(p_rows), "validation": len(val), "test": len(test),
+             "hidden_from_primary": len(hide_p), "hidden_from_secondary": len(hidden_s_rows)}
+    return _Simulation(alpha, beta, p_table, s_table, counter, channel, peer, mine, p_rows,
+                       s_rows, train_uids, val_uids, test_uids, len(held_out),
+                       float(np.mean(y_all[np.setdiff1d(train, hide_p)])), psu_bytes, sizes)
+
+
+def run_union(config: RunConfig, *, tables: Inputs | None = None,
+              prepared: Prepared | None = None, transcript: Transcript | None = None,
+              progress: Progress | None = None) -> FloristResult:
+    """One FLORIST union-training run (see the module docstring)."""
+    start = time.perf_counter()
+    torch.set_num_threads(config.training.threads)
+    strategy = get_strategy(config.algorithm)
+    a_cfg, t_cfg, m_cfg = config.alignment, config.training, config.model
+    # baseline-full hides nothing: every record is real on both sides
+    alpha, beta = (0.0, 0.0) if strategy.schedule == "full" else (a_cfg.alpha, a_cfg.beta)
+    cached = None if prepared is None else prepared.summary.get("simulation")
+    if isinstance(cached, _Simulation) and (cached.alpha, cached.beta) == (alpha, beta):
+        sim = cached
+    else:
+        inputs = tables if tables is not None else (
+            prepared.inputs if prepared is not None else load_inputs(config))
+        sim = _simulate(config, inputs, alpha, beta, transcript)
+    counter, channel, p_rows, s_rows = sim.counter, sim.channel, sim.p_rows, sim.s_rows
+    before_run = counter.snapshot()
+    train_uids, val_uids, test_uids = sim.train_uids, sim.val_uids, sim.test_uids
+    if strategy.schedule == "intersection":  # baseline-partial: real data on both sides only
+        train_uids = train_uids[(p_rows[train_uids] >= 0) & (s_rows[train_uids] >= 0)]
+    n_train = len(train_uids)
+    p_a = float(np.mean(p_rows[sim.train_uids] >= 0))
+    # the passive party's share of the union is public after PSU: |I_p| and |U|
+    p_p = (len(sim.s_table) - sim.n_held_out) / max(len(p_rows) - sim.n_held_out, 1)
+    pi = sim.positive_rate
+    calib = Calibration()
+    if strategy.calibration is not None:
+        calib = Calibration.for_synthetic(
+            labels=strategy.calibrate in ("labels", "both") and beta > 0,
+            features=strategy.calibrate in ("features", "both") and alpha > 0,
+            p_a=p_a, p_p=p_p, positive_rate=pi)
+    spec = BottomSpec(hidden=m_cfg.hidden, out_dim=m_cfg.cut_dim, activation=m_cfg.activation,
+                      dropout=0.0, optimizer=t_cfg.optimizer, lr=t_cfg.lr,
+                      weight_decay=t_cfg.weight_decay, seed=config.seed)
+    active = UnionPrimary(sim.p_table, channel, sim.peer.name, sim.mine, strategy=strategy,
+                          calibration=calib, spec=spec, top_hidden=m_cfg.top_hidden,
+                          fit_uids=train_uids)
+    batch_rng = np.random.default_rng([config.seed, 1])
+    history: list[EpochRecord] = []
+    for epoch in range(1, t_cfg.epochs + 1):
+        before = counter.snapshot()
+        t0 = time.perf_counter()
+        order = batch_rng.permutation(train_uids)
+        last = epoch == t_cfg.epochs
+        losses = [active.train_step(order[i:i + t_cfg.batch_size], record=last)
+                  for i in range(0, len(order), t_cfg.batch_size)]
+        val_m = _metrics(active.labels_of(val_uids), active.predict(val_uids))
+        history.append(EpochRecord(epoch, float(np.mean(losses)), val_m,
+                                   TrafficCounter.delta(counter.snapshot(), before),
+                                   time.perf_counter() - t0))
+        log.info("%s epoch %d: loss %.4f, validation AUC %.4f, ACE %.4f", strategy.name, epoch,
+                 history[-1].train_loss, val_m["auc"], val_m["ace"])
+        if progress is not None:
+            progress("epoch", epoch, t_cfg.epochs)
+    test_m = _metrics(active.labels_of(test_uids), active.predict(test_uids))
+    attack = _attack_aucs(active.records, s_rows)
+    test_m.update(attack)
+    sizes = {**sim.sizes, "train_uids": n_train}
+    extra = {"florist": {"strategy": strategy.name, "alpha": alpha, "beta": beta,
+                         "group": a_cfg.group, "p_a": p_a, "p_p": p_p, "positive_rate": pi,
+                         "calibration": {"a": calib.a, "b": calib.b,
+                                         "mode": strategy.calibration},
+                         "psu_communication": sim.psu_communication, **attack}}
+    return FloristResult(
+        algorithm=strategy.name, task=sim.p_table.schema.task,  # type: ignore[arg-type]
+        metrics={"train": {"loss": history[-1].train_loss}, "validation": history[-1].validation,
+                 "test": test_m},
+        history=tuple(history), best_epoch=len(history),
+        communication=TrafficCounter.delta(counter.snapshot(), before_run), sizes=sizes,
+        seconds=time.perf_counter() - start, extra=extra)
+
+
+def _attack_aucs(records: list[Any], s_rows: npt.NDArray[np.int64]) -> dict[str, float]:
+    """Spectral attack AUC (App. C) over the last epoch's batches, on both sides."""
+    if not records:
+        return {"attack_auc_passive": float("nan"), "attack_auc_active": float("nan")}
+    sizes = [len(r.uids) for r in records]
+    bounds = np.cumsum([0, *sizes])
+    batches = [np.arange(bounds[i], bounds[i + 1]) for i in range(len(records))]
+    uids = np.concatenate([r.uids for r in records])
+    grads = np.concatenate([r.gradients for r in records])
+    embs = np.concatenate([r.embeddings for r in records])
+    labels = np.concatenate([r.labels for r in records])
+    fake_labels = np.concatenate([r.synthetic_labels for r in records])
+    fake_features = s_rows[uids] < 0
+    passive = SpectralAttack(target="gradients").evaluate(
+        AttackView(party="passive", role="secondary", gradients=grads,
+                   extra={"batches": batches}), {"synthetic": fake_labels})
+    active = SpectralAttack(target="embeddings").evaluate(
+        AttackView(party="active", role="primary", embeddings=embs,
+                   extra={"batches": batches, "labels": labels}), {"synthetic": fake_features})
+    return {"attack_auc_passive": passive.metrics["auc"],
+            "attack_auc_active": active.metrics["auc"]}
+
+
+def prepare_set_alignment(config: RunConfig, inputs: Inputs, federation: Federation
+                          ) -> Prepared:
+    """``prepare`` for ``psi`` (the intersection, as exact alignment gives it) and ``psu``
+    (nothing to prepare: each union run does its own PSU on its simulated tables)."""
+    n = len(inputs.primary)
+    rows = np.arange(n, dtype=np.int64)
+    if config.alignment.method == "psu":
+        # hide and run PSU once per seed: every strategy of an experiment reuses the parties
+        a_cfg = config.alignment
+        sim = _simulate(config, inputs, a_cfg.alpha, a_cfg.beta)
+        return Prepared(inputs, {}, {}, rows, sim.psu_communication, federation,
+                        {"method": "psu", "simulation": sim})
+    if get_algorithm(config.algorithm).kind == "florist":
+        raise ConfigError(f"algorithm {config.algorithm!r} trains over the PSU union: set "
+                          "alignment.method = \"psu\"")
+    before = federation.counter.snapshot()
+    base = psi_alignments(inputs, federation, config)
+    if config.alignment.unmatched == "drop":
+        for a in base.values():
+            rows = rows[a.for_primary_rows(n)[rows, 0] != MISSING]
+    summary = {"method": "psi", "group": config.alignment.group,
+               "matched_fraction": {k: float(np.mean(a.matched)) for k, a in base.items()},
+               "unmatched": config.alignment.unmatched}
+    return Prepared(inputs, {"base": base, "top1": base, "exact": base},
+                    dict.fromkeys(("base", "top1", "exact"), "psi"), rows,
+                    TrafficCounter.delta(federation.counter.snapshot(), before), federation,
+                    summary)
