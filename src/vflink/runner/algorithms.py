@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vflink.alignment.synthetic import STRATEGIES, get_strategy
+from vflink.alignment.strategies import STRATEGIES, get_strategy
 from vflink.registry import Registry
 
 __all__ = ["ALGORITHMS", "Algorithm", "algorithm_names", "get_algorithm"]
