@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +16,7 @@ from vflink.data.table import read_frame
 from vflink.errors import ConfigError
 from vflink.linkage import SearchOptions
 from vflink.linkage.improvement import plot_similarity_curve
-from vflink.runner.link import LINK_METRICS, linkage_table, run_linkage
+from vflink.runner.link import LINK_METRICS, linkage_columns, run_linkage, write_links
 
 __all__ = ["register", "run"]
 
@@ -112,16 +112,6 @@ def resolve(args: argparse.Namespace) -> dict[str, Any]:
     return opts
 
 
-def _write_table(frame: Any, out: Path) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.partial")
-    if out.suffix.lower() == ".parquet":
-        frame.to_parquet(tmp, index=False)
-    else:
-        frame.to_csv(tmp, index=False, float_format="%.6g")
-    os.replace(tmp, out)  # never leave a half-written output
-
-
 def run(args: argparse.Namespace) -> int:
     opts = resolve(args)
     out = Path(opts["out"])
@@ -129,8 +119,11 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"{out}: output exists; pass --overwrite to replace it")
     on = _columns(opts["on"])
     secondary_on = _columns(opts.get("secondary_on")) or on
+    phases: dict[str, float] = {}
+    clock = time.perf_counter()
     primary = read_frame(Path(opts["primary"]))
     secondary = read_frame(Path(opts["secondary"]))
+    phases["read"] = time.perf_counter() - clock
     search = SearchOptions(mode="approximate") if opts.get("approximate") else None
     console = Console()
     with console.status(f"linking {len(primary)} × {len(secondary)} records "
@@ -142,18 +135,27 @@ def run(args: argparse.Namespace) -> int:
             delta=opts.get("delta") or 1e-5,
             seed=opts.get("seed"), search=search, primary_source=str(opts["primary"]),
             secondary_source=str(opts["secondary"]))
-        frame = linkage_table(outcome.linkage)
-        _write_table(frame, out)
+        phases["link"] = outcome.seconds
+        clock = time.perf_counter()
+        columns = linkage_columns(outcome.linkage)
+        n_links = len(columns["rank"])
+        write_links(columns, out)
+        del columns
+        phases["write"] = time.perf_counter() - clock
+        clock = time.perf_counter()
+        if outcome.linkage.mode == "soft" and outcome.linkage.k > 1:
+            plot_similarity_curve(outcome.linkage, out.with_name(out.name + ".similarity.png"),
+                                  delta=outcome.improvement.get("avgsim"))
+        phases["figure"] = time.perf_counter() - clock
         summary = outcome.summary()
+        summary["phase_seconds"] = {k: round(v, 3) for k, v in phases.items()}
         (out.with_name(out.name + ".summary.json")).write_text(
             json.dumps(summary, indent=2, default=str) + "\n", encoding="utf-8")
-        if outcome.linkage.mode == "soft" and outcome.linkage.k > 1:
-            plot_similarity_curve(outcome.linkage, out.with_name(out.name + ".similarity.png"))
     table = Table(title=f"vflink link → {out}", show_header=False)
     lk = outcome.linkage
     rows: list[tuple[str, str]] = [
         ("sizes", f"{len(primary)} primary × {len(secondary)} secondary, K = {lk.k}, "
-                  f"{len(frame)} links"),
+                  f"{n_links} links"),
         ("time", f"{outcome.seconds:.2f} s"),
         ("metric", f"{opts['metric']} (search: {outcome.search_metric}); privacy: "
                    f"{'Bloom filters' if outcome.privacy == 'bloom' else 'OFF (raw identifiers)'}"),

@@ -8,19 +8,22 @@ returns indices to both and similarities to the primary only.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import pandas as pd
 
 from vflink.data.schema import PartySchema
 from vflink.data.table import PartyTable
 from vflink.errors import ConfigError
 from vflink.linkage import BloomConfig, NumericRange, SearchOptions, SoftLinkage
-from vflink.linkage.improvement import improvement_estimate
+from vflink.linkage.improvement import improvement_estimates
 from vflink.linkage.validation import validate_identifiers
 from vflink.parties import CoordinatorParty, SecondaryParty
 from vflink.parties.linking import AlignmentInitiator, identifier_values
@@ -29,7 +32,8 @@ from vflink.runner.federation import shared_secret
 from vflink.transport import InProcessHub, Transcript
 from vflink.types import Alignment
 
-__all__ = ["LINK_METRICS", "LinkOutcome", "encoding_for", "linkage_table", "run_linkage"]
+__all__ = ["LINK_METRICS", "LinkOutcome", "encoding_for", "linkage_columns", "linkage_table",
+           "run_linkage", "write_links"]
 
 log = logging.getLogger(__name__)
 
@@ -146,10 +150,7 @@ def run_linkage(primary: pd.DataFrame, secondary: pd.DataFrame, *, on: Sequence[
                                      mode=mode, tau=tau, sigma=sigma, delta=delta,
                                      session="link")["secondary"]
     linkage = coordinator.linkage("link", "secondary")
-    improvement = {}
-    if mode == "soft":
-        for baseline in ("exact", "top1sim", "avgsim"):
-            improvement[baseline] = improvement_estimate(linkage, baseline)
+    improvement = improvement_estimates(linkage) if mode == "soft" else {}
     sizes = {"primary_rows": len(primary), "secondary_rows": len(secondary), "top_k": top_k,
              "links": int((linkage.indices >= 0).sum())}
     return LinkOutcome(linkage=linkage, alignment=alignment,
@@ -159,15 +160,51 @@ def run_linkage(primary: pd.DataFrame, secondary: pd.DataFrame, *, on: Sequence[
                        communication=hub.counter.snapshot())
 
 
-def linkage_table(linkage: SoftLinkage) -> pd.DataFrame:
-    """One row per (primary record, neighbour): the ``vflink link`` output format."""
+def linkage_columns(linkage: SoftLinkage) -> dict[str, npt.NDArray[Any]]:
+    """The columns of the ``vflink link`` output: one entry per (primary record, neighbour).
+
+    When every link is present (the usual soft linkage) the columns are flat views and
+    ``repeat``/``tile`` instead of a boolean gather over the n × K arrays.
+    """
     n, k = linkage.indices.shape
     valid = linkage.indices >= 0
+    if valid.all():
+        return {
+            "primary_index": np.repeat(np.arange(n, dtype=np.int64), k),
+            "secondary_index": linkage.indices.astype(np.int64, copy=False).reshape(-1),
+            "rank": np.tile(np.arange(k, dtype=np.int64), n),
+            "distance": linkage.distances.astype(np.float64, copy=False).reshape(-1),
+            "similarity": linkage.similarities.astype(np.float64, copy=False).reshape(-1),
+        }
     rows, ranks = np.nonzero(valid)
-    return pd.DataFrame({
+    return {
         "primary_index": rows.astype(np.int64),
         "secondary_index": linkage.indices[valid].astype(np.int64),
         "rank": ranks.astype(np.int64),
         "distance": linkage.distances[valid].astype(np.float64),
         "similarity": linkage.similarities[valid].astype(np.float64),
-    })
+    }
+
+
+def linkage_table(linkage: SoftLinkage) -> pd.DataFrame:
+    """One row per (primary record, neighbour): the ``vflink link`` output format."""
+    return pd.DataFrame(linkage_columns(linkage))
+
+
+def write_links(columns: dict[str, npt.NDArray[Any]], out: Path) -> None:
+    """Write the links (``.parquet`` or ``.csv``) atomically: never a half-written output.
+
+    Parquet goes straight from the numpy columns through pyarrow (no DataFrame: building one
+    stacks the 14 M house-scale links into blocks first, measured at 1.6 s), compressed with
+    LZ4, the fastest of pyarrow's codecs here (0.6 s against 0.8 s for snappy on 14 M rows).
+    """
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.partial")
+    if out.suffix.lower() == ".parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        pq.write_table(pa.table(columns), tmp, compression="lz4")
+    else:
+        pd.DataFrame(columns).to_csv(tmp, index=False, float_format="%.6g")
+    os.replace(tmp, out)
