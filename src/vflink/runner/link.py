@@ -22,7 +22,7 @@ import pandas as pd
 from vflink.data.schema import PartySchema
 from vflink.data.table import PartyTable
 from vflink.errors import ConfigError
-from vflink.linkage import BloomConfig, NumericRange, SearchOptions, SoftLinkage
+from vflink.linkage import BloomConfig, GeoBloomConfig, NumericRange, SearchOptions, SoftLinkage
 from vflink.linkage.improvement import improvement_estimates
 from vflink.linkage.validation import validate_identifiers
 from vflink.parties import CoordinatorParty, SecondaryParty
@@ -79,11 +79,14 @@ def _kind(frame: pd.DataFrame, columns: Sequence[str], metric: str) -> str:
 def encoding_for(metric: str, *, bloom: bool,
                  sides: Sequence[tuple[pd.DataFrame, Sequence[str]]],
                  bloom_config: BloomConfig | None = None,
-                 margin: float = 0.01) -> tuple[EncodingSpec, str]:
+                 margin: float = 0.01,
+                 geo_config: GeoBloomConfig | None = None) -> tuple[EncodingSpec, str]:
     """The encoding spec every data party uses, and the metric the coordinator searches with.
 
     ``sides`` are the (table, identifier columns) the value range is fitted on, primary first.
-    ``hamming`` (or ``bloom=True``) means FEDERAL Bloom filters; numeric Bloom filters need an
+    ``hamming`` (or ``bloom=True``) means FEDERAL Bloom filters; ``haversine`` with
+    ``bloom=True`` means geographic Bloom filters on the whole globe (:func:`bloom_geo`, no
+    fitted range); other numeric Bloom filters need an
     agreed value range: the min/max over ``sides`` widened by ``margin`` × range (values outside
     it still encode, with fewer bits set), which every party then uses.
     """
@@ -98,6 +101,11 @@ def encoding_for(metric: str, *, bloom: bool,
                                            "qgram", "normalize")}
     if kind == "string":
         return EncodingSpec(encoder="bloom", kind="string", params=params), "hamming"
+    if metric == "haversine":
+        # Places on the globe: the range is the whole sphere, fixed and public, so no party's
+        # bounding box is revealed, and the encoding resolves ~1 km anywhere (issue 14).
+        geo = geo_config or GeoBloomConfig()
+        return EncodingSpec(encoder="bloom", kind="geo", params=geo.params()), "hamming"
     tables = []
     for i, (frame, columns) in enumerate(sides):
         values = np.asarray(identifier_values(frame, columns, "numeric", source=f"party {i}"))
