@@ -13,7 +13,7 @@ from rich.table import Table
 
 from vflink.config import read_toml
 from vflink.data.table import read_frame
-from vflink.errors import ConfigError
+from vflink.errors import ConfigError, DataError
 from vflink.linkage import SearchOptions
 from vflink.linkage.improvement import plot_similarity_curve
 from vflink.runner.link import LINK_METRICS, linkage_columns, run_linkage, write_links
@@ -31,8 +31,11 @@ filters (FedSim App. I). Without it, raw identifiers are sent to the coordinator
 
 Output (by extension: .csv or .parquet): one row per (primary record, neighbour) with
 primary_index, secondary_index (0-based row positions in the input files), rank (0 = most
-similar), distance and similarity (after noise). Next to it: <out>.summary.json and the
-sorted-similarity curve of FedSim Figure 4 (<out>.similarity.png).
+similar), distance and similarity (after noise), and primary_id / secondary_id with --id.
+Records with an empty identifier stop the link (the error names the file, column and row)
+unless --empty skip: then they keep their position, get no link, and are counted.
+Next to it: <out>.summary.json and the sorted-similarity curve of FedSim Figure 4
+(<out>.similarity.png).
 """
 
 
@@ -74,13 +77,20 @@ def register(sub: Any) -> None:
                    help="approximate search (IVF / q-gram blocking); recall is measured")
     p.add_argument("--seed", type=int, default=None,
                    help="seed of the coordinator's noise (default: OS entropy)")
+    p.add_argument("--empty", choices=("error", "skip"), default=None,
+                   help="records with an empty identifier: error (default: stop, naming the "
+                   "file, column and row) or skip (no link for them; the count is reported)")
+    p.add_argument("--id", help="record-id column of the primary, copied into the links as "
+                   "primary_id (read as text)")
+    p.add_argument("--secondary-id", help="record-id column of the secondary, copied into the "
+                   "links as secondary_id (default: the --id column, when the secondary has it)")
     p.add_argument("--out", type=Path, help="output table (.csv or .parquet)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output file")
     p.set_defaults(func=run)
 
 
 _KEYS = ("primary", "secondary", "on", "secondary_on", "metric", "bloom", "top_k", "mode", "tau",
-         "sigma", "delta", "approximate", "seed", "out")
+         "sigma", "delta", "approximate", "seed", "out", "empty", "id", "secondary_id")
 
 
 def resolve(args: argparse.Namespace) -> dict[str, Any]:
@@ -112,6 +122,24 @@ def resolve(args: argparse.Namespace) -> dict[str, Any]:
     return opts
 
 
+def _id_columns(opts: dict[str, Any], primary: Any, secondary: Any) -> tuple[Any, Any]:
+    """The record ids to copy into the links (``--id``, ``--secondary-id``), as text."""
+    out: list[Any] = []
+    p_id, s_id = opts.get("id"), opts.get("secondary_id")
+    for frame, column, source, explicit in (
+            (primary, p_id, opts["primary"], True),
+            (secondary, s_id or p_id, opts["secondary"], s_id is not None)):
+        if column is None or (not explicit and column not in frame.columns):
+            out.append(None)
+            continue
+        if column not in frame.columns:
+            raise DataError(f"{source}: no record-id column {column!r}; the table has: "
+                            f"{', '.join(map(str, frame.columns[:20]))}")
+        out.append(frame[column].astype(object).where(frame[column].notna(), None)
+                   .map(lambda v: v if v is None else str(v)).to_numpy(dtype=object))
+    return out[0], out[1]
+
+
 def run(args: argparse.Namespace) -> int:
     opts = resolve(args)
     out = Path(opts["out"])
@@ -121,8 +149,15 @@ def run(args: argparse.Namespace) -> int:
     secondary_on = _columns(opts.get("secondary_on")) or on
     phases: dict[str, float] = {}
     clock = time.perf_counter()
-    primary = read_frame(Path(opts["primary"]))
-    secondary = read_frame(Path(opts["secondary"]))
+    # String identifiers and record ids are read as text: "19151111" stays a string and the
+    # country code "NA" is not read as missing.
+    text = opts["metric"] in ("levenshtein",)
+    p_text = (*(on or () if text else ()), *((opts["id"],) if opts.get("id") else ()))
+    s_id = opts.get("secondary_id") or opts.get("id")
+    s_text = (*(secondary_on or () if text else ()), *((s_id,) if s_id else ()))
+    primary = read_frame(Path(opts["primary"]), text_columns=tuple(p_text))
+    secondary = read_frame(Path(opts["secondary"]), text_columns=tuple(s_text))
+    ids = _id_columns(opts, primary, secondary)
     phases["read"] = time.perf_counter() - clock
     search = SearchOptions(mode="approximate") if opts.get("approximate") else None
     console = Console()
@@ -134,11 +169,15 @@ def run(args: argparse.Namespace) -> int:
             mode=opts.get("mode") or "soft", tau=opts.get("tau"), sigma=opts.get("sigma"),
             delta=opts.get("delta") or 1e-5,
             seed=opts.get("seed"), search=search, primary_source=str(opts["primary"]),
-            secondary_source=str(opts["secondary"]))
+            secondary_source=str(opts["secondary"]), empty=opts.get("empty") or "error")
         phases["link"] = outcome.seconds
         clock = time.perf_counter()
         columns = linkage_columns(outcome.linkage)
         n_links = len(columns["rank"])
+        if ids[0] is not None:
+            columns["primary_id"] = ids[0][columns["primary_index"]]
+        if ids[1] is not None:
+            columns["secondary_id"] = ids[1][columns["secondary_index"]]
         write_links(columns, out)
         del columns
         phases["write"] = time.perf_counter() - clock
@@ -165,6 +204,11 @@ def run(args: argparse.Namespace) -> int:
         ("ε at δ (Theorem 1)", f"{lk.epsilon:.6g} at δ = {lk.delta:g}"
                                + ("" if lk.epsilon_valid else " (δ outside Theorem 1's range)")),
     ]
+    skipped = outcome.skipped_rows
+    if skipped["primary"] or skipped["secondary"]:
+        rows.append(("skipped (empty identifier)",
+                     f"{skipped['primary']} primary, {skipped['secondary']} secondary row(s); "
+                     "they have no link"))
     if lk.recall is not None:
         rows.append(("recall@K", f"{lk.recall:.4f} (approximate search)"))
     for baseline, delta in outcome.improvement.items():

@@ -7,6 +7,7 @@ returns indices to both and similarities to the primary only.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -21,7 +22,7 @@ import pandas as pd
 
 from vflink.data.schema import PartySchema
 from vflink.data.table import PartyTable
-from vflink.errors import ConfigError
+from vflink.errors import ConfigError, DataError
 from vflink.linkage import BloomConfig, GeoBloomConfig, NumericRange, SearchOptions, SoftLinkage
 from vflink.linkage.improvement import improvement_estimates
 from vflink.linkage.validation import validate_identifiers
@@ -30,7 +31,7 @@ from vflink.parties.linking import AlignmentInitiator, identifier_values
 from vflink.protocol import EncodingSpec
 from vflink.runner.federation import shared_secret
 from vflink.transport import InProcessHub, Transcript
-from vflink.types import Alignment
+from vflink.types import MISSING, Alignment
 
 __all__ = ["LINK_METRICS", "LinkOutcome", "encoding_for", "linkage_columns", "linkage_table",
            "run_linkage", "write_links"]
@@ -54,6 +55,7 @@ class LinkOutcome:
     search_metric: str
     improvement: dict[str, float] = field(default_factory=dict)
     communication: dict[str, dict[str, int]] = field(default_factory=dict)
+    skipped_rows: dict[str, int] = field(default_factory=lambda: {"primary": 0, "secondary": 0})
 
     def summary(self) -> dict[str, Any]:
         lk = self.linkage
@@ -64,6 +66,7 @@ class LinkOutcome:
             "delta": lk.delta, "epsilon_valid": lk.epsilon_valid,
             "exact_search": lk.exact_search, "recall": lk.recall,
             "improvement_delta": self.improvement, "communication": self.communication,
+            "skipped_rows": self.skipped_rows,
         }
 
 
@@ -122,14 +125,114 @@ def run_linkage(primary: pd.DataFrame, secondary: pd.DataFrame, *, on: Sequence[
                 seed: int | None = None, search: SearchOptions | None = None,
                 bloom_config: BloomConfig | None = None, primary_source: str = "primary",
                 secondary_source: str = "secondary",
-                transcript: Transcript | None = None) -> LinkOutcome:
-    """Link ``primary`` to ``secondary`` through a coordinator, all parties in this process."""
+                transcript: Transcript | None = None, empty: str = "error") -> LinkOutcome:
+    """Link ``primary`` to ``secondary`` through a coordinator, all parties in this process.
+
+    ``empty`` is the policy for records whose identifier is empty (a blank string, or a
+    missing coordinate): ``"error"`` stops with a message naming the file, the column and the
+    row; ``"skip"`` links the other records, and a skipped record keeps its position, gets no
+    link (index −1) and is counted in the summary's ``skipped_rows``.
+    """
     start = time.perf_counter()
     on = tuple(on)
     secondary_on = tuple(secondary_on or on)
     if len(on) != len(secondary_on):
         raise ConfigError(f"--on names {len(on)} column(s) but --secondary-on names "
                           f"{len(secondary_on)}; each primary identifier needs a counterpart")
+    if empty not in ("error", "skip"):
+        raise ConfigError(f"`empty` must be one of error, skip, got {empty!r}")
+    kind = "string" if metric == "levenshtein" else (
+        "numeric" if metric in ("euclidean", "haversine") else _kind(primary, on, metric))
+    keep_p = _check_empty(primary, on, kind, primary_source, empty)
+    keep_s = _check_empty(secondary, secondary_on, kind, secondary_source, empty)
+    if not (keep_p.all() and keep_s.all()):
+        inner = run_linkage(
+            primary[keep_p].reset_index(drop=True), secondary[keep_s].reset_index(drop=True),
+            on=on, secondary_on=secondary_on, metric=metric, top_k=top_k, bloom=bloom,
+            mode=mode, tau=tau, sigma=sigma, delta=delta, secret=secret, seed=seed,
+            search=search, bloom_config=bloom_config, primary_source=primary_source,
+            secondary_source=secondary_source, transcript=transcript, empty="error")
+        return _expand(inner, keep_p, keep_s, start)
+    try:
+        return _run_linkage(primary, secondary, on=on, secondary_on=secondary_on,
+                            metric=metric, top_k=top_k, bloom=bloom, mode=mode, tau=tau,
+                            sigma=sigma, delta=delta, secret=secret, seed=seed, search=search,
+                            bloom_config=bloom_config, primary_source=primary_source,
+                            secondary_source=secondary_source, transcript=transcript,
+                            start=start)
+    except DataError as exc:
+        # The pure layers name the side ("primary identifiers ..."); the user needs the file.
+        text = str(exc)
+        for side, source in (("primary", primary_source), ("secondary", secondary_source)):
+            if text.startswith(side) and not text.startswith(source):
+                raise DataError(f"{source}: {text}") from None
+        raise
+
+
+def _blank(frame: pd.DataFrame, column: str) -> npt.NDArray[np.bool_]:
+    values = frame[column]
+    missing = values.isna().to_numpy()
+    if values.dtype == object or pd.api.types.is_string_dtype(values):
+        text = values.astype(object).where(~missing, "")
+        missing = missing | np.asarray([not str(v).strip() for v in text], dtype=bool)
+    return np.asarray(missing, dtype=bool)
+
+
+def _check_empty(frame: pd.DataFrame, columns: Sequence[str], kind: str, source: str,
+                 policy: str) -> npt.NDArray[np.bool_]:
+    """Rows to keep under the empty-identifier policy (raises under ``"error"``).
+
+    A numeric identifier is empty when any of its columns is missing; a string identifier
+    when all its columns are blank (several string columns are joined, e.g. first and last
+    name, so one blank part still leaves a name to compare).
+    """
+    present = [c for c in columns if c in frame.columns]
+    if not present:
+        return np.ones(len(frame), dtype=bool)
+    blank = np.stack([_blank(frame, c) for c in present], axis=1)
+    empty = blank.any(axis=1) if kind == "numeric" else blank.all(axis=1)
+    if empty.any() and policy == "error":
+        row = int(np.flatnonzero(empty)[0])
+        column = present[int(np.flatnonzero(blank[row])[0])]
+        raise DataError(
+            f"{source}: identifier column {column!r} is empty at row {row} (line {row + 2} of a "
+            f"CSV); {int(empty.sum())} row(s) have an empty identifier. Fill them in, or set "
+            f"empty = \"skip\" (--empty skip) to link the other rows and leave these unlinked")
+    return np.asarray(~empty, dtype=bool)
+
+
+def _expand(inner: LinkOutcome, keep_p: npt.NDArray[np.bool_], keep_s: npt.NDArray[np.bool_],
+            start: float) -> LinkOutcome:
+    """Put a linkage of the non-empty rows back at the rows' original positions."""
+    lk = inner.linkage
+    rows = np.flatnonzero(keep_p)
+    cols = np.flatnonzero(keep_s)
+    k = lk.k
+    indices = np.full((len(keep_p), k), MISSING, dtype=np.int64)
+    distances = np.full((len(keep_p), k), np.nan)
+    similarities = np.full((len(keep_p), k), np.nan)
+    valid = lk.indices >= 0
+    indices[rows] = np.where(valid, cols[np.where(valid, lk.indices, 0)], MISSING)
+    distances[rows] = lk.distances
+    similarities[rows] = lk.similarities
+    linkage = dataclasses.replace(lk, indices=indices, distances=distances,
+                                  similarities=similarities, n_secondary=len(keep_s))
+    skipped = {"primary": int((~keep_p).sum()), "secondary": int((~keep_s).sum())}
+    log.info("skipped %d primary and %d secondary row(s) with an empty identifier",
+             skipped["primary"], skipped["secondary"])
+    sizes = {**inner.sizes, "primary_rows": len(keep_p), "secondary_rows": len(keep_s)}
+    return dataclasses.replace(
+        inner, linkage=linkage, alignment=linkage.to_alignment("secondary"),
+        seconds=time.perf_counter() - start, sizes=sizes, skipped_rows=skipped)
+
+
+def _run_linkage(primary: pd.DataFrame, secondary: pd.DataFrame, *, on: tuple[str, ...],
+                 secondary_on: tuple[str, ...], metric: str, top_k: int, bloom: bool,
+                 mode: str, tau: float | None, sigma: float | None, delta: float,
+                 secret: bytes | None, seed: int | None, search: SearchOptions | None,
+                 bloom_config: BloomConfig | None, primary_source: str,
+                 secondary_source: str, transcript: Transcript | None,
+                 start: float) -> LinkOutcome:
     if metric in ("euclidean", "haversine", "levenshtein"):
         # Checked on the raw values here, where both tables are at hand: after Bloom encoding a
         # NaN coordinate or a latitude of 123° could no longer be told apart (in a deployment

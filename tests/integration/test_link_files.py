@@ -1,0 +1,95 @@
+"""`vflink link` on real files: text identifiers, empty identifiers, record ids, errors that
+name the file; identifiers that are also features in run files (issue 14, item 3)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from vflink.cli.main import main
+from vflink.errors import ConfigError
+from vflink.linkage import brute_levenshtein, normalize_string
+from vflink.runner.config import parse_config
+
+PRIMARY = "name,code,cc\nAnna Smith,0019151111,NA\nBob Jones,2,US\n,3,DE\nCarl Berg,4,FR\n"
+SECONDARY = "name,code\nAnna Smyth,a1\nBob Jone,b2\nKarl Berg,c3\n"
+
+
+def files(tmp_path: Path) -> tuple[Path, Path]:
+    p, s = tmp_path / "people.csv", tmp_path / "others.csv"
+    p.write_text(PRIMARY)
+    s.write_text(SECONDARY)
+    return p, s
+
+
+def link(p: Path, s: Path, out: Path, *extra: str) -> int:
+    return main(["link", "--primary", str(p), "--secondary", str(s), "--on", "name",
+                 "--metric", "levenshtein", "--top-k", "2", "--out", str(out), *extra])
+
+
+def test_empty_identifier_fails_naming_file_column_and_row(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    p, s = files(tmp_path)
+    out = tmp_path / "links.csv"
+    assert link(p, s, out) != 0
+    err = " ".join(capsys.readouterr().err.split())
+    assert "people.csv" in err and "'name'" in err and "row 2" in err and "skip" in err
+    assert "second" not in err and not out.exists()
+
+
+@pytest.mark.parametrize("ext", ["csv", "parquet"])
+def test_skip_links_the_rest_and_counts_the_skipped_row(tmp_path: Path, ext: str) -> None:
+    p, s = files(tmp_path)
+    out = tmp_path / f"links.{ext}"
+    assert link(p, s, out, "--empty", "skip", "--id", "code") == 0
+    table = pd.read_csv(out, dtype={"primary_id": str, "secondary_id": str}) \
+        if ext == "csv" else pd.read_parquet(out)
+    summary = json.loads(Path(f"{out}.summary.json").read_text())
+    assert summary["skipped_rows"] == {"primary": 1, "secondary": 0}
+    # the skipped row keeps its position (2) and has no link; the others match brute force
+    assert sorted(set(table["primary_index"])) == [0, 1, 3]
+    names = pd.read_csv(p, keep_default_na=False)["name"].tolist()
+    others = pd.read_csv(s)["name"].tolist()
+    for row in (0, 1, 3):
+        truth = brute_levenshtein([normalize_string(names[row])],
+                                  [normalize_string(x) for x in others], 2)
+        got = table[table["primary_index"] == row].sort_values("rank")
+        assert got["distance"].tolist() == truth.distances[0].tolist()
+    # record ids are carried as text: leading zeros kept, no float conversion
+    first = table[(table["primary_index"] == 0) & (table["rank"] == 0)].iloc[0]
+    assert first["primary_id"] == "0019151111" and first["secondary_id"] == "a1"
+
+
+def test_text_identifiers_keep_na_and_digits(tmp_path: Path) -> None:
+    p = tmp_path / "countries.csv"
+    p.write_text("cc,n\nNA,1\n19151111,2\nUS,3\n")
+    s = tmp_path / "other.csv"
+    s.write_text("cc,m\nNA,1\nUS,2\n19151112,3\n")
+    out = tmp_path / "links.csv"
+    assert main(["link", "--primary", str(p), "--secondary", str(s), "--on", "cc",
+                 "--metric", "levenshtein", "--top-k", "1", "--out", str(out)]) == 0
+    table = pd.read_csv(out)
+    # "NA" is Namibia, not a missing value; "19151111" is one edit from "19151112", not a float
+    assert table.set_index("primary_index").loc[0, "distance"] == 0
+    assert table.set_index("primary_index").loc[1, "distance"] == 1
+
+
+PARTY = {"name": "p", "role": "primary", "path": "p.csv", "identifiers": ["lat", "lon"],
+         "numeric": ["lat"], "label": "y", "task": "binary"}
+
+
+def test_identifier_as_feature_needs_the_flag_and_reports_one_problem() -> None:
+    raw = {"version": 1, "algorithm": "fedsim",
+           "data": {"parties": [PARTY, {"name": "s", "role": "secondary", "path": "s.csv",
+                                        "identifiers": ["lat", "lon"], "numeric": ["z"]}]},
+           "alignment": {"method": "soft", "metric": "euclidean"}}
+    with pytest.raises(ConfigError) as info:
+        parse_config(raw)
+    assert len(info.value.problems) == 1
+    assert "identifiers_as_features" in str(info.value)
+    raw["data"]["parties"][0] = {**PARTY, "identifiers_as_features": True}
+    config = parse_config(raw)
+    assert config.data.parties[0].identifiers_as_features is True
