@@ -151,10 +151,10 @@ def run(args: argparse.Namespace) -> int:
     clock = time.perf_counter()
     # String identifiers and record ids are read as text: "19151111" stays a string and the
     # country code "NA" is not read as missing.
-    text = opts["metric"] in ("levenshtein",)
-    p_text = (*(on or () if text else ()), *((opts["id"],) if opts.get("id") else ()))
+    as_text = opts["metric"] in ("levenshtein",)
+    p_text = (*(on or () if as_text else ()), *((opts["id"],) if opts.get("id") else ()))
     s_id = opts.get("secondary_id") or opts.get("id")
-    s_text = (*(secondary_on or () if text else ()), *((s_id,) if s_id else ()))
+    s_text = (*(secondary_on or () if as_text else ()), *((s_id,) if s_id else ()))
     primary = read_frame(Path(opts["primary"]), text_columns=tuple(p_text))
     secondary = read_frame(Path(opts["secondary"]), text_columns=tuple(s_text))
     ids = _id_columns(opts, primary, secondary)
