@@ -93,3 +93,36 @@ def test_identifier_as_feature_needs_the_flag_and_reports_one_problem() -> None:
     raw["data"]["parties"][0] = {**PARTY, "identifiers_as_features": True}
     config = parse_config(raw)
     assert config.data.parties[0].identifiers_as_features is True
+
+
+def test_link_file_with_fields_and_blocking(tmp_path: Path) -> None:
+    p, s = tmp_path / "a.csv", tmp_path / "b.csv"
+    p.write_text("first,last,zip\nanna,smith,2000\nbob,jones,3000\ncarl,berg,2000\n")
+    s.write_text("given,family,zip\nana,smith,2000\nbob,jonas,3000\nkarl,berg,2000\n"
+                 "anna,smyth,9999\n")
+    (tmp_path / "link.toml").write_text(
+        'version = 1\n[link]\nprimary = "a.csv"\nsecondary = "b.csv"\ntop_k = 2\n'
+        'out = "links.csv"\nseed = 0\n'
+        '[[link.fields]]\non = ["first"]\nsecondary_on = ["given"]\nmetric = "jaro-winkler"\n'
+        '[[link.fields]]\non = ["last"]\nsecondary_on = ["family"]\nmetric = "levenshtein"\n'
+        'weight = 2.0\n[[link.blocking]]\non = "zip"\n')
+    assert main(["link", "--config", str(tmp_path / "link.toml")]) == 0
+    table = pd.read_csv(tmp_path / "links.csv")
+    top = table[table["rank"] == 0].set_index("primary_index")["secondary_index"]
+    assert top.to_dict() == {0: 0, 1: 1, 2: 2}
+    # blocking on zip: "anna smyth" (zip 9999) is never a candidate, and bob has one candidate
+    assert 3 not in set(table["secondary_index"])
+    assert (table["primary_index"] == 1).sum() == 1
+    summary = json.loads((tmp_path / "links.csv.summary.json").read_text())
+    assert summary["metric"] == "fields" and summary["skipped_rows"]["primary"] == 0
+
+
+def test_link_file_field_problems_reported_together(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "link.toml").write_text(
+        '[link]\nprimary = "a.csv"\nsecondary = "b.csv"\ntop_k = 2\nout = "l.csv"\n'
+        '[[link.fields]]\non = ["x"]\nmetric = "cosine"\n'
+        '[[link.fields]]\non = ["y"]\nmetric = "levenshtein"\nweight = -1\n')
+    assert main(["link", "--config", str(tmp_path / "link.toml")]) != 0
+    err = " ".join(capsys.readouterr().err.split())
+    assert "fields #1" in err and "fields #2" in err

@@ -16,7 +16,13 @@ from vflink.data.table import read_frame
 from vflink.errors import ConfigError, DataError
 from vflink.linkage import SearchOptions
 from vflink.linkage.improvement import plot_similarity_curve
-from vflink.runner.link import LINK_METRICS, linkage_columns, run_linkage, write_links
+from vflink.runner.link import (
+    LINK_METRICS,
+    linkage_columns,
+    run_field_linkage,
+    run_linkage,
+    write_links,
+)
 
 __all__ = ["register", "run"]
 
@@ -90,7 +96,8 @@ def register(sub: Any) -> None:
 
 
 _KEYS = ("primary", "secondary", "on", "secondary_on", "metric", "bloom", "top_k", "mode", "tau",
-         "sigma", "delta", "approximate", "seed", "out", "empty", "id", "secondary_id")
+         "sigma", "delta", "approximate", "seed", "out", "empty", "id", "secondary_id",
+         "fields", "blocking")
 
 
 def resolve(args: argparse.Namespace) -> dict[str, Any]:
@@ -110,8 +117,11 @@ def resolve(args: argparse.Namespace) -> dict[str, Any]:
         value = getattr(args, key, None)
         if value is not None:
             opts[key] = value
-    problems = [f"--{k.replace('_', '-')} is required" for k in
-                ("primary", "secondary", "on", "metric", "top_k", "out") if opts.get(k) is None]
+    required = ("primary", "secondary", "top_k", "out") if opts.get("fields") else (
+        "primary", "secondary", "on", "metric", "top_k", "out")
+    problems = [f"--{k.replace('_', '-')} is required" for k in required if opts.get(k) is None]
+    if opts.get("fields"):
+        _fields(opts, problems)
     if opts.get("tau") is not None and opts.get("sigma") is not None:
         problems.append("give at most one of --tau and --sigma")
     out = opts.get("out")
@@ -120,6 +130,34 @@ def resolve(args: argparse.Namespace) -> dict[str, Any]:
     if problems:
         raise ConfigError("; ".join(problems), problems)
     return opts
+
+
+def _fields(opts: dict[str, Any], problems: list[str]) -> tuple[list[Any], list[Any]]:
+    """``[[link.fields]]`` and ``[[link.blocking]]`` of a link file, every problem collected."""
+    from vflink.linkage.fields import Blocking, FieldSpec
+
+    built: tuple[list[Any], list[Any]] = ([], [])
+    for name, cls, out in (("fields", FieldSpec, built[0]), ("blocking", Blocking, built[1])):
+        entries = opts.get(name) or []
+        if not isinstance(entries, list):
+            problems.append(f"`{name}` must be an array of tables ([[link.{name}]])")
+            continue
+        for i, entry in enumerate(entries):
+            try:
+                if isinstance(entry, dict):
+                    out.append(cls(**entry))
+                elif cls is Blocking and isinstance(entry, str):  # blocking = ["postcode"]
+                    out.append(Blocking(on=entry))
+                else:
+                    problems.append(f"{name} #{i + 1} must be a table, got {entry!r}")
+                    continue
+            except ConfigError as exc:
+                problems.extend(f"{name} #{i + 1}: {p}" for p in exc.problems)
+            except TypeError as exc:
+                problems.append(f"{name} #{i + 1}: {exc}")
+    if opts.get("on") or opts.get("metric"):
+        problems.append("give either `fields` or --on/--metric, not both")
+    return built
 
 
 def _id_columns(opts: dict[str, Any], primary: Any, secondary: Any) -> tuple[Any, Any]:
@@ -145,25 +183,36 @@ def run(args: argparse.Namespace) -> int:
     out = Path(opts["out"])
     if out.exists() and not args.overwrite:
         raise ConfigError(f"{out}: output exists; pass --overwrite to replace it")
-    on = _columns(opts["on"])
+    on = _columns(opts.get("on"))
     secondary_on = _columns(opts.get("secondary_on")) or on
     phases: dict[str, float] = {}
     clock = time.perf_counter()
     # String identifiers and record ids are read as text: "19151111" stays a string and the
     # country code "NA" is not read as missing.
-    as_text = opts["metric"] in ("levenshtein",)
-    p_text = (*(on or () if as_text else ()), *((opts["id"],) if opts.get("id") else ()))
+    fields, blocking = _fields(opts, []) if opts.get("fields") else ([], [])
+    as_text = opts.get("metric") in ("levenshtein",)
+    p_cols = [c for f in fields if f.kind == "string" for c in f.on] + [b.on for b in blocking]
+    s_cols = [c for f in fields if f.kind == "string" for c in f.columns_s] + [
+        b.secondary_on or b.on for b in blocking]
+    p_text = (*(on or () if as_text else ()), *p_cols,
+              *((opts["id"],) if opts.get("id") else ()))
     s_id = opts.get("secondary_id") or opts.get("id")
-    s_text = (*(secondary_on or () if as_text else ()), *((s_id,) if s_id else ()))
+    s_text = (*(secondary_on or () if as_text else ()), *s_cols, *((s_id,) if s_id else ()))
     primary = read_frame(Path(opts["primary"]), text_columns=tuple(p_text))
     secondary = read_frame(Path(opts["secondary"]), text_columns=tuple(s_text))
     ids = _id_columns(opts, primary, secondary)
     phases["read"] = time.perf_counter() - clock
     search = SearchOptions(mode="approximate") if opts.get("approximate") else None
     console = Console()
+    metric = opts.get("metric") or "fields"
     with console.status(f"linking {len(primary)} × {len(secondary)} records "
-                        f"({opts['metric']}, K = {opts['top_k']})"):
-        outcome = run_linkage(
+                        f"({metric}, K = {opts['top_k']})"):
+        outcome = run_field_linkage(
+            primary, secondary, fields=fields, blocking=blocking, top_k=int(opts["top_k"]),
+            bloom=bool(opts.get("bloom")), mode=opts.get("mode") or "soft", tau=opts.get("tau"),
+            sigma=opts.get("sigma"), delta=opts.get("delta") or 1e-5, seed=opts.get("seed"),
+            primary_source=str(opts["primary"]), secondary_source=str(opts["secondary"]),
+        ) if fields else run_linkage(
             primary, secondary, on=on or (), secondary_on=secondary_on,
             metric=opts["metric"], top_k=int(opts["top_k"]), bloom=bool(opts.get("bloom")),
             mode=opts.get("mode") or "soft", tau=opts.get("tau"), sigma=opts.get("sigma"),
@@ -196,7 +245,7 @@ def run(args: argparse.Namespace) -> int:
         ("sizes", f"{len(primary)} primary × {len(secondary)} secondary, K = {lk.k}, "
                   f"{n_links} links"),
         ("time", f"{outcome.seconds:.2f} s"),
-        ("metric", f"{opts['metric']} (search: {outcome.search_metric}); privacy: "
+        ("metric", f"{metric} (search: {outcome.search_metric}); privacy: "
                    f"{'Bloom filters' if outcome.privacy == 'bloom' else 'OFF (raw identifiers)'}"),
         ("μ0, σ0 (Eq. 1)", f"{lk.mu0:.6g}, {lk.sigma0:.6g}"),
         ("σ (Eq. 2)", f"{lk.sigma:.6g}"),
