@@ -56,7 +56,8 @@ class GeoBloomConfig:
     Attributes:
         resolution_km: the finest grid cell [0.5]; distances below it are told apart only by
             the finest grids' offsets.
-        max_km: the coarsest grid cell [2000]; places farther apart look about equally far.
+        max_km: the coarsest grid cell [20000, half the circumference]: every distance on Earth
+            still ranks (a South Pole station still finds the nearest place, 1,300 km away).
         directions: projection axes [32]; more axes make Hamming distance closer to isotropic.
         shifts: evenly offset grids per axis and scale [2].
         num_hashes: bits per token [1], at most 4.
@@ -64,7 +65,7 @@ class GeoBloomConfig:
     """
 
     resolution_km: float = 0.5
-    max_km: float = 2000.0
+    max_km: float = 20000.0
     directions: int = 32
     shifts: int = 2
     num_hashes: int = 1
