@@ -126,3 +126,29 @@ def test_link_file_field_problems_reported_together(
     assert main(["link", "--config", str(tmp_path / "link.toml")]) != 0
     err = " ".join(capsys.readouterr().err.split())
     assert "fields #1" in err and "fields #2" in err
+
+
+def test_identifier_that_is_also_a_feature_is_noted_in_the_run(tmp_path: Path) -> None:
+    import numpy as np
+
+    from vflink.runner.config import load_config
+    from vflink.runner.train import run_training
+
+    rng = np.random.default_rng(0)
+    n = 120
+    x = rng.uniform(0, 10, n)
+    pd.DataFrame({"pos": x, "f": rng.normal(size=n), "y": (x > 5).astype(int)}).to_csv(
+        tmp_path / "p.csv", index=False)
+    pd.DataFrame({"pos": x + rng.normal(0, 0.01, n), "g": x * 2}).to_csv(
+        tmp_path / "s.csv", index=False)
+    (tmp_path / "run.toml").write_text(
+        'version = 1\nalgorithm = "top1sim"\n[data]\n'
+        '[[data.parties]]\nname = "p"\nrole = "primary"\npath = "p.csv"\n'
+        'identifiers = ["pos"]\nnumeric = ["pos", "f"]\nlabel = "y"\ntask = "binary"\n'
+        'identifiers_as_features = true\n'
+        '[[data.parties]]\nname = "s"\nrole = "secondary"\npath = "s.csv"\n'
+        'identifiers = ["pos"]\nnumeric = ["g"]\n'
+        '[alignment]\nmethod = "soft"\nmetric = "euclidean"\nprivacy = "off"\ntop_k = 1\n'
+        '[training]\nepochs = 1\n')
+    result = run_training(load_config(tmp_path / "run.toml"))
+    assert result.extra["alignment"]["identifiers_as_features"] == {"p": ["pos"]}
