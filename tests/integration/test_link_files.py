@@ -152,3 +152,20 @@ def test_identifier_that_is_also_a_feature_is_noted_in_the_run(tmp_path: Path) -
         '[training]\nepochs = 1\n')
     result = run_training(load_config(tmp_path / "run.toml"))
     assert result.extra["alignment"]["identifiers_as_features"] == {"p": ["pos"]}
+
+
+def test_link_file_geo_parameters(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pd.DataFrame({"lat": [10.0, -89.9, 51.5], "lon": [179.99, 0.0, -0.1]}).to_csv(
+        tmp_path / "a.csv", index=False)
+    pd.DataFrame({"lat": [10.0, -85.0, 51.6, 40.0], "lon": [-179.99, 10.0, -0.2, 3.0]}).to_csv(
+        tmp_path / "b.csv", index=False)
+    base = ('[link]\nprimary = "a.csv"\nsecondary = "b.csv"\ntop_k = 1\nout = "l.csv"\n'
+            'on = "lat,lon"\nmetric = "haversine"\nbloom = true\nseed = 0\n')
+    (tmp_path / "link.toml").write_text(base + "[link.geo]\ndirections = 8\nfilter_bits = 1024\n")
+    assert main(["link", "--config", str(tmp_path / "link.toml")]) == 0
+    table = pd.read_csv(tmp_path / "l.csv")
+    # across the antimeridian, at the pole and in London the nearest place is found
+    assert table.sort_values("primary_index")["secondary_index"].tolist() == [0, 1, 2]
+    (tmp_path / "link.toml").write_text(base + "[link.geo]\ndirections = 0\n")
+    assert main(["link", "--config", str(tmp_path / "link.toml"), "--overwrite"]) != 0
+    assert "directions" in capsys.readouterr().err

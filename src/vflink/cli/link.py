@@ -97,7 +97,7 @@ def register(sub: Any) -> None:
 
 _KEYS = ("primary", "secondary", "on", "secondary_on", "metric", "bloom", "top_k", "mode", "tau",
          "sigma", "delta", "approximate", "seed", "out", "empty", "id", "secondary_id",
-         "fields", "blocking")
+         "fields", "blocking", "geo")
 
 
 def resolve(args: argparse.Namespace) -> dict[str, Any]:
@@ -160,6 +160,20 @@ def _fields(opts: dict[str, Any], problems: list[str]) -> tuple[list[Any], list[
     return built
 
 
+def _geo(table: Any) -> Any:
+    """``[link.geo]``: parameters of the geographic Bloom filters (``GeoBloomConfig``)."""
+    if table is None:
+        return None
+    from vflink.linkage import GeoBloomConfig
+
+    if not isinstance(table, dict):
+        raise ConfigError(f"[link.geo] must be a table, got {table!r}")
+    try:
+        return GeoBloomConfig(**table)
+    except TypeError as exc:
+        raise ConfigError(f"[link.geo]: {exc}") from None
+
+
 def _id_columns(opts: dict[str, Any], primary: Any, secondary: Any) -> tuple[Any, Any]:
     """The record ids to copy into the links (``--id``, ``--secondary-id``), as text."""
     out: list[Any] = []
@@ -218,7 +232,8 @@ def run(args: argparse.Namespace) -> int:
             mode=opts.get("mode") or "soft", tau=opts.get("tau"), sigma=opts.get("sigma"),
             delta=opts.get("delta") or 1e-5,
             seed=opts.get("seed"), search=search, primary_source=str(opts["primary"]),
-            secondary_source=str(opts["secondary"]), empty=opts.get("empty") or "error")
+            secondary_source=str(opts["secondary"]), empty=opts.get("empty") or "error",
+            geo_config=_geo(opts.get("geo")))
         phases["link"] = outcome.seconds
         clock = time.perf_counter()
         columns = linkage_columns(outcome.linkage)

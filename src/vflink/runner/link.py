@@ -137,7 +137,8 @@ def run_linkage(primary: pd.DataFrame, secondary: pd.DataFrame, *, on: Sequence[
                 seed: int | None = None, search: SearchOptions | None = None,
                 bloom_config: BloomConfig | None = None, primary_source: str = "primary",
                 secondary_source: str = "secondary",
-                transcript: Transcript | None = None, empty: str = "error") -> LinkOutcome:
+                transcript: Transcript | None = None, empty: str = "error",
+                geo_config: GeoBloomConfig | None = None) -> LinkOutcome:
     """Link ``primary`` to ``secondary`` through a coordinator, all parties in this process.
 
     ``empty`` is the policy for records whose identifier is empty (a blank string, or a
@@ -163,7 +164,8 @@ def run_linkage(primary: pd.DataFrame, secondary: pd.DataFrame, *, on: Sequence[
             on=on, secondary_on=secondary_on, metric=metric, top_k=top_k, bloom=bloom,
             mode=mode, tau=tau, sigma=sigma, delta=delta, secret=secret, seed=seed,
             search=search, bloom_config=bloom_config, primary_source=primary_source,
-            secondary_source=secondary_source, transcript=transcript, empty="error")
+            secondary_source=secondary_source, transcript=transcript, empty="error",
+            geo_config=geo_config)
         return _expand(inner, keep_p, keep_s, start)
     try:
         return _run_linkage(primary, secondary, on=on, secondary_on=secondary_on,
@@ -171,7 +173,7 @@ def run_linkage(primary: pd.DataFrame, secondary: pd.DataFrame, *, on: Sequence[
                             sigma=sigma, delta=delta, secret=secret, seed=seed, search=search,
                             bloom_config=bloom_config, primary_source=primary_source,
                             secondary_source=secondary_source, transcript=transcript,
-                            start=start)
+                            start=start, geo_config=geo_config)
     except DataError as exc:
         # The pure layers name the side ("primary identifiers ..."); the user needs the file.
         text = str(exc)
@@ -244,7 +246,7 @@ def _run_linkage(primary: pd.DataFrame, secondary: pd.DataFrame, *, on: tuple[st
                  secret: bytes | None, seed: int | None, search: SearchOptions | None,
                  bloom_config: BloomConfig | None, primary_source: str,
                  secondary_source: str, transcript: Transcript | None,
-                 start: float) -> LinkOutcome:
+                 start: float, geo_config: GeoBloomConfig | None = None) -> LinkOutcome:
     if metric in ("euclidean", "haversine", "levenshtein"):
         # Checked on the raw values here, where both tables are at hand: after Bloom encoding a
         # NaN coordinate or a latitude of 123° could no longer be told apart (in a deployment
@@ -256,7 +258,7 @@ def _run_linkage(primary: pd.DataFrame, secondary: pd.DataFrame, *, on: tuple[st
             metric=metric, top_k=top_k)
     spec, search_metric = encoding_for(metric, bloom=bloom,
                                        sides=((primary, on), (secondary, secondary_on)),
-                                       bloom_config=bloom_config)
+                                       bloom_config=bloom_config, geo_config=geo_config)
     if spec.encoder == "bloom" and secret is None:
         secret = shared_secret("VFLINK_SECRET")  # random when unset: both parties are here
     hub = InProcessHub(transcript=transcript)
