@@ -61,9 +61,13 @@ def normalize_similarities(distances: npt.ArrayLike, *,
         return np.full_like(d, np.nan), 0.0, 0.0
     elif all_valid:
         # No masked copies of the n × K distances when every link is present (the usual case):
-        # the std of −d is the std of d.
-        mu0 = -float(d.mean())
-        sigma0 = float(d.std())
+        # the std of −d is the std of d, computed with one temporary instead of numpy's two.
+        mean = float(d.mean())
+        dev = d - mean
+        mu0 = -mean
+        sigma0 = math.sqrt(float(np.einsum("ij,ij->", dev, dev)) / d.size) if d.ndim == 2 \
+            else float(d.std())
+        del dev
     else:
         mu0 = -float(d[valid].mean())
         sigma0 = float(d[valid].std())
@@ -205,7 +209,8 @@ def soft_linkage(
     epsilon = dp_epsilon(noise, n_primary, mu0, sigma0)
     epsilon_valid = delta < theorem1_delta_limit(epsilon)
     generator = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
-    similarities = perturb_similarities(rho, noise, generator)
+    # ρ is a fresh array owned here: without noise it is the similarity itself (no copy).
+    similarities = rho if noise == 0.0 else perturb_similarities(rho, noise, generator)
     log.info("soft linkage: K=%d μ0=%.6g σ0=%.6g σ=%.6g τ=%.6g ε=%.6g", neighbours.k, mu0,
              sigma0, noise, achieved_tau, epsilon)
     return SoftLinkage(
