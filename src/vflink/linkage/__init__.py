@@ -4,7 +4,9 @@ Stages, one module each (ARCHITECTURE.md, convention 9): :mod:`.encoding` (raw, 
 :mod:`.blocking` (q-gram candidates) → :mod:`.search` (top-K with faiss / rapidfuzz, each with a
 brute-force reference) → :mod:`.soft` (Eq. 1 normalisation, Eq. 2 noise) with the privacy
 formulas of :mod:`.privacy` (Theorems 1 and 2), and :mod:`.improvement` (Δ, Figure 4).
-:func:`link` runs them all. This package is an algorithm layer: it does no I/O to peers.
+:func:`link` runs them all. :mod:`.fields` links on several fields with their own metrics,
+weights and blocking keys; :mod:`.encoding.geo` encodes places on the globe as keyed Bloom
+filters. This package is an algorithm layer: it does no I/O to peers.
 """
 
 from __future__ import annotations
