@@ -100,3 +100,15 @@ def test_private_link_uses_no_bounding_box() -> None:
     spec, _ = encoding_for("haversine", bloom=True, sides=(frames, frames))
     assert spec.kind == "geo" and spec.low == () and spec.high == ()  # no bounding box
     assert np.mean([top1[i] in truth.indices[i, :3] for i in range(len(p))]) >= 0.85
+
+
+def test_approximate_search_on_long_filters_measures_its_recall() -> None:
+    from vflink.linkage import SearchOptions, recall_at_k, search_hamming
+
+    p, s = places(300, 5), places(3000, 6)
+    bp, bs = bloom_geo(p, secret=SECRET), bloom_geo(s, secret=SECRET)
+    approx = search_hamming(bp, bs, 5, options=SearchOptions(mode="approximate", nprobe=16,
+                                                             recall_sample=300))
+    truth = brute_hamming(bp, bs, 5)
+    measured = recall_at_k(approx.distances, truth.distances)
+    assert approx.recall == pytest.approx(measured) and measured >= 0.95
