@@ -184,7 +184,8 @@ def bloom_geo(values: npt.ArrayLike, *, secret: bytes, config: GeoBloomConfig | 
         # Encrypt in place of a preallocated buffer: no bytes copies of the ~10 MB per chunk.
         digest = np.empty(blocks.size * 2 + 4, dtype=np.uint32)
         enc = cipher.encryptor()
-        written = enc.update_into(memoryview(blocks).cast("B"), memoryview(digest).cast("B"))
+        written = enc.update_into(blocks.reshape(-1).view(np.uint8).data,
+                                  digest.view(np.uint8).data)
         enc.finalize()
         words = digest[:written // 4].reshape(n, -1, 4)[:, :, :h]  # a 32-bit word per position
         pos = (words % np.uint32(length)).astype(np.int64).reshape(n, -1)
