@@ -102,11 +102,13 @@ def test_link_command_writes_table_summary_and_plot(tmp_path: Path, ext: str) ->
 BAD = {
     "mismatched dims": (["--on", "lat,lon", "--secondary-on", "lat", "--metric", "euclidean"],
                         "--secondary-on"),
-    "nan coordinate": (["--on", "lat,lon", "--metric", "haversine"], "NaN"),
+    "nan coordinate": (["--on", "lat,lon", "--metric", "haversine"],
+                       "s.parquet: identifier column 'lat' is empty at row 7"),
     "latitude out of range": (["--on", "lat,lon", "--metric", "haversine"], "latitude outside"),
     "k too large": (["--on", "lat,lon", "--metric", "euclidean", "--top-k", "999"],
                     "larger than the secondary table"),
-    "empty string": (["--on", "name", "--metric", "levenshtein"], "empty string"),
+    "empty string": (["--on", "name", "--metric", "levenshtein"],
+                     "s.parquet: identifier column 'name' is empty at row 2"),
     "unknown column": (["--on", "lat,height", "--metric", "euclidean"], "height"),
     "secondary lacks a column": (
         ["--on", "lat,lon", "--secondary-on", "lat,height", "--metric", "hamming"],

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
+import time
 from pathlib import Path
 from typing import Any
 
 from vflink.config import read_toml
-from vflink.errors import ConfigError
+from vflink.errors import ConfigError, DataError
 
 __all__ = ["register", "run"]
 
@@ -32,8 +32,11 @@ to the coordinator only with an explicit --privacy off. The summary names the en
 
 Output (by extension: .csv or .parquet): one row per (primary record, neighbour) with
 primary_index, secondary_index (0-based row positions in the input files), rank (0 = most
-similar), distance and similarity (after noise). Next to it: <out>.summary.json and the
-sorted-similarity curve of FedSim Figure 4 (<out>.similarity.png).
+similar), distance and similarity (after noise), and primary_id / secondary_id with --id.
+Records with an empty identifier stop the link (the error names the file, column and row)
+unless --empty skip: then they keep their position, get no link, and are counted.
+Next to it: <out>.summary.json and the sorted-similarity curve of FedSim Figure 4
+(<out>.similarity.png).
 """
 
 
@@ -77,6 +80,13 @@ def register(sub: Any) -> None:
                    help="approximate search (IVF / q-gram blocking); recall is measured")
     p.add_argument("--seed", type=int, default=None,
                    help="seed of the coordinator's noise (default: OS entropy)")
+    p.add_argument("--empty", choices=("error", "skip"), default=None,
+                   help="records with an empty identifier: error (default: stop, naming the "
+                   "file, column and row) or skip (no link for them; the count is reported)")
+    p.add_argument("--id", help="record-id column of the primary, copied into the links as "
+                   "primary_id (read as text)")
+    p.add_argument("--secondary-id", help="record-id column of the secondary, copied into the "
+                   "links as secondary_id (default: the --id column, when the secondary has it)")
     p.add_argument("--out", type=Path, help="output table (.csv or .parquet)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output file")
     p.usage = ("%(prog)s --primary P --secondary S --on COLS --metric M --top-k K --out F "
@@ -91,7 +101,8 @@ _REQUIRED = ("primary", "secondary", "on", "metric", "top_k", "out")
 
 
 _KEYS = ("primary", "secondary", "on", "secondary_on", "metric", "bloom", "top_k", "mode", "tau",
-         "sigma", "delta", "approximate", "seed", "out", "privacy")
+         "sigma", "delta", "approximate", "seed", "out", "privacy", "empty", "id",
+         "secondary_id", "fields", "blocking", "geo")
 
 
 def resolve(args: argparse.Namespace) -> dict[str, Any]:
@@ -111,8 +122,11 @@ def resolve(args: argparse.Namespace) -> dict[str, Any]:
         value = getattr(args, key, None)
         if value is not None:
             opts[key] = value
-    problems = [f"--{k.replace('_', '-')} is required" for k in
-                _REQUIRED if opts.get(k) is None]
+    required = ("primary", "secondary", "top_k", "out") if opts.get("fields") else (
+        "primary", "secondary", "on", "metric", "top_k", "out")
+    problems = [f"--{k.replace('_', '-')} is required" for k in required if opts.get(k) is None]
+    if opts.get("fields"):
+        _fields(opts, problems)
     if opts.get("tau") is not None and opts.get("sigma") is not None:
         problems.append("give at most one of --tau and --sigma")
     privacy, bloom = opts.get("privacy"), opts.get("bloom")
@@ -128,14 +142,64 @@ def resolve(args: argparse.Namespace) -> dict[str, Any]:
     return opts
 
 
-def _write_table(frame: Any, out: Path) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.partial")
-    if out.suffix.lower() == ".parquet":
-        frame.to_parquet(tmp, index=False)
-    else:
-        frame.to_csv(tmp, index=False, float_format="%.6g")
-    os.replace(tmp, out)  # never leave a half-written output
+def _fields(opts: dict[str, Any], problems: list[str]) -> tuple[list[Any], list[Any]]:
+    """``[[link.fields]]`` and ``[[link.blocking]]`` of a link file, every problem collected."""
+    from vflink.linkage.fields import Blocking, FieldSpec
+
+    built: tuple[list[Any], list[Any]] = ([], [])
+    for name, cls, out in (("fields", FieldSpec, built[0]), ("blocking", Blocking, built[1])):
+        entries = opts.get(name) or []
+        if not isinstance(entries, list):
+            problems.append(f"`{name}` must be an array of tables ([[link.{name}]])")
+            continue
+        for i, entry in enumerate(entries):
+            try:
+                if isinstance(entry, dict):
+                    out.append(cls(**entry))
+                elif cls is Blocking and isinstance(entry, str):  # blocking = ["postcode"]
+                    out.append(Blocking(on=entry))
+                else:
+                    problems.append(f"{name} #{i + 1} must be a table, got {entry!r}")
+                    continue
+            except ConfigError as exc:
+                problems.extend(f"{name} #{i + 1}: {p}" for p in exc.problems)
+            except TypeError as exc:
+                problems.append(f"{name} #{i + 1}: {exc}")
+    if opts.get("on") or opts.get("metric"):
+        problems.append("give either `fields` or --on/--metric, not both")
+    return built
+
+
+def _geo(table: Any) -> Any:
+    """``[link.geo]``: parameters of the geographic Bloom filters (``GeoBloomConfig``)."""
+    if table is None:
+        return None
+    from vflink.linkage import GeoBloomConfig
+
+    if not isinstance(table, dict):
+        raise ConfigError(f"[link.geo] must be a table, got {table!r}")
+    try:
+        return GeoBloomConfig(**table)
+    except TypeError as exc:
+        raise ConfigError(f"[link.geo]: {exc}") from None
+
+
+def _id_columns(opts: dict[str, Any], primary: Any, secondary: Any) -> tuple[Any, Any]:
+    """The record ids to copy into the links (``--id``, ``--secondary-id``), as text."""
+    out: list[Any] = []
+    p_id, s_id = opts.get("id"), opts.get("secondary_id")
+    for frame, column, source, explicit in (
+            (primary, p_id, opts["primary"], True),
+            (secondary, s_id or p_id, opts["secondary"], s_id is not None)):
+        if column is None or (not explicit and column not in frame.columns):
+            out.append(None)
+            continue
+        if column not in frame.columns:
+            raise DataError(f"{source}: no record-id column {column!r}; the table has: "
+                            f"{', '.join(map(str, frame.columns[:20]))}")
+        out.append(frame[column].astype(object).where(frame[column].notna(), None)
+                   .map(lambda v: v if v is None else str(v)).to_numpy(dtype=object))
+    return out[0], out[1]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -145,42 +209,83 @@ def run(args: argparse.Namespace) -> int:
     from vflink.data.table import read_frame
     from vflink.linkage import SearchOptions
     from vflink.linkage.improvement import plot_similarity_curve
-    from vflink.runner.link import linkage_table, run_linkage
+    from vflink.runner.link import (
+        linkage_columns,
+        run_field_linkage,
+        run_linkage,
+        write_links,
+    )
 
     opts = resolve(args)
     out = Path(opts["out"])
     if out.exists() and not args.overwrite:
         raise ConfigError(f"{out}: output exists; pass --overwrite to replace it")
-    on = _columns(opts["on"])
+    on = _columns(opts.get("on"))
     secondary_on = _columns(opts.get("secondary_on")) or on
-    primary = read_frame(Path(opts["primary"]))
-    secondary = read_frame(Path(opts["secondary"]))
+    phases: dict[str, float] = {}
+    clock = time.perf_counter()
+    # String identifiers and record ids are read as text: "19151111" stays a string and the
+    # country code "NA" is not read as missing.
+    fields, blocking = _fields(opts, []) if opts.get("fields") else ([], [])
+    as_text = opts.get("metric") in ("levenshtein",)
+    p_cols = [c for f in fields if f.kind == "string" for c in f.on] + [b.on for b in blocking]
+    s_cols = [c for f in fields if f.kind == "string" for c in f.columns_s] + [
+        b.secondary_on or b.on for b in blocking]
+    p_text = (*(on or () if as_text else ()), *p_cols,
+              *((opts["id"],) if opts.get("id") else ()))
+    s_id = opts.get("secondary_id") or opts.get("id")
+    s_text = (*(secondary_on or () if as_text else ()), *s_cols, *((s_id,) if s_id else ()))
+    primary = read_frame(Path(opts["primary"]), text_columns=tuple(p_text))
+    secondary = read_frame(Path(opts["secondary"]), text_columns=tuple(s_text))
+    ids = _id_columns(opts, primary, secondary)
+    phases["read"] = time.perf_counter() - clock
     search = SearchOptions(mode="approximate") if opts.get("approximate") else None
     console = Console()
+    metric = opts.get("metric") or "fields"
     with console.status(f"linking {len(primary)} × {len(secondary)} records "
-                        f"({opts['metric']}, K = {opts['top_k']})"):
-        outcome = run_linkage(
+                        f"({metric}, K = {opts['top_k']})"):
+        outcome = run_field_linkage(
+            primary, secondary, fields=fields, blocking=blocking, top_k=int(opts["top_k"]),
+            bloom=opts.get("bloom"), privacy=opts.get("privacy"),
+            mode=opts.get("mode") or "soft", tau=opts.get("tau"),
+            sigma=opts.get("sigma"), delta=opts.get("delta") or 1e-5, seed=opts.get("seed"),
+            primary_source=str(opts["primary"]), secondary_source=str(opts["secondary"]),
+        ) if fields else run_linkage(
             primary, secondary, on=on or (), secondary_on=secondary_on,
             metric=opts["metric"], top_k=int(opts["top_k"]), bloom=opts.get("bloom"),
             privacy=opts.get("privacy"),
             mode=opts.get("mode") or "soft", tau=opts.get("tau"), sigma=opts.get("sigma"),
             delta=opts.get("delta") or 1e-5,
             seed=opts.get("seed"), search=search, primary_source=str(opts["primary"]),
-            secondary_source=str(opts["secondary"]))
-        frame = linkage_table(outcome.linkage)
-        _write_table(frame, out)
+            secondary_source=str(opts["secondary"]), empty=opts.get("empty") or "error",
+            geo_config=_geo(opts.get("geo")))
+        phases["link"] = outcome.seconds
+        clock = time.perf_counter()
+        columns = linkage_columns(outcome.linkage)
+        n_links = len(columns["rank"])
+        if ids[0] is not None:
+            columns["primary_id"] = ids[0][columns["primary_index"]]
+        if ids[1] is not None:
+            columns["secondary_id"] = ids[1][columns["secondary_index"]]
+        write_links(columns, out)
+        del columns
+        phases["write"] = time.perf_counter() - clock
+        clock = time.perf_counter()
+        if outcome.linkage.mode == "soft" and outcome.linkage.k > 1:
+            plot_similarity_curve(outcome.linkage, out.with_name(out.name + ".similarity.png"),
+                                  delta=outcome.improvement.get("avgsim"))
+        phases["figure"] = time.perf_counter() - clock
         summary = outcome.summary()
+        summary["phase_seconds"] = {k: round(v, 3) for k, v in phases.items()}
         (out.with_name(out.name + ".summary.json")).write_text(
             json.dumps(summary, indent=2, default=str) + "\n", encoding="utf-8")
-        if outcome.linkage.mode == "soft" and outcome.linkage.k > 1:
-            plot_similarity_curve(outcome.linkage, out.with_name(out.name + ".similarity.png"))
     table = Table(title=f"vflink link → {out}", show_header=False)
     lk = outcome.linkage
     rows: list[tuple[str, str]] = [
         ("sizes", f"{len(primary)} primary × {len(secondary)} secondary, K = {lk.k}, "
-                  f"{len(frame)} links"),
+                  f"{n_links} links"),
         ("time", f"{outcome.seconds:.2f} s"),
-        ("metric", f"{opts['metric']} (search: {outcome.search_metric}); privacy: "
+        ("metric", f"{metric} (search: {outcome.search_metric}); privacy: "
                    f"{'Bloom filters' if outcome.privacy == 'bloom' else 'OFF (raw identifiers)'}"),
         ("μ0, σ0 (Eq. 1)", f"{lk.mu0:.6g}, {lk.sigma0:.6g}"),
         ("σ (Eq. 2)", f"{lk.sigma:.6g}"),
@@ -188,6 +293,11 @@ def run(args: argparse.Namespace) -> int:
         ("ε at δ (Theorem 1)", f"{lk.epsilon:.6g} at δ = {lk.delta:g}"
                                + ("" if lk.epsilon_valid else " (δ outside Theorem 1's range)")),
     ]
+    skipped = outcome.skipped_rows
+    if skipped["primary"] or skipped["secondary"]:
+        rows.append(("skipped (empty identifier)",
+                     f"{skipped['primary']} primary, {skipped['secondary']} secondary row(s); "
+                     "they have no link"))
     if lk.recall is not None:
         rows.append(("recall@K", f"{lk.recall:.4f} (approximate search)"))
     for baseline, delta in outcome.improvement.items():

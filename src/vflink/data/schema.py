@@ -27,6 +27,8 @@ class PartySchema:
         label: label column (primary only).
         task: learning task of the label (primary only).
         path: where the table is read from, if it comes from a file.
+        identifiers_as_features: let identifier columns also be features (numeric or
+            categorical); they then cross the boundary inside the embeddings as well.
     """
 
     name: str
@@ -39,6 +41,7 @@ class PartySchema:
     task: Task | None = None
     path: Path | None = None
     extra: dict[str, str] = field(default_factory=dict)
+    identifiers_as_features: bool = False
 
     def __post_init__(self) -> None:
         for name in ("key", "identifiers", "numeric", "categorical"):
@@ -78,9 +81,19 @@ class PartySchema:
         dup = sorted({c for c in feats if feats.count(c) > 1})
         if dup:
             problems.append(f"columns listed twice among features: {dup}")
-        overlap = sorted(set(feats) & ({self.label} | set(self.identifiers) | set(self.key)))
+        if not isinstance(self.identifiers_as_features, bool):
+            problems.append(f"`identifiers_as_features` must be true or false, got "
+                            f"{self.identifiers_as_features!r}")
+        # An identifier may also be a feature only when the user says so: its values then
+        # cross the party boundary inside the embeddings too (the ledger notes it).
+        shared = set() if self.identifiers_as_features is True else set(self.identifiers)
+        overlap = sorted(set(feats) & ({self.label} | shared | set(self.key)))
         if overlap:
-            problems.append(f"feature columns may not also be key/identifier/label: {overlap}")
+            hint = ("" if self.identifiers_as_features is True or not
+                    set(overlap) & set(self.identifiers) else
+                    "; set `identifiers_as_features = true` to use an identifier as a feature")
+            problems.append(f"feature columns may not also be key/identifier/label: {overlap}"
+                            + hint)
         raise_if(problems, f"schema for party {self.name!r}")
 
     @property

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from pandas._libs.parsers import STR_NA_VALUES
 
 from vflink.data.schema import PartySchema
 from vflink.errors import DataError
@@ -56,7 +57,9 @@ class PartyTable:
 def read_frame(path: Path, *, text_columns: tuple[str, ...] = ()) -> pd.DataFrame:
     """Read a CSV/TSV (optionally gzipped) or Parquet file, translating reader errors.
 
-    ``text_columns`` are read from CSV as text, so keys such as ``"007"`` keep leading zeros.
+    ``text_columns`` are read from CSV as text, so keys such as ``"007"`` keep leading zeros,
+    ``"19151111"`` is not turned into a float and the country code ``"NA"`` is not read as
+    missing: in those columns only an empty cell is missing. Parquet columns keep their types.
     """
     path = Path(path)
     if not path.exists():
@@ -73,8 +76,15 @@ def read_frame(path: Path, *, text_columns: tuple[str, ...] = ()) -> pd.DataFram
         if kind == "parquet":
             return pd.read_parquet(path)
         sep = "\t" if kind == "tsv" or path.name.lower().endswith(".tsv.gz") else ","
-        return pd.read_csv(path, sep=sep, low_memory=False,
-                           dtype={c: str for c in text_columns} or None)
+        if not text_columns:
+            return pd.read_csv(path, sep=sep, low_memory=False)
+        header = [str(c) for c in pd.read_csv(path, sep=sep, nrows=0).columns]
+        text = set(text_columns)
+        # pandas' default missing-value strings ("NA", "null", "nan", ...) apply to every other
+        # column; in text columns only the empty cell is missing.
+        na_values = {c: ([""] if c in text else sorted(STR_NA_VALUES)) for c in header}
+        return pd.read_csv(path, sep=sep, low_memory=False, keep_default_na=False,
+                           na_values=na_values, dtype={c: str for c in header if c in text})
     except pd.errors.EmptyDataError:
         raise DataError(f"{path}: the table is empty (no header and no rows)") from None
     except (pd.errors.ParserError, UnicodeDecodeError, OSError, ValueError) as exc:

@@ -4,7 +4,9 @@ Stages, one module each (ARCHITECTURE.md, convention 9): :mod:`.encoding` (raw, 
 :mod:`.blocking` (q-gram candidates) → :mod:`.search` (top-K with faiss / rapidfuzz, each with a
 brute-force reference) → :mod:`.soft` (Eq. 1 normalisation, Eq. 2 noise) with the privacy
 formulas of :mod:`.privacy` (Theorems 1 and 2), and :mod:`.improvement` (Δ, Figure 4).
-:func:`link` runs them all. This package is an algorithm layer: it does no I/O to peers.
+:func:`link` runs them all. :mod:`.fields` links on several fields with their own metrics,
+weights and blocking keys; :mod:`.encoding.geo` encodes places on the globe as keyed Bloom
+filters. This package is an algorithm layer: it does no I/O to peers.
 """
 
 from __future__ import annotations
@@ -16,10 +18,13 @@ from vflink.linkage.encoding import (
     BloomConfig,
     BloomEncoder,
     Encoder,
+    GeoBloomConfig,
+    GeoBloomEncoder,
     NumericRange,
     RawEncoder,
     Standardization,
     StringEncoder,
+    bloom_geo,
     bloom_numeric,
     bloom_strings,
     make_encoder,
@@ -29,6 +34,7 @@ from vflink.linkage.improvement import (
     BASELINES,
     baseline_matches,
     improvement_estimate,
+    improvement_estimates,
     improvement_per_record,
     plot_similarity_curve,
     scale_similarities,
@@ -72,6 +78,8 @@ __all__ = [
     "BloomConfig",
     "BloomEncoder",
     "Encoder",
+    "GeoBloomConfig",
+    "GeoBloomEncoder",
     "Metric",
     "Neighbours",
     "NumericRange",
@@ -81,6 +89,7 @@ __all__ = [
     "Standardization",
     "StringEncoder",
     "baseline_matches",
+    "bloom_geo",
     "bloom_numeric",
     "bloom_strings",
     "brute_euclidean",
@@ -90,6 +99,7 @@ __all__ = [
     "dp_epsilon",
     "dp_sensitivity",
     "improvement_estimate",
+    "improvement_estimates",
     "improvement_per_record",
     "link",
     "make_encoder",

@@ -53,17 +53,28 @@ def normalize_similarities(distances: npt.ArrayLike, *,
     linked at inference time get similarities on the training linkage's scale.
     """
     d = np.asarray(distances, dtype=np.float64)
-    neg = -d
-    valid = np.isfinite(neg)
+    valid = np.isfinite(d)
+    all_valid = bool(valid.all())
     if scale is not None:
         mu0, sigma0 = float(scale[0]), float(scale[1])
     elif not valid.any():
         return np.full_like(d, np.nan), 0.0, 0.0
+    elif all_valid:
+        # No masked copies of the n × K distances when every link is present (the usual case):
+        # the std of −d is the std of d, computed with one temporary instead of numpy's two.
+        mean = float(d.mean())
+        dev = d - mean
+        mu0 = -mean
+        sigma0 = math.sqrt(float(np.einsum("ij,ij->", dev, dev)) / d.size) if d.ndim == 2 \
+            else float(d.std())
+        del dev
     else:
-        mu0 = float(neg[valid].mean())
-        sigma0 = float(neg[valid].std())
+        mu0 = -float(d[valid].mean())
+        sigma0 = float(d[valid].std())
     if sigma0 > 0.0:
-        rho = (neg - mu0) / sigma0
+        rho = -d
+        rho -= mu0
+        rho /= sigma0
     else:
         rho = np.where(valid, 0.0, np.nan)
     return rho, mu0, sigma0
@@ -75,7 +86,9 @@ def perturb_similarities(rho: npt.ArrayLike, sigma: float,
     r = np.asarray(rho, dtype=np.float64)
     if sigma == 0.0:
         return r.copy()
-    return r + rng.normal(0.0, sigma, size=r.shape)
+    out = rng.normal(0.0, sigma, size=r.shape)
+    out += r
+    return out
 
 
 @dataclass(frozen=True, eq=False)
@@ -178,9 +191,10 @@ def soft_linkage(
     if not (0.0 < delta < 1.0):
         raise ConfigError(f"`delta` must be a number in (0, 1), got {delta!r}")
 
-    indices = neighbours.indices.copy()
-    distances = neighbours.distances.copy()
+    indices = neighbours.indices
+    distances = neighbours.distances
     if mode == "exact":
+        indices, distances = indices.copy(), distances.copy()
         miss = distances != 0.0
         indices[miss] = MISSING
         distances[miss] = np.nan
@@ -195,7 +209,8 @@ def soft_linkage(
     epsilon = dp_epsilon(noise, n_primary, mu0, sigma0)
     epsilon_valid = delta < theorem1_delta_limit(epsilon)
     generator = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
-    similarities = perturb_similarities(rho, noise, generator)
+    # ρ is a fresh array owned here: without noise it is the similarity itself (no copy).
+    similarities = rho if noise == 0.0 else perturb_similarities(rho, noise, generator)
     log.info("soft linkage: K=%d μ0=%.6g σ0=%.6g σ=%.6g τ=%.6g ε=%.6g", neighbours.k, mu0,
              sigma0, noise, achieved_tau, epsilon)
     return SoftLinkage(

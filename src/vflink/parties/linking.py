@@ -24,6 +24,8 @@ from vflink.linkage.encoding import (
     BloomConfig,
     BloomEncoder,
     Encoder,
+    GeoBloomConfig,
+    GeoBloomEncoder,
     NumericRange,
     RawEncoder,
     Standardization,
@@ -115,6 +117,8 @@ def build_encoder(spec: EncodingSpec, secret: bytes | None) -> Encoder:
     if spec.encoder == "bloom":
         if secret is None:
             raise ConfigError("Bloom-filter encoding needs the data parties' shared secret")
+        if spec.kind == "geo":  # keyed Bloom filters of places on the globe (issue 14)
+            return GeoBloomEncoder(secret=secret, config=GeoBloomConfig(**spec.params))  # type: ignore[arg-type]
         ranges = NumericRange(low=spec.low, high=spec.high) if spec.kind == "numeric" else None
         return BloomEncoder(secret=secret, kind=spec.kind,  # type: ignore[arg-type]
                             config=BloomConfig(**spec.params), ranges=ranges)  # type: ignore[arg-type]
@@ -129,8 +133,9 @@ def build_encoder(spec: EncodingSpec, secret: bytes | None) -> Encoder:
 def encode_identifiers(frame: pd.DataFrame, identifiers: Sequence[str], spec: EncodingSpec,
                        secret: bytes | None, *, source: str = "table"
                        ) -> npt.NDArray[Any] | tuple[str, ...]:
-    values = identifier_values(frame, identifiers, spec.kind, source=source)
-    if spec.kind == "numeric" and isinstance(values, np.ndarray) and not np.isfinite(values).all():
+    kind = "numeric" if spec.kind == "geo" else spec.kind
+    values = identifier_values(frame, identifiers, kind, source=source)
+    if kind == "numeric" and isinstance(values, np.ndarray) and not np.isfinite(values).all():
         bad = np.argwhere(~np.isfinite(values))[0]
         raise DataError(f"{source}: identifier column {identifiers[int(bad[1])]!r} has a missing "
                         f"or infinite value at row {int(bad[0])}")

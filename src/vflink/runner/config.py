@@ -300,6 +300,7 @@ def parse_config(raw: dict[str, Any], base_dir: Path | None = None) -> RunConfig
         problems.append("[data] must be a table")
     else:
         parties = []
+        party_failed = False
         for i, p in enumerate(raw_data.get("parties", [])):
             if not isinstance(p, dict):
                 problems.append(f"[[data.parties]] #{i + 1} must be a table")
@@ -310,6 +311,8 @@ def parse_config(raw: dict[str, Any], base_dir: Path | None = None) -> RunConfig
             schema = _build(PartySchema, p, f"data.parties #{i + 1}", problems)
             if schema is not None:
                 parties.append(schema)
+            else:
+                party_failed = True
         extra = sorted(set(raw_data) - {"dataset", "options", "parties"})
         if extra:
             problems.append(f"[data] has unknown key(s) {extra}; known: dataset, options, parties")
@@ -322,7 +325,10 @@ def parse_config(raw: dict[str, Any], base_dir: Path | None = None) -> RunConfig
             data = DataConfig(dataset=raw_data.get("dataset"), options=options,
                               parties=tuple(parties))
         except ConfigError as exc:
-            problems.extend(exc.problems)
+            # A party that failed its own checks is missing from ``parties``: counting roles
+            # then would add a spurious "needs exactly one primary party" to its real problem.
+            if not party_failed:
+                problems.extend(exc.problems)
     top: dict[str, Any] = {k: raw[k] for k in ("version", "seed", "algorithm") if k in raw}
     if not problems:
         try:

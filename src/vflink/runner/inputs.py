@@ -12,7 +12,7 @@ from vflink.datasets import load_dataset
 from vflink.errors import DataError
 from vflink.runner.config import RunConfig
 
-__all__ = ["Inputs", "load_inputs"]
+__all__ = ["Inputs", "identifier_features", "load_inputs"]
 
 
 @dataclass(frozen=True)
@@ -54,3 +54,16 @@ def load_inputs(config: RunConfig) -> Inputs:
         raise report_all(problems)
     primary = next(t for t in tables if t.schema.role == "primary")
     return Inputs(primary, tuple(t for t in tables if t.schema.role == "secondary"))
+
+
+def identifier_features(inputs: Inputs) -> dict[str, list[str]]:
+    """Per party, the identifier columns that are also features (``identifiers_as_features``):
+    their values reach the coordinator encoded for linkage *and* leave the party inside the
+    embeddings, which the run's summary and privacy ledger must say."""
+    out: dict[str, list[str]] = {}
+    for table in (inputs.primary, *inputs.secondaries):
+        schema = table.schema
+        both = [c for c in schema.identifiers if c in schema.features]
+        if schema.identifiers_as_features and both:
+            out[schema.name] = both
+    return out

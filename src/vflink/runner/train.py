@@ -34,7 +34,7 @@ from vflink.runner.algorithms import Algorithm, get_algorithm
 from vflink.runner.config import RunConfig, config_to_dict
 from vflink.runner.evaluation import linkage_figures, recorder_for, write_truth
 from vflink.runner.federation import Federation, in_process
-from vflink.runner.inputs import Inputs, load_inputs
+from vflink.runner.inputs import Inputs, identifier_features, load_inputs
 from vflink.runner.ledger import write_run_ledger
 from vflink.runner.link import encoding_for, encoding_summary
 from vflink.runner.link_quality import training_link_quality, write_link_quality
@@ -252,6 +252,9 @@ def prepare(config: RunConfig, tables: Inputs | tuple[PartyTable, Sequence[Party
     summary["matched_fraction"] = {k: float(np.mean(a.matched))
                                    for k, a in alignments["base"].items()}
     summary["unmatched"] = a_cfg.unmatched
+    crossing = identifier_features(inputs)
+    if crossing:  # for the ledger: these identifiers also crossed as features (issue 14)
+        summary["identifiers_as_features"] = crossing
     log.info("aligned: %d of %d primary rows kept (%s)", len(rows), n,
              summary["matched_fraction"])
     communication = TrafficCounter.delta(federation.counter.snapshot(), before)

@@ -44,7 +44,7 @@ def test_normalize_string(raw: str, expected: str) -> None:
 
 
 def test_registry_by_name() -> None:
-    assert ENCODERS.names() == ("bloom", "raw", "string")
+    assert ENCODERS.names() == ("bloom", "geo-bloom", "raw", "string")
     assert isinstance(make_encoder("string"), StringEncoder)
     assert make_encoder("bloom", secret=SECRET).metric == "hamming"
     with pytest.raises(UnknownNameError, match="bloom, raw, string"):

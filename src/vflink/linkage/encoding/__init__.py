@@ -2,7 +2,8 @@
 
 ``"raw"`` → :class:`RawEncoder` (float vectors, optional shared standardisation),
 ``"string"`` → :class:`StringEncoder` (normalised strings),
-``"bloom"`` → :class:`BloomEncoder` (FEDERAL Bloom filters, FedSim App. I).
+``"bloom"`` → :class:`BloomEncoder` (FEDERAL Bloom filters, FedSim App. I),
+``"geo-bloom"`` → :class:`GeoBloomEncoder` (keyed Bloom filters of places on the globe).
 """
 
 from __future__ import annotations
@@ -16,19 +17,29 @@ from vflink.linkage.encoding.bloom import (
     bloom_numeric,
     bloom_strings,
 )
+from vflink.linkage.encoding.geo import (
+    GEO_FORMAT_VERSION,
+    GeoBloomConfig,
+    GeoBloomEncoder,
+    bloom_geo,
+)
 from vflink.linkage.encoding.raw import RawEncoder, Standardization
 from vflink.linkage.encoding.strings import StringEncoder, normalize_string
 
 __all__ = [
     "BLOOM_FORMAT_VERSION",
     "ENCODERS",
+    "GEO_FORMAT_VERSION",
     "BloomConfig",
     "BloomEncoder",
     "Encoder",
+    "GeoBloomConfig",
+    "GeoBloomEncoder",
     "NumericRange",
     "RawEncoder",
     "Standardization",
     "StringEncoder",
+    "bloom_geo",
     "bloom_numeric",
     "bloom_strings",
     "make_encoder",
@@ -38,3 +49,4 @@ __all__ = [
 ENCODERS.add("raw", RawEncoder)
 ENCODERS.add("string", StringEncoder)
 ENCODERS.add("bloom", BloomEncoder)
+ENCODERS.add("geo-bloom", GeoBloomEncoder)
