@@ -143,8 +143,13 @@ def test_readme_toml_blocks_parse(tmp_path: Path) -> None:
     found = blocks("toml")
     assert found
     base = tomllib.loads(found[0])
-    for block in found:
+    for i, block in enumerate(found):
         raw = tomllib.loads(block)
+        if set(raw) == {"link"}:  # a `vflink link --config` file
+            path = tmp_path / f"link-{i}.toml"
+            path.write_text(block)
+            link_cli.resolve(build_parser().parse_args(["link", "--config", str(path)]))
+            continue
         if "version" not in raw:  # a fragment: on top of the README's run file
             raw = {**base, **raw}
         parse_config(raw, base_dir=tmp_path)
