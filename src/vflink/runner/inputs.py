@@ -21,6 +21,8 @@ class Inputs:
     primary: PartyTable
     secondaries: tuple[PartyTable, ...]
     truth: dict[str, npt.NDArray[np.int64]] | None = None
+    #: (train, validation, test) primary rows fixed by the dataset (a reproduction preset)
+    splits: tuple[npt.NDArray[np.int64], ...] | None = None
 
 
 def load_inputs(config: RunConfig) -> Inputs:
@@ -34,7 +36,7 @@ def load_inputs(config: RunConfig) -> Inputs:
         if ds.true_secondary_index is not None:
             truth = {t.name: np.asarray(idx) for t, idx in
                      zip(ds.secondaries, ds.true_secondary_index, strict=True)}
-        return Inputs(ds.primary, tuple(ds.secondaries), truth)
+        return Inputs(ds.primary, tuple(ds.secondaries), truth, ds.splits)
     tables = [load_table(schema) for schema in data.parties]
     primary = next(t for t in tables if t.schema.role == "primary")
     return Inputs(primary, tuple(t for t in tables if t.schema.role == "secondary"))
