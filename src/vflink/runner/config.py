@@ -77,7 +77,10 @@ class AlignmentConfig:
     embedding. ``method = "soft"``: FedSim §4.1 top-K soft linkage on the identifier columns
     with ``metric``, ``top_k``, and noise from ``tau`` (Theorem 2) or ``sigma`` (Eq. 2).
     ``privacy = "bloom"`` sends keyed Bloom filters to the coordinator (App. I); ``"off"``
-    sends raw identifiers, and must be chosen explicitly.
+    sends raw identifiers, and must be chosen explicitly. ``pool = "split"`` links each
+    split's primary records only against the same split's secondary records (the FedSim
+    authors' protocol on synthetic data; needs ground truth); ``"all"`` links against every
+    record, as a deployment does (see ``vflink.runner.pools``).
     """
 
     method: str = "exact"
@@ -90,6 +93,7 @@ class AlignmentConfig:
     delta: float = 1e-5
     privacy: str = "bloom"
     search: str = "exact"
+    pool: str = "all"
 
     def __post_init__(self) -> None:
         problems: list[str] = []
@@ -108,6 +112,9 @@ class AlignmentConfig:
                     min_exclusive=True)
         check_choice(problems, "alignment.privacy", self.privacy, ("bloom", "off"))
         check_choice(problems, "alignment.search", self.search, ("exact", "approximate"))
+        check_choice(problems, "alignment.pool", self.pool, ("all", "split"))
+        if self.pool == "split" and self.method != "soft":
+            problems.append("`alignment.pool = \"split\"` needs `alignment.method = \"soft\"`")
         raise_if(problems, "[alignment] section")
 
 

@@ -13,6 +13,7 @@ import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from vflink.errors import ConfigError
 from vflink.linkage import SearchOptions
@@ -66,6 +67,8 @@ class Federation:
     secret: bytes
     state_prefix: str = ""
     closer: Callable[[], None] = field(default=lambda: None)
+    #: the party objects living in this process, by name (in-process federations only)
+    parties: dict[str, Any] = field(default_factory=dict)
 
     def close(self) -> None:
         self.closer()
@@ -78,11 +81,14 @@ def in_process(inputs: Inputs, config: RunConfig, *, transcript: Transcript | No
     counter = TrafficCounter()
     hub = InProcessHub(transcript=transcript, counter=counter)
     search = SearchOptions(mode=config.alignment.search)  # type: ignore[arg-type]
-    hub.register(COORDINATOR, CoordinatorParty(COORDINATOR, seed=config.seed, search=search))
+    parties: dict[str, Any] = {
+        COORDINATOR: CoordinatorParty(COORDINATOR, seed=config.seed, search=search)}
     for table in inputs.secondaries:
-        hub.register(table.name, SecondaryParty(
+        parties[table.name] = SecondaryParty(
             table, hub.channel(table.name), secret=secret,
-            out_dir=None if state_root is None else state_root / table.name))
+            out_dir=None if state_root is None else state_root / table.name)
+    for name, party in parties.items():
+        hub.register(name, party)
     return Federation(channel=hub.channel(inputs.primary.name),
                       secondaries=tuple(t.name for t in inputs.secondaries),
-                      coordinator=COORDINATOR, counter=counter, secret=secret)
+                      coordinator=COORDINATOR, counter=counter, secret=secret, parties=parties)
