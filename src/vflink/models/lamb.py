@@ -77,6 +77,22 @@ class Lamb(torch.optim.Optimizer):
                     "clamp_value": clamp_value, "bias_correction": bias_correction}
         super().__init__(params, defaults)
 
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Drop (or zero) every gradient; a plain loop, without the generic version's
+        per-call dispatch and profiling wrappers (called once per training step)."""
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if set_to_none:
+                    p.grad = None
+                else:
+                    if p.grad.grad_fn is not None:
+                        p.grad.detach_()
+                    else:
+                        p.grad.requires_grad_(False)
+                    p.grad.zero_()
+
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
         """One LAMB update of every parameter that has a gradient.

@@ -374,7 +374,8 @@ class FedSimAggregator(Aggregator):
     def forward(self, emb: Tensor, sim: Tensor, mask: Tensor) -> Tensor:
         self._check(emb, sim, mask)
         emb, sim = _clean(emb, sim, mask)
-        if self.sort_gate:
+        # A normalised weighted sum does not depend on the row order: no sort needed.
+        if self.sort_gate and not self._normalised:
             # Sort gate (Alg. 1 line 10): most similar first, padding last. A stable sort keeps
             # ties in input order, so an input already in linkage order is unchanged.
             key = sim.masked_fill(~mask, float("-inf"))

@@ -178,7 +178,8 @@ class SecondaryParty(Party):
         unique, inverse = np.unique(rows, return_inverse=True)
         x = self.features[torch.from_numpy(unique)]
         if message.train:
-            self.model.train()
+            if not self.model.training:  # train() walks every submodule: only on a change
+                self.model.train()
             if self.spec is not None and self.spec.dropout > 0:
                 # Dropout masks depend on (seed, batch id) only: reproducible, and the same in
                 # every process layout.
@@ -189,7 +190,8 @@ class SecondaryParty(Party):
             self._pending[message.batch_id] = out
             emb = out.detach()
         else:
-            self.model.eval()
+            if self.model.training:
+                self.model.eval()
             with torch.no_grad():
                 emb = self.model(x)
         return Embeddings(batch_id=message.batch_id, embeddings=emb,
