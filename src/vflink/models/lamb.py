@@ -31,7 +31,7 @@ The update below follows the paper line by line and is tested against a numpy or
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 from torch.optim.optimizer import ParamsT
@@ -133,6 +133,8 @@ class Lamb(torch.optim.Optimizer):
             torch._foreach_add_(exp_avgs, grads, alpha=1.0 - beta1)
             torch._foreach_mul_(exp_avg_sqs, beta2)
             torch._foreach_addcmul_(exp_avg_sqs, grads, grads, value=1.0 - beta2)
+            m_hat: Sequence[torch.Tensor]
+            v_hat: Sequence[torch.Tensor]
             if group["bias_correction"]:
                 m_hat = torch._foreach_div(exp_avgs, [1.0 - beta1 ** st["step"] for st in states])
                 v_hat = torch._foreach_div(exp_avg_sqs,

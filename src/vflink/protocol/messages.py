@@ -352,7 +352,8 @@ def _nbytes(value: Any) -> int:
     if value is None:
         return 0
     if isinstance(value, Message) or dataclasses.is_dataclass(value):
-        return sum(_nbytes(getattr(value, name)) for name in _field_names(type(value)))
+        cls: type = type(value)
+        return sum(_nbytes(getattr(value, name)) for name in _field_names(cls))
     if isinstance(value, dict):
         return sum(_nbytes(k) + _nbytes(v) for k, v in value.items())
     if isinstance(value, (tuple, list)):
