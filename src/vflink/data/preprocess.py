@@ -31,9 +31,12 @@ MISSING_CATEGORY = "<missing>"
 class Preprocessor:
     """Encodes a party's feature columns as a float32 matrix."""
 
-    def __init__(self, schema: PartySchema, *, max_categories: int = 64) -> None:
+    def __init__(self, schema: PartySchema, *, max_categories: int = 64,
+                 standardize: bool = True) -> None:
         self.schema = schema
         self.max_categories = max_categories
+        #: False: numeric columns are imputed but not rescaled
+        self.standardize = standardize
         self._transformer: ColumnTransformer | None = None
         self.n_features = 0
 
@@ -69,7 +72,8 @@ class Preprocessor:
             numeric = Pipeline([
                 ("impute", SimpleImputer(strategy="median", add_indicator=True,
                                          keep_empty_features=True)),
-                ("scale", StandardScaler()),
+                ("scale", StandardScaler() if getattr(self, "standardize", True)
+                 else "passthrough"),
             ])
             steps.append(("numeric", numeric, list(self.schema.numeric)))
         if self.schema.categorical:

@@ -156,7 +156,8 @@ class PrimaryParty(Party):
         train_rows = np.asarray(train_rows, dtype=np.int64)
         if self.secondaries and not self.links:
             raise ProtocolError("setup before alignment: call align_exact or set_alignments")
-        pre = Preprocessor(self.table.schema).fit(self.table.frame, train_rows)
+        pre = Preprocessor(self.table.schema, standardize=plan.bottom.standardize).fit(
+            self.table.frame, train_rows)
         self.codec.fit(self.labels, train_rows)
         dims = []
         for j, name in enumerate(self.secondaries):

@@ -153,7 +153,8 @@ class SecondaryParty(Party):
         if self.spec is None:
             raise ProtocolError(f"party {self.name!r}: FitPreprocessing before SetupBottom")
         rows = np.unique(self._check_rows(message.rows, "preprocessing"))
-        pre = Preprocessor(self.table.schema).fit(self.table.frame, rows)
+        pre = Preprocessor(self.table.schema, standardize=self.spec.standardize).fit(
+            self.table.frame, rows)
         self._build(self.spec, pre)
         return Ack(info={"n_features": float(pre.n_features)})
 

@@ -129,6 +129,7 @@ class ModelConfig:
     dropout: float = 0.0
     pair_dim: int = 10
     aggregator: AggregatorConfig = field(default_factory=AggregatorConfig)
+    standardize: bool = True  # z-score numeric features (False: raw, as the FedSim authors)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "hidden", tuple(self.hidden))
@@ -148,6 +149,9 @@ class ModelConfig:
         check_int(problems, "model.cut_dim", self.cut_dim, min=1)
         check_choice(problems, "model.activation", self.activation, ACTIVATIONS)
         check_float(problems, "model.dropout", self.dropout, min=0.0, max=0.95)
+        if not isinstance(self.standardize, bool):
+            problems.append(f"`model.standardize` must be true or false, got "
+                            f"{self.standardize!r}")
         raise_if(problems, "[model] section")
 
 

@@ -253,7 +253,8 @@ def _plan(config: RunConfig, algorithm: Algorithm, *, learn_missing: bool, k: in
     m, t = config.model, config.training
     bottom = BottomSpec(hidden=m.hidden, out_dim=m.cut_dim, activation=m.activation,
                         dropout=m.dropout, optimizer=t.optimizer, lr=t.lr,
-                        weight_decay=t.weight_decay, seed=config.seed)
+                        weight_decay=t.weight_decay, seed=config.seed,
+                        standardize=m.standardize)
     agg = AggregatorConfig(**{**m.aggregator.__dict__, "seed": config.seed})
     return TrainingPlan(bottom=bottom, top_hidden=m.top_hidden, learn_missing=learn_missing,
                         aggregator=algorithm.aggregator, k=k, aggregator_config=agg,
