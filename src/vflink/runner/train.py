@@ -228,6 +228,7 @@ def prepare(config: RunConfig, tables: Inputs | tuple[PartyTable, Sequence[Party
         elif "exact" in needs:
             alignments["exact"] = initiator.align_soft(coordinator, spec, metric=search_metric,
                                                        top_k=1, mode="exact", session="exact")
+        if "exact" in needs:
             sessions["exact"] = "exact"
         first = soft[names[0]]
         summary.update({k: first.meta.get(k) for k in ("mu0", "sigma0", "sigma", "tau",

@@ -69,3 +69,15 @@ def test_split_pool_needs_ground_truth_and_soft_linkage() -> None:
         AlignmentConfig(method="exact", pool="split")
     with pytest.raises(ConfigError, match="pool"):
         AlignmentConfig(method="soft", pool="nearby")
+
+
+def test_split_pool_exact_links_identical_identifiers_within_the_split() -> None:
+    config = RunConfig(
+        algorithm="exact",
+        data=DataConfig(dataset="sklearn-reference", options={"n_samples": N, "sigma_cf": 0.0}),
+        alignment=AlignmentConfig(method="soft", top_k=K, privacy="off", sigma=0.0,
+                                  pool="split"))
+    prepared = prepare(config, algorithms=["exact", "fedsim"])
+    assert prepared.sessions["exact"] == "exact"
+    exact = prepared.alignments["exact"]["secondary"].for_primary_rows(N)
+    np.testing.assert_array_equal(exact[:, 0], np.arange(N))  # σ_cf = 0: each its own copy
