@@ -136,7 +136,8 @@ def run_case(algorithm: str, k: int, samples: int, batch: int) -> dict[str, obje
 AUTHORS_EPOCH_SECONDS_K10 = 9.3
 
 
-def pass_times(samples: int, k: int, batch: int, repeats: int) -> dict[str, object]:
+def pass_times(samples: int, k: int, batch: int, repeats: int,
+               merge: str = "average") -> dict[str, object]:
     """Seconds of one FedSim training pass and one validation pass, measured apart."""
     from vflink.models.merge import AggregatorConfig
     from vflink.parties import PrimaryParty
@@ -154,7 +155,7 @@ def pass_times(samples: int, k: int, batch: int, repeats: int) -> dict[str, obje
         alignment=AlignmentConfig(method="soft", top_k=k, privacy="off", sigma=0.0,
                                   pool="split"),
         model=ModelConfig(cut_dim=50, pair_dim=1,
-                          aggregator=AggregatorConfig(merge="average", sim_hidden=(10, 10))),
+                          aggregator=AggregatorConfig(merge=merge, sim_hidden=(10, 10))),
         training=TrainingConfig(epochs=1, knn_batch_size=batch, optimizer="lamb", lr=1e-3,
                                 weight_decay=1e-4))
     prepared = prepare(cfg, algorithms=["fedsim"])
@@ -182,7 +183,8 @@ def pass_times(samples: int, k: int, batch: int, repeats: int) -> dict[str, obje
         out["val_cpu"].append(time.process_time() - c)
     best = {key: round(min(v), 2) for key, v in out.items()}
     return {
-        "case": "fedsim", "dataset": "sklearn-reference", "pool": "split", "k": k,
+        "case": "fedsim", "merge": merge, "dataset": "sklearn-reference", "pool": "split",
+        "k": k,
         "batch_size": batch, "train_rows": len(train), "validation_rows": len(val),
         "steps_per_pass": -(-len(train) // batch), "repeats": repeats,
         "training_pass_seconds": {"wall": best["train_wall"], "cpu": best["train_cpu"]},
@@ -205,10 +207,14 @@ def main() -> None:
     parser.add_argument("--passes", action="store_true",
                         help="time FedSim's training and validation passes apart (K = 10)")
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--merge", choices=("average", "cnn"), default="average",
+                        help="FedSim's merge gate for --passes (the authors' sklearn runs: "
+                             "average)")
     args = parser.parse_args()
     if args.passes:
         k = int(args.ks.split(",")[0]) if args.ks != "10,50,100" else 10
-        print(json.dumps(pass_times(args.samples, k, args.batch, args.repeats), indent=2))
+        print(json.dumps(pass_times(args.samples, k, args.batch, args.repeats,
+                                    args.merge), indent=2))
         return
     if args.case:
         alg, k = args.case.split(":")
