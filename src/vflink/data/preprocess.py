@@ -53,9 +53,12 @@ class _Fitted:
 class Preprocessor:
     """Encodes a party's feature columns as a float32 matrix."""
 
-    def __init__(self, schema: PartySchema, *, max_categories: int = 64) -> None:
+    def __init__(self, schema: PartySchema, *, max_categories: int = 64,
+                 standardize: bool = True) -> None:
         self.schema = schema
         self.max_categories = max_categories
+        #: False: numeric columns are imputed but not rescaled (the FedSim authors' raw features)
+        self.standardize = standardize
         self._fitted: _Fitted | None = None
         self.n_features = 0
 
@@ -91,7 +94,7 @@ class Preprocessor:
             numeric = Pipeline([
                 ("impute", SimpleImputer(strategy="median", add_indicator=True,
                                          keep_empty_features=True)),
-                ("scale", StandardScaler()),
+                ("scale", StandardScaler() if self.standardize else "passthrough"),
             ])
             steps.append(("numeric", numeric, list(self.schema.numeric)))
         if self.schema.categorical:
@@ -111,8 +114,12 @@ class Preprocessor:
             medians = [float(v) for v in imputer.statistics_]
             indicators = ([int(i) for i in imputer.indicator_.features_]
                           if imputer.indicator_ is not None else [])
-            mean = [float(v) for v in scaler.mean_]
-            scale = [float(v) for v in scaler.scale_]
+            width = len(medians) + len(indicators)
+            if self.standardize:
+                mean = [float(v) for v in scaler.mean_]
+                scale = [float(v) for v in scaler.scale_]
+            else:  # identity: (x - 0) / 1
+                mean, scale = [0.0] * width, [1.0] * width
         categories: list[list[str]] = []
         infrequent: list[list[str] | None] = []
         if self.schema.categorical:
@@ -169,7 +176,7 @@ class Preprocessor:
         return {
             "format": _FORMAT, "version": PREPROCESSOR_VERSION,
             "numeric": list(self.schema.numeric), "categorical": list(self.schema.categorical),
-            "max_categories": self.max_categories,
+            "max_categories": self.max_categories, "standardize": self.standardize,
             "fitted": None if fitted is None else {
                 "medians": fitted.medians, "indicators": fitted.indicators,
                 "mean": fitted.mean, "scale": fitted.scale, "categories": fitted.categories,
@@ -195,7 +202,8 @@ class Preprocessor:
                             f"numeric {saved[0]} and categorical {saved[1]}, but the party's "
                             f"table now has numeric {list(schema.numeric)} and categorical "
                             f"{list(schema.categorical)}")
-        pre = cls(schema, max_categories=int(data.get("max_categories", 64)))
+        pre = cls(schema, max_categories=int(data.get("max_categories", 64)),
+                  standardize=bool(data.get("standardize", True)))
         raw = data.get("fitted")
         if raw is None:
             return pre

@@ -11,6 +11,8 @@ name               what                                                         
 sklearn            FedSim's synthetic data (§6.1, App. E Table 4): 60k rows,        exact key
                    50+50 features, 5 noisy float identifiers (σ_cf), binary         + floats
 sklearn-small      the same, 6k rows, 10+10 features, 3 identifiers, easier         idem
+sklearn-reference  the FedSim authors' own sklearn data, bit for bit (seed 512,       floats
+                   class_sep 0.3), with their fixed train/validation/test split
 california-housing housing (regression) + GeoNames places and/or airports           lat/lon
 movies             CC0 Wikidata films: catalogue (critic rating) + reviews          title
 imdb-movies        IMDb ggplot2movies (user-supplied file) + Wikidata films         title
@@ -34,6 +36,7 @@ from vflink.datasets import fashion_mnist as _fashion_mnist  # noqa: F401
 from vflink.datasets import febrl as _febrl  # noqa: F401
 from vflink.datasets import kdd_protein as _kdd_protein  # noqa: F401
 from vflink.datasets import movies as _movies  # noqa: F401
+from vflink.datasets import sklearn_reference as _sklearn_reference  # noqa: F401
 from vflink.datasets import synthetic as _synthetic  # noqa: F401
 from vflink.datasets._base import (
     DATASETS,

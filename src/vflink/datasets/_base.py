@@ -50,6 +50,8 @@ class VFLDataset:
         informative_features: for synthetic data, the feature columns of each party that carry
             label signal (``make_classification``'s informative and redundant columns).
         options: the resolved loader options, for run directories and reproducibility.
+        splits: the (train, validation, test) primary rows where the data's authors fixed
+            them (a reproduction preset); ``None`` lets the run split with its own seed.
     """
 
     name: str
@@ -59,8 +61,18 @@ class VFLDataset:
     true_secondary_index: tuple[npt.NDArray[np.int64], ...] | None = None
     informative_features: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     options: Mapping[str, object] = field(default_factory=dict)
+    splits: tuple[npt.NDArray[np.int64], ...] | None = None
 
     def __post_init__(self) -> None:
+        if self.splits is not None:
+            parts = tuple(np.ascontiguousarray(p, dtype=np.int64) for p in self.splits)
+            every = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+            if (len(parts) != 3 or any(len(p) == 0 for p in parts)
+                    or len(np.unique(every)) != len(every) or every.min() < 0
+                    or every.max() >= len(self.primary)):
+                raise DataError(f"dataset {self.name!r}: `splits` must be three non-empty, "
+                                "disjoint arrays of primary rows")
+            object.__setattr__(self, "splits", parts)
         secondaries = tuple(self.secondaries)
         object.__setattr__(self, "secondaries", secondaries)
         if self.primary.schema.role != "primary":

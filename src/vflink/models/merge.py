@@ -116,6 +116,11 @@ class AggregatorConfig:
             :attr:`Aggregator.out_dim` is authoritative.
         activation: hidden activation of the similarity model and merge MLPs.
         seed: seeds the parameter initialisation and the dropout stream.
+        merge: the merge gate of ``fedsim`` (the ablation names fix their own): ``"cnn"``
+            (§4.2, the default) or ``"average"``: Σ_k w_k o_k / Σ_k w_k with
+            w_k = f(θ_sim; s_k) + 1e-7, the linear merge the authors' public code uses on
+            their synthetic data (``use_conv=False``: ``AvgSumModel`` over similarity-normalised
+            weights). With ``pair_dim = 1`` each pair's output is one prediction, as there.
     """
 
     sim_hidden: tuple[int, ...] = (10,)
@@ -127,9 +132,11 @@ class AggregatorConfig:
     out_dim: int | None = None
     activation: str = "relu"
     seed: int = 0
+    merge: str = "cnn"
 
     def __post_init__(self) -> None:
         problems: list[str] = []
+        check_choice(problems, "merge", self.merge, ("cnn", "average"))
         for field in ("sim_hidden", "merge_hidden", "mlp_merge_hidden"):
             value = getattr(self, field)
             if value is None and field == "mlp_merge_hidden":
@@ -313,7 +320,7 @@ def _mlp_hidden_matching(k: int, emb_dim: int, out_dim: int, config: AggregatorC
 # -- aggregators -------------------------------------------------------------------------------
 
 WeightGate = Literal["model", "similarity"]
-MergeKind = Literal["cnn", "mlp", "mean"]
+MergeKind = Literal["cnn", "mlp", "mean", "average"]
 
 
 class FedSimAggregator(Aggregator):
@@ -326,7 +333,8 @@ class FedSimAggregator(Aggregator):
         weight: ``"model"`` maps each similarity to a weight with the similarity model;
             ``"similarity"`` uses the similarity itself (ablation "w/o weight").
         sort: sort the rows by similarity before merging (sort gate).
-        merge: ``"cnn"`` (FedSim), ``"mlp"`` (ablation) or ``"mean"`` (average over rows).
+        merge: ``"cnn"`` (FedSim), ``"mlp"`` (ablation), ``"mean"`` (average over rows) or
+            ``"average"`` (weights normalised to sum 1, see :class:`AggregatorConfig`).
     """
 
     def __init__(self, k: int, emb_dim: int, config: AggregatorConfig, *,
@@ -336,7 +344,7 @@ class FedSimAggregator(Aggregator):
         self.weight_gate = weight
         self.sort_gate = sort
         self.merge_kind = merge
-        self._fixed_k = merge != "mean"
+        self._fixed_k = merge not in ("mean", "average")
         rng = _DropoutRng(config.seed + _DROPOUT_SEED_OFFSET)
         out_dim = config.out_dim if config.out_dim is not None else emb_dim
         self.sim_model: nn.Module | None = None
@@ -355,6 +363,7 @@ class FedSimAggregator(Aggregator):
             self.merge = None  # "average over rows" of o' (§4.2): no parameters
             out_dim = emb_dim
         self.out_dim = out_dim
+        self._normalised = merge == "average"
 
     def weights(self, sim: Tensor) -> Tensor:
         """w = f(θ_sim; s) per slot (Alg. 1 line 8), or s itself without the weight gate."""
@@ -365,7 +374,8 @@ class FedSimAggregator(Aggregator):
     def forward(self, emb: Tensor, sim: Tensor, mask: Tensor) -> Tensor:
         self._check(emb, sim, mask)
         emb, sim = _clean(emb, sim, mask)
-        if self.sort_gate:
+        # A normalised weighted sum does not depend on the row order: no sort needed.
+        if self.sort_gate and not self._normalised:
             # Sort gate (Alg. 1 line 10): most similar first, padding last. A stable sort keeps
             # ties in input order, so an input already in linkage order is unchanged.
             key = sim.masked_fill(~mask, float("-inf"))
@@ -376,6 +386,10 @@ class FedSimAggregator(Aggregator):
         # Weight gate (Alg. 1 lines 8-9): o' = diag(w) o, with w = 0 on padding.
         w = torch.where(mask, self.weights(sim), torch.zeros((), dtype=emb.dtype,
                                                              device=emb.device))
+        if self._normalised:
+            # The authors' linear merge: weights + 1e-7, normalised over the valid rows.
+            w = torch.where(mask, w + 1e-7, w)
+            return (emb * w.unsqueeze(-1)).sum(1) / w.sum(1, keepdim=True).clamp_min(1e-7)
         weighted = emb * w.unsqueeze(-1)
         # Merge gate (Alg. 1 line 11).
         if self.merge is None:
@@ -435,14 +449,15 @@ AggregatorFactory = Callable[[int, int, AggregatorConfig], Aggregator]
 AGGREGATORS: Registry[AggregatorFactory] = Registry("aggregator")
 
 
-def _fedsim(weight: WeightGate, sort: bool, merge: MergeKind) -> AggregatorFactory:
+def _fedsim(weight: WeightGate, sort: bool, merge: MergeKind | None) -> AggregatorFactory:
     def factory(k: int, emb_dim: int, config: AggregatorConfig) -> Aggregator:
-        return FedSimAggregator(k, emb_dim, config, weight=weight, sort=sort, merge=merge)
+        kind: MergeKind = merge or ("average" if config.merge == "average" else "cnn")
+        return FedSimAggregator(k, emb_dim, config, weight=weight, sort=sort, merge=kind)
 
     return factory
 
 
-AGGREGATORS.add("fedsim", _fedsim("model", True, "cnn"))
+AGGREGATORS.add("fedsim", _fedsim("model", True, None))  # merge gate from the config
 AGGREGATORS.add("fedsim-no-weight", _fedsim("similarity", True, "cnn"))
 AGGREGATORS.add("fedsim-no-sort", _fedsim("model", False, "cnn"))
 AGGREGATORS.add("fedsim-mlp-merge", _fedsim("model", True, "mlp"))

@@ -305,6 +305,11 @@ class CoordinatorParty(Party):
             views.append(view_of(message.session, alignment, with_similarity=True))
         return AlignmentViews(views=tuple(views))
 
+    def adopt(self, session: str, alignments: dict[str, Alignment]) -> None:
+        """Serve ``alignments`` under ``session`` (an alignment computed elsewhere in this
+        process, e.g. the per-split linkage of ``alignment.pool = "split"``)."""
+        self._session(session).alignments.update(alignments)
+
     def on_fetch_alignment(self, sender: str, message: FetchAlignment) -> AlignmentView:
         s = self._sessions.get(message.session)
         if s is None or sender not in s.alignments:

@@ -175,7 +175,8 @@ class PrimaryParty(Party):
         train_rows = np.asarray(train_rows, dtype=np.int64)
         if self.secondaries and not self.links:
             raise ProtocolError("setup before alignment: call align_exact or set_alignments")
-        pre = Preprocessor(self.table.schema).fit(self.table.frame, train_rows)
+        pre = Preprocessor(self.table.schema, standardize=plan.bottom.standardize).fit(
+            self.table.frame, train_rows)
         self.codec.fit(self.labels, train_rows)
         dims = []
         for j, name in enumerate(self.secondaries):
@@ -287,7 +288,8 @@ class PrimaryParty(Party):
         if y_all is None or self._x is None or self.optimizer is None:
             raise ProtocolError("the primary party is not set up")
         batch_id = self._new_batch_id()
-        model.train()
+        if not model.training:  # train() walks every submodule: only on a mode change
+            model.train()
         sec, leaves, sim, mask = self._secondary_embeddings(rows, batch_id, train=True)
         idx = torch.from_numpy(rows)
         plan = self._plan
@@ -325,7 +327,8 @@ class PrimaryParty(Party):
         model = self._require_model()
         if self._x is None or self._plan is None:
             raise ProtocolError("the primary party is not set up")
-        model.eval()
+        if model.training:
+            model.eval()
         out = []
         for chunk in self.batches(np.asarray(rows, dtype=np.int64), self._plan.eval_batch_size,
                                   None):

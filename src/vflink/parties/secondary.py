@@ -245,7 +245,8 @@ class SecondaryParty(SetAlignmentPeer, UnionPeer, Party):
         if self.spec is None:
             raise ProtocolError(f"party {self.name!r}: FitPreprocessing before SetupBottom")
         rows = np.unique(self._check_rows(message.rows, "preprocessing"))
-        pre = Preprocessor(self.table.schema).fit(self.table.frame, rows)
+        pre = Preprocessor(self.table.schema, standardize=self.spec.standardize).fit(
+            self.table.frame, rows)
         self._build(self.spec, pre)
         return Ack(info={"n_features": float(pre.n_features)})
 
@@ -273,7 +274,8 @@ class SecondaryParty(SetAlignmentPeer, UnionPeer, Party):
         unique, inverse = np.unique(rows, return_inverse=True)
         x = self.features[torch.from_numpy(unique)]
         if message.train:
-            self.model.train()
+            if not self.model.training:  # train() walks every submodule: only on a change
+                self.model.train()
             if self.spec is not None and self.spec.dropout > 0:
                 # Dropout masks depend on (seed, batch id) only: reproducible, and the same in
                 # every process layout.
@@ -286,7 +288,8 @@ class SecondaryParty(SetAlignmentPeer, UnionPeer, Party):
             if self.recorder is not None:
                 self.recorder.forward_rows(message.batch_id, unique)
         else:
-            self.model.eval()
+            if self.model.training:
+                self.model.eval()
             with torch.no_grad():
                 _, emb = self.protection.protect(self.model(x), unique)
         return Embeddings(batch_id=message.batch_id, embeddings=emb,

@@ -13,6 +13,7 @@ gradients). The in-process transport passes them by reference.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -558,6 +559,12 @@ MESSAGE_TYPES: dict[str, type[Message]] = {
 PAYLOAD_TYPES: dict[str, type] = {"BottomSpec": BottomSpec, "EncodingSpec": EncodingSpec}
 
 
+@functools.cache
+def _field_names(cls: type) -> tuple[str, ...]:
+    # dataclasses.fields() on every message of every training step was a visible cost
+    return tuple(f.name for f in dataclasses.fields(cls))
+
+
 def _nbytes(value: Any) -> int:
     if isinstance(value, torch.Tensor):
         return int(value.numel() * value.element_size())
@@ -574,7 +581,8 @@ def _nbytes(value: Any) -> int:
     if value is None:
         return 0
     if isinstance(value, Message) or dataclasses.is_dataclass(value):
-        return sum(_nbytes(getattr(value, f.name)) for f in dataclasses.fields(value))
+        cls: type = type(value)
+        return sum(_nbytes(getattr(value, name)) for name in _field_names(cls))
     if isinstance(value, dict):
         return sum(_nbytes(k) + _nbytes(v) for k, v in value.items())
     if isinstance(value, (tuple, list)):

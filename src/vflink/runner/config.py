@@ -81,7 +81,10 @@ class AlignmentConfig:
     embedding. ``method = "soft"``: FedSim §4.1 top-K soft linkage on the identifier columns
     with ``metric``, ``top_k``, and noise from ``tau`` (Theorem 2) or ``sigma`` (Eq. 2).
     ``privacy = "bloom"`` sends keyed Bloom filters to the coordinator (App. I); ``"off"``
-    sends raw identifiers, and must be chosen explicitly.
+    sends raw identifiers, and must be chosen explicitly. ``pool = "split"`` links each
+    split's primary records only against the same split's secondary records (the FedSim
+    authors' protocol on synthetic data; needs ground truth); ``"all"`` links against every
+    record, as a deployment does (see ``vflink.runner.pools``).
     """
 
     method: str = "exact"
@@ -99,6 +102,7 @@ class AlignmentConfig:
     group: str = "ristretto255"
     alpha: float = 0.0
     beta: float = 0.0
+    pool: str = "all"
 
     def __post_init__(self) -> None:
         problems: list[str] = []
@@ -120,6 +124,9 @@ class AlignmentConfig:
                     min_exclusive=True)
         check_choice(problems, "alignment.privacy", self.privacy, ("bloom", "off"))
         check_choice(problems, "alignment.search", self.search, ("exact", "approximate"))
+        check_choice(problems, "alignment.pool", self.pool, ("all", "split"))
+        if self.pool == "split" and self.method != "soft":
+            problems.append("`alignment.pool = \"split\"` needs `alignment.method = \"soft\"`")
         raise_if(problems, "[alignment] section")
 
 
@@ -134,6 +141,7 @@ class ModelConfig:
     dropout: float = 0.0
     pair_dim: int = 10
     aggregator: AggregatorConfig = field(default_factory=AggregatorConfig)
+    standardize: bool = True  # z-score numeric features (False: raw, as the FedSim authors)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "hidden", tuple(self.hidden))
@@ -153,6 +161,9 @@ class ModelConfig:
         check_int(problems, "model.cut_dim", self.cut_dim, min=1)
         check_choice(problems, "model.activation", self.activation, ACTIVATIONS)
         check_float(problems, "model.dropout", self.dropout, min=0.0, max=0.95)
+        if not isinstance(self.standardize, bool):
+            problems.append(f"`model.standardize` must be true or false, got "
+                            f"{self.standardize!r}")
         raise_if(problems, "[model] section")
 
 

@@ -9,6 +9,16 @@ table::
     seeds = [0, 1, 2, 3, 4]
     sweep = { "data.options.sigma_cf" = [0.0, 0.1, 0.2, 0.3] }   # optional
 
+    [experiment.overrides.top1sim]     # optional: per-algorithm training settings
+    batch_size = 4096
+    lr = 0.003
+    [experiment.overrides.combine.model]   # ... and model settings
+    hidden = [200]
+
+A sweep over several keys runs their grid (every combination). Overrides take the keys of
+``[training]`` (and a ``model`` table with the keys of ``[model]``); they are validated with the
+rest of the file and recorded with each run.
+
 Linkage does not depend on the algorithm, so each (sweep value, seed) is aligned once and every
 algorithm trains on the same alignment and the same split.
 """
@@ -16,6 +26,8 @@ algorithm trains on the same alignment and the same split.
 from __future__ import annotations
 
 import copy
+import dataclasses
+import itertools
 import logging
 import math
 import time
@@ -30,7 +42,13 @@ from vflink._checks import raise_if
 from vflink.config import read_toml
 from vflink.errors import ConfigError
 from vflink.runner.algorithms import algorithm_names
-from vflink.runner.config import RunConfig, config_to_dict, parse_config
+from vflink.runner.config import (
+    ModelConfig,
+    RunConfig,
+    TrainingConfig,
+    config_to_dict,
+    parse_config,
+)
 from vflink.runner.rundir import atomic_run_dir, write_json
 from vflink.runner.train import prepare, run_training
 
@@ -51,6 +69,65 @@ class Experiment:
     sweep_values: tuple[Any, ...]
     configs: tuple[RunConfig, ...]  # one per sweep value (or one without a sweep)
     raw: dict[str, Any]
+    #: per-algorithm changes: {"training": {...}, "model": {...}}
+    overrides: dict[str, dict[str, dict[str, Any]]] = dataclasses.field(default_factory=dict)
+
+    def config_for(self, config: RunConfig, algorithm: str) -> RunConfig:
+        """``config`` with ``algorithm`` and that algorithm's overrides applied."""
+        return apply_overrides(config, algorithm, self.overrides.get(algorithm, {}))
+
+
+def apply_overrides(config: RunConfig, algorithm: str,
+                    changes: dict[str, dict[str, Any]]) -> RunConfig:
+    training, model = config.training, config.model
+    if changes.get("training"):
+        training = TrainingConfig(**{**_fields(training), **changes["training"]})
+    if changes.get("model"):
+        model = ModelConfig(**{**_fields(model), **changes["model"]})
+    return config.replace(algorithm=algorithm, training=training, model=model)
+
+
+def _fields(obj: Any) -> dict[str, Any]:
+    return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
+
+
+def _parse_overrides(raw: Any, valid: set[str], problems: list[str]
+                     ) -> dict[str, dict[str, dict[str, Any]]]:
+    """``[experiment.overrides.<algorithm>]``: training keys, and a ``model`` table."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        problems.append("`experiment.overrides` must be a table of algorithm tables")
+        return {}
+    training_keys = {f.name for f in dataclasses.fields(TrainingConfig)}
+    model_keys = {f.name for f in dataclasses.fields(ModelConfig)}
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for alg, table in raw.items():
+        where = f"[experiment.overrides.{alg}]"
+        if alg not in valid:
+            problems.append(f"{where}: unknown algorithm {alg!r}; valid names are: "
+                            f"{', '.join(sorted(valid))}")
+            continue
+        if not isinstance(table, dict):
+            problems.append(f"{where} must be a table")
+            continue
+        table = dict(table)
+        model = table.pop("model", {})
+        unknown = sorted(set(table) - training_keys)
+        if unknown:
+            problems.append(f"{where} has unknown key(s) {unknown}; known: the keys of "
+                            f"[training] ({', '.join(sorted(training_keys))}) and a `model` "
+                            "table")
+        if not isinstance(model, dict):
+            problems.append(f"{where}.model must be a table")
+            model = {}
+        bad_model = sorted(set(model) - model_keys)
+        if bad_model:
+            problems.append(f"{where}.model has unknown key(s) {bad_model}; known: "
+                            f"{', '.join(sorted(model_keys))}")
+        out[alg] = {"training": {k: v for k, v in table.items() if k in training_keys},
+                    "model": {k: v for k, v in model.items() if k in model_keys}}
+    return out
 
 
 def _set_path(raw: dict[str, Any], path: str, value: Any) -> None:
@@ -74,10 +151,10 @@ def parse_experiment(raw: dict[str, Any], base_dir: Path | None = None) -> Exper
     if not isinstance(exp, dict):
         raise ConfigError("an experiment file needs an [experiment] table with `algorithms` "
                           "and `seeds`")
-    unknown = sorted(set(exp) - {"name", "algorithms", "seeds", "sweep"})
+    unknown = sorted(set(exp) - {"name", "algorithms", "seeds", "sweep", "overrides"})
     if unknown:
         problems.append(f"[experiment] has unknown key(s) {unknown}; known: name, algorithms, "
-                        "seeds, sweep")
+                        "seeds, sweep, overrides")
     algorithms = exp.get("algorithms")
     valid = set(algorithm_names())
     if (not isinstance(algorithms, list) or not algorithms
@@ -96,27 +173,39 @@ def parse_experiment(raw: dict[str, Any], base_dir: Path | None = None) -> Exper
         problems.append(f"`experiment.seeds` must be a non-empty list of ints ≥ 0, got {seeds!r}")
         seeds = [0]
     sweep = exp.get("sweep", {})
-    if not isinstance(sweep, dict) or len(sweep) > 1:
-        problems.append("`experiment.sweep` must map at most one dotted key to a list of values")
+    if not isinstance(sweep, dict):
+        problems.append("`experiment.sweep` must map dotted keys to lists of values")
         sweep = {}
-    key, values = next(iter(sweep.items())) if sweep else (None, [None])
-    if key is not None and (not isinstance(values, list) or not values):
-        problems.append(f"sweep values for {key!r} must be a non-empty list")
-        values = [None]
+    for k, v in sweep.items():
+        if not isinstance(v, list) or not v:
+            problems.append(f"sweep values for {k!r} must be a non-empty list")
+    if any(not isinstance(v, list) or not v for v in sweep.values()):
+        sweep = {}
+    overrides = _parse_overrides(exp.get("overrides"), valid, problems)
     raise_if(problems, "[experiment] table")
+    # One key: its values; several keys: their grid, labelled "a=1, b=2".
+    keys = list(sweep)
+    key = keys[0] if len(keys) == 1 else (" × ".join(keys) if keys else None)
+    grid = list(itertools.product(*sweep.values())) if keys else [()]
+    values = [combo[0] if len(keys) == 1 else
+              (", ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in zip(keys, combo))
+               if keys else None) for combo in grid]
     configs = []
-    for value in values:
+    for value, combo in zip(values, grid, strict=True):
         point = copy.deepcopy(raw)
-        if key is not None:
-            _set_path(point, key, value)
+        for k, v in zip(keys, combo, strict=True):
+            _set_path(point, k, v)
         try:
-            configs.append(parse_config(point, base_dir))
+            config = parse_config(point, base_dir)
+            for alg, changes in overrides.items():
+                apply_overrides(config, alg, changes)  # validates every override
+            configs.append(config)
         except ConfigError as exc:
             where = f" (sweep {key} = {value!r})" if key else ""
             raise ConfigError(f"{exc}{where}", exc.problems) from None
     return Experiment(name=str(exp.get("name", "experiment")), algorithms=tuple(algorithms),
                       seeds=tuple(seeds), sweep_key=key, sweep_values=tuple(values),
-                      configs=tuple(configs), raw=raw)
+                      configs=tuple(configs), raw=raw, overrides=overrides)
 
 
 def load_experiment(path: Path) -> Experiment:
@@ -150,7 +239,7 @@ def run_experiment(exp: Experiment, out_dir: Path, *, overwrite: bool = False,
                         f" {exp.sweep_key}={value}" if exp.sweep_key else "")
                     if progress is not None:
                         progress(done, total, label)
-                    result = run_training(config.replace(algorithm=algorithm),
+                    result = run_training(exp.config_for(config, algorithm),
                                           prepared=prepared)
                     runs.append({"sweep": value, "seed": seed, "algorithm": algorithm,
                                  "test": result.metrics["test"],
@@ -181,7 +270,8 @@ def run_experiment(exp: Experiment, out_dir: Path, *, overwrite: bool = False,
         write_json(staging / "results.json", results)
         write_json(staging / "config.json", {"experiment": {
             "name": exp.name, "algorithms": list(exp.algorithms), "seeds": list(exp.seeds),
-            "sweep": {exp.sweep_key: list(exp.sweep_values)} if exp.sweep_key else {}},
+            "sweep": {exp.sweep_key: list(exp.sweep_values)} if exp.sweep_key else {},
+            "overrides": exp.overrides},
             "runs": [config_to_dict(c) for c in exp.configs]})
         (staging / "results.md").write_text(markdown_table(results), encoding="utf-8")
         plot_results(results, staging / "plot.png")

@@ -14,6 +14,7 @@ import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -91,6 +92,8 @@ class Federation:
     closer: Callable[[], None] = field(default=lambda: None)
     policy: PartyPolicy = field(default_factory=PartyPolicy)
     secret_source: str = ""
+    #: the party objects living in this process, by name (in-process federations only)
+    parties: dict[str, Any] = field(default_factory=dict)
 
     def close(self) -> None:
         self.closer()
@@ -133,6 +136,7 @@ def in_process(inputs: Inputs, config: RunConfig, *, transcript: Transcript | No
     coordinator = CoordinatorParty(COORDINATOR, seed=config.seed, search=search)
     coordinator.roles, coordinator.policy = roles, policy
     hub.register(COORDINATOR, coordinator)
+    parties: dict[str, Any] = {COORDINATOR: coordinator}
     for j, table in enumerate(inputs.secondaries):
         party = SecondaryParty(table, hub.channel(table.name), secret=secret,
                                out_dir=None if state_root is None else state_root / table.name,
@@ -140,7 +144,8 @@ def in_process(inputs: Inputs, config: RunConfig, *, transcript: Transcript | No
                                privacy=config.privacy, privacy_seed=noise_seed(config, j))
         party.roles, party.policy = roles, policy
         hub.register(table.name, party)
+        parties[table.name] = party
     return Federation(channel=hub.channel(inputs.primary.name),
                       secondaries=tuple(t.name for t in inputs.secondaries),
                       coordinator=COORDINATOR, counter=counter, secret=secret, policy=policy,
-                      secret_source=source)
+                      secret_source=source, parties=parties)

@@ -22,6 +22,8 @@ class Inputs:
     primary: PartyTable
     secondaries: tuple[PartyTable, ...]
     truth: dict[str, npt.NDArray[np.int64]] | None = None
+    #: (train, validation, test) primary rows fixed by the dataset (a reproduction preset)
+    splits: tuple[npt.NDArray[np.int64], ...] | None = None
 
 
 def report_all(problems: list[str]) -> DataError:
@@ -42,7 +44,7 @@ def load_inputs(config: RunConfig) -> Inputs:
         if ds.true_secondary_index is not None:
             truth = {t.name: np.asarray(idx) for t, idx in
                      zip(ds.secondaries, ds.true_secondary_index, strict=True)}
-        return Inputs(ds.primary, tuple(ds.secondaries), truth)
+        return Inputs(ds.primary, tuple(ds.secondaries), truth, ds.splits)
     tables: list[PartyTable] = []
     problems: list[str] = []
     for schema in data.parties:  # every table's problems at once, not the first table's only

@@ -22,7 +22,6 @@ import pandas as pd
 import torch
 
 from vflink.data.schema import PartySchema
-from vflink.data.split import split_rows
 from vflink.data.table import PartyTable
 from vflink.errors import ConfigError
 from vflink.metrics.functional import evaluate, higher_is_better, primary_metric
@@ -38,6 +37,7 @@ from vflink.runner.inputs import Inputs, identifier_features, load_inputs
 from vflink.runner.ledger import write_run_ledger
 from vflink.runner.link import encoding_for, encoding_summary
 from vflink.runner.link_quality import training_link_quality, write_link_quality
+from vflink.runner.pools import link_by_split, run_splits
 from vflink.runner.privacy import check_privacy_task, privacy_extra
 from vflink.runner.resume import check_resume, run_fingerprint
 from vflink.runner.rundir import atomic_run_dir, write_json
@@ -226,22 +226,33 @@ def prepare(config: RunConfig, tables: Inputs | tuple[PartyTable, Sequence[Party
         if encoding is not None:  # the training's: same centres, so similarities compare
             spec = encoding
         top_k = a_cfg.top_k if "topk" in needs else 1
-        soft = initiator.align_soft(coordinator, spec, metric=search_metric, top_k=top_k,
-                                    tau=a_cfg.tau, sigma=a_cfg.sigma, delta=a_cfg.delta,
-                                    session="soft", scale=scale)
+        if a_cfg.pool == "split":  # the FedSim authors' protocol (vflink.runner.pools)
+            splits = run_splits(config, inputs, np.arange(len(inputs.primary), dtype=np.int64))
+            soft = link_by_split(config, inputs, federation, splits, spec, metric=search_metric,
+                                 top_k=top_k, session="soft")
+        else:
+            soft = initiator.align_soft(coordinator, spec, metric=search_metric, top_k=top_k,
+                                        tau=a_cfg.tau, sigma=a_cfg.sigma, delta=a_cfg.delta,
+                                        session="soft", scale=scale)
         top1 = {k: Alignment(a.primary_index, a.secondary_index[:, :1],
                              None if a.similarity is None else a.similarity[:, :1], k,
                              dict(a.meta)) for k, a in soft.items()}
         alignments = {"base": top1, "top1": top1, "topk": soft}
         sessions = {"base": "soft", "top1": "soft", "topk": "soft"}
-        if "exact" in needs:
+        if "exact" in needs and a_cfg.pool == "split":
+            alignments["exact"] = link_by_split(config, inputs, federation, splits, spec,
+                                                metric=search_metric, top_k=1, mode="exact",
+                                                session="exact")
+        elif "exact" in needs:
             alignments["exact"] = initiator.align_soft(coordinator, spec, metric=search_metric,
                                                        top_k=1, mode="exact", session="exact")
+        if "exact" in needs:
             sessions["exact"] = "exact"
         first = soft[names[0]]
         summary.update({k: first.meta.get(k) for k in ("mu0", "sigma0", "sigma", "tau",
                                                        "epsilon", "delta")})
-        summary.update({"metric": a_cfg.metric, "top_k": top_k, "privacy": a_cfg.privacy})
+        summary.update({"metric": a_cfg.metric, "top_k": top_k, "privacy": a_cfg.privacy,
+                        "pool": a_cfg.pool})
         summary.update(encoding_summary(spec.encoder, federation.secret_source))
         summary["encoding_spec"] = dataclasses.asdict(spec)  # public; reused by predict
     n = len(inputs.primary)
@@ -267,7 +278,8 @@ def _plan(config: RunConfig, algorithm: Algorithm, *, learn_missing: bool, k: in
     m, t = config.model, config.training
     bottom = BottomSpec(hidden=m.hidden, out_dim=m.cut_dim, activation=m.activation,
                         dropout=m.dropout, optimizer=t.optimizer, lr=t.lr,
-                        weight_decay=t.weight_decay, seed=config.seed)
+                        weight_decay=t.weight_decay, seed=config.seed,
+                        standardize=m.standardize)
     agg = AggregatorConfig(**{**m.aggregator.__dict__, "seed": config.seed})
     privacy = config.privacy.public_settings() if config.privacy.enabled else None
     return TrainingPlan(bottom=bottom, top_hidden=m.top_hidden, learn_missing=learn_missing,
@@ -454,7 +466,7 @@ def _run(config: RunConfig, out_dir: Path | None, progress: Progress | None,
             federation and federation.secondaries):
         raise ConfigError(f"algorithm {algorithm.name!r} needs at least one secondary party")
     rows = prepared.rows
-    splits = split_rows(rows, config.training.split, np.random.default_rng([config.seed, 0]))
+    splits = run_splits(config, inputs, rows)
     learn_missing = config.alignment.unmatched == "keep"
     k = 1
     batch_size = config.training.batch_size

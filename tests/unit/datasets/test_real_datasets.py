@@ -57,7 +57,7 @@ def test_every_dataset_loads_offline_and_keeps_the_contract(name: str, offline: 
 def test_registry_lists_all_datasets() -> None:
     names = dataset_names()
     assert names == tuple(sorted(names))
-    assert set(names) == {*SHIPPED, "sklearn", "imdb-movies", "fashion-mnist"}
+    assert set(names) == {*SHIPPED, "sklearn", "sklearn-reference", "imdb-movies", "fashion-mnist"}
 
 
 def test_shipped_files_are_small() -> None:
