@@ -85,16 +85,25 @@ def link_by_split(config: RunConfig, inputs: Inputs, federation: Federation,
             raise ConfigError("alignment.pool = \"split\" needs every primary record of a split "
                               "to have a true match in every secondary")
         hub = InProcessHub(counter=federation.counter)
-        hub.register(COORDINATOR, CoordinatorParty(
+        # the same policy and roles as the run's own in-process parties (issue 13)
+        policy = federation.policy
+        roles = {inputs.primary.name: "primary", COORDINATOR: "coordinator",
+                 **dict.fromkeys(names, "secondary")}
+        split_coordinator = CoordinatorParty(
             COORDINATOR, seed=config.seed * 7 + i,
-            search=SearchOptions(mode=a.search)))  # type: ignore[arg-type]
+            search=SearchOptions(mode=a.search))  # type: ignore[arg-type]
+        split_coordinator.roles, split_coordinator.policy = roles, policy
+        hub.register(COORDINATOR, split_coordinator)
         tables = {t.name: t for t in inputs.secondaries}
         for n in names:
-            hub.register(n, SecondaryParty(_subset(tables[n], sec_rows[n]), hub.channel(n),
-                                           secret=federation.secret))
+            party = SecondaryParty(_subset(tables[n], sec_rows[n]), hub.channel(n),
+                                   secret=federation.secret)
+            party.roles, party.policy = roles, policy
+            hub.register(n, party)
         primary = PrimaryParty(_subset(inputs.primary, prim_rows),
                                hub.channel(inputs.primary.name), secondaries=names,
                                secret=federation.secret)
+        primary.policy = policy
         got = primary.initiator().align_soft(
             COORDINATOR, spec, metric=metric, top_k=top_k, mode=mode, tau=a.tau, sigma=a.sigma,
             delta=a.delta, session=session, scale=scale)
