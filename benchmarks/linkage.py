@@ -215,7 +215,7 @@ def case_c(scale: float, threads: int, k: int, mode: str) -> None:
            engine_reported_recall=res.recall)
 
 
-def case_cli(scale: float, threads: int, k: int) -> None:
+def case_cli(scale: float, threads: int, k: int, privacy: str | None = None) -> None:
     import os
     import tempfile
     from pathlib import Path
@@ -231,7 +231,7 @@ def case_cli(scale: float, threads: int, k: int) -> None:
         cmd = [sys.executable, "-m", "vflink.cli.main", "link", "--primary",
                str(d / "houses.parquet"), "--secondary", str(d / "places.parquet"), "--on",
                "lat,lon", "--metric", "euclidean", "--top-k", str(k), "--seed", "0",
-               "--out", str(out)]
+               "--out", str(out), *(("--privacy", privacy) if privacy else ())]
         env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
         t0 = time.perf_counter()
         subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
@@ -239,7 +239,9 @@ def case_cli(scale: float, threads: int, k: int) -> None:
         summary = json.loads(Path(f"{out}.summary.json").read_text())
         phases = summary["phase_seconds"]
         size = out.stat().st_size
-    report("cli", command="vflink link (whole process)", n_primary=len(p),
+    report("cli" if privacy is None else f"cli-privacy-{privacy}",
+           command="vflink link (whole process)", privacy=privacy or "default (bloom)",
+           n_primary=len(p),
            n_secondary=len(s), k=k, links=summary["sizes"]["links"], threads=threads,
            seconds=round(wall, 3), phase_seconds=phases,
            imports_and_startup_seconds=round(wall - sum(phases.values()), 3),
@@ -376,23 +378,26 @@ def _report_gps(mode: str, private: Any, p: Any, s: Any, source: str, k: int, th
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("--case", default="all",
-                    choices=["a", "a-flat", "b", "c", "c-blocking", "cli", "fields", "gps",
-                             "all"])
+                    choices=["a", "a-flat", "b", "c", "c-blocking", "cli", "cli-privacy-off",
+                             "fields", "gps", "all"])
     ap.add_argument("--scale", type=float, default=1.0)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--k", type=int, default=None, help="K (default 100 for a/b, 10 for c)")
     args = ap.parse_args()
     if args.case == "all":
         # One subprocess per case so peak RSS is per case.
-        for case in ("a", "a-flat", "b", "c", "c-blocking", "cli", "fields", "gps"):
+        for case in ("a", "a-flat", "b", "c", "c-blocking", "cli", "cli-privacy-off", "fields",
+                     "gps"):
             cmd = [sys.executable, __file__, "--case", case, "--scale", str(args.scale),
                    "--threads", str(args.threads)]
             if args.k is not None:
                 cmd += ["--k", str(args.k)]
             subprocess.run(cmd, check=True)
         return
-    if args.case == "cli":
-        case_cli(args.scale, args.threads, args.k or 100)
+    if args.case in ("cli", "cli-privacy-off"):
+        # the default (keyed Bloom filters) and raw identifiers (--privacy off)
+        case_cli(args.scale, args.threads, args.k or 100,
+                 "off" if args.case == "cli-privacy-off" else None)
     elif args.case == "fields":
         case_fields(args.scale)
     elif args.case == "gps":
