@@ -132,8 +132,14 @@ def missing_columns(frame: pd.DataFrame, columns: Sequence[str], what: str = "co
             f"this table has: {have}")
 
 
-def report(where: str, problems: Sequence[str]) -> DataError:
-    """One :class:`DataError` carrying every problem of a table (ARCHITECTURE.md, conv. 6)."""
+def report(where: str | None, problems: Sequence[str]) -> DataError:
+    """One :class:`DataError` carrying every problem of a table (ARCHITECTURE.md, conv. 6);
+    ``where=None`` for problems that already name their table (several tables of a run)."""
+    if where is None:
+        if len(problems) == 1:
+            return DataError(problems[0], problems)
+        listing = "\n  - ".join(problems)
+        return DataError(f"{len(problems)} data problems:\n  - {listing}", problems)
     if len(problems) == 1:
         return DataError(f"{where}: {problems[0]}", [f"{where}: {problems[0]}"])
     listing = "\n  - ".join(problems)

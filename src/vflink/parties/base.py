@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 class Party:
     """Base class: ``handle`` dispatches a message to ``on_<kind>``.
 
-    Attributes set by whoever builds the federation (``vflink.runner``):
+    Given by whoever builds the federation (``vflink.runner``), at construction:
         roles: every known party's role (name → ``"primary"``/``"secondary"``/
             ``"coordinator"``); ``handle`` refuses a message kind the sender's role may not send
             (:data:`vflink.parties.policy.SENDERS`). ``None``: roles unknown, not checked.
@@ -44,8 +44,11 @@ class Party:
     roles: Mapping[str, str] | None = None
     policy: PartyPolicy = PartyPolicy()
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, *, roles: Mapping[str, str] | None = None,
+                 policy: PartyPolicy | None = None) -> None:
         self.name = name
+        self.roles = roles
+        self.policy = policy if policy is not None else PartyPolicy()
 
     def handle(self, sender: str, message: Message) -> Message:
         # Whatever fails, the peer gets only a boundary message (class, code, which check);

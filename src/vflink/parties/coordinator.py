@@ -10,6 +10,7 @@ import logging
 import math
 import time
 import zlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,7 +21,7 @@ from vflink.alignment.exact import exact_alignment
 from vflink.errors import LinkageError, PolicyViolation, ProtocolError
 from vflink.linkage import SearchOptions, SoftLinkage, link
 from vflink.parties.base import Party
-from vflink.parties.policy import ROLE_UNKNOWN
+from vflink.parties.policy import ROLE_UNKNOWN, PartyPolicy
 from vflink.protocol.boundary import refuse
 from vflink.protocol.messages import (
     Ack,
@@ -78,8 +79,9 @@ class CoordinatorParty(Party):
     role = "coordinator"
 
     def __init__(self, name: str = "coordinator", *, seed: int | None = None,
-                 search: SearchOptions | None = None) -> None:
-        super().__init__(name)
+                 search: SearchOptions | None = None, roles: Mapping[str, str] | None = None,
+                 policy: PartyPolicy | None = None) -> None:
+        super().__init__(name, roles=roles, policy=policy)
         self._sessions: dict[str, _Session] = {}
         self._seed = seed
         self._rng = np.random.default_rng(seed)

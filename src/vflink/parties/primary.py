@@ -32,6 +32,7 @@ from vflink.models.statefile import load_state, save_state, state_json_path
 from vflink.parties.base import Party
 from vflink.parties.guard import check_embeddings
 from vflink.parties.linking import AlignmentInitiator
+from vflink.parties.policy import PartyPolicy
 from vflink.parties.recording import Recorder
 from vflink.protocol.channel import Channel
 from vflink.protocol.messages import (
@@ -92,8 +93,9 @@ class PrimaryParty(Party):
 
     def __init__(self, table: PartyTable, channel: Channel, *, secondaries: Sequence[str] = (),
                  secret: bytes | None = None, out_dir: Path | None = None,
-                 recorder: Recorder | None = None) -> None:
-        super().__init__(table.name)
+                 recorder: Recorder | None = None, roles: Mapping[str, str] | None = None,
+                 policy: PartyPolicy | None = None) -> None:
+        super().__init__(table.name, roles=roles, policy=policy)
         self.recorder = recorder
         schema = table.schema
         if schema.role != "primary" or schema.label is None or schema.task is None:

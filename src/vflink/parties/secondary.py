@@ -11,6 +11,7 @@ import copy
 import dataclasses
 import logging
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,7 @@ from vflink.models.statefile import StateFileError, load_state, remove_state, sa
 from vflink.parties.base import Party, state_path
 from vflink.parties.guard import admit_forward, admit_snapshot, check_backward, check_bottom_spec
 from vflink.parties.linking import encode_identifiers, secret_mismatch, send_key_tag, uses_secret
-from vflink.parties.policy import check_coordinator
+from vflink.parties.policy import PartyPolicy, check_coordinator
 from vflink.parties.privacy import EmbeddingProtection
 from vflink.parties.recording import Recorder
 from vflink.parties.setalign import SetAlignmentPeer
@@ -103,8 +104,10 @@ class SecondaryParty(SetAlignmentPeer, UnionPeer, Party):
 
     def __init__(self, table: PartyTable, channel: Channel, *, secret: bytes | None = None,
                  out_dir: Path | None = None, recorder: Recorder | None = None,
-                 privacy: PrivacyConfig | None = None, privacy_seed: int | None = None) -> None:
-        super().__init__(table.name)
+                 privacy: PrivacyConfig | None = None, privacy_seed: int | None = None,
+                 roles: Mapping[str, str] | None = None,
+                 policy: PartyPolicy | None = None) -> None:
+        super().__init__(table.name, roles=roles, policy=policy)
         self.recorder = recorder
         self.table = table
         self.channel = channel

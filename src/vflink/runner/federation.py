@@ -11,7 +11,7 @@ import hashlib
 import logging
 import os
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,7 +28,7 @@ from vflink.runner.evaluation import recorder_for
 from vflink.runner.inputs import Inputs
 from vflink.transport import InProcessHub, TrafficCounter, Transcript
 
-__all__ = ["COORDINATOR", "Federation", "in_process", "noise_seed", "run_policy",
+__all__ = ["COORDINATOR", "Federation", "in_process", "local_roles", "noise_seed", "run_policy",
            "secret_with_source", "shared_secret"]
 
 log = logging.getLogger(__name__)
@@ -99,6 +99,12 @@ class Federation:
         self.closer()
 
 
+def local_roles(primary: str, secondaries: Iterable[str]) -> dict[str, str]:
+    """Every party's role when all of them are built in this process (``Party.roles``)."""
+    return {primary: "primary", COORDINATOR: "coordinator",
+            **dict.fromkeys(secondaries, "secondary")}
+
+
 def run_policy(config: RunConfig) -> PartyPolicy:
     """The policy of the parties a run builds in this process.
 
@@ -131,18 +137,17 @@ def in_process(inputs: Inputs, config: RunConfig, *, transcript: Transcript | No
     hub = InProcessHub(transcript=transcript, counter=counter)
     search = SearchOptions(mode=config.alignment.search)  # type: ignore[arg-type]
     policy = run_policy(config)
-    roles = {inputs.primary.name: "primary", COORDINATOR: "coordinator",
-             **{t.name: "secondary" for t in inputs.secondaries}}
-    coordinator = CoordinatorParty(COORDINATOR, seed=config.seed, search=search)
-    coordinator.roles, coordinator.policy = roles, policy
+    roles = local_roles(inputs.primary.name, [t.name for t in inputs.secondaries])
+    coordinator = CoordinatorParty(COORDINATOR, seed=config.seed, search=search, roles=roles,
+                                   policy=policy)
     hub.register(COORDINATOR, coordinator)
     parties: dict[str, Any] = {COORDINATOR: coordinator}
     for j, table in enumerate(inputs.secondaries):
         party = SecondaryParty(table, hub.channel(table.name), secret=secret,
                                out_dir=None if state_root is None else state_root / table.name,
                                recorder=recorder_for(config),
-                               privacy=config.privacy, privacy_seed=noise_seed(config, j))
-        party.roles, party.policy = roles, policy
+                               privacy=config.privacy, privacy_seed=noise_seed(config, j),
+                               roles=roles, policy=policy)
         hub.register(table.name, party)
         parties[table.name] = party
     return Federation(channel=hub.channel(inputs.primary.name),

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from vflink.data.table import PartyTable, load_table
+from vflink.data.table import PartyTable, load_table, report
 from vflink.datasets import load_dataset
 from vflink.errors import DataError
 from vflink.runner.config import RunConfig
@@ -24,13 +24,6 @@ class Inputs:
     truth: dict[str, npt.NDArray[np.int64]] | None = None
     #: (train, validation, test) primary rows fixed by the dataset (a reproduction preset)
     splits: tuple[npt.NDArray[np.int64], ...] | None = None
-
-
-def report_all(problems: list[str]) -> DataError:
-    if len(problems) == 1:
-        return DataError(problems[0], problems)
-    listing = "\n  - ".join(problems)
-    return DataError(f"{len(problems)} data problems:\n  - {listing}", problems)
 
 
 def load_inputs(config: RunConfig) -> Inputs:
@@ -53,7 +46,7 @@ def load_inputs(config: RunConfig) -> Inputs:
         except DataError as exc:
             problems.extend(exc.problems)
     if problems:
-        raise report_all(problems)
+        raise report(None, problems)  # each problem already names its table
     primary = next(t for t in tables if t.schema.role == "primary")
     return Inputs(primary, tuple(t for t in tables if t.schema.role == "secondary"))
 

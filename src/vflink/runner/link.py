@@ -42,7 +42,7 @@ from vflink.parties import CoordinatorParty, SecondaryParty
 from vflink.parties.linking import AlignmentInitiator, identifier_values
 from vflink.parties.policy import PartyPolicy
 from vflink.protocol import EncodingSpec
-from vflink.runner.federation import secret_with_source
+from vflink.runner.federation import local_roles, secret_with_source
 from vflink.transport import InProcessHub, Transcript
 from vflink.types import MISSING, Alignment
 
@@ -310,14 +310,14 @@ def _run_linkage(primary: pd.DataFrame, secondary: pd.DataFrame, *, on: tuple[st
     hub = InProcessHub(transcript=transcript)
     # Both tables are this user's: the arguments are the explicit release choice.
     policy = PartyPolicy.permissive(identifiers="bloom" if spec.encoder == "bloom" else "any")
-    roles = {"primary": "primary", "secondary": "secondary", COORDINATOR: "coordinator"}
-    coordinator = CoordinatorParty(COORDINATOR, seed=seed, search=search)
-    coordinator.roles, coordinator.policy = roles, policy
+    roles = local_roles("primary", ["secondary"])
+    coordinator = CoordinatorParty(COORDINATOR, seed=seed, search=search, roles=roles,
+                                   policy=policy)
     hub.register(COORDINATOR, coordinator)
     sec_schema = PartySchema(name="secondary", role="secondary", identifiers=secondary_on)
     sec_party = SecondaryParty(PartyTable(sec_schema, secondary, secondary_source),
-                               hub.channel("secondary"), secret=secret)
-    sec_party.roles, sec_party.policy = roles, policy
+                               hub.channel("secondary"), secret=secret, roles=roles,
+                               policy=policy)
     hub.register("secondary", sec_party)
     initiator = AlignmentInitiator("primary", primary, hub.channel("primary"),
                                    secondaries=("secondary",), identifiers=on, secret=secret,

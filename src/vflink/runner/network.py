@@ -55,22 +55,23 @@ def network_federation(config: PartyConfig, *, run_id: str,
 
 
 def build_handler(config: PartyConfig) -> MessageHandler:
+    # This party's own policy and its knowledge of who is who come from its own party file,
+    # never from a peer (issue 13).
     party: CoordinatorParty | SecondaryParty
     if config.role == "coordinator":
-        party = CoordinatorParty(config.name, seed=config.seed)
+        party = CoordinatorParty(config.name, seed=config.seed, roles=config.roles,
+                                 policy=config.policy)
     elif config.role == "secondary":
         table = party_table(config)
         party = SecondaryParty(table, _channel(config),
                                secret=shared_secret(config.secret_env, required=True),
                                out_dir=config.state_dir,
                                recorder=Recorder() if config.record else None,
-                               privacy=config.privacy)
+                               privacy=config.privacy, roles=config.roles,
+                               policy=config.policy)
     else:
         raise ConfigError(f"{config.source}: `vflink serve` runs a secondary or the "
                           "coordinator; the primary drives runs with `vflink train --party`")
-    # This party's own policy and its knowledge of who is who come from its own party file,
-    # never from a peer (issue 13).
-    party.roles, party.policy = config.roles, config.policy
     log.info("%s: policy %s; roles %s", config.name, config.policy, config.roles)
     return party
 

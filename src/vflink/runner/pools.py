@@ -33,7 +33,7 @@ from vflink.linkage import SearchOptions
 from vflink.parties import CoordinatorParty, PrimaryParty, SecondaryParty
 from vflink.protocol import EncodingSpec
 from vflink.runner.config import RunConfig
-from vflink.runner.federation import COORDINATOR, Federation
+from vflink.runner.federation import COORDINATOR, Federation, local_roles
 from vflink.runner.inputs import Inputs
 from vflink.transport import InProcessHub
 from vflink.types import MISSING, Alignment
@@ -87,23 +87,18 @@ def link_by_split(config: RunConfig, inputs: Inputs, federation: Federation,
         hub = InProcessHub(counter=federation.counter)
         # the same policy and roles as the run's own in-process parties (issue 13)
         policy = federation.policy
-        roles = {inputs.primary.name: "primary", COORDINATOR: "coordinator",
-                 **dict.fromkeys(names, "secondary")}
-        split_coordinator = CoordinatorParty(
+        roles = local_roles(inputs.primary.name, names)
+        hub.register(COORDINATOR, CoordinatorParty(
             COORDINATOR, seed=config.seed * 7 + i,
-            search=SearchOptions(mode=a.search))  # type: ignore[arg-type]
-        split_coordinator.roles, split_coordinator.policy = roles, policy
-        hub.register(COORDINATOR, split_coordinator)
+            search=SearchOptions(mode=a.search),  # type: ignore[arg-type]
+            roles=roles, policy=policy))
         tables = {t.name: t for t in inputs.secondaries}
         for n in names:
-            party = SecondaryParty(_subset(tables[n], sec_rows[n]), hub.channel(n),
-                                   secret=federation.secret)
-            party.roles, party.policy = roles, policy
-            hub.register(n, party)
+            hub.register(n, SecondaryParty(_subset(tables[n], sec_rows[n]), hub.channel(n),
+                                           secret=federation.secret, roles=roles, policy=policy))
         primary = PrimaryParty(_subset(inputs.primary, prim_rows),
                                hub.channel(inputs.primary.name), secondaries=names,
-                               secret=federation.secret)
-        primary.policy = policy
+                               secret=federation.secret, policy=policy)
         got = primary.initiator().align_soft(
             COORDINATOR, spec, metric=metric, top_k=top_k, mode=mode, tau=a.tau, sigma=a.sigma,
             delta=a.delta, session=session, scale=scale)

@@ -25,7 +25,7 @@ from vflink.parties import PrimaryParty, SecondaryParty
 from vflink.protocol import EncodingSpec
 from vflink.runner.algorithms import get_algorithm
 from vflink.runner.config import RunConfig, parse_config
-from vflink.runner.federation import run_policy
+from vflink.runner.federation import local_roles, run_policy
 from vflink.runner.link_quality import link_columns, read_link_quality
 from vflink.runner.train import Inputs, load_inputs, prepare
 from vflink.transport import InProcessHub
@@ -111,10 +111,10 @@ def predict_records(run_dir: Path, records: pd.DataFrame, *, source: str = "inpu
                            encoding=encoding)
         alignments = prepared.alignments[algorithm.links]
     hub = InProcessHub()
-    roles = {new_primary.name: "primary", **{t.name: "secondary" for t in secondaries}}
+    roles = local_roles(new_primary.name, [t.name for t in secondaries])
     for table in secondaries:
-        party = SecondaryParty(table, hub.channel(table.name), out_dir=models / table.name)
-        party.roles, party.policy = roles, run_policy(config)
+        party = SecondaryParty(table, hub.channel(table.name), out_dir=models / table.name,
+                               roles=roles, policy=run_policy(config))
         party.set_linked_rows(alignments[table.name].secondary_index)
         hub.register(table.name, party)
     primary = PrimaryParty(new_primary, hub.channel(new_primary.name),

@@ -203,8 +203,7 @@ def prepare(config: RunConfig, tables: Inputs | tuple[PartyTable, Sequence[Party
         raise ConfigError("algorithms that use K links (fedsim, avgsim, featuresim...) need "
                           "soft linkage: set alignment.method = \"soft\"")
     primary = PrimaryParty(inputs.primary, federation.channel, secondaries=names,
-                           secret=federation.secret)
-    primary.policy = federation.policy
+                           secret=federation.secret, policy=federation.policy)
     initiator = primary.initiator()
     coordinator = federation.coordinator
     alignments: dict[str, dict[str, Alignment]] = {}
@@ -480,8 +479,7 @@ def _run(config: RunConfig, out_dir: Path | None, progress: Progress | None,
             learn_missing = True  # records without an exact match keep a "missing" embedding
         primary = PrimaryParty(inputs.primary, federation.channel,
                                secondaries=federation.secondaries, out_dir=primary_dir,
-                               recorder=recorder_for(config))
-        primary.policy = federation.policy
+                               recorder=recorder_for(config), policy=federation.policy)
         # every secondary fetches the view of the alignment this algorithm uses
         for name in federation.secondaries:
             federation.channel.request(name, AlignmentReady(
