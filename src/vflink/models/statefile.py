@@ -57,11 +57,20 @@ _MARKERS = (_TENSOR, _NDARRAY, _TUPLE, _ITEMS)
 
 
 class StateFileError(DataError):
-    """A state file is missing, truncated, corrupt, or from another format version."""
+    """A state file is missing, truncated, corrupt, or from another format version.
+
+    ``reason`` says which, without the file's path: what a party may tell a peer about its
+    own state file (issue 13: no local path crosses the boundary).
+    """
+
+    def __init__(self, message: str, reason: str = "unusable") -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 def _bad(path: Path, detail: str) -> StateFileError:
-    return StateFileError(f"{path}: truncated or not a vflink state file ({detail})")
+    return StateFileError(f"{path}: truncated or not a vflink state file ({detail})",
+                          "truncated or not a vflink state file")
 
 
 # --- the tree codec ----------------------------------------------------------------------------
@@ -198,12 +207,14 @@ def read_state_header(root: Path, name: str, *, kind: str | None = None) -> dict
         if legacy.is_file():
             raise StateFileError(
                 f"{legacy}: a state file in the old pickle format, which vflink no longer "
-                "loads (a pickle can run code); train the run again with this version")
-        raise StateFileError(f"{path}: state file not found")
+                "loads (a pickle can run code); train the run again with this version",
+                "in the old pickle format")
+        raise StateFileError(f"{path}: state file not found", "not found")
     try:
         raw = path.read_bytes()
     except OSError as exc:
-        raise StateFileError(f"{path}: cannot read the state file: {exc.strerror}") from None
+        raise StateFileError(f"{path}: cannot read the state file: {exc.strerror}",
+                             "cannot read") from None
     if not raw.strip():
         raise _bad(path, "the file is empty")
     try:
@@ -215,10 +226,11 @@ def read_state_header(root: Path, name: str, *, kind: str | None = None) -> dict
     version = doc.get("version")
     if version != STATE_VERSION:
         raise StateFileError(f"{path}: a vflink state file of format version {version!r}; this "
-                             f"version of vflink reads version {STATE_VERSION}")
+                             f"version of vflink reads version {STATE_VERSION}",
+                             "from another format version")
     if kind is not None and doc.get("kind") != kind:
         raise StateFileError(f"{path}: holds the state of a {doc.get('kind')!r}, expected a "
-                             f"{kind!r}")
+                             f"{kind!r}", "holds another kind of party's state")
     for field in ("tensors", "sha256", "state"):
         if field not in doc:
             raise _bad(path, f"no {field!r} field")
@@ -246,7 +258,8 @@ def load_state(root: Path, name: str, *, kind: str | None = None) -> dict[str, A
         raise _bad(weights, "the weights file named by "
                    f"{state_json_path(root, name).name} is missing") from None
     except OSError as exc:
-        raise StateFileError(f"{weights}: cannot read the weights file: {exc.strerror}") from None
+        raise StateFileError(f"{weights}: cannot read the weights file: {exc.strerror}",
+                             "cannot read") from None
     if hashlib.sha256(blob).hexdigest() != doc["sha256"]:
         raise _bad(weights, "its SHA-256 does not match the one recorded when it was written")
     try:

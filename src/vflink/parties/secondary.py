@@ -371,12 +371,8 @@ class SecondaryParty(SetAlignmentPeer, UnionPeer, Party):
             state = load_state(path.parent, path.name, kind="secondary")
         except StateFileError as exc:
             # the peer learns which check failed, never this party's paths (issue 13, item 1)
-            text = str(exc)
-            why = next((w for w in ("truncated or not a vflink state file", "not found",
-                                    "format version", "cannot read") if w in text),
-                       "unusable")
-            raise refuse(StateFileError, f"party {self.name!r}: saved {source}: {why}",
-                         code="state-file", detail=text) from None
+            raise refuse(StateFileError, f"party {self.name!r}: saved {source}: {exc.reason}",
+                         code="state-file", detail=str(exc)) from None
         try:
             spec = BottomSpec(**state["spec"])
             pre = Preprocessor.from_json(state["preprocessor"], self.table.schema, source=source)
