@@ -174,3 +174,23 @@ def test_help_imports_no_heavy_library(argv: list[str]) -> None:
     exit_code, heavy = json.loads(out.strip().splitlines()[-1])
     assert exit_code == 0
     assert heavy == []
+
+
+def test_link_imports_no_training_library(tmp_path: Path) -> None:
+    """`vflink link` never builds a model: torch, scikit-learn and gRPC stay unloaded (they
+    were 2.5 s of a house-scale link's 13 s, issue 8 item 8)."""
+    p, s = tmp_path / "p.csv", tmp_path / "s.csv"
+    p.write_text("x,y\n0,0\n1,1\n2,2\n", encoding="utf-8")
+    s.write_text("x,y\n0,0.1\n1,1.1\n5,5\n", encoding="utf-8")
+    argv = ["link", "--primary", str(p), "--secondary", str(s), "--on", "x,y", "--metric",
+            "euclidean", "--top-k", "2", "--seed", "0", "--out", str(tmp_path / "links.csv")]
+    code = ("import sys, json\nfrom vflink.cli.main import main\ncode = main(%r)\n"
+            "print(json.dumps([code, sorted(m for m in ('torch', 'sklearn', 'grpc') "
+            "if m in sys.modules)]))" % (argv,))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin"},
+                         timeout=120, check=True).stdout
+    exit_code, heavy = json.loads(out.strip().splitlines()[-1])
+    assert exit_code == 0
+    assert heavy == []
+    assert (tmp_path / "links.csv").read_text(encoding="utf-8").count("\n") == 7  # header + 6

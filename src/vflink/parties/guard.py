@@ -12,18 +12,21 @@ Pending state is bounded (item 5): training forwards waiting for their gradient 
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import MutableMapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from vflink.errors import PolicyViolation, ProtocolError
 from vflink.models.spec import BottomSpec
 from vflink.parties.policy import PartyPolicy
 from vflink.protocol.boundary import refuse
 from vflink.protocol.messages import AlignmentView, Backward, Embeddings
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = [
     "admit_forward",
@@ -41,7 +44,9 @@ def check_values(values: Any, *, party: str, what: str, max_abs: float,
                  allow_nan: bool = False) -> None:
     """Refuse non-finite values (NaN allowed only with ``allow_nan``) and magnitudes above
     ``max_abs`` in a tensor or array received from a peer (ProtocolError)."""
-    if isinstance(values, torch.Tensor):
+    # torch is loaded by whoever made a tensor; linkage checks numpy arrays without importing it
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(values, torch.Tensor):
         if values.is_complex():
             raise refuse(ProtocolError, f"party {party!r}: {what} must be real numbers",
                          code="value.dtype")
@@ -101,6 +106,8 @@ def check_backward(pending: MutableMapping[int, torch.Tensor], applied: set[int]
                    message: Backward, *, party: str, policy: PartyPolicy) -> None:
     """Everything a Backward must satisfy, checked before the pending batch is consumed, so a
     refused gradient leaves the batch in place and a correct retry applies exactly once."""
+    import torch
+
     if message.batch_id in applied:
         return  # a retried call; the handler acknowledges it as a duplicate
     out = pending.get(message.batch_id)
@@ -154,6 +161,8 @@ def check_bottom_spec(spec: BottomSpec, n_inputs: int, *, party: str,
 def check_embeddings(reply: Embeddings, *, requested: int, width: int | None, party: str,
                      peer: str, policy: PartyPolicy) -> None:
     """The primary's check of a secondary's embeddings before they enter its model."""
+    import torch
+
     emb, inverse = reply.embeddings, np.asarray(reply.inverse)
     if not isinstance(emb, torch.Tensor) or emb.ndim != 2 or not emb.is_floating_point():
         raise ProtocolError(f"{peer!r} sent embeddings that are not a 2-D float tensor")

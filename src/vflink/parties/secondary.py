@@ -19,8 +19,6 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from vflink.alignment.confirm import tag_matches
-from vflink.alignment.exact import key_digests
 from vflink.data.fingerprint import frame_fingerprint
 from vflink.data.preprocess import Preprocessor
 from vflink.data.table import PartyTable
@@ -28,10 +26,10 @@ from vflink.errors import ProtocolError, VflinkError
 from vflink.models.mlp import build_mlp, build_optimizer, seeded_init
 from vflink.models.spec import BottomSpec
 from vflink.models.statefile import StateFileError, load_state, remove_state, save_state
-from vflink.parties.base import Party, state_path
+from vflink.parties.base import state_path
 from vflink.parties.guard import admit_forward, admit_snapshot, check_backward, check_bottom_spec
-from vflink.parties.linking import encode_identifiers, secret_mismatch, send_key_tag, uses_secret
-from vflink.parties.policy import PartyPolicy, check_coordinator
+from vflink.parties.link_peer import LinkingPeer
+from vflink.parties.policy import PartyPolicy
 from vflink.parties.privacy import EmbeddingProtection
 from vflink.parties.recording import Recorder
 from vflink.parties.setalign import SetAlignmentPeer
@@ -41,30 +39,19 @@ from vflink.protocol.boundary import refuse
 from vflink.protocol.channel import Channel
 from vflink.protocol.messages import (
     Ack,
-    AlignmentReady,
-    AlignmentView,
     Backward,
-    ConfirmKey,
     Embeddings,
-    FetchAlignment,
-    FetchKeyTags,
     FetchPrivacyReport,
     FitPreprocessing,
     Forward,
-    IdentifierEncodings,
-    KeyDigests,
-    KeyTags,
     LoadState,
     PrivacyReport,
     Restore,
     SaveState,
     SetupBottom,
     SetupPrivacy,
-    ShareEncodings,
-    ShareKeys,
     Snapshot,
 )
-from vflink.types import MISSING
 
 __all__ = ["SecondaryParty"]
 
@@ -86,7 +73,7 @@ def _prune_checkpoints(latest: Path) -> None:
             remove_state(old.parent, mo.group(0))
 
 
-class SecondaryParty(SetAlignmentPeer, UnionPeer, Party):
+class SecondaryParty(SetAlignmentPeer, UnionPeer, LinkingPeer):
     """A data party without labels.
 
     Args:
@@ -107,15 +94,11 @@ class SecondaryParty(SetAlignmentPeer, UnionPeer, Party):
                  privacy: PrivacyConfig | None = None, privacy_seed: int | None = None,
                  roles: Mapping[str, str] | None = None,
                  policy: PartyPolicy | None = None) -> None:
-        super().__init__(table.name, roles=roles, policy=policy)
-        self.recorder = recorder
-        self.table = table
-        self.channel = channel
-        self._secret = secret
+        super().__init__(table, channel, secret=secret, roles=roles, policy=policy,
+                         recorder=recorder)
         self.out_dir = out_dir
         self.spec: BottomSpec | None = None
         self.preprocessor = Preprocessor(table.schema)
-        self.linked_rows: npt.NDArray[np.bool_] | None = None
         self.features: torch.Tensor | None = None
         self.model: torch.nn.Module | None = None
         self.optimizer: torch.optim.Optimizer | None = None
@@ -124,8 +107,6 @@ class SecondaryParty(SetAlignmentPeer, UnionPeer, Party):
         self._applied: set[int] = set()
         self._snapshots: dict[str, dict[str, Any]] = {}
         self._fingerprint: str | None = None
-        #: alignment sessions whose key confirmation succeeded (vflink.alignment.confirm)
-        self._confirmed: set[str] = set()
         self.protection = EmbeddingProtection(self.name, len(table), privacy, privacy_seed)
 
     @property
@@ -135,87 +116,10 @@ class SecondaryParty(SetAlignmentPeer, UnionPeer, Party):
             self._fingerprint = frame_fingerprint(self.table.frame)
         return self._fingerprint
 
-    # --- alignment ------------------------------------------------------------------------
+    # --- alignment: LinkingPeer (key confirmation, keys, encodings, the alignment view) -----
 
-    def on_confirm_key(self, sender: str, message: ConfirmKey) -> Ack:
-        """Send our key-confirmation tag and check the sender's, both through the coordinator.
-
-        A mismatch is logged here and reported in the reply (the primary raises one error
-        naming every party whose secret differs); this party then refuses to align.
-        """
-        check_coordinator(self.name, self.roles, message.coordinator)
-        if self._secret is None:
-            raise ProtocolError(f"party {self.name!r} has no alignment secret configured")
-        session, nonce = message.session, message.nonce
-        send_key_tag(self.channel, message.coordinator, self._secret, party=self.name,
-                     session=session, nonce=nonce)
-        reply = self.channel.request(message.coordinator, FetchKeyTags(
-            session=session, nonce=nonce, parties=(sender,)), KeyTags)
-        ok = (reply.parties == (sender,) and len(reply.tags) == 1
-              and tag_matches(self._secret, reply.tags[0], session=session, nonce=nonce,
-                              party=sender))
-        if ok:
-            self._confirmed.add(session)
-        else:
-            self._confirmed.discard(session)
-            log.error("%s", secret_mismatch(self.name, [sender]))
-        return Ack(info={"confirmed": float(ok)})
-
-    def _require_confirmed(self, session: str) -> None:
-        if session not in self._confirmed:
-            raise refuse(ProtocolError, f"party {self.name!r}: no successful key confirmation "
-                                        f"for session {session!r}; it aligns only with parties "
-                                        "proven to share its secret", code="key-confirmation")
-
-    def on_share_keys(self, sender: str, message: ShareKeys) -> Ack:
-        check_coordinator(self.name, self.roles, message.coordinator)
-        if self._secret is None:
-            raise ProtocolError(f"party {self.name!r} has no alignment secret configured")
-        self._require_confirmed(message.session)
-        digests = key_digests(self.table.frame, self.table.schema.key, self._secret)
-        self.channel.request(message.coordinator, KeyDigests(session=message.session,
-                                                             digests=digests), Ack)
-        return Ack(info={"rows": float(len(digests))})
-
-    def on_share_encodings(self, sender: str, message: ShareEncodings) -> Ack:
-        # Our own policy decides what leaves, not the primary's spec (issue 13).
-        self.policy.check_identifier_release(self.name, message.spec.encoder)
-        check_coordinator(self.name, self.roles, message.coordinator)
-        if uses_secret(message.spec):
-            self._require_confirmed(message.session)
-        values = encode_identifiers(self.table.frame, self.table.schema.identifiers,
-                                    message.spec, self._secret, source=self.table.source)
-        self.channel.request(message.coordinator, IdentifierEncodings(
-            session=message.session, encoder=message.spec.encoder, values=values), Ack)
-        return Ack(info={"rows": float(len(values))})
-
-    def on_alignment_ready(self, sender: str, message: AlignmentReady) -> Ack:
-        local = self.local_alignment_rows(message.session)  # a PSI session held here
-        if local is not None:
-            self.set_linked_rows(local)
-            return Ack(info={"linked_rows": float(len(local))})
-        check_coordinator(self.name, self.roles, message.coordinator)
-        view = self.channel.request(message.coordinator, FetchAlignment(session=message.session),
-                                    AlignmentView)
-        self.set_linked_rows(view.secondary_index)
-        if self.recorder is not None:
-            self.recorder.whole("indices", message.coordinator, view.primary_index,
-                                view.secondary_index)
-        return Ack(info={"linked_rows": float(self.linked_rows.sum())})  # type: ignore[union-attr]
-
-    def set_linked_rows(self, secondary_index: npt.NDArray[np.int64]) -> None:
-        """Remember which of our rows are linked; requests for other rows are refused."""
-        idx = np.asarray(secondary_index).ravel()
-        idx = idx[idx != MISSING]
-        if idx.size and (idx.min() < 0 or idx.max() >= len(self.table)):
-            raise ProtocolError(f"party {self.name!r}: alignment refers to rows outside "
-                                f"[0, {len(self.table)})")
-        mask = np.zeros(len(self.table), dtype=bool)
-        mask[idx] = True
-        self.linked_rows = mask
-        self.protection.note_links(idx)
-
-    # --- model ----------------------------------------------------------------------------
+    def _note_links(self, rows: npt.NDArray[np.int64]) -> None:
+        self.protection.note_links(rows)
 
     def on_setup_bottom(self, sender: str, message: SetupBottom) -> Ack:
         check_bottom_spec(message.spec, len(self.table.frame.columns), party=self.name,

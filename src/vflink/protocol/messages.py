@@ -14,14 +14,17 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import sys
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import numpy.typing as npt
-import torch
 
 from vflink.models.spec import BottomSpec
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = [
     "MESSAGE_TYPES",
@@ -566,7 +569,10 @@ def _field_names(cls: type) -> tuple[str, ...]:
 
 
 def _nbytes(value: Any) -> int:
-    if isinstance(value, torch.Tensor):
+    # torch is imported by whoever made a tensor; this module does not import it, so that
+    # linkage (numpy arrays only) does not pay for it.
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(value, torch.Tensor):
         return int(value.numel() * value.element_size())
     if isinstance(value, np.ndarray):
         return int(value.nbytes)

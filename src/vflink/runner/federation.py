@@ -7,18 +7,14 @@ training and linkage code above is the same for both.
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import os
-import secrets
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from vflink.errors import ConfigError
 from vflink.linkage import SearchOptions
 from vflink.parties import CoordinatorParty, SecondaryParty
 from vflink.parties.policy import PartyPolicy
@@ -26,46 +22,13 @@ from vflink.protocol import Channel
 from vflink.runner.config import RunConfig
 from vflink.runner.evaluation import recorder_for
 from vflink.runner.inputs import Inputs
+from vflink.runner.local import COORDINATOR, local_roles, secret_with_source, shared_secret
 from vflink.transport import InProcessHub, TrafficCounter, Transcript
 
 __all__ = ["COORDINATOR", "Federation", "in_process", "local_roles", "noise_seed", "run_policy",
            "secret_with_source", "shared_secret"]
 
 log = logging.getLogger(__name__)
-
-COORDINATOR = "coordinator"
-
-
-def shared_secret(env: str, *, required: bool = False, seed: int | None = None) -> bytes:
-    """The data parties' HMAC/Bloom secret from ``$env`` (see :func:`secret_with_source`)."""
-    return secret_with_source(env, required=required, seed=seed)[0]
-
-
-def secret_with_source(env: str, *, required: bool = False, seed: int | None = None
-                       ) -> tuple[bytes, str]:
-    """The data parties' HMAC/Bloom secret from ``$env``, and where it came from.
-
-    Across hosts (``required``) it must be set. In-process every data party lives here and the
-    coordinator never receives the secret, so when ``$env`` is unset the secret is derived from
-    the run's ``seed``: runs with the same seed then link, and score, identically. A secret
-    derived from a seed is not a secret, and the log and the run's summary say so. Without a
-    seed a fresh random secret is drawn.
-    """
-    value = os.environ.get(env)
-    if value:
-        if len(value.encode()) < 16:
-            raise ConfigError(f"the secret in ${env} must be at least 16 bytes")
-        return value.encode(), f"${env}"
-    if required:
-        raise ConfigError(f"set ${env} to the secret the data parties share (≥ 16 bytes)")
-    if seed is not None:
-        log.warning("$%s is not set: this in-process run derives its alignment secret from the "
-                    "seed (%d), so that it repeats; it is NOT a secret. Set $%s across hosts.",
-                    env, seed, env)
-        digest = hashlib.sha256(f"vflink/in-process-secret/v1/{int(seed)}".encode()).digest()
-        return digest, f"derived from seed {seed} (not a secret: ${env} unset, in-process)"
-    log.info("$%s is not set: using a random alignment secret for this in-process run", env)
-    return secrets.token_bytes(32), f"random (${env} unset, in-process)"
 
 
 @dataclass
@@ -97,12 +60,6 @@ class Federation:
 
     def close(self) -> None:
         self.closer()
-
-
-def local_roles(primary: str, secondaries: Iterable[str]) -> dict[str, str]:
-    """Every party's role when all of them are built in this process (``Party.roles``)."""
-    return {primary: "primary", COORDINATOR: "coordinator",
-            **dict.fromkeys(secondaries, "secondary")}
 
 
 def run_policy(config: RunConfig) -> PartyPolicy:

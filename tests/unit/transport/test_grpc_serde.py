@@ -108,7 +108,7 @@ def strategy_for(hint: Any) -> st.SearchStrategy[Any]:
 
 
 def dataclass_strategy(cls: type) -> st.SearchStrategy[Any]:
-    hints = typing.get_type_hints(cls)
+    hints = typing.get_type_hints(cls, localns={"torch": torch})  # messages import it lazily
     fields = {f.name: strategy_for(hints[f.name]) for f in dataclasses.fields(cls) if f.init}
     return st.fixed_dictionaries(fields).map(lambda kw: cls(**kw))
 
@@ -392,3 +392,15 @@ def test_encoding_refuses_what_cannot_travel(message: Message, error: str) -> No
 def test_payload_types_are_all_dataclasses() -> None:
     # The serde's allowlist of nested dataclasses is exactly PAYLOAD_TYPES.
     assert all(dataclasses.is_dataclass(cls) for cls in PAYLOAD_TYPES.values())
+
+
+def test_wire_type_hints_resolve_for_every_message() -> None:
+    """The serde checks every field's type on the wire from the messages' annotations; the
+    messages module imports torch only for type checkers, so the serde must supply it (a
+    silent fall-back to "not checked" would let a peer send any type)."""
+    from vflink.transport.grpc import serde
+
+    for cls in MESSAGE_TYPES.values():
+        hints = serde._hints(cls)
+        assert {f.name for f in dataclasses.fields(cls) if f.init} <= set(hints), cls
+    assert serde._hints(MESSAGE_TYPES["backward"])["grad"] is torch.Tensor

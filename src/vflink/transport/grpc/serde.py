@@ -85,7 +85,8 @@ def _hints(cls: type) -> dict[str, Any]:
     hints = _HINTS.get(cls)
     if hints is None:
         try:
-            hints = typing.get_type_hints(cls)
+            # the messages module imports torch only for type checkers (linkage does not load it)
+            hints = typing.get_type_hints(cls, localns={"torch": torch})
         except Exception as exc:  # an annotation that cannot be resolved at run time
             log.warning("cannot resolve the annotations of %s (%s); its field types are not "
                         "checked on the wire", cls.__name__, exc)

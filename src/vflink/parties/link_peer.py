@@ -1,0 +1,160 @@
+"""The secondary's side of alignment: key confirmation, keyed digests, identifier encodings and
+the alignment view (FedSim §4.1 steps 1-2 from the data party's side).
+
+:class:`LinkingPeer` is a complete party for linkage alone (``vflink link`` builds one per
+secondary table) and the base of :class:`~vflink.parties.SecondaryParty`, which adds training.
+It imports neither torch nor scikit-learn, so a link does not pay for them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+import numpy as np
+import numpy.typing as npt
+
+from vflink.alignment.confirm import tag_matches
+from vflink.alignment.exact import key_digests
+from vflink.data.table import PartyTable
+from vflink.errors import ProtocolError
+from vflink.parties.base import Party
+from vflink.parties.linking import encode_identifiers, secret_mismatch, send_key_tag, uses_secret
+from vflink.parties.policy import PartyPolicy, check_coordinator
+from vflink.protocol.boundary import refuse
+from vflink.protocol.channel import Channel
+from vflink.protocol.messages import (
+    Ack,
+    AlignmentReady,
+    AlignmentView,
+    ConfirmKey,
+    FetchAlignment,
+    FetchKeyTags,
+    IdentifierEncodings,
+    KeyDigests,
+    KeyTags,
+    ShareEncodings,
+    ShareKeys,
+)
+from vflink.types import MISSING
+
+if TYPE_CHECKING:
+    from vflink.parties.recording import Recorder
+
+__all__ = ["LinkingPeer"]
+
+log = logging.getLogger(__name__)
+
+
+class LinkingPeer(Party):
+    """A data party without labels, as far as alignment goes.
+
+    Args:
+        table: the party's own validated table.
+        channel: how this party reaches the coordinator.
+        secret: the HMAC secret shared by the data parties (not the coordinator).
+        recorder: records what this party receives, for attacks (training runs).
+    """
+
+    role = "secondary"
+
+    def __init__(self, table: PartyTable, channel: Channel, *, secret: bytes | None = None,
+                 roles: Mapping[str, str] | None = None, policy: PartyPolicy | None = None,
+                 recorder: Recorder | None = None) -> None:
+        super().__init__(table.name, roles=roles, policy=policy)
+        self.recorder = recorder
+        self.table = table
+        self.channel = channel
+        self._secret = secret
+        self.linked_rows: npt.NDArray[np.bool_] | None = None
+        #: alignment sessions whose key confirmation succeeded (vflink.alignment.confirm)
+        self._confirmed: set[str] = set()
+
+    def local_alignment_rows(self, session: str) -> npt.NDArray[np.int64] | None:
+        """Rows of an alignment held here rather than at the coordinator (PSI sessions of
+        :class:`~vflink.parties.setalign.SetAlignmentPeer`); none for linkage alone."""
+        return None
+
+    def on_confirm_key(self, sender: str, message: ConfirmKey) -> Ack:
+        """Send our key-confirmation tag and check the sender's, both through the coordinator.
+
+        A mismatch is logged here and reported in the reply (the primary raises one error
+        naming every party whose secret differs); this party then refuses to align.
+        """
+        check_coordinator(self.name, self.roles, message.coordinator)
+        if self._secret is None:
+            raise ProtocolError(f"party {self.name!r} has no alignment secret configured")
+        session, nonce = message.session, message.nonce
+        send_key_tag(self.channel, message.coordinator, self._secret, party=self.name,
+                     session=session, nonce=nonce)
+        reply = self.channel.request(message.coordinator, FetchKeyTags(
+            session=session, nonce=nonce, parties=(sender,)), KeyTags)
+        ok = (reply.parties == (sender,) and len(reply.tags) == 1
+              and tag_matches(self._secret, reply.tags[0], session=session, nonce=nonce,
+                              party=sender))
+        if ok:
+            self._confirmed.add(session)
+        else:
+            self._confirmed.discard(session)
+            log.error("%s", secret_mismatch(self.name, [sender]))
+        return Ack(info={"confirmed": float(ok)})
+
+    def _require_confirmed(self, session: str) -> None:
+        if session not in self._confirmed:
+            raise refuse(ProtocolError, f"party {self.name!r}: no successful key confirmation "
+                                        f"for session {session!r}; it aligns only with parties "
+                                        "proven to share its secret", code="key-confirmation")
+
+    def on_share_keys(self, sender: str, message: ShareKeys) -> Ack:
+        check_coordinator(self.name, self.roles, message.coordinator)
+        if self._secret is None:
+            raise ProtocolError(f"party {self.name!r} has no alignment secret configured")
+        self._require_confirmed(message.session)
+        digests = key_digests(self.table.frame, self.table.schema.key, self._secret)
+        self.channel.request(message.coordinator, KeyDigests(session=message.session,
+                                                             digests=digests), Ack)
+        return Ack(info={"rows": float(len(digests))})
+
+    def on_share_encodings(self, sender: str, message: ShareEncodings) -> Ack:
+        # Our own policy decides what leaves, not the primary's spec (issue 13).
+        self.policy.check_identifier_release(self.name, message.spec.encoder)
+        check_coordinator(self.name, self.roles, message.coordinator)
+        if uses_secret(message.spec):
+            self._require_confirmed(message.session)
+        values = encode_identifiers(self.table.frame, self.table.schema.identifiers,
+                                    message.spec, self._secret, source=self.table.source)
+        self.channel.request(message.coordinator, IdentifierEncodings(
+            session=message.session, encoder=message.spec.encoder, values=values), Ack)
+        return Ack(info={"rows": float(len(values))})
+
+    def on_alignment_ready(self, sender: str, message: AlignmentReady) -> Ack:
+        local = self.local_alignment_rows(message.session)  # a PSI session held here
+        if local is not None:
+            self.set_linked_rows(local)
+            return Ack(info={"linked_rows": float(len(local))})
+        check_coordinator(self.name, self.roles, message.coordinator)
+        view = self.channel.request(message.coordinator, FetchAlignment(session=message.session),
+                                    AlignmentView)
+        self.set_linked_rows(view.secondary_index)
+        if self.recorder is not None:
+            self.recorder.whole("indices", message.coordinator, view.primary_index,
+                                view.secondary_index)
+        return Ack(info={"linked_rows": float(self.linked_rows.sum())})  # type: ignore[union-attr]
+
+    def set_linked_rows(self, secondary_index: npt.NDArray[np.int64]) -> None:
+        """Remember which of our rows are linked; requests for other rows are refused."""
+        idx = np.asarray(secondary_index).ravel()
+        idx = idx[idx != MISSING]
+        if idx.size and (idx.min() < 0 or idx.max() >= len(self.table)):
+            raise ProtocolError(f"party {self.name!r}: alignment refers to rows outside "
+                                f"[0, {len(self.table)})")
+        mask = np.zeros(len(self.table), dtype=bool)
+        mask[idx] = True
+        self.linked_rows = mask
+        self._note_links(idx)
+
+    def _note_links(self, rows: npt.NDArray[np.int64]) -> None:
+        """Hook for what the links mean to a subclass (a secondary's privacy accountant counts
+        every link of a row as one more release of its embedding)."""
+
