@@ -76,8 +76,17 @@ def register(sub: Any) -> None:
                        "(Theorem 2); σ is derived from it")
     noise.add_argument("--sigma", type=float, help="noise scale σ of Eq. 2, given directly")
     p.add_argument("--delta", type=float, default=None, help="δ for the reported ε (1e-5)")
+    p.add_argument("--search", choices=("auto", "exact", "approximate"), default=None,
+                   help="top-K search: auto (default: exact, but a binary IVF for Bloom-filter "
+                   "searches too large to compare every pair), exact, or approximate (IVF / "
+                   "q-gram blocking); an approximate search measures and reports its recall")
     p.add_argument("--approximate", action="store_true", default=None,
-                   help="approximate search (IVF / q-gram blocking); recall is measured")
+                   help="same as --search approximate")
+    p.add_argument("--resolution", type=float, default=None,
+                   help="numeric Bloom filters (FEDERAL, FedSim App. I): the distance, in the "
+                   "identifiers' unit, that changes about one bit per dimension; the filter "
+                   "length follows from it and the agreed range (default: 512 bits per "
+                   "dimension). Places on the globe (haversine): see [link.geo] resolution_km")
     p.add_argument("--seed", type=int, default=None,
                    help="seed of the coordinator's noise (default: OS entropy)")
     p.add_argument("--empty", choices=("error", "skip"), default=None,
@@ -101,8 +110,8 @@ _REQUIRED = ("primary", "secondary", "on", "metric", "top_k", "out")
 
 
 _KEYS = ("primary", "secondary", "on", "secondary_on", "metric", "bloom", "top_k", "mode", "tau",
-         "sigma", "delta", "approximate", "seed", "out", "privacy", "empty", "id",
-         "secondary_id", "fields", "blocking", "geo")
+         "sigma", "delta", "approximate", "search", "seed", "out", "privacy", "empty", "id",
+         "secondary_id", "fields", "blocking", "geo", "bloom_filters", "resolution")
 
 
 def resolve(args: argparse.Namespace) -> dict[str, Any]:
@@ -134,6 +143,9 @@ def resolve(args: argparse.Namespace) -> dict[str, Any]:
         problems.append(f"--privacy must be one of {', '.join(PRIVACY)}, got {privacy!r}")
     elif privacy is not None and bloom is not None and (privacy == "bloom") != bool(bloom):
         problems.append(f"--bloom contradicts --privacy {privacy}; give one of them")
+    search = opts.get("search")
+    if search is not None and search not in ("auto", "exact", "approximate"):
+        problems.append(f"--search must be one of auto, exact, approximate, got {search!r}")
     out = opts.get("out")
     if out is not None and Path(out).suffix.lower() not in (".csv", ".parquet"):
         problems.append(f"--out must end in .csv or .parquet, got {str(out)!r}")
@@ -182,6 +194,24 @@ def _geo(table: Any) -> Any:
         return GeoBloomConfig(**table)
     except TypeError as exc:
         raise ConfigError(f"[link.geo]: {exc}") from None
+
+
+def _bloom(table: Any, resolution: float | None) -> Any:
+    """``[link.bloom_filters]`` (``BloomConfig``: n_centres, threshold, filter_bits, num_hashes,
+    qgram, normalize, resolution) with ``--resolution`` on top."""
+    if table is None and resolution is None:
+        return None
+    from vflink.linkage import BloomConfig
+
+    if table is not None and not isinstance(table, dict):
+        raise ConfigError(f"[link.bloom_filters] must be a table, got {table!r}")
+    params = dict(table or {})
+    if resolution is not None:
+        params["resolution"] = resolution
+    try:
+        return BloomConfig(**params)
+    except TypeError as exc:
+        raise ConfigError(f"[link.bloom_filters]: {exc}") from None
 
 
 def _id_columns(opts: dict[str, Any], primary: Any, secondary: Any) -> tuple[Any, Any]:
@@ -239,7 +269,8 @@ def run(args: argparse.Namespace) -> int:
     secondary = read_frame(Path(opts["secondary"]), text_columns=tuple(s_text))
     ids = _id_columns(opts, primary, secondary)
     phases["read"] = time.perf_counter() - clock
-    search = SearchOptions(mode="approximate") if opts.get("approximate") else None
+    search = SearchOptions(mode="approximate" if opts.get("approximate")
+                           else opts.get("search") or "auto")
     console = Console()
     metric = opts.get("metric") or "fields"
     with console.status(f"linking {len(primary)} × {len(secondary)} records "
@@ -258,7 +289,8 @@ def run(args: argparse.Namespace) -> int:
             delta=opts.get("delta") or 1e-5,
             seed=opts.get("seed"), search=search, primary_source=str(opts["primary"]),
             secondary_source=str(opts["secondary"]), empty=opts.get("empty") or "error",
-            geo_config=_geo(opts.get("geo")))
+            geo_config=_geo(opts.get("geo")),
+            bloom_config=_bloom(opts.get("bloom_filters"), opts.get("resolution")))
         phases["link"] = outcome.seconds
         clock = time.perf_counter()
         columns = linkage_columns(outcome.linkage)

@@ -96,7 +96,7 @@ class AlignmentConfig:
     sigma: float | None = None
     delta: float = 1e-5
     privacy: str = "bloom"
-    search: str = "exact"
+    search: str = "auto"
     # FLORIST (psi | psu): the DH group, and for union-training simulations the fractions of
     # training records hidden from the secondary (α, synthetic features) and primary (β)
     group: str = "ristretto255"
@@ -123,7 +123,8 @@ class AlignmentConfig:
         check_float(problems, "alignment.delta", self.delta, min=0.0, max=1.0,
                     min_exclusive=True)
         check_choice(problems, "alignment.privacy", self.privacy, ("bloom", "off"))
-        check_choice(problems, "alignment.search", self.search, ("exact", "approximate"))
+        check_choice(problems, "alignment.search", self.search,
+                     ("auto", "exact", "approximate"))
         check_choice(problems, "alignment.pool", self.pool, ("all", "split"))
         if self.pool == "split" and self.method != "soft":
             problems.append("`alignment.pool = \"split\"` needs `alignment.method = \"soft\"`")

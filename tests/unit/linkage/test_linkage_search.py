@@ -21,7 +21,11 @@ from vflink.linkage import (
     search_haversine,
     search_levenshtein,
 )
-from vflink.linkage.distances import haversine_distances, levenshtein_distances
+from vflink.linkage.distances import (
+    hamming_distances,
+    haversine_distances,
+    levenshtein_distances,
+)
 
 SETTINGS = settings(max_examples=25, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -184,6 +188,43 @@ def test_hamming_approximate_reports_recall() -> None:
     p = s[:300] ^ (rng.random((300, 8)) < 0.02).astype(np.uint8)
     res = search_hamming(p, s, 3, options=SearchOptions(mode="approximate", nlist=16, nprobe=4))
     assert res.recall is not None and 0.0 < res.recall <= 1.0
+
+
+def _geo_like_filters(n: int, seed: int) -> np.ndarray:
+    """Keyed geographic Bloom filters of clustered places: the structure the binary IVF meets
+    in a real link (nearby records share most bits)."""
+    from vflink.linkage.encoding.geo import GeoBloomConfig, bloom_geo
+
+    rng = np.random.default_rng(seed)
+    centres = rng.uniform([-50, -170], [60, 170], (40, 2))
+    pts = centres[rng.integers(0, 40, n)] + rng.normal(0, 1.0, (n, 2))
+    return bloom_geo(pts, secret=b"s" * 32,
+                     config=GeoBloomConfig(directions=6, shifts=2, filter_bits=512))
+
+
+def test_hamming_auto_is_exact_below_the_work_threshold() -> None:
+    p, s = _geo_like_filters(200, 1), _geo_like_filters(1500, 2)
+    res = search_hamming(p, s, 5)  # default mode "auto"
+    ref = brute_hamming(p, s, 5)
+    assert res.exact and res.recall is None
+    np.testing.assert_array_equal(res.distances, ref.distances)
+
+
+def test_hamming_auto_goes_approximate_above_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    import vflink.linkage.search as search
+
+    p, s = _geo_like_filters(400, 3), _geo_like_filters(4000, 4)
+    monkeypatch.setattr(search, "AUTO_APPROXIMATE_WORK", p.shape[0] * s.shape[0] * 8)
+    res = search_hamming(p, s, 10, options=SearchOptions(recall_sample=400))
+    truth = brute_hamming(p, s, 10)
+    assert not res.exact and res.recall_rows == 400
+    # the reported recall is the recall against brute force, and it is high
+    assert res.recall == pytest.approx(recall_at_k(res.distances, truth.distances))
+    assert res.recall >= 0.9
+    # distances returned are the true Hamming distances of the returned rows
+    rows = np.arange(len(p))[:, None]
+    np.testing.assert_array_equal(
+        res.distances, hamming_distances(p, s)[rows, res.indices].astype(np.float64))
 
 
 def test_recall_is_tie_aware() -> None:
