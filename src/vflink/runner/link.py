@@ -38,11 +38,12 @@ from vflink.linkage import (
 from vflink.linkage.fields import Blocking, FieldSpec, FieldValues, search_fields
 from vflink.linkage.improvement import improvement_estimates
 from vflink.linkage.validation import validate_identifiers
-from vflink.parties import CoordinatorParty, SecondaryParty
+from vflink.parties.coordinator import CoordinatorParty
+from vflink.parties.link_peer import LinkingPeer
 from vflink.parties.linking import AlignmentInitiator, identifier_values
 from vflink.parties.policy import PartyPolicy
 from vflink.protocol import EncodingSpec
-from vflink.runner.federation import local_roles, secret_with_source
+from vflink.runner.local import local_roles, secret_with_source
 from vflink.transport import InProcessHub, Transcript
 from vflink.types import MISSING, Alignment
 
@@ -151,6 +152,8 @@ def encoding_for(metric: str, *, bloom: bool,
     cfg = bloom_config or BloomConfig()
     params = {k: getattr(cfg, k) for k in ("n_centres", "threshold", "filter_bits", "num_hashes",
                                            "qgram", "normalize")}
+    if cfg.resolution is not None:  # FEDERAL filters sized from a target resolution (issue 14)
+        params["resolution"] = cfg.resolution
     if kind == "string":
         return EncodingSpec(encoder="bloom", kind="string", params=params), "hamming"
     if metric == "haversine":
@@ -164,6 +167,7 @@ def encoding_for(metric: str, *, bloom: bool,
         values = np.asarray(identifier_values(frame, columns, "numeric", source=source))
         tables.append(values[np.isfinite(values).all(axis=1)])
     ranges = NumericRange.fit(*tables, margin=margin)
+    cfg.centres_per_dimension(ranges)  # a resolution too fine for the range fails here, once
     return EncodingSpec(encoder="bloom", kind="numeric", params=params, low=ranges.low,
                         high=ranges.high), "hamming"
 
@@ -315,9 +319,8 @@ def _run_linkage(primary: pd.DataFrame, secondary: pd.DataFrame, *, on: tuple[st
                                    policy=policy)
     hub.register(COORDINATOR, coordinator)
     sec_schema = PartySchema(name="secondary", role="secondary", identifiers=secondary_on)
-    sec_party = SecondaryParty(PartyTable(sec_schema, secondary, secondary_source),
-                               hub.channel("secondary"), secret=secret, roles=roles,
-                               policy=policy)
+    sec_party = LinkingPeer(PartyTable(sec_schema, secondary, secondary_source),
+                            hub.channel("secondary"), secret=secret, roles=roles, policy=policy)
     hub.register("secondary", sec_party)
     initiator = AlignmentInitiator("primary", primary, hub.channel("primary"),
                                    secondaries=("secondary",), identifiers=on, secret=secret,

@@ -130,3 +130,35 @@ def test_bloom_config_validation() -> None:
         BloomEncoder(secret=SECRET, kind="numeric")
     with pytest.raises(DataError, match="empty string"):
         bloom_strings(["ok", "  "], secret=SECRET)
+
+
+def test_bloom_numeric_resolution_sets_bits_per_unit() -> None:
+    """FEDERAL filters sized by a target resolution (App. I: 2N·δ/(W+2t) differing bits):
+    a step of δ along either dimension changes about δ / resolution bits, whatever the
+    dimension's width, so Hamming distance weighs both dimensions in their own unit."""
+    rng = np.random.default_rng(5)
+    ranges = NumericRange(low=(0.0, 0.0), high=(10.0, 100.0))
+    cfg = BloomConfig(resolution=0.05, threshold=0.05)
+    sizes = cfg.centres_per_dimension(ranges)
+    # N = ⌈(W + 2t)/(2r)⌉ rounded up to a multiple of 8: 11 / 0.1 = 110 → 112; 1100 → 1104
+    assert sizes == (112, 1104)
+    base = np.column_stack([rng.uniform(2, 8, 4000), rng.uniform(20, 80, 4000)])
+    secret = b"k" * 32
+    for dim, step in ((0, 0.4), (1, 0.4)):
+        moved = base.copy()
+        moved[:, dim] += step
+        a = bloom_numeric(base, secret=secret, ranges=ranges, config=cfg)
+        b = bloom_numeric(moved, secret=secret, ranges=ranges, config=cfg)
+        assert a.shape[1] * 8 == sum(sizes)
+        bits = (np.unpackbits(a ^ b, axis=1)).sum(axis=1)
+        # expected 2N·δ/(W+2t) = δ/r · N/((W+2t)/(2r)): the rounding of N up to 8 included
+        expected = 2 * sizes[dim] * step / ((ranges.high[dim] - ranges.low[dim]) * 1.1)
+        assert bits.mean() == pytest.approx(expected, rel=0.15)
+
+
+def test_bloom_numeric_resolution_too_fine_is_a_clear_error() -> None:
+    ranges = NumericRange(low=(0.0,), high=(1e6,))
+    with pytest.raises(ConfigError, match=r"resolution.*at least"):
+        BloomConfig(resolution=1e-3).centres_per_dimension(ranges)
+    with pytest.raises(ConfigError, match="resolution"):
+        BloomConfig(resolution=-1.0)

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -45,6 +46,7 @@ from vflink.linkage.encoding.strings import normalize_string
 
 __all__ = [
     "BLOOM_FORMAT_VERSION",
+    "MAX_NUMERIC_BITS",
     "BloomConfig",
     "BloomEncoder",
     "NumericRange",
@@ -57,6 +59,8 @@ BLOOM_FORMAT_VERSION = 1
 _LABEL = f"vflink-bloom-v{BLOOM_FORMAT_VERSION}".encode()
 #: Shortest accepted secret: 128 bits, the usual minimum for an HMAC key.
 MIN_SECRET_BYTES = 16
+#: Most bits a numeric filter may have (all dimensions together) when sized by ``resolution``.
+MAX_NUMERIC_BITS = 16384
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -72,6 +76,13 @@ class BloomConfig:
         num_hashes: bits set per q-gram [10].
         qgram: q of the string q-grams [2].
         normalize: normalise strings (:func:`normalize_string`) before splitting [True].
+        resolution: target resolution of numeric filters, in identifier units [None: use
+            ``n_centres``]. Two values at distance δ < 2t differ in 2N·δ/(W+2t) bits (App. I,
+            W = high − low), so a dimension gets N = ⌈(W + 2t)/(2·resolution)⌉ centres (rounded
+            up to a multiple of 8): a step of ``resolution`` along any dimension changes about
+            one bit, and Hamming distance weighs every dimension in the identifiers' own unit
+            (with one N for all dimensions it weighs each by 1/W instead). At most
+            :data:`MAX_NUMERIC_BITS` bits per record.
     """
 
     n_centres: int = 512
@@ -80,6 +91,7 @@ class BloomConfig:
     num_hashes: int = 10
     qgram: int = 2
     normalize: bool = True
+    resolution: float | None = None
 
     def __post_init__(self) -> None:
         problems: list[str] = []
@@ -92,7 +104,31 @@ class BloomConfig:
             problems.append(f"`filter_bits` must be a multiple of 8, got {self.filter_bits}")
         check_int(problems, "num_hashes", self.num_hashes, min=1)
         check_int(problems, "qgram", self.qgram, min=1)
+        check_float(problems, "resolution", self.resolution, min=0.0, min_exclusive=True,
+                    allow_none=True)
         raise_if(problems, "Bloom filter config")
+
+    def centres_per_dimension(self, ranges: NumericRange) -> tuple[int, ...]:
+        """N per dimension: ``n_centres`` each, or derived from ``resolution`` (see above).
+
+        Raises :class:`~vflink.errors.ConfigError` when the resolution asks for more than
+        :data:`MAX_NUMERIC_BITS` bits in all.
+        """
+        if self.resolution is None:
+            return (self.n_centres,) * len(ranges.low)
+        sizes = []
+        for lo, hi in zip(ranges.low, ranges.high, strict=True):
+            width = hi - lo
+            n = math.ceil((width + 2.0 * self.threshold * width) / (2.0 * self.resolution))
+            sizes.append(max(8, 8 * math.ceil(n / 8)))
+        if sum(sizes) > MAX_NUMERIC_BITS:
+            widths = [hi - lo for lo, hi in zip(ranges.low, ranges.high, strict=True)]
+            finest = sum(w * (1 + 2 * self.threshold) for w in widths) / (2 * MAX_NUMERIC_BITS)
+            raise ConfigError(
+                f"`resolution` = {self.resolution:g} needs {sum(sizes)} bits per record over "
+                f"the agreed range (widths {[float(f'{w:.6g}') for w in widths]}); at most "
+                f"{MAX_NUMERIC_BITS} are allowed: choose a resolution of at least {finest:.3g}")
+        return tuple(sizes)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -152,7 +188,8 @@ def _centres(secret: bytes, dim: int, n: int, lo: float, hi: float) -> npt.NDArr
 def bloom_numeric(values: npt.ArrayLike, *, secret: bytes, ranges: NumericRange,
                   config: BloomConfig | None = None,
                   chunk_size: int = 65536) -> npt.NDArray[np.uint8]:
-    """FEDERAL numeric Bloom filters, one ``n_centres``-bit block per dimension, packed."""
+    """FEDERAL numeric Bloom filters, one block of N bits per dimension (``n_centres``, or sized
+    by ``resolution``: :meth:`BloomConfig.centres_per_dimension`), packed."""
     cfg = config or BloomConfig()
     _check_secret(secret)
     x = _as_2d(values)
@@ -163,13 +200,13 @@ def bloom_numeric(values: npt.ArrayLike, *, secret: bytes, ranges: NumericRange,
     if not np.isfinite(x).all():
         row = int(np.flatnonzero(~np.isfinite(x).all(axis=1))[0])
         raise DataError(f"cannot Bloom-encode non-finite value at row {row}: {x[row].tolist()}")
-    n_bits = cfg.n_centres
+    sizes = cfg.centres_per_dimension(ranges)
     centres, halfwidths = [], []
     for j in range(d):
         t = cfg.threshold * (ranges.high[j] - ranges.low[j])
-        centres.append(_centres(secret, j, n_bits, ranges.low[j] - t, ranges.high[j] + t))
+        centres.append(_centres(secret, j, sizes[j], ranges.low[j] - t, ranges.high[j] + t))
         halfwidths.append(t)
-    out = np.empty((x.shape[0], d * n_bits // 8), dtype=np.uint8)
+    out = np.empty((x.shape[0], sum(sizes) // 8), dtype=np.uint8)
     for start in range(0, x.shape[0], chunk_size):
         rows = x[start:start + chunk_size]
         blocks = [np.abs(rows[:, j:j + 1] - centres[j][None, :]) <= halfwidths[j]
