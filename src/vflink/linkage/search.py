@@ -525,9 +525,12 @@ def search_hamming(primary: Identifiers, secondary: Identifiers, k: int, *,
             missing = (found < 0).any(axis=1)
             if missing.any():
                 d[missing], found[missing] = flat.search(p[start:stop][missing], k)
-            # Hamming distances from faiss are exact integers; only re-sort for tie order.
-            dist[start:stop], idx[start:stop] = _sort_rows(d.astype(np.float64),
-                                                           found.astype(np.int64))
+            # Hamming distances from faiss are exact integers: sort each row by one integer
+            # key, distance · n + index, which orders ties by index (a third of lexsort's time)
+            key = d.astype(np.int64) * s.shape[0] + found
+            key.sort(axis=1)
+            dist[start:stop] = key // s.shape[0]
+            idx[start:stop] = key % s.shape[0]
     result = Neighbours(idx, dist, exact=o.mode == "exact")
     if o.mode == "approximate":
         # The reference is faiss's flat binary index: exact (Hamming distances are integers)

@@ -187,7 +187,7 @@ def _centres(secret: bytes, dim: int, n: int, lo: float, hi: float) -> npt.NDArr
 
 def bloom_numeric(values: npt.ArrayLike, *, secret: bytes, ranges: NumericRange,
                   config: BloomConfig | None = None,
-                  chunk_size: int = 65536) -> npt.NDArray[np.uint8]:
+                  chunk_size: int = 4096) -> npt.NDArray[np.uint8]:
     """FEDERAL numeric Bloom filters, one block of N bits per dimension (``n_centres``, or sized
     by ``resolution``: :meth:`BloomConfig.centres_per_dimension`), packed."""
     cfg = config or BloomConfig()
@@ -209,8 +209,13 @@ def bloom_numeric(values: npt.ArrayLike, *, secret: bytes, ranges: NumericRange,
     out = np.empty((x.shape[0], sum(sizes) // 8), dtype=np.uint8)
     for start in range(0, x.shape[0], chunk_size):
         rows = x[start:start + chunk_size]
-        blocks = [np.abs(rows[:, j:j + 1] - centres[j][None, :]) <= halfwidths[j]
-                  for j in range(d)]
+        blocks = []
+        for j in range(d):
+            # |x − r_i| ≤ t, in place on a cache-sized chunk: with 65,536-row chunks the
+            # temporaries (268 MB per dimension) made page faults cost 20× the arithmetic
+            diff = rows[:, j:j + 1] - centres[j][None, :]
+            np.abs(diff, out=diff)
+            blocks.append(diff <= halfwidths[j])
         out[start:start + chunk_size] = np.packbits(np.concatenate(blocks, axis=1), axis=1)
     return out
 
