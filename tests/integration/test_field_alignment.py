@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 from typing import Any
 
@@ -113,6 +114,10 @@ def test_fedsim_on_a_name_and_coordinates_gives_the_same_run_over_both_transport
     assert remote.extra["alignment"]["messages"] == [
         m for m in summary["messages"] if "primary" in (m["sender"], m["receiver"])]
     assert local.metrics["test"]["auc"] > 0.7  # the secondary's features are used
+    ledger = json.loads((local.out_dir / "privacy.json").read_text())  # type: ignore[operator]
+    sent = {(m["kind"], m["sender"]): m["protection"] for m in ledger["messages"]}
+    assert sent[("field_encodings", "primary")] == "bloom-filter"
+    assert sent[("field_encodings", "bank")] == "bloom-filter"
 
 
 # --- the same linkage as `vflink link --config` -----------------------------------------------
@@ -328,3 +333,24 @@ def test_different_secrets_stop_a_field_link_before_any_encoding_leaves(
         prepare(cfg, inputs, federation=federation)
     kinds = {r.message.kind for r in transcript.records}
     assert "key_tag" in kinds and not kinds & {"field_encodings", "share_field_encodings"}
+
+
+def test_two_secondaries_are_chained_on_the_same_fields(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """FedSim App. C with several fields: the second secondary is linked one-to-one to the
+    first one's records, field by field, so both see the same places."""
+    monkeypatch.setenv("VFLINK_SECRET", SECRET)
+    truth = write_tables(tmp_path)
+    cfg = config(tmp_path, algorithm="avgsim")
+    inputs = load_inputs(cfg)
+    (bank,) = inputs.secondaries
+    tables = []
+    for i, cols in enumerate((("s0", "s1"), ("s2", "s3"))):
+        schema = PartySchema(name=f"bank{i}", role="secondary",
+                             identifiers=bank.schema.identifiers, numeric=cols)
+        tables.append(PartyTable(schema, bank.frame, f"bank{i}.csv"))
+    prepared = prepare(cfg, Inputs(inputs.primary, tuple(tables)))
+    first = prepared.alignments["topk"]["bank0"].secondary_index
+    second = prepared.alignments["topk"]["bank1"].secondary_index
+    np.testing.assert_array_equal(first, second)  # the same table: each place is its own hop
+    assert float(np.mean(first[:, 0] == truth)) >= 0.95
