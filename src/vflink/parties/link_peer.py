@@ -18,15 +18,15 @@ import numpy.typing as npt
 from vflink.alignment.confirm import tag_matches
 from vflink.alignment.exact import key_digests
 from vflink.data.table import PartyTable
-from vflink.errors import ConfigError, PolicyViolation, ProtocolError
+from vflink.errors import PolicyViolation, ProtocolError
 from vflink.parties.base import Party
 from vflink.parties.linking import (
     blocking_digests,
-    check_declared,
     encode_fields,
     encode_identifiers,
     secret_mismatch,
     send_key_tag,
+    undeclared_columns,
     uses_secret,
 )
 from vflink.parties.policy import PartyPolicy, check_coordinator
@@ -148,12 +148,16 @@ class LinkingPeer(Party):
         check_coordinator(self.name, self.roles, message.coordinator)
         if not message.fields:
             raise refuse(ProtocolError, "a field request names no field", code="fields.empty")
-        try:
-            check_declared(self.name, self.table.schema.identifiers, message.fields,
-                           message.blocking)
-        except ConfigError as exc:
-            # the columns named are the primary's own request: safe to say which
-            raise refuse(PolicyViolation, str(exc), code="policy.identifier-columns") from None
+        undeclared = undeclared_columns(self.table.schema.identifiers, message.fields,
+                                        message.blocking)
+        if undeclared:
+            # The peer learns which of the columns it named are refused (its own request),
+            # not which columns we do declare; our log has those too.
+            raise refuse(PolicyViolation, f"party {self.name!r} links only on columns it "
+                         f"declares as identifiers, and not on {undeclared}",
+                         code="policy.identifier-columns",
+                         detail=f"declared identifiers: {list(self.table.schema.identifiers)}"
+                                f"; refused: {undeclared}")
         if message.blocking or any(uses_secret(f.spec) for f in message.fields):
             if self._secret is None:
                 raise ProtocolError(f"party {self.name!r} has no alignment secret configured")

@@ -65,7 +65,8 @@ from vflink.types import Alignment
 
 __all__ = ["AlignmentInitiator", "LinkField", "blocking_digests", "build_encoder",
            "check_declared", "encode_fields", "encode_identifiers", "field_raw_values",
-           "identifier_values", "secret_mismatch", "send_key_tag", "uses_secret"]
+           "identifier_values", "secret_mismatch", "send_key_tag", "undeclared_columns",
+           "uses_secret"]
 
 log = logging.getLogger(__name__)
 
@@ -174,12 +175,19 @@ class LinkField:
     comparison: FieldComparison
 
 
+def undeclared_columns(declared: Sequence[str], fields: Sequence[FieldEncoding],
+                       blocking: Sequence[BlockingKey]) -> list[str]:
+    """Columns a field request names that are not among ``declared`` identifiers: a data party
+    encodes only the columns its own schema declares as identifiers (what it agreed to release
+    for linkage), whatever a request names."""
+    asked = [c for f in fields for c in f.columns] + [b.column for b in blocking]
+    return sorted({c for c in asked if c not in set(declared)})
+
+
 def check_declared(party: str, declared: Sequence[str], fields: Sequence[FieldEncoding],
                    blocking: Sequence[BlockingKey]) -> None:
-    """A data party encodes only the columns its own schema declares as identifiers (what it
-    agreed to release for linkage), whatever a field request names."""
-    asked = [c for f in fields for c in f.columns] + [b.column for b in blocking]
-    undeclared = sorted({c for c in asked if c not in set(declared)})
+    """:class:`ConfigError` unless every column of the request is a declared identifier."""
+    undeclared = undeclared_columns(declared, fields, blocking)
     if undeclared:
         raise ConfigError(
             f"party {party!r} links only on the columns its schema declares as identifiers "
