@@ -23,20 +23,39 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def write_party_files(tmp: Path, *, dataset: str, options: dict[str, object], seed: int,
+def _toml(value: object) -> str:
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return repr(value)
+
+
+def write_party_files(tmp: Path, *, dataset: str | None = None,
+                      options: dict[str, object] | None = None, seed: int,
                       secondary: str = "secondary", primary: str = "primary",
-                      insecure: bool = False, private: bool = True) -> dict[str, Path]:
+                      insecure: bool = False, private: bool = True,
+                      tables: dict[str, dict[str, object]] | None = None) -> dict[str, Path]:
     """Certificates and party files for primary, one secondary and the coordinator.
 
     ``private=False``: every party opts out of the private defaults of its [policy] (raw
     identifiers may reach the coordinator, similarities with any noise), for runs whose
-    ``alignment.privacy = "off"``.
+    ``alignment.privacy = "off"``. ``tables``: each data party's own [party.table] (path,
+    identifiers, numeric...) instead of its part of ``dataset``.
     """
     certs = tmp / "certs"
     if not insecure:
         create_dev_pki(certs, [primary, secondary, "coordinator"])
     ports = {"coordinator": free_port(), secondary: free_port()}
-    opts = "\n".join(f"{k} = {v!r}" for k, v in options.items())
+    opts = "\n".join(f"{k} = {v!r}" for k, v in (options or {}).items())
+
+    def data(party: str) -> str:
+        if tables is not None:
+            body = "\n".join(f"{k} = {_toml(v)}" for k, v in tables[party].items())
+            return f"[party.table]\n{body}\n"
+        return f'dataset = "{dataset}"\n[party.options]\n{opts}\n'
     security = ('[security]\ninsecure = true\n' if insecure else
                 f'[security]\ntls_dir = "{certs}"\n')
     data_policy = "" if private else '[policy]\nidentifiers = "any"\n'
@@ -53,13 +72,13 @@ def write_party_files(tmp: Path, *, dataset: str, options: dict[str, object], se
     files[secondary].write_text(
         f'version = 1\n[party]\nname = "{secondary}"\nrole = "secondary"\n'
         f'listen = "127.0.0.1:{ports[secondary]}"\nstate_dir = "{tmp / "state" / secondary}"\n'
-        f'dataset = "{dataset}"\ndeadline_s = 20\n[party.options]\n{opts}\n'
+        f'deadline_s = 20\n{data(secondary)}'
         f'[peers.coordinator]\naddress = "127.0.0.1:{ports["coordinator"]}"\n'
         f'role = "coordinator"\n{security}allowed = ["{primary}"]\n{data_policy}')
     files[primary] = tmp / f"{primary}.toml"
     files[primary].write_text(
         f'version = 1\n[party]\nname = "{primary}"\nrole = "primary"\n'
-        f'dataset = "{dataset}"\ndeadline_s = 10\n[party.options]\n{opts}\n'
+        f'deadline_s = 10\n{data(primary)}'
         f'[peers.coordinator]\naddress = "127.0.0.1:{ports["coordinator"]}"\n'
         f'role = "coordinator"\n[peers.{secondary}]\n'
         f'address = "127.0.0.1:{ports[secondary]}"\nrole = "secondary"\n{security}'

@@ -59,3 +59,52 @@ def split_secondary(inputs, parts: int = 2):  # type: ignore[no-untyped-def]
         frame = sec.frame[[*sec.schema.key, *sec.schema.identifiers, *chunk]]
         tables.append(PartyTable.from_frame(schema, frame, f"split:{i}"))
     return Inputs(inputs.primary, tuple(tables), None)
+
+
+_WORDS = ("alder", "birch", "cedar", "delta", "ember", "fjord", "grove", "harbor", "iris",
+          "juniper", "kestrel", "linden", "maple", "north", "oak", "pine", "quarry", "river",
+          "stone", "thorn", "upland", "vale", "willow", "yew")
+
+
+def places_frames(n: int = 240, *, extra: int = 40, seed: int = 0
+                  ) -> tuple[pd.DataFrame, pd.DataFrame, np.ndarray]:
+    """Two tables of places that share no key: a name and coordinates each (for multi-field
+    linkage), a binary label at the primary whose signal lives in the secondary's features.
+
+    The secondary holds every primary place (name words reordered or with a typo, coordinates
+    moved by ~1 km) plus ``extra`` others, shuffled; returns (primary, secondary, truth) with
+    ``truth[i]`` the secondary row of primary row ``i``. ``region`` is a blocking key (a
+    coarse area code, the same on both sides).
+    """
+    rng = np.random.default_rng(seed)
+    total = n + extra
+    x, y = make_classification(n_samples=total, n_features=6, n_informative=4, n_redundant=0,
+                               shuffle=False, class_sep=1.5, random_state=seed)
+    names = [f"{_WORDS[a]} {_WORDS[b]} {int(c)}" for a, b, c in
+             zip(rng.integers(0, len(_WORDS), total), rng.integers(0, len(_WORDS), total),
+                 rng.integers(1, 40, total), strict=True)]
+    lat = rng.uniform(45.0, 48.0, total)
+    lon = rng.uniform(5.0, 10.0, total)
+    region = [f"R{int(a)}{int(b)}" for a, b in zip((lat - 45) // 1.5, (lon - 5) // 2.5,
+                                                   strict=True)]
+
+    def noisy(name: str) -> str:
+        words = name.split()
+        if rng.random() < 0.5:
+            words[0], words[1] = words[1], words[0]
+        else:
+            w = words[0]
+            i = int(rng.integers(0, len(w)))
+            words[0] = w[:i] + "x" + w[i + 1:]
+        return " ".join(words)
+
+    primary = pd.DataFrame({"name": names[:n], "lat": lat[:n], "lon": lon[:n],
+                            "region": region[:n], "p0": x[:n, 4], "p1": x[:n, 5], "y": y[:n]})
+    secondary = pd.DataFrame({
+        "title": [noisy(v) for v in names], "lat": lat + rng.normal(0, 0.01, total),
+        "lon": lon + rng.normal(0, 0.01, total), "area": region,
+        **{f"s{j}": x[:, j] for j in range(4)}})
+    order = rng.permutation(total)
+    secondary = secondary.iloc[order].reset_index(drop=True)
+    truth = np.argsort(order)[:n]
+    return primary, secondary, truth

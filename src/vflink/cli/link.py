@@ -281,6 +281,8 @@ def run(args: argparse.Namespace) -> int:
             mode=opts.get("mode") or "soft", tau=opts.get("tau"),
             sigma=opts.get("sigma"), delta=opts.get("delta") or 1e-5, seed=opts.get("seed"),
             primary_source=str(opts["primary"]), secondary_source=str(opts["secondary"]),
+            geo_config=_geo(opts.get("geo")),
+            bloom_config=_bloom(opts.get("bloom_filters"), opts.get("resolution")),
         ) if fields else run_linkage(
             primary, secondary, on=on or (), secondary_on=secondary_on,
             metric=opts["metric"], top_k=int(opts["top_k"]), bloom=opts.get("bloom"),

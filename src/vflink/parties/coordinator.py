@@ -10,7 +10,7 @@ import logging
 import math
 import time
 import zlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,8 +18,9 @@ import numpy as np
 import numpy.typing as npt
 
 from vflink.alignment.exact import exact_alignment
-from vflink.errors import LinkageError, PolicyViolation, ProtocolError
-from vflink.linkage import SearchOptions, SoftLinkage, link
+from vflink.errors import ConfigError, DataError, LinkageError, PolicyViolation, ProtocolError
+from vflink.linkage import SearchOptions, SoftLinkage, link, soft_linkage
+from vflink.linkage.fields import Blocking, FieldSpec, FieldValues, search_fields
 from vflink.parties.base import Party
 from vflink.parties.policy import ROLE_UNKNOWN, PartyPolicy
 from vflink.protocol.boundary import refuse
@@ -29,6 +30,8 @@ from vflink.protocol.messages import (
     AlignmentViews,
     FetchAlignment,
     FetchKeyTags,
+    FieldEncodings,
+    FieldLink,
     IdentifierEncodings,
     KeyDigests,
     KeyTag,
@@ -53,6 +56,22 @@ class _Session:
     opener: str | None = None  # the data party that opened it (its primary, in the protocol)
     touched: float = 0.0  # last use, for expiry (policy.session_ttl_s)
     key_tags: dict[tuple[str, str], npt.NDArray[np.uint8]] = field(default_factory=dict)
+    #: multi-field encodings per party: (encoders, values per field, blocking-key digests)
+    fields: dict[str, tuple[tuple[str, ...], tuple[Any, ...], tuple[Any, ...]]] = field(
+        default_factory=dict)
+
+
+#: Which comparison metrics each field encoder admits (issue 14): keyed Bloom filters are
+#: compared by Dice distance only; raw metrics need raw values (privacy off).
+_FIELD_METRICS = {"bloom": ("hamming",), "raw": ("euclidean", "haversine"),
+                  "string": ("levenshtein", "jaro-winkler", "token-set", "exact")}
+
+
+def _key_texts(digests: npt.NDArray[np.uint8]) -> list[str]:
+    """Blocking digests as hashable texts for :func:`search_fields`; "" for no key."""
+    present = np.asarray(digests.any(axis=1), dtype=bool).tolist()
+    return [row.tobytes().hex() if has else "" for row, has in zip(digests, present,
+                                                                     strict=True)]
 
 
 def view_of(session: str, alignment: Alignment, *, with_similarity: bool) -> AlignmentView:
@@ -202,7 +221,7 @@ class CoordinatorParty(Party):
         s.touched = self._clock()
         return s
 
-    def _check_noise(self, message: SoftLink) -> None:
+    def _check_noise(self, message: SoftLink | FieldLink) -> None:
         """Refuse a request outside the coordinator's own limits before any work: K, the
         Eq. 2 noise (σ ≥ min_sigma, τ ≤ max_tau) and the reused Eq. 1 scale."""
         policy = self.policy
@@ -279,24 +298,33 @@ class CoordinatorParty(Party):
         if len(encoders) != 1:
             raise ProtocolError(f"coordinator: parties used different encoders {sorted(encoders)}")
         s.primary = sender
-        # FedSim App. C: the first secondary is soft-linked (top-K) to the primary; every other
-        # secondary is linked one-to-one to that first one, so a primary record's k-th pair is
-        # the chain primary → first secondary → others. K^(n-1) pairs would not scale.
-        anchor, *others = message.secondaries
+        anchor = message.secondaries[0]
         linkage = self._link(s.encodings[sender][1], s.encodings[anchor][1], metric=message.metric,
                        top_k=message.top_k, mode=message.mode,  # type: ignore[arg-type]
                        tau=message.tau, sigma=message.sigma, delta=message.delta,
                        search=self._search, rng=self._noise_rng(message.session),
                        scale=(message.scale[0], message.scale[1]) if message.scale else None)
-        self._check_released(linkage, message.mode)
+        return self._release(message.session, s, message.secondaries, message.mode, linkage,
+                             lambda sec: self._link(
+                                 s.encodings[anchor][1], s.encodings[sec][1],
+                                 metric=message.metric, top_k=1, mode="top1",
+                                 search=self._search,
+                                 rng=self._noise_rng(f"{message.session}/{sec}")))
+
+    def _release(self, session: str, s: _Session, secondaries: tuple[str, ...], mode: str,
+                 linkage: SoftLinkage, hop_to: Callable[[str], SoftLinkage]) -> AlignmentViews:
+        """Keep the anchor's linkage and chain the other secondaries to it; the views."""
+        # FedSim App. C: the first secondary is soft-linked (top-K) to the primary; every other
+        # secondary is linked one-to-one to that first one, so a primary record's k-th pair is
+        # the chain primary → first secondary → others. K^(n-1) pairs would not scale.
+        anchor, *others = secondaries
+        self._check_released(linkage, mode)
         s.linkages[anchor] = linkage
         first = linkage.to_alignment(anchor)
         s.alignments[anchor] = first
-        views = [view_of(message.session, first, with_similarity=True)]
+        views = [view_of(session, first, with_similarity=True)]
         for sec in others:
-            one = self._link(s.encodings[anchor][1], s.encodings[sec][1], metric=message.metric,
-                       top_k=1, mode="top1", search=self._search,
-                       rng=self._noise_rng(f"{message.session}/{sec}"))
+            one = hop_to(sec)
             s.linkages[sec] = one
             hop = one.indices[:, 0]
             chained = np.where(first.secondary_index >= 0,
@@ -304,8 +332,125 @@ class CoordinatorParty(Party):
             alignment = Alignment(first.primary_index, chained, first.similarity, sec,
                                   dict(first.meta))
             s.alignments[sec] = alignment
-            views.append(view_of(message.session, alignment, with_similarity=True))
+            views.append(view_of(session, alignment, with_similarity=True))
         return AlignmentViews(views=tuple(views))
+
+    # --- several fields (issue 14) ---------------------------------------------------------------
+
+    def on_field_encodings(self, sender: str, message: FieldEncodings) -> Ack:
+        encoders, values, keys = message.encoders, message.values, message.keys
+        if not encoders or len(encoders) != len(values):
+            raise refuse(ProtocolError, "field encodings need one encoder per field and at "
+                                        "least one field", code="encodings.fields")
+        rows: set[int] = set()
+        for enc, v in zip(encoders, values, strict=True):
+            if enc not in _FIELD_METRICS:
+                raise refuse(ProtocolError, "unknown field encoder; valid: bloom, raw, string",
+                             code="encodings.encoder")
+            if enc == "string":
+                ok = isinstance(v, tuple)
+            else:
+                ok = isinstance(v, np.ndarray) and v.ndim == 2 and (
+                    v.dtype == np.uint8 if enc == "bloom" else v.dtype.kind == "f")
+            if not ok:
+                raise refuse(ProtocolError, "a field's values must be packed uint8 filters "
+                                            "(bloom), a float matrix (raw) or strings (string), "
+                                            "one row per record", code="encodings.shape")
+            rows.add(len(v))
+        for k in keys:
+            if not (isinstance(k, np.ndarray) and k.dtype == np.uint8 and k.ndim == 2
+                    and k.shape[1] == 32):
+                raise refuse(ProtocolError, "blocking keys must be (n, 32) uint8 HMAC-SHA256 "
+                                            "digests", code="digests.shape")
+            rows.add(len(k))
+        if len(rows) != 1:
+            raise refuse(ProtocolError, "every field and blocking key needs one row per record",
+                         code="encodings.shape")
+        s = self._session(message.session, sender)
+        s.fields[sender] = (tuple(encoders), tuple(values), tuple(keys))
+        n = rows.pop()
+        log.info("coordinator: %d records × %d field(s) (%s), %d blocking key(s) from %s", n,
+                 len(encoders), ", ".join(encoders), len(keys), sender)
+        return Ack(info={"rows": float(n)})
+
+    def _field_specs(self, message: FieldLink, parties: list[str], s: _Session
+                     ) -> tuple[FieldSpec, ...]:
+        """The coordinator's field specs from the request, after checking that every party
+        sent the same fields, encoders and widths and that each metric suits its encoder."""
+        first = s.fields[parties[0]]
+        n_fields = len(message.fields)
+        for p in parties:
+            encoders, values, keys = s.fields[p]
+            if len(encoders) != n_fields or encoders != first[0]:
+                raise refuse(ProtocolError, "the parties' field encodings differ from the "
+                                            "request (number of fields or encoders)",
+                             code="link.fields")
+            widths = [v.shape[1] if isinstance(v, np.ndarray) else 0 for v in values]
+            if widths != [v.shape[1] if isinstance(v, np.ndarray) else 0 for v in first[1]]:
+                raise refuse(ProtocolError, "the parties' encodings of a field differ in width",
+                             code="link.fields")
+            if len(keys) != message.blocking:
+                raise refuse(ProtocolError, f"the request names {message.blocking} blocking "
+                                            "key(s); a party sent another number",
+                             code="link.blocking")
+        specs = []
+        for i, (comparison, enc, v) in enumerate(zip(message.fields, first[0], first[1],
+                                                     strict=True)):
+            if comparison.metric not in _FIELD_METRICS[enc]:
+                raise refuse(ProtocolError, f"field {i}: metric {comparison.metric!r} does not "
+                                            f"compare {enc!r} encodings (valid: "
+                                            f"{', '.join(_FIELD_METRICS[enc])})",
+                             code="link.metric")
+            width = v.shape[1] if enc == "raw" else 1
+            try:
+                specs.append(FieldSpec(on=tuple(f"field{i}.{j}" for j in range(width)),
+                                       metric=comparison.metric, weight=comparison.weight,
+                                       scale=comparison.scale))
+            except ConfigError as exc:  # the request's own numbers: safe to tell
+                raise refuse(ProtocolError, f"field {i}: {'; '.join(exc.problems)}",
+                             code="link.fields") from None
+        return tuple(specs)
+
+    def _link_fields(self, specs: tuple[FieldSpec, ...], primary: tuple[Any, ...],
+                     secondary: tuple[Any, ...], *, top_k: int, mode: str,
+                     tau: float | None = None, sigma: float | None = None,
+                     delta: float = 1e-5, rng: np.random.Generator,
+                     scale: tuple[float, ...] = ()) -> SoftLinkage:
+        """search_fields (weighted mean of per-field normalised distances, blocking on equal
+        digests) then Eq. 1-2 (:func:`soft_linkage`) on the weighted distance."""
+        n_keys = len(primary[2])
+        p = FieldValues(primary[1], tuple(_key_texts(k) for k in primary[2]))
+        q = FieldValues(secondary[1], tuple(_key_texts(k) for k in secondary[2]))
+        blocking = tuple(Blocking(on=f"key{b}") for b in range(n_keys))
+        try:
+            neighbours = search_fields(specs, p, q, top_k, blocking=blocking)
+            return soft_linkage(neighbours, metric="fields", n_secondary=len(q),
+                                mode=mode, tau=tau, sigma=sigma,  # type: ignore[arg-type]
+                                delta=delta, rng=rng,
+                                scale=(scale[0], scale[1]) if scale else None)
+        except (LinkageError, ConfigError, DataError) as exc:
+            # parameters and sizes (K against the table size, an unreachable τ), never values
+            raise refuse(LinkageError, str(exc), code="link.parameters") from None
+
+    def on_field_link(self, sender: str, message: FieldLink) -> AlignmentViews:
+        self._check_noise(message)
+        if not message.fields:
+            raise refuse(ProtocolError, "a field link needs at least one field",
+                         code="link.fields")
+        needed = [sender, *message.secondaries]
+        s = self._complete(message.session, needed, "fields", "field encodings")
+        specs = self._field_specs(message, needed, s)
+        s.primary = sender
+        anchor = message.secondaries[0]
+        session = message.session
+        linkage = self._link_fields(specs, s.fields[sender], s.fields[anchor],
+                                    top_k=message.top_k, mode=message.mode, tau=message.tau,
+                                    sigma=message.sigma, delta=message.delta,
+                                    rng=self._noise_rng(session), scale=message.scale)
+        return self._release(session, s, message.secondaries, message.mode, linkage,
+                             lambda sec: self._link_fields(
+                                 specs, s.fields[anchor], s.fields[sec], top_k=1, mode="top1",
+                                 rng=self._noise_rng(f"{session}/{sec}")))
 
     def adopt(self, session: str, alignments: dict[str, Alignment]) -> None:
         """Serve ``alignments`` under ``session`` (an alignment computed elsewhere in this

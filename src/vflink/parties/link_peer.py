@@ -18,9 +18,17 @@ import numpy.typing as npt
 from vflink.alignment.confirm import tag_matches
 from vflink.alignment.exact import key_digests
 from vflink.data.table import PartyTable
-from vflink.errors import ProtocolError
+from vflink.errors import PolicyViolation, ProtocolError
 from vflink.parties.base import Party
-from vflink.parties.linking import encode_identifiers, secret_mismatch, send_key_tag, uses_secret
+from vflink.parties.linking import (
+    blocking_digests,
+    encode_fields,
+    encode_identifiers,
+    secret_mismatch,
+    send_key_tag,
+    undeclared_columns,
+    uses_secret,
+)
 from vflink.parties.policy import PartyPolicy, check_coordinator
 from vflink.protocol.boundary import refuse
 from vflink.protocol.channel import Channel
@@ -31,10 +39,12 @@ from vflink.protocol.messages import (
     ConfirmKey,
     FetchAlignment,
     FetchKeyTags,
+    FieldEncodings,
     IdentifierEncodings,
     KeyDigests,
     KeyTags,
     ShareEncodings,
+    ShareFieldEncodings,
     ShareKeys,
 )
 from vflink.types import MISSING
@@ -127,6 +137,38 @@ class LinkingPeer(Party):
         self.channel.request(message.coordinator, IdentifierEncodings(
             session=message.session, encoder=message.spec.encoder, values=values), Ack)
         return Ack(info={"rows": float(len(values))})
+
+    def on_share_field_encodings(self, sender: str, message: ShareFieldEncodings) -> Ack:
+        """Encode the requested fields of our own identifier columns and send them, with the
+        blocking keys as keyed digests, to the coordinator (issue 14)."""
+        # Our own policy decides what leaves, not the primary's request (issue 13): the
+        # release form of every field, and only columns our schema declares as identifiers.
+        for f in message.fields:
+            self.policy.check_identifier_release(self.name, f.spec.encoder)
+        check_coordinator(self.name, self.roles, message.coordinator)
+        if not message.fields:
+            raise refuse(ProtocolError, "a field request names no field", code="fields.empty")
+        undeclared = undeclared_columns(self.table.schema.identifiers, message.fields,
+                                        message.blocking)
+        if undeclared:
+            # The peer learns which of the columns it named are refused (its own request),
+            # not which columns we do declare; our log has those too.
+            raise refuse(PolicyViolation, f"party {self.name!r} links only on columns it "
+                         f"declares as identifiers, and not on {undeclared}",
+                         code="policy.identifier-columns",
+                         detail=f"declared identifiers: {list(self.table.schema.identifiers)}"
+                                f"; refused: {undeclared}")
+        if message.blocking or any(uses_secret(f.spec) for f in message.fields):
+            if self._secret is None:
+                raise ProtocolError(f"party {self.name!r} has no alignment secret configured")
+            self._require_confirmed(message.session)  # before any use of the secret
+        encoders, values = encode_fields(self.table.frame, message.fields, self._secret,
+                                         source=self.table.source)
+        keys = blocking_digests(self.table.frame, message.blocking, self._secret,
+                                source=self.table.source)
+        self.channel.request(message.coordinator, FieldEncodings(
+            session=message.session, encoders=encoders, values=values, keys=keys), Ack)
+        return Ack(info={"rows": float(len(self.table))})
 
     def on_alignment_ready(self, sender: str, message: AlignmentReady) -> Ack:
         local = self.local_alignment_rows(message.session)  # a PSI session held here

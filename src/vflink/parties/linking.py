@@ -8,8 +8,11 @@ encodings leave a data party: raw identifiers leave only with an explicit ``enco
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -30,7 +33,9 @@ from vflink.linkage.encoding import (
     RawEncoder,
     Standardization,
     StringEncoder,
+    normalize_string,
 )
+from vflink.linkage.fields import Blocking
 from vflink.parties.guard import check_alignment_view
 from vflink.parties.policy import PartyPolicy
 from vflink.protocol.channel import Channel
@@ -38,22 +43,30 @@ from vflink.protocol.messages import (
     Ack,
     AlignmentReady,
     AlignmentViews,
+    BlockingKey,
     ConfirmKey,
     EncodingSpec,
     FetchKeyTags,
+    FieldComparison,
+    FieldEncoding,
+    FieldEncodings,
+    FieldLink,
     IdentifierEncodings,
     KeyDigests,
     KeyTag,
     KeyTags,
     MatchKeys,
     ShareEncodings,
+    ShareFieldEncodings,
     ShareKeys,
     SoftLink,
 )
 from vflink.types import Alignment
 
-__all__ = ["AlignmentInitiator", "build_encoder", "encode_identifiers", "identifier_values",
-           "secret_mismatch", "send_key_tag", "uses_secret"]
+__all__ = ["AlignmentInitiator", "LinkField", "blocking_digests", "build_encoder",
+           "check_declared", "encode_fields", "encode_identifiers", "field_raw_values",
+           "identifier_values", "secret_mismatch", "send_key_tag", "undeclared_columns",
+           "uses_secret"]
 
 log = logging.getLogger(__name__)
 
@@ -141,6 +154,142 @@ def encode_identifiers(frame: pd.DataFrame, identifiers: Sequence[str], spec: En
                         f"or infinite value at row {int(bad[0])}")
     encoded = build_encoder(spec, secret).encode(values)
     return tuple(encoded) if isinstance(encoded, list) else np.asarray(encoded)
+
+
+# --- several fields (issue 14) -----------------------------------------------------------------
+
+#: Domain label of blocking-key digests: they can never equal an exact-key digest, a Bloom
+#: filter's keyed hash or a key-confirmation tag made with the same secret.
+_BLOCKING_LABEL = b"vflink-blocking-key-v1"
+
+
+@dataclass(frozen=True)
+class LinkField:
+    """One field of a multi-field link as the primary drives it: its own columns ``on``, the
+    secondaries' columns, the public encoding every data party applies, and how the coordinator
+    compares the encodings."""
+
+    on: tuple[str, ...]
+    secondary_on: tuple[str, ...]
+    spec: EncodingSpec
+    comparison: FieldComparison
+
+
+def undeclared_columns(declared: Sequence[str], fields: Sequence[FieldEncoding],
+                       blocking: Sequence[BlockingKey]) -> list[str]:
+    """Columns a field request names that are not among ``declared`` identifiers: a data party
+    encodes only the columns its own schema declares as identifiers (what it agreed to release
+    for linkage), whatever a request names."""
+    asked = [c for f in fields for c in f.columns] + [b.column for b in blocking]
+    return sorted({c for c in asked if c not in set(declared)})
+
+
+def check_declared(party: str, declared: Sequence[str], fields: Sequence[FieldEncoding],
+                   blocking: Sequence[BlockingKey]) -> None:
+    """:class:`ConfigError` unless every column of the request is a declared identifier."""
+    undeclared = undeclared_columns(declared, fields, blocking)
+    if undeclared:
+        raise ConfigError(
+            f"party {party!r} links only on the columns its schema declares as identifiers "
+            f"({', '.join(declared) or 'none'}); the fields and blocking keys also name "
+            f"{undeclared}: add them to that party's `identifiers`")
+
+
+def field_raw_values(frame: pd.DataFrame, fields: Sequence[FieldEncoding], *,
+                     source: str = "table") -> list[Any]:
+    """Each field's values before encoding: normalised strings (``""`` when empty, a missing
+    value that the coordinator leaves out of the pair's mean), or a finite float matrix.
+    Raises :class:`DataError` naming ``source``, the field and the row of a missing number or
+    of a coordinate outside [−90, 90] × [−180, 180]."""
+    out: list[Any] = []
+    problems: list[str] = []
+    for f in fields:
+        kind = "numeric" if f.spec.kind == "geo" else f.spec.kind
+        values = identifier_values(frame, f.columns, kind, source=source)
+        if kind == "string":
+            out.append([normalize_string(v) if v else "" for v in values])
+            continue
+        x = np.asarray(values, dtype=np.float64)
+        bad = ~np.isfinite(x).all(axis=1)
+        if f.spec.kind == "geo" or f.spec.params.get("geo"):  # (lat, lon) in degrees
+            bad |= ~((np.abs(x[:, 0]) <= 90) & (np.abs(x[:, 1]) <= 180))
+        if bad.any():
+            row = int(np.flatnonzero(bad)[0])
+            problems.append(f"field {list(f.columns)} has a missing or invalid value at row {row} "
+                            f"(line {row + 2} of a CSV); {int(bad.sum())} row(s) in all")
+        out.append(x)
+    if problems:
+        raise report(source, problems)
+    return out
+
+
+def encode_fields(frame: pd.DataFrame, fields: Sequence[FieldEncoding], secret: bytes | None,
+                  *, source: str = "table") -> tuple[tuple[str, ...], tuple[Any, ...]]:
+    """Each field encoded as its spec says: keyed Bloom filters (q-grams for strings, geographic
+    filters, FEDERAL numeric filters on the agreed range), or, only with an explicit raw
+    spec, the normalised strings or floats. An empty string gets an all-zero filter (a
+    missing value). Returns (encoder names, values) per field."""
+    raw = field_raw_values(frame, fields, source=source)
+    encoders: list[str] = []
+    values: list[Any] = []
+    for f, x in zip(fields, raw, strict=True):
+        spec = f.spec
+        if spec.kind == "string":
+            if spec.encoder == "string":
+                values.append(tuple(x))
+            elif spec.encoder == "bloom":
+                width = BloomConfig(**spec.params).filter_bits // 8  # type: ignore[arg-type]
+                enc = np.zeros((len(x), width), dtype=np.uint8)
+                filled = [i for i, v in enumerate(x) if v]
+                if filled:
+                    enc[filled] = build_encoder(spec, secret).encode([x[i] for i in filled])
+                values.append(enc)
+            else:
+                raise ConfigError(f"string fields are encoded as bloom or string, not "
+                                  f"{spec.encoder!r}")
+        elif spec.encoder in ("bloom", "raw"):
+            values.append(np.asarray(build_encoder(spec, secret).encode(x)))
+        else:
+            raise ConfigError(f"numeric fields are encoded as bloom or raw, not {spec.encoder!r}")
+        encoders.append(spec.encoder)
+    return tuple(encoders), tuple(values)
+
+
+def blocking_digests(frame: pd.DataFrame, blocking: Sequence[BlockingKey], secret: bytes | None,
+                     *, source: str = "table") -> tuple[npt.NDArray[np.uint8], ...]:
+    """Per blocking key, HMAC-SHA256 under the data parties' secret of each record's key
+    (the column normalised as strings are, cut to ``prefix`` characters), shape ``(n, 32)``;
+    all zero for a record without a key. Like exact alignment's digests, the coordinator can
+    tell which keys are equal, not read them."""
+    if not blocking:
+        return ()
+    if not isinstance(secret, (bytes, bytearray)) or len(secret) < 16:
+        raise ConfigError("blocking keys are sent as keyed digests: they need the data "
+                          "parties' shared secret (at least 16 bytes)")
+    missing = [b.column for b in blocking if b.column not in frame.columns]
+    if missing:
+        raise report(source, [missing_columns(frame, missing, "blocking column")])
+    out = []
+    for position, key in enumerate(blocking):
+        label = _BLOCKING_LABEL + f"|{position}|{key.prefix}|".encode()
+        column = frame[key.column]
+        texts = column.astype(object).where(column.notna(), "")
+        digests = np.zeros((len(frame), 32), dtype=np.uint8)
+        cache: dict[str, bytes] = {}
+        for i, value in enumerate(texts):
+            text = str(value)
+            text = normalize_string(text) if text.strip() else ""
+            if key.prefix:
+                text = text[:key.prefix]
+            if not text:
+                continue  # no key: blocks nothing together
+            digest = cache.get(text)
+            if digest is None:
+                digest = cache[text] = hmac.digest(bytes(secret), label + text.encode(),
+                                                   hashlib.sha256)
+            digests[i] = np.frombuffer(digest, dtype=np.uint8)
+        out.append(digests)
+    return tuple(out)
 
 
 class AlignmentInitiator:
@@ -240,4 +389,49 @@ class AlignmentInitiator:
         views = self.channel.request(coordinator, SoftLink(
             session=session, secondaries=self.secondaries, metric=metric, top_k=top_k, mode=mode,
             tau=tau, sigma=sigma, delta=delta, scale=tuple(scale or ())), AlignmentViews)
+        return self._finish(coordinator, session, views)
+
+    def align_fields(self, coordinator: str, fields: Sequence[LinkField], *,
+                     blocking: Sequence[Blocking] = (), top_k: int, mode: str = "soft",
+                     tau: float | None = None, sigma: float | None = None,
+                     delta: float = 1e-5, session: str = "soft",
+                     scale: tuple[float, float] | None = None) -> dict[str, Alignment]:
+        """Soft linkage on several fields, each with its own encoding, metric and weight, and
+        optional blocking keys (issue 14); Eq. 1-2 on the weighted distance as FedSim §4.1.
+
+        Every data party encodes its own columns (keyed Bloom filters by default) and sends
+        blocking keys only as keyed digests; key confirmation comes first whenever the secret
+        is used. The secondaries are told their own columns (``secondary_on``); each encodes
+        only columns its own schema declares as identifiers.
+        """
+        if not fields:
+            raise ConfigError("a multi-field link needs at least one field")
+        for f in fields:
+            self.policy.check_identifier_release(self.name, f.spec.encoder)  # our own too
+        own = tuple(FieldEncoding(columns=f.on, spec=f.spec) for f in fields)
+        own_keys = tuple(BlockingKey(column=b.on, prefix=b.prefix or 0) for b in blocking)
+        if self.identifiers:
+            check_declared(self.name, self.identifiers, own, own_keys)
+        clear = [list(f.on) for f in fields if not uses_secret(f.spec)]
+        if clear:
+            log.info("privacy is off for field(s) %s: their raw values are sent to the "
+                     "coordinator", clear)
+        if (blocking or len(clear) < len(fields)) and self.secondaries:
+            self.confirm_key(coordinator, session)  # before any use of the secret
+        encoders, values = encode_fields(self.frame, own, self._secret, source=self.source)
+        keys = blocking_digests(self.frame, own_keys, self._secret, source=self.source)
+        self.channel.request(coordinator, FieldEncodings(
+            session=session, encoders=encoders, values=values, keys=keys), Ack)
+        theirs = tuple(FieldEncoding(columns=f.secondary_on, spec=f.spec) for f in fields)
+        their_keys = tuple(BlockingKey(column=b.secondary_on or b.on, prefix=b.prefix or 0)
+                           for b in blocking)
+        for name in self.secondaries:
+            self.channel.request(name, ShareFieldEncodings(
+                session=session, coordinator=coordinator, fields=theirs, blocking=their_keys),
+                Ack)
+        views = self.channel.request(coordinator, FieldLink(
+            session=session, secondaries=self.secondaries,
+            fields=tuple(f.comparison for f in fields), top_k=top_k, blocking=len(blocking),
+            mode=mode, tau=tau, sigma=sigma, delta=delta, scale=tuple(scale or ())),
+            AlignmentViews)
         return self._finish(coordinator, session, views)

@@ -40,7 +40,8 @@ _PRIMARY = frozenset({"primary"})
 #: missing here has no role restriction; a new handler should add its kind.
 SENDERS: dict[str, dict[str, frozenset[str]]] = {
     "secondary": {kind: _PRIMARY for kind in (
-        "share_keys", "share_encodings", "alignment_ready", "setup_bottom",
+        "share_keys", "share_encodings", "share_field_encodings", "alignment_ready",
+        "setup_bottom",
         "fit_preprocessing", "forward", "backward", "snapshot", "restore", "save_state",
         "load_state", "confirm_key", "setup_privacy", "fetch_privacy_report",
         # FLORIST PSU / PSI and union training (primary ⇄ secondary)
@@ -49,10 +50,12 @@ SENDERS: dict[str, dict[str, frozenset[str]]] = {
     "coordinator": {
         "key_digests": DATA_ROLES,
         "identifier_encodings": DATA_ROLES,
+        "field_encodings": DATA_ROLES,
         # A sender of unknown role is also checked against the session it links: only the
         # party that opened a session may link it (CoordinatorParty).
         "match_keys": frozenset({"primary", ROLE_UNKNOWN}),
         "soft_link": frozenset({"primary", ROLE_UNKNOWN}),
+        "field_link": frozenset({"primary", ROLE_UNKNOWN}),
         "fetch_alignment": DATA_ROLES,
         # key confirmation (vflink.alignment.confirm): the coordinator only relays tags
         "key_tag": DATA_ROLES,

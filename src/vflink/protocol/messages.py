@@ -35,12 +35,17 @@ __all__ = [
     "AlignmentView",
     "AlignmentViews",
     "Backward",
+    "BlockingKey",
     "ConfirmKey",
     "Embeddings",
     "EncodingSpec",
     "FetchAlignment",
     "FetchKeyTags",
     "FetchPrivacyReport",
+    "FieldComparison",
+    "FieldEncoding",
+    "FieldEncodings",
+    "FieldLink",
     "FitPreprocessing",
     "Forward",
     "Hello",
@@ -65,6 +70,7 @@ __all__ = [
     "SetupBottom",
     "SetupPrivacy",
     "ShareEncodings",
+    "ShareFieldEncodings",
     "ShareKeys",
     "Snapshot",
     "SoftLink",
@@ -289,6 +295,86 @@ class SoftLink(Message):
     secondaries: tuple[str, ...]
     metric: str
     top_k: int
+    mode: str = "soft"
+    tau: float | None = None
+    sigma: float | None = None
+    delta: float = 1e-5
+    scale: tuple[float, ...] = ()  # (μ0, σ0) of a training linkage to reuse at inference
+
+
+# --- multi-field soft linkage through a coordinator (issue 14) ---------------------------------
+# Each field has its own public encoding and comparison; blocking keys travel only as keyed
+# digests. Column names go to the data parties (whose own schema decides whether they may be
+# encoded), never to the coordinator.
+
+
+@dataclass(frozen=True)
+class FieldEncoding:
+    """One field as the receiving data party encodes it: its own ``columns`` and the field's
+    public encoding (keyed Bloom filters, or raw values only when privacy is off)."""
+
+    columns: tuple[str, ...]
+    spec: EncodingSpec
+
+
+@dataclass(frozen=True)
+class BlockingKey:
+    """A blocking key as the receiving data party computes it: its own ``column``, normalised,
+    cut to the first ``prefix`` characters (0: the whole value), then HMAC'd under the data
+    parties' secret."""
+
+    column: str
+    prefix: int = 0
+
+
+@dataclass(frozen=True)
+class FieldComparison:
+    """How the coordinator compares one field: ``metric`` (``hamming`` = Dice distance of keyed
+    Bloom filters; a raw metric only with privacy off), ``weight`` in the weighted mean, and
+    ``scale`` of a raw numeric field (None: fitted by the coordinator)."""
+
+    metric: str
+    weight: float = 1.0
+    scale: float | None = None
+
+
+@dataclass(frozen=True)
+class ShareFieldEncodings(Message):
+    """Primary → secondary: encode your ``fields`` and ``blocking`` keys and send them to
+    ``coordinator`` for ``session`` (:class:`FieldEncodings`)."""
+
+    kind: ClassVar[str] = "share_field_encodings"
+    session: str
+    coordinator: str
+    fields: tuple[FieldEncoding, ...]
+    blocking: tuple[BlockingKey, ...] = ()
+
+
+@dataclass(frozen=True)
+class FieldEncodings(Message):
+    """Data party → coordinator: per field, its encoder and one row per record (packed Bloom
+    filters by default; floats or strings only with privacy off); per blocking key, ``(n, 32)``
+    uint8 HMAC-SHA256 digests, all zero for a record without that key."""
+
+    kind: ClassVar[str] = "field_encodings"
+    session: str
+    encoders: tuple[str, ...]
+    values: tuple[npt.NDArray[Any] | tuple[str, ...], ...]
+    keys: tuple[npt.NDArray[np.uint8], ...] = ()
+
+
+@dataclass(frozen=True)
+class FieldLink(Message):
+    """Primary → coordinator: link my records to each secondary's top-K by the weighted field
+    distance (issue 14), then Eq. 1-2 as :class:`SoftLink`; ``blocking`` is the number of
+    blocking keys every party sent (0: compare every pair)."""
+
+    kind: ClassVar[str] = "field_link"
+    session: str
+    secondaries: tuple[str, ...]
+    fields: tuple[FieldComparison, ...]
+    top_k: int
+    blocking: int = 0
     mode: str = "soft"
     tau: float | None = None
     sigma: float | None = None
@@ -553,13 +639,16 @@ MESSAGE_TYPES: dict[str, type[Message]] = {
         Restore, SaveState, LoadState, ConfirmKey, KeyTag, FetchKeyTags, KeyTags,
         SetupPrivacy, FetchPrivacyReport, PrivacyReport,
         PsuRound1, PsuRound1Reply, PsuRound2, PsuRound2Reply, PsuRound3, PsiRound1,
-        PsiRound1Reply, PsiRound2, UnionSetup, UnionForward,
+        PsiRound1Reply, PsiRound2, UnionSetup, UnionForward, ShareFieldEncodings,
+        FieldEncodings, FieldLink,
     )
 }
 
 
 #: Non-message dataclasses that may travel inside messages (for the wire serde's allowlist).
-PAYLOAD_TYPES: dict[str, type] = {"BottomSpec": BottomSpec, "EncodingSpec": EncodingSpec}
+PAYLOAD_TYPES: dict[str, type] = {
+    "BottomSpec": BottomSpec, "EncodingSpec": EncodingSpec, "FieldEncoding": FieldEncoding,
+    "BlockingKey": BlockingKey, "FieldComparison": FieldComparison}
 
 
 @functools.cache

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vflink._checks import check_choice, check_float, check_int, raise_if
 from vflink.data.schema import PartySchema
@@ -19,6 +19,9 @@ from vflink.models.spec import ACTIVATIONS, OPTIMIZERS
 from vflink.parties.policy import PartyPolicy
 from vflink.privacy.config import PrivacyConfig  # the [privacy] section (VFL-AFE)
 from vflink.runner.algorithms import algorithm_names
+
+if TYPE_CHECKING:
+    from vflink.linkage.fields import Blocking, FieldSpec
 
 __all__ = [
     "ALGORITHMS",
@@ -40,6 +43,9 @@ from vflink.config import CONFIG_VERSION, read_toml  # noqa: E402
 #: Training algorithms a run may name (FedSim §3 and §6.1; see ``vflink.runner.algorithms``).
 ALGORITHMS = algorithm_names()
 LINK_METRICS = ("euclidean", "haversine", "hamming", "levenshtein")
+_METRIC_WITH_FIELDS = ("give either `alignment.metric` (one field: every party's `identifiers` "
+                       "columns) or [[alignment.fields]] (each field with its own `metric`), "
+                       "not both")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -103,9 +109,15 @@ class AlignmentConfig:
     alpha: float = 0.0
     beta: float = 0.0
     pool: str = "all"
+    # Several fields, each with its own metric and weight, and blocking keys (issue 14):
+    # [[alignment.fields]] and [[alignment.blocking]] (vflink.linkage.fields)
+    fields: tuple[FieldSpec, ...] = ()
+    blocking: tuple[Blocking, ...] = ()
 
     def __post_init__(self) -> None:
         problems: list[str] = []
+        has_fields = bool(self.fields)  # given, even if an entry fails its own checks
+        self._build_fields(problems)
         check_choice(problems, "alignment.method", self.method, ("exact", "soft", "psi", "psu"))
         check_choice(problems, "alignment.group", self.group, ("ristretto255", "modp2048"))
         check_float(problems, "alignment.alpha", self.alpha, min=0.0, max=0.99)
@@ -128,7 +140,56 @@ class AlignmentConfig:
         check_choice(problems, "alignment.pool", self.pool, ("all", "split"))
         if self.pool == "split" and self.method != "soft":
             problems.append("`alignment.pool = \"split\"` needs `alignment.method = \"soft\"`")
+        if has_fields and self.method != "soft":
+            problems.append("[[alignment.fields]] link on several fields by soft linkage: set "
+                            f"`alignment.method = \"soft\"` (got {self.method!r})")
+        if has_fields and self.metric != "euclidean":
+            problems.append(_METRIC_WITH_FIELDS)
+        if self.blocking and not has_fields:
+            problems.append("[[alignment.blocking]] needs [[alignment.fields]] (blocking keys "
+                            "restrict a multi-field link)")
         raise_if(problems, "[alignment] section")
+
+    def _build_fields(self, problems: list[str]) -> None:
+        """[[alignment.fields]] / [[alignment.blocking]] tables (or built specs) as frozen
+        tuples of specs; every problem of every entry is collected."""
+        if not self.fields and not self.blocking:
+            object.__setattr__(self, "fields", ())
+            object.__setattr__(self, "blocking", ())
+            return
+        from vflink.linkage.fields import Blocking, FieldSpec  # rapidfuzz/faiss: only if used
+
+        for name, cls in (("fields", FieldSpec), ("blocking", Blocking)):
+            entries = getattr(self, name)
+            built: list[Any] = []
+            if not isinstance(entries, (list, tuple)):
+                problems.append(f"`alignment.{name}` must be an array of tables "
+                                f"([[alignment.{name}]]), got {entries!r}")
+                object.__setattr__(self, name, ())
+                continue
+            for i, entry in enumerate(entries):
+                where = f"alignment.{name} #{i + 1}"
+                if isinstance(entry, cls):
+                    built.append(entry)
+                    continue
+                if cls is Blocking and isinstance(entry, str):  # blocking = ["postcode"]
+                    entry = {"on": entry}
+                if not isinstance(entry, dict):
+                    problems.append(f"{where} must be a table, got {entry!r}")
+                    continue
+                known = {f.name for f in dataclasses.fields(cls)}
+                unknown = sorted(set(entry) - known)
+                if unknown:
+                    problems.append(f"{where} has unknown key(s) {unknown}; known keys: "
+                                    f"{sorted(known)}")
+                    entry = {k: v for k, v in entry.items() if k in known}
+                try:
+                    built.append(cls(**entry))
+                except ConfigError as exc:
+                    problems.extend(f"{where}: {p}" for p in exc.problems)
+                except TypeError as exc:  # a required key left out
+                    problems.append(f"{where}: {exc}")
+            object.__setattr__(self, name, tuple(built))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -289,6 +350,23 @@ def _build(cls: type, raw: Any, where: str, problems: list[str]) -> Any:
     return None
 
 
+def _alignment_conflicts(section: dict[str, Any], problems: list[str]) -> dict[str, Any]:
+    """[alignment] keys that contradict [[alignment.fields]], said plainly (and removed, so
+    that they are not reported a second time as unknown keys)."""
+    section = dict(section)
+    for key in ("on", "secondary_on"):
+        if key in section:
+            section.pop(key)
+            problems.append(
+                f"`alignment.{key}` is not a setting: one field links on each party's "
+                "`identifiers` columns; to name columns per field use [[alignment.fields]] "
+                "with `on` (and `secondary_on` when the secondary names them differently)")
+    if section.get("fields") and "metric" in section:
+        section.pop("metric")
+        problems.append(_METRIC_WITH_FIELDS)
+    return section
+
+
 def parse_config(raw: dict[str, Any], base_dir: Path | None = None) -> RunConfig:
     """Build a :class:`RunConfig` from parsed TOML, collecting every problem before raising."""
     problems: list[str] = []
@@ -301,7 +379,10 @@ def parse_config(raw: dict[str, Any], base_dir: Path | None = None) -> RunConfig
     sections: dict[str, Any] = {}
     for name, cls in _SECTIONS.items():
         if name in raw:
-            sections[name] = _build(cls, raw[name], name, problems)
+            section = raw[name]
+            if name == "alignment" and isinstance(section, dict):
+                section = _alignment_conflicts(section, problems)
+            sections[name] = _build(cls, section, name, problems)
     if raw.get("policy") is not None:  # config.json writes null when the file had none
         sections["policy"] = _build(PartyPolicy, raw["policy"], "policy", problems)
     data = None
@@ -384,4 +465,12 @@ def config_to_dict(config: RunConfig) -> dict[str, Any]:
             return v.value
         return v
 
-    return convert(config)  # type: ignore[no-any-return]
+    out = convert(config)
+    alignment = out.get("alignment")
+    if isinstance(alignment, dict):
+        if alignment.get("fields"):
+            alignment.pop("metric", None)  # each field has its own; parse_config refuses both
+        for name in ("fields", "blocking"):  # as the file had them: an absent array stays absent
+            if not alignment.get(name):
+                alignment.pop(name, None)
+    return out  # type: ignore[no-any-return]

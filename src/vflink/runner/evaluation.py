@@ -117,7 +117,8 @@ def _bloom_truth(config: RunConfig, prepared: Prepared, alignments: dict[str, Al
     (in a simulation, where every table is here), and the primary's own filters."""
     a_cfg = config.alignment
     inputs = prepared.inputs
-    if a_cfg.method != "soft" or a_cfg.privacy != "bloom" or secret is None or not alignments:
+    if (a_cfg.method != "soft" or a_cfg.privacy != "bloom" or secret is None or not alignments
+            or a_cfg.fields):  # several fields: no single filter per record to attack
         return None
     from vflink.runner.link import encoding_for
 

@@ -32,6 +32,9 @@ _CARRIES: dict[str, str] = {
     "match_keys": "control: a request to match keyed hashes",
     "share_encodings": "control: the encoding parameters every data party uses",
     "soft_link": "control: linkage parameters (metric, K, τ or σ)",
+    "share_field_encodings": "control: each field's columns and encoding parameters, and the "
+                             "blocking keys' columns",
+    "field_link": "control: linkage parameters (each field's metric and weight, K, τ or σ)",
     "alignment_ready": "control: a request to fetch an alignment",
     "fetch_alignment": "control: a request for this party's view of an alignment",
     "alignment_view": "alignment indices only: the receiver learns which of its rows are linked "
@@ -73,9 +76,14 @@ def _protections(result: RunResult) -> list[dict[str, Any]]:
         spec = dict(a.get("encoding_spec") or {})  # the public EncodingSpec of the run
         enc = {"encoder": spec.get("encoder", a.get("encoding")), "kind": spec.get("kind"),
                **dict(spec.get("params") or {})}
+        fields = a.get("field_encoding_specs")
+        if isinstance(fields, list):  # several fields (issue 14): one encoding per field
+            enc = {"encoder": a.get("encoding"), "fields": len(fields),
+                   "kinds": ",".join(str(f.get("kind")) for f in fields)}
+        applies_to = "field_encodings" if isinstance(fields, list) else "identifier_encodings"
         if enc.get("encoder") == "bloom":
             out.append({"kind": "bloom-filter", "party": "data parties",
-                        "applies_to": "identifier_encodings", "params": enc, "guarantee": {},
+                        "applies_to": applies_to, "params": enc, "guarantee": {},
                         "explanation": "identifiers are sent as keyed Bloom filters (FedSim App. "
                                        "I): the coordinator sees bit patterns and their Hamming "
                                        "distances, not the identifiers; this is no formal "
@@ -106,6 +114,9 @@ def _message_protection(kind: str, sender: str, protections: list[dict[str, Any]
             return str(p["kind"]), str(p.get("explanation", ""))
     if kind == "identifier_encodings":
         return "none", "raw identifiers in clear (privacy off): the coordinator reads them"
+    if kind == "field_encodings":
+        return "none", ("raw identifier values of some field in clear (privacy off): the "
+                        "coordinator reads them; blocking keys only as keyed digests")
     if kind == "alignment_views":
         if alignment.get("method") == "soft":
             return "none", "indices and similarities without noise"

@@ -29,25 +29,26 @@ from vflink.linkage import (
     NumericRange,
     SearchOptions,
     SoftLinkage,
-    bloom_geo,
-    bloom_numeric,
-    bloom_strings,
-    normalize_string,
-    soft_linkage,
 )
-from vflink.linkage.fields import Blocking, FieldSpec, FieldValues, search_fields
+from vflink.linkage.fields import Blocking, FieldSpec
 from vflink.linkage.improvement import improvement_estimates
 from vflink.linkage.validation import validate_identifiers
 from vflink.parties.coordinator import CoordinatorParty
 from vflink.parties.link_peer import LinkingPeer
-from vflink.parties.linking import AlignmentInitiator, identifier_values
+from vflink.parties.linking import (
+    AlignmentInitiator,
+    LinkField,
+    field_raw_values,
+    identifier_values,
+)
 from vflink.parties.policy import PartyPolicy
-from vflink.protocol import EncodingSpec
+from vflink.protocol import EncodingSpec, FieldComparison, FieldEncoding
 from vflink.runner.local import local_roles, secret_with_source
 from vflink.transport import InProcessHub, Transcript
 from vflink.types import MISSING, Alignment
 
-__all__ = ["LINK_METRICS", "PRIVACY", "LinkOutcome", "encoding_for", "encoding_summary",
+__all__ = ["LINK_METRICS", "PRIVACY", "LinkOutcome", "describe_fields", "encoding_for",
+           "encoding_summary", "field_encodings", "fields_encoder", "link_fields",
            "linkage_columns", "linkage_table", "resolve_privacy", "run_field_linkage",
            "run_linkage", "write_links"]
 
@@ -92,7 +93,7 @@ class LinkOutcome:
 ENCODINGS = {
     "hmac-sha256": "keyed hashes (HMAC-SHA256) of the exact keys",
     "bloom": "keyed Bloom filters of the identifiers (FedSim App. I)",
-    "raw": "RAW numeric identifiers (privacy off)",
+    "raw": "RAW identifier values (privacy off)",
     "string": "RAW identifier strings (privacy off)",
 }
 
@@ -390,59 +391,98 @@ def write_links(columns: dict[str, npt.NDArray[Any]], out: Path) -> None:
     os.replace(tmp, out)
 
 
-def _field_values(frame: pd.DataFrame, specs: Sequence[FieldSpec], blocking: Sequence[Blocking],
-                  *, secondary: bool, source: str, secret: bytes | None) -> FieldValues:
-    """One side's per-field values (normalised strings, floats, or Bloom filters when
-    ``secret`` is given) and blocking keys."""
-    fields: list[Any] = []
-    for spec in specs:
-        columns = spec.columns_s if secondary else spec.on
-        if spec.kind == "string":
-            values = identifier_values(frame, columns, "string", source=source)
-            strings = [normalize_string(v) if v else "" for v in values]
-            if secret is not None:
-                # An empty value gets an empty filter: a missing value, left out of the pair's
-                # weighted mean like an empty string.
-                filled = [i for i, v in enumerate(strings) if v]
-                enc = np.zeros((len(strings), BloomConfig().filter_bits // 8), dtype=np.uint8)
-                if filled:
-                    enc[filled] = bloom_strings([strings[i] for i in filled], secret=secret)
-                fields.append(enc)
-            else:
-                fields.append(strings)
-            continue
-        values = np.asarray(identifier_values(frame, columns, "numeric", source=source))
-        if not np.isfinite(values).all():
-            row = int(np.flatnonzero(~np.isfinite(values).all(axis=1))[0])
-            raise DataError(f"{source}: field {list(columns)} has a missing value at row {row}")
-        fields.append(values)
-    keys: list[list[str]] = []
-    for b in blocking:
-        column = (b.secondary_on or b.on) if secondary else b.on
-        if column not in frame.columns:
-            raise DataError(f"{source}: unknown blocking column {column!r}; the table has: "
-                            f"{', '.join(map(str, frame.columns[:20]))}")
-        col = frame[column]
-        raw = col.astype(object).where(col.notna(), "")
-        key = [normalize_string(str(v)) if str(v).strip() else "" for v in raw]
-        keys.append([v[:b.prefix] for v in key] if b.prefix else key)
-    return FieldValues(tuple(fields), tuple(keys))
+def _field_kind(spec: FieldSpec, frame: pd.DataFrame, columns: Sequence[str]) -> str:
+    """``"string"`` or ``"numeric"``: by the metric, and for ``hamming`` (Bloom filters of
+    whatever the columns hold) by the columns' type, as for one field."""
+    if spec.kind == "string":
+        return "string"
+    if spec.metric in ("euclidean", "haversine"):
+        return "numeric"
+    missing = [c for c in columns if c not in frame.columns]
+    return "string" if missing else _kind(frame, columns, "hamming")
 
 
-def _private_fields(specs: Sequence[FieldSpec], primary: FieldValues, secondary: FieldValues,
-                    secret: bytes) -> tuple[tuple[FieldSpec, ...], FieldValues, FieldValues]:
-    """Numeric fields as keyed Bloom filters (geographic on the globe for haversine, FEDERAL
-    on a range fitted on both sides otherwise); every private field compares by Dice distance
-    of its filters (strings were encoded by :func:`_field_values`)."""
-    fp, fs = list(primary.fields), list(secondary.fields)
-    for f, spec in enumerate(specs):
-        if spec.metric == "haversine":
-            fp[f], fs[f] = (bloom_geo(x, secret=secret) for x in (fp[f], fs[f]))
-        elif spec.kind == "numeric":
-            ranges = NumericRange.fit(fp[f], fs[f], margin=0.01)
-            fp[f], fs[f] = (bloom_numeric(x, secret=secret, ranges=ranges) for x in (fp[f], fs[f]))
-    new = tuple(dataclasses.replace(s, metric="hamming", scale=None) for s in specs)
-    return (new, FieldValues(tuple(fp), primary.keys), FieldValues(tuple(fs), secondary.keys))
+def field_encodings(fields: Sequence[FieldSpec], *, private: bool, primary: pd.DataFrame,
+                    secondary: pd.DataFrame | None = None, margin: float = 0.01,
+                    bloom_config: BloomConfig | None = None,
+                    geo_config: GeoBloomConfig | None = None,
+                    sources: Sequence[str] = ()) -> tuple[EncodingSpec, ...]:
+    """The encoding every data party applies to each field (issue 14), the analogue of
+    :func:`encoding_for` for several fields.
+
+    Private (the default): keyed Bloom filters for every field, q-gram filters for strings,
+    geographic filters on the whole globe for ``haversine`` (no party's bounding box), and
+    FEDERAL filters (App. I) for other numbers on a range fitted on ``primary`` (and
+    ``secondary`` when both tables are at hand, as in ``vflink link``) widened by ``margin``.
+    With ``private=False`` the normalised strings or raw numbers, except for ``hamming``
+    fields, which always mean Bloom filters as for one field.
+    """
+    cfg = bloom_config or BloomConfig()
+    params: dict[str, float | int | bool] = {
+        k: getattr(cfg, k) for k in ("n_centres", "threshold", "filter_bits", "num_hashes",
+                                     "qgram", "normalize")}
+    if cfg.resolution is not None:
+        params["resolution"] = cfg.resolution
+    out: list[EncodingSpec] = []
+    for spec in fields:
+        kind = _field_kind(spec, primary, spec.on)
+        bloom = private or spec.metric == "hamming"
+        if kind == "string":
+            out.append(EncodingSpec(encoder="bloom", kind="string", params=dict(params))
+                       if bloom else EncodingSpec(encoder="string", kind="string",
+                                                  params={"normalize": True}))
+        elif not bloom:
+            out.append(EncodingSpec(encoder="raw", kind="numeric",
+                                    params={"geo": True} if spec.metric == "haversine" else {}))
+        elif spec.metric == "haversine":
+            # Places on the globe: the range is the whole sphere, fixed and public.
+            geo = geo_config or GeoBloomConfig()
+            out.append(EncodingSpec(encoder="bloom", kind="geo", params=geo.params()))
+        else:
+            tables = []
+            sides = [(primary, spec.on, sources[0] if sources else "primary")]
+            if secondary is not None:
+                sides.append((secondary, spec.columns_s,
+                              sources[1] if len(sources) > 1 else "secondary"))
+            for frame, columns, source in sides:
+                values = np.asarray(identifier_values(frame, columns, "numeric", source=source))
+                tables.append(values[np.isfinite(values).all(axis=1)])
+            ranges = NumericRange.fit(*tables, margin=margin)
+            cfg.centres_per_dimension(ranges)  # a resolution too fine for the range fails here
+            out.append(EncodingSpec(encoder="bloom", kind="numeric", params=dict(params),
+                                    low=ranges.low, high=ranges.high))
+    return tuple(out)
+
+
+def link_fields(fields: Sequence[FieldSpec], encodings: Sequence[EncodingSpec]
+                ) -> tuple[LinkField, ...]:
+    """The primary's plan of a multi-field link: columns on each side, encoding, and how the
+    coordinator compares it (Dice distance of Bloom filters, or the field's own raw metric
+    and scale when privacy is off)."""
+    if len(fields) != len(encodings):
+        raise ConfigError(f"{len(fields)} field(s) but {len(encodings)} encoding(s)")
+    out = []
+    for spec, enc in zip(fields, encodings, strict=True):
+        bloom = enc.encoder == "bloom"
+        out.append(LinkField(
+            on=spec.on, secondary_on=spec.columns_s, spec=enc,
+            comparison=FieldComparison(metric="hamming" if bloom else spec.metric,
+                                       weight=float(spec.weight),
+                                       scale=None if bloom else spec.scale)))
+    return tuple(out)
+
+
+def describe_fields(fields: Sequence[FieldSpec], blocking: Sequence[Blocking] = ()) -> str:
+    """``1·token-set(name) + 0.5·haversine(lat,lon) | blocking: postcode, surname[:2]``."""
+    described = " + ".join(f.describe() for f in fields)
+    if blocking:
+        described += " | blocking: " + ", ".join(
+            f"{b.on}" + (f"[:{b.prefix}]" if b.prefix else "") for b in blocking)
+    return described
+
+
+def _unique(columns: Sequence[str]) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(columns))
 
 
 def run_field_linkage(primary: pd.DataFrame, secondary: pd.DataFrame, *,
@@ -452,43 +492,81 @@ def run_field_linkage(primary: pd.DataFrame, secondary: pd.DataFrame, *,
                       delta: float = 1e-5, secret: bytes | None = None, seed: int | None = None,
                       primary_source: str = "primary",
                       secondary_source: str = "secondary",
-                      privacy: str | None = None) -> LinkOutcome:
+                      privacy: str | None = None, transcript: Transcript | None = None,
+                      bloom_config: BloomConfig | None = None,
+                      geo_config: GeoBloomConfig | None = None) -> LinkOutcome:
     """Multi-field linkage (:mod:`vflink.linkage.fields`): each field with its own metric and
     weight, optional blocking keys; the weighted distance goes through Eq. 1-2 unchanged.
 
-    Private by default, as single-field linkage: every field is encoded as keyed Bloom filters
-    first (q-gram filters for strings, geographic filters for coordinates, FEDERAL filters for
-    other numbers) and compared by Dice distance, so only filters are compared; raw values
-    only with ``privacy="off"`` (or ``bloom=False``).
+    Run as parties in this process, as :func:`run_linkage`: each data party encodes its own
+    fields and sends them to the coordinator (:meth:`AlignmentInitiator.align_fields`), which
+    searches the top-K (:func:`search_fields`) and adds the noise. Private by default: every
+    field is encoded as keyed Bloom filters (q-gram filters for strings, geographic filters
+    for coordinates, FEDERAL filters on the range of both tables for other numbers) and
+    compared by Dice distance; raw values only with ``privacy="off"`` (or ``bloom=False``).
+    Blocking keys reach the coordinator as keyed digests (HMAC), never as text.
     """
     start = time.perf_counter()
-    bloom = resolve_privacy(privacy, bloom) == "bloom"
+    private = resolve_privacy(privacy, bloom) == "bloom"
+    fields, blocking = tuple(fields), tuple(blocking)
+    if not fields:
+        raise ConfigError("linkage needs at least one field")
+    encodings = field_encodings(fields, private=private, primary=primary, secondary=secondary,
+                                margin=0.01, bloom_config=bloom_config, geo_config=geo_config,
+                                sources=(primary_source, secondary_source))
+    plan = link_fields(fields, encodings)
+    # Checked here, where both tables are at hand, so that an error names the file (in a
+    # deployment each data party runs the same checks on its own side).
+    for frame, source, theirs in ((primary, primary_source, False),
+                                  (secondary, secondary_source, True)):
+        own = [FieldEncoding(columns=f.secondary_on if theirs else f.on, spec=f.spec)
+               for f in plan]
+        field_raw_values(frame, own, source=source)
+        columns = [(b.secondary_on or b.on) if theirs else b.on for b in blocking]
+        missing = [c for c in columns if c not in frame.columns]
+        if missing:
+            raise DataError(f"{source}: unknown blocking column(s) {missing}; the table has: "
+                            f"{', '.join(map(str, frame.columns[:20]))}")
+    keyed = bool(blocking) or any(e.encoder == "bloom" for e in encodings)
     secret_source = "given" if secret is not None else ""
-    if bloom and secret is None:
-        # derived from the seed when unset (and said so), random without a seed
+    if keyed and secret is None:
+        # derived from the seed when unset (and said so), random without a seed: both data
+        # parties are in this process
         secret, secret_source = secret_with_source("VFLINK_SECRET", seed=seed)
-    key = secret if bloom else None
-    p = _field_values(primary, fields, blocking, secondary=False, source=primary_source,
-                      secret=key)
-    s = _field_values(secondary, fields, blocking, secondary=True, source=secondary_source,
-                      secret=key)
-    specs = tuple(fields)
-    if key is not None:
-        specs, p, s = _private_fields(specs, p, s, key)
-    neighbours = search_fields(specs, p, s, top_k, blocking=blocking)
-    linkage = soft_linkage(neighbours, metric="fields", n_secondary=len(s),
-                           mode=mode, tau=tau, sigma=sigma,  # type: ignore[arg-type]
-                           delta=delta, rng=seed)
+    hub = InProcessHub(transcript=transcript)
+    # Both tables are this user's: the arguments are the explicit release choice.
+    policy = PartyPolicy.permissive(
+        identifiers="bloom" if all(e.encoder == "bloom" for e in encodings) else "any")
+    roles = local_roles("primary", ["secondary"])
+    coordinator = CoordinatorParty(COORDINATOR, seed=seed, roles=roles, policy=policy)
+    hub.register(COORDINATOR, coordinator)
+    sec_schema = PartySchema(name="secondary", role="secondary", identifiers=_unique(
+        [*(c for f in plan for c in f.secondary_on), *(b.secondary_on or b.on for b in blocking)]))
+    sec_party = LinkingPeer(PartyTable(sec_schema, secondary, secondary_source),
+                            hub.channel("secondary"), secret=secret, roles=roles, policy=policy)
+    hub.register("secondary", sec_party)
+    initiator = AlignmentInitiator(
+        "primary", primary, hub.channel("primary"), secondaries=("secondary",),
+        identifiers=_unique([*(c for f in plan for c in f.on), *(b.on for b in blocking)]),
+        secret=secret, source=primary_source, policy=policy)
+    alignment = initiator.align_fields(COORDINATOR, plan, blocking=blocking, top_k=top_k,
+                                       mode=mode, tau=tau, sigma=sigma, delta=delta,
+                                       session="link")["secondary"]
+    linkage = coordinator.linkage("link", "secondary")
     improvement = improvement_estimates(linkage) if mode == "soft" else {}
     sizes = {"primary_rows": len(primary), "secondary_rows": len(secondary), "top_k": top_k,
              "links": int((linkage.indices >= 0).sum())}
-    described = " + ".join(f.describe() for f in fields)
-    if blocking:
-        described += " | blocking: " + ", ".join(
-            f"{b.on}" + (f"[:{b.prefix}]" if b.prefix else "") for b in blocking)
-    return LinkOutcome(linkage=linkage, alignment=linkage.to_alignment("secondary"),
+    return LinkOutcome(linkage=linkage, alignment=alignment,
                        seconds=time.perf_counter() - start, sizes=sizes,
-                       privacy="bloom" if key is not None else "off",
-                       search_metric=described, improvement=improvement,
-                       encoding="bloom" if key is not None else "raw",
-                       secret_source=secret_source if key is not None else "")
+                       privacy="bloom" if private else "off",
+                       search_metric=describe_fields(fields, blocking),
+                       improvement=improvement,
+                       encoding=fields_encoder(encodings),
+                       secret_source=secret_source if keyed else "",
+                       communication=hub.counter.snapshot())
+
+
+def fields_encoder(encodings: Sequence[EncodingSpec]) -> str:
+    """The summary's ``encoding`` of a multi-field link: ``bloom`` when every field is a keyed
+    Bloom filter, else ``raw`` (some field's raw values reached the coordinator)."""
+    return "bloom" if all(e.encoder == "bloom" for e in encodings) else "raw"

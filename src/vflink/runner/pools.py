@@ -31,6 +31,7 @@ from vflink.data.table import PartyTable
 from vflink.errors import ConfigError
 from vflink.linkage import SearchOptions
 from vflink.parties import CoordinatorParty, PrimaryParty, SecondaryParty
+from vflink.parties.linking import LinkField
 from vflink.protocol import EncodingSpec
 from vflink.runner.config import RunConfig
 from vflink.runner.federation import COORDINATOR, Federation, local_roles
@@ -59,13 +60,14 @@ def _subset(table: PartyTable, rows: npt.NDArray[np.int64]) -> PartyTable:
 
 
 def link_by_split(config: RunConfig, inputs: Inputs, federation: Federation,
-                  splits: Sequence[npt.NDArray[np.int64]], spec: EncodingSpec, *,
+                  splits: Sequence[npt.NDArray[np.int64]], spec: EncodingSpec | None, *,
                   metric: str, top_k: int, mode: str = "soft",
-                  session: str) -> dict[str, Alignment]:
+                  session: str, fields: Sequence[LinkField] = ()) -> dict[str, Alignment]:
     """Soft-link each split's primary rows against the same split's secondary rows only.
 
-    Returns one alignment per secondary over all primary rows (global row numbers), and gives
-    it to the run's coordinator under ``session``.
+    ``fields`` (with ``config.alignment.blocking``) links on several fields instead of one
+    encoded identifier (``spec``, ``metric``). Returns one alignment per secondary over all
+    primary rows (global row numbers), and gives it to the run's coordinator under ``session``.
     """
     if inputs.truth is None:
         raise ConfigError("alignment.pool = \"split\" needs a dataset with ground truth (it "
@@ -99,9 +101,16 @@ def link_by_split(config: RunConfig, inputs: Inputs, federation: Federation,
         primary = PrimaryParty(_subset(inputs.primary, prim_rows),
                                hub.channel(inputs.primary.name), secondaries=names,
                                secret=federation.secret, policy=policy)
-        got = primary.initiator().align_soft(
-            COORDINATOR, spec, metric=metric, top_k=top_k, mode=mode, tau=a.tau, sigma=a.sigma,
-            delta=a.delta, session=session, scale=scale)
+        if fields:
+            got = primary.initiator().align_fields(
+                COORDINATOR, fields, blocking=a.blocking, top_k=top_k, mode=mode, tau=a.tau,
+                sigma=a.sigma, delta=a.delta, session=session, scale=scale)
+        elif spec is not None:
+            got = primary.initiator().align_soft(
+                COORDINATOR, spec, metric=metric, top_k=top_k, mode=mode, tau=a.tau,
+                sigma=a.sigma, delta=a.delta, session=session, scale=scale)
+        else:
+            raise ConfigError("a split linkage needs an encoding or fields")
         if scale is None and mode == "soft":  # the training split fixes Eq. 1's (μ0, σ0)
             meta = got[names[0]].meta
             if "mu0" in meta and "sigma0" in meta:

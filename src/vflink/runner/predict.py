@@ -62,14 +62,23 @@ def _training_alignment(run_dir: Path) -> dict[str, Any]:
     return dict(json.loads(path.read_text(encoding="utf-8")).get("alignment", {}))
 
 
-def _training_encoding(trained_link: dict[str, Any]) -> EncodingSpec | None:
+def _spec(raw: dict[str, Any]) -> EncodingSpec:
+    fields = {**raw, **{k: tuple(raw.get(k, ())) for k in ("low", "high", "mean", "scale")}}
+    return EncodingSpec(**fields)
+
+
+def _training_encoding(trained_link: dict[str, Any]
+                       ) -> EncodingSpec | tuple[EncodingSpec, ...] | None:
     """The identifier encoding of the training linkage (a Bloom filter's centres come from the
-    training identifiers' range; new records must be encoded the same way)."""
+    training identifiers' range; new records must be encoded the same way), one per field
+    for a multi-field linkage."""
+    per_field = trained_link.get("field_encoding_specs")
+    if isinstance(per_field, list) and all(isinstance(r, dict) for r in per_field):
+        return tuple(_spec(r) for r in per_field)
     raw = trained_link.get("encoding_spec")
     if not isinstance(raw, dict):
         return None  # a run written before it was recorded: refit on the new records
-    fields = {**raw, **{k: tuple(raw.get(k, ())) for k in ("low", "high", "mean", "scale")}}
-    return EncodingSpec(**fields)
+    return _spec(raw)
 
 
 def predict_records(run_dir: Path, records: pd.DataFrame, *, source: str = "input"

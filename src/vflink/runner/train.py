@@ -28,14 +28,22 @@ from vflink.metrics.functional import evaluate, higher_is_better, primary_metric
 from vflink.models.merge import AggregatorConfig
 from vflink.models.spec import BottomSpec
 from vflink.parties import PrimaryParty, TrainingPlan
+from vflink.parties.linking import LinkField
 from vflink.protocol import Ack, AlignmentReady, EncodingSpec
 from vflink.runner.algorithms import Algorithm, get_algorithm
-from vflink.runner.config import RunConfig, config_to_dict
+from vflink.runner.config import AlignmentConfig, RunConfig, config_to_dict
 from vflink.runner.evaluation import linkage_figures, recorder_for, write_truth
 from vflink.runner.federation import Federation, in_process
 from vflink.runner.inputs import Inputs, identifier_features, load_inputs
 from vflink.runner.ledger import write_run_ledger
-from vflink.runner.link import encoding_for, encoding_summary
+from vflink.runner.link import (
+    describe_fields,
+    encoding_for,
+    encoding_summary,
+    field_encodings,
+    fields_encoder,
+    link_fields,
+)
 from vflink.runner.link_quality import training_link_quality, write_link_quality
 from vflink.runner.pools import link_by_split, run_splits
 from vflink.runner.privacy import check_privacy_task, privacy_extra
@@ -178,12 +186,13 @@ def prepare(config: RunConfig, tables: Inputs | tuple[PartyTable, Sequence[Party
             = None, *, algorithms: Sequence[str] | None = None,
             transcript: Transcript | None = None, federation: Federation | None = None,
             scale: tuple[float, float] | None = None,
-            encoding: EncodingSpec | None = None) -> Prepared:
+            encoding: EncodingSpec | tuple[EncodingSpec, ...] | None = None) -> Prepared:
     """Align the parties through the coordinator (the real protocol).
 
     Without a ``federation`` the other parties are built in this process. ``scale`` fixes
     Eq. 1's (μ0, σ0) and ``encoding`` the identifier encoding (e.g. a Bloom filter's value
-    range), both to a training linkage's when predicting.
+    range; one per field for [[alignment.fields]]), both to a training linkage's when
+    predicting.
     """
     inputs = _as_inputs(tables) if tables is not None else load_inputs(config)
     algs = [get_algorithm(a) for a in (algorithms or [config.algorithm])]
@@ -217,22 +226,37 @@ def prepare(config: RunConfig, tables: Inputs | tuple[PartyTable, Sequence[Party
         sessions = dict.fromkeys(alignments, "exact")
         summary.update(encoding_summary("hmac-sha256", federation.secret_source))
     else:
-        # The primary proposes the encoding; a numeric Bloom range comes from its own
-        # identifiers (widened by 10 %), as it must when the secondaries' data are elsewhere.
-        sides = [(inputs.primary.frame, inputs.primary.schema.identifiers)]
-        spec, search_metric = encoding_for(a_cfg.metric, bloom=a_cfg.privacy == "bloom",
-                                           sides=sides, margin=0.1)
-        if encoding is not None:  # the training's: same centres, so similarities compare
-            spec = encoding
         top_k = a_cfg.top_k if "topk" in needs else 1
+        fields: tuple[LinkField, ...] = ()
+        spec: EncodingSpec | None = None
+        if a_cfg.fields:  # several fields, each with its own metric and weight (issue 14)
+            encodings = _field_encodings(inputs, a_cfg, encoding)
+            fields = link_fields(a_cfg.fields, encodings)
+            search_metric = describe_fields(a_cfg.fields, a_cfg.blocking)
+
+            def align(**kw: Any) -> dict[str, Alignment]:
+                return initiator.align_fields(coordinator, fields, blocking=a_cfg.blocking,
+                                              **kw)
+        else:
+            # The primary proposes the encoding; a numeric Bloom range comes from its own
+            # identifiers (widened by 10 %), as it must when the secondaries' data are
+            # elsewhere.
+            sides = [(inputs.primary.frame, inputs.primary.schema.identifiers)]
+            spec, search_metric = encoding_for(a_cfg.metric, bloom=a_cfg.privacy == "bloom",
+                                               sides=sides, margin=0.1)
+            if isinstance(encoding, EncodingSpec):  # the training's: same centres
+                spec = encoding
+            one: EncodingSpec = spec
+
+            def align(**kw: Any) -> dict[str, Alignment]:
+                return initiator.align_soft(coordinator, one, metric=search_metric, **kw)
         if a_cfg.pool == "split":  # the FedSim authors' protocol (vflink.runner.pools)
             splits = run_splits(config, inputs, np.arange(len(inputs.primary), dtype=np.int64))
             soft = link_by_split(config, inputs, federation, splits, spec, metric=search_metric,
-                                 top_k=top_k, session="soft")
+                                 top_k=top_k, session="soft", fields=fields)
         else:
-            soft = initiator.align_soft(coordinator, spec, metric=search_metric, top_k=top_k,
-                                        tau=a_cfg.tau, sigma=a_cfg.sigma, delta=a_cfg.delta,
-                                        session="soft", scale=scale)
+            soft = align(top_k=top_k, tau=a_cfg.tau, sigma=a_cfg.sigma, delta=a_cfg.delta,
+                         session="soft", scale=scale)
         top1 = {k: Alignment(a.primary_index, a.secondary_index[:, :1],
                              None if a.similarity is None else a.similarity[:, :1], k,
                              dict(a.meta)) for k, a in soft.items()}
@@ -241,19 +265,28 @@ def prepare(config: RunConfig, tables: Inputs | tuple[PartyTable, Sequence[Party
         if "exact" in needs and a_cfg.pool == "split":
             alignments["exact"] = link_by_split(config, inputs, federation, splits, spec,
                                                 metric=search_metric, top_k=1, mode="exact",
-                                                session="exact")
+                                                session="exact", fields=fields)
         elif "exact" in needs:
-            alignments["exact"] = initiator.align_soft(coordinator, spec, metric=search_metric,
-                                                       top_k=1, mode="exact", session="exact")
+            alignments["exact"] = align(top_k=1, mode="exact", session="exact")
         if "exact" in needs:
             sessions["exact"] = "exact"
         first = soft[names[0]]
         summary.update({k: first.meta.get(k) for k in ("mu0", "sigma0", "sigma", "tau",
                                                        "epsilon", "delta")})
-        summary.update({"metric": a_cfg.metric, "top_k": top_k, "privacy": a_cfg.privacy,
-                        "pool": a_cfg.pool})
-        summary.update(encoding_summary(spec.encoder, federation.secret_source))
-        summary["encoding_spec"] = dataclasses.asdict(spec)  # public; reused by predict
+        summary.update({"metric": a_cfg.metric if spec is not None else search_metric,
+                        "top_k": top_k, "privacy": a_cfg.privacy, "pool": a_cfg.pool})
+        if spec is not None:
+            summary.update(encoding_summary(spec.encoder, federation.secret_source))
+            summary["encoding_spec"] = dataclasses.asdict(spec)  # public; reused by predict
+        else:
+            encoder = fields_encoder([f.spec for f in fields])
+            summary.update(encoding_summary(encoder, federation.secret_source))
+            # public, per field; reused by predict (same centres, so similarities compare)
+            summary["fields"] = [f.describe() for f in a_cfg.fields]
+            summary["field_encoding_specs"] = [dataclasses.asdict(f.spec) for f in fields]
+            if a_cfg.blocking:
+                summary["blocking"] = "keyed digests (HMAC-SHA256) of " + ", ".join(
+                    b.on + (f"[:{b.prefix}]" if b.prefix else "") for b in a_cfg.blocking)
     n = len(inputs.primary)
     rows = np.arange(n, dtype=np.int64)
     if a_cfg.method == "exact" and a_cfg.unmatched == "drop":
@@ -270,6 +303,28 @@ def prepare(config: RunConfig, tables: Inputs | tuple[PartyTable, Sequence[Party
     communication = TrafficCounter.delta(federation.counter.snapshot(), before)
     summary["messages"] = TrafficCounter.kinds_delta(federation.counter.kinds(), before_kinds)
     return Prepared(inputs, alignments, sessions, rows, communication, federation, summary)
+
+
+def _field_encodings(inputs: Inputs, alignment: AlignmentConfig,
+                     encoding: EncodingSpec | tuple[EncodingSpec, ...] | None
+                     ) -> tuple[EncodingSpec, ...]:
+    """Each field's encoding, proposed by the primary from its own table (a numeric range from
+    its own values widened by 10 %, as for one field), or the training's when predicting."""
+    p = inputs.primary
+    own = [c for f in alignment.fields for c in f.on] + [b.on for b in alignment.blocking]
+    undeclared = sorted({c for c in own if c not in p.schema.identifiers})
+    if undeclared:
+        raise ConfigError(f"[[alignment.fields]] / [[alignment.blocking]] name {undeclared}, "
+                          f"which party {p.name!r} does not declare as `identifiers` "
+                          f"({', '.join(p.schema.identifiers) or 'none'}): every party links "
+                          "only on columns it declares as identifiers")
+    if isinstance(encoding, tuple):
+        if len(encoding) != len(alignment.fields):
+            raise ConfigError(f"the training linkage had {len(encoding)} field(s), the run "
+                              f"file has {len(alignment.fields)}")
+        return encoding
+    return field_encodings(alignment.fields, private=alignment.privacy == "bloom",
+                           primary=p.frame, margin=0.1, sources=(p.source,))
 
 
 def _plan(config: RunConfig, algorithm: Algorithm, *, learn_missing: bool, k: int
