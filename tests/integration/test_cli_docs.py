@@ -184,9 +184,9 @@ def test_link_imports_no_training_library(tmp_path: Path) -> None:
     s.write_text("x,y\n0,0.1\n1,1.1\n5,5\n", encoding="utf-8")
     argv = ["link", "--primary", str(p), "--secondary", str(s), "--on", "x,y", "--metric",
             "euclidean", "--top-k", "2", "--seed", "0", "--out", str(tmp_path / "links.csv")]
-    code = ("import sys, json\nfrom vflink.cli.main import main\ncode = main(%r)\n"
+    code = (f"import sys, json\nfrom vflink.cli.main import main\ncode = main({argv!r})\n"
             "print(json.dumps([code, sorted(m for m in ('torch', 'sklearn', 'grpc') "
-            "if m in sys.modules)]))" % (argv,))
+            "if m in sys.modules)]))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env={"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin"},
                          timeout=120, check=True).stdout
