@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -25,12 +26,14 @@ def free_port() -> int:
 
 def write_party_files(tmp: Path, *, dataset: str, options: dict[str, object], seed: int,
                       secondary: str = "secondary", primary: str = "primary",
-                      insecure: bool = False, private: bool = True) -> dict[str, Path]:
+                      insecure: bool = False, private: bool = True,
+                      secondary_table: dict[str, object] | None = None) -> dict[str, Path]:
     """Certificates and party files for primary, one secondary and the coordinator.
 
     ``private=False``: every party opts out of the private defaults of its [policy] (raw
     identifiers may reach the coordinator, similarities with any noise), for runs whose
-    ``alignment.privacy = "off"``.
+    ``alignment.privacy = "off"``. ``secondary_table``: the secondary's ``[party.table]``
+    (``path``, ``key``, ``numeric``...) instead of its part of ``dataset``.
     """
     certs = tmp / "certs"
     if not insecure:
@@ -41,6 +44,9 @@ def write_party_files(tmp: Path, *, dataset: str, options: dict[str, object], se
                 f'[security]\ntls_dir = "{certs}"\n')
     data_policy = "" if private else '[policy]\nidentifiers = "any"\n'
     coordinator_policy = "" if private else "[policy]\nmax_tau = 1.0\n"
+    own_data = (f'dataset = "{dataset}"\n[party.options]\n{opts}\n' if secondary_table is None
+                else "[party.table]\n" + "\n".join(f"{k} = {toml_value(v)}"
+                                                    for k, v in secondary_table.items()) + "\n")
     files = {}
     files["coordinator"] = tmp / "coordinator.toml"
     files["coordinator"].write_text(
@@ -53,7 +59,7 @@ def write_party_files(tmp: Path, *, dataset: str, options: dict[str, object], se
     files[secondary].write_text(
         f'version = 1\n[party]\nname = "{secondary}"\nrole = "secondary"\n'
         f'listen = "127.0.0.1:{ports[secondary]}"\nstate_dir = "{tmp / "state" / secondary}"\n'
-        f'dataset = "{dataset}"\ndeadline_s = 20\n[party.options]\n{opts}\n'
+        f'deadline_s = 20\n{own_data}'
         f'[peers.coordinator]\naddress = "127.0.0.1:{ports["coordinator"]}"\n'
         f'role = "coordinator"\n{security}allowed = ["{primary}"]\n{data_policy}')
     files[primary] = tmp / f"{primary}.toml"
@@ -65,6 +71,15 @@ def write_party_files(tmp: Path, *, dataset: str, options: dict[str, object], se
         f'address = "127.0.0.1:{ports[secondary]}"\nrole = "secondary"\n{security}'
         f'{data_policy}')
     return files
+
+
+def toml_value(value: object) -> str:
+    """A str, number or list of them as TOML (enough for party files)."""
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    if isinstance(value, (str, Path)):
+        return json.dumps(str(value))
+    return repr(value)
 
 
 @contextmanager
