@@ -338,8 +338,9 @@ def _attack_aucs(records: list[Any], s_rows: npt.NDArray[np.int64] | None
     them); the active party's against the rows the secondary filled, which only the secondary
     knows: NaN when it runs on another host (``s_rows`` None)."""
     nan = float("nan")
-    out = {f"attack_auc_{side}{suffix}": nan for side in ("passive", "active")
-           for suffix in ("", "_outlier")}
+    # App. C's own reading first, the reported AUC last (tables list metrics in this order)
+    out = {f"attack_auc_{side}{suffix}": nan for suffix in ("_outlier", "")
+           for side in ("passive", "active")}
     if not records:
         return out
     sizes = [len(r.uids) for r in records]
