@@ -25,13 +25,14 @@ import torch
 from vflink.alignment import synthetic as syn
 from vflink.data.preprocess import Preprocessor
 from vflink.data.table import PartyTable
-from vflink.errors import ProtocolError
+from vflink.errors import PolicyViolation, ProtocolError
 from vflink.models.mlp import build_mlp, build_optimizer, seeded_init
 from vflink.models.spec import BottomSpec
 from vflink.parties.guard import check_bottom_spec, check_embeddings
 from vflink.parties.policy import PartyPolicy
 from vflink.parties.privacy import EmbeddingProtection
 from vflink.parties.setalign import SetAlignment
+from vflink.protocol.boundary import refuse
 from vflink.protocol.channel import Channel
 from vflink.protocol.messages import (
     Ack,
@@ -88,9 +89,10 @@ class UnionPeer:
         check_bottom_spec(message.spec, len(self.table.frame.columns), party=self.name,
                           policy=self.policy)
         if self.protection.own is not None:
-            raise ProtocolError(f"party {self.name!r} protects its embeddings (its [privacy] "
-                                "section); union training does not apply that protection, so "
-                                "it refuses to train over the union")
+            raise refuse(PolicyViolation,
+                         f"party {self.name!r} protects its embeddings (its [privacy] section);"
+                         " union training does not apply that protection, so it refuses to "
+                         "train over the union", code="policy.embeddings")
         result = self.set_alignment(message.session)
         if result is None:
             raise ProtocolError(f"party {self.name!r}: no finished PSU session "
