@@ -50,11 +50,24 @@ def fmt(m: float, s: float, digits: int = 4) -> str:
     return "n/a" if math.isnan(m) else f"{m:.{digits}f} ± {s:.{digits}f}"
 
 
+def maybe_stat(results: dict[str, Any], value: Any, algorithm: str, metric: str
+               ) -> tuple[float, float]:
+    """``stat``, or NaN for a metric that older results do not have."""
+    if metric not in results["summary"][str(value)][algorithm]:
+        return math.nan, math.nan
+    return stat(results, value, algorithm, metric)
+
+
 def attack_table(results: dict[str, Any], value: Any, metric: str, title: str) -> list[str]:
+    """Attack AUC (the stronger of the spectral attack's two readings, vflink.attacks.spectral)
+    and App. C's outlier reading |<x - mu_F, v>| alone, both as AUC of telling the groups apart."""
     algs = [a for a in results["algorithms"] if not a.startswith("baseline")]
-    lines = [f"### {title}", "", "| strategy | attack AUC | test AUC | ACE |", "|---|---|---|---|"]
+    lines = [f"### {title}", "",
+             "| strategy | attack AUC | App. C outlier reading | test AUC | ACE |",
+             "|---|---|---|---|---|"]
     for a in algs:
         lines.append(f"| {a} | {fmt(*stat(results, value, a, metric))} | "
+                     f"{fmt(*maybe_stat(results, value, a, metric + '_outlier'))} | "
                      f"{fmt(*stat(results, value, a, 'auc'))} | "
                      f"{fmt(*stat(results, value, a, 'ace'))} |")
     return [*lines, ""]

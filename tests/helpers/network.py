@@ -28,8 +28,9 @@ def _toml(value: object) -> str:
         return "[" + ", ".join(_toml(v) for v in value) + "]"
     if isinstance(value, bool):
         return "true" if value else "false"
-    if isinstance(value, str):
-        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, (str, Path)):
+        text = str(value)
+        return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
     return repr(value)
 
 
@@ -37,14 +38,18 @@ def write_party_files(tmp: Path, *, dataset: str | None = None,
                       options: dict[str, object] | None = None, seed: int,
                       secondary: str = "secondary", primary: str = "primary",
                       insecure: bool = False, private: bool = True,
-                      tables: dict[str, dict[str, object]] | None = None) -> dict[str, Path]:
+                      tables: dict[str, dict[str, object]] | None = None,
+                      secondary_table: dict[str, object] | None = None) -> dict[str, Path]:
     """Certificates and party files for primary, one secondary and the coordinator.
 
     ``private=False``: every party opts out of the private defaults of its [policy] (raw
     identifiers may reach the coordinator, similarities with any noise), for runs whose
     ``alignment.privacy = "off"``. ``tables``: each data party's own [party.table] (path,
-    identifiers, numeric...) instead of its part of ``dataset``.
+    identifiers, numeric...) instead of its part of ``dataset``; ``secondary_table``: the
+    secondary's only (the primary keeps its part of ``dataset``).
     """
+    if secondary_table is not None:
+        tables = {**(tables or {}), secondary: secondary_table}
     certs = tmp / "certs"
     if not insecure:
         create_dev_pki(certs, [primary, secondary, "coordinator"])
@@ -52,7 +57,7 @@ def write_party_files(tmp: Path, *, dataset: str | None = None,
     opts = "\n".join(f"{k} = {v!r}" for k, v in (options or {}).items())
 
     def data(party: str) -> str:
-        if tables is not None:
+        if tables is not None and party in tables:
             body = "\n".join(f"{k} = {_toml(v)}" for k, v in tables[party].items())
             return f"[party.table]\n{body}\n"
         return f'dataset = "{dataset}"\n[party.options]\n{opts}\n'

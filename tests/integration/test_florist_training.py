@@ -1,5 +1,5 @@
-"""FLORIST in runs: every named strategy trains over the PSU union; PSI as an exact alignment
-method gives the same run over both transports."""
+"""FLORIST in runs: every named strategy trains over the PSU union; union training and PSI as
+an exact alignment method give the same run over both transports."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.helpers.network import served_in_threads, write_party_files
+from tests.helpers.network import served_in_threads, start_process, write_party_files
 from vflink.alignment.synthetic import STRATEGIES
 from vflink.runner.config import (
     AlignmentConfig,
@@ -25,12 +25,13 @@ from vflink.runner.train import RunResult, prepare, run_training
 OPTIONS = {"n_samples": 900, "sigma_cf": 0.1, "seed": 3}
 
 
-def union_config(algorithm: str, alpha: float, beta: float) -> RunConfig:
+def union_config(algorithm: str, alpha: float, beta: float, epochs: int = 1) -> RunConfig:
     return RunConfig(seed=1, algorithm=algorithm,
                      data=DataConfig(dataset="kdd-protein", options={"max_rows": 1500}),
                      alignment=AlignmentConfig(method="psu", alpha=alpha, beta=beta),
                      model=ModelConfig(hidden=(16,), cut_dim=8, top_hidden=(8,)),
-                     training=TrainingConfig(epochs=1, batch_size=128, split=(0.5, 0.2, 0.3)))
+                     training=TrainingConfig(epochs=epochs, batch_size=128,
+                                             split=(0.5, 0.2, 0.3)))
 
 
 def test_every_strategy_trains_over_the_union() -> None:
@@ -42,6 +43,7 @@ def test_every_strategy_trains_over_the_union() -> None:
     hidden_p, hidden_s = sim.sizes["hidden_from_primary"], sim.sizes["hidden_from_secondary"]
     assert hidden_p == round(0.4 * train) and hidden_s == round(0.3 * train)
     # the union is exactly the plaintext union of what each party kept
+    assert sim.s_table is not None
     assert sim.sizes["union"] == len(set(sim.p_table.frame["id"]) | set(sim.s_table.frame["id"]))
     for name in STRATEGIES.names():
         result = run_training(config.replace(algorithm=name), prepared=prepared)
@@ -96,3 +98,78 @@ def test_psi_alignment_is_the_exact_alignment_over_both_transports(
         assert local.metrics[split] == pytest.approx(exact.metrics[split], rel=1e-6)
     assert local.sizes["aligned_rows"] == exact.sizes["aligned_rows"]
     assert np.isfinite(local.metrics["test"]["accuracy"])
+
+
+#: compared run for run: the primary holds every training record (β = 0), so the batches do not
+#: depend on PSU's random exponents (vflink.runner.florist)
+SAME_OVER_BOTH = ("fea-sampling", "fea-gaussian", "fea-sampling-tr", "baseline-partial")
+
+
+@pytest.mark.network
+def test_union_training_is_the_same_over_both_transports(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VFLINK_SECRET", "a-test-secret-shared-by-data-parties")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the served process computes as this one does
+    config = union_config("fea-sampling", alpha=0.3, beta=0.0, epochs=2)
+    # in one process: the simulation hides 30 % of the training records from the secondary
+    prepared = prepare(config)
+    sim = prepared.summary["simulation"]
+    local = {a: run_training(config.replace(algorithm=a), prepared=prepared)
+             for a in SAME_OVER_BOTH}
+    # across hosts: `vflink serve` (a real process) holds the table the simulation left the
+    # secondary; the primary runs the same code against it over gRPC with mutual TLS
+    assert sim.s_table is not None
+    s_schema = sim.s_table.schema
+    s_path = tmp_path / "passive.parquet"
+    sim.s_table.frame.to_parquet(s_path, index=False)
+    primary = prepared.inputs.primary
+    local_both = run_training(union_config("florist", alpha=0.0, beta=0.4),
+                              tables=Inputs(primary, (sim.s_table,)))
+    files = write_party_files(tmp_path, dataset="kdd-protein", options={"max_rows": 1500},
+                              seed=1, primary=primary.name, secondary=s_schema.name,
+                              secondary_table={"path": s_path, "key": list(s_schema.key),
+                                               "numeric": list(s_schema.numeric)})
+    proc = start_process(files[s_schema.name], tmp_path / "passive.log")
+    try:
+        federation = network_federation(load_party_config(files[primary.name]), run_id="union")
+        try:
+            tables = Inputs(primary, ())  # the secondary's data stay with it
+            remote_config = union_config("fea-sampling", alpha=0.0, beta=0.0, epochs=2)
+            remote = {a: run_training(remote_config.replace(algorithm=a), tables=tables,
+                                      federation=federation) for a in SAME_OVER_BOTH}
+            remote_both = run_training(union_config("florist", alpha=0.0, beta=0.4),
+                                       tables=tables, federation=federation)
+        finally:
+            federation.close()
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    for a in SAME_OVER_BOTH:
+        here, there = local[a], remote[a]
+        assert there.sizes["union"] == here.sizes["union"] == len(primary)
+        assert there.sizes["train_uids"] == here.sizes["train_uids"]
+        for split in ("train", "validation"):
+            assert there.metrics[split] == pytest.approx(here.metrics[split], rel=1e-6), a
+        test_here, test_there = dict(here.metrics["test"]), dict(there.metrics["test"])
+        # the active party's attack is scored against the secondary's truth: not across hosts
+        assert np.isnan(test_there.pop("attack_auc_active"))
+        assert np.isnan(test_there.pop("attack_auc_active_outlier"))
+        if a != "baseline-partial":
+            assert 0.0 <= test_here.pop("attack_auc_active") <= 1.0
+        else:
+            test_here.pop("attack_auc_active")
+        test_here.pop("attack_auc_active_outlier")
+        assert test_there == pytest.approx(test_here, rel=1e-6, nan_ok=True), a
+        assert there.communication == here.communication, a
+        assert there.extra["florist"]["p_p"] == here.extra["florist"]["p_p"] < 1.0
+    # synthetic labels across hosts: the records the primary lacks sit where PSU's secret
+    # exponents put them in U, so the batches (hence the numbers) differ between any two runs;
+    # the plan and the sizes do not
+    local_sizes = dict(local_both.sizes)
+    assert local_sizes.pop("hidden_from_secondary") == 0  # only the simulation knows
+    assert remote_both.sizes == local_sizes
+    assert local_sizes["union"] < len(primary) and local_sizes["secondary_rows"] < len(primary)
+    assert remote_both.extra["florist"]["calibration"] == local_both.extra["florist"][
+        "calibration"]
+    assert 0.0 <= remote_both.metrics["test"]["attack_auc_passive"] <= 1.0
+    assert 0.0 <= remote_both.metrics["test"]["auc"] <= 1.0

@@ -25,10 +25,14 @@ import torch
 from vflink.alignment import synthetic as syn
 from vflink.data.preprocess import Preprocessor
 from vflink.data.table import PartyTable
-from vflink.errors import ProtocolError
+from vflink.errors import PolicyViolation, ProtocolError
 from vflink.models.mlp import build_mlp, build_optimizer, seeded_init
 from vflink.models.spec import BottomSpec
+from vflink.parties.guard import check_bottom_spec, check_embeddings
+from vflink.parties.policy import PartyPolicy
+from vflink.parties.privacy import EmbeddingProtection
 from vflink.parties.setalign import SetAlignment
+from vflink.protocol.boundary import refuse
 from vflink.protocol.channel import Channel
 from vflink.protocol.messages import (
     Ack,
@@ -72,6 +76,8 @@ class UnionPeer:
     features: torch.Tensor | None
     model: torch.nn.Module | None
     optimizer: torch.optim.Optimizer | None
+    policy: PartyPolicy
+    protection: EmbeddingProtection
     _pending: dict[int, torch.Tensor]
 
     def set_alignment(self, session: str) -> SetAlignment | None: ...  # from SetAlignmentPeer
@@ -79,6 +85,14 @@ class UnionPeer:
     def _build(self, spec: BottomSpec, pre: Preprocessor) -> None: ...  # from SecondaryParty
 
     def on_union_setup(self, sender: str, message: UnionSetup) -> Ack:
+        # our own limits and protections decide, not the primary's request (as SetupBottom)
+        check_bottom_spec(message.spec, len(self.table.frame.columns), party=self.name,
+                          policy=self.policy)
+        if self.protection.own is not None:
+            raise refuse(PolicyViolation,
+                         f"party {self.name!r} protects its embeddings (its [privacy] section);"
+                         " union training does not apply that protection, so it refuses to "
+                         "train over the union", code="policy.embeddings")
         result = self.set_alignment(message.session)
         if result is None:
             raise ProtocolError(f"party {self.name!r}: no finished PSU session "
@@ -164,16 +178,20 @@ class UnionPrimary:
         calibration: the logits shift to apply (identity when the strategy has none).
         spec: public hyperparameters of the peer's bottom model (also used for ours).
         fit_uids: the training UIDs (positions in U).
+        policy: this party's limits on what it accepts (values of received embeddings).
     """
 
     def __init__(self, table: PartyTable, channel: Channel, peer: str, result: SetAlignment,
                  *, strategy: syn.Strategy, calibration: syn.Calibration, spec: BottomSpec,
                  top_hidden: tuple[int, ...], fit_uids: npt.NDArray[np.int64],
-                 session: str = "psu") -> None:
+                 session: str = "psu", policy: PartyPolicy | None = None) -> None:
         schema = table.schema
         if schema.label is None:
             raise ProtocolError("the active party needs a label column")
         self.channel, self.peer, self.strategy = channel, peer, strategy
+        self.name = channel.name
+        self.policy = policy or PartyPolicy()
+        self.width = spec.out_dim
         self.calibration = calibration
         self.rows = uid_rows(result)
         y = table.frame[schema.label].to_numpy(dtype=np.float32)
@@ -218,7 +236,13 @@ class UnionPrimary:
         self.next_batch_id += 1
         reply = self.channel.request(self.peer, UnionForward(batch_id=batch_id, uids=uids,
                                                              train=train), Embeddings)
-        return reply.embeddings[torch.from_numpy(reply.inverse)]
+        if reply.batch_id != batch_id:
+            raise ProtocolError(f"{self.peer!r} answered batch {reply.batch_id}; expected "
+                                f"{batch_id}")
+        # numbers are checked where they arrive, before they touch our model
+        check_embeddings(reply, requested=len(uids), width=self.width, party=self.name,
+                         peer=self.peer, policy=self.policy)
+        return reply.embeddings.detach().float()[torch.from_numpy(reply.inverse)]
 
     def train_step(self, uids: npt.NDArray[np.int64], *, record: bool = False) -> float:
         batch_id = self.next_batch_id

@@ -503,7 +503,8 @@ def _run(config: RunConfig, out_dir: Path | None, progress: Progress | None,
         from vflink.runner.florist import run_union
 
         return run_union(config, tables=None if tables is None else _as_inputs(tables),
-                         prepared=prepared, transcript=transcript, progress=progress)
+                         prepared=prepared, transcript=transcript, progress=progress,
+                         federation=federation)
     start = time.perf_counter()
     algorithm = get_algorithm(config.algorithm)
     models_dir = None if out_dir is None else out_dir / "models"

@@ -7,6 +7,7 @@ the parity of the two transports is checked message by message.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -33,6 +34,8 @@ from vflink.models.spec import BottomSpec
 from vflink.parties import CoordinatorParty, SecondaryParty
 from vflink.parties.guard import bottom_parameters, check_values
 from vflink.parties.policy import PartyPolicy
+from vflink.parties.privacy import EmbeddingProtection
+from vflink.privacy.config import PrivacyConfig
 from vflink.protocol import (
     Ack,
     AlignmentReady,
@@ -49,6 +52,7 @@ from vflink.protocol import (
     SoftLink,
 )
 from vflink.protocol.boundary import boundary_error, error_code, is_boundary, refuse
+from vflink.protocol.messages import UnionSetup
 from vflink.runner.config import AlignmentConfig, DataConfig, RunConfig, parse_config
 from vflink.runner.federation import run_policy
 from vflink.runner.party_config import load_party_config
@@ -335,6 +339,20 @@ def test_huge_bottom_models_are_refused_before_building() -> None:
     with pytest.raises(PolicyViolation, match="limit.model-size"):
         ch.call("bank", SetupBottom(spec=BottomSpec(hidden=(50_000, 50_000))))
     assert bottom_parameters(BottomSpec(hidden=(3,), out_dim=2), 4) == (4 + 1) * 3 + (3 + 1) * 2
+
+
+@pytest.mark.network
+def test_union_setup_is_checked_against_the_secondarys_own_limits(transport: Any) -> None:
+    fed = Federation()
+    ch = transport(fed)
+    union = UnionSetup(session="psu", spec=BottomSpec(hidden=(50_000, 50_000)),
+                       features="fea-sampling", fit_uids=np.arange(3, dtype=np.int64))
+    with pytest.raises(PolicyViolation, match="limit.model-size"):
+        ch.call("bank", union)
+    # a party that protects its embeddings (VFL-AFE) will not release unprotected ones
+    fed.bank.protection = EmbeddingProtection("bank", 30, PrivacyConfig(embeddings="afe"), 0)
+    with pytest.raises(PolicyViolation, match="protects its embeddings"):
+        ch.call("bank", dataclasses.replace(union, spec=BottomSpec(hidden=(8,), out_dim=4)))
 
 
 def test_check_values() -> None:
