@@ -22,7 +22,7 @@ The default ``mode="auto"`` is exact, except for Hamming searches large enough t
 every pair costs seconds (more than :data:`AUTO_APPROXIMATE_WORK` byte comparisons, e.g. FedSim's
 house scale, 141,050 × 27,827 1024-bit filters, or 28,298 × 234,908 geographic filters): those run
 the binary IVF, whose recall is measured and reported. On those two cases it was measured at
-recall@K 0.999 and 1.000 in a sixth and a fiftieth of the flat index's CPU time
+recall@K 0.998 and 0.993, with a sixth and a fiftieth of the flat index's CPU time
 (``benchmarks/linkage.py``).
 
 All searches work on chunks of primary rows so memory stays bounded. Rows of the result are
@@ -475,7 +475,7 @@ def _binary_ivf_shape(n_primary: int, n_secondary: int, k: int,
     filter of both sides against nlist centres) against the scan's (nprobe cells of
     n_secondary / nlist filters per query): nlist = √(n_p · nprobe · n_s / (n_p + n_s)).
     Measured (``benchmarks/linkage.py``): house scale, K = 100 → 681 cells, 20 probed, recall@K
-    0.998; airports × places, K = 10 → 450 cells, 8 probed, recall@K 0.999.
+    0.998; airports × places, K = 10 → 450 cells, 8 probed, recall@K 0.993.
     """
     nprobe = options.nprobe or max(8, math.ceil(k / 5))
     balanced = math.sqrt(n_primary * nprobe * n_secondary / max(1, n_primary + n_secondary))
