@@ -173,9 +173,9 @@ def contrastive_loss(h: torch.Tensor, memberships: torch.Tensor, threshold: floa
     (1/n²) Σ (1 − ω_jk) ‖h_j − h_k‖, a departure from the printed sign: §3.3 and Figure 7 say the
     loss *enlarges* the distance between embeddings of different classes ("to encourage their
     inter-class discrepancy"), while minimising the printed Eq. 8 pulls them together. Taken
-    literally it collapses every embedding onto one point within 20 epochs (measured: Adult at
-    the majority class, Fashion-MNIST at chance; README). The clipping bounds the negated loss
-    (distances ≤ 2t before rescaling).
+    literally it collapsed Adult's embeddings onto one point (largest distance 0.001·2t after
+    20 epochs, test accuracy at the majority class; README). The clipping bounds the negated
+    loss (distances ≤ 2t before rescaling).
     """
     n = h.shape[0]
     if n < 2:
