@@ -20,7 +20,7 @@ import torch
 
 from vflink.errors import ConfigError, PrivacyBudgetExceeded
 from vflink.privacy.config import PrivacyConfig
-from vflink.privacy.embedding_dp import EmbeddingDP, agree_settings
+from vflink.privacy.embedding_dp import EmbeddingDP, Observer, agree_settings
 from vflink.protocol.boundary import refuse
 
 __all__ = ["EmbeddingProtection"]
@@ -37,13 +37,27 @@ class EmbeddingProtection:
         self._own_given = own is not None
         self.seed = seed if seed is not None else (own.seed if own is not None else None)
         self.dp: EmbeddingDP | None = None
+        self._observer: Observer | None = None
         self._links = np.zeros(n_rows, dtype=np.int64)
         self.start()
+
+    @property
+    def observer(self) -> Observer | None:
+        """Local diagnostics of every training batch (:data:`vflink.privacy.embedding_dp.
+        Observer`), in this process only: they never cross the boundary."""
+        return self._observer
+
+    @observer.setter
+    def observer(self, observer: Observer | None) -> None:
+        self._observer = observer
+        if self.dp is not None:
+            self.dp.observer = observer
 
     def _new(self, config: PrivacyConfig, classes: int | None) -> EmbeddingDP:
         dp = EmbeddingDP(config, party=self.party, n_rows=self.n_rows, seed=self.seed,
                          classes=classes)
         dp.note_links(self._links)
+        dp.observer = self._observer
         return dp
 
     def start(self) -> None:

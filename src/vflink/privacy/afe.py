@@ -5,10 +5,11 @@ state (generator, release counts) and calls them in the order of Algorithm 1:
 
 * line 6, Eq. 2: :func:`clip_norm` (each embedding to norm ≤ t);
 * lines 7-8, Eqs. 3-5: :func:`sensitivity_estimate` (μh + k·σh of the batch's pairwise
-  distances) and :func:`rescale` (by Δ̃/(2t));
+  distances) and :func:`rescale` (by Δ̃/(2t), as printed; optionally capped, a departure);
 * line 9: :func:`gaussian_noise` / :func:`secure_gaussian_noise` (N(0, 4σ²t²));
 * line 16, Eq. 7: :func:`fuzzy_cmeans` on the gradients the secondary received;
-* line 17, Eqs. 6 and 8: :func:`kl_regulariser` and :func:`contrastive_loss`.
+* line 17, Eqs. 6 and 8: :func:`kl_regulariser` and :func:`contrastive_loss` (its sign is
+  the text's, not the printed formula's: see there).
 """
 
 from __future__ import annotations
@@ -59,18 +60,22 @@ def sensitivity_estimate(d: torch.Tensor, sigmas: float = 3.0) -> torch.Tensor:
     return d.mean() + sigmas * d.std()
 
 
-def rescale(h: torch.Tensor, t: float, delta_tilde: torch.Tensor | float) -> torch.Tensor:
+def rescale(h: torch.Tensor, t: float, delta_tilde: torch.Tensor | float, *,
+            cap: bool = False) -> torch.Tensor:
     """Line 8 / Eq. 4: h_j / (Δ̃ / 2t), so the estimated largest distance becomes 2t.
 
-    Δ̃ is capped at 2t: after clipping no two embeddings are further apart than the diameter
-    2t of the ball (§3.2: the local sensitivity Δ(f, X) = d(S) ≤ d(B) = 2t), so an estimate
-    above it is the Gaussian approximation of Eq. 5 failing (it does when the distances are
-    skewed or bimodal, as class-separated embeddings make them) and rescaling by it would only
-    shrink the signal under the same noise. Rescaling therefore never shrinks embeddings.
-    A degenerate batch (Δ̃ ≈ 0: fewer than three rows, or all embeddings equal) is left as it
-    is; dividing by ~0 would only blow up numerical noise.
+    As printed, Eq. 4 divides by Δ̃ whatever its size: an estimate above the ball's diameter 2t
+    (which Eq. 5's Gaussian μh + 3σh gives whenever the batch's distances are bounded and
+    skewed or multimodal, as class-separated embeddings make them) *shrinks* the embeddings
+    under the same noise. ``cap = True`` is a departure from the paper (``privacy.rescale_cap``):
+    Δ̃ is capped at 2t, since after clipping no two embeddings are further apart than
+    d(B) = 2t (§3.2), so rescaling never shrinks. A degenerate batch (Δ̃ ≈ 0: fewer than three
+    rows, or all embeddings equal) is left as it is; dividing by ~0 would only blow up
+    numerical noise.
     """
-    dt = min(float(delta_tilde), 2.0 * t)
+    dt = float(delta_tilde)
+    if cap:
+        dt = min(dt, 2.0 * t)
     if not math.isfinite(dt) or dt <= 1e-12:
         return h
     return h * (2.0 * t / dt)
@@ -165,10 +170,12 @@ def contrastive_loss(h: torch.Tensor, memberships: torch.Tensor, threshold: floa
 
     I_j = argmax_c U_jc and c_j = max_c U_jc (Eq. 7); pairs where both confidences reach the
     threshold c take part, with ω_jk = 1 when I_j = I_k. The loss is **minus**
-    (1/n²) Σ (1 − ω_jk) ‖h_j − h_k‖: §3.3 and Figure 7 say the loss *enlarges* the distance
-    between embeddings of different classes ("encourages inter-class discrepancy"); the sign
-    in the printed Eq. 8 would shrink it. The clipping bounds it (distances ≤ 2t before
-    rescaling).
+    (1/n²) Σ (1 − ω_jk) ‖h_j − h_k‖, a departure from the printed sign: §3.3 and Figure 7 say the
+    loss *enlarges* the distance between embeddings of different classes ("to encourage their
+    inter-class discrepancy"), while minimising the printed Eq. 8 pulls them together. Taken
+    literally it collapsed Adult's embeddings onto one point (largest distance 0.001·2t after
+    20 epochs, test accuracy at the majority class; README). The clipping bounds the negated
+    loss (distances ≤ 2t before rescaling).
     """
     n = h.shape[0]
     if n < 2:

@@ -12,6 +12,7 @@
     fcm_clusters = 2       # C of Eq. 7 (default: the number of classes the primary announces)
     fcm_threshold = 0.7    # c: confidence below which a soft label is ignored (§3.3)
     rescale_sigmas = 3.0   # Eq. 5: Δ̃ = μh + 3σh, p2 = Φ(3) ≈ 0.9987
+    rescale_cap = false    # true: cap Δ̃ at 2t so rescaling never shrinks (not in the paper)
     secure_rng = false     # noise from the operating system's secure source
     seed = 0               # noise seed (the secondary's own; never sent to the primary)
     budget = 50.0          # optional: total ε of any record over the run
@@ -34,7 +35,7 @@ MODES = ("off", "vanilla", "rescale", "adjust", "afe")
 
 #: Settings the primary may know and must agree on (never the noise seed or generator).
 PUBLIC_SETTINGS = ("embeddings", "epsilon", "delta", "clip", "alpha", "beta", "fcm_clusters",
-                   "fcm_threshold", "rescale_sigmas", "budget")
+                   "fcm_threshold", "rescale_sigmas", "rescale_cap", "budget")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -50,6 +51,8 @@ class PrivacyConfig:
     fcm_clusters: int | None = None
     fcm_threshold: float = 0.7
     rescale_sigmas: float = 3.0
+    #: a departure from Eq. 4 (off by default): cap Δ̃ at the ball's diameter 2t
+    rescale_cap: bool = False
     secure_rng: bool = False
     seed: int | None = None
     budget: float | None = None
@@ -70,6 +73,9 @@ class PrivacyConfig:
                     min_exclusive=True)
         check_float(problems, "privacy.rescale_sigmas", self.rescale_sigmas, min=0.0,
                     min_exclusive=True)
+        if not isinstance(self.rescale_cap, bool):
+            problems.append(f"`privacy.rescale_cap` must be true or false, got "
+                            f"{self.rescale_cap!r}")
         if not isinstance(self.secure_rng, bool):
             problems.append(f"`privacy.secure_rng` must be true or false, got "
                             f"{self.secure_rng!r}")

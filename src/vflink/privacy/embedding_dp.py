@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -30,7 +31,12 @@ from vflink.privacy.accounting import (
 from vflink.privacy.config import PUBLIC_SETTINGS, PrivacyConfig
 from vflink.privacy.ledger import explain_epsilon
 
-__all__ = ["EmbeddingDP", "agree_settings"]
+__all__ = ["EmbeddingDP", "Observer", "agree_settings"]
+
+#: ``observer(event, figures)``: local diagnostics of training batches, for the secondary's own
+#: eyes (``scripts/afe_diagnostics.py``); never part of :meth:`EmbeddingDP.report`, since Δ̃ and
+#: the batch's spread are statistics of private data (§3.2: Δ(f, X) is never released).
+Observer = Callable[[str, dict[str, float]], None]
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +98,7 @@ class EmbeddingDP:
         # sequence independent of how often they draw.
         self._aux = torch.Generator().manual_seed((seed * 7919 + 17) % (2**63))
         self._allowed: int | None = None
+        self.observer: Observer | None = None
         if config.budget is not None:
             self._allowed = max_releases_within(self.sigma, config.delta, config.budget)
 
@@ -147,15 +154,32 @@ class EmbeddingDP:
         self._check_budget(rows)
         t = self.config.clip
         z = afe.clip_norm(out.float(), t)  # line 6, Eq. 2
+        watch = self.observer is not None and out.requires_grad  # training batches only
+        figures: dict[str, float] = {}
+        if watch:
+            norms = torch.linalg.vector_norm(out.detach().float(), dim=-1)
+            figures["clipped"] = float((norms > t).float().mean())
+            if out.shape[0] >= 2:
+                figures["spread"] = float(torch.pdist(z.detach()).max()) / (2.0 * t)
         if self.config.rescale:  # lines 7-8, Eqs. 3-5
+            # Δ̃ is a statistic of the batch, detached: no gradient flows through it (the paper
+            # does not say; Eq. 6's KL term is the one meant to shape the distances' law)
             d = afe.pairwise_distances(z.detach(), generator=self._aux)
-            z = afe.rescale(z, t, afe.sensitivity_estimate(d, self.config.rescale_sigmas))
+            estimate = afe.sensitivity_estimate(d, self.config.rescale_sigmas)
+            before = z
+            z = afe.rescale(z, t, estimate, cap=self.config.rescale_cap)
+            if watch:
+                figures["estimate"] = float(estimate) / (2.0 * t)
+                scale = float(torch.linalg.vector_norm(before.detach()).clamp_min(1e-12))
+                figures["factor"] = float(torch.linalg.vector_norm(z.detach())) / scale
         if self.config.secure_rng:  # line 9: N(0, 4σ²t²)
             noise = afe.secure_gaussian_noise(tuple(z.shape), self.noise_std)
         else:
             noise = afe.gaussian_noise(tuple(z.shape), self.noise_std, self._noise)
         released = z.detach() + noise
         self.counts[rows] += 1
+        if watch and self.observer is not None:
+            self.observer("release", figures)
         return z, released
 
     # --- Algorithm 1, lines 16-18 -------------------------------------------------------------
@@ -164,8 +188,11 @@ class EmbeddingDP:
         """α·L_KL (Eq. 6, rescale) + β·L_CL (Eqs. 7-8, adjust) on the batch ``z``, or None."""
         terms: list[torch.Tensor] = []
         cfg = self.config
+        figures: dict[str, float] = {}
         if cfg.rescale and cfg.alpha > 0 and z.shape[0] >= 3:
-            terms.append(cfg.alpha * afe.kl_regulariser(torch.pdist(z), generator=self._aux))
+            kl = afe.kl_regulariser(torch.pdist(z), generator=self._aux)
+            figures["kl"] = float(kl.detach())
+            terms.append(cfg.alpha * kl)
         if cfg.adjust and cfg.beta > 0 and z.shape[0] >= 2:
             clusters = cfg.fcm_clusters or self.classes
             if not clusters or clusters < 2:
@@ -173,7 +200,13 @@ class EmbeddingDP:
                                   "number of clusters (`privacy.fcm_clusters`, or a "
                                   "classification task whose classes the primary announces)")
             u = afe.fuzzy_cmeans(grad, clusters, generator=self._aux)  # line 16, Eq. 7
-            terms.append(cfg.beta * afe.contrastive_loss(z, u.to(z.dtype), cfg.fcm_threshold))
+            cl = afe.contrastive_loss(z, u.to(z.dtype), cfg.fcm_threshold)
+            figures["confident"] = float((u.max(dim=1).values >= cfg.fcm_threshold)
+                                         .to(torch.float64).mean())
+            figures["cl"] = float(cl.detach())
+            terms.append(cfg.beta * cl)
+        if figures and self.observer is not None:
+            self.observer("local_loss", figures)
         if not terms:
             return None
         total = terms[0]
@@ -202,6 +235,7 @@ class EmbeddingDP:
             "fcm_clusters": (cfg.fcm_clusters or self.classes) if cfg.adjust else None,
             "fcm_threshold": cfg.fcm_threshold if cfg.adjust else None,
             "rescale_sigmas": cfg.rescale_sigmas if cfg.rescale else None,
+            "rescale_cap": cfg.rescale_cap if cfg.rescale else None,
             "secure_rng": cfg.secure_rng, "budget": cfg.budget,
         }
         guarantee = {

@@ -61,12 +61,56 @@ def test_rescale_maps_the_estimated_diameter_to_2t() -> None:
     scaled = afe.rescale(h, 1.0, est)
     d2 = afe.pairwise_distances(scaled)
     assert float(afe.sensitivity_estimate(d2, 3.0)) == pytest.approx(2.0, rel=1e-5)
-    # an estimate above the ball's diameter 2t never shrinks the embeddings
-    torch.testing.assert_close(afe.rescale(h, 1.0, 3.5), h)
+    # Eq. 4 as printed: an estimate above the ball's diameter 2t shrinks the embeddings ...
+    torch.testing.assert_close(afe.rescale(h, 1.0, 3.5), h * (2.0 / 3.5))
+    # ... unless capped at 2t (privacy.rescale_cap, a departure): then they stay as they are
+    torch.testing.assert_close(afe.rescale(h, 1.0, 3.5, cap=True), h)
+    torch.testing.assert_close(afe.rescale(h, 1.0, 0.5, cap=True), h * 4.0)
     # a degenerate batch is left alone
     same = torch.ones(5, 3)
     torch.testing.assert_close(afe.rescale(same, 1.0, afe.sensitivity_estimate(
         afe.pairwise_distances(same))), same)
+
+
+def test_rescale_by_hand_on_three_points() -> None:
+    # Eqs. 3-5 and line 8 by hand: points 0, (0.3, 0), (0, 0.4) (norms ≤ t = 1, so clipping
+    # keeps them); distances 0.3, 0.4, 0.5: μh = 0.4, σh = 0.1 (n − 1 in the std), so
+    # Δ̃ = μh + 3σh = 0.7 and every embedding is multiplied by 2t/Δ̃ = 2/0.7.
+    h = torch.tensor([[0.0, 0.0], [0.3, 0.0], [0.0, 0.4]])
+    z = afe.clip_norm(h, 1.0)
+    est = afe.sensitivity_estimate(afe.pairwise_distances(z), 3.0)
+    assert float(est) == pytest.approx(0.7, rel=1e-6)
+    torch.testing.assert_close(afe.rescale(z, 1.0, est), h * (2.0 / 0.7))
+    # two antipodal pairs (two classes on the sphere): after clipping to t = 1 the points are
+    # ±e1 twice; distances 0, 0, 2, 2, 2, 2, so μh = 4/3, σh = √(16/15) and
+    # Δ̃ = 4/3 + 3√(16/15) ≈ 4.43 > 2t: Eq. 4 as printed multiplies by 2/Δ̃ ≈ 0.45 (shrinks)
+    two = torch.tensor([[5.0, 0.0], [3.0, 0.0], [-2.0, 0.0], [-9.0, 0.0]])
+    z = afe.clip_norm(two, 1.0)
+    torch.testing.assert_close(z, torch.tensor([[1.0, 0.0], [1.0, 0.0], [-1.0, 0.0], [-1.0, 0.0]]))
+    dt = 4 / 3 + 3 * np.sqrt(16 / 15)
+    est = afe.sensitivity_estimate(afe.pairwise_distances(z), 3.0)
+    assert float(est) == pytest.approx(dt, rel=1e-6)
+    torch.testing.assert_close(afe.rescale(z, 1.0, est), z * float(2 / dt))
+    torch.testing.assert_close(afe.rescale(z, 1.0, est, cap=True), z)
+
+
+def test_release_rescales_as_printed_or_capped() -> None:
+    # the wrapper applies line 6 then line 8 (uncapped by default) before the noise
+    h = torch.tensor([[0.0, 0.0], [0.3, 0.0], [0.0, 0.4]])
+    for cap, factor in ((False, 2.0 / 0.7), (True, 2.0 / 0.7)):
+        dp = EmbeddingDP(PrivacyConfig(embeddings="rescale", clip=1.0, rescale_cap=cap),
+                         party="s", n_rows=3, seed=0)
+        kept, _ = dp.release(h, np.arange(3))
+        torch.testing.assert_close(kept, h * factor)
+    two = torch.tensor([[5.0, 0.0], [3.0, 0.0], [-2.0, 0.0], [-9.0, 0.0]])
+    dt = 4 / 3 + 3 * np.sqrt(16 / 15)  # as in test_rescale_by_hand_on_three_points
+    clipped = torch.tensor([[1.0, 0.0], [1.0, 0.0], [-1.0, 0.0], [-1.0, 0.0]])
+    for cap, factor in ((False, float(2 / dt)), (True, 1.0)):
+        dp = EmbeddingDP(PrivacyConfig(embeddings="afe", clip=1.0, rescale_cap=cap),
+                         party="s", n_rows=4, seed=0)
+        kept, _ = dp.release(two, np.arange(4))
+        torch.testing.assert_close(kept, clipped * factor)
+        assert dp.report()["params"]["rescale_cap"] is cap
 
 
 def test_kl_is_small_for_gaussian_distances_and_large_for_bimodal() -> None:
@@ -112,3 +156,31 @@ def test_contrastive_loss_pushes_different_clusters_apart() -> None:
     stepped = (h - 0.1 * h.grad).detach()
     assert float(torch.dist(stepped[0], stepped[2])) > d02  # descent enlarges the distance
     assert float(h.grad[3].abs().sum()) == 0.0  # the unconfident row takes no part
+
+
+def test_observer_sees_training_batches_only_and_the_report_never_does() -> None:
+    # the 4-point batch of test_rescale_by_hand_on_three_points: all four are clipped, the
+    # clipped batch spans the full diameter 2t, Δ̃/2t = dt/2 and the factor is 2/dt
+    two = torch.tensor([[5.0, 0.0], [3.0, 0.0], [-2.0, 0.0], [-9.0, 0.0]])
+    dt = 4 / 3 + 3 * np.sqrt(16 / 15)
+    seen: list[tuple[str, dict[str, float]]] = []
+    dp = EmbeddingDP(PrivacyConfig(embeddings="afe", clip=1.0), party="s", n_rows=4, seed=0,
+                     classes=2)
+    dp.observer = lambda event, figures: seen.append((event, figures))
+    with torch.no_grad():  # an evaluation release: not observed
+        dp.release(two, np.arange(4))
+    assert seen == []
+    out = two.clone().requires_grad_(True)
+    kept, released = dp.release(out, np.arange(4))
+    (event, figures), = seen
+    assert event == "release"
+    assert figures["clipped"] == 1.0 and figures["spread"] == pytest.approx(1.0)
+    assert figures["estimate"] == pytest.approx(dt / 2, rel=1e-6)
+    assert figures["factor"] == pytest.approx(2 / dt, rel=1e-6)
+    grad = torch.tensor([[1.0, 0.0], [1.0, 0.1], [-1.0, 0.0], [-1.0, 0.1]])
+    dp.local_loss(kept, grad)
+    event, figures = seen[-1]
+    assert event == "local_loss" and set(figures) == {"kl", "confident", "cl"}
+    assert figures["confident"] == 1.0  # two tight clusters of gradients, memberships > 0.7
+    text = repr(dp.report())
+    assert "spread" not in text and "estimate" not in text and "confident" not in text

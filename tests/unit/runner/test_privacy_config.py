@@ -15,6 +15,7 @@ from vflink.types import Task
 def test_defaults_are_off_and_paper_based() -> None:
     c = PrivacyConfig()
     assert not c.enabled and c.delta == 1e-2 and c.clip == 1.0 and c.rescale_sigmas == 3.0
+    assert c.rescale_cap is False  # Eq. 4 as printed; the cap is an opt-in departure
     assert PrivacyConfig(embeddings="afe").rescale and PrivacyConfig(embeddings="afe").adjust
     assert not PrivacyConfig(embeddings="rescale").adjust
     assert not PrivacyConfig(embeddings="adjust").rescale
@@ -23,12 +24,13 @@ def test_defaults_are_off_and_paper_based() -> None:
 def test_every_problem_is_reported_at_once() -> None:
     with pytest.raises(ConfigError) as info:
         PrivacyConfig(embeddings="strong", epsilon=0, delta=1.5, clip=-1, alpha=-1,
-                      fcm_clusters=1, fcm_threshold=0, budget=-2, secure_rng="yes")
+                      fcm_clusters=1, fcm_threshold=0, budget=-2, secure_rng="yes",
+                      rescale_cap="no")
     problems = "\n".join(info.value.problems)
     for name in ("embeddings", "epsilon", "delta", "clip", "alpha", "fcm_clusters",
-                 "fcm_threshold", "budget", "secure_rng"):
+                 "fcm_threshold", "budget", "secure_rng", "rescale_cap"):
         assert f"privacy.{name}" in problems
-    assert len(info.value.problems) == 9
+    assert len(info.value.problems) == 10
 
 
 def test_budget_below_one_release_and_seed_with_secure_rng() -> None:
