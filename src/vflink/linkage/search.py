@@ -652,7 +652,8 @@ def _bounded_levenshtein(p: list[str], s: list[str], k: int,
     n, n_s = len(p), len(s)
     search = _BoundedSearch(s, n, k, _workers(o))
     p_len = np.fromiter(map(len, p), dtype=np.int64, count=n)
-    step = min(o.chunk_size, _brute_rows(search.sample.size, 10))
+    # bytes per pair: bounds (int16) and LCS (uint8), and the int64 order of the sample
+    step = min(o.chunk_size, _brute_rows(search.sample.size, 12))
     for start in range(0, n, step):
         search.from_sample(p, p_len, np.arange(start, min(n, start + step)))
     # Rows whose sample says the bounds will not prune enough to pay for verifying one query
@@ -664,7 +665,8 @@ def _bounded_levenshtein(p: list[str], s: list[str], k: int,
             [p[i] for i in hopeless], s, k, o)
         search.verified += hopeless.size * n_s
     bounded_rows = np.flatnonzero(search.survivors <= _ALL_PAIRS_SHARE)
-    most = min(o.chunk_size, _brute_rows(n_s, 6))
+    # bytes per pair: bounds (int16), LCS (uint8), masks, and distances of dense rows (int32)
+    most = min(o.chunk_size, _brute_rows(n_s, 10))
     half = -(-search.top_d[:, -1] // 2)
     lo_c, hi_c = length_window(search.lengths, p_len, half)
     done_lo, done_hi = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
