@@ -79,7 +79,7 @@ def register(sub: Any) -> None:
     p.add_argument("--search", choices=("auto", "exact", "approximate"), default=None,
                    help="top-K search: auto (default: exact, but a binary IVF for Bloom-filter "
                    "searches too large to compare every pair), exact, or approximate (IVF / "
-                   "q-gram blocking); an approximate search measures and reports its recall")
+                   "string bounds); an approximate search measures and reports its recall")
     p.add_argument("--approximate", action="store_true", default=None,
                    help="same as --search approximate")
     p.add_argument("--resolution", type=float, default=None,

@@ -1,9 +1,10 @@
 """Record linkage for VFL without a shared key (FedSim §4.1, §4.3, §5; App. I).
 
 Stages, one module each (ARCHITECTURE.md, convention 9): :mod:`.encoding` (raw, string, Bloom) →
-:mod:`.blocking` (q-gram candidates) → :mod:`.search` (top-K with faiss / rapidfuzz, each with a
-brute-force reference) → :mod:`.soft` (Eq. 1 normalisation, Eq. 2 noise) with the privacy
-formulas of :mod:`.privacy` (Theorems 1 and 2), and :mod:`.improvement` (Δ, Figure 4).
+:mod:`.blocking` (length windows and LCS bounds for strings) → :mod:`.search` (top-K with
+faiss / rapidfuzz, each with a brute-force reference) → :mod:`.soft` (Eq. 1 normalisation,
+Eq. 2 noise) with the privacy formulas of :mod:`.privacy` (Theorems 1 and 2), and
+:mod:`.improvement` (Δ, Figure 4).
 :func:`link` runs them all. :mod:`.fields` links on several fields with their own metrics,
 weights and blocking keys; :mod:`.encoding.geo` encodes places on the globe as keyed Bloom
 filters. This package is an algorithm layer: it does no I/O to peers.

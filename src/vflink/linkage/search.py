@@ -130,8 +130,8 @@ class SearchOptions:
     Attributes:
         mode: ``"auto"`` (default: exact, but the binary IVF for Hamming searches of more than
             :data:`AUTO_APPROXIMATE_WORK` byte comparisons), ``"exact"`` or ``"approximate"``
-            (IVF for dense/binary, q-gram blocking for strings); the recall of an approximate
-            search is measured and reported.
+            (IVF for dense/binary, LCS-bound verification for strings); the recall of an
+            approximate search is measured and reported.
         chunk_size: primary rows searched per chunk (bounds memory).
         threads: threads for faiss and rapidfuzz; ``None`` keeps faiss's setting and lets
             rapidfuzz use all cores. Set it deliberately on small machines (ARCHITECTURE.md,
