@@ -53,7 +53,7 @@ import subprocess
 import sys
 import time
 import tracemalloc
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -260,34 +260,45 @@ def case_c(scale: float, threads: int, k: int, mode: str) -> None:
            engine_reported_recall=res.recall)
 
 
-def case_cli(scale: float, threads: int, k: int, privacy: str | None = None) -> None:
+def link_process(p: np.ndarray, s: np.ndarray, *, metric: str, k: int, threads: int,
+                 args: Sequence[str] = (), read_links: bool = False
+                 ) -> tuple[float, dict[str, Any], Any, int]:
+    """Run ``vflink link`` on (lat, lon) tables ``p`` and ``s`` as its own process: wall
+    seconds (imports and output included), its summary, the links (``read_links``) and the
+    output's size in bytes."""
     import os
     import tempfile
     from pathlib import Path
 
     import pandas as pd
 
-    p, s = house_points(scale)
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
-        pd.DataFrame({"lat": p[:, 0], "lon": p[:, 1]}).to_parquet(d / "houses.parquet")
-        pd.DataFrame({"lat": s[:, 0], "lon": s[:, 1]}).to_parquet(d / "places.parquet")
+        pd.DataFrame({"lat": p[:, 0], "lon": p[:, 1]}).to_parquet(d / "primary.parquet")
+        pd.DataFrame({"lat": s[:, 0], "lon": s[:, 1]}).to_parquet(d / "secondary.parquet")
         out = d / "links.parquet"
         cmd = [sys.executable, "-m", "vflink.cli.main", "link", "--primary",
-               str(d / "houses.parquet"), "--secondary", str(d / "places.parquet"), "--on",
-               "lat,lon", "--metric", "euclidean", "--top-k", str(k), "--seed", "0",
-               "--out", str(out), *(("--privacy", privacy) if privacy else ())]
-        env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+               str(d / "primary.parquet"), "--secondary", str(d / "secondary.parquet"), "--on",
+               "lat,lon", "--metric", metric, "--top-k", str(k), "--seed", "0",
+               "--out", str(out), *args]
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads), "VFLINK_SECRET": SECRET.decode()}
         t0 = time.perf_counter()
         subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
         wall = time.perf_counter() - t0
         summary = json.loads(Path(f"{out}.summary.json").read_text())
-        phases = summary["phase_seconds"]
-        size = out.stat().st_size
+        links = pd.read_parquet(out) if read_links else None
+        return wall, summary, links, out.stat().st_size
+
+
+def case_cli(scale: float, threads: int, k: int, privacy: str | None = None) -> None:
+    p, s = house_points(scale)
+    wall, summary, _, size = link_process(p, s, metric="euclidean", k=k, threads=threads,
+                                          args=("--privacy", privacy) if privacy else ())
+    phases = summary["phase_seconds"]
     report("cli" if privacy is None else f"cli-privacy-{privacy}",
            command="vflink link (whole process)", privacy=privacy or "default (bloom)",
-           n_primary=len(p),
-           n_secondary=len(s), k=k, links=summary["sizes"]["links"], threads=threads,
+           n_primary=len(p), n_secondary=len(s), k=k, links=summary["sizes"]["links"],
+           threads=threads, engine_reported_recall=summary.get("recall"),
            seconds=round(wall, 3), phase_seconds=phases,
            imports_and_startup_seconds=round(wall - sum(phases.values()), 3),
            output_bytes=size, target_seconds=8.0)
@@ -375,12 +386,6 @@ def case_gps(scale: float, threads: int, k: int, search: str = "auto") -> None:
     """``vflink link --metric haversine`` as a whole process (private by default: geographic
     Bloom filters), its top-1 against the exact haversine nearest place (k-d tree on raw
     coordinates, the baseline, timed in this process)."""
-    import os
-    import tempfile
-    from pathlib import Path
-
-    import pandas as pd
-
     from vflink.linkage import search_haversine
     from vflink.linkage.distances import haversine_distances
 
@@ -388,22 +393,8 @@ def case_gps(scale: float, threads: int, k: int, search: str = "auto") -> None:
     t0 = time.perf_counter()
     exact = search_haversine(p, s, k, options=SearchOptions(threads=threads))
     t_exact = time.perf_counter() - t0
-    with tempfile.TemporaryDirectory() as tmp:
-        d = Path(tmp)
-        pd.DataFrame({"lat": p[:, 0], "lon": p[:, 1]}).to_parquet(d / "airports.parquet")
-        pd.DataFrame({"lat": s[:, 0], "lon": s[:, 1]}).to_parquet(d / "places.parquet")
-        out = d / "links.parquet"
-        cmd = [sys.executable, "-m", "vflink.cli.main", "link", "--primary",
-               str(d / "airports.parquet"), "--secondary", str(d / "places.parquet"), "--on",
-               "lat,lon", "--metric", "haversine", "--top-k", str(k), "--seed", "0",
-               "--search", search, "--out", str(out)]
-        env = {**os.environ, "OMP_NUM_THREADS": str(threads),
-               "VFLINK_SECRET": SECRET.decode()}
-        t0 = time.perf_counter()
-        subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
-        wall = time.perf_counter() - t0
-        summary = json.loads(Path(f"{out}.summary.json").read_text())
-        links = pd.read_parquet(out)
+    wall, summary, links, _ = link_process(p, s, metric="haversine", k=k, threads=threads,
+                                           args=("--search", search), read_links=True)
     top = links[links["rank"] == 0].sort_values("primary_index")
     rows = top["primary_index"].to_numpy()
     chosen = haversine_distances(p[rows], s[top["secondary_index"].to_numpy()]).diagonal() \

@@ -10,6 +10,7 @@ import shlex
 import subprocess
 import sys
 import tomllib
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -160,20 +161,26 @@ def test_example_paths_resolve_against_the_file() -> None:
     assert Path(exp.configs[0].data.options["path"]) == ROOT / "imdb_movies.csv.gz"
 
 
+def run_main_reporting_modules(argv: list[str], modules: Sequence[str]) -> tuple[int, list[str]]:
+    """Run ``vflink argv`` in a fresh interpreter: its exit code and which of ``modules`` it
+    imported."""
+    code = ("import sys, json\nfrom vflink.cli.main import main\ntry:\n"
+            f"    code = main({argv!r})\nexcept SystemExit as e:\n    code = e.code\n"
+            f"print(json.dumps([code, sorted(m for m in {tuple(modules)!r} "
+            "if m in sys.modules)]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin"},
+                         timeout=120, check=True).stdout
+    exit_code, loaded = json.loads(out.strip().splitlines()[-1])
+    return int(exit_code), list(loaded)
+
+
 @pytest.mark.parametrize("argv", [["--help"], *([c, "--help"] for c in
                                               ("train", "link", "experiment", "predict",
                                                "demo", "serve", "certs"))],
                          ids=lambda a: " ".join(a))
 def test_help_imports_no_heavy_library(argv: list[str]) -> None:
-    code = ("import sys, json\nfrom vflink.cli.main import main\ntry:\n"
-            f"    main({argv!r})\nexcept SystemExit as e:\n    code = e.code\n"
-            "print(json.dumps([code, sorted(m for m in %r if m in sys.modules)]))" % (HEAVY,))
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env={"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin"},
-                         timeout=120, check=True).stdout
-    exit_code, heavy = json.loads(out.strip().splitlines()[-1])
-    assert exit_code == 0
-    assert heavy == []
+    assert run_main_reporting_modules(argv, HEAVY) == (0, [])
 
 
 def test_link_imports_no_training_library(tmp_path: Path) -> None:
@@ -184,13 +191,5 @@ def test_link_imports_no_training_library(tmp_path: Path) -> None:
     s.write_text("x,y\n0,0.1\n1,1.1\n5,5\n", encoding="utf-8")
     argv = ["link", "--primary", str(p), "--secondary", str(s), "--on", "x,y", "--metric",
             "euclidean", "--top-k", "2", "--seed", "0", "--out", str(tmp_path / "links.csv")]
-    code = (f"import sys, json\nfrom vflink.cli.main import main\ncode = main({argv!r})\n"
-            "print(json.dumps([code, sorted(m for m in ('torch', 'sklearn', 'grpc') "
-            "if m in sys.modules)]))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env={"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin"},
-                         timeout=120, check=True).stdout
-    exit_code, heavy = json.loads(out.strip().splitlines()[-1])
-    assert exit_code == 0
-    assert heavy == []
+    assert run_main_reporting_modules(argv, ("torch", "sklearn", "grpc")) == (0, [])
     assert (tmp_path / "links.csv").read_text(encoding="utf-8").count("\n") == 7  # header + 6
