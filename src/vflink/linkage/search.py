@@ -148,7 +148,7 @@ class SearchOptions:
             and ``max(8, ⌈K / 5⌉)`` for binary filters.
         recall_sample: primary rows on which an approximate search measures its recall against
             brute force (0: do not measure).
-        seed: seed for the recall sample.
+        seed: seed of the recall sample and of the filters a binary IVF is centred on.
     """
 
     mode: Literal["auto", "exact", "approximate"] = "auto"
