@@ -151,26 +151,31 @@ def encoding_for(metric: str, *, bloom: bool,
     if not bloom:
         return EncodingSpec(encoder="raw" if kind == "numeric" else "string", kind=kind), metric
     cfg = bloom_config or BloomConfig()
-    params = {k: getattr(cfg, k) for k in ("n_centres", "threshold", "filter_bits", "num_hashes",
-                                           "qgram", "normalize")}
-    if cfg.resolution is not None:  # FEDERAL filters sized from a target resolution (issue 14)
-        params["resolution"] = cfg.resolution
     if kind == "string":
-        return EncodingSpec(encoder="bloom", kind="string", params=params), "hamming"
+        return EncodingSpec(encoder="bloom", kind="string", params=cfg.params()), "hamming"
     if metric == "haversine":
         # Places on the globe: the range is the whole sphere, fixed and public, so no party's
         # bounding box is revealed, and the encoding resolves ~1 km anywhere (issue 14).
         geo = geo_config or GeoBloomConfig()
         return EncodingSpec(encoder="bloom", kind="geo", params=geo.params()), "hamming"
+    sided = [(frame, columns, sources[i] if i < len(sources) else f"party {i}")
+             for i, (frame, columns) in enumerate(sides)]
+    return federal_spec(cfg, sided, margin=margin), "hamming"
+
+
+def federal_spec(cfg: BloomConfig, sides: Sequence[tuple[pd.DataFrame, Sequence[str], str]], *,
+                 margin: float) -> EncodingSpec:
+    """FEDERAL numeric filters (App. I) on the agreed range: the min/max of the finite values of
+    every (table, columns, source) in ``sides``, widened by ``margin`` × range. A resolution
+    too fine for that range fails here, once, before anything is encoded."""
     tables = []
-    for i, (frame, columns) in enumerate(sides):
-        source = sources[i] if i < len(sources) else f"party {i}"
+    for frame, columns, source in sides:
         values = np.asarray(identifier_values(frame, columns, "numeric", source=source))
         tables.append(values[np.isfinite(values).all(axis=1)])
     ranges = NumericRange.fit(*tables, margin=margin)
-    cfg.centres_per_dimension(ranges)  # a resolution too fine for the range fails here, once
-    return EncodingSpec(encoder="bloom", kind="numeric", params=params, low=ranges.low,
-                        high=ranges.high), "hamming"
+    cfg.centres_per_dimension(ranges)
+    return EncodingSpec(encoder="bloom", kind="numeric", params=cfg.params(), low=ranges.low,
+                        high=ranges.high)
 
 
 def run_linkage(primary: pd.DataFrame, secondary: pd.DataFrame, *, on: Sequence[str],
@@ -418,17 +423,12 @@ def field_encodings(fields: Sequence[FieldSpec], *, private: bool, primary: pd.D
     fields, which always mean Bloom filters as for one field.
     """
     cfg = bloom_config or BloomConfig()
-    params: dict[str, float | int | bool] = {
-        k: getattr(cfg, k) for k in ("n_centres", "threshold", "filter_bits", "num_hashes",
-                                     "qgram", "normalize")}
-    if cfg.resolution is not None:
-        params["resolution"] = cfg.resolution
     out: list[EncodingSpec] = []
     for spec in fields:
         kind = _field_kind(spec, primary, spec.on)
         bloom = private or spec.metric == "hamming"
         if kind == "string":
-            out.append(EncodingSpec(encoder="bloom", kind="string", params=dict(params))
+            out.append(EncodingSpec(encoder="bloom", kind="string", params=cfg.params())
                        if bloom else EncodingSpec(encoder="string", kind="string",
                                                   params={"normalize": True}))
         elif not bloom:
@@ -439,18 +439,11 @@ def field_encodings(fields: Sequence[FieldSpec], *, private: bool, primary: pd.D
             geo = geo_config or GeoBloomConfig()
             out.append(EncodingSpec(encoder="bloom", kind="geo", params=geo.params()))
         else:
-            tables = []
             sides = [(primary, spec.on, sources[0] if sources else "primary")]
             if secondary is not None:
                 sides.append((secondary, spec.columns_s,
                               sources[1] if len(sources) > 1 else "secondary"))
-            for frame, columns, source in sides:
-                values = np.asarray(identifier_values(frame, columns, "numeric", source=source))
-                tables.append(values[np.isfinite(values).all(axis=1)])
-            ranges = NumericRange.fit(*tables, margin=margin)
-            cfg.centres_per_dimension(ranges)  # a resolution too fine for the range fails here
-            out.append(EncodingSpec(encoder="bloom", kind="numeric", params=dict(params),
-                                    low=ranges.low, high=ranges.high))
+            out.append(federal_spec(cfg, sides, margin=margin))
     return tuple(out)
 
 

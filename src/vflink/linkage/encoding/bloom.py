@@ -108,6 +108,15 @@ class BloomConfig:
                     allow_none=True)
         raise_if(problems, "Bloom filter config")
 
+    def params(self) -> dict[str, float | int | bool]:
+        """The parameters as an encoding spec carries them (``resolution`` only when set)."""
+        out: dict[str, float | int | bool] = {
+            k: getattr(self, k) for k in ("n_centres", "threshold", "filter_bits", "num_hashes",
+                                          "qgram", "normalize")}
+        if self.resolution is not None:  # FEDERAL filters sized from a target resolution
+            out["resolution"] = self.resolution
+        return out
+
     def centres_per_dimension(self, ranges: NumericRange) -> tuple[int, ...]:
         """N per dimension: ``n_centres`` each, or derived from ``resolution`` (see above).
 
