@@ -34,6 +34,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--n-samples", type=int, default=60_000)
     parser.add_argument("--epochs", type=int, default=None, help="cap every algorithm's epochs")
+    parser.add_argument("--patience", type=int, default=None,
+                        help="stop an algorithm this many epochs after its best validation epoch "
+                             "(the file's patience equals its epochs: the authors train them all)")
     parser.add_argument("--algorithms", nargs="+", default=["fedsim", "top1sim", "solo",
                                                             "combine"])
     parser.add_argument("--out", type=Path, required=True)
@@ -63,11 +66,16 @@ def main() -> None:
             t = run.training
             run = run.replace(training=t.__class__(**{**t.__dict__, "epochs": min(
                 t.epochs, args.epochs), "patience": min(t.patience, args.epochs)}))
+        if args.patience is not None:
+            t = run.training
+            run = run.replace(training=t.__class__(**{**t.__dict__, "patience": min(
+                t.patience, args.patience)}))
         result = run_training(run, prepared=prepared)
         record = {"algorithm": algorithm, "pool": args.pool, "top_k": args.top_k,
                   "sigma_cf": args.sigma_cf, "seed": args.seed, "n_samples": n,
                   "test": result.metrics["test"], "validation": result.metrics["validation"],
                   "best_epoch": result.best_epoch, "epochs_run": len(result.history),
+                  "patience": run.training.patience,
                   "seconds": result.seconds, "recall": recall,
                   "epoch_seconds": [h.seconds for h in result.history]}
         with args.out.open("a", encoding="utf-8") as f:
