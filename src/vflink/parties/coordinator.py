@@ -232,9 +232,11 @@ class CoordinatorParty(Party):
             raise refuse(ProtocolError, "mode must be soft, top1 or exact", code="link.mode")
         if message.scale and (len(message.scale) != 2 or not all(map(math.isfinite,
                                                                       message.scale))
-                              or message.scale[1] <= 0):
+                              or message.scale[1] < 0):
+            # σ0 = 0 is a fitted scale too: the training links' distances were all equal (e.g.
+            # exact identifiers), so Eq. 1 gives ρ = 0 everywhere and nothing is revealed
             raise refuse(ProtocolError, "scale must be (mu0, sigma0) with finite values and "
-                                        "sigma0 > 0", code="link.scale")
+                                        "sigma0 >= 0", code="link.scale")
         if message.mode == "exact" or not policy.requires_noise:
             return  # exact links carry no distance information
         sigma, tau = message.sigma, message.tau

@@ -81,3 +81,19 @@ def test_split_pool_exact_links_identical_identifiers_within_the_split() -> None
     assert prepared.sessions["exact"] == "exact"
     exact = prepared.alignments["exact"]["secondary"].for_primary_rows(N)
     np.testing.assert_array_equal(exact[:, 0], np.arange(N))  # σ_cf = 0: each its own copy
+
+
+def test_split_pool_top1_with_exact_identifiers_carries_the_flat_training_scale() -> None:
+    # σ_cf = 0: every training top-1 distance is 0, so Eq. 1's fitted σ0 is 0. The other
+    # splits reuse that scale (ρ = 0, no information) instead of the coordinator refusing it.
+    config = RunConfig(
+        algorithm="top1sim",
+        data=DataConfig(dataset="sklearn-reference", options={"n_samples": N, "sigma_cf": 0.0}),
+        alignment=AlignmentConfig(method="soft", metric="euclidean", top_k=K, privacy="off",
+                                  sigma=0.0, pool="split"))
+    prepared = prepare(config, algorithms=["top1sim"])
+    al = prepared.alignments["top1"]["secondary"]
+    n = len(prepared.inputs.primary)
+    np.testing.assert_array_equal(al.for_primary_rows(n)[:, 0], np.arange(n))
+    assert al.similarity is not None
+    np.testing.assert_array_equal(al.similarity, 0.0)
