@@ -95,3 +95,6 @@ def test_shipped_reference_experiment_parses() -> None:
     assert (fedsim.training.knn_batch_size, fedsim.training.lr, fedsim.training.epochs) == (
         32, 1e-3, 50)
     assert fedsim.model.aggregator.merge == "average" and fedsim.training.optimizer == "lamb"
+    combine = exp.config_for(exp.configs[0], "combine").model
+    # the authors' Combine MLP, 200 -> 100 -> 1 (a 1-wide cut and a linear head compose to it)
+    assert (combine.hidden, combine.cut_dim, combine.top_hidden) == ((200, 100), 1, ())
