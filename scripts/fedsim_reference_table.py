@@ -41,7 +41,7 @@ def _cell(values: list[float]) -> str:
         return "not run"
     mean = statistics.fmean(values)
     std = statistics.pstdev(values) if len(values) > 1 else 0.0
-    seeds = "" if len(values) == 3 else f" ({len(values)} seeds)"
+    seeds = "" if len(values) == 3 else f" ({len(values)} seed{'' if len(values) == 1 else 's'})"
     return f"{mean:.3f} ± {std:.3f}{seeds}"
 
 
