@@ -11,6 +11,7 @@ reproductions on a shared machine, where ``vflink experiment`` would run the who
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import time
@@ -62,14 +63,10 @@ def main() -> None:
     logging.info("linkage %.1f s, recall %s", time.perf_counter() - start, recall)
     for algorithm in args.algorithms:
         run = exp.config_for(config, algorithm)
-        if args.epochs is not None:
-            t = run.training
-            run = run.replace(training=t.__class__(**{**t.__dict__, "epochs": min(
-                t.epochs, args.epochs), "patience": min(t.patience, args.epochs)}))
-        if args.patience is not None:
-            t = run.training
-            run = run.replace(training=t.__class__(**{**t.__dict__, "patience": min(
-                t.patience, args.patience)}))
+        t = run.training
+        epochs = t.epochs if args.epochs is None else min(t.epochs, args.epochs)
+        patience = min(t.patience, epochs, args.patience or epochs)
+        run = run.replace(training=dataclasses.replace(t, epochs=epochs, patience=patience))
         result = run_training(run, prepared=prepared)
         record = {"algorithm": algorithm, "pool": args.pool, "top_k": args.top_k,
                   "sigma_cf": args.sigma_cf, "seed": args.seed, "n_samples": n,

@@ -45,6 +45,14 @@ def _cell(values: list[float]) -> str:
     return f"{mean:.3f} ± {std:.3f}{seeds}"
 
 
+def _key(alg: str, pool: str, sigma: float, k: int) -> tuple[str, str, float, int]:
+    """Runs that answer the same question share a key: Solo and Combine do not link (the same
+    runs serve every pool, σ_cf and K), Top1Sim's top-1 link is the same for every K."""
+    if alg in ("solo", "combine"):
+        return alg, "-", -1.0, 0
+    return alg, pool, sigma, 0 if alg == "top1sim" else k
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", type=Path, nargs="+", help="JSON lines from the point script")
@@ -55,19 +63,8 @@ def main() -> None:
             if not line.strip():
                 continue
             r = json.loads(line)
-            alg, pool, sigma, k = r["algorithm"], r["pool"], float(r["sigma_cf"]), r["top_k"]
-            if alg in ("solo", "combine"):
-                pool, sigma, k = "-", -1.0, 0  # no linkage: the same runs everywhere
-            elif alg == "top1sim":
-                k = 0  # the top-1 link does not depend on K
-            acc[(alg, pool, sigma, k)][r["seed"]] = r["test"]["accuracy"]  # the last run wins
-
-    def values(alg: str, pool: str, sigma: float, k: int) -> list[float]:
-        if alg in ("solo", "combine"):
-            pool, sigma, k = "-", -1.0, 0
-        elif alg == "top1sim":
-            k = 0
-        return list(acc.get((alg, pool, sigma, k), {}).values())
+            key = _key(r["algorithm"], r["pool"], float(r["sigma_cf"]), r["top_k"])
+            acc[key][r["seed"]] = r["test"]["accuracy"]  # the last run of a seed wins
 
     head = "| σ_cf | K | " + " | ".join(NAMES[a] for a in ALGORITHMS) + " |"
     rule = "|---|---|" + "---|" * len(ALGORITHMS)
@@ -76,7 +73,8 @@ def main() -> None:
                                       " (deployment)"), "", head, rule]
         for sigma in (0.0, 0.1, 0.2):
             for k in (10, 100):
-                cells = [_cell(values(a, pool, sigma, k)) for a in ALGORITHMS]
+                cells = [_cell(list(acc.get(_key(a, pool, sigma, k), {}).values()))
+                         for a in ALGORITHMS]
                 lines.append(f"| {sigma} | {k} | " + " | ".join(cells) + " |")
                 authors = AUTHORS.get((sigma, k))
                 if pool == "split" and authors:
