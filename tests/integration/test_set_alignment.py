@@ -155,11 +155,15 @@ def test_over_grpc_with_party_files(group: str, tmp_path: Path,
     primary = key_table(tmp_path / "mine.csv", ("id",), name="primary")
     local = {m: align_in_process(primary, key_table(tmp_path / "bank.csv", ("id",), name="bank"),
                                  method=m, group=group, workers=1) for m in ("psu", "psi")}
+    seen: set[str] = set()
     with served_in_threads(sec):
         for method, check in (("psu", check_psu), ("psi", check_psi)):
             out = align_over_network(primary, load_party_config(pri), "bank", method=method,
                                      group=group, workers=1)
-            theirs = pd.read_parquet(tmp_path / "state" / "alignments" / f"{method}.parquet")
+            # one file per session, named by the run's session: never rewritten (issue 19)
+            seen.add(f"{out.primary.session}.parquet")
+            theirs = pd.read_parquet(tmp_path / "state" / "alignments" / f"{out.primary.session}"
+                                     ".parquet")
             check(ka, kp, out.primary.frame(), theirs)
             # the same payload bytes per direction as in-process
             assert out.communication == local[method].communication
@@ -167,7 +171,9 @@ def test_over_grpc_with_party_files(group: str, tmp_path: Path,
         assert main(["align", "--method", "psu", "--primary", str(tmp_path / "mine.csv"),
                      "--on", "id", "--out", str(tmp_path / "cli"), "--party", str(pri),
                      "--group", group]) == 0
-    theirs = pd.read_parquet(tmp_path / "state" / "alignments" / "psu.parquet")
+    (written,) = (p for p in (tmp_path / "state" / "alignments").glob("psu@*.parquet")
+                  if p.name not in seen)
+    theirs = pd.read_parquet(written)
     check_psu(ka, kp, pd.read_parquet(tmp_path / "cli" / "primary.parquet"), theirs)
 
 

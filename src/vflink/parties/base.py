@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import re
 from collections.abc import Callable, Mapping
@@ -12,6 +13,7 @@ from vflink.errors import ProtocolError, VflinkError
 from vflink.parties.policy import PartyPolicy, check_sender
 from vflink.protocol.boundary import boundary_error, local_detail, refuse
 from vflink.protocol.messages import PROTOCOL_VERSION, Hello, Message
+from vflink.protocol.sessions import Admission, Session, SessionLimits, SessionTable
 
 __all__ = ["Party", "state_path"]
 
@@ -29,6 +31,10 @@ def state_path(root: Path, name: str) -> Path:
 
 log = logging.getLogger(__name__)
 
+#: The session of the message being handled (set by :meth:`Party.handle` for its handler).
+_ACTIVE: contextvars.ContextVar[Admission | None] = contextvars.ContextVar(
+    "vflink_active_session", default=None)
+
 
 class Party:
     """Base class: ``handle`` dispatches a message to ``on_<kind>``.
@@ -38,30 +44,71 @@ class Party:
             ``"coordinator"``); ``handle`` refuses a message kind the sender's role may not send
             (:data:`vflink.parties.policy.SENDERS`). ``None``: roles unknown, not checked.
         policy: what this party agrees to release and its limits (private defaults).
+
+    Every message of a declared protocol (:mod:`vflink.protocol.sessions`) is admitted by the
+    party's :class:`~vflink.protocol.sessions.SessionTable` before its handler runs: a message
+    out of turn, from the wrong party, repeated beyond its count, of a size that disagrees with
+    the session's commitments, or aimed at a finished session is refused with a
+    ``ProtocolError`` naming the protocol, the state and the message. The handler then finds
+    its session as :attr:`session`.
     """
 
     role = "party"
     roles: Mapping[str, str] | None = None
-    policy: PartyPolicy = PartyPolicy()
+    _policy: PartyPolicy = PartyPolicy()
+    sessions: SessionTable
 
     def __init__(self, name: str, *, roles: Mapping[str, str] | None = None,
                  policy: PartyPolicy | None = None) -> None:
         self.name = name
         self.roles = roles
+        self.sessions = SessionTable(name, self.role)
         self.policy = policy if policy is not None else PartyPolicy()
+
+    @property
+    def policy(self) -> PartyPolicy:
+        """This party's policy; its session limits apply to the session table at once."""
+        return self._policy
+
+    @policy.setter
+    def policy(self, policy: PartyPolicy) -> None:
+        self._policy = policy
+        self.sessions.limits = SessionLimits(max_sessions=policy.max_sessions,
+                                             ttl_s=policy.session_ttl_s)
+
+    @property
+    def session(self) -> Session:
+        """The session of the message being handled (only inside a handler)."""
+        admission = _ACTIVE.get()
+        if admission is None:
+            raise ProtocolError(f"party {self.name!r}: no session is being handled")
+        return admission.session
 
     def handle(self, sender: str, message: Message) -> Message:
         # Whatever fails, the peer gets only a boundary message (class, code, which check);
         # the full text and any trace stay in this party's log (issue 13).
         try:
-            check_sender(self.name, self.role, self.roles, sender, message.kind)
+            sender_role = check_sender(self.name, self.role, self.roles, sender, message.kind)
             method: Callable[[str, Any], Message] | None = getattr(
                 self, f"on_{message.kind}", None)
             if method is None:
                 raise refuse(ProtocolError, f"party {self.name!r} ({self.role}) does not accept "
                                             f"{type(message).__name__} messages",
                              code="unexpected-kind")
-            return method(sender, message)
+            # the protocol's declaration first, before any work (issue 19)
+            admission = self.sessions.admit(sender, sender_role, message)
+            if admission is None:
+                return method(sender, message)
+            token = _ACTIVE.set(admission)
+            try:
+                reply = method(sender, message)
+            except BaseException:
+                self.sessions.failed(admission)
+                raise
+            finally:
+                _ACTIVE.reset(token)
+            self.sessions.done(admission, message)
+            return reply
         except Exception as exc:
             if isinstance(exc, VflinkError):
                 log.warning("party %s refused %s from %s: %s", self.name, message.kind, sender,

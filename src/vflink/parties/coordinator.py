@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import math
-import time
 import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -39,6 +38,7 @@ from vflink.protocol.messages import (
     MatchKeys,
     SoftLink,
 )
+from vflink.protocol.sessions import COORDINATION, purpose_of
 from vflink.types import Alignment
 
 __all__ = ["CoordinatorParty"]
@@ -54,7 +54,6 @@ class _Session:
     alignments: dict[str, Alignment] = field(default_factory=dict)
     linkages: dict[str, SoftLinkage] = field(default_factory=dict)
     opener: str | None = None  # the data party that opened it (its primary, in the protocol)
-    touched: float = 0.0  # last use, for expiry (policy.session_ttl_s)
     key_tags: dict[tuple[str, str], npt.NDArray[np.uint8]] = field(default_factory=dict)
     #: multi-field encodings per party: (encoders, values per field, blocking-key digests)
     fields: dict[str, tuple[tuple[str, ...], tuple[Any, ...], tuple[Any, ...]]] = field(
@@ -74,7 +73,8 @@ def _key_texts(digests: npt.NDArray[np.uint8]) -> list[str]:
                                                                      strict=True)]
 
 
-def view_of(session: str, alignment: Alignment, *, with_similarity: bool) -> AlignmentView:
+def view_of(session: str, alignment: Alignment, *, with_similarity: bool,
+            primary: str = "") -> AlignmentView:
     return AlignmentView(
         session=session,
         secondary=alignment.secondary,
@@ -82,6 +82,7 @@ def view_of(session: str, alignment: Alignment, *, with_similarity: bool) -> Ali
         secondary_index=alignment.secondary_index,
         similarity=alignment.similarity if with_similarity else None,
         meta=dict(alignment.meta) if with_similarity else {},
+        primary=primary,
     )
 
 
@@ -101,62 +102,50 @@ class CoordinatorParty(Party):
                  search: SearchOptions | None = None, roles: Mapping[str, str] | None = None,
                  policy: PartyPolicy | None = None) -> None:
         super().__init__(name, roles=roles, policy=policy)
-        self._sessions: dict[str, _Session] = {}
         self._seed = seed
         self._rng = np.random.default_rng(seed)
         self._search = search
-        self._clock = time.monotonic
 
     def _noise_rng(self, session: str) -> np.random.Generator:
-        """With a seed, each session's noise depends on (seed, session) only, so a long-lived
-        coordinator gives the same linkage as a fresh in-process one; without, OS entropy."""
+        """With a seed, each session's noise depends on (seed, the session's purpose) only, so
+        a long-lived coordinator gives the same linkage as a fresh in-process one (a run names
+        its sessions ``purpose@<run id>``); without, OS entropy."""
         if self._seed is None:
             return self._rng
-        return np.random.default_rng([self._seed, zlib.crc32(session.encode())])
+        return np.random.default_rng([self._seed, zlib.crc32(purpose_of(session).encode())])
+
+    @property
+    def _sessions(self) -> dict[str, _Session]:
+        """Each coordination session's state, by name (the session table keeps them)."""
+        return {s.name: self._state_of(s) for s in self.sessions.sessions(COORDINATION.name)}
+
+    @staticmethod
+    def _state_of(session: Any) -> _Session:
+        state: _Session | None = session.data.get("coordinator")
+        if state is None:
+            state = session.data["coordinator"] = _Session(opener=session.opener)
+        return state
 
     def linkage(self, session: str, secondary: str) -> SoftLinkage:
-        """The coordinator's full linkage result (raw distances included): coordinator-side."""
+        """The coordinator's full linkage result (raw distances included): coordinator-side.
+        ``session`` is a session's name or, when one session has it, its purpose."""
+        sessions = self._sessions
+        if session not in sessions:
+            named = [n for n in sessions if purpose_of(n) == session]
+            session = named[0] if len(named) == 1 else session
         try:
-            return self._sessions[session].linkages[secondary]
+            return sessions[session].linkages[secondary]
         except KeyError:
             raise ProtocolError(f"no linkage for {secondary!r} in session {session!r}") from None
 
-    def _expire(self) -> float:
-        now = self._clock()
-        for name, s in list(self._sessions.items()):
-            if now - s.touched > self.policy.session_ttl_s:
-                del self._sessions[name]
-                log.info("coordinator: session %r expired", name)
-        return now
-
     def _session(self, session: str, sender: str | None = None) -> _Session:
-        """The session ``sender`` submits to, opened if new. A session is bound to the parties
-        that opened and linked it: once linked, only its primary may open it again (a new run)
-        and nobody else may submit to it (issue 13)."""
-        now = self._expire()
-        if not isinstance(session, str) or not 0 < len(session) <= 200:
-            raise refuse(ProtocolError, "session names are 1 to 200 characters",
-                         code="session.name")
-        s = self._sessions.get(session)
-        if s is not None and s.alignments:
-            if sender is not None and sender == s.primary:
-                s = None  # its primary starts the session again
-            elif sender in s.alignments:
-                raise refuse(PolicyViolation, f"session {session!r} is already linked; only its "
-                                              "primary may open it again", code="session.linked")
-            else:
-                raise refuse(PolicyViolation, f"session {session!r} belongs to other parties",
-                             code="session.bound")
-        if s is None:
-            if session not in self._sessions and len(self._sessions) >= self.policy.max_sessions:
-                raise refuse(PolicyViolation,
-                             f"the coordinator already holds {len(self._sessions)} sessions (its "
-                             "limit, policy.max_sessions); finish or let sessions expire "
-                             f"({self.policy.session_ttl_s:g} s unused)", code="limit.sessions")
-            s = _Session(opener=sender)
-            self._sessions[session] = s
-        s.touched = now
-        return s
+        """The state of the session being handled; the session table admitted the message
+        (its declaration: who may submit, how often, and that a linked session is final)."""
+        del sender
+        current = self.session
+        if current.name != session:  # pragma: no cover - the table keys sessions by name
+            raise ProtocolError(f"session {session!r} is not the one being handled")
+        return self._state_of(current)
 
     def on_key_digests(self, sender: str, message: KeyDigests) -> Ack:
         digests = np.asarray(message.digests)
@@ -191,21 +180,10 @@ class CoordinatorParty(Party):
     def _complete(self, session: str, parties: list[str], store: str, what: str) -> _Session:
         """The session, once every party in ``parties`` has submitted its ``store``; the first
         of ``parties`` (the sender) must be allowed to link it with the others."""
-        self._expire()
+        # who may link (the primary, or the party that opened the session when roles are not
+        # configured) and that a linked session is final are the declaration's (COORDINATION)
         sender, *secondaries = parties
-        s = self._sessions.get(session)
-        if s is None:
-            raise refuse(ProtocolError, f"there is no open session {session!r}",
-                         code="session.unknown")
-        role = None if self.roles is None else self.roles.get(sender)
-        # Without a configured primary role, the party that opened the session (the primary
-        # submits first in the protocol) is the only one that may link it.
-        if role != "primary" and s.opener != sender:
-            raise refuse(PolicyViolation, f"only the party that opened session {session!r} may "
-                                          "link it", code="session.bound")
-        if s.primary is not None and s.alignments and s.primary != sender:
-            raise refuse(PolicyViolation, f"session {session!r} belongs to other parties",
-                         code="session.bound")
+        s = self._session(session)
         if not secondaries or len(set(secondaries)) != len(secondaries) or sender in secondaries:
             raise refuse(ProtocolError, "a link request must name distinct secondary parties "
                                         "other than the sender", code="link.secondaries")
@@ -218,7 +196,6 @@ class CoordinatorParty(Party):
         if absent:
             raise refuse(ProtocolError, f"session {session!r} has no {what} from {absent}",
                          code="session.incomplete")
-        s.touched = self._clock()
         return s
 
     def _check_noise(self, message: SoftLink | FieldLink) -> None:
@@ -276,7 +253,8 @@ class CoordinatorParty(Party):
         for sec in message.secondaries:
             alignment = exact_alignment(s.digests[sender], s.digests[sec], sec)
             s.alignments[sec] = alignment
-            views.append(view_of(message.session, alignment, with_similarity=True))
+            views.append(view_of(message.session, alignment, with_similarity=True,
+                                 primary=sender))
         return AlignmentViews(views=tuple(views))
 
     def on_identifier_encodings(self, sender: str, message: IdentifierEncodings) -> Ack:
@@ -324,7 +302,7 @@ class CoordinatorParty(Party):
         s.linkages[anchor] = linkage
         first = linkage.to_alignment(anchor)
         s.alignments[anchor] = first
-        views = [view_of(session, first, with_similarity=True)]
+        views = [view_of(session, first, with_similarity=True, primary=s.primary or "")]
         for sec in others:
             one = hop_to(sec)
             s.linkages[sec] = one
@@ -334,7 +312,8 @@ class CoordinatorParty(Party):
             alignment = Alignment(first.primary_index, chained, first.similarity, sec,
                                   dict(first.meta))
             s.alignments[sec] = alignment
-            views.append(view_of(session, alignment, with_similarity=True))
+            views.append(view_of(session, alignment, with_similarity=True,
+                                 primary=s.primary or ""))
         return AlignmentViews(views=tuple(views))
 
     # --- several fields (issue 14) ---------------------------------------------------------------
@@ -454,17 +433,22 @@ class CoordinatorParty(Party):
                                  specs, s.fields[anchor], s.fields[sec], top_k=1, mode="top1",
                                  rng=self._noise_rng(f"{session}/{sec}")))
 
-    def adopt(self, session: str, alignments: dict[str, Alignment]) -> None:
+    def adopt(self, session: str, alignments: dict[str, Alignment], *,
+              primary: str = "") -> None:
         """Serve ``alignments`` under ``session`` (an alignment computed elsewhere in this
-        process, e.g. the per-split linkage of ``alignment.pool = "split"``)."""
-        self._session(session).alignments.update(alignments)
+        process, e.g. the per-split linkage of ``alignment.pool = "split"``), linked for
+        ``primary``."""
+        opened = self.sessions.open(COORDINATION, session, opener=primary, state="linked")
+        state = self._state_of(opened)
+        state.primary = primary or None
+        state.alignments.update(alignments)
 
     def on_fetch_alignment(self, sender: str, message: FetchAlignment) -> AlignmentView:
-        s = self._sessions.get(message.session)
-        if s is None or sender not in s.alignments:
+        s = self._session(message.session)
+        if sender not in s.alignments:
             raise refuse(ProtocolError, f"the coordinator has no alignment for {sender!r} in "
                                         f"session {message.session!r}",
                          code="session.no-alignment")
-        s.touched = self._clock()
         # Similarities are for the primary only (ARCHITECTURE.md, boundary table).
-        return view_of(message.session, s.alignments[sender], with_similarity=False)
+        return view_of(message.session, s.alignments[sender], with_similarity=False,
+                       primary=s.primary or "")

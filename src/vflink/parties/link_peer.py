@@ -77,13 +77,21 @@ class LinkingPeer(Party):
         self.table = table
         self.channel = channel
         self._secret = secret
-        self.linked_rows: npt.NDArray[np.bool_] | None = None
-        #: alignment sessions whose key confirmation succeeded (vflink.alignment.confirm)
-        self._confirmed: set[str] = set()
+        #: per primary, which of our rows the alignment completed with it linked: the only
+        #: rows we compute anything for on its behalf (issue 19: no session, no embeddings)
+        self.served: dict[str, npt.NDArray[np.bool_]] = {}
 
-    def local_alignment_rows(self, session: str) -> npt.NDArray[np.int64] | None:
+    @property
+    def linked_rows(self) -> npt.NDArray[np.bool_] | None:
+        """The rows served to the only primary there is (None before any alignment)."""
+        if len(self.served) != 1:
+            return None
+        return next(iter(self.served.values()))
+
+    def local_alignment_rows(self, session: str, peer: str) -> npt.NDArray[np.int64] | None:
         """Rows of an alignment held here rather than at the coordinator (PSI sessions of
-        :class:`~vflink.parties.setalign.SetAlignmentPeer`); none for linkage alone."""
+        :class:`~vflink.parties.setalign.SetAlignmentPeer` run with ``peer``); none for
+        linkage alone."""
         return None
 
     def on_confirm_key(self, sender: str, message: ConfirmKey) -> Ack:
@@ -103,15 +111,14 @@ class LinkingPeer(Party):
         ok = (reply.parties == (sender,) and len(reply.tags) == 1
               and tag_matches(self._secret, reply.tags[0], session=session, nonce=nonce,
                               party=sender))
-        if ok:
-            self._confirmed.add(session)
-        else:
-            self._confirmed.discard(session)
+        # remembered in the alignment session itself: only its opener may use it
+        self.session.data["confirmed"] = ok
+        if not ok:
             log.error("%s", secret_mismatch(self.name, [sender]))
         return Ack(info={"confirmed": float(ok)})
 
     def _require_confirmed(self, session: str) -> None:
-        if session not in self._confirmed:
+        if not self.session.data.get("confirmed"):
             raise refuse(ProtocolError, f"party {self.name!r}: no successful key confirmation "
                                         f"for session {session!r}; it aligns only with parties "
                                         "proven to share its secret", code="key-confirmation")
@@ -171,21 +178,28 @@ class LinkingPeer(Party):
         return Ack(info={"rows": float(len(self.table))})
 
     def on_alignment_ready(self, sender: str, message: AlignmentReady) -> Ack:
-        local = self.local_alignment_rows(message.session)  # a PSI session held here
+        local = self.local_alignment_rows(message.session, sender)  # a PSI session of ours
         if local is not None:
-            self.set_linked_rows(local)
+            self.set_linked_rows(local, peer=sender)
             return Ack(info={"linked_rows": float(len(local))})
         check_coordinator(self.name, self.roles, message.coordinator)
         view = self.channel.request(message.coordinator, FetchAlignment(session=message.session),
                                     AlignmentView)
-        self.set_linked_rows(view.secondary_index)
+        if view.primary and view.primary != sender:
+            # the coordinator linked this session for another primary: its rows are not the
+            # sender's to ask for (issue 19: served rows are bound to the alignment's primary)
+            raise refuse(PolicyViolation, f"party {self.name!r}: session "
+                                          f"{message.session!r} was aligned with another party",
+                         code="session.bound")
+        self.set_linked_rows(view.secondary_index, peer=sender)
         if self.recorder is not None:
             self.recorder.whole("indices", message.coordinator, view.primary_index,
                                 view.secondary_index)
-        return Ack(info={"linked_rows": float(self.linked_rows.sum())})  # type: ignore[union-attr]
+        return Ack(info={"linked_rows": float(self.served[sender].sum())})
 
-    def set_linked_rows(self, secondary_index: npt.NDArray[np.int64]) -> None:
-        """Remember which of our rows are linked; requests for other rows are refused."""
+    def set_linked_rows(self, secondary_index: npt.NDArray[np.int64], *, peer: str) -> None:
+        """Remember which of our rows are linked with ``peer`` (a primary); its requests for
+        other rows are refused, and a primary without such an alignment gets nothing."""
         idx = np.asarray(secondary_index).ravel()
         idx = idx[idx != MISSING]
         if idx.size and (idx.min() < 0 or idx.max() >= len(self.table)):
@@ -193,7 +207,7 @@ class LinkingPeer(Party):
                                 f"[0, {len(self.table)})")
         mask = np.zeros(len(self.table), dtype=bool)
         mask[idx] = True
-        self.linked_rows = mask
+        self.served[peer] = mask
         self._note_links(idx)
 
     def _note_links(self, rows: npt.NDArray[np.int64]) -> None:

@@ -46,7 +46,9 @@ SENDERS: dict[str, dict[str, frozenset[str]]] = {
         "load_state", "confirm_key", "setup_privacy", "fetch_privacy_report",
         # FLORIST PSU / PSI and union training (primary ⇄ secondary)
         "psu_round1", "psu_round2", "psu_round3", "psi_round1", "psi_round2", "union_setup",
-        "union_forward")},
+        "union_forward",
+        # a PSI intersection's rows go to the primary that ran it, never to a third party
+        "fetch_alignment")},
     "coordinator": {
         "key_digests": DATA_ROLES,
         "identifier_encodings": DATA_ROLES,

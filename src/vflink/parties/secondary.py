@@ -136,22 +136,34 @@ class SecondaryParty(SetAlignmentPeer, UnionPeer, LinkingPeer):
     def on_fetch_privacy_report(self, sender: str, message: FetchPrivacyReport) -> PrivacyReport:
         return PrivacyReport(entries=self.protection.report())
 
-    def _check_rows(self, rows: npt.NDArray[np.int64], what: str) -> npt.NDArray[np.int64]:
+    def _check_rows(self, rows: npt.NDArray[np.int64], what: str, sender: str
+                    ) -> npt.NDArray[np.int64]:
+        """``rows`` if every one is linked by the alignment this party completed with
+        ``sender``; otherwise a refusal before any work (issue 19: an unaligned secondary,
+        a row outside the alignment or a request with no alignment gets nothing)."""
+        served = self.served.get(sender)
+        if served is None:
+            raise refuse(ProtocolError, f"party {self.name!r}: training protocol: {what} "
+                                        f"refused: no alignment with {sender!r} has been "
+                                        "completed (send AlignmentReady after aligning)",
+                         code="session.no-alignment")
         rows = np.asarray(rows, dtype=np.int64)
         if rows.ndim != 1:
-            raise ProtocolError(f"party {self.name!r}: {what} rows must be 1-D")
+            raise refuse(ProtocolError, f"party {self.name!r}: {what} rows must be 1-D",
+                         code="rows.shape")
         if rows.size and (rows.min() < 0 or rows.max() >= len(self.table)):
-            raise ProtocolError(f"party {self.name!r}: {what} rows outside [0, {len(self.table)})")
-        if self.linked_rows is not None and rows.size and not self.linked_rows[rows].all():
+            raise refuse(ProtocolError, f"party {self.name!r}: {what} rows outside "
+                                        f"[0, {len(self.table)})", code="rows.range")
+        if rows.size and not served[rows].all():
             # Only rows the coordinator linked may be used: the primary cannot probe others.
-            raise ProtocolError(f"party {self.name!r}: {what} asks for rows that the alignment "
-                                "did not link")
+            raise refuse(ProtocolError, f"party {self.name!r}: {what} asks for rows that the "
+                                        "alignment did not link", code="rows.unaligned")
         return rows
 
     def on_fit_preprocessing(self, sender: str, message: FitPreprocessing) -> Ack:
         if self.spec is None:
             raise ProtocolError(f"party {self.name!r}: FitPreprocessing before SetupBottom")
-        rows = np.unique(self._check_rows(message.rows, "preprocessing"))
+        rows = np.unique(self._check_rows(message.rows, "preprocessing", sender))
         pre = Preprocessor(self.table.schema, standardize=self.spec.standardize).fit(
             self.table.frame, rows)
         self._build(self.spec, pre)
@@ -174,7 +186,7 @@ class SecondaryParty(SetAlignmentPeer, UnionPeer, LinkingPeer):
     def on_forward(self, sender: str, message: Forward) -> Embeddings:
         if self.model is None or self.features is None:
             raise ProtocolError(f"party {self.name!r}: Forward before FitPreprocessing")
-        rows = self._check_rows(message.rows, "forward")
+        rows = self._check_rows(message.rows, "forward", sender)
         if message.train:  # bounded: at most policy.max_pending_batches wait for a Backward
             admit_forward(self._pending, self._pending_since, message.batch_id,
                           party=self.name, policy=self.policy)

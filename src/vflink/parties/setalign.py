@@ -10,11 +10,12 @@ group elements travel (see :mod:`vflink.protocol.messages`); the maths is in
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -25,6 +26,7 @@ from vflink.alignment._dh import as_rows, key_bytes, lookup, sorted_unique, to_h
 from vflink.alignment.groups import Elements, Group, get_group
 from vflink.data.table import PartyTable
 from vflink.errors import ProtocolError
+from vflink.protocol.boundary import refuse
 from vflink.protocol.channel import Channel
 from vflink.protocol.messages import (
     Ack,
@@ -39,6 +41,9 @@ from vflink.protocol.messages import (
     PsuRound2Reply,
     PsuRound3,
 )
+from vflink.protocol.sessions import PSI as PSI_PROTOCOL
+from vflink.protocol.sessions import PSU as PSU_PROTOCOL
+from vflink.protocol.sessions import Session, SessionTable
 
 __all__ = [
     "SetAlignment",
@@ -74,6 +79,7 @@ class SetAlignment:
     uid_index: npt.NDArray[np.int64] | None = None
     known: bool = True
     sizes: dict[str, int] = field(default_factory=dict)
+    session: str = ""  # the protocol session that produced it
 
     def frame(self) -> pd.DataFrame:
         return pd.DataFrame({"row": self.rows.astype(np.int64), "uid": to_hex(self.uids)})
@@ -150,7 +156,7 @@ class SetAlignmentDriver:
         self._step("done", steps, steps)
         sizes = {"primary": len(own), "secondary": n_p, "union": len(uids),
                  "intersection": len(own) + n_p - len(uids)}
-        return _psu_output(g, mine, sizes)
+        return dataclasses.replace(_psu_output(g, mine, sizes), session=session)
 
     def psi(self, peer: str, session: str = "psi", reveal: str = "both") -> SetAlignment:
         """ECDH PSI with ``peer``; this party learns the intersection unless ``reveal`` is
@@ -174,7 +180,7 @@ class SetAlignmentDriver:
             self.channel.request(peer, PsiRound2(session=session, p_ts=p_ts), Ack)
         self._step("done", 3, 3)
         sizes = {"primary": len(own), "secondary": len(r1.p_t), "intersection": mine.size}
-        return _psi_output(g, mine, sizes)
+        return dataclasses.replace(_psi_output(g, mine, sizes), session=session)
 
     def fetch_rows(self, peer: str, session: str) -> AlignmentView:
         """After PSI with ``reveal="both"``: the peer's intersection rows in UID order (what
@@ -197,45 +203,69 @@ class _PeerSession:
 
 
 class SetAlignmentPeer:
-    """The passive party's side of PSU and PSI (a mixin: needs ``name``, ``table``, and
-    optionally ``out_dir``, where results are written as ``alignments/<session>.parquet``)."""
+    """The passive party's side of PSU and PSI (a mixin: needs ``name``, ``table``, a
+    ``sessions`` table and the active ``session`` of :class:`~vflink.parties.base.Party`, and
+    optionally ``out_dir``, where results are written as ``alignments/<session>.parquet``).
+
+    What may arrive when, from whom and of which sizes is declared in
+    :data:`vflink.protocol.sessions.PSU` and :data:`~vflink.protocol.sessions.PSI` and checked
+    before these handlers run; a finished session is immutable (issue 19).
+    """
 
     name: str
     table: PartyTable
     out_dir: Path | None
-
-    @property
-    def _set_sessions(self) -> dict[str, _PeerSession]:
-        sessions: dict[str, _PeerSession] | None = self.__dict__.get("_set_sessions_")
-        if sessions is None:
-            sessions = self.__dict__["_set_sessions_"] = {}
-        return sessions
+    sessions: SessionTable
+    if TYPE_CHECKING:
+        @property
+        def session(self) -> Session: ...  # from Party
 
     def _own_elements(self, group: Group) -> Elements:
         keys = key_bytes(self.table.frame, self.table.schema.key, who=self.table.source)
         return group.hash_to_group(keys)
 
-    def _session(self, session: str, kind: str) -> _PeerSession:
-        s = self._set_sessions.get(session)
-        if s is None:
-            raise ProtocolError(f"party {self.name!r}: no {kind} session {session!r} in progress")
-        return s
+    def _set_state(self) -> _PeerSession:
+        state: _PeerSession | None = self.session.data.get("set")
+        if state is None:  # pragma: no cover - round 1 creates it, the table orders rounds
+            raise ProtocolError(f"party {self.name!r}: session {self.session.name!r} has no "
+                                "state")
+        return state
+
+    def _finished(self, session: str, peer: str | None = None) -> SetAlignment | None:
+        for protocol in (PSU_PROTOCOL.name, PSI_PROTOCOL.name):
+            s = self.sessions.get(protocol, session)
+            if s is not None and (peer is None or s.opener == peer):
+                state: _PeerSession | None = s.data.get("set")
+                return None if state is None else state.result
+        return None
 
     def set_alignment(self, session: str) -> SetAlignment | None:
         """This party's finished output of ``session`` (None if not finished)."""
-        s = self._set_sessions.get(session)
-        return None if s is None else s.result
+        return self._finished(session)
 
-    def local_alignment_rows(self, session: str) -> npt.NDArray[np.int64] | None:
-        """For a finished PSI session: own intersection rows (to accept Forward requests)."""
-        r = self.set_alignment(session)
+    def set_alignment_with(self, session: str, peer: str) -> SetAlignment | None:
+        """The finished output of ``session`` if ``peer`` is the party that ran it."""
+        return self._finished(session, peer)
+
+    def local_alignment_rows(self, session: str, peer: str) -> npt.NDArray[np.int64] | None:
+        """For a finished PSI session run with ``peer``: own intersection rows (to accept its
+        Forward requests)."""
+        r = self.set_alignment_with(session, peer)
         return None if r is None or r.method != "psi" else r.rows
 
     def _finish(self, session: str, result: SetAlignment) -> None:
-        self._set_sessions[session].result = result
+        result = dataclasses.replace(result, session=session)
+        self._set_state().result = result
         out_dir = getattr(self, "out_dir", None)
         if out_dir is not None and result.known:
-            write_set_alignment(result, Path(out_dir) / "alignments" / f"{session}.parquet")
+            path = Path(out_dir) / "alignments" / f"{session}.parquet"
+            if path.exists() or path.is_symlink():
+                # nothing finished is rewritten by a peer (issue 19): a session name is used
+                # once, also across restarts of this party
+                raise refuse(ProtocolError, f"party {self.name!r}: session {session!r} finished "
+                                            "before; a new run opens a new session",
+                             code="session.finished")
+            write_set_alignment(result, path)
         log.info("%s: %s session %r finished (%s)", self.name, result.method, session,
                  result.sizes)
 
@@ -245,27 +275,27 @@ class SetAlignmentPeer:
         group = get_group(message.group)
         s = _PeerSession(group=group, own=self._own_elements(group))
         s.psu_e = psu.PsuExponents.draw(group)  # line 2
-        self._set_sessions[message.session] = s
         a_st, p_t = psu.lines4_5(group, message.a_s1, s.own, s.psu_e)
+        self.session.data["set"] = s
+        self.session.commit("n_p", len(s.own))  # later rounds are bound to both set sizes
         return PsuRound1Reply(a_s1t1=a_st, p_t1=p_t)
 
     def on_psu_round2(self, sender: str, message: PsuRound2) -> PsuRound2Reply:
-        s = self._session(message.session, "PSU")
+        # sizes were checked against round 1 by the declaration (PSU): |a_s2| = n_a, ...
+        s = self._set_state()
         g, e = s.group, s.psu_e
-        if e is None:
+        if e is None:  # pragma: no cover - the declaration orders the rounds
             raise ProtocolError(f"party {self.name!r}: session {message.session!r} is not PSU")
         g.validate(message.p_s1t1, "I_p^{s1 t1}")  # checked, though P_p needs no more of it
-        if len(message.p_s1t1) != len(s.own):
-            raise ProtocolError(f"party {self.name!r}: I_p^(s1 t1) has {len(message.p_s1t1)} "
-                                f"elements for our {len(s.own)} records")
         final = psu.line9(g, message.union_s123t1, e)
-        s.union = psu.line10(final, group=g)  # line 10 on our side
+        union = psu.line10(final, group=g)  # line 10 on our side
         a_s2t123 = psu.raise_for_peer(g, message.a_s2, e)
+        s.union = union
         return PsuRound2Reply(union=final, a_s2t123=a_s2t123, p_t2=psu.blind_own(g, s.own, e))
 
     def on_psu_round3(self, sender: str, message: PsuRound3) -> Ack:
-        s = self._session(message.session, "PSU")
-        if s.psu_e is None or s.union is None:
+        s = self._set_state()
+        if s.psu_e is None or s.union is None:  # pragma: no cover - declaration orders rounds
             raise ProtocolError(f"party {self.name!r}: PsuRound3 before PsuRound2")
         mine = psu.finish_own(s.group, message.p_s123t2, s.psu_e, s.union, expected=len(s.own))
         n_u = len(s.union)
@@ -280,10 +310,11 @@ class SetAlignmentPeer:
         how = psi.check_reveal(message.reveal)
         s = _PeerSession(group=group, own=self._own_elements(group), reveal=how)
         s.psi_e = group.random_exponent()
-        self._set_sessions[message.session] = s
         a_st = psi.reblind(group, message.a_s, s.psi_e, keep_order=how in ("both", "primary"))
         p_t, order = psi.blind(group, s.own, s.psi_e)
         s.p_order, s.a_st = order, a_st
+        self.session.data["set"] = s
+        self.session.commit("n_p", len(s.own))
         if how in ("primary", "cardinality"):  # we learn nothing more: done
             self._finish(message.session, SetAlignment(
                 method="psi", group=group.name, rows=np.empty(0, dtype=np.int64),
@@ -291,32 +322,26 @@ class SetAlignmentPeer:
         return PsiRound1Reply(a_st=a_st, p_t=p_t)
 
     def on_psi_round2(self, sender: str, message: PsiRound2) -> Ack:
-        s = self._session(message.session, "PSI")
-        if s.psi_e is None or s.a_st is None or s.p_order is None:
+        s = self._set_state()
+        if s.psi_e is None or s.a_st is None or s.p_order is None:  # pragma: no cover
             raise ProtocolError(f"party {self.name!r}: session {message.session!r} is not PSI")
-        if s.reveal not in ("both", "secondary"):
-            raise ProtocolError(f"party {self.name!r}: PsiRound2 in a session that does not "
-                                "reveal the intersection to us")
         p_ts = s.group.validate(message.p_ts, "H(y)^ba")
-        if len(p_ts) != len(s.own):
-            raise ProtocolError(f"party {self.name!r}: {len(p_ts)} elements for our "
-                                f"{len(s.own)} records")
         mine = psi.intersect(p_ts, s.p_order, s.a_st, ordered=True)
         self._finish(message.session, _psi_output(s.group, mine, {"secondary": len(s.own),
                                                                   "intersection": mine.size}))
         return Ack()
 
     def on_fetch_alignment(self, sender: str, message: FetchAlignment) -> AlignmentView:
-        """Our intersection rows of a finished PSI session, ordered by UID, so the primary can
-        pair them with its own (it holds the same UIDs)."""
-        r = self.set_alignment(message.session)
+        """Our intersection rows of a finished PSI session, ordered by UID, to the party that
+        ran it with us only (the declaration: the session's opener, ``reveal = "both"``)."""
+        r = self._set_state().result
         if r is None or r.method != "psi" or not r.known:
-            raise ProtocolError(f"party {self.name!r}: no PSI intersection for session "
-                                f"{message.session!r}")
+            raise refuse(ProtocolError, f"party {self.name!r}: no PSI intersection for session "
+                                        f"{message.session!r}", code="session.no-alignment")
         by_uid = np.argsort(_uid_keys(r.uids), kind="stable")
         return AlignmentView(session=message.session, secondary=self.name,
                              primary_index=np.empty(0, dtype=np.int64),
-                             secondary_index=r.rows[by_uid].astype(np.int64))
+                             secondary_index=r.rows[by_uid].astype(np.int64), primary=sender)
 
 
 def _uid_keys(uids: Elements) -> npt.NDArray[Any]:

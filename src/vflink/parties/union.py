@@ -80,7 +80,8 @@ class UnionPeer:
     protection: EmbeddingProtection
     _pending: dict[int, torch.Tensor]
 
-    def set_alignment(self, session: str) -> SetAlignment | None: ...  # from SetAlignmentPeer
+    def set_alignment_with(self, session: str, peer: str
+                           ) -> SetAlignment | None: ...  # from SetAlignmentPeer
 
     def _build(self, spec: BottomSpec, pre: Preprocessor) -> None: ...  # from SecondaryParty
 
@@ -93,7 +94,8 @@ class UnionPeer:
                          f"party {self.name!r} protects its embeddings (its [privacy] section);"
                          " union training does not apply that protection, so it refuses to "
                          "train over the union", code="policy.embeddings")
-        result = self.set_alignment(message.session)
+        # only a PSU session this party finished with the sender (issue 19)
+        result = self.set_alignment_with(message.session, sender)
         if result is None:
             raise ProtocolError(f"party {self.name!r}: no finished PSU session "
                                 f"{message.session!r}")
@@ -184,7 +186,7 @@ class UnionPrimary:
     def __init__(self, table: PartyTable, channel: Channel, peer: str, result: SetAlignment,
                  *, strategy: syn.Strategy, calibration: syn.Calibration, spec: BottomSpec,
                  top_hidden: tuple[int, ...], fit_uids: npt.NDArray[np.int64],
-                 session: str = "psu", policy: PartyPolicy | None = None) -> None:
+                 session: str | None = None, policy: PartyPolicy | None = None) -> None:
         schema = table.schema
         if schema.label is None:
             raise ProtocolError("the active party needs a label column")
@@ -203,7 +205,7 @@ class UnionPrimary:
         self.x = torch.from_numpy(self.pre.transform(table.frame)) if self.pre else None
         self.rng = np.random.default_rng([spec.seed, 202])
         self.generator = torch.Generator().manual_seed(spec.seed * 104729 + 7)
-        ack = channel.request(peer, UnionSetup(session=session, spec=spec,
+        ack = channel.request(peer, UnionSetup(session=session or result.session, spec=spec,
                                                features=strategy.features if strategy.schedule
                                                == "union" else "none",
                                                fit_uids=fit_uids.astype(np.int64)), Ack)

@@ -225,6 +225,9 @@ class AlignmentView(Message):
     secondary_index: npt.NDArray[np.int64]
     similarity: npt.NDArray[np.float32] | None = None
     meta: dict[str, float] = field(default_factory=dict)
+    #: the party that linked the session (its primary): a secondary serves rows of this
+    #: alignment to that party only
+    primary: str = ""
 
 
 @dataclass(frozen=True)

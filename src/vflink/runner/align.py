@@ -18,6 +18,7 @@ from vflink.errors import ConfigError, DataError
 from vflink.parties import SecondaryParty
 from vflink.parties.setalign import SetAlignment, SetAlignmentDriver, write_set_alignment
 from vflink.protocol.channel import Channel
+from vflink.protocol.sessions import new_session_name
 from vflink.runner.party_config import PartyConfig
 from vflink.runner.rundir import write_json
 from vflink.transport import InProcessHub, TrafficCounter, Transcript
@@ -78,8 +79,9 @@ def run_set_alignment(keys: Sequence[bytes], channel: Channel, peer: str, *, met
     _check(method, reveal)
     g = get_group(group, workers=workers)
     driver = SetAlignmentDriver(keys, channel, g, progress=progress)
-    out = driver.psu(peer, session or "psu") if method == "psu" else \
-        driver.psi(peer, session or "psi", reveal=reveal)
+    # a finished session is immutable: every run opens a new one (issue 19)
+    name = session or new_session_name(method)
+    out = driver.psu(peer, name) if method == "psu" else driver.psi(peer, name, reveal=reveal)
     return out, g.operations
 
 
@@ -99,7 +101,7 @@ def align_in_process(primary: PartyTable, secondary: PartyTable, *, method: str,
                                   method=method, group=group, reveal=reveal, workers=workers,
                                   progress=progress)
     seconds = time.perf_counter() - start
-    theirs = peer.set_alignment(method)
+    theirs = peer.set_alignment(mine.session)
     return AlignOutcome(method, group, mine, theirs, seconds,
                         TrafficCounter.delta(counter.snapshot(), {}), ops)
 

@@ -52,6 +52,7 @@ from vflink.parties import SecondaryParty
 from vflink.parties.setalign import SetAlignment, SetAlignmentDriver, pair_by_uid
 from vflink.parties.union import UnionPrimary, uid_rows
 from vflink.protocol.channel import Channel
+from vflink.protocol.sessions import new_session_name
 from vflink.runner.algorithms import get_algorithm
 from vflink.runner.config import RunConfig
 from vflink.runner.federation import Federation
@@ -76,8 +77,9 @@ def psi_alignments(inputs: Inputs, federation: Federation, config: RunConfig
     out: dict[str, Alignment] = {}
     for name in federation.secondaries:
         driver = SetAlignmentDriver(keys, federation.channel, get_group(config.alignment.group))
-        mine = driver.psi(name, session="psi", reveal="both")
-        view = driver.fetch_rows(name, "psi")
+        session = new_session_name("psi")  # a finished session is immutable: new per run
+        mine = driver.psi(name, session=session, reveal="both")
+        view = driver.fetch_rows(name, session)
         own, theirs = pair_by_uid(mine, view.secondary_index)
         sec = np.full(len(primary), -1, dtype=np.int64)
         sec[own] = theirs
@@ -195,14 +197,15 @@ def _simulate(config: RunConfig, inputs: Inputs, alpha: float, beta: float,
                                                                hide_s, transcript)
         peer = local.name
     before = counter.snapshot()
+    psu_session = new_session_name("psu")
     mine = SetAlignmentDriver(key_bytes(p_table.frame, p_table.schema.key), channel,
-                              get_group(config.alignment.group)).psu(peer, session="psu")
+                              get_group(config.alignment.group)).psu(peer, session=psu_session)
     psu_bytes = TrafficCounter.delta(counter.snapshot(), before)
     p_rows = uid_rows(mine)
     s_rows, s_table = None, None
     if local is not None:
         s_table = local.table
-        theirs = local.set_alignment("psu")
+        theirs = local.set_alignment(psu_session)
         if theirs is None:
             raise ConfigError("the secondary did not finish PSU")
         s_rows = uid_rows(theirs)
@@ -240,7 +243,7 @@ def _intersection_uids(sim: _Simulation, config: RunConfig) -> npt.NDArray[np.in
     ECDH PSI with the secondary (revealing the intersection is what the baseline costs)."""
     found = SetAlignmentDriver(key_bytes(sim.p_table.frame, sim.p_table.schema.key),
                                sim.channel, get_group(config.alignment.group)).psi(
-        sim.peer, session="psi-partial", reveal="primary")
+        sim.peer, session=new_session_name("psi-partial"), reveal="primary")
     if sim.mine.uid_index is None:
         raise ConfigError("union training needs a finished PSU session")
     return np.asarray(sim.mine.uid_index, dtype=np.int64)[found.rows]

@@ -130,7 +130,7 @@ def link_by_split(config: RunConfig, inputs: Inputs, federation: Federation,
         merged[n] = Alignment(np.concatenate(p_idx), np.concatenate(s_idx),
                               np.concatenate(sims) if len(sims) == len(parts[n]) else None, n,
                               {**first.meta, "pool_split": 1.0})
-    coordinator.adopt(session, merged)
+    coordinator.adopt(session, merged, primary=inputs.primary.name)
     log.info("linked %d splits, each against its own secondary records (pool = split)",
              len(splits))
     return merged

@@ -30,6 +30,7 @@ from vflink.models.spec import BottomSpec
 from vflink.parties import PrimaryParty, TrainingPlan
 from vflink.parties.linking import LinkField
 from vflink.protocol import Ack, AlignmentReady, EncodingSpec
+from vflink.protocol.sessions import new_session_name
 from vflink.runner.algorithms import Algorithm, get_algorithm
 from vflink.runner.config import AlignmentConfig, RunConfig, config_to_dict
 from vflink.runner.evaluation import linkage_figures, recorder_for, write_truth
@@ -220,10 +221,12 @@ def prepare(config: RunConfig, tables: Inputs | tuple[PartyTable, Sequence[Party
     summary: dict[str, Any] = {"method": a_cfg.method}
     before = federation.counter.snapshot()
     before_kinds = federation.counter.kinds()
+    # every run opens its sessions under new names: a finished session is immutable (issue 19)
+    soft_session, exact_session = new_session_name("soft"), new_session_name("exact")
     if a_cfg.method == "exact":
-        base = initiator.align_exact(coordinator, session="exact")
+        base = initiator.align_exact(coordinator, session=exact_session)
         alignments = {"base": base, "top1": base, "exact": base}
-        sessions = dict.fromkeys(alignments, "exact")
+        sessions = dict.fromkeys(alignments, exact_session)
         summary.update(encoding_summary("hmac-sha256", federation.secret_source))
     else:
         top_k = a_cfg.top_k if "topk" in needs else 1
@@ -253,23 +256,23 @@ def prepare(config: RunConfig, tables: Inputs | tuple[PartyTable, Sequence[Party
         if a_cfg.pool == "split":  # the FedSim authors' protocol (vflink.runner.pools)
             splits = run_splits(config, inputs, np.arange(len(inputs.primary), dtype=np.int64))
             soft = link_by_split(config, inputs, federation, splits, spec, metric=search_metric,
-                                 top_k=top_k, session="soft", fields=fields)
+                                 top_k=top_k, session=soft_session, fields=fields)
         else:
             soft = align(top_k=top_k, tau=a_cfg.tau, sigma=a_cfg.sigma, delta=a_cfg.delta,
-                         session="soft", scale=scale)
+                         session=soft_session, scale=scale)
         top1 = {k: Alignment(a.primary_index, a.secondary_index[:, :1],
                              None if a.similarity is None else a.similarity[:, :1], k,
                              dict(a.meta)) for k, a in soft.items()}
         alignments = {"base": top1, "top1": top1, "topk": soft}
-        sessions = {"base": "soft", "top1": "soft", "topk": "soft"}
+        sessions = dict.fromkeys(("base", "top1", "topk"), soft_session)
         if "exact" in needs and a_cfg.pool == "split":
             alignments["exact"] = link_by_split(config, inputs, federation, splits, spec,
                                                 metric=search_metric, top_k=1, mode="exact",
-                                                session="exact", fields=fields)
+                                                session=exact_session, fields=fields)
         elif "exact" in needs:
-            alignments["exact"] = align(top_k=1, mode="exact", session="exact")
+            alignments["exact"] = align(top_k=1, mode="exact", session=exact_session)
         if "exact" in needs:
-            sessions["exact"] = "exact"
+            sessions["exact"] = exact_session
         first = soft[names[0]]
         summary.update({k: first.meta.get(k) for k in ("mu0", "sigma0", "sigma", "tau",
                                                        "epsilon", "delta")})

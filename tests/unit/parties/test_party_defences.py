@@ -53,6 +53,7 @@ from vflink.protocol import (
 )
 from vflink.protocol.boundary import boundary_error, error_code, is_boundary, refuse
 from vflink.protocol.messages import UnionSetup
+from vflink.protocol.sessions import SessionLimits, SessionTable
 from vflink.runner.config import AlignmentConfig, DataConfig, RunConfig, parse_config
 from vflink.runner.federation import run_policy
 from vflink.runner.party_config import load_party_config
@@ -251,14 +252,17 @@ def test_unconfigured_coordinator_binds_sessions_to_their_opener(
     views = coordinator.handle("primary", SoftLink(session="s", secondaries=("bank",),
                                                    metric="levenshtein", top_k=1, sigma=1.0))
     assert isinstance(views, AlignmentViews)
-    with pytest.raises(PolicyViolation, match="already linked"):
+    with pytest.raises(ProtocolError, match="already linked"):
         coordinator.handle("bank", IdentifierEncodings(session="s", encoder="string",
                                                        values=("x",)))
     with pytest.raises(PolicyViolation, match=r"belongs to other parties|\[role\]"):
         coordinator.handle("eve", IdentifierEncodings(session="s", encoder="string",
                                                       values=("x",)))
-    # its primary may open it again (a new run against a long-lived coordinator)
-    coordinator.handle("primary", IdentifierEncodings(session="s", encoder="string",
+    # a linked session is final, also for its primary: a new run opens a new session
+    with pytest.raises(ProtocolError, match=r"already linked and immutable.*session.finished"):
+        coordinator.handle("primary", IdentifierEncodings(session="s", encoder="string",
+                                                          values=("q",)))
+    coordinator.handle("primary", IdentifierEncodings(session="s2", encoder="string",
                                                       values=("q",)))
 
 
@@ -267,7 +271,8 @@ def test_coordinator_sessions_are_limited_and_expire() -> None:
     coordinator.roles = ROLES
     coordinator.policy = PartyPolicy(max_sessions=3, session_ttl_s=60)
     now = [0.0]
-    coordinator._clock = lambda: now[0]
+    coordinator.sessions = SessionTable(coordinator.name, coordinator.role, SessionLimits(
+        max_sessions=3, ttl_s=60), clock=lambda: now[0])
     for i in range(3):
         coordinator.handle("primary", IdentifierEncodings(session=f"s{i}", encoder="string",
                                                           values=("a",)))
@@ -283,6 +288,7 @@ def test_coordinator_sessions_are_limited_and_expire() -> None:
 def _trained_bank(policy: PartyPolicy | None = None) -> tuple[SecondaryParty, Any]:
     fed = Federation(policy)
     ch = fed.channel()
+    fed.bank.set_linked_rows(np.arange(30), peer="primary")  # an alignment with the primary
     ch.call("bank", SetupBottom(spec=BottomSpec(hidden=(8,), out_dim=4, seed=1)))
     ch.call("bank", FitPreprocessing(rows=np.arange(30)))
     return fed.bank, ch

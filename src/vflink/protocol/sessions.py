@@ -1,0 +1,637 @@
+"""Protocol sessions: every protocol declared once, as a table, and enforced by every party.
+
+A party used to check each message on its own; no party held *the protocol's state*: which
+message may come next, from whom, how often, and what it must agree with. An authenticated
+peer that left the script could therefore send round 2 of PSU with a longer list than it
+committed to in round 1 (and learn which guessed IDs the secondary holds), replay PSI round 2
+after an honest run (and rewrite a finished intersection), or ask for embeddings before any
+alignment (issue 19). Following the sans-IO model of h11 (``h11/_state.py``), each protocol is
+declared here as a table of :class:`Step` rows, and one engine (:class:`SessionTable`) applies
+the same rules to every message a party receives, *before* its handler runs:
+
+* the message kind belongs to a protocol that this party's role serves;
+* the session named by the message (or, for protocols without a session field, the sender's
+  own session) is in a state from which that message is allowed, and the sender holds a role
+  that may send it (for two-party protocols: the very party that opened the session);
+* the message has not been sent more times than the step allows (per sender for the
+  coordinator's submissions);
+* its sizes agree with what was committed earlier in the session (a :class:`Bound`), e.g.
+  ``len(PsuRound2.a_s2) == len(PsuRound1.a_s1)``;
+* a finished session is immutable: any further message that would change it is refused, and its
+  name can never open a new session (a new run opens a new session, see
+  :func:`new_session_name`).
+
+A refusal is a :class:`~vflink.errors.ProtocolError` naming the protocol, the state and the
+message, raised before any work is done. Sessions have a count limit, a name-length limit and an
+expiry. Budgets that protect data (DP release counts) are not session state: they live with the
+party's data (:mod:`vflink.privacy.budget`).
+
+:func:`describe` renders every declaration as Markdown; the README's protocol tables are that
+output (a test keeps them equal).
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from vflink.errors import PolicyViolation, ProtocolError
+from vflink.protocol.boundary import refuse
+from vflink.protocol.messages import Message
+
+__all__ = [
+    "ANY_DATA",
+    "Bound",
+    "PROTOCOLS",
+    "ProtocolSpec",
+    "Session",
+    "SessionLimits",
+    "SessionTable",
+    "Step",
+    "at_least",
+    "at_most",
+    "describe",
+    "equal",
+    "new_session_name",
+    "protocols_for",
+    "purpose_of",
+]
+
+#: Any data party (primary, secondary, or a data party of unknown role at a coordinator).
+ANY_DATA = ("primary", "secondary", "data")
+#: A session name: printable, no path separators, at most this many characters.
+MAX_NAME = 200
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@:+=-]*$")
+#: ``<purpose>@<run id>``: the part before ``@`` says what the session is for
+RUN_SEPARATOR = "@"
+
+
+def new_session_name(purpose: str) -> str:
+    """A fresh session name for one run: ``purpose@<random id>``.
+
+    A finished session is immutable and its name can never be reused, so every run opens
+    sessions under new names. Seeded components that must give the same result in every run
+    (the coordinator's Eq. 2 noise with a fixed seed) derive it from :func:`purpose_of`.
+    """
+    return f"{purpose}{RUN_SEPARATOR}{secrets.token_hex(6)}"
+
+
+def purpose_of(name: str) -> str:
+    """The purpose part of a session name (``"soft@1a2b"`` → ``"soft"``)."""
+    return name.split(RUN_SEPARATOR, 1)[0]
+
+
+# --- declarations -------------------------------------------------------------------------------
+
+
+def _size(value: Any) -> int:
+    return len(value)
+
+
+@dataclass(frozen=True)
+class Bound:
+    """``len(message.<field>)`` must relate to values committed earlier in the session.
+
+    ``low``/``high`` are names of commitments (summed when several, or a maximum with
+    ``low_max``); ``None`` leaves that side open.
+    """
+
+    field: str
+    low: tuple[str, ...] = ()
+    high: tuple[str, ...] = ()
+    low_max: bool = False
+
+    def check(self, message: Message, commits: Mapping[str, Any]) -> str | None:
+        """A reason for refusal, or None."""
+        try:
+            n = _size(getattr(message, self.field))
+        except TypeError:
+            return f"{self.field} has no size"
+        known = all(c in commits for c in (*self.low, *self.high))
+        if not known:
+            return None  # nothing committed yet for this bound: the handler's own checks apply
+        vals = [int(commits[c]) for c in self.low]
+        lo = (max(vals) if self.low_max else sum(vals)) if self.low else None
+        hi = sum(int(commits[c]) for c in self.high) if self.high else None
+        if lo is not None and n < lo or hi is not None and n > hi:
+            return f"{self.field} has {n} elements; {self.text()} ({_values(self, commits)})"
+        return None
+
+    def text(self) -> str:
+        low = (" + " if not self.low_max else ", ").join(self.low)
+        if self.low_max and len(self.low) > 1:
+            low = f"max({low})"
+        high = " + ".join(self.high)
+        if self.low and self.high and self.low == self.high:
+            return f"len({self.field}) = {high}"
+        parts = []
+        if self.low:
+            parts.append(f"{low} ≤ len({self.field})")
+        if self.high:
+            parts.append(f"len({self.field}) ≤ {high}" if not parts else f" ≤ {high}")
+        return "".join(parts)
+
+
+def _values(bound: Bound, commits: Mapping[str, Any]) -> str:
+    names = dict.fromkeys((*bound.low, *bound.high))
+    return ", ".join(f"{n} = {commits[n]}" for n in names)
+
+
+def equal(field_name: str, *commits: str) -> Bound:
+    """``len(field) == sum(commits)``."""
+    return Bound(field_name, low=commits, high=commits)
+
+
+def at_most(field_name: str, *commits: str) -> Bound:
+    return Bound(field_name, high=commits)
+
+
+def at_least(field_name: str, *commits: str, largest: bool = False) -> Bound:
+    return Bound(field_name, low=commits, low_max=largest)
+
+
+@dataclass(frozen=True)
+class Step:
+    """One row of a protocol table.
+
+    Args:
+        kind: the message kind (``Message.kind``).
+        senders: roles that may send it. ``"opener"``: only the party that opened the session.
+        source: states in which it is accepted (``"*"``: any state but a final one).
+        target: the state after the handler succeeded (``None``: unchanged).
+        times: how many times it is accepted in one session (per sender with ``per_sender``);
+            ``None``: no count limit (still bounded by the session's other rules).
+        bounds: sizes bound to earlier commitments (checked before the handler runs).
+        commits: ``name → field``: sizes of this message's fields committed for later bounds.
+        when: ``(field, values)``: the row applies only when ``message.<field>`` is one of
+            ``values`` (e.g. PSI round 1 finishes the session when nothing is revealed to us).
+        requires: ``(commitment, values)``: the row applies only when the session's committed
+            value is one of ``values``.
+        opens: this message may open a new session (the first step of a protocol).
+    """
+
+    kind: str
+    senders: tuple[str, ...]
+    source: tuple[str, ...]
+    target: str | None = None
+    times: int | None = 1
+    per_sender: bool = False
+    bounds: tuple[Bound, ...] = ()
+    commits: tuple[tuple[str, str], ...] = ()
+    when: tuple[str, tuple[Any, ...]] | None = None
+    requires: tuple[str, tuple[Any, ...]] | None = None
+    opens: bool = False
+
+    def applies(self, message: Message, commits: Mapping[str, Any]) -> bool:
+        if self.when is not None and getattr(message, self.when[0], None) not in self.when[1]:
+            return False
+        return self.requires is None or commits.get(self.requires[0]) in self.requires[1]
+
+
+@dataclass(frozen=True)
+class ProtocolSpec:
+    """A protocol as one party (``receiver``) enforces it.
+
+    ``key``: ``"session"``: sessions are named by the message's ``session`` field;
+    ``"peer"``: one session per sending peer (protocols whose messages carry no session name,
+    e.g. split training, which is bound to the alignment completed with that peer).
+    ``two_party``: only the party that opened a session may send to it afterwards.
+    """
+
+    name: str
+    title: str
+    receiver: str
+    key: str
+    states: tuple[str, ...]
+    initial: str
+    final: tuple[str, ...]
+    steps: tuple[Step, ...]
+    two_party: bool = True
+    paper: str = ""
+
+    def kinds(self) -> frozenset[str]:
+        return frozenset(s.kind for s in self.steps)
+
+    def rows(self, kind: str) -> tuple[Step, ...]:
+        return tuple(s for s in self.steps if s.kind == kind)
+
+
+# --- the protocols ----------------------------------------------------------------------------
+
+_P = ("primary",)
+_OPEN = "open"
+
+#: FLORIST Algorithm 1 as the passive party P_p (a secondary) enforces it. P_a commits to its
+#: set size n_a in round 1; every later list must agree with it (lines 6, 8, 11, 12).
+PSU = ProtocolSpec(
+    name="psu", title="Private set union (FLORIST Alg. 1), at the secondary",
+    receiver="secondary", key="session", paper="FLORIST Algorithm 1",
+    states=("new", "round1", "round2", "done"), initial="new", final=("done",),
+    steps=(
+        Step("psu_round1", _P, ("new",), "round1", opens=True,
+             commits=(("n_a", "a_s1"),)),  # lines 3-5; n_p (own records) is committed here too
+        Step("psu_round2", _P, ("round1",), "round2",
+             bounds=(equal("p_s1t1", "n_p"),  # line 6: our own records, re-blinded
+                     at_least("union_s123t1", "n_a", "n_p", largest=True),  # line 8: the union
+                     at_most("union_s123t1", "n_a", "n_p"),
+                     equal("a_s2", "n_a"))),  # line 11: P_a's records, no more (issue 19)
+        Step("psu_round3", _P, ("round2",), "done",
+             bounds=(equal("p_s123t2", "n_p"),)),  # line 12
+    ))
+
+#: ECDH PSI as the secondary enforces it; ``reveal`` fixed in round 1 decides whether round 2
+#: and the fetch of its rows exist at all.
+PSI = ProtocolSpec(
+    name="psi", title="ECDH private set intersection, at the secondary",
+    receiver="secondary", key="session", paper="ECDH PSI (FLORIST §2.2 baseline)",
+    states=("new", "round1", "done"), initial="new", final=("done",),
+    steps=(
+        Step("psi_round1", _P, ("new",), "round1", opens=True,
+             when=("reveal", ("both", "secondary")),
+             commits=(("n_a", "a_s"), ("reveal", "reveal"))),
+        Step("psi_round1", _P, ("new",), "done", opens=True,
+             when=("reveal", ("primary", "cardinality")),
+             commits=(("n_a", "a_s"), ("reveal", "reveal"))),
+        Step("psi_round2", _P, ("round1",), "done", bounds=(equal("p_ts", "n_p"),)),
+        # the intersection rows, to the party that ran the PSI only, when it is to learn them
+        Step("fetch_alignment", _P, ("done",), None, times=None,
+             requires=("reveal", ("both",))),
+    ))
+
+#: The data party's side of alignment through a coordinator (exact keys, soft linkage of
+#: FedSim §4.1, several fields): key confirmation, one submission, then the coordinator's view.
+DATA_ALIGNMENT = ProtocolSpec(
+    name="alignment", title="Alignment through a coordinator, at a secondary",
+    receiver="secondary", key="session", paper="FedSim §4.1; key confirmation",
+    states=("open", "shared", "aligned"), initial=_OPEN, final=(),
+    steps=(
+        Step("confirm_key", _P, (_OPEN,), None, times=4, opens=True),
+        Step("share_keys", _P, (_OPEN,), "shared", opens=True),
+        Step("share_encodings", _P, (_OPEN,), "shared", opens=True),
+        Step("share_field_encodings", _P, (_OPEN,), "shared", opens=True),
+        # the coordinator's view of the session (or a PSI session of ours) becomes the rows
+        # this party serves to that primary; asking again fetches the same immutable view
+        Step("alignment_ready", _P, (_OPEN, "shared", "aligned"), "aligned", times=None,
+             opens=True),
+    ))
+
+#: Split learning (SplitNN, FedSim Algorithm 1) and FLORIST union training, at the secondary.
+#: One session per primary; what it may be asked about is bound to the alignment completed
+#: with that primary (rows) or to a PSU session it ran (UIDs). Release budgets are the data's.
+TRAINING = ProtocolSpec(
+    name="training", title="Split training, evaluation and prediction, at a secondary",
+    receiver="secondary", key="peer", paper="FedSim Algorithm 1; VFL-AFE Algorithm 1; "
+                                             "FLORIST §2.3-2.4",
+    states=("idle", "configured", "ready", "union"), initial="idle", final=(),
+    steps=(
+        Step("setup_bottom", _P, ("idle", "configured", "ready", "union"), "configured",
+             times=None, opens=True),
+        Step("setup_privacy", _P, ("idle", "configured", "ready"), None, times=None,
+             opens=True),
+        Step("fetch_privacy_report", _P, ("idle", "configured", "ready", "union"), None,
+             times=None, opens=True),
+        Step("fit_preprocessing", _P, ("configured", "ready"), "ready", times=None),
+        Step("load_state", _P, ("idle", "configured", "ready"), "ready", times=None,
+             opens=True),
+        Step("forward", _P, ("ready",), None, times=None),
+        Step("backward", _P, ("ready", "union"), None, times=None),
+        Step("snapshot", _P, ("ready", "union"), None, times=None),
+        Step("restore", _P, ("ready", "union"), None, times=None),
+        Step("save_state", _P, ("ready",), None, times=None),
+        Step("union_setup", _P, ("idle", "configured", "ready", "union"), "union",
+             times=None, opens=True),
+        Step("union_forward", _P, ("union",), None, times=None),
+    ))
+
+_SUBMIT = ("key_digests", "identifier_encodings", "field_encodings")
+_LINK = ("match_keys", "soft_link", "field_link")
+
+#: The coordinator's side of alignment (exact keys, soft linkage, several fields): each data
+#: party submits once; the opener (the primary) links once; the result is immutable and each
+#: secondary fetches its own view.
+COORDINATION = ProtocolSpec(
+    name="coordination", title="Alignment at the coordinator",
+    receiver="coordinator", key="session", two_party=False,
+    paper="FedSim §4.1, App. C; key confirmation",
+    states=(_OPEN, "linked"), initial=_OPEN, final=("linked",),
+    steps=(
+        Step("key_tag", ANY_DATA, (_OPEN,), None, times=4, per_sender=True, opens=True),
+        Step("fetch_key_tags", ANY_DATA, (_OPEN,), None, times=4, per_sender=True,
+             opens=True),
+        *(Step(kind, ANY_DATA, (_OPEN,), None, times=1, per_sender=True, opens=True)
+          for kind in _SUBMIT),
+        *(Step(kind, ("opener", "primary"), (_OPEN,), "linked") for kind in _LINK),
+        Step("fetch_alignment", ANY_DATA, ("linked",), None, times=None, per_sender=True),
+    ))
+
+PROTOCOLS: tuple[ProtocolSpec, ...] = (PSU, PSI, DATA_ALIGNMENT, TRAINING, COORDINATION)
+
+
+def protocols_for(role: str) -> tuple[ProtocolSpec, ...]:
+    """The protocols a party of ``role`` serves."""
+    return tuple(p for p in PROTOCOLS if p.receiver == role)
+
+
+# --- state --------------------------------------------------------------------------------------
+
+
+@dataclass
+class Session:
+    """One session's state at the receiving party."""
+
+    protocol: ProtocolSpec
+    name: str
+    opener: str
+    state: str
+    created: float
+    touched: float
+    counts: dict[tuple[str, str], int] = field(default_factory=dict)
+    commits: dict[str, Any] = field(default_factory=dict)
+    #: what the party keeps for this session (handlers' own objects)
+    data: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def finished(self) -> bool:
+        return self.state in self.protocol.final
+
+    def participants(self) -> set[str]:
+        """The opener and every party that sent a message counted per sender."""
+        return {self.opener, *(who for _, who in self.counts if who)}
+
+    def commit(self, name: str, value: Any) -> None:
+        """Record a value later messages are bound to (a handler's own figure, e.g. n_p)."""
+        if name in self.commits and self.commits[name] != value:
+            raise ProtocolError(f"{self.protocol.name} session {self.name!r}: {name} was "
+                                f"committed as {self.commits[name]}, not {value}")
+        self.commits[name] = value
+
+
+@dataclass(frozen=True)
+class SessionLimits:
+    """Limits on the sessions one party keeps (from its policy)."""
+
+    max_sessions: int = 16
+    ttl_s: float = 86400.0
+    max_finished_names: int = 100_000
+
+
+@dataclass(frozen=True)
+class Admission:
+    """A message admitted by :meth:`SessionTable.admit`; pass it to :meth:`SessionTable.done`
+    once the handler succeeded."""
+
+    session: Session
+    step: Step
+    sender: str
+    new: bool
+
+
+class SessionTable:
+    """The sessions one party keeps, and the engine that applies the declarations.
+
+    Thread-safe: admission and the state change after a handler are each atomic; a party that
+    serves several callers at once may run handlers of different sessions concurrently.
+    """
+
+    def __init__(self, party: str, role: str, limits: SessionLimits | None = None,
+                 protocols: Iterable[ProtocolSpec] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.party = party
+        self.role = role
+        self.limits = limits or SessionLimits()
+        self.protocols = tuple(protocols) if protocols is not None else protocols_for(role)
+        self._by_kind: dict[str, ProtocolSpec] = {}
+        for p in self.protocols:
+            for kind in p.kinds():
+                if kind in self._by_kind and self._by_kind[kind] is not p:
+                    raise ProtocolError(f"message kind {kind!r} is declared by two protocols "
+                                        f"of a {role} ({self._by_kind[kind].name}, {p.name})")
+                self._by_kind[kind] = p
+        self._sessions: dict[tuple[str, str], Session] = {}
+        self._finished: OrderedDict[tuple[str, str], None] = OrderedDict()
+        self._lock = threading.RLock()
+        self._clock = clock
+
+    def governs(self, kind: str) -> bool:
+        return kind in self._by_kind
+
+    def get(self, protocol: str, name: str) -> Session | None:
+        with self._lock:
+            return self._sessions.get((protocol, name))
+
+    def sessions(self, protocol: str | None = None) -> list[Session]:
+        with self._lock:
+            return [s for (p, _), s in self._sessions.items() if protocol in (None, p)]
+
+    def open(self, protocol: ProtocolSpec, name: str, opener: str, state: str) -> Session:
+        """A session created by the party itself (e.g. an alignment adopted in-process)."""
+        with self._lock:
+            now = self._expire()
+            self._check_name(protocol, name)
+            self._check_room(protocol, name, now)
+            s = Session(protocol, name, opener, state, now, now)
+            self._sessions[(protocol.name, name)] = s
+            self._note_finished(s)
+            return s
+
+    # -- admission ------------------------------------------------------------------------------
+
+    def _refuse(self, protocol: ProtocolSpec, state: str, kind: str, why: str, *,
+                code: str, cls: type[Exception] = ProtocolError) -> Exception:
+        return refuse(cls,  # type: ignore[type-var]
+                      f"party {self.party!r} ({self.role}): {protocol.name} protocol, state "
+                      f"{state!r}: {kind} refused: {why}", code=code)
+
+    def _check_name(self, protocol: ProtocolSpec, name: Any) -> None:
+        if not isinstance(name, str) or not 0 < len(name) <= MAX_NAME or not _NAME.match(name):
+            raise self._refuse(protocol, "-", "session",
+                               f"session names are 1 to {MAX_NAME} characters of letters, "
+                               "digits and ._@:+=- starting with a letter or digit",
+                               code="session.name")
+
+    def _expire(self) -> float:
+        now = self._clock()
+        ttl = self.limits.ttl_s
+        for key, s in list(self._sessions.items()):
+            if now - s.touched > ttl:
+                del self._sessions[key]  # a finished one keeps its name in _finished
+        return now
+
+    def _check_room(self, protocol: ProtocolSpec, name: str, now: float) -> None:
+        if (protocol.name, name) in self._finished:
+            raise self._refuse(protocol, "done", "opening",
+                               f"session {name!r} is finished and immutable; a new run opens a "
+                               "new session", code="session.finished")
+        if len(self._sessions) >= self.limits.max_sessions:
+            # room is made by dropping the least recently used finished session first
+            done = [k for k, s in self._sessions.items() if s.finished]
+            if done:
+                oldest = min(done, key=lambda k: self._sessions[k].touched)
+                del self._sessions[oldest]
+            else:
+                raise refuse(PolicyViolation,
+                             f"party {self.party!r} already holds {len(self._sessions)} "
+                             "sessions, none finished (its limit, policy.max_sessions); finish "
+                             "them or wait "
+                             f"{self.limits.ttl_s:g} s for unused ones to expire",
+                             code="limit.sessions")
+
+    def _note_finished(self, s: Session) -> None:
+        if s.finished:
+            key = (s.protocol.name, s.name)
+            self._finished[key] = None
+            self._finished.move_to_end(key)
+            while len(self._finished) > self.limits.max_finished_names:
+                self._finished.popitem(last=False)
+
+    def admit(self, sender: str, sender_role: str | None, message: Message) -> Admission | None:
+        """Check ``message`` against its protocol's declaration before any work.
+
+        Returns None for kinds no protocol of this party declares (lifecycle messages such as
+        Hello, and kinds the party does not handle at all: its dispatch refuses those).
+        """
+        protocol = self._by_kind.get(message.kind)
+        if protocol is None:
+            return None
+        if protocol.key == "session":
+            name = getattr(message, "session", None)
+            self._check_name(protocol, name)
+        else:
+            name = sender
+        with self._lock:
+            now = self._expire()
+            s = self._sessions.get((protocol.name, name))
+            new = s is None
+            state = protocol.initial if s is None else s.state
+            commits: Mapping[str, Any] = {} if s is None else s.commits
+            rows = [r for r in protocol.rows(message.kind) if r.applies(message, commits)]
+            if s is None and (protocol.name, name) in self._finished:
+                raise self._refuse(protocol, "done", message.kind,
+                                   f"session {name!r} is finished and immutable; a new run "
+                                   "opens a new session", code="session.finished")
+            if s is not None and s.finished and not any(
+                    state in r.source and r.target is None for r in rows):
+                if sender not in s.participants():
+                    raise self._refuse(protocol, state, message.kind,
+                                       f"session {name!r} belongs to other parties",
+                                       code="session.bound", cls=PolicyViolation)
+                raise self._refuse(protocol, state, message.kind,
+                                   f"session {name!r} is already {state} and immutable; a new "
+                                   "run opens a new session", code="session.finished")
+            step = next((r for r in rows if state in r.source or "*" in r.source), None)
+            if step is None:
+                allowed = sorted({r.kind for r in protocol.steps
+                                  if state in r.source and r.applies(message, commits)})
+                raise self._refuse(protocol, state, message.kind,
+                                   f"allowed in this state: {', '.join(allowed) or 'nothing'}",
+                                   code="session.state")
+            if new and not step.opens:
+                raise self._refuse(protocol, state, message.kind,
+                                   f"no session {name!r} is open", code="session.unknown")
+            self._check_sender(protocol, s, step, sender, sender_role, state, message.kind)
+            if step.times is not None and s is not None:
+                key = (message.kind, sender if step.per_sender else "")
+                if s.counts.get(key, 0) >= step.times:
+                    raise self._refuse(protocol, state, message.kind,
+                                       f"already received {step.times} time(s) in session "
+                                       f"{name!r}", code="session.repeated")
+            for bound in step.bounds:
+                why = bound.check(message, commits)
+                if why is not None:
+                    raise self._refuse(protocol, state, message.kind, why,
+                                       code="session.bound-size")
+            if new:
+                self._check_room(protocol, name, now)
+                s = Session(protocol, name, sender, protocol.initial, now, now)
+                self._sessions[(protocol.name, name)] = s
+            if s is None:  # pragma: no cover - set just above
+                raise ProtocolError("session vanished")
+            s.touched = now
+            return Admission(s, step, sender, new)
+
+    def _check_sender(self, protocol: ProtocolSpec, s: Session | None, step: Step,
+                      sender: str, sender_role: str | None, state: str, kind: str) -> None:
+        if s is not None and protocol.two_party and sender != s.opener:
+            raise self._refuse(protocol, state, kind,
+                               f"session {s.name!r} belongs to other parties",
+                               code="session.bound", cls=PolicyViolation)
+        roles = [r for r in step.senders if r != "opener"]
+        if "opener" in step.senders and s is not None:
+            if sender == s.opener and sender_role in (None, "data", *roles):
+                return  # a secondary never links a session, even one it opened
+            if sender_role in (None, "data"):  # roles not configured: only the opener
+                raise self._refuse(protocol, state, kind, f"only the party that opened "
+                                   f"session {s.name!r} may send it", code="session.bound",
+                                   cls=PolicyViolation)
+        if sender_role is not None and sender_role not in roles:
+            raise self._refuse(protocol, state, kind,
+                               f"only a {' or '.join(roles)} party may send it",
+                               code="session.role", cls=PolicyViolation)
+
+    def done(self, admission: Admission, message: Message) -> None:
+        """The handler succeeded: count the message, commit its sizes, move the state."""
+        s, step = admission.session, admission.step
+        with self._lock:
+            key = (message.kind, admission.sender if step.per_sender else "")
+            s.counts[key] = s.counts.get(key, 0) + 1
+            for name, fld in step.commits:
+                value = getattr(message, fld)
+                s.commits.setdefault(name, value if isinstance(value, str) else _size(value))
+            if step.target is not None:
+                s.state = step.target
+            s.touched = self._clock()
+            self._note_finished(s)
+
+    def failed(self, admission: Admission) -> None:
+        """The handler refused: a session the message had opened is dropped again."""
+        with self._lock:
+            if admission.new and not admission.session.counts and \
+                    admission.session.state == admission.session.protocol.initial:
+                key = (admission.session.protocol.name, admission.session.name)
+                if self._sessions.get(key) is admission.session:
+                    del self._sessions[key]
+
+
+# --- documentation ------------------------------------------------------------------------------
+
+
+def _senders(step: Step) -> str:
+    return " or ".join("the opener" if r == "opener" else r for r in step.senders)
+
+
+def describe(protocols: Iterable[ProtocolSpec] = PROTOCOLS) -> str:
+    """Every declaration as Markdown: one table per protocol (the README's protocol section)."""
+    out: list[str] = []
+    for p in protocols:
+        out.append(f"#### `{p.name}`: {p.title}")
+        out.append("")
+        keyed = "its `session` field" if p.key == "session" else "the sending peer (one per peer)"
+        final = ", ".join(f"`{s}`" for s in p.final) or "none (the session stays open)"
+        out.append(f"Sessions named by {keyed}; states {' → '.join(f'`{s}`' for s in p.states)}"
+                   f"; finished (immutable): {final}. From: {p.paper}.")
+        out.append("")
+        out.append("| message | from | in state | to state | times | bound to |")
+        out.append("|---|---|---|---|---|---|")
+        for st in p.steps:
+            cond = []
+            if st.when is not None:
+                cond.append(f"when {st.when[0]} ∈ {{{', '.join(map(str, st.when[1]))}}}")
+            if st.requires is not None:
+                cond.append(f"if {st.requires[0]} ∈ {{{', '.join(map(str, st.requires[1]))}}}")
+            bound = "; ".join([b.text() for b in st.bounds]
+                              + [f"commits {n} = len({f})" if n != f else f"commits {n}"
+                                 for n, f in st.commits] + cond) or "–"
+            times = "any" if st.times is None else str(st.times)
+            if st.per_sender:
+                times += " per sender"
+            target = st.target or "(same)"
+            out.append(f"| `{st.kind}` | {_senders(st)} | {', '.join(st.source)} | {target} | "
+                       f"{times} | {bound} |")
+        out.append("")
+    return "\n".join(out)
