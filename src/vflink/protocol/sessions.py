@@ -214,6 +214,12 @@ class ProtocolSpec:
     steps: tuple[Step, ...]
     two_party: bool = True
     paper: str = ""
+    #: protocols sharing a namespace share session names (PSU and PSI: one result file each)
+    namespace: str = ""
+
+    @property
+    def space(self) -> str:
+        return self.namespace or self.name
 
     def kinds(self) -> frozenset[str]:
         return frozenset(s.kind for s in self.steps)
@@ -231,7 +237,7 @@ _OPEN = "open"
 #: set size n_a in round 1; every later list must agree with it (lines 6, 8, 11, 12).
 PSU = ProtocolSpec(
     name="psu", title="Private set union (FLORIST Alg. 1), at the secondary",
-    receiver="secondary", key="session", paper="FLORIST Algorithm 1",
+    receiver="secondary", key="session", paper="FLORIST Algorithm 1", namespace="set",
     states=("new", "round1", "round2", "done"), initial="new", final=("done",),
     steps=(
         Step("psu_round1", _P, ("new",), "round1", opens=True,
@@ -250,6 +256,7 @@ PSU = ProtocolSpec(
 PSI = ProtocolSpec(
     name="psi", title="ECDH private set intersection, at the secondary",
     receiver="secondary", key="session", paper="ECDH PSI (FLORIST §2.2 baseline)",
+    namespace="set",
     states=("new", "round1", "done"), initial="new", final=("done",),
     steps=(
         Step("psi_round1", _P, ("new",), "round1", opens=True,
@@ -422,12 +429,15 @@ class SessionTable:
         return kind in self._by_kind
 
     def get(self, protocol: str, name: str) -> Session | None:
+        """The session ``name`` of ``protocol`` (None if there is none of that protocol)."""
         with self._lock:
-            return self._sessions.get((protocol, name))
+            spec = next((p for p in self.protocols if p.name == protocol), None)
+            s = None if spec is None else self._sessions.get((spec.space, name))
+            return s if s is not None and s.protocol.name == protocol else None
 
     def sessions(self, protocol: str | None = None) -> list[Session]:
         with self._lock:
-            return [s for (p, _), s in self._sessions.items() if protocol in (None, p)]
+            return [s for s in self._sessions.values() if protocol in (None, s.protocol.name)]
 
     def open(self, protocol: ProtocolSpec, name: str, opener: str, state: str) -> Session:
         """A session created by the party itself (e.g. an alignment adopted in-process)."""
@@ -436,7 +446,7 @@ class SessionTable:
             self._check_name(protocol, name)
             self._check_room(protocol, name, now)
             s = Session(protocol, name, opener, state, now, now)
-            self._sessions[(protocol.name, name)] = s
+            self._sessions[(protocol.space, name)] = s
             self._note_finished(s)
             return s
 
@@ -464,7 +474,7 @@ class SessionTable:
         return now
 
     def _check_room(self, protocol: ProtocolSpec, name: str, now: float) -> None:
-        if (protocol.name, name) in self._finished:
+        if (protocol.space, name) in self._finished:
             raise self._refuse(protocol, "done", "opening",
                                f"session {name!r} is finished and immutable; a new run opens a "
                                "new session", code="session.finished")
@@ -484,7 +494,7 @@ class SessionTable:
 
     def _note_finished(self, s: Session) -> None:
         if s.finished:
-            key = (s.protocol.name, s.name)
+            key = (s.protocol.space, s.name)
             self._finished[key] = None
             self._finished.move_to_end(key)
             while len(self._finished) > self.limits.max_finished_names:
@@ -506,12 +516,16 @@ class SessionTable:
             name = sender
         with self._lock:
             now = self._expire()
-            s = self._sessions.get((protocol.name, name))
+            s = self._sessions.get((protocol.space, name))
+            if s is not None and s.protocol is not protocol:
+                raise self._refuse(protocol, s.state, message.kind,
+                                   f"session {name!r} is a {s.protocol.name} session",
+                                   code="session.protocol")
             new = s is None
             state = protocol.initial if s is None else s.state
             commits: Mapping[str, Any] = {} if s is None else s.commits
             rows = [r for r in protocol.rows(message.kind) if r.applies(message, commits)]
-            if s is None and (protocol.name, name) in self._finished:
+            if s is None and (protocol.space, name) in self._finished:
                 raise self._refuse(protocol, "done", message.kind,
                                    f"session {name!r} is finished and immutable; a new run "
                                    "opens a new session", code="session.finished")
@@ -549,7 +563,7 @@ class SessionTable:
             if new:
                 self._check_room(protocol, name, now)
                 s = Session(protocol, name, sender, protocol.initial, now, now)
-                self._sessions[(protocol.name, name)] = s
+                self._sessions[(protocol.space, name)] = s
             if s is None:  # pragma: no cover - set just above
                 raise ProtocolError("session vanished")
             s.touched = now
@@ -593,7 +607,7 @@ class SessionTable:
         with self._lock:
             if admission.new and not admission.session.counts and \
                     admission.session.state == admission.session.protocol.initial:
-                key = (admission.session.protocol.name, admission.session.name)
+                key = (admission.session.protocol.space, admission.session.name)
                 if self._sessions.get(key) is admission.session:
                     del self._sessions[key]
 

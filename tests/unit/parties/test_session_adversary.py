@@ -1,0 +1,606 @@
+"""A stateful adversary per protocol (issue 19, item 6): an authenticated peer of each role
+sends any message of the protocol, in any state, with honest, replayed, resized and random
+contents, over both transports; invariants are checked after every step.
+
+Each machine drives real parties (a :class:`SecondaryParty`, a :class:`CoordinatorParty`)
+through an in-process hub or through gRPC servers with mutual TLS on loopback. The model in the
+machine is the oracle: which sessions an honest run finished (and their results), which rows
+the honest alignment serves to whom, what sizes each session committed to.
+
+Invariants after every step:
+
+* no finished session changed (its result object, rows and written file are as they were);
+* no row outside the alignment served: an :class:`Embeddings` reply only for rows the honest
+  alignment gave that very sender;
+* every PSU/PSI reply agrees with the sizes committed in round 1;
+* every refusal is a ``ProtocolError``/``PolicyViolation`` that names no cell value and no
+  local path;
+* the party still answers (Hello).
+
+More examples run in the slow job (``VFLINK_ADVERSARY_EXAMPLES``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
+
+from vflink.alignment._dh import key_bytes
+from vflink.alignment.groups import get_group
+from vflink.data import PartySchema, PartyTable
+from vflink.errors import PolicyViolation, ProtocolError, VflinkError
+from vflink.models.spec import BottomSpec
+from vflink.parties import CoordinatorParty, SecondaryParty
+from vflink.parties.setalign import SetAlignmentDriver
+from vflink.protocol import (
+    Ack,
+    AlignmentReady,
+    AlignmentView,
+    AlignmentViews,
+    Backward,
+    Embeddings,
+    FetchAlignment,
+    FitPreprocessing,
+    Forward,
+    Hello,
+    IdentifierEncodings,
+    Message,
+    SetupBottom,
+    SoftLink,
+)
+from vflink.protocol.messages import (
+    PsiRound1,
+    PsiRound2,
+    PsuRound1,
+    PsuRound2,
+    PsuRound3,
+)
+from vflink.transport import InProcessHub
+from vflink.transport.grpc import GrpcChannel, GrpcServer, TlsConfig, create_dev_pki
+from vflink.transport.grpc.channel import PeerAddress
+
+N_BANK = 24
+KEYS = [f"secretkey{i:03d}" for i in range(N_BANK)]
+NAMES = [f"Quirinus{i} Vandermolen" for i in range(N_BANK)]
+PRIMARY_KEYS = KEYS[:12] + [f"onlyprimary{i}" for i in range(8)]
+PARTIES = ("primary", "bank", "other", "coordinator")
+ROLES = {"primary": "primary", "bank": "secondary", "other": "secondary",
+         "coordinator": "coordinator"}
+EXAMPLES = int(os.environ.get("VFLINK_ADVERSARY_EXAMPLES", "20"))
+STEPS = int(os.environ.get("VFLINK_ADVERSARY_STEPS", "15"))
+GROUP = get_group("ristretto255")
+
+
+def bank_table() -> PartyTable:
+    frame = pd.DataFrame({"id": KEYS, "name": NAMES,
+                          "income": np.linspace(1000.5, 9000.25, N_BANK)})
+    schema = PartySchema(name="bank", role="secondary", key=("id",), identifiers=("name",),
+                         numeric=("income",))
+    return PartyTable.from_frame(schema, frame, "/very/private/path/bank.csv")
+
+
+def primary_keys() -> list[bytes]:
+    return key_bytes(pd.DataFrame({"id": PRIMARY_KEYS}), ("id",), who="primary")
+
+
+# --- transports: the same machine over an in-process hub and over gRPC with mutual TLS ----------
+
+
+class Proxy:
+    """A served handler whose target party changes with every Hypothesis example."""
+
+    def __init__(self) -> None:
+        self.target: Any = None
+
+    def handle(self, sender: str, message: Message) -> Message:
+        return self.target.handle(sender, message)  # type: ignore[no-any-return]
+
+
+class Net:
+    """Servers for the bank and the coordinator, started once, and a channel per sender."""
+
+    def __init__(self, pki: Path) -> None:
+        self.proxies = {"bank": Proxy(), "coordinator": Proxy()}
+        self.servers = {name: GrpcServer(name, proxy, "127.0.0.1:0",
+                                         TlsConfig.for_party(pki, name), set(PARTIES)).start()
+                        for name, proxy in self.proxies.items()}
+        addresses = {n: PeerAddress("127.0.0.1", s.port) for n, s in self.servers.items()}
+        self.channels = {name: GrpcChannel(name, addresses, TlsConfig.for_party(pki, name),
+                                           deadline_s=30) for name in PARTIES}
+
+    def close(self) -> None:
+        for c in self.channels.values():
+            c.close()
+        for s in self.servers.values():
+            s.stop(grace=None)
+
+
+_NET: dict[str, Net] = {}
+
+
+@pytest.fixture(scope="module")
+def net(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Net]:
+    pki = tmp_path_factory.mktemp("adversary-pki")
+    create_dev_pki(pki, list(PARTIES))
+    n = Net(pki)
+    _NET["net"] = n
+    yield n
+    _NET.pop("net", None)
+    n.close()
+
+
+class World:
+    """Fresh parties for one example, reachable over the chosen transport."""
+
+    def __init__(self, transport: str, out_dir: Path | None) -> None:
+        self.hub = InProcessHub()
+        self.coordinator = CoordinatorParty("coordinator", seed=0, roles=ROLES)
+        self.bank = SecondaryParty(bank_table(), self.hub.channel("bank"), secret=b"s" * 32,
+                                   roles=ROLES, out_dir=out_dir)
+        self.hub.register("bank", self.bank)
+        self.hub.register("coordinator", self.coordinator)
+        self.transport = transport
+        if transport == "grpc":
+            net = _NET["net"]
+            net.proxies["bank"].target = self.bank
+            net.proxies["coordinator"].target = self.coordinator
+            self.bank.channel = net.channels["bank"]
+
+    def channel(self, sender: str) -> Any:
+        if self.transport == "grpc":
+            return _NET["net"].channels[sender]
+        return self.hub.channel(sender)
+
+    def send(self, sender: str, to: str, message: Message) -> Message | VflinkError:
+        """The reply, or the refusal (checked to be a clean boundary refusal)."""
+        try:
+            return self.channel(sender).call(to, message)  # type: ignore[no-any-return]
+        except VflinkError as exc:
+            clean_refusal(exc)
+            return exc
+
+
+def clean_refusal(exc: VflinkError) -> None:
+    assert isinstance(exc, (ProtocolError, PolicyViolation)), (type(exc), exc)
+    text = str(exc)
+    assert not any(k in text for k in KEYS), text
+    assert not any(n in text for n in NAMES), text
+    assert "/very/private" not in text and "Traceback" not in text, text
+
+
+def elements(n: int, seed: int) -> np.ndarray:
+    return GROUP.hash_to_group([f"guess-{seed}-{i}".encode() for i in range(n)])
+
+
+def sizes() -> st.SearchStrategy[str]:
+    return st.sampled_from(["honest", "honest", "more", "fewer", "empty"])
+
+
+def resize(honest: np.ndarray, how: str, seed: int) -> np.ndarray:
+    """Honest contents, or resized with valid group elements (guessed IDs), or empty."""
+    if how == "honest":
+        return honest
+    if how == "more":
+        return np.concatenate([honest, elements(3, seed)]) if len(honest) else elements(3, seed)
+    if how == "fewer":
+        return honest[: max(len(honest) - 2, 0)]
+    return honest[:0]
+
+
+# --- PSU and PSI at the secondary -----------------------------------------------------------------
+
+
+class SetProtocolMachine(RuleBasedStateMachine):
+    transport = "inprocess"
+    out_dir: Path | None = None
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.world = World(self.transport, self.out_dir)
+        self.finished: dict[str, tuple[Any, bytes | None]] = {}  # name → (result, file bytes)
+        self.opened: dict[str, tuple[str, int]] = {}  # name → (protocol, committed n_a)
+        self.counter = 0
+        self.keys = primary_keys()
+
+    @initialize(n_a=st.integers(0, 8), reveal=st.sampled_from(["both", "secondary"]))
+    def open_sessions(self, n_a: int, reveal: str) -> None:
+        """Every example starts with a PSU and a PSI session the primary opened honestly."""
+        for method in ("psu", "psi"):
+            name = self._name(method)
+            msg: Message = PsuRound1(session=name, group=GROUP.name, a_s1=elements(n_a, 1)) \
+                if method == "psu" else PsiRound1(session=name, group=GROUP.name, reveal=reveal,
+                                                  a_s=elements(n_a, 2))
+            assert not isinstance(self.world.send("primary", "bank", msg), VflinkError)
+            self.opened[name] = (method, n_a)
+
+    def _name(self, purpose: str) -> str:
+        self.counter += 1
+        return f"{purpose}@{self.transport}{self.counter}"
+
+    def _file(self, name: str) -> bytes | None:
+        if self.out_dir is None:
+            return None
+        path = self.out_dir / "alignments" / f"{name}.parquet"
+        return path.read_bytes() if path.exists() else None
+
+    def _remember(self, name: str) -> None:
+        result = self.world.bank.set_alignment(name)
+        if result is not None:
+            self.finished[name] = (result, self._file(name))
+
+    @rule(method=st.sampled_from(["psu", "psi"]),
+          reveal=st.sampled_from(["both", "primary", "secondary", "cardinality"]))
+    def honest_run(self, method: str, reveal: str) -> None:
+        name = self._name(method)
+        driver = SetAlignmentDriver(self.keys, self.world.channel("primary"), GROUP)
+        out = driver.psu("bank", name) if method == "psu" else \
+            driver.psi("bank", name, reveal=reveal)
+        assert out.session == name
+        self._remember(name)
+
+    def _target(self, data: st.DataObject, stage: str | None = None) -> str:
+        """A session name: mostly one in ``stage`` (where the next round would be honest),
+        else any known one, a finished one, or a fresh one."""
+        ready = sorted(n for n, (st_, _) in self.opened.items() if st_ == stage)
+        if ready and data.draw(st.integers(0, 3)) > 0:
+            return data.draw(st.sampled_from(ready))
+        known = sorted({*self.finished, *self.opened})
+        return data.draw(st.sampled_from([*known, self._name("x")]) if known else
+                         st.just(self._name("x")))
+
+    @rule(data=st.data(), sender=st.sampled_from(["primary", "primary", "other", "bank"]),
+          how=sizes())
+    def psu_round1(self, data: st.DataObject, sender: str, how: str) -> None:
+        name = self._target(data)
+        a_s1 = resize(elements(6, self.counter), how, self.counter)
+        reply = self.world.send(sender, "bank", PsuRound1(session=name, group=GROUP.name,
+                                                           a_s1=a_s1))
+        if not isinstance(reply, VflinkError):
+            assert sender == "primary" and name not in self.finished and name not in self.opened
+            assert len(reply.a_s1t1) == len(a_s1)  # type: ignore[attr-defined]
+            self.opened[name] = ("psu", len(a_s1))
+
+    @rule(data=st.data(), sender=st.sampled_from(["primary", "primary", "other"]), a=sizes(),
+          p=st.sampled_from(["honest", "honest", "honest", "more"]),
+          u=st.sampled_from(["honest", "honest", "honest", "more"]))
+    def psu_round2(self, data: st.DataObject, sender: str, a: str, p: str, u: str) -> None:
+        name = self._target(data, "psu")
+        n_a = self.opened.get(name, ("", 6))[1]
+        own = elements(N_BANK, 99)
+        msg = PsuRound2(session=name, p_s1t1=resize(own, p, 1),
+                        union_s123t1=resize(elements(n_a + N_BANK, 7), u, 2),
+                        a_s2=resize(elements(n_a, 5), a, 3))
+        reply = self.world.send(sender, "bank", msg)
+        if not isinstance(reply, VflinkError):
+            # only in round 1 of a session this sender opened, and only with the committed sizes
+            assert sender == "primary" and self.opened.get(name, ("",))[0] == "psu"
+            assert len(msg.a_s2) == n_a and len(msg.p_s1t1) == N_BANK
+            assert max(n_a, N_BANK) <= len(msg.union_s123t1) <= n_a + N_BANK
+            self.opened[name] = ("psu-2", n_a)
+
+    @rule(data=st.data(), sender=st.sampled_from(PARTIES[:3]), how=sizes())
+    def psu_round3(self, data: st.DataObject, sender: str, how: str) -> None:
+        name = self._target(data, "psu-2")
+        msg = PsuRound3(session=name, p_s123t2=resize(elements(N_BANK, 11), how, 4))
+        reply = self.world.send(sender, "bank", msg)
+        if not isinstance(reply, VflinkError):  # random points cannot complete a union
+            assert sender == "primary" and self.opened.get(name, ("",))[0] == "psu-2"
+            assert len(msg.p_s123t2) == N_BANK
+
+    def _waiting(self, stage: str) -> list[str]:
+        return sorted(n for n, (st_, _) in self.opened.items() if st_ == stage)
+
+    # the attacker's favourite moves: continue a session it opened, with resized contents
+    @precondition(lambda self: bool(self._waiting("psu")))
+    @rule(data=st.data(), a=st.sampled_from(["honest", "more", "fewer", "empty"]),
+          u=st.sampled_from(["honest", "more", "fewer"]))
+    def continue_psu(self, data: st.DataObject, a: str, u: str) -> None:
+        name = data.draw(st.sampled_from(self._waiting("psu")))
+        n_a = self.opened[name][1]
+        msg = PsuRound2(session=name, p_s1t1=elements(N_BANK, 99),
+                        union_s123t1=resize(elements(n_a + N_BANK, 7), u, 2),
+                        a_s2=resize(elements(n_a, 5), a, 3))
+        reply = self.world.send("primary", "bank", msg)
+        if not isinstance(reply, VflinkError):
+            assert len(msg.a_s2) == n_a  # no guessed IDs beyond round 1's commitment
+            assert max(n_a, N_BANK) <= len(msg.union_s123t1) <= n_a + N_BANK
+            self.opened[name] = ("psu-2", n_a)
+
+    @precondition(lambda self: bool(self._waiting("psi")))
+    @rule(data=st.data(), how=sizes())
+    def continue_psi(self, data: st.DataObject, how: str) -> None:
+        name = data.draw(st.sampled_from(self._waiting("psi")))
+        msg = PsiRound2(session=name, p_ts=resize(elements(N_BANK, 13), how, 5))
+        reply = self.world.send("primary", "bank", msg)
+        if not isinstance(reply, VflinkError):
+            assert len(msg.p_ts) == N_BANK
+            self._remember(name)
+
+    @precondition(lambda self: bool(self.finished))
+    @rule(data=st.data(), how=sizes())
+    def replay_on_finished(self, data: st.DataObject, how: str) -> None:
+        name = data.draw(st.sampled_from(sorted(self.finished)))
+        for msg in (PsiRound2(session=name, p_ts=resize(elements(N_BANK, 17), how, 6)),
+                    PsuRound3(session=name, p_s123t2=resize(elements(N_BANK, 19), how, 7)),
+                    PsiRound1(session=name, group=GROUP.name, reveal="both",
+                              a_s=elements(3, 8))):
+            reply = self.world.send("primary", "bank", msg)
+            assert isinstance(reply, VflinkError), msg.kind  # a finished session is immutable
+
+    @rule(data=st.data(), sender=st.sampled_from(PARTIES[:3]), how=sizes(),
+          reveal=st.sampled_from(["both", "primary", "secondary", "cardinality"]))
+    def psi_round1(self, data: st.DataObject, sender: str, how: str, reveal: str) -> None:
+        name = self._target(data)
+        a_s = resize(elements(5, self.counter), how, self.counter)
+        reply = self.world.send(sender, "bank", PsiRound1(session=name, group=GROUP.name,
+                                                          reveal=reveal, a_s=a_s))
+        if not isinstance(reply, VflinkError):
+            assert sender == "primary" and name not in self.finished and name not in self.opened
+            if reveal in ("both", "secondary"):
+                self.opened[name] = ("psi", len(a_s))
+            else:
+                self.opened[name] = ("psi-done", len(a_s))
+            self._remember(name)
+
+    @rule(data=st.data(), sender=st.sampled_from(PARTIES[:3]), how=sizes())
+    def psi_round2(self, data: st.DataObject, sender: str, how: str) -> None:
+        name = self._target(data, "psi")
+        msg = PsiRound2(session=name, p_ts=resize(elements(N_BANK, 13), how, 5))
+        reply = self.world.send(sender, "bank", msg)
+        if not isinstance(reply, VflinkError):
+            assert sender == "primary" and name not in self.finished
+            assert len(msg.p_ts) == N_BANK
+            self._remember(name)
+
+    @rule(data=st.data(), sender=st.sampled_from(PARTIES))
+    def fetch_rows(self, data: st.DataObject, sender: str) -> None:
+        name = self._target(data)
+        reply = self.world.send(sender, "bank", FetchAlignment(session=name))
+        if not isinstance(reply, VflinkError):
+            # PSI rows go to the party that ran that PSI, revealing "both", and nobody else
+            result = self.finished[name][0]
+            assert sender == "primary" and result.method == "psi" and result.known
+            assert isinstance(reply, AlignmentView)
+            assert sorted(reply.secondary_index) == sorted(result.rows)
+
+    @invariant()
+    def finished_sessions_never_change(self) -> None:
+        for name, (result, blob) in self.finished.items():
+            now = self.world.bank.set_alignment(name)
+            assert now is result, name
+            assert self._file(name) == blob, name
+
+    @invariant()
+    def still_answers(self) -> None:
+        reply = self.world.channel("primary").call("bank", Hello(party="primary",
+                                                                 role="primary"))
+        assert isinstance(reply, Hello)
+
+
+# --- split training at the secondary --------------------------------------------------------------
+
+
+class TrainingMachine(RuleBasedStateMachine):
+    """Split training bound to the honest alignment (a PSI run with the primary)."""
+
+    transport = "inprocess"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.world = World(self.transport, None)
+        self.served: dict[str, set[int]] = {}  # the oracle: rows served to each sender
+        self.batches: dict[int, int] = {}  # batch id → number of unique rows
+        self.session = ""
+
+    @initialize(aligned=st.booleans())
+    def start(self, aligned: bool) -> None:
+        """The primary builds the bottom model at once (allowed before any alignment); half
+        the examples also align honestly first."""
+        reply = self.world.send("primary", "bank", SetupBottom(spec=BottomSpec(
+            hidden=(4,), out_dim=3, seed=1)))
+        assert isinstance(reply, Ack)
+        if aligned:
+            self.honest_alignment()
+
+    @precondition(lambda self: not self.session)
+    @rule()
+    def honest_alignment(self) -> None:
+        self.session = "psi@training"
+        driver = SetAlignmentDriver(primary_keys(), self.world.channel("primary"), GROUP)
+        driver.psi("bank", self.session, reveal="both")
+        reply = self.world.send("primary", "bank", AlignmentReady(session=self.session,
+                                                                  coordinator="coordinator"))
+        assert isinstance(reply, Ack)
+        rows = self.world.bank.set_alignment(self.session).rows  # type: ignore[union-attr]
+        self.served["primary"] = {int(r) for r in rows}
+
+    @rule(sender=st.sampled_from(PARTIES[:3]), session=st.sampled_from(["psi@training",
+                                                                        "never@opened"]))
+    def alignment_ready(self, sender: str, session: str) -> None:
+        reply = self.world.send(sender, "bank", AlignmentReady(session=session,
+                                                               coordinator="coordinator"))
+        if not isinstance(reply, VflinkError):
+            assert sender == "primary" and session == self.session
+
+    @rule(sender=st.sampled_from(PARTIES[:3]))
+    def setup_bottom(self, sender: str) -> None:
+        self.world.send(sender, "bank", SetupBottom(spec=BottomSpec(hidden=(4,), out_dim=3,
+                                                                    seed=1)))
+
+    @rule(sender=st.sampled_from(PARTIES[:3]),
+          rows=st.lists(st.integers(-2, N_BANK + 2), min_size=0, max_size=8))
+    def fit(self, sender: str, rows: list[int]) -> None:
+        reply = self.world.send(sender, "bank", FitPreprocessing(rows=np.array(rows,
+                                                                               dtype=np.int64)))
+        if not isinstance(reply, VflinkError):
+            assert set(rows) <= self.served.get(sender, set()), rows
+
+    @rule(sender=st.sampled_from(PARTIES[:3]), train=st.booleans(), batch=st.integers(0, 4),
+          rows=st.lists(st.integers(-2, N_BANK + 2), min_size=1, max_size=8))
+    def forward(self, sender: str, train: bool, batch: int, rows: list[int]) -> None:
+        reply = self.world.send(sender, "bank", Forward(batch_id=batch, rows=np.array(
+            rows, dtype=np.int64), train=train))
+        if not isinstance(reply, VflinkError):
+            # no row outside the alignment is ever served, to anyone
+            assert set(rows) <= self.served.get(sender, set()), rows
+            assert isinstance(reply, Embeddings) and len(reply.inverse) == len(rows)
+            if train:
+                self.batches[batch] = len(set(rows))
+
+    # the attacker's favourite move: the primary asks for valid rows, aligned or not
+    @rule(rows=st.lists(st.integers(0, N_BANK - 1), min_size=1, max_size=6),
+          kind=st.sampled_from(["fit", "train", "eval"]))
+    def primary_probes(self, rows: list[int], kind: str) -> None:
+        idx = np.array(rows, dtype=np.int64)
+        msg: Message = FitPreprocessing(rows=idx) if kind == "fit" else \
+            Forward(batch_id=9, rows=idx, train=kind == "train")
+        reply = self.world.send("primary", "bank", msg)
+        if not isinstance(reply, VflinkError):
+            assert set(rows) <= self.served.get("primary", set()), (kind, rows)
+
+    @rule(sender=st.sampled_from(PARTIES[:3]), batch=st.integers(0, 4),
+          how=st.sampled_from(["honest", "shape", "nan"]))
+    def backward(self, sender: str, batch: int, how: str) -> None:
+        n = self.batches.get(batch, 2)
+        grad = torch.zeros(n if how != "shape" else n + 1, 3)
+        if how == "nan":
+            grad[0, 0] = float("nan")
+        reply = self.world.send(sender, "bank", Backward(batch_id=batch, grad=grad))
+        if not isinstance(reply, VflinkError):
+            assert sender == "primary" and how == "honest"
+
+    @invariant()
+    def still_answers(self) -> None:
+        reply = self.world.channel("primary").call("bank", Hello(party="primary",
+                                                                 role="primary"))
+        assert isinstance(reply, Hello)
+
+
+# --- alignment at the coordinator ---------------------------------------------------------------
+
+
+class CoordinationMachine(RuleBasedStateMachine):
+    transport = "inprocess"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.world = World(self.transport, None)
+        self.linked: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]] = {}
+        self.counter = 0
+
+    def _target(self, data: st.DataObject) -> str:
+        self.counter += 1
+        fresh = f"link@{self.transport}{self.counter}"
+        return data.draw(st.sampled_from([*sorted(self.linked), fresh, "shared@1"]))
+
+    @rule(data=st.data(), sender=st.sampled_from(PARTIES[:3]),
+          n=st.integers(0, 4), width=st.sampled_from([1, 2]))
+    def submit(self, data: st.DataObject, sender: str, n: int, width: int) -> None:
+        name = self._target(data)
+        values = tuple(f"v{i}" for i in range(n)) if width == 1 else np.zeros((n, 3))
+        reply = self.world.send(sender, "coordinator", IdentifierEncodings(
+            session=name, encoder="string" if width == 1 else "raw", values=values))
+        if not isinstance(reply, VflinkError):
+            assert name not in self.linked  # a linked session is final
+
+    @rule(data=st.data(), sender=st.sampled_from(PARTIES[:3]),
+          secondaries=st.sampled_from([("bank",), ("other",), ("bank", "other"), ("primary",)]))
+    def link(self, data: st.DataObject, sender: str, secondaries: tuple[str, ...]) -> None:
+        name = self._target(data)
+        reply = self.world.send(sender, "coordinator", SoftLink(
+            session=name, secondaries=secondaries, metric="levenshtein", top_k=1, sigma=1.0))
+        if not isinstance(reply, VflinkError):
+            assert sender == "primary" and name not in self.linked
+            assert isinstance(reply, AlignmentViews)
+            self.linked[name] = {v.secondary: (v.primary_index.copy(),
+                                               v.secondary_index.copy()) for v in reply.views}
+
+    @rule(data=st.data(), sender=st.sampled_from(PARTIES))
+    def fetch(self, data: st.DataObject, sender: str) -> None:
+        name = self._target(data)
+        reply = self.world.send(sender, "coordinator", FetchAlignment(session=name))
+        if not isinstance(reply, VflinkError):
+            # a secondary's own view of a linked session, without similarities
+            assert name in self.linked and sender in self.linked[name]
+            assert isinstance(reply, AlignmentView) and reply.similarity is None
+            p, s = self.linked[name][sender]
+            assert np.array_equal(reply.secondary_index, s)
+
+    @invariant()
+    def linked_sessions_never_change(self) -> None:
+        for name, views in self.linked.items():
+            for sec, (_, s) in views.items():
+                now = self.world.coordinator.linkage(name, sec)
+                assert now is not None
+                assert np.array_equal(self.world.coordinator._sessions[name]
+                                      .alignments[sec].secondary_index, s)
+
+    @invariant()
+    def still_answers(self) -> None:
+        reply = self.world.channel("primary").call("coordinator", Hello(party="primary",
+                                                                        role="primary"))
+        assert isinstance(reply, Hello)
+
+
+MACHINES: dict[str, type[RuleBasedStateMachine]] = {
+    "set-protocols": SetProtocolMachine, "training": TrainingMachine,
+    "coordination": CoordinationMachine}
+
+
+def _run(machine: type[RuleBasedStateMachine], transport: str, out_dir: Path | None,
+         examples: int) -> None:
+    from hypothesis.stateful import run_state_machine_as_test
+
+    cls: Callable[[], RuleBasedStateMachine] = type(
+        f"{machine.__name__}_{transport}", (machine,),
+        {"transport": transport, "out_dir": out_dir})
+    run_state_machine_as_test(cls, settings=settings(
+        max_examples=examples, stateful_step_count=STEPS, deadline=None, database=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much]))
+
+
+@pytest.mark.network
+@pytest.mark.parametrize("transport", ["inprocess", "grpc"])
+@pytest.mark.parametrize("protocol", sorted(MACHINES))
+def test_hostile_peer_cannot_step_outside_the_protocol(
+        protocol: str, transport: str, net: Net, tmp_path: Path) -> None:
+    counter = iter(range(10**6))
+
+    class WithDir(MACHINES[protocol]):  # type: ignore[misc,valid-type]
+        def __init__(self) -> None:
+            self.out_dir = tmp_path / f"ex{next(counter)}"
+            super().__init__()
+
+    _run(WithDir, transport, None, EXAMPLES)
+
+
+@pytest.mark.slow
+@pytest.mark.network
+@pytest.mark.parametrize("transport", ["inprocess", "grpc"])
+@pytest.mark.parametrize("protocol", sorted(MACHINES))
+def test_hostile_peer_many_examples(protocol: str, transport: str, net: Net,
+                                   tmp_path: Path) -> None:
+    counter = iter(range(10**6))
+
+    class WithDir(MACHINES[protocol]):  # type: ignore[misc,valid-type]
+        def __init__(self) -> None:
+            self.out_dir = tmp_path / f"ex{next(counter)}"
+            super().__init__()
+
+    _run(WithDir, transport, None, 10 * EXAMPLES)
