@@ -23,12 +23,15 @@ import pytest
 import torch
 
 from tests.helpers.network import free_port, start_process
+from vflink.alignment._dh import key_bytes
 from vflink.alignment.confirm import new_nonce
+from vflink.alignment.groups import get_group
 from vflink.cli.main import main
 from vflink.errors import PolicyViolation, VflinkError
 from vflink.models.spec import BottomSpec
 from vflink.parties import SecondaryParty
 from vflink.parties.linking import encode_identifiers, send_key_tag
+from vflink.parties.setalign import SetAlignmentDriver
 from vflink.protocol import (
     PROTOCOL_VERSION,
     Ack,
@@ -55,6 +58,7 @@ from vflink.protocol import (
     Snapshot,
     SoftLink,
 )
+from vflink.protocol.sessions import new_session_name
 from vflink.runner.party_config import load_party_config, party_table
 from vflink.transport import InProcessHub
 from vflink.transport.grpc import GrpcChannel, TlsConfig, load_tls
@@ -296,7 +300,19 @@ def reference_party(fed: Federation) -> SecondaryParty:
     party = SecondaryParty(party_table(load_party_config(fed.secondary_file)),
                            InProcessHub().channel("secondary"))
     party.roles = {"primary": "primary"}
+    party.set_linked_rows(np.arange(N_ROWS), peer="primary")  # as align_with_psi gives it
     return party
+
+
+def align_with_psi(ch: GrpcChannel) -> str:
+    """An honest alignment of the primary with the served secondary (ECDH PSI over every key
+    it holds), so that the secondary serves its rows to the primary (issue 19)."""
+    keys = key_bytes(secondary_frame(N_ROWS)[["id"]], ("id",), who="primary")
+    session = new_session_name("psi")
+    SetAlignmentDriver(keys, ch, get_group("ristretto255")).psi("secondary", session,
+                                                                reveal="both")
+    ch.request("secondary", AlignmentReady(session=session, coordinator="coordinator"), Ack)
+    return session
 
 
 def test_poisoned_and_misshaped_gradients_are_refused_and_a_retry_applies_once(
@@ -306,6 +322,7 @@ def test_poisoned_and_misshaped_gradients_are_refused_and_a_retry_applies_once(
     legit = [SetupBottom(spec=SPEC), FitPreprocessing(rows=np.arange(N_ROWS)),
              Forward(batch_id=1001, rows=rows, train=True)]
     with fed.channel() as ch:
+        align_with_psi(ch)
         for m in legit:
             got, want = ch.call("secondary", m), ref.handle("primary", m)
         assert isinstance(got, Embeddings) and isinstance(want, Embeddings)
@@ -336,6 +353,7 @@ def test_poisoned_and_misshaped_gradients_are_refused_and_a_retry_applies_once(
 
 def test_state_stays_bounded_under_repeated_hostile_sequences(fed: Federation) -> None:
     with fed.channel() as ch:
+        align_with_psi(ch)
         ch.request("secondary", SetupBottom(spec=SPEC), Ack)
         ch.request("secondary", FitPreprocessing(rows=np.arange(N_ROWS)), Ack)
         all_rows = np.arange(N_ROWS, dtype=np.int64)
@@ -363,6 +381,10 @@ def test_state_stays_bounded_under_repeated_hostile_sequences(fed: Federation) -
 
 
 def test_error_codes_travel_in_metadata(fed: Federation) -> None:
+    with fed.channel() as ch:  # a training session in which Restore reaches its handler
+        align_with_psi(ch)
+        ch.request("secondary", SetupBottom(spec=SPEC), Ack)
+        ch.request("secondary", FitPreprocessing(rows=np.arange(N_ROWS)), Ack)
     env = pb.Envelope(protocol_version=PROTOCOL_VERSION, kind="restore", sender="primary")
     f = env.fields.add()
     f.name = "tag"

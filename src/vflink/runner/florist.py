@@ -68,16 +68,17 @@ log = logging.getLogger(__name__)
 Progress = Callable[[str, int, int], None]
 
 
-def psi_alignments(inputs: Inputs, federation: Federation, config: RunConfig
-                   ) -> dict[str, Alignment]:
-    """Exact alignment by ECDH PSI with each secondary: both learn the intersection and a UID
-    per intersecting record; the secondary then tells the primary its rows in UID order."""
+def psi_alignments(inputs: Inputs, federation: Federation, config: RunConfig,
+                   session: str | None = None) -> dict[str, Alignment]:
+    """Exact alignment by ECDH PSI with each secondary under ``session`` (new per run): both
+    learn the intersection and a UID per intersecting record; the secondary then tells the
+    primary its rows in UID order."""
     primary = inputs.primary
     keys = key_bytes(primary.frame, primary.schema.key, who=primary.source)
     out: dict[str, Alignment] = {}
     for name in federation.secondaries:
         driver = SetAlignmentDriver(keys, federation.channel, get_group(config.alignment.group))
-        session = new_session_name("psi")  # a finished session is immutable: new per run
+        session = session or new_session_name("psi")  # finished sessions are immutable
         mine = driver.psi(name, session=session, reveal="both")
         view = driver.fetch_rows(name, session)
         own, theirs = pair_by_uid(mine, view.secondary_index)
@@ -386,7 +387,8 @@ def prepare_set_alignment(config: RunConfig, inputs: Inputs, federation: Federat
         raise ConfigError(f"algorithm {config.algorithm!r} trains over the PSU union: set "
                           "alignment.method = \"psu\"")
     before = federation.counter.snapshot()
-    base = psi_alignments(inputs, federation, config)
+    session = new_session_name("psi")  # a finished session is immutable: new per run
+    base = psi_alignments(inputs, federation, config, session)
     if config.alignment.unmatched == "drop":
         for a in base.values():
             rows = rows[a.for_primary_rows(n)[rows, 0] != MISSING]
@@ -394,6 +396,6 @@ def prepare_set_alignment(config: RunConfig, inputs: Inputs, federation: Federat
                "matched_fraction": {k: float(np.mean(a.matched)) for k, a in base.items()},
                "unmatched": config.alignment.unmatched}
     return Prepared(inputs, {"base": base, "top1": base, "exact": base},
-                    dict.fromkeys(("base", "top1", "exact"), "psi"), rows,
+                    dict.fromkeys(("base", "top1", "exact"), session), rows,
                     TrafficCounter.delta(federation.counter.snapshot(), before), federation,
                     summary)

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from vflink.errors import ConfigError
+from vflink.protocol.sessions import purpose_of
 from vflink.runner.config import AlignmentConfig, DataConfig, RunConfig
 from vflink.runner.pools import run_splits
 from vflink.runner.train import prepare
@@ -78,7 +79,7 @@ def test_split_pool_exact_links_identical_identifiers_within_the_split() -> None
         alignment=AlignmentConfig(method="soft", top_k=K, privacy="off", sigma=0.0,
                                   pool="split"))
     prepared = prepare(config, algorithms=["exact", "fedsim"])
-    assert prepared.sessions["exact"] == "exact"
+    assert purpose_of(prepared.sessions["exact"]) == "exact"  # named per run (issue 19)
     exact = prepared.alignments["exact"]["secondary"].for_primary_rows(N)
     np.testing.assert_array_equal(exact[:, 0], np.arange(N))  # σ_cf = 0: each its own copy
 
