@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from vflink._checks import check_choice, check_int, raise_if
+from vflink._files import atomic_open
 from vflink.attacks.base import ATTACKS, AttackResult, AttackView
 from vflink.errors import ConfigError
 from vflink.models.mlp import build_mlp, seeded_init
@@ -128,7 +129,8 @@ def inversion_grid_png(rows: Sequence[tuple[str, npt.NDArray[Any]]], shape: tupl
                 ax.set_ylabel(title, fontsize=7, rotation=0, ha="right", va="center")
     fig.tight_layout()
     path = Path(path)
-    fig.savefig(path, format="png")
+    with atomic_open(path, "wb") as fh:
+        fig.savefig(fh, format="png")
     return path
 
 

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 from typing import Any
 
+from vflink._files import atomic_write_json
 from vflink.config import read_toml
 from vflink.errors import ConfigError, DataError
 
@@ -311,8 +311,8 @@ def run(args: argparse.Namespace) -> int:
         phases["figure"] = time.perf_counter() - clock
         summary = outcome.summary()
         summary["phase_seconds"] = {k: round(v, 3) for k, v in phases.items()}
-        (out.with_name(out.name + ".summary.json")).write_text(
-            json.dumps(summary, indent=2, default=str) + "\n", encoding="utf-8")
+        atomic_write_json(out.with_name(out.name + ".summary.json"), summary, indent=2,
+                          default=str)
     table = Table(title=f"vflink link → {out}", show_header=False)
     lk = outcome.linkage
     rows: list[tuple[str, str]] = [

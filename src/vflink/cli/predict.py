@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +40,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.markup import escape
 
+    from vflink._files import atomic_open
     from vflink.data.table import read_frame
     from vflink.errors import ConfigError
     from vflink.runner.predict import predict_records
@@ -55,12 +55,12 @@ def run(args: argparse.Namespace) -> int:
     with console.status(f"predicting {len(records)} records with {args.run}"):
         result = predict_records(args.run, records, source=str(args.input))
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.partial")
     if out.suffix.lower() == ".parquet":
-        result.frame.to_parquet(tmp, index=False)
+        with atomic_open(out, "wb") as fh:
+            result.frame.to_parquet(fh, index=False)
     else:
-        result.frame.to_csv(tmp, index=False)
-    os.replace(tmp, out)
+        with atomic_open(out, "w", newline="") as fh:
+            result.frame.to_csv(fh, index=False)
     console.print(f"wrote {len(result.frame)} predictions to {out}")
     for text in result.warnings:
         console.print(f"[yellow]warning:[/] {escape(text)}", highlight=False)

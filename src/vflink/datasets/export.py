@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from vflink._files import atomic_open, atomic_write_text
 from vflink.config import CONFIG_VERSION
 from vflink.data.schema import PartySchema
 from vflink.datasets._base import VFLDataset
@@ -90,13 +91,16 @@ def export_dataset(dataset: VFLDataset, out_dir: str | Path, *, fmt: str = "csv"
     for t in dataset.parties:
         path = targets[t.name]
         if fmt == "parquet":
-            t.frame.to_parquet(path, index=False)
+            with atomic_open(path, "wb") as fh:
+                t.frame.to_parquet(fh, index=False)
         else:
-            t.frame.to_csv(path, index=False, lineterminator="\n")
+            with atomic_open(path, "w", newline="") as fh:
+                t.frame.to_csv(fh, index=False, lineterminator="\n")
     for table, index in zip(dataset.secondaries, truth):
         rows = np.flatnonzero(index >= 0)
-        pd.DataFrame({"primary_row": rows, "secondary_row": index[rows]}).to_csv(
-            targets[f"truth:{table.name}"], index=False, lineterminator="\n")
+        with atomic_open(targets[f"truth:{table.name}"], "w", newline="") as fh:
+            pd.DataFrame({"primary_row": rows, "secondary_row": index[rows]}).to_csv(
+                fh, index=False, lineterminator="\n")
 
     header = "\n".join([
         f"vflink party config for dataset {dataset.name!r}, written by export_dataset.",
@@ -104,7 +108,6 @@ def export_dataset(dataset: VFLDataset, out_dir: str | Path, *, fmt: str = "csv"
         "options: " + ", ".join(f"{k}={v!r}" for k, v in dataset.options.items()),
         "Table paths are relative to this file.",
     ])
-    targets["config"].write_text(party_config_toml(
-        [t.schema for t in dataset.parties], [targets[n].name for n in names], header),
-        encoding="utf-8")
+    atomic_write_text(targets["config"], party_config_toml(
+        [t.schema for t in dataset.parties], [targets[n].name for n in names], header))
     return targets

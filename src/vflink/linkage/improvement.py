@@ -35,6 +35,7 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
+from vflink._files import atomic_open
 from vflink.errors import ConfigError
 from vflink.linkage.soft import SoftLinkage
 from vflink.registry import Registry
@@ -242,5 +243,6 @@ def plot_similarity_curve(linkage: SoftLinkage, path: str | Path, *,
     ax.legend(fontsize="small", loc="upper right")
     fig.tight_layout()
     out = Path(path)
-    fig.savefig(out, format="png")
+    with atomic_open(out, "wb") as fh:
+        fig.savefig(fh, format="png")
     return out

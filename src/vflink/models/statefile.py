@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from vflink._files import MAX_JSON_BYTES, atomic_write_bytes, loads_json, read_data_file
 from vflink.errors import DataError
 
 __all__ = [
@@ -154,12 +155,7 @@ def state_exists(root: Path, name: str) -> bool:
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    atomic_write_bytes(path, data, fsync=True)
 
 
 def save_state(root: Path, name: str, state: Mapping[str, Any], *, kind: str) -> Path:
@@ -202,7 +198,7 @@ def remove_state(root: Path, name: str) -> None:
 def read_state_header(root: Path, name: str, *, kind: str | None = None) -> dict[str, Any]:
     """The parsed and checked JSON file of state ``name`` (its tensors are not read)."""
     path = state_json_path(root, name)
-    if not path.is_file():
+    if not os.path.lexists(path):
         legacy = path.with_name(path.name[:-len(".json")] + ".pt")
         if legacy.is_file():
             raise StateFileError(
@@ -210,17 +206,13 @@ def read_state_header(root: Path, name: str, *, kind: str | None = None) -> dict
                 "loads (a pickle can run code); train the run again with this version",
                 "in the old pickle format")
         raise StateFileError(f"{path}: state file not found", "not found")
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise StateFileError(f"{path}: cannot read the state file: {exc.strerror}",
-                             "cannot read") from None
+    # a regular file inside its folder (never a planted link), within size and depth limits
+    raw = read_data_file(path.parent, path.name, max_bytes=MAX_JSON_BYTES,
+                         error=lambda msg: StateFileError(msg, "not a readable regular file"))
     if not raw.strip():
         raise _bad(path, "the file is empty")
-    try:
-        doc = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise _bad(path, f"invalid JSON: {exc}") from None
+    doc = loads_json(raw, source=str(path), error=lambda msg: StateFileError(
+        f"{msg} (truncated or not a vflink state file)", "truncated or not a vflink state file"))
     if not isinstance(doc, dict) or doc.get("format") != STATE_FORMAT:
         raise _bad(path, f"no \"format\": \"{STATE_FORMAT}\" field")
     version = doc.get("version")
@@ -252,14 +244,11 @@ def load_state(root: Path, name: str, *, kind: str | None = None) -> dict[str, A
     doc = read_state_header(root, name, kind=kind)
     directory, _ = _split(root, name)
     weights = directory / doc["tensors"]
-    try:
-        blob = weights.read_bytes()
-    except FileNotFoundError:
+    if not os.path.lexists(weights):
         raise _bad(weights, "the weights file named by "
-                   f"{state_json_path(root, name).name} is missing") from None
-    except OSError as exc:
-        raise StateFileError(f"{weights}: cannot read the weights file: {exc.strerror}",
-                             "cannot read") from None
+                   f"{state_json_path(root, name).name} is missing")
+    blob = read_data_file(directory, doc["tensors"], error=lambda msg: StateFileError(
+        msg, "not a readable regular file"))
     if hashlib.sha256(blob).hexdigest() != doc["sha256"]:
         raise _bad(weights, "its SHA-256 does not match the one recorded when it was written")
     try:

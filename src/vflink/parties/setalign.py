@@ -21,6 +21,7 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
+from vflink._files import atomic_open
 from vflink.alignment import psi, psu
 from vflink.alignment._dh import as_rows, key_bytes, lookup, sorted_unique, to_hex
 from vflink.alignment.groups import Elements, Group, get_group
@@ -88,9 +89,8 @@ class SetAlignment:
 def write_set_alignment(result: SetAlignment, path: Path) -> None:
     """``row``/``uid`` Parquet of a party's output (atomically)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    result.frame().to_parquet(tmp, index=False)
-    tmp.replace(path)
+    with atomic_open(path, "wb") as fh:  # never through a link planted at ``path``
+        result.frame().to_parquet(fh, index=False)
 
 
 def _psu_output(group: Group, r: psu.PsuResult, sizes: dict[str, int]) -> SetAlignment:

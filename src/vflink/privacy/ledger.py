@@ -24,13 +24,13 @@ values, never as new top-level keys, so readers of version 1 keep working.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vflink._files import atomic_write_json, read_json_file
 from vflink.errors import DataError
 
 __all__ = ["LEDGER_FILE", "LEDGER_VERSION", "Ledger", "explain_epsilon"]
@@ -98,17 +98,11 @@ class Ledger:
     @classmethod
     def read(cls, path: Path) -> Ledger:
         path = Path(path)
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise DataError(f"{path}: no privacy ledger") from None
-        except (OSError, ValueError) as exc:
-            raise DataError(f"{path}: unreadable privacy ledger ({type(exc).__name__})") from None
+        if not os.path.lexists(path):
+            raise DataError(f"{path}: no privacy ledger")
+        # a regular file inside its run directory, within size and depth limits (issue 19)
+        data = read_json_file(path.parent, path.name)
         return cls.from_json(data, source=str(path))
 
     def write(self, path: Path) -> None:
-        path = Path(path)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(self.to_json(), indent=2, default=float) + "\n",
-                       encoding="utf-8")
-        os.replace(tmp, path)
+        atomic_write_json(Path(path), self.to_json(), indent=2, default=float)

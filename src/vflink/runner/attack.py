@@ -9,14 +9,15 @@ ledger (``privacy.json``).
 
 from __future__ import annotations
 
-import json
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from vflink._files import atomic_write_json, check_regular_file, open_data_bytes, read_json_file
 from vflink.attacks import ATTACKS, AttackResult, AttackView, get_attack
 from vflink.errors import ConfigError, DataError
 from vflink.parties.recording import RECORDING_DIR, Recording, read_recording
@@ -48,13 +49,30 @@ def recorded_parties(run_dir: Path) -> dict[str, Path]:
     for a run across hosts (``<state_dir>/<run id>/``, where ``vflink serve`` wrote it).
     """
     own = Path(run_dir) / RECORDING_DIR / "received.json"
-    if own.is_file():
-        return {read_recording(Path(run_dir)).party: Path(run_dir)}
+    if os.path.lexists(own):
+        return {_read_recording(Path(run_dir), Path(run_dir)).party: Path(run_dir)}
     out = {}
     for manifest in sorted(Path(run_dir).glob(f"models/*/{RECORDING_DIR}/received.json")):
         party_dir = manifest.parent.parent
         out[party_dir.name] = party_dir
     return out
+
+
+def _read_recording(run_dir: Path, directory: Path) -> Recording:
+    """:func:`read_recording` of ``directory`` (``run_dir`` or a party's folder in it), once its
+    files are checked: regular files inside ``run_dir``, the manifest a JSON object within
+    size and depth limits (issue 19: a run directory from elsewhere is data)."""
+    base = directory.relative_to(run_dir) / RECORDING_DIR
+    manifest = read_json_file(run_dir, base / "received.json")
+    if not (isinstance(manifest, dict) and isinstance(manifest.get("party"), str)
+            and isinstance(manifest.get("role"), str)
+            and isinstance(manifest.get("streams"), list)
+            and all(isinstance(s, dict) for s in manifest["streams"])
+            and isinstance(manifest.get("meta", {}), dict)):
+        raise DataError(f"{run_dir / base / 'received.json'}: expected a recording manifest "
+                        "(a JSON object with \"party\", \"role\" and \"streams\")")
+    check_regular_file(run_dir, base / "received.npz")
+    return read_recording(directory)
 
 
 def _pick(run_dir: Path, role: str, party: str | None) -> Recording:
@@ -69,13 +87,13 @@ def _pick(run_dir: Path, role: str, party: str | None) -> Recording:
         if party not in parties:
             raise ConfigError(f"party {party!r} recorded nothing in {run_dir}; parties with a "
                               f"recording: {', '.join(parties)}")
-        rec = read_recording(parties[party])
+        rec = _read_recording(Path(run_dir), parties[party])
         if rec.role != role:
             raise ConfigError(f"this attack is run by a {role} party; {party!r} is the "
                               f"{rec.role}")
         return rec
     for directory in parties.values():
-        rec = read_recording(directory)
+        rec = _read_recording(Path(run_dir), directory)
         if rec.role == role:
             return rec
     raise ConfigError(f"no {role} party recorded anything in {run_dir}")
@@ -109,8 +127,9 @@ def load_view(run_dir: Path, role: str, party: str | None = None) -> AttackView:
             extra["similarity_rows"] = rows
         base = recorded_parties(Path(run_dir))[rec.party]
         own = base / RECORDING_DIR / OWN_ENCODINGS
-        if own.is_file():  # the primary's own Bloom filters: its own data
-            with np.load(own, allow_pickle=False) as data:
+        if os.path.lexists(own):  # the primary's own Bloom filters: its own data
+            with np.load(open_data_bytes(base, f"{RECORDING_DIR}/{OWN_ENCODINGS}"),
+                         allow_pickle=False) as data:
                 extra["own_filters"] = data["filters"]
                 extra["bits"] = int(data["filters"].shape[1] * 8)
     return AttackView(party=rec.party, role=rec.role, extra=extra, **kw)
@@ -152,12 +171,12 @@ def run_attack(run_dir: Path, name: str, *, party: str | None = None,
     peer = view.party if view.role == "secondary" else view.extra.get("peer")
     result = attack.evaluate(view, truth_for(arrays, peer))
     ledger_path = home / LEDGER_FILE
-    ledger = Ledger.read(ledger_path) if ledger_path.is_file() else Ledger()
+    ledger = Ledger.read(ledger_path) if os.path.lexists(ledger_path) else Ledger()
     ledger.add_attack(result.to_json())
     ledger.write(ledger_path)
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
-        (out / f"{name}-{view.party}.json").write_text(
-            json.dumps(result.to_json(), indent=2, default=float) + "\n", encoding="utf-8")
+        atomic_write_json(out / f"{name}-{view.party}.json", result.to_json(), indent=2,
+                          default=float)
     log.info("%s on %s: %s", name, view.party, result.metrics)
     return result

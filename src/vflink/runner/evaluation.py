@@ -14,7 +14,6 @@ own state directory (``models/<primary>/evaluation/own_encodings.npz``).
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from pathlib import Path
@@ -23,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
+from vflink._files import atomic_open, atomic_write_json, open_data_bytes, read_json_file
 from vflink.parties.linking import encode_identifiers
 from vflink.parties.recording import RECORDING_DIR, Recorder
 from vflink.runner.config import RunConfig
@@ -49,10 +49,8 @@ def recorder_for(config: RunConfig) -> Recorder | None:
 
 
 def _save_npz(path: Path, arrays: dict[str, npt.NDArray[Any]]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as fh:
+    with atomic_open(path, "wb") as fh:
         np.savez_compressed(fh, **arrays)  # type: ignore[arg-type]
-    os.replace(tmp, path)
 
 
 def _labels_by_secondary_row(alignment: Alignment, labels: npt.NDArray[Any], n_primary: int
@@ -106,7 +104,7 @@ def write_truth(run_dir: Path, config: RunConfig, prepared: Prepared, primary: P
                         "during the run, and no party may use it",
                 "task": None if task is None else task.value, "parties": parties,
                 "bloom": bloom}
-    (out / "truth.json").write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+    atomic_write_json(out / "truth.json", manifest, indent=2, default=None)
     return out
 
 
@@ -156,10 +154,11 @@ def _bloom_truth(config: RunConfig, prepared: Prepared, alignments: dict[str, Al
 def read_truth(run_dir: Path) -> tuple[dict[str, Any], dict[str, npt.NDArray[Any]]]:
     """The run's evaluation-only ground truth: (manifest, arrays); empty when none."""
     base = Path(run_dir) / TRUTH_DIR
-    if not (base / "truth.json").is_file():
+    if not os.path.lexists(base / "truth.json"):
         return {}, {}
-    manifest = json.loads((base / "truth.json").read_text(encoding="utf-8"))
-    with np.load(base / "truth.npz", allow_pickle=False) as data:
+    # files of a run directory are data: regular files inside it, within limits (issue 19)
+    manifest = read_json_file(run_dir, f"{TRUTH_DIR}/truth.json")
+    with np.load(open_data_bytes(run_dir, f"{TRUTH_DIR}/truth.npz"), allow_pickle=False) as data:
         arrays = {k: data[k] for k in data.files}
     return manifest, arrays
 

@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from vflink._checks import raise_if
+from vflink._files import atomic_open, atomic_write_text
 from vflink.config import read_toml
 from vflink.errors import ConfigError
 from vflink.runner.algorithms import algorithm_names
@@ -273,7 +274,7 @@ def run_experiment(exp: Experiment, out_dir: Path, *, overwrite: bool = False,
             "sweep": {exp.sweep_key: list(exp.sweep_values)} if exp.sweep_key else {},
             "overrides": exp.overrides},
             "runs": [config_to_dict(c) for c in exp.configs]})
-        (staging / "results.md").write_text(markdown_table(results), encoding="utf-8")
+        atomic_write_text(staging / "results.md", markdown_table(results))
         plot_results(results, staging / "plot.png")
     return results
 
@@ -332,4 +333,5 @@ def plot_results(results: dict[str, Any], path: Path) -> None:
     ax.set_title(results["name"])
     ax.legend(fontsize="small")
     fig.tight_layout()
-    fig.savefig(path, format="png")
+    with atomic_open(path, "wb") as fh:
+        fig.savefig(fh, format="png")

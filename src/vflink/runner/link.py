@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -20,6 +19,7 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
+from vflink._files import atomic_open
 from vflink.data.schema import PartySchema
 from vflink.data.table import PartyTable
 from vflink.errors import ConfigError, DataError
@@ -385,15 +385,15 @@ def write_links(columns: dict[str, npt.NDArray[Any]], out: Path) -> None:
     LZ4, the fastest of pyarrow's codecs here (0.6 s against 0.8 s for snappy on 14 M rows).
     """
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.partial")
     if out.suffix.lower() == ".parquet":
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        pq.write_table(pa.table(columns), tmp, compression="lz4")
+        with atomic_open(out, "wb") as fh:
+            pq.write_table(pa.table(columns), fh, compression="lz4")
     else:
-        pd.DataFrame(columns).to_csv(tmp, index=False, float_format="%.6g")
-    os.replace(tmp, out)
+        with atomic_open(out, "w", newline="") as fh:
+            pd.DataFrame(columns).to_csv(fh, index=False, float_format="%.6g")
 
 
 def _field_kind(spec: FieldSpec, frame: pd.DataFrame, columns: Sequence[str]) -> str:

@@ -12,8 +12,8 @@ below that training percentile. At prediction the linkage reuses the training li
 
 from __future__ import annotations
 
-import json
 import math
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -22,6 +22,7 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
+from vflink._files import read_json_file
 from vflink.errors import RunError
 from vflink.runner.rundir import write_json
 from vflink.types import MISSING, Alignment
@@ -85,12 +86,10 @@ def write_link_quality(run_dir: Path, quality: Mapping[str, Any]) -> None:
 def read_link_quality(run_dir: Path) -> dict[str, Any] | None:
     """The training's link quality, or ``None`` for a run written before it was recorded."""
     path = Path(run_dir) / LINK_QUALITY_FILE
-    if not path.is_file():
+    if not os.path.lexists(path):
         return None
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise RunError(f"{path}: cannot be read as JSON: {exc}") from None
+    # a regular file inside the run directory, within size and depth limits (issue 19)
+    raw = read_json_file(run_dir, LINK_QUALITY_FILE, error=RunError)
     version = raw.get("version") if isinstance(raw, dict) else None
     if version != LINK_QUALITY_VERSION:
         raise RunError(f"{path}: link-quality format version {version!r}; this vflink reads "

@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from vflink._files import atomic_open
+
 if TYPE_CHECKING:
     from vflink.runner.train import RunResult
 
@@ -31,5 +33,6 @@ def learning_curve(result: RunResult, path: Path) -> None:
     ax2.axvline(result.best_epoch, color="grey", linestyle=":", label="best epoch")
     ax1.set_title(f"{result.algorithm}: test {metric} = {result.metrics['test'][metric]:.4f}")
     fig.tight_layout()
-    fig.savefig(path)
+    with atomic_open(path, "wb") as fh:
+        fig.savefig(fh, format=Path(path).suffix.lstrip(".").lower() or "png")
     plt.close(fig)

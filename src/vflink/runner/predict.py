@@ -9,8 +9,8 @@ and the primary predicts.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from vflink._files import read_json_file
 from vflink.data.table import PartyTable
 from vflink.errors import ConfigError, RunError
 from vflink.metrics.functional import evaluate
@@ -48,18 +49,24 @@ class Predictions:
 
 def _load_run_config(run_dir: Path) -> RunConfig:
     path = run_dir / "config.json"
-    if not path.is_file():
+    if not os.path.lexists(path):
         raise RunError(f"{run_dir}: not a run directory (no config.json); train one with "
                        "`vflink train`")
-    raw = json.loads(path.read_text(encoding="utf-8"))
+    raw = read_json_file(run_dir, "config.json", error=RunError)
+    if not isinstance(raw, dict):
+        raise RunError(f"{path}: expected a JSON object (a run's configuration)")
     return parse_config(raw)
 
 
 def _training_alignment(run_dir: Path) -> dict[str, Any]:
     path = run_dir / "metrics.json"
-    if not path.is_file():
+    if not os.path.lexists(path):
         raise RunError(f"{run_dir}: no metrics.json; is the run complete?")
-    return dict(json.loads(path.read_text(encoding="utf-8")).get("alignment", {}))
+    raw = read_json_file(run_dir, "metrics.json", error=RunError)
+    alignment = raw.get("alignment", {}) if isinstance(raw, dict) else None
+    if not isinstance(alignment, dict):
+        raise RunError(f"{path}: expected a JSON object with an \"alignment\" object")
+    return dict(alignment)
 
 
 def _spec(raw: dict[str, Any]) -> EncodingSpec:

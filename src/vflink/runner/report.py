@@ -16,16 +16,24 @@ import base64
 import html
 import io
 import json
+import logging
 import math
+import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from vflink._files import atomic_write_text, read_data_file, read_json_file
 from vflink.errors import DataError
 from vflink.privacy.ledger import LEDGER_FILE, Ledger, explain_epsilon
 from vflink.runner.ledger import explain_tau
 
 __all__ = ["build_report", "write_report"]
+
+log = logging.getLogger(__name__)
+
+#: Largest plot.png inlined into a page.
+_MAX_PLOT_BYTES = 32 * 1024 * 1024
 
 _CSS = """
 body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 0 auto;
@@ -260,13 +268,20 @@ def _page(title: str, lead: str, sections: list[str]) -> str:
             + "".join(sections) + "</body></html>\n")
 
 
-def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise DataError(f"{path}: missing") from None
-    except ValueError as exc:
-        raise DataError(f"{path}: not JSON ({exc})") from None
+def _read_json(directory: Path, name: str | Path) -> Any:
+    """A JSON object from a file of ``directory``: a regular file inside it, within size and
+    nesting limits (issue 19: a directory from elsewhere is data)."""
+    value = read_json_file(directory, name)
+    if not isinstance(value, dict):
+        raise DataError(f"{Path(directory) / name}: expected a JSON object, got "
+                        f"{type(value).__name__}")
+    return value
+
+
+def _exists(path: Path) -> bool:
+    """Whether ``path`` exists, a dangling or planted link included (it is then refused when
+    read, instead of silently skipped)."""
+    return os.path.lexists(path)
 
 
 def _baselines(run_dir: Path, config: dict[str, Any], metrics: dict[str, Any]) -> str:
@@ -274,14 +289,22 @@ def _baselines(run_dir: Path, config: dict[str, Any], metrics: dict[str, Any]) -
     solo / splitnn / combine runs of ``vflink demo``."""
     rows = []
     for sibling in sorted(run_dir.parent.iterdir()) if run_dir.parent.is_dir() else []:
-        try:
-            other = json.loads((sibling / "config.json").read_text(encoding="utf-8"))
-            result = json.loads((sibling / "metrics.json").read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+        if not (sibling.is_dir() and _exists(sibling / "config.json")
+                and _exists(sibling / "metrics.json")):
+            continue  # not a run directory
+        try:  # another run's files are not this report's: a bad one is skipped, not fatal
+            other = _read_json(sibling, "config.json")
+            result = _read_json(sibling, "metrics.json")
+            test = (result.get("metrics") or {}).get("test", {})
+            if not isinstance(test, dict):
+                raise DataError(f"{sibling / 'metrics.json'}: metrics.test is not an object")
+        except (DataError, AttributeError) as exc:
+            log.warning("skipped the run beside this one at %s: %s", sibling,
+                        exc if isinstance(exc, DataError) else "metrics.json has an "
+                        "unexpected shape")
             continue
         if other.get("data") != config.get("data") or other.get("seed") != config.get("seed"):
             continue
-        test = (result.get("metrics") or {}).get("test", {})
         mark = " (this run)" if sibling.resolve() == run_dir.resolve() else ""
         rows.append((f"{result.get('algorithm')}{mark}",
                      *[test.get(k) for k in sorted(test)]))
@@ -296,9 +319,9 @@ def _baselines(run_dir: Path, config: dict[str, Any], metrics: dict[str, Any]) -
 
 
 def _run_page(run_dir: Path) -> str:
-    metrics = _read_json(run_dir / "metrics.json")
-    config = _read_json(run_dir / "config.json")
-    ledger = Ledger.read(run_dir / LEDGER_FILE) if (run_dir / LEDGER_FILE).is_file() else None
+    metrics = _read_json(run_dir, "metrics.json")
+    config = _read_json(run_dir, "config.json")
+    ledger = Ledger.read(run_dir / LEDGER_FILE) if _exists(run_dir / LEDGER_FILE) else None
     alignment = metrics.get("alignment", {}) or {}
     split_rows = [(split, *[values.get(k) for k in sorted(values)])
                   for split, values in metrics.get("metrics", {}).items()]
@@ -328,7 +351,7 @@ def _run_page(run_dir: Path) -> str:
 # --- experiment pages -------------------------------------------------------------------------
 
 def _experiment_page(exp_dir: Path) -> str:
-    results = _read_json(exp_dir / "results.json")
+    results = _read_json(exp_dir, "results.json")
     sweep = results.get("sweep", {})
     values = [str(v) for v in sweep.get("values", [])]
     algorithms = results.get("algorithms", [])
@@ -348,8 +371,9 @@ def _experiment_page(exp_dir: Path) -> str:
     body = "".join(parts) or '<p class="note">No results.</p>'
     plot = exp_dir / "plot.png"
     figure = ""
-    if plot.is_file():
-        src = "data:image/png;base64," + base64.b64encode(plot.read_bytes()).decode("ascii")
+    if _exists(plot):
+        png = read_data_file(exp_dir, plot.name, max_bytes=_MAX_PLOT_BYTES)
+        src = "data:image/png;base64," + base64.b64encode(png).decode("ascii")
         figure = _figure(src, "experiment plot", f"Test {results.get('headline_metric')} "
                          "per algorithm (mean ± std over seeds).", "experiment-plot")
     runs = [(r.get("algorithm"), r.get("seed"), r.get("sweep"),
@@ -368,17 +392,17 @@ def _experiment_page(exp_dir: Path) -> str:
 
 def _comparison_page(demo_dir: Path) -> str:
     """``vflink demo``'s directory: its comparison table and each run's learning curve."""
-    comparison = _read_json(demo_dir / "comparison.json")
+    comparison = _read_json(demo_dir, "comparison.json")
     test = comparison.get("test", {})
     names = sorted(next(iter(test.values()), {}))
     sections = [_section("results", "Test metrics", _table(
         ("algorithm", *names), [(alg, *[m.get(n) for n in names]) for alg, m in test.items()],
         cls="results"))]
     for alg in test:
-        metrics_file = demo_dir / alg / "metrics.json"
-        if metrics_file.is_file():
+        metrics_file = Path(alg) / "metrics.json"
+        if _exists(demo_dir / metrics_file):
             sections.append(_section(f"run-{alg}", f"{alg}: learning curve",
-                                     _learning_curve(_read_json(metrics_file))))
+                                     _learning_curve(_read_json(demo_dir, metrics_file))))
     return _page(f"vflink demo: {comparison.get('dataset')}",
                  "Solo, SplitNN and Combine on the same data; open each run directory's own "
                  "report for its ledger", sections)
@@ -387,11 +411,11 @@ def _comparison_page(demo_dir: Path) -> str:
 def build_report(directory: Path) -> str:
     """The HTML page for a run directory, an experiment directory or a demo directory."""
     directory = Path(directory)
-    if (directory / "results.json").is_file():
+    if _exists(directory / "results.json"):
         return _experiment_page(directory)
-    if (directory / "comparison.json").is_file():
+    if _exists(directory / "comparison.json"):
         return _comparison_page(directory)
-    if (directory / "metrics.json").is_file():
+    if _exists(directory / "metrics.json"):
         return _run_page(directory)
     raise DataError(f"{directory}: neither a run directory (metrics.json) nor an experiment "
                     "directory (results.json)")
@@ -402,7 +426,5 @@ def write_report(directory: Path, out: Path | None = None) -> Path:
     target = Path(out) if out is not None else Path(directory) / "report.html"
     page = build_report(directory)
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.partial")
-    tmp.write_text(page, encoding="utf-8")
-    tmp.replace(target)
+    atomic_write_text(target, page)  # never through a link planted at the target (issue 19)
     return target

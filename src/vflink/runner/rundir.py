@@ -6,7 +6,6 @@ has finished, so a failed or interrupted run never leaves a directory that looks
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
@@ -15,6 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from vflink._files import atomic_write_json
 from vflink.errors import RunError
 
 __all__ = ["atomic_run_dir", "staging_dir", "write_json"]
@@ -23,10 +23,7 @@ log = logging.getLogger(__name__)
 
 
 def write_json(path: Path, data: Any) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n",
-                   encoding="utf-8")
-    os.replace(tmp, path)
+    atomic_write_json(path, data, indent=2, default=str)
 
 
 def _make_parents(out_dir: Path) -> list[Path]:
@@ -75,6 +72,9 @@ def atomic_run_dir(out_dir: Path, *, overwrite: bool = False, resume: bool = Fal
                        "--overwrite")
     staging = staging_dir(out_dir)
     if resume:
+        if staging.is_symlink():  # never write a run through a link (issue 19)
+            raise RunError(f"{out_dir}: {staging} is a symbolic link; an interrupted run is "
+                           "resumed only from a real directory")
         if not staging.is_dir():
             raise RunError(f"{out_dir}: nothing to resume (no interrupted run at {staging}); "
                            "a run that stopped before its first checkpoint (e.g. during "

@@ -28,6 +28,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from vflink._files import atomic_open
 from vflink.errors import ConfigError
 
 __all__ = [
@@ -265,11 +266,11 @@ def _party_cert(party: str, ca_key: ec.EllipticCurvePrivateKey, ca_cert: x509.Ce
 
 def _write(path: Path, data: bytes, mode: int) -> None:
     # Create with the final mode, so a private key is never readable by others, not even
-    # briefly; chmod as well because O_CREAT's mode does not apply to an existing file.
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    with os.fdopen(fd, "wb") as f:
+    # briefly; fchmod as well so the mode is exact whatever the umask. The file is new (never
+    # a link planted at ``path``) and renamed into place (vflink._files, issue 19).
+    with atomic_open(path, "wb", perms=mode) as f:
+        os.fchmod(f.fileno(), mode)
         f.write(data)
-    os.chmod(path, mode)
 
 
 def create_dev_pki(out: str | os.PathLike[str], parties: Sequence[str], *, days: int = 365,

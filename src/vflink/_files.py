@@ -1,0 +1,258 @@
+"""Files from elsewhere are data (issue 19, item 5).
+
+Two halves, usable from every layer:
+
+* **Writing.** Every file vflink writes is created under a fresh random name in the target's
+  own folder, opened with ``O_CREAT | O_EXCL | O_NOFOLLOW`` (so a link or file planted under
+  that name makes the open fail instead of being followed), written, and renamed onto the
+  target. ``rename`` replaces a target *name* that is a symlink; it never writes through it,
+  so a link planted in a run directory someone else made (``report.html`` →
+  ``~/.bashrc``) is replaced, and what it pointed to is untouched. A writer that fails leaves
+  no temporary file behind and the old target as it was.
+
+* **Reading a directory someone else made.** A file read from a run directory must be a
+  regular file (not a symlink, FIFO or device), whose resolved path lies inside that
+  directory, and no larger than a limit; JSON is parsed with a size and a nesting-depth limit.
+  Each refusal raises :class:`~vflink.errors.DataError` (or the error type the caller asks
+  for) naming the file and what was expected, which the CLI turns into exit 2.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import secrets
+import stat
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO, Any
+
+from vflink.errors import DataError, VflinkError
+
+__all__ = [
+    "MAX_FILE_BYTES",
+    "MAX_JSON_BYTES",
+    "MAX_JSON_DEPTH",
+    "atomic_open",
+    "atomic_write_bytes",
+    "atomic_write_json",
+    "atomic_write_text",
+    "check_regular_file",
+    "json_depth",
+    "loads_json",
+    "open_data_bytes",
+    "read_data_file",
+    "read_json_file",
+]
+
+#: Largest JSON file read from a run directory (metrics, configs, ledgers, state headers are
+#: kilobytes to a few megabytes; a run's tensors live in other files).
+MAX_JSON_BYTES = 64 * 1024 * 1024
+#: Deepest nesting of arrays/objects accepted; vflink's own files nest about ten levels (an
+#: optimiser state in a state file), and the C parser gives up near 1000 with RecursionError.
+MAX_JSON_DEPTH = 100
+#: Default limit for other files read whole (a plot, an ``.npz`` of recorded messages).
+MAX_FILE_BYTES = 4 * 1024 * 1024 * 1024
+
+_O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_O_BINARY = getattr(os, "O_BINARY", 0)  # Windows: no newline translation at the fd level
+_O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)  # never hang opening a FIFO planted in a run
+
+ErrorType = Callable[[str], VflinkError]
+
+
+# --- writing -----------------------------------------------------------------------------------
+
+def _create_temp(target: Path, mode: int) -> tuple[int, Path]:
+    """A new, empty file beside ``target`` under a random name, opened exclusively."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_NOFOLLOW | _O_BINARY
+    for _ in range(100):
+        tmp = target.with_name(f".{target.name}.{secrets.token_hex(8)}.tmp")
+        try:
+            return os.open(tmp, flags, mode), tmp
+        except FileExistsError:
+            continue  # someone holds that name (by chance or on purpose): take another
+    raise FileExistsError(f"{target}: could not create a temporary file beside it")
+
+
+@contextmanager
+def atomic_open(path: Path | str, mode: str = "wb", *, perms: int = 0o666, fsync: bool = False,
+                newline: str | None = None) -> Iterator[IO[Any]]:
+    """Yield an open file (``"wb"`` or ``"w"``, UTF-8) that becomes ``path`` when the block
+    ends without an error; on an error the temporary file is removed and ``path`` is left as it
+    was. ``perms`` is the new file's mode (less the umask), e.g. ``0o600`` for a private key.
+
+    Hand the *handle* to writers that take one (pandas, pyarrow, numpy, matplotlib), never the
+    temporary file's name: reopening by name could follow a link swapped in meanwhile.
+    """
+    if mode not in ("wb", "w"):
+        raise ValueError(f"atomic_open: mode must be 'wb' or 'w', got {mode!r}")
+    target = Path(path)
+    fd, tmp = _create_temp(target, perms)
+    try:
+        if mode == "wb":
+            fh: IO[Any] = os.fdopen(fd, "wb")
+        else:
+            fh = os.fdopen(fd, "w", encoding="utf-8", newline=newline)
+    except BaseException:
+        os.close(fd)
+        tmp.unlink(missing_ok=True)
+        raise
+    try:
+        with fh:
+            yield fh
+            fh.flush()
+            if fsync:
+                os.fsync(fh.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_bytes(path: Path | str, data: bytes, *, perms: int = 0o666,
+                       fsync: bool = False) -> None:
+    """Write ``data`` to ``path`` atomically, never through a symlink (see module docs)."""
+    with atomic_open(path, "wb", perms=perms, fsync=fsync) as fh:
+        fh.write(data)
+
+
+def atomic_write_text(path: Path | str, text: str, *, perms: int = 0o666,
+                      fsync: bool = False) -> None:
+    """Write ``text`` (UTF-8) to ``path`` atomically, never through a symlink."""
+    atomic_write_bytes(path, text.encode("utf-8"), perms=perms, fsync=fsync)
+
+
+def atomic_write_json(path: Path | str, data: Any, *, indent: int | None = 2,
+                      default: Callable[[Any], Any] | None = str, fsync: bool = False) -> None:
+    """``json.dumps(data, indent=indent, default=default)`` and a newline, written atomically."""
+    atomic_write_text(path, json.dumps(data, indent=indent, default=default) + "\n",
+                      fsync=fsync)
+
+
+# --- reading -----------------------------------------------------------------------------------
+
+def _inside(root: Path, relative: Path | str, error: ErrorType) -> tuple[Path, Path]:
+    """(the path as given, the real directory it must stay in)."""
+    root = Path(root)
+    rel = Path(relative)
+    if rel.is_absolute() or ".." in rel.parts or not rel.parts:
+        raise error(f"{root / rel}: expected a file inside {root}, got {str(relative)!r}")
+    return root / rel, Path(os.path.realpath(root))
+
+
+def _refuse(path: Path, what: str, error: ErrorType) -> VflinkError:
+    return error(f"{path}: {what}")
+
+
+def _check(path: Path, real_root: Path, st: os.stat_result, error: ErrorType) -> None:
+    if stat.S_ISLNK(st.st_mode):
+        raise _refuse(path, "is a symbolic link; a file in a run directory must be a regular "
+                      "file inside it (copy the file itself into the run directory)", error)
+    if not stat.S_ISREG(st.st_mode):
+        raise _refuse(path, "is not a regular file (a directory, FIFO, socket or device); "
+                      "expected a regular file", error)
+    real = Path(os.path.realpath(path))
+    if real != real_root and real_root not in real.parents:
+        raise _refuse(path, f"lies outside the directory {real_root} (through a linked "
+                      "folder); a file in a run directory must be inside it", error)
+
+
+def check_regular_file(root: Path | str, relative: Path | str, *,
+                       error: ErrorType = DataError) -> Path:
+    """``root/relative`` if it is a regular file inside ``root`` (not a link, not reached
+    through a linked folder); raises ``error`` naming it otherwise, also when it is missing."""
+    path, real_root = _inside(Path(root), relative, error)
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        raise _refuse(path, "missing", error) from None
+    except OSError as exc:
+        raise _refuse(path, f"cannot be read ({exc.strerror or exc})", error) from None
+    _check(path, real_root, st, error)
+    return path
+
+
+def read_data_file(root: Path | str, relative: Path | str, *, max_bytes: int = MAX_FILE_BYTES,
+                   error: ErrorType = DataError) -> bytes:
+    """The bytes of ``root/relative``, a regular file inside ``root`` of at most ``max_bytes``.
+
+    The file is opened with ``O_NOFOLLOW`` and checked again once open (``fstat``), so a link
+    swapped in after the first check is refused too.
+    """
+    path = check_regular_file(root, relative, error=error)
+    try:
+        fd = os.open(path, os.O_RDONLY | _O_NOFOLLOW | _O_NONBLOCK | _O_BINARY)
+    except OSError as exc:
+        raise _refuse(path, f"cannot be read ({exc.strerror or exc}); expected a regular "
+                      "file", error) from None
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fh.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise _refuse(path, "is not a regular file", error)
+        if st.st_size > max_bytes:
+            raise _refuse(path, f"is {st.st_size:,} bytes; at most {max_bytes:,} bytes are "
+                          "read from a file of a run directory", error)
+        data = fh.read(max_bytes + 1)
+    if len(data) > max_bytes:  # grew while being read
+        raise _refuse(path, f"is larger than {max_bytes:,} bytes", error)
+    return data
+
+
+def json_depth(value: Any) -> int:
+    """Nesting depth of a parsed JSON value (a scalar is 0, ``[]`` is 1), without recursion."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            item = list(item.values())
+        elif not isinstance(item, list):
+            continue
+        depth += 1
+        deepest = max(deepest, depth)
+        stack.extend((v, depth) for v in item if isinstance(v, (dict, list)))
+    return deepest
+
+
+def loads_json(data: bytes | str, *, source: str, max_depth: int = MAX_JSON_DEPTH,
+               error: ErrorType = DataError) -> Any:
+    """Parse JSON text from ``source`` (named in errors), refusing nesting beyond
+    ``max_depth``.
+
+    The C parser turns nesting deeper than the interpreter's recursion limit into a
+    ``RecursionError`` (it never crashes); that and anything deeper than ``max_depth`` become
+    ``error``, so a hostile file can neither crash a command nor make later code recurse
+    without bound.
+    """
+    try:
+        text = data.decode("utf-8") if isinstance(data, bytes) else data
+        value = json.loads(text)
+    except RecursionError:
+        raise error(f"{source}: JSON nested more than {max_depth} levels deep") from None
+    except UnicodeDecodeError as exc:
+        raise error(f"{source}: not UTF-8 text ({exc.reason} at byte {exc.start}); "
+                    "expected JSON") from None
+    except ValueError as exc:
+        raise error(f"{source}: not valid JSON ({exc})") from None
+    if json_depth(value) > max_depth:
+        raise error(f"{source}: JSON nested more than {max_depth} levels deep")
+    return value
+
+
+def read_json_file(root: Path | str, relative: Path | str, *,
+                   max_bytes: int = MAX_JSON_BYTES, max_depth: int = MAX_JSON_DEPTH,
+                   error: ErrorType = DataError) -> Any:
+    """Parse ``root/relative`` as JSON: a regular file inside ``root``, within the limits."""
+    data = read_data_file(root, relative, max_bytes=max_bytes, error=error)
+    return loads_json(data, source=str(Path(root) / relative), max_depth=max_depth,
+                      error=error)
+
+
+def open_data_bytes(root: Path | str, relative: Path | str, *,
+                    max_bytes: int = MAX_FILE_BYTES, error: ErrorType = DataError
+                    ) -> io.BytesIO:
+    """:func:`read_data_file` as a binary stream (for ``numpy.load``)."""
+    return io.BytesIO(read_data_file(root, relative, max_bytes=max_bytes, error=error))
