@@ -16,10 +16,10 @@ HELP = """Show (or reset) how much of its privacy budget a secondary party's dat
 
 A secondary that protects its embeddings (the [privacy] section of its party file) counts
 every release of every record, per noise setting, in its own state directory
-(`party.state_dir`/_privacy-budget/<data fingerprint>.json). The counts belong to the data, not
-to a run: they survive new setups, sessions, runs against any primary and restarts of `vflink
-serve`, and `privacy.budget` refuses any release that would take a record past it, whatever a
-primary asks. Only this command resets them.
+(`party.state_dir`/_privacy-budget/<data fingerprint>.json and its journal). The counts
+belong to the data, not to a run: they survive new setups, sessions, runs against any primary
+and restarts of `vflink serve`, and `privacy.budget` refuses any release that would take a
+record past it, whatever a primary asks. Only this command resets them.
 
 Without options it prints, for the party's current data: records released, releases, and the
 composed ε of each record (max and mean over released records, at δ of the party's [privacy]
@@ -105,7 +105,8 @@ def run(args: argparse.Namespace) -> int:
         delta = config.privacy.delta if config.privacy is not None else 1e-2
     if not 0 < delta < 1:
         raise ConfigError(f"`--delta` must be in (0, 1), got {delta}")
-    budget = ReleaseBudget.open(directory, fingerprint, len(table), party=config.name)
+    budget = ReleaseBudget.open(directory, fingerprint, len(table), party=config.name,
+                                read_only=True)
     summary = budget.summary(delta)
     summary["file"] = str(budget_file(directory, fingerprint))
     summary["exists"] = Path(summary["file"]).exists()

@@ -26,9 +26,16 @@ On disk (``<state_dir>/_privacy-budget/<fingerprint>.json``, version 1)::
 
 The folder's name starts with ``_``, which a peer's state file name never may
 (:func:`vflink.parties.base.state_path`), so no ``SaveState`` from a peer can overwrite it.
-The file is rewritten atomically (a temporary file in the same folder, flushed to disk, then
-``os.replace``) after every release batch and *before* the embeddings are returned: a crash can
-only lose releases that were never sent.
+
+Write-ahead, and cheap: rewriting the whole file per batch costs O(records) (9 ms for 20,000
+records on the shared test disk, more than a small training step), so each release batch is
+*appended* to a journal ``<fingerprint>.<generation>.journal`` (its rows as uint32, with a
+CRC) and handed to the operating system before the embeddings are returned; the journal is
+forced to disk (fsync) at most once a second and folded into the JSON snapshot (written
+atomically: temporary file, fsync, ``os.replace``; the snapshot names its generation, so a
+journal it already holds is never replayed) when it grows, when a setting is new and when the
+service opens the counts again. A crash of the service loses no release that was sent; a power
+loss at most the last second's.
 """
 
 from __future__ import annotations
@@ -38,8 +45,11 @@ import json
 import logging
 import os
 import re
+import struct
+import time
+import zlib
 from dataclasses import asdict, dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +77,14 @@ BUDGET_VERSION = 1
 BUDGET_DIR = "_privacy-budget"
 
 _FINGERPRINT = re.compile(r"^[0-9a-f]{16,128}$")
+
+#: one journal record: magic, setting index, number of rows, CRC-32 of the rows (uint32 each)
+_RECORD = struct.Struct("<4sIII")
+_MAGIC = b"VFR1"
+#: the journal is folded into the snapshot past this size
+_COMPACT_BYTES = 4 << 20
+#: the journal is forced to disk at most this often (seconds)
+_SYNC_EVERY_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -128,18 +146,65 @@ class ReleaseBudget:
         #: noise streams handed out so far (a seeded party never reuses its noise, see
         #: :meth:`claim_stream`)
         self.streams = 0
+        #: the snapshot's generation; releases since it are in its journal
+        self.generation = 0
+        self._journal_bytes = 0
+        self._last_sync = 0.0
 
     # --- files ---------------------------------------------------------------------------------
 
     @classmethod
-    def open(cls, directory: Path, fingerprint: str, n_rows: int, *, party: str = ""
-             ) -> ReleaseBudget:
-        """The counts of the data ``fingerprint`` kept under ``directory`` (empty if none)."""
+    def open(cls, directory: Path, fingerprint: str, n_rows: int, *, party: str = "",
+             read_only: bool = False) -> ReleaseBudget:
+        """The counts of the data ``fingerprint`` kept under ``directory`` (empty if none).
+
+        The party opens them for writing: its journal is folded into a fresh snapshot at once.
+        ``read_only`` (``vflink privacy-budget``) never writes, so it cannot disturb a service
+        that is running on the same files.
+        """
         path = budget_file(directory, fingerprint)
         budget = cls(n_rows, party=party, fingerprint=fingerprint, path=path)
         if path.exists():
             budget._load()
+            if not read_only:
+                budget.flush()  # a clean journal (a torn last record is dropped here)
+                for stale in path.parent.glob(f"{fingerprint}.*.journal"):
+                    if stale != budget._journal_path():
+                        stale.unlink(missing_ok=True)
+        if read_only:
+            budget.path = None
         return budget
+
+    def _journal_path(self, generation: int | None = None) -> Path:
+        if self.path is None:
+            raise ConfigError("release counts in memory have no journal")
+        g = self.generation if generation is None else generation
+        return self.path.with_name(f"{self.path.stem}.{g}.journal")
+
+    def _replay(self, counts: npt.NDArray[np.int64]) -> None:
+        """Add the releases of the current generation's journal to ``counts``."""
+        journal = self._journal_path()
+        if not journal.exists():
+            return
+        data = journal.read_bytes()
+        pos = 0
+        while pos < len(data):
+            end = pos + _RECORD.size
+            if end > len(data):
+                break  # a torn last record: its write never completed, nothing was sent
+            magic, index, n, crc = _RECORD.unpack_from(data, pos)
+            if magic != _MAGIC or index >= counts.shape[0]:
+                raise ValueError(f"journal {journal.name}: bad record at byte {pos}")
+            payload = data[end:end + 4 * n]
+            if len(payload) < 4 * n or zlib.crc32(payload) != crc:
+                if end + 4 * n >= len(data):
+                    break  # torn last record
+                raise ValueError(f"journal {journal.name}: damaged record at byte {pos}")
+            rows = np.frombuffer(payload, dtype="<u4").astype(np.int64)
+            if rows.size and (rows.max() >= self.n_rows or np.unique(rows).size != rows.size):
+                raise ValueError(f"journal {journal.name}: bad rows at byte {pos}")
+            counts[index, rows] += 1
+            pos = end + 4 * n
 
     def _load(self) -> None:
         path = self.path
@@ -162,31 +227,58 @@ class ReleaseBudget:
             shape = (len(settings), self.n_rows)
             if tuple(c["shape"]) != shape or counts.size != shape[0] * shape[1]:
                 raise ValueError(f"counts of shape {c['shape']}, expected {list(shape)}")
-            counts = counts.reshape(shape)
+            counts = counts.reshape(shape).copy()
             if counts.size and counts.min() < 0:
                 raise ValueError("negative release counts")
+            self.generation = int(doc.get("generation", 0))
+            self._replay(counts)
         except (OSError, ValueError, KeyError, TypeError) as exc:
             # Fail closed: without its counts the party cannot know what it already released.
             raise DataError(f"party {self.party!r}: the privacy budget file {path} is unusable "
                             f"({exc}); nothing is released until it is repaired or the party's "
                             "operator resets it (`vflink privacy-budget --reset`)") from None
         self.settings = settings
-        self.counts = counts.copy()
+        self.counts = counts
         self.streams = int(doc.get("streams", 0))
 
     def to_json(self) -> dict[str, Any]:
         counts = np.ascontiguousarray(self.counts, dtype="<i8")
         return {"format": BUDGET_FORMAT, "version": BUDGET_VERSION, "party": self.party,
                 "fingerprint": self.fingerprint, "n_rows": self.n_rows,
-                "streams": self.streams, "settings": [asdict(s) for s in self.settings],
+                "streams": self.streams, "generation": self.generation,
+                "settings": [asdict(s) for s in self.settings],
                 "counts": {"dtype": "<i8", "shape": list(counts.shape),
                            "base64": base64.b64encode(counts.tobytes()).decode("ascii")},
-                "updated": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+                "updated": datetime.now(UTC).isoformat(timespec="seconds")}
 
     def flush(self) -> None:
-        """Write the counts to their file (no-op in memory)."""
-        if self.path is not None:
-            _write_atomic(self.path, (json.dumps(self.to_json()) + "\n").encode("utf-8"))
+        """Write every count to a new snapshot and drop the journal (no-op in memory)."""
+        if self.path is None:
+            return
+        old = self._journal_path() if self.path.exists() else None
+        self.generation += 1
+        _write_atomic(self.path, (json.dumps(self.to_json()) + "\n").encode("utf-8"))
+        if old is not None:  # the snapshot holds its releases now
+            old.unlink(missing_ok=True)
+        self._journal_bytes = 0
+
+    def _append(self, index: int, rows: npt.NDArray[np.int64]) -> None:
+        """Journal one release batch; the OS has it when this returns (see the module doc)."""
+        if self.path is None:
+            return
+        if not self.path.exists() or self._journal_bytes > _COMPACT_BYTES:
+            self.flush()
+            return
+        payload = np.asarray(rows, dtype="<u4").tobytes()
+        record = _RECORD.pack(_MAGIC, index, len(rows), zlib.crc32(payload)) + payload
+        with open(self._journal_path(), "ab") as fh:
+            fh.write(record)
+            fh.flush()
+            now = time.monotonic()
+            if now - self._last_sync >= _SYNC_EVERY_S:
+                os.fsync(fh.fileno())
+                self._last_sync = now
+        self._journal_bytes += len(record)
 
     # --- counting ------------------------------------------------------------------------------
 
@@ -204,9 +296,13 @@ class ReleaseBudget:
 
     def record(self, setting: ReleaseSetting, rows: npt.NDArray[np.int64]) -> None:
         """Count one release of each of ``rows`` (unique) and persist it before returning."""
+        new = self.find(setting) is None
         i = self.slot(setting)
         self.counts[i, rows] += 1
-        self.flush()
+        if new:  # the snapshot must name the setting before a journal record refers to it
+            self.flush()
+        else:
+            self._append(i, rows)
 
     def merge(self, setting: ReleaseSetting, counts: npt.NDArray[np.int64]) -> None:
         """Releases known from elsewhere (a checkpoint): keep the larger count, never fewer."""
@@ -326,12 +422,13 @@ def reset_budget(directory: Path, fingerprint: str, *, party: str, operator: str
     path = budget_file(directory, fingerprint)
     if not path.exists():
         return None
-    when = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    when = datetime.now(UTC).isoformat(timespec="seconds")
     entry: dict[str, Any] = {"when": when, "operator": operator, "party": party,
                              "fingerprint": fingerprint, "reason": reason}
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
-        budget = ReleaseBudget.open(directory, fingerprint, int(doc["n_rows"]), party=party)
+        budget = ReleaseBudget.open(directory, fingerprint, int(doc["n_rows"]), party=party,
+                                    read_only=True)
     except (DataError, ValueError, KeyError, TypeError) as exc:  # a damaged file: still reset
         entry.update(records_released=-1, releases_total=-1, max_releases=-1, settings=[],
                      unreadable=str(exc))
@@ -348,5 +445,7 @@ def reset_budget(directory: Path, fingerprint: str, *, party: str, operator: str
         fh.write(json.dumps(entry) + "\n")
         fh.flush()
         os.fsync(fh.fileno())
-    path.unlink()
+    path.unlink()  # the snapshot first: a journal without its snapshot is never read
+    for journal in Path(directory).glob(f"{fingerprint}.*.journal"):
+        journal.unlink(missing_ok=True)
     return entry

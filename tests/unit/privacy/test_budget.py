@@ -163,3 +163,47 @@ def test_reset_deletes_logs_and_keeps_a_record(tmp_path: Path,
     assert json.loads(line)["operator"] == "alice@host"
     assert ReleaseBudget.open(tmp_path, FP, N).totals.sum() == 0
     assert reset_budget(tmp_path, FP, party="bank", operator="alice@host") is None
+
+
+def _journals(d: Path) -> list[Path]:
+    return sorted(d.glob("*.journal"))
+
+
+def test_the_journal_holds_every_batch_and_is_folded_into_the_snapshot(tmp_path: Path) -> None:
+    b = ReleaseBudget.open(tmp_path, FP, N, party="bank")
+    setting = ReleaseSetting(sigma=1.0)
+    b.record(setting, np.array([0, 1]))  # a new setting: a snapshot
+    assert _journals(tmp_path) == []
+    for rows in ([1, 2], [2, 3, 9], [9]):
+        b.record(setting, np.array(rows))  # appended to the journal, not a new snapshot
+    (journal,) = _journals(tmp_path)
+    oracle = [1, 2, 2, 1, 0, 0, 0, 0, 0, 2]
+    # what a reader finds on disk: the snapshot plus the journal
+    assert ReleaseBudget.open(tmp_path, FP, N, read_only=True).totals.tolist() == oracle
+    assert journal.exists()  # a read-only open writes nothing
+    # a crash that tore the last record (its write never finished: it was never sent)
+    with open(journal, "ab") as fh:
+        fh.write(b"VFR1\x00\x00")
+    reopened = ReleaseBudget.open(tmp_path, FP, N, party="bank")  # the party's open compacts
+    assert reopened.totals.tolist() == oracle and _journals(tmp_path) == []
+    assert reopened.generation > b.generation
+    reopened.record(setting, np.array([4]))
+    # a journal of an older generation (a crash between the snapshot and its deletion) is
+    # already in the snapshot: never replayed twice
+    stale = budget_file(tmp_path, FP).with_name(f"{FP}.{b.generation}.journal")
+    stale.write_bytes(_journals(tmp_path)[0].read_bytes())
+    oracle[4] = 1
+    assert ReleaseBudget.open(tmp_path, FP, N, read_only=True).totals.tolist() == oracle
+
+
+def test_a_damaged_journal_record_fails_closed(tmp_path: Path) -> None:
+    b = ReleaseBudget.open(tmp_path, FP, N, party="bank")
+    setting = ReleaseSetting(sigma=1.0)
+    for rows in ([0], [1, 2], [3]):
+        b.record(setting, np.array(rows))
+    (journal,) = _journals(tmp_path)
+    data = bytearray(journal.read_bytes())
+    data[16] ^= 0xFF  # a row of the first journal record (not the last): damage, not a tear
+    journal.write_bytes(bytes(data))
+    with pytest.raises(DataError, match="damaged record"):
+        ReleaseBudget.open(tmp_path, FP, N, party="bank")
