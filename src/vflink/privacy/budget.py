@@ -56,7 +56,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from vflink.errors import ConfigError, DataError
+from vflink.errors import ConfigError, DataError, PrivacyBudgetExceeded
 from vflink.privacy.accounting import composed_epsilon_mixed
 
 __all__ = [
@@ -81,6 +81,10 @@ _FINGERPRINT = re.compile(r"^[0-9a-f]{16,128}$")
 #: one journal record: magic, setting index, number of rows, CRC-32 of the rows (uint32 each)
 _RECORD = struct.Struct("<4sIII")
 _MAGIC = b"VFR1"
+#: distinct noise settings one data version may be released under: each adds a row of counts,
+#: and a secondary without settings of its own adopts the primary's, which could otherwise grow
+#: its memory and files without bound
+MAX_SETTINGS = 64
 #: the journal is folded into the snapshot past this size
 _COMPACT_BYTES = 4 << 20
 #: the journal is forced to disk at most this often (seconds)
@@ -290,6 +294,11 @@ class ReleaseBudget:
         i = self.find(setting)
         if i is not None:
             return i
+        if len(self.settings) >= MAX_SETTINGS:
+            raise PrivacyBudgetExceeded(
+                f"party {self.party!r}: its data were already released under {MAX_SETTINGS} "
+                "different noise settings; it releases them under no new one (its operator "
+                "may reset the counts: `vflink privacy-budget --reset`)")
         self.settings.append(setting)
         self.counts = np.vstack([self.counts, np.zeros((1, self.n_rows), dtype=np.int64)])
         return len(self.settings) - 1

@@ -229,10 +229,10 @@ class EmbeddingDP:
         else:
             noise = afe.gaussian_noise(tuple(z.shape), self.noise_std, self._noise)
         released = z.detach() + noise
-        self.counts[rows] += 1
         # write-ahead: the release is counted (and on disk, with a state directory) before the
         # caller can send it; if that fails nothing is sent
         self.budget.record(self.setting, rows)
+        self.counts[rows] += 1
         if watch and self.observer is not None:
             self.observer("release", figures)
         return z, released

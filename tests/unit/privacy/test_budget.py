@@ -207,3 +207,15 @@ def test_a_damaged_journal_record_fails_closed(tmp_path: Path) -> None:
     journal.write_bytes(bytes(data))
     with pytest.raises(DataError, match="damaged record"):
         ReleaseBudget.open(tmp_path, FP, N, party="bank")
+
+
+def test_the_number_of_settings_is_bounded() -> None:
+    from vflink.privacy.budget import MAX_SETTINGS
+
+    b = ReleaseBudget(N, party="bank")
+    for k in range(MAX_SETTINGS):
+        b.record(ReleaseSetting(sigma=1.0 + k), np.array([0]))
+    with pytest.raises(PrivacyBudgetExceeded, match="no new one"):
+        b.record(ReleaseSetting(sigma=0.5), np.array([1]))
+    assert b.counts.shape == (MAX_SETTINGS, N) and b.totals[1] == 0
+    b.record(ReleaseSetting(sigma=1.0), np.array([1]))  # a known setting still counts
