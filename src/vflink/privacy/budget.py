@@ -18,7 +18,7 @@ counts all of them.
 On disk (``<state_dir>/_privacy-budget/<fingerprint>.json``, version 1)::
 
     {"format": "vflink-privacy-budget", "version": 1, "party": "bank",
-     "fingerprint": "<sha-256 of the table>", "n_rows": 3000, "streams": 2,
+     "fingerprint": "<sha-256 of the table>", "n_rows": 3000, "streams": 2, "generation": 7,
      "settings": [{"sigma": 2.1, "failure": 0.0013, "epsilon": 2.0, "delta": 0.01,
                    "calibration": "analytic-gaussian", "mode": "afe"}],
      "counts": {"dtype": "<i8", "shape": [1, 3000], "base64": "..."},
