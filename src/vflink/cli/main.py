@@ -17,12 +17,24 @@ from typing import Any
 
 from vflink import __version__
 from vflink.cli import align as align_cmd
-from vflink.cli import attack, certs, demo, experiment, link, predict, report, serve, train
+from vflink.cli import (
+    attack,
+    certs,
+    demo,
+    experiment,
+    link,
+    predict,
+    privacy_budget,
+    report,
+    serve,
+    train,
+)
 from vflink.cli._errors import EXIT_CODES_HELP, Terminated, report_failure
 
 __all__ = ["main"]
 
-COMMANDS = (train, link, experiment, predict, demo, serve, certs, align_cmd, attack, report)
+COMMANDS = (train, link, experiment, predict, demo, serve, certs, align_cmd, attack, report,
+            privacy_budget)
 
 
 def build_parser() -> argparse.ArgumentParser:

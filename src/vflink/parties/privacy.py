@@ -8,10 +8,19 @@ ever receives clipped and noised embeddings. The secondary's settings are its ow
 config in-process, its party file across hosts); a primary's :class:`SetupPrivacy` is checked
 against them (:func:`vflink.privacy.embedding_dp.agree_settings`), and adopted only by a
 secondary that has none.
+
+Release counts belong to the party's data, not to a run or a session (issue 19, item 3): one
+:class:`~vflink.privacy.budget.ReleaseBudget` per party object, kept in the party's state
+directory under its data fingerprint when it has one. A new ``SetupBottom``, ``SetupPrivacy``,
+``LoadState``, session, run or process starts a new :class:`EmbeddingDP` (the run's own counts
+and noise) on the *same* budget, so once a record's budget is spent no request of the primary
+releases it again; only the party's operator resets it (``vflink privacy-budget --reset``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -19,6 +28,7 @@ import numpy.typing as npt
 import torch
 
 from vflink.errors import ConfigError, PrivacyBudgetExceeded
+from vflink.privacy.budget import ReleaseBudget
 from vflink.privacy.config import PrivacyConfig
 from vflink.privacy.embedding_dp import EmbeddingDP, Observer, agree_settings
 from vflink.protocol.boundary import refuse
@@ -27,10 +37,19 @@ __all__ = ["EmbeddingProtection"]
 
 
 class EmbeddingProtection:
-    """Pass-through when off; otherwise an :class:`EmbeddingDP` per training run."""
+    """Pass-through when off; otherwise an :class:`EmbeddingDP` per training run, all of them
+    counting on the data's one :class:`ReleaseBudget`.
+
+    Args:
+        budget_dir: where the release counts are kept (the party's state directory's
+            ``_privacy-budget``); ``None``: in memory, for the life of this object.
+        fingerprint: the data fingerprint naming the counts' file (called once, when the
+            counts are first needed).
+    """
 
     def __init__(self, party: str, n_rows: int, own: PrivacyConfig | None,
-                 seed: int | None) -> None:
+                 seed: int | None, *, budget_dir: Path | None = None,
+                 fingerprint: Callable[[], str] | None = None) -> None:
         self.party = party
         self.n_rows = n_rows
         self.own = own if own is not None and own.enabled else None
@@ -39,7 +58,21 @@ class EmbeddingProtection:
         self.dp: EmbeddingDP | None = None
         self._observer: Observer | None = None
         self._links = np.zeros(n_rows, dtype=np.int64)
+        self._budget_dir = budget_dir
+        self._fingerprint = fingerprint
+        self._budget: ReleaseBudget | None = None
         self.start()
+
+    @property
+    def budget(self) -> ReleaseBudget:
+        """The release counts of this party's data (loaded from its file on first use)."""
+        if self._budget is None:
+            if self._budget_dir is not None and self._fingerprint is not None:
+                self._budget = ReleaseBudget.open(self._budget_dir, self._fingerprint(),
+                                                  self.n_rows, party=self.party)
+            else:
+                self._budget = ReleaseBudget(self.n_rows, party=self.party)
+        return self._budget
 
     @property
     def observer(self) -> Observer | None:
@@ -55,13 +88,14 @@ class EmbeddingProtection:
 
     def _new(self, config: PrivacyConfig, classes: int | None) -> EmbeddingDP:
         dp = EmbeddingDP(config, party=self.party, n_rows=self.n_rows, seed=self.seed,
-                         classes=classes)
+                         classes=classes, budget=self.budget)
         dp.note_links(self._links)
         dp.observer = self._observer
         return dp
 
     def start(self) -> None:
-        """A new training run: the party's own protection with fresh release counts."""
+        """A new training run: the party's own protection, counting this run's releases on
+        top of every earlier release of the data (the budget is never reset here)."""
         self.dp = self._new(self.own, None) if self.own is not None else None
 
     def setup(self, settings: dict[str, Any], classes: int) -> dict[str, float]:

@@ -34,6 +34,7 @@ from vflink.parties.privacy import EmbeddingProtection
 from vflink.parties.recording import Recorder
 from vflink.parties.setalign import SetAlignmentPeer
 from vflink.parties.union import UnionPeer
+from vflink.privacy.budget import BUDGET_DIR
 from vflink.privacy.config import PrivacyConfig
 from vflink.protocol.boundary import refuse
 from vflink.protocol.channel import Channel
@@ -107,7 +108,11 @@ class SecondaryParty(SetAlignmentPeer, UnionPeer, LinkingPeer):
         self._applied: set[int] = set()
         self._snapshots: dict[str, dict[str, Any]] = {}
         self._fingerprint: str | None = None
-        self.protection = EmbeddingProtection(self.name, len(table), privacy, privacy_seed)
+        # release counts live with the data, in this party's own directory (issue 19, item 3)
+        self.protection = EmbeddingProtection(
+            self.name, len(table), privacy, privacy_seed,
+            budget_dir=None if out_dir is None else out_dir / BUDGET_DIR,
+            fingerprint=lambda: self.data_fingerprint)
 
     @property
     def data_fingerprint(self) -> str:
@@ -125,7 +130,9 @@ class SecondaryParty(SetAlignmentPeer, UnionPeer, LinkingPeer):
         check_bottom_spec(message.spec, len(self.table.frame.columns), party=self.name,
                           policy=self.policy)
         self.spec = message.spec
-        self.protection.start()  # a new training run: fresh release counts
+        # a new training run; the data's release counts carry over (a primary must not be able
+        # to reset them by repeating the setup)
+        self.protection.start()
         if self.recorder is not None:
             self.recorder.new_training()
         return Ack()

@@ -34,6 +34,7 @@ __all__ = [
     "Calibration",
     "calibrate",
     "composed_epsilon",
+    "composed_epsilon_mixed",
     "delta_prime",
     "lemma_3_3_sigma",
     "max_releases_within",
@@ -81,6 +82,26 @@ def composed_epsilon(sigma: float, releases: int, delta: float) -> float:
         return 0.0
     accountant = PLDAccountant(value_discretization_interval=_PLD_INTERVAL)
     accountant.compose(dp_accounting.GaussianDpEvent(sigma), int(releases))
+    return float(accountant.get_epsilon(delta))
+
+
+@functools.lru_cache(maxsize=4096)
+def composed_epsilon_mixed(releases: tuple[tuple[float, int], ...], delta: float) -> float:
+    """ε at ``delta`` of a record's releases under several noise settings.
+
+    ``releases`` holds ``(sigma, count)`` pairs: ``count`` Gaussian releases of multiplier
+    ``sigma`` each (a secondary whose settings changed between runs). The PLD accountant
+    composes every one of them, so the figure is as tight as :func:`composed_epsilon`, which it
+    equals (same accountant, same figures) when only one setting was used.
+    """
+    used = tuple((float(s), int(m)) for s, m in releases if m > 0)
+    if not used:
+        return 0.0
+    if len({s for s, _ in used}) == 1:
+        return composed_epsilon(used[0][0], sum(m for _, m in used), delta)
+    accountant = PLDAccountant(value_discretization_interval=_PLD_INTERVAL)
+    for sigma, m in used:
+        accountant.compose(dp_accounting.GaussianDpEvent(sigma), m)
     return float(accountant.get_epsilon(delta))
 
 

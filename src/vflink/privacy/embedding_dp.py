@@ -5,6 +5,11 @@ settings, and calls the pure functions of :mod:`vflink.privacy.afe` and
 :mod:`vflink.privacy.accounting`. The secondary's bottom model never changes (ARCHITECTURE.md,
 convention 4): the party hands its raw output to :meth:`EmbeddingDP.release` and sends what
 comes back; it adds :meth:`EmbeddingDP.local_loss` when the gradient returns.
+
+An :class:`EmbeddingDP` lives for one training run (its :attr:`~EmbeddingDP.counts` are that
+run's releases); the releases of the party's *data*, which the budget limits and the ledger's
+composed (ε, δ) reports, are kept by a :class:`~vflink.privacy.budget.ReleaseBudget` that
+outlives runs, sessions and restarts (issue 19, item 3).
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from vflink.privacy.accounting import (
     max_releases_within,
     rescale_p2,
 )
+from vflink.privacy.budget import ReleaseBudget, ReleaseSetting
 from vflink.privacy.config import PUBLIC_SETTINGS, PrivacyConfig
 from vflink.privacy.ledger import explain_epsilon
 
@@ -79,10 +85,13 @@ class EmbeddingDP:
         n_rows: the number of records of the party (release counts are per record).
         seed: the noise seed (ignored with ``secure_rng``; ``None``: a fresh secret seed).
         classes: C of Eq. 7 when ``fcm_clusters`` is not set (the number of classes).
+        budget: the release counts of the party's data, shared by every run on the same data
+            (``None``: counts of this object only).
     """
 
     def __init__(self, config: PrivacyConfig, *, party: str, n_rows: int,
-                 seed: int | None = None, classes: int | None = None) -> None:
+                 seed: int | None = None, classes: int | None = None,
+                 budget: ReleaseBudget | None = None) -> None:
         if not config.enabled:
             raise ConfigError("EmbeddingDP needs privacy.embeddings other than 'off'")
         self.config = config
@@ -91,8 +100,20 @@ class EmbeddingDP:
         self.counts = np.zeros(n_rows, dtype=np.int64)
         self.max_links = 0
         self.classes = classes
+        self.budget = budget if budget is not None else ReleaseBudget(n_rows, party=party)
+        if self.budget.n_rows != n_rows:
+            raise ConfigError(f"party {party!r}: the release counts are for "
+                              f"{self.budget.n_rows} records, the party has {n_rows}")
+        p2 = rescale_p2(config.rescale_sigmas) if config.rescale else 1.0
+        self.setting = ReleaseSetting(
+            sigma=self.calibration.sigma, failure=(1.0 - P1 * p2) if config.rescale else 0.0,
+            epsilon=config.epsilon, delta=config.delta, calibration=self.calibration.method,
+            mode=config.embeddings)
         self._seed_given = seed is not None
         seed = int(seed) if seed is not None else secrets.randbits(63)
+        self._seed = seed
+        # a fixed seed's stream is claimed from the budget at the first release (see release)
+        self._stream_claimed = not self._seed_given or config.secure_rng
         self._noise = torch.Generator().manual_seed(seed)
         # FCM initialisation and sub-sampling are not secret; a separate stream keeps the noise
         # sequence independent of how often they draw.
@@ -125,17 +146,46 @@ class EmbeddingDP:
     # --- Algorithm 1, lines 6-9 ----------------------------------------------------------------
 
     def _check_budget(self, rows: npt.NDArray[np.int64]) -> None:
+        # Every release the party's data ever had counts (the budget's counts, kept across
+        # setups, sessions, runs and restarts), not only this run's.
         if self._allowed is None or rows.size == 0:
             return
-        worst = int(self.counts[rows].max()) + 1
-        if worst > self._allowed:
-            spent = composed_epsilon(self.sigma, worst - 1, self.config.delta)
-            would = composed_epsilon(self.sigma, worst, self.config.delta)
-            raise PrivacyBudgetExceeded(
-                f"party {self.party!r}: privacy budget ε = {self.config.budget:g} "
-                f"(`privacy.budget`) reached: a record released {worst - 1} times "
-                f"(ε = {spent:.3g} at δ = {self.config.delta:g}) would reach ε = {would:.3g} "
-                f"with one more release; training stops before that release")
+        budget, delta = self.budget, self.config.delta
+        if not budget.others_released(self.setting, rows):
+            # one noise setting only: the release count decides (the figures of one setting)
+            i = budget.find(self.setting)
+            worst = (int(budget.counts[i, rows].max()) if i is not None else 0) + 1
+            if worst <= self._allowed:
+                return
+            spent = composed_epsilon(self.sigma, worst - 1, delta)
+            would = composed_epsilon(self.sigma, worst, delta)
+            what = f"a record released {worst - 1} times"
+        else:
+            # releases under other settings too: compose them all (PLD), for the record that
+            # spent the most
+            row = budget.worst(rows)
+            would = budget.epsilon(row, delta, plus=self.setting)
+            if would <= self.config.budget:  # type: ignore[operator]
+                return
+            spent = budget.epsilon(row, delta)
+            n = int(budget.totals[row])
+            what = f"a record released {n} times under {len(budget.releases_of(row))} settings"
+        raise PrivacyBudgetExceeded(
+            f"party {self.party!r}: privacy budget ε = {self.config.budget:g} "
+            f"(`privacy.budget`) reached: {what} "
+            f"(ε = {spent:.3g} at δ = {delta:g}) would reach ε = {would:.3g} "
+            f"with one more release; training stops before that release")
+
+    def _claim_stream(self) -> None:
+        """A fixed noise seed gives the same noise to every run that starts from it: two runs
+        with different models would then send embeddings whose difference is noise-free. The
+        budget numbers the streams; the first keeps the seed (single runs are reproducible as
+        before), later ones derive theirs from (seed, stream)."""
+        self._stream_claimed = True
+        k = self.budget.claim_stream()
+        if k > 0:
+            seq = np.random.SeedSequence([self._seed, 0x5EED, k])
+            self._noise.manual_seed(int(seq.generate_state(1, np.uint64)[0] >> 1))
 
     def release(self, out: torch.Tensor, rows: npt.NDArray[np.int64]
                 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -152,6 +202,8 @@ class EmbeddingDP:
         if np.unique(rows).size != rows.size:
             raise ValueError("release() needs unique rows (one embedding per record)")
         self._check_budget(rows)
+        if not self._stream_claimed:
+            self._claim_stream()
         t = self.config.clip
         z = afe.clip_norm(out.float(), t)  # line 6, Eq. 2
         watch = self.observer is not None and out.requires_grad  # training batches only
@@ -177,6 +229,9 @@ class EmbeddingDP:
         else:
             noise = afe.gaussian_noise(tuple(z.shape), self.noise_std, self._noise)
         released = z.detach() + noise
+        # write-ahead: the release is counted (and on disk, with a state directory) before the
+        # caller can send it; if that fails nothing is sent
+        self.budget.record(self.setting, rows)
         self.counts[rows] += 1
         if watch and self.observer is not None:
             self.observer("release", figures)
@@ -219,14 +274,18 @@ class EmbeddingDP:
     def report(self) -> dict[str, Any]:
         """This party's ledger entry (keyword arguments of ``Ledger.add_protection``)."""
         cfg = self.config
-        m = self.max_releases
-        eps_total = composed_epsilon(self.sigma, m, cfg.delta)
+        budget = self.budget
+        # The guarantee covers every release of the party's data (this run's and earlier
+        # ones'); for a first run on the data it is this run's figures.
+        totals = budget.totals
+        m = int(totals.max(initial=0))
+        eps_total = budget.max_epsilon(cfg.delta)
         p2 = rescale_p2(cfg.rescale_sigmas) if cfg.rescale else 1.0
         d_prime = delta_prime(cfg.delta, P1, p2)
         # Rescaling's Δ̃ holds with probability p1·p2 per release; a union bound over the
         # record's m releases adds m(1 − p1 p2) to the composed δ (more cautious than
         # composing Thm 3.6's δ' = δ/(p1 p2)).
-        delta_total = cfg.delta + (m * (1.0 - P1 * p2) if cfg.rescale else 0.0)
+        delta_total = cfg.delta + budget.max_failure()
         params = {
             "mode": cfg.embeddings, "calibration": self.calibration.method, "t": cfg.clip,
             "sigma": self.sigma, "noise_std": self.noise_std,
@@ -242,15 +301,22 @@ class EmbeddingDP:
             "epsilon_per_release": cfg.epsilon, "delta": cfg.delta, "delta_prime": d_prime,
             "p1": P1 if cfg.rescale else None, "p2": p2 if cfg.rescale else None,
             "max_releases": m, "max_links_per_record": self.max_links,
-            "records_released": int((self.counts > 0).sum()),
-            "releases_total": int(self.counts.sum()),
+            "records_released": int((totals > 0).sum()),
+            "releases_total": int(totals.sum()),
+            "run_max_releases": self.max_releases, "run_releases_total": int(self.counts.sum()),
+            "settings_used": sum(1 for j in range(len(budget.settings))
+                                 if budget.counts[j].any()),
             "epsilon_total": eps_total, "delta_total": delta_total, "accountant": ACCOUNTANT,
-            "scope": "per record of this party, over this run (composition of every release)",
+            "scope": "per record of this party's data, over every release of it since its "
+                     "operator last reset the budget (all runs and sessions; composition of "
+                     "every release)",
         }
+        earlier = int(totals.sum()) - int(self.counts.sum())
         explanation = (f"{explain_epsilon(eps_total, delta_total)}. Every embedding party "
                        f"{self.party!r} sent was clipped to norm {cfg.clip:g} and noised "
                        f"(std {self.noise_std:.3g}); each release costs ε = {cfg.epsilon:g} "
-                       f"at δ = {cfg.delta:g}, and its most-released record was sent {m} times.")
+                       f"at δ = {cfg.delta:g}, and its most-released record was sent {m} times"
+                       + (" (counting earlier runs on the same data)." if earlier > 0 else "."))
         return {"kind": "embedding-dp", "party": self.party, "applies_to": "embeddings",
                 "params": params, "guarantee": guarantee, "explanation": explanation}
 
@@ -264,10 +330,13 @@ class EmbeddingDP:
         if counts.shape != self.counts.shape:
             raise ConfigError(f"party {self.party!r}: saved release counts are for "
                               f"{counts.size} records, the party has {self.counts.size}")
-        # never forget releases: keep the larger count of memory and file
+        # never forget releases: keep the larger count of memory and file (the data's counts
+        # too: a checkpoint written before the budget file existed still counts)
         self.counts = np.maximum(self.counts, counts)
+        self.budget.merge(self.setting, counts)
         self.classes = state.get("classes", self.classes)
         self.max_links = int(state.get("max_links", self.max_links))
         if not self.config.secure_rng and self._seed_given:
             self._noise.set_state(state["noise"])
+            self._stream_claimed = True  # resuming continues the checkpoint's stream
         self._aux.set_state(state["aux"])
