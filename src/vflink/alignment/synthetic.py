@@ -28,6 +28,7 @@ __all__ = [
     "FeatureStrategy",
     "LabelContext",
     "Strategy",
+    "assigned_rows",
     "gaussian_embeddings",
     "get_strategy",
     "knn_labels",
@@ -141,6 +142,28 @@ def sampled_rows(own_rows: npt.NDArray[np.int64], n: int, rng: np.random.Generat
     """fea-sampling (§2.4): a random real record of our own for each missing row, the
     empirical marginal that Theorem 2 shows minimises KL(D || D')."""
     return own_rows[rng.integers(0, len(own_rows), size=n)]
+
+
+def assigned_rows(own_rows: npt.NDArray[np.int64], n: int, key: bytes
+                  ) -> npt.NDArray[np.int64]:
+    """fea-sampling with a fixed keyed assignment (issue 19): a real record of our own for each
+    of ``n`` missing rows, drawn once per session from ``key`` instead of afresh on every call.
+
+    Each missing row still gets a uniformly random own record, the empirical marginal of §2.4
+    (Theorem 2), but always the same one: asked twice, it answers as that record does, so
+    repeated questions cannot tell it from a real row. The draws are balanced (a keyed
+    permutation of ``own_rows``, repeated as often as needed): every record stands in for
+    ⌊n/|own|⌋ or ⌈n/|own|⌉ missing rows, which keeps groups of identical embeddings as even in
+    size as they can be (their sizes are what duplicates still reveal; README).
+    """
+    if n == 0:
+        return np.empty(0, dtype=np.int64)
+    if len(own_rows) == 0:
+        raise ValueError("fea-sampling needs at least one own record")
+    rng = np.random.default_rng(int.from_bytes(key, "little"))
+    reps = -(-n // len(own_rows))
+    pool = np.concatenate([rng.permutation(own_rows) for _ in range(reps)])
+    return pool[:n].astype(np.int64)
 
 
 def gaussian_embeddings(real: torch.Tensor, n: int, generator: torch.Generator, *,

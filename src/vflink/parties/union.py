@@ -14,6 +14,7 @@ beyond what the embeddings and gradients reveal, which the spectral attack measu
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,7 +29,7 @@ from vflink.data.table import PartyTable
 from vflink.errors import PolicyViolation, ProtocolError
 from vflink.models.mlp import build_mlp, build_optimizer, seeded_init
 from vflink.models.spec import BottomSpec
-from vflink.parties.guard import check_bottom_spec, check_embeddings
+from vflink.parties.guard import admit_forward, check_bottom_spec, check_embeddings
 from vflink.parties.policy import PartyPolicy
 from vflink.parties.privacy import EmbeddingProtection
 from vflink.parties.setalign import SetAlignment
@@ -56,18 +57,72 @@ def uid_rows(result: SetAlignment) -> npt.NDArray[np.int64]:
     return out
 
 
+_UNASSIGNED = -2
+
+
 @dataclass
 class _PeerUnion:
     rows: npt.NDArray[np.int64]
+    #: the row that answers for each UID: our own where we hold the record, its fixed keyed
+    #: source under fea-sampling, -1 where a synthetic embedding is drawn (gaussian/random)
+    fill: npt.NDArray[np.int64]
+    #: fea-sampling's keyed, balanced stand-ins, handed out in turn (``assign``)
+    pool: npt.NDArray[np.int64]
     own_rows: npt.NDArray[np.int64]
     strategy: syn.FeatureStrategy | None
-    rng: np.random.Generator
     generator: torch.Generator
     stats: syn.EmbeddingStats = field(default_factory=syn.EmbeddingStats)
+    handed: int = 0
+
+    def assign(self, uids: npt.NDArray[np.int64]) -> None:
+        """Give each UID asked for the first time, that we lack, its stand-in for the session."""
+        need = uids[self.fill[uids] == _UNASSIGNED]
+        if need.size == 0:
+            return
+        first = np.unique(need, return_index=True)[1]
+        new = need[np.sort(first)]  # in the order asked
+        self.fill[new] = self.pool[self.handed:self.handed + len(new)]
+        self.handed += len(new)
+
+
+def _session_key(features: torch.Tensor, session: str, seed: int) -> bytes:
+    """This party's secret for the synthetic rows of one union-training session.
+
+    Derived from its own encoded table (which the peer does not hold: a peer that held it would
+    know which records we have without asking), the PSU session and the run seed, so that a run
+    repeats from its seed in one process and across hosts, while the peer cannot predict which
+    of our records stands in for a UID we lack.
+    """
+    h = hashlib.blake2b(digest_size=32, person=b"vflink-union-v1")
+    h.update(session.encode())
+    h.update(int(seed).to_bytes(16, "little", signed=True))
+    h.update(features.detach().contiguous().numpy().tobytes())
+    return h.digest()
 
 
 class UnionPeer:
-    """The passive party's side of union training (a mixin for SecondaryParty)."""
+    """The passive party's side of union training (a mixin for SecondaryParty).
+
+    Union training must not be a membership oracle (issue 19): whatever the peer asks, the
+    answer for a UID we do not hold looks like the answer for one we hold.
+
+    - Nothing we compute depends on which UIDs the peer names as training UIDs: preprocessing
+      is fitted, and fea-sampling draws, on all our records in U (a peer-chosen fit set of one
+      UID used to change the embeddings, or be refused, exactly when we held that UID).
+    - fea-sampling fills each UID we lack with one of our records chosen once per session by a
+      keyed permutation (:func:`vflink.alignment.synthetic.assigned_rows`), and every row of a
+      batch, real or filled, goes through the same code: the bottom model and its ReLU. Asked
+      twice, with or without a model update in between, a filled UID behaves exactly as the
+      record it stands for (both are fixed points of the same function); a fresh draw per call
+      made real rows the only fixed points.
+    - ``features = "none"`` is accepted only when we hold every UID of U, which the PSU sizes
+      already tell the peer (|B| = |U|); it used to refuse forwards exactly for UIDs we lack.
+    - Training forwards waiting for their Backward are bounded (``policy.max_pending_batches``).
+
+    What remains (README, FLORIST section): a filled UID's embedding equals that of the record
+    it copies, so a peer that sees both at one model state sees a duplicate; fea-gaussian and
+    fea-random draw embeddings off the real distribution (FLORIST Table 2: no privacy).
+    """
 
     name: str
     table: PartyTable
@@ -79,6 +134,7 @@ class UnionPeer:
     policy: PartyPolicy
     protection: EmbeddingProtection
     _pending: dict[int, torch.Tensor]
+    _pending_since: dict[int, float]
 
     def set_alignment_with(self, session: str, peer: str
                            ) -> SetAlignment | None: ...  # from SetAlignmentPeer
@@ -101,20 +157,39 @@ class UnionPeer:
                                 f"{message.session!r}")
         rows = uid_rows(result)
         fit = np.asarray(message.fit_uids, dtype=np.int64)
-        if fit.size and (fit.min() < 0 or fit.max() >= len(rows)):
+        if fit.ndim != 1 or (fit.size and (fit.min() < 0 or fit.max() >= len(rows))):
             raise ProtocolError(f"party {self.name!r}: UIDs outside [0, {len(rows)})")
-        own = np.unique(rows[fit][rows[fit] >= 0])
-        if own.size == 0:
-            raise ProtocolError(f"party {self.name!r}: none of the training UIDs is ours")
+        held = rows >= 0
+        if message.features == "none" and not held.all():
+            # decided by |B| < |U|, which PSU told the peer (Theorem 1): no UID is singled out
+            raise refuse(ProtocolError,
+                         f"party {self.name!r}: features = \"none\" needs a party that holds "
+                         f"every UID of the union, and PSU showed it holds {int(held.sum())} "
+                         f"of {len(rows)}; name a synthetic feature strategy "
+                         f"({', '.join(syn.FEATURE_STRATEGIES.names())})",
+                         code="union.features-none")
         strategy = None if message.features == "none" else \
             syn.FEATURE_STRATEGIES.get(message.features)
+        # all our records in U, not those among the peer's fit UIDs: see the class docstring
+        own = np.unique(rows[held]).astype(np.int64)
+        if own.size == 0:
+            raise ProtocolError(f"party {self.name!r}: PSU session {message.session!r} has "
+                                "none of our records")
         pre = Preprocessor(self.table.schema).fit(self.table.frame, own)
         self._build(message.spec, pre)
-        seed = message.spec.seed
+        if self.features is None:
+            raise ProtocolError(f"party {self.name!r}: no encoded features after setup")
+        key = _session_key(self.features, message.session, message.spec.seed)
+        fill = rows.copy()
+        pool = np.empty(0, dtype=np.int64)
+        if strategy is not None and strategy.raw and not held.all():
+            # handed out in the order UIDs are first asked for, not in U's order: U's order
+            # comes from PSU's secret exponents, so a run would not repeat from its seed
+            fill[~held] = _UNASSIGNED
+            pool = syn.assigned_rows(own, int((~held).sum()), key)
         self.__dict__["_union_"] = _PeerUnion(
-            rows=rows, own_rows=own.astype(np.int64), strategy=strategy,
-            rng=np.random.default_rng([seed, 101]),
-            generator=torch.Generator().manual_seed(seed * 7919 + 13))
+            rows=rows, fill=fill, pool=pool, own_rows=own, strategy=strategy,
+            generator=torch.Generator().manual_seed(int.from_bytes(key[:8], "little") >> 1))
         return Ack(info={"n_features": float(pre.n_features)})
 
     def on_union_forward(self, sender: str, message: UnionForward) -> Embeddings:
@@ -125,31 +200,30 @@ class UnionPeer:
         uids = np.asarray(message.uids, dtype=np.int64)
         if uids.ndim != 1 or (uids.size and (uids.min() < 0 or uids.max() >= len(state.rows))):
             raise ProtocolError(f"party {self.name!r}: UIDs outside [0, {len(state.rows)})")
-        rows = state.rows[uids]
-        real = rows >= 0
-        n_fake = int((~real).sum())
-        if n_fake and state.strategy is None:
-            raise ProtocolError(f"party {self.name!r}: asked for UIDs it does not hold with no "
-                                "synthetic feature strategy")
+        if message.train:  # bounded: at most policy.max_pending_batches wait for a Backward
+            admit_forward(self._pending, self._pending_since, message.batch_id,
+                          party=self.name, policy=self.policy)
+        state.assign(uids)
+        rows = state.fill[uids]
+        drawn = rows < 0  # only fea-gaussian / fea-random draw embeddings
+        n_drawn = int(drawn.sum())
         model.train(message.train)
         with torch.set_grad_enabled(message.train):
-            if state.strategy is None or state.strategy.raw or n_fake == 0:
-                filled = rows.copy()
-                if n_fake:  # fea-sampling: a random real record of ours per missing UID
-                    filled[~real] = syn.sampled_rows(state.own_rows, n_fake, state.rng)
-                out = torch.relu(model(features[torch.from_numpy(filled)]))
+            if n_drawn == 0:
+                # real rows and fea-sampling's stand-ins: one path, one batch, one ReLU
+                out = torch.relu(model(features[torch.from_numpy(rows)]))
             else:
-                real_out = torch.relu(model(features[torch.from_numpy(rows[real])]))
-                if state.strategy.name == "fea-gaussian":
-                    fake = syn.gaussian_embeddings(real_out, n_fake, state.generator)
+                real_out = torch.relu(model(features[torch.from_numpy(rows[~drawn])]))
+                if state.strategy is not None and state.strategy.name == "fea-gaussian":
+                    fake = syn.gaussian_embeddings(real_out, n_drawn, state.generator)
                 else:
                     if message.train:
                         state.stats.update(real_out)
-                    fake = syn.moving_average_embeddings(state.stats, n_fake,
+                    fake = syn.moving_average_embeddings(state.stats, n_drawn,
                                                          real_out.shape[1], state.generator)
                 out = torch.zeros((len(rows), real_out.shape[1]), dtype=real_out.dtype)
-                out[torch.from_numpy(np.flatnonzero(real))] = real_out
-                out[torch.from_numpy(np.flatnonzero(~real))] = fake.to(real_out.dtype)
+                out[torch.from_numpy(np.flatnonzero(~drawn))] = real_out
+                out[torch.from_numpy(np.flatnonzero(drawn))] = fake.to(real_out.dtype)
         if message.train:
             self._pending[message.batch_id] = out
         return Embeddings(batch_id=message.batch_id, embeddings=out.detach(),
@@ -205,9 +279,12 @@ class UnionPrimary:
         self.x = torch.from_numpy(self.pre.transform(table.frame)) if self.pre else None
         self.rng = np.random.default_rng([spec.seed, 202])
         self.generator = torch.Generator().manual_seed(spec.seed * 104729 + 7)
+        # "none" only where nothing is hidden (baseline-full): the peer refuses it unless it
+        # holds every UID. baseline-partial names its strategy's fill, which it never uses (it
+        # asks only for the intersection), so that its requests look like any union run's.
+        features = "none" if strategy.schedule == "full" else strategy.features
         ack = channel.request(peer, UnionSetup(session=session or result.session, spec=spec,
-                                               features=strategy.features if strategy.schedule
-                                               == "union" else "none",
+                                               features=features,
                                                fit_uids=fit_uids.astype(np.int64)), Ack)
         del ack
         parts: dict[str, torch.nn.Module] = {}
