@@ -132,10 +132,12 @@ def truth_for(arrays: dict[str, npt.NDArray[Any]], peer: str | None
 
 def run_attack(run_dir: Path, name: str, *, party: str | None = None,
                params: dict[str, Any] | None = None, out: Path | None = None,
-               truth_dir: Path | None = None) -> AttackResult:
+               truth_dir: Path | None = None, overwrite: bool = False) -> AttackResult:
     """Run attack ``name`` on ``run_dir``; append the result to the run's ledger (and to
     ``out``). ``truth_dir``: the run directory with the ground truth and the ledger, when
-    ``run_dir`` is one party's own state directory (runs across hosts)."""
+    ``run_dir`` is one party's own state directory (runs across hosts). An existing result
+    file in ``out`` is refused (before the attack runs or the ledger changes) unless
+    ``overwrite``."""
     run_dir = Path(run_dir)
     home = Path(truth_dir) if truth_dir is not None else run_dir
     attack = get_attack(name, **(params or {}))
@@ -146,6 +148,10 @@ def run_attack(run_dir: Path, name: str, *, party: str | None = None,
                           f"{view.party!r} never received in this run: "
                           + "; ".join(_WHY[n] for n in missing))
     view.require(attack.needs, attack.name)
+    target = Path(out) / f"{name}-{view.party}.json" if out is not None else None
+    if target is not None and target.exists() and not overwrite:
+        raise ConfigError(f"{target}: output already exists; choose another --out or pass "
+                          "--overwrite to replace it")
     _, arrays = read_truth(home)
     # A secondary's truth is about its own rows; the primary attacks the secondary it received
     # similarities about (the first secondary, FedSim App. C).
@@ -155,9 +161,9 @@ def run_attack(run_dir: Path, name: str, *, party: str | None = None,
     ledger = Ledger.read(ledger_path) if ledger_path.is_file() else Ledger()
     ledger.add_attack(result.to_json())
     ledger.write(ledger_path)
-    if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / f"{name}-{view.party}.json").write_text(
+    if target is not None:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(
             json.dumps(result.to_json(), indent=2, default=float) + "\n", encoding="utf-8")
     log.info("%s on %s: %s", name, view.party, result.metrics)
     return result

@@ -70,10 +70,15 @@ def atomic_run_dir(out_dir: Path, *, overwrite: bool = False, resume: bool = Fal
     something worth resuming from (checkpoints); ``resume`` reuses such a directory.
     """
     out_dir = Path(out_dir)
+    staging = staging_dir(out_dir)
+    if resume and out_dir.exists() and not staging.is_dir():
+        # never advise --overwrite here: it would delete the finished run
+        raise RunError(f"{out_dir}: nothing to resume: this run has finished (its directory "
+                       "is complete and no interrupted run is waiting); to train again, "
+                       "choose another --out")
     if out_dir.exists() and not overwrite:
         raise RunError(f"{out_dir}: run directory already exists; choose another --out or pass "
                        "--overwrite")
-    staging = staging_dir(out_dir)
     if resume:
         if not staging.is_dir():
             raise RunError(f"{out_dir}: nothing to resume (no interrupted run at {staging}); "
