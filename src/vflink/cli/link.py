@@ -207,7 +207,8 @@ def resolve(args: argparse.Namespace) -> dict[str, Any]:
         try:
             build()
         except ConfigError as exc:
-            problems.extend(exc.problems if len(exc.problems) > 1 else [str(exc)])
+            problems.extend(p if p.startswith(f"[link.{name}]") else f"[link.{name}]: {p}"
+                            for p in exc.problems)
     if problems:
         if where and len(problems) > 1:
             listing = "\n  - ".join(problems)
