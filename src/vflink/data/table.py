@@ -13,7 +13,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, cast
 
 import numpy as np
 import pandas as pd
@@ -136,7 +136,7 @@ _SAMPLE_BYTES = 64 * 1024
 
 def _open_bytes(path: Path) -> IO[bytes]:
     if path.name.lower().endswith(".gz"):
-        return gzip.open(path, "rb")
+        return cast("IO[bytes]", gzip.open(path, "rb"))
     return open(path, "rb")
 
 
