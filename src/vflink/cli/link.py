@@ -100,6 +100,8 @@ def register(sub: Any) -> None:
                    "among , ; tab |; write tab as '\\t')")
     p.add_argument("--encoding", help="text encoding of the input CSVs (default: utf-8; e.g. "
                    "latin-1, cp1252)")
+    p.add_argument("--decimal", help="decimal mark of numbers in the input CSVs: . (default) "
+                   "or , (for 1,5)")
     p.add_argument("--secondary-delimiter", help="the secondary's CSV delimiter, when it differs "
                    "(default: --delimiter)")
     p.add_argument("--secondary-encoding", help="the secondary's text encoding, when it differs "
@@ -121,7 +123,7 @@ _REQUIRED = ("primary", "secondary", "on", "metric", "top_k", "out")
 _KEYS = ("primary", "secondary", "on", "secondary_on", "metric", "bloom", "top_k", "mode", "tau",
          "sigma", "delta", "approximate", "search", "seed", "out", "privacy", "empty", "id",
          "secondary_id", "fields", "blocking", "geo", "bloom_filters", "resolution", "delimiter",
-         "encoding", "secondary_delimiter", "secondary_encoding")
+         "encoding", "secondary_delimiter", "secondary_encoding", "decimal")
 
 
 #: What each [link] key must be, checked when it comes from a file (argparse checks flags).
@@ -134,7 +136,7 @@ _FLAGS = ("bloom", "approximate")
 def _check_value(key: str, value: Any, problems: list[str]) -> None:
     """One problem (if any) for a [link] value of the wrong kind."""
     from vflink._checks import check_float, check_int
-    from vflink.data.schema import check_delimiter, check_encoding
+    from vflink.data.schema import check_decimal, check_delimiter, check_encoding
 
     if key in _CHOICES and value not in _CHOICES[key]:
         problems.append(f"`{key}` must be one of {', '.join(_CHOICES[key])}, got {value!r}")
@@ -157,6 +159,8 @@ def _check_value(key: str, value: Any, problems: list[str]) -> None:
         check_delimiter(problems, key, value)
     elif key in ("encoding", "secondary_encoding"):
         check_encoding(problems, key, value)
+    elif key == "decimal":
+        check_decimal(problems, key, value)
 
 
 def resolve(args: argparse.Namespace) -> dict[str, Any]:
@@ -185,7 +189,8 @@ def resolve(args: argparse.Namespace) -> dict[str, Any]:
         value = getattr(args, key, None)
         if value is not None:
             opts[key] = value
-            if key in ("delimiter", "secondary_delimiter", "encoding", "secondary_encoding"):
+            if key in ("delimiter", "secondary_delimiter", "encoding", "secondary_encoding",
+                       "decimal"):
                 _check_value(key, value, problems)  # not an argparse choice
     required = ("primary", "secondary", "top_k", "out") if opts.get("fields") else (
         "primary", "secondary", "on", "metric", "top_k", "out")
@@ -332,10 +337,12 @@ def run(args: argparse.Namespace) -> int:
     s_id = opts.get("secondary_id") or opts.get("id")
     s_text = (*(secondary_on or () if as_text else ()), *s_cols, *((s_id,) if s_id else ()))
     primary = read_frame(Path(opts["primary"]), text_columns=tuple(p_text),
-                         delimiter=opts.get("delimiter"), encoding=opts.get("encoding"))
+                         delimiter=opts.get("delimiter"), encoding=opts.get("encoding"),
+                         decimal=opts.get("decimal"))
     secondary = read_frame(Path(opts["secondary"]), text_columns=tuple(s_text),
                            delimiter=opts.get("secondary_delimiter") or opts.get("delimiter"),
-                           encoding=opts.get("secondary_encoding") or opts.get("encoding"))
+                           encoding=opts.get("secondary_encoding") or opts.get("encoding"),
+                           decimal=opts.get("decimal"))
     ids = _id_columns(opts, primary, secondary)
     phases["read"] = time.perf_counter() - clock
     search = SearchOptions(mode="approximate" if opts.get("approximate")

@@ -38,6 +38,8 @@ def register(sub: Any) -> None:
                    ", ; tab |; write tab as '\\t')")
     p.add_argument("--encoding", help="text encoding of --input (default: utf-8; e.g. "
                    "latin-1, cp1252)")
+    p.add_argument("--decimal", help="decimal mark of numbers in --input: . (default) or , "
+                   "(for 1,5)")
     p.set_defaults(func=run)
 
 
@@ -54,7 +56,8 @@ def run(args: argparse.Namespace) -> int:
     if out.suffix.lower() not in (".csv", ".parquet"):
         raise ConfigError(f"--out must end in .csv or .parquet, got {str(out)!r}")
     refuse_existing(out, overwrite=args.overwrite)
-    records = read_frame(args.input, delimiter=args.delimiter, encoding=args.encoding)
+    records = read_frame(args.input, delimiter=args.delimiter, encoding=args.encoding,
+                         decimal=args.decimal)
     console = Console()
     with console.status(f"predicting {len(records)} records with {args.run}"):
         result = predict_records(args.run, records, source=str(args.input))

@@ -8,8 +8,8 @@ from pathlib import Path
 from vflink._checks import check_choice, check_str_tuple, raise_if
 from vflink.types import Task
 
-__all__ = ["DELIMITERS", "ROLES", "PartySchema", "check_delimiter", "check_encoding",
-           "parse_delimiter"]
+__all__ = ["DELIMITERS", "ROLES", "PartySchema", "check_decimal", "check_delimiter",
+           "check_encoding", "parse_delimiter"]
 
 ROLES = ("primary", "secondary")
 
@@ -33,6 +33,12 @@ def check_delimiter(problems: list[str], name: str, value: object) -> None:
     if value is not None and parse_delimiter(value) is None:
         problems.append(f"`{name}` must be one character such as \",\", \";\", \"\\t\" (tab) "
                         f"or \"|\", got {value!r}")
+
+
+def check_decimal(problems: list[str], name: str, value: object) -> None:
+    """A decimal mark: ``"."`` (the default) or ``","``."""
+    if value is not None and value not in (".", ","):
+        problems.append(f"`{name}` must be \".\" or \",\", got {value!r}")
 
 
 def check_encoding(problems: list[str], name: str, value: object) -> None:
@@ -69,6 +75,7 @@ class PartySchema:
         delimiter: the CSV file's delimiter; ``None`` detects it among ``, ; \\t |``.
         encoding: the CSV file's text encoding; ``None`` is UTF-8 (a byte-order mark is
             skipped).
+        decimal: the CSV file's decimal mark, ``","`` for ``1,5``; ``None`` is ``"."``.
     """
 
     name: str
@@ -84,6 +91,7 @@ class PartySchema:
     identifiers_as_features: bool = False
     delimiter: str | None = None
     encoding: str | None = None
+    decimal: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("key", "identifiers", "numeric", "categorical"):
@@ -102,6 +110,7 @@ class PartySchema:
         if self.delimiter is not None and parse_delimiter(self.delimiter) is not None:
             object.__setattr__(self, "delimiter", parse_delimiter(self.delimiter))
         check_encoding(problems, "encoding", self.encoding)
+        check_decimal(problems, "decimal", self.decimal)
         if self.role == "primary":
             if not self.label:
                 problems.append("the primary party needs a `label` column")

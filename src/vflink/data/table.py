@@ -22,6 +22,7 @@ from pandas._libs.parsers import STR_NA_VALUES
 from vflink.data.schema import (
     DELIMITERS,
     PartySchema,
+    check_decimal,
     check_delimiter,
     check_encoding,
     parse_delimiter,
@@ -29,8 +30,8 @@ from vflink.data.schema import (
 from vflink.errors import DataError
 from vflink.types import Task
 
-__all__ = ["PartyTable", "bad_cells", "load_table", "missing_columns", "read_frame", "report",
-           "show_value", "validate_frame"]
+__all__ = ["PartyTable", "bad_cells", "decimal_hint", "load_table", "missing_columns",
+           "read_frame", "report", "show_value", "validate_frame"]
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +68,7 @@ class PartyTable:
 
 
 def read_frame(path: Path, *, text_columns: tuple[str, ...] = (), delimiter: str | None = None,
-               encoding: str | None = None) -> pd.DataFrame:
+               encoding: str | None = None, decimal: str | None = None) -> pd.DataFrame:
     """Read a CSV/TSV (optionally gzipped) or Parquet file, translating reader errors.
 
     ``text_columns`` are read from CSV as text, so keys such as ``"007"`` keep leading zeros,
@@ -77,7 +78,8 @@ def read_frame(path: Path, *, text_columns: tuple[str, ...] = (), delimiter: str
     ``delimiter``: the CSV's delimiter; ``None`` detects it among ``, ; \\t |`` on the first
     lines (falling back to ``,``, or a tab for ``.tsv``) and logs which was used.
     ``encoding``: the CSV's text encoding (default UTF-8, a byte-order mark skipped); a byte
-    that does not decode is reported with its line and column.
+    that does not decode is reported with its line and column. ``decimal``: ``","`` for
+    numbers written ``1,5`` (default ``"."``).
     """
     path = Path(path)
     if not path.exists():
@@ -93,6 +95,7 @@ def read_frame(path: Path, *, text_columns: tuple[str, ...] = (), delimiter: str
     problems: list[str] = []
     check_delimiter(problems, "delimiter", delimiter)
     check_encoding(problems, "encoding", encoding)
+    check_decimal(problems, "decimal", decimal)
     if problems:
         raise DataError(f"{path}: " + "; ".join(problems), [f"{path}: {p}" for p in problems])
     if kind == "parquet":
@@ -101,7 +104,8 @@ def read_frame(path: Path, *, text_columns: tuple[str, ...] = (), delimiter: str
         except (OSError, ValueError) as exc:
             raise DataError(f"{path}: cannot be read as a parquet table: {exc}") from exc
     codec = encoding or "utf-8-sig"  # UTF-8; a byte-order mark (Excel's "CSV UTF-8") skipped
-    default = "\t" if kind == "tsv" or path.name.lower().endswith(".tsv.gz") else ","
+    default = "\t" if kind == "tsv" or path.name.lower().endswith(".tsv.gz") else (
+        ";" if decimal == "," else ",")  # "1,5" files are ";"-separated
     sep = parse_delimiter(delimiter) if delimiter is not None else None
     try:
         if sep is None:
@@ -111,8 +115,12 @@ def read_frame(path: Path, *, text_columns: tuple[str, ...] = (), delimiter: str
                             "so)", path, sep, sep)
             else:
                 log.info("%s: read with delimiter %r", path, sep)
+        if sep == (decimal or "."):
+            raise DataError(f"{path}: the delimiter and the decimal mark are both {sep!r}; "
+                            "give the file's delimiter with delimiter = ...")
         if not text_columns:
-            return pd.read_csv(path, sep=sep, low_memory=False, encoding=codec)
+            return pd.read_csv(path, sep=sep, low_memory=False, encoding=codec,
+                               decimal=decimal or ".")
         header = [str(c) for c in pd.read_csv(path, sep=sep, nrows=0, encoding=codec).columns]
         text = set(text_columns)
         # pandas' default missing-value strings ("NA", "null", "nan", ...) apply to every other
@@ -120,11 +128,13 @@ def read_frame(path: Path, *, text_columns: tuple[str, ...] = (), delimiter: str
         na_values = {c: ([""] if c in text else sorted(STR_NA_VALUES)) for c in header}
         return pd.read_csv(path, sep=sep, low_memory=False, keep_default_na=False,
                            na_values=na_values, dtype={c: str for c in header if c in text},
-                           encoding=codec)
+                           encoding=codec, decimal=decimal or ".")
     except pd.errors.EmptyDataError:
         raise DataError(f"{path}: the table is empty (no header and no rows)") from None
     except UnicodeDecodeError as exc:
         raise DataError(_decode_message(path, codec, sep or default, exc)) from None
+    except DataError:
+        raise
     except (pd.errors.ParserError, OSError, ValueError) as exc:
         raise DataError(f"{path}: cannot be read as a {kind} table (delimiter {sep!r}): {exc}"
                         ) from exc
@@ -179,6 +189,11 @@ def _decode_message(path: Path, encoding: str, delimiter: str, exc: UnicodeDecod
            "--encoding latin-1")
     try:
         with _open_bytes(path) as fh:
+            if fh.read(2) in (b"\xff\xfe", b"\xfe\xff"):
+                return (f"{path}: the file is UTF-16 (it starts with a UTF-16 byte-order mark), "
+                        f"not {name}: give encoding = \"utf-16\" in the party, run or link "
+                        "file, or --encoding utf-16")
+            fh.seek(0)
             for number, line in enumerate(fh, start=1):
                 try:
                     line.decode(encoding)
@@ -207,7 +222,7 @@ def load_table(schema: PartySchema, path: Path | None = None) -> PartyTable:
     if path is None:
         raise DataError(f"party {schema.name!r}: no data file given")
     frame = read_frame(path, text_columns=schema.key, delimiter=schema.delimiter,
-                       encoding=schema.encoding)
+                       encoding=schema.encoding, decimal=schema.decimal)
     return PartyTable(schema, validate_frame(frame, schema, str(path)), str(path))
 
 
@@ -234,6 +249,18 @@ def bad_cells(frame: pd.DataFrame, mask: np.ndarray, column: str) -> str:
                       for r in rows[:MAX_EXAMPLES])
     more = f" ({len(rows)} rows in all)" if len(rows) > MAX_EXAMPLES else ""
     return f"first at {shown}{more}"
+
+
+_DECIMAL_COMMA = r"^\s*[-+]?\d+,\d+\s*$"
+
+
+def decimal_hint(values: pd.Series) -> str:
+    """A hint when the bad cells are numbers written with a decimal comma (``1,5``)."""
+    text = values.dropna().astype(str)
+    if len(text) and text.str.match(_DECIMAL_COMMA).all():
+        return ("; these look like numbers with a decimal comma: set decimal = \",\" in the "
+                "party, run or link file (or --decimal ,)")
+    return ""
 
 
 def missing_columns(frame: pd.DataFrame, columns: Sequence[str], what: str = "column") -> str:
@@ -294,7 +321,7 @@ def validate_frame(frame: pd.DataFrame, schema: PartySchema, source: str, *,
             bad = coerced.isna().to_numpy() & values.notna().to_numpy()
             if bad.any():
                 problems.append(f"column {col!r} is numeric but holds non-numeric values, "
-                                f"{bad_cells(frame, bad, col)}")
+                                f"{bad_cells(frame, bad, col)}{decimal_hint(values[bad])}")
                 continue
             values = coerced
         arr = values.to_numpy(dtype=np.float64, na_value=np.nan)

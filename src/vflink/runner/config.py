@@ -468,7 +468,7 @@ def config_to_dict(config: RunConfig) -> dict[str, Any]:
 
     out = convert(config)
     for party in (out.get("data") or {}).get("parties") or []:
-        for name in ("delimiter", "encoding"):  # detected / UTF-8: as the file had them
+        for name in ("delimiter", "encoding", "decimal"):  # defaults: as the file had them
             if party.get(name) is None:
                 party.pop(name, None)
     alignment = out.get("alignment")

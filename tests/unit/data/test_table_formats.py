@@ -124,3 +124,28 @@ def test_party_schema_options_reach_the_reader(tmp_path: Path) -> None:
     table = load_table(schema, path)
     assert table.frame["c"].tolist() == ["Müller", "Groß"]
     assert table.frame["a"].tolist() == [1.5, 2.5]
+
+
+def test_decimal_commas_are_read_with_the_option_and_named_without_it(tmp_path: Path) -> None:
+    path = write(tmp_path, "t.csv", "id;lat;y\nk1;1,5;0\nk2;-2,25;1\n")
+    schema = PartySchema(name="p", role="primary", key=("id",), numeric=("lat",), label="y",
+                         task="binary")
+    with pytest.raises(DataError) as info:
+        load_table(schema, path)
+    text = str(info.value)
+    assert "column 'lat'" in text and "line 2 of a CSV" in text and 'decimal = ","' in text
+    with_option = PartySchema(name="p", role="primary", key=("id",), numeric=("lat",),
+                              label="y", task="binary", decimal=",")
+    assert load_table(with_option, path).frame["lat"].tolist() == [1.5, -2.25]
+    with pytest.raises(DataError, match="delimiter and the decimal mark are both ','"):
+        read_frame(path, delimiter=",", decimal=",")
+    with pytest.raises(ConfigError, match=r"`decimal` must be"):
+        PartySchema(name="p", role="secondary", numeric=("a",), decimal=";")
+
+
+def test_a_utf16_file_is_named_as_such(tmp_path: Path) -> None:
+    path = tmp_path / "t.csv"
+    path.write_bytes("id,name\n1,Jäger\n".encode("utf-16"))
+    with pytest.raises(DataError, match=r't\.csv: the file is UTF-16 .* encoding = "utf-16"'):
+        read_frame(path)
+    assert read_frame(path, encoding="utf-16")["name"].tolist() == ["Jäger"]
