@@ -37,6 +37,16 @@ def register(sub: Any) -> None:
     p.add_argument("--on", required=True, help="key column(s), comma-separated")
     p.add_argument("--secondary-on", help="the secondary's key column(s) (default: --on)")
     p.add_argument("--out", type=Path, required=True, help="output directory")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the output files of an existing --out directory")
+    p.add_argument("--delimiter", help="CSV delimiter of the tables (default: detected among "
+                   ", ; tab |; write tab as '\\t')")
+    p.add_argument("--encoding", help="text encoding of the CSV tables (default: utf-8; e.g. "
+                   "latin-1, cp1252)")
+    p.add_argument("--secondary-delimiter", help="the secondary's CSV delimiter, when it "
+                   "differs (default: --delimiter)")
+    p.add_argument("--secondary-encoding", help="the secondary's text encoding, when it "
+                   "differs (default: --encoding)")
     p.add_argument("--group", default="ristretto255",
                    help="ristretto255 (default, libsodium) or modp2048 (the paper's "
                         "QR(Z_p*) with the RFC 3526 prime; reference, ~60x slower)")
@@ -56,6 +66,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from vflink.cli._outputs import refuse_existing
     from vflink.errors import ConfigError
     from vflink.runner.align import (
         align_in_process,
@@ -69,7 +80,12 @@ def run(args: argparse.Namespace) -> int:
     sec_on = tuple(c.strip() for c in (args.secondary_on or args.on).split(",") if c.strip())
     if not on:
         raise ConfigError("--on needs at least one key column")
-    primary = key_table(args.primary, on, name="primary")
+    # the files this command writes into --out (the secondary's only when it is read here)
+    written = ["primary.parquet", "summary.json"] + (
+        ["secondary.parquet"] if args.party is None else [])
+    refuse_existing(*(args.out / name for name in written), overwrite=args.overwrite)
+    primary = key_table(args.primary, on, name="primary", delimiter=args.delimiter,
+                        encoding=args.encoding)
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(),
                   TextColumn("{task.fields[stage]}"), TimeElapsedColumn(), console=console,
                   transient=True) as bar:
@@ -94,7 +110,9 @@ def run(args: argparse.Namespace) -> int:
         else:
             if args.secondary is None:
                 raise ConfigError("give --secondary (in-process) or --party (served secondary)")
-            secondary = key_table(args.secondary, sec_on, name="secondary")
+            secondary = key_table(args.secondary, sec_on, name="secondary",
+                                  delimiter=args.secondary_delimiter or args.delimiter,
+                                  encoding=args.secondary_encoding or args.encoding)
             outcome = align_in_process(primary, secondary, **kwargs)
     summary = write_outcome(outcome, args.out)
     sizes = summary["sizes"]

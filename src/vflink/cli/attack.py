@@ -32,7 +32,10 @@ def register(sub: Any) -> None:
     p.add_argument("--party", default=None,
                    help="the attacking party (default: the first party of the attack's role)")
     p.add_argument("--out", type=Path, default=None,
-                   help="also write the result as JSON into this directory")
+                   help="also write the result as JSON into this directory "
+                        "(ATTACK-PARTY.json)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an existing ATTACK-PARTY.json in --out")
     p.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
                    help="an attack parameter (VALUE parsed as JSON when possible); repeatable")
     p.add_argument("--truth", type=Path, default=None,
@@ -71,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
     if args.run is None or args.attack is None:
         raise ConfigError("give --run RUN_DIR and --attack NAME (or --list)")
     result = run_attack(args.run, args.attack, party=args.party, params=_params(args.param),
-                        out=args.out, truth_dir=args.truth)
+                        out=args.out, truth_dir=args.truth, overwrite=args.overwrite)
     table = Table(title=f"{result.attack} by {result.party}")
     table.add_column("metric")
     table.add_column("value", justify="right")

@@ -42,7 +42,9 @@ def register(sub: Any) -> None:
     p.add_argument("--config", type=Path, default=None,
                    help="TOML run file to use instead of the built-in demo settings")
     p.add_argument("--out", type=Path, default=Path("runs/demo"),
-                   help="run directory (default: runs/demo, replaced on each demo run)")
+                   help="run directory (default: runs/demo)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an existing run directory (e.g. an earlier demo's)")
     p.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
     p.set_defaults(func=run)
 
@@ -68,12 +70,14 @@ def comparison_table(results: list[RunResult]) -> Table:
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
+    from vflink.cli._outputs import refuse_existing
     from vflink.cli._progress import epoch_progress
     from vflink.runner.config import load_config
     from vflink.runner.inputs import load_inputs
     from vflink.runner.rundir import atomic_run_dir, write_json
     from vflink.runner.train import run_training
 
+    refuse_existing(args.out, overwrite=args.overwrite, what="run directory")
     config = load_config(args.config) if args.config else demo_config(args.seed)
     console = Console()
     start = time.perf_counter()
@@ -84,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
                   + ", ".join(f"secondary {t.name!r} {len(t)} rows × {len(t.schema.features)} "
                               "features" for t in secondaries))
     results = []
-    with atomic_run_dir(args.out, overwrite=True) as staging:
+    with atomic_run_dir(args.out, overwrite=args.overwrite) as staging:
         for algorithm in ("solo", "splitnn", "combine"):
             cfg = config.replace(algorithm=algorithm)
             with epoch_progress(f"{algorithm:8s}", console) as progress:

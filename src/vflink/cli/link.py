@@ -96,8 +96,19 @@ def register(sub: Any) -> None:
                    "primary_id (read as text)")
     p.add_argument("--secondary-id", help="record-id column of the secondary, copied into the "
                    "links as secondary_id (default: the --id column, when the secondary has it)")
+    p.add_argument("--delimiter", help="CSV delimiter of the input tables (default: detected "
+                   "among , ; tab |; write tab as '\\t')")
+    p.add_argument("--encoding", help="text encoding of the input CSVs (default: utf-8; e.g. "
+                   "latin-1, cp1252)")
+    p.add_argument("--decimal", help="decimal mark of numbers in the input CSVs: . (default) "
+                   "or , (for 1,5)")
+    p.add_argument("--secondary-delimiter", help="the secondary's CSV delimiter, when it differs "
+                   "(default: --delimiter)")
+    p.add_argument("--secondary-encoding", help="the secondary's text encoding, when it differs "
+                   "(default: --encoding)")
     p.add_argument("--out", type=Path, help="output table (.csv or .parquet)")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing output file")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an existing output (and its .summary.json and .similarity.png)")
     p.usage = ("%(prog)s --primary P --secondary S --on COLS --metric M --top-k K --out F "
                "[options]\n       %(prog)s --config FILE [options]  (a [link] table of the same)")
     for action in p._actions:  # required, but may come from --config, so argparse can't enforce
@@ -111,46 +122,104 @@ _REQUIRED = ("primary", "secondary", "on", "metric", "top_k", "out")
 
 _KEYS = ("primary", "secondary", "on", "secondary_on", "metric", "bloom", "top_k", "mode", "tau",
          "sigma", "delta", "approximate", "search", "seed", "out", "privacy", "empty", "id",
-         "secondary_id", "fields", "blocking", "geo", "bloom_filters", "resolution")
+         "secondary_id", "fields", "blocking", "geo", "bloom_filters", "resolution", "delimiter",
+         "encoding", "secondary_delimiter", "secondary_encoding", "decimal")
+
+
+#: What each [link] key must be, checked when it comes from a file (argparse checks flags).
+_CHOICES = {"metric": LINK_METRICS, "privacy": PRIVACY, "mode": ("soft", "top1", "exact"),
+            "search": ("auto", "exact", "approximate"), "empty": ("error", "skip")}
+_TEXT = ("primary", "secondary", "out", "id", "secondary_id")
+_FLAGS = ("bloom", "approximate")
+
+
+def _check_value(key: str, value: Any, problems: list[str]) -> None:
+    """One problem (if any) for a [link] value of the wrong kind."""
+    from vflink._checks import check_float, check_int
+    from vflink.data.schema import check_decimal, check_delimiter, check_encoding
+
+    if key in _CHOICES and value not in _CHOICES[key]:
+        problems.append(f"`{key}` must be one of {', '.join(_CHOICES[key])}, got {value!r}")
+    elif key in _TEXT and not isinstance(value, (str, Path)):
+        problems.append(f"`{key}` must be a string, got {value!r}")
+    elif key in _FLAGS and not isinstance(value, bool):
+        problems.append(f"`{key}` must be true or false, got {value!r}")
+    elif key in ("on", "secondary_on") and not (
+            isinstance(value, str) or (isinstance(value, list) and value
+                                       and all(isinstance(v, str) for v in value))):
+        problems.append(f"`{key}` must be a column name, \"a,b\" or a list of names, "
+                        f"got {value!r}")
+    elif key == "top_k":
+        check_int(problems, key, value, min=1)
+    elif key == "seed":
+        check_int(problems, key, value, min=0)
+    elif key in ("tau", "sigma", "delta", "resolution"):
+        check_float(problems, key, value, min=0.0, min_exclusive=True)
+    elif key in ("delimiter", "secondary_delimiter"):
+        check_delimiter(problems, key, value)
+    elif key in ("encoding", "secondary_encoding"):
+        check_encoding(problems, key, value)
+    elif key == "decimal":
+        check_decimal(problems, key, value)
 
 
 def resolve(args: argparse.Namespace) -> dict[str, Any]:
+    """The link's options: the --config file's [link] table, then the flags on top. Every
+    problem of the file and the flags is reported at once, in one :class:`ConfigError`."""
     opts: dict[str, Any] = {}
+    problems: list[str] = []
+    where = ""
     if args.config is not None:
         raw = read_toml(Path(args.config))
         table = raw.get("link", raw)
+        where = f"{args.config}: "
+        if not isinstance(table, dict):
+            raise ConfigError(f"{args.config}: [link] must be a table, got {table!r}")
         unknown = sorted(set(table) - set(_KEYS) - {"version"})
         if unknown:
-            raise ConfigError(f"{args.config}: unknown key(s) {unknown}; known: {list(_KEYS)}")
+            problems.append(f"unknown key(s) {unknown}; known: {list(_KEYS)}")
+        for key in sorted(set(table) & set(_KEYS)):
+            _check_value(key, table[key], problems)
         base = Path(args.config).parent.resolve()  # messages then show the resolved path
-        opts.update(table)
+        opts.update({k: v for k, v in table.items() if k in _KEYS})
         for key in ("primary", "secondary", "out"):
-            if key in opts and not Path(opts[key]).is_absolute():
+            if isinstance(opts.get(key), str) and not Path(opts[key]).is_absolute():
                 opts[key] = base / opts[key]
     for key in _KEYS:
         value = getattr(args, key, None)
         if value is not None:
             opts[key] = value
+            if key in ("delimiter", "secondary_delimiter", "encoding", "secondary_encoding",
+                       "decimal"):
+                _check_value(key, value, problems)  # not an argparse choice
     required = ("primary", "secondary", "top_k", "out") if opts.get("fields") else (
         "primary", "secondary", "on", "metric", "top_k", "out")
-    problems = [f"--{k.replace('_', '-')} is required" for k in required if opts.get(k) is None]
+    problems.extend(f"--{k.replace('_', '-')} is required" for k in required
+                    if opts.get(k) is None)
     if opts.get("fields"):
         _fields(opts, problems)
     if opts.get("tau") is not None and opts.get("sigma") is not None:
         problems.append("give at most one of --tau and --sigma")
     privacy, bloom = opts.get("privacy"), opts.get("bloom")
-    if privacy is not None and privacy not in PRIVACY:
-        problems.append(f"--privacy must be one of {', '.join(PRIVACY)}, got {privacy!r}")
-    elif privacy is not None and bloom is not None and (privacy == "bloom") != bool(bloom):
+    if privacy in PRIVACY and bloom is not None and (privacy == "bloom") != bool(bloom):
         problems.append(f"--bloom contradicts --privacy {privacy}; give one of them")
-    search = opts.get("search")
-    if search is not None and search not in ("auto", "exact", "approximate"):
-        problems.append(f"--search must be one of auto, exact, approximate, got {search!r}")
     out = opts.get("out")
-    if out is not None and Path(out).suffix.lower() not in (".csv", ".parquet"):
+    if isinstance(out, (str, Path)) and Path(out).suffix.lower() not in (".csv", ".parquet"):
         problems.append(f"--out must end in .csv or .parquet, got {str(out)!r}")
+    for name, build in (("geo", lambda: _geo(opts.get("geo"))),
+                        ("bloom_filters", lambda: _bloom(opts.get("bloom_filters"),
+                                                         opts.get("resolution")))):
+        try:
+            build()
+        except ConfigError as exc:
+            problems.extend(p if p.startswith(f"[link.{name}]") else f"[link.{name}]: {p}"
+                            for p in exc.problems)
     if problems:
-        raise ConfigError("; ".join(problems), problems)
+        if where and len(problems) > 1:
+            listing = "\n  - ".join(problems)
+            raise ConfigError(f"{where.rstrip(': ')} ({len(problems)} problems):\n  - {listing}",
+                              [where + p for p in problems])
+        raise ConfigError(where + "; ".join(problems), [where + p for p in problems])
     return opts
 
 
@@ -247,9 +316,11 @@ def run(args: argparse.Namespace) -> int:
     )
 
     opts = resolve(args)
+    from vflink.cli._outputs import refuse_existing
+
     out = Path(opts["out"])
-    if out.exists() and not args.overwrite:
-        raise ConfigError(f"{out}: output exists; pass --overwrite to replace it")
+    refuse_existing(out, out.with_name(out.name + ".summary.json"),
+                    out.with_name(out.name + ".similarity.png"), overwrite=args.overwrite)
     on = _columns(opts.get("on"))
     secondary_on = _columns(opts.get("secondary_on")) or on
     phases: dict[str, float] = {}
@@ -265,8 +336,13 @@ def run(args: argparse.Namespace) -> int:
               *((opts["id"],) if opts.get("id") else ()))
     s_id = opts.get("secondary_id") or opts.get("id")
     s_text = (*(secondary_on or () if as_text else ()), *s_cols, *((s_id,) if s_id else ()))
-    primary = read_frame(Path(opts["primary"]), text_columns=tuple(p_text))
-    secondary = read_frame(Path(opts["secondary"]), text_columns=tuple(s_text))
+    primary = read_frame(Path(opts["primary"]), text_columns=tuple(p_text),
+                         delimiter=opts.get("delimiter"), encoding=opts.get("encoding"),
+                         decimal=opts.get("decimal"))
+    secondary = read_frame(Path(opts["secondary"]), text_columns=tuple(s_text),
+                           delimiter=opts.get("secondary_delimiter") or opts.get("delimiter"),
+                           encoding=opts.get("secondary_encoding") or opts.get("encoding"),
+                           decimal=opts.get("decimal"))
     ids = _id_columns(opts, primary, secondary)
     phases["read"] = time.perf_counter() - clock
     search = SearchOptions(mode="approximate" if opts.get("approximate")

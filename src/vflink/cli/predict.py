@@ -33,6 +33,12 @@ def register(sub: Any) -> None:
     p.add_argument("--config", type=Path, default=None,
                    help="accepted for symmetry; the run directory's config.json is used")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output file")
+    p.add_argument("--delimiter", help="CSV delimiter of --input (default: detected among "
+                   ", ; tab |; write tab as '\\t')")
+    p.add_argument("--encoding", help="text encoding of --input (default: utf-8; e.g. "
+                   "latin-1, cp1252)")
+    p.add_argument("--decimal", help="decimal mark of numbers in --input: . (default) or , "
+                   "(for 1,5)")
     p.set_defaults(func=run)
 
 
@@ -41,6 +47,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.markup import escape
 
     from vflink._files import atomic_open
+    from vflink.cli._outputs import refuse_existing
     from vflink.data.table import read_frame
     from vflink.errors import ConfigError
     from vflink.runner.predict import predict_records
@@ -48,9 +55,9 @@ def run(args: argparse.Namespace) -> int:
     out: Path = args.out
     if out.suffix.lower() not in (".csv", ".parquet"):
         raise ConfigError(f"--out must end in .csv or .parquet, got {str(out)!r}")
-    if out.exists() and not args.overwrite:
-        raise ConfigError(f"{out}: output exists; pass --overwrite to replace it")
-    records = read_frame(args.input)
+    refuse_existing(out, overwrite=args.overwrite)
+    records = read_frame(args.input, delimiter=args.delimiter, encoding=args.encoding,
+                         decimal=args.decimal)
     console = Console()
     with console.status(f"predicting {len(records)} records with {args.run}"):
         result = predict_records(args.run, records, source=str(args.input))

@@ -68,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
     from vflink.runner.inputs import Inputs, load_inputs
     from vflink.runner.network import network_federation
     from vflink.runner.party_config import load_party_config
+    from vflink.runner.rundir import check_run_dir
     from vflink.runner.train import run_training
 
     config = load_config(args.config)
@@ -79,6 +80,7 @@ def run(args: argparse.Namespace) -> int:
     if changes:
         config = config.replace(**changes)
     out = args.out or Path("runs") / f"{args.config.stem}-{config.algorithm}"
+    check_run_dir(out, overwrite=args.overwrite, resume=args.resume)  # before any work
     console = Console()
     federation = None
     tables = None

@@ -8,9 +8,52 @@ from pathlib import Path
 from vflink._checks import check_choice, check_str_tuple, raise_if
 from vflink.types import Task
 
-__all__ = ["ROLES", "PartySchema"]
+__all__ = ["DELIMITERS", "ROLES", "PartySchema", "check_decimal", "check_delimiter",
+           "check_encoding", "parse_delimiter"]
 
 ROLES = ("primary", "secondary")
+
+#: Delimiters a CSV file may use; detected among these when none is given.
+DELIMITERS = (",", ";", "\t", "|")
+#: How a delimiter may be spelt where a tab is hard to type (a shell, a TOML basic string).
+_DELIMITER_NAMES = {"\\t": "\t", "tab": "\t", "comma": ",", "semicolon": ";", "pipe": "|"}
+
+
+def parse_delimiter(value: object) -> str | None:
+    """``value`` as a one-character delimiter (``"\\t"`` and ``"tab"`` mean a tab); ``None``
+    when it is not one."""
+    if not isinstance(value, str):
+        return None
+    value = _DELIMITER_NAMES.get(value.lower(), value)
+    return value if len(value) == 1 and value not in "\"\r\n" else None
+
+
+def check_delimiter(problems: list[str], name: str, value: object) -> None:
+    """A delimiter option: one character such as ``","``, ``";"``, ``"\\t"`` or ``"|"``."""
+    if value is not None and parse_delimiter(value) is None:
+        problems.append(f"`{name}` must be one character such as \",\", \";\", \"\\t\" (tab) "
+                        f"or \"|\", got {value!r}")
+
+
+def check_decimal(problems: list[str], name: str, value: object) -> None:
+    """A decimal mark: ``"."`` (the default) or ``","``."""
+    if value is not None and value not in (".", ","):
+        problems.append(f"`{name}` must be \".\" or \",\", got {value!r}")
+
+
+def check_encoding(problems: list[str], name: str, value: object) -> None:
+    """A text encoding Python knows (``"utf-8"``, ``"latin-1"``, ``"cp1252"``...)."""
+    import codecs
+
+    if value is None:
+        return
+    try:
+        if not isinstance(value, str):
+            raise LookupError(value)
+        codecs.lookup(value)
+    except LookupError:
+        problems.append(f"`{name}` must be a text encoding such as \"utf-8\", \"latin-1\" or "
+                        f"\"cp1252\", got {value!r}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -29,6 +72,10 @@ class PartySchema:
         path: where the table is read from, if it comes from a file.
         identifiers_as_features: let identifier columns also be features (numeric or
             categorical); they then cross the boundary inside the embeddings as well.
+        delimiter: the CSV file's delimiter; ``None`` detects it among ``, ; \\t |``.
+        encoding: the CSV file's text encoding; ``None`` is UTF-8 (a byte-order mark is
+            skipped).
+        decimal: the CSV file's decimal mark, ``","`` for ``1,5``; ``None`` is ``"."``.
     """
 
     name: str
@@ -42,6 +89,9 @@ class PartySchema:
     path: Path | None = None
     extra: dict[str, str] = field(default_factory=dict)
     identifiers_as_features: bool = False
+    delimiter: str | None = None
+    encoding: str | None = None
+    decimal: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("key", "identifiers", "numeric", "categorical"):
@@ -56,6 +106,11 @@ class PartySchema:
         check_choice(problems, "role", self.role, ROLES)
         for name in ("key", "identifiers", "numeric", "categorical"):
             check_str_tuple(problems, name, getattr(self, name))
+        check_delimiter(problems, "delimiter", self.delimiter)
+        if self.delimiter is not None and parse_delimiter(self.delimiter) is not None:
+            object.__setattr__(self, "delimiter", parse_delimiter(self.delimiter))
+        check_encoding(problems, "encoding", self.encoding)
+        check_decimal(problems, "decimal", self.decimal)
         if self.role == "primary":
             if not self.label:
                 problems.append("the primary party needs a `label` column")

@@ -7,20 +7,33 @@ column, so the user can fix them all in one go.
 
 from __future__ import annotations
 
+import csv
+import gzip
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO, cast
 
 import numpy as np
 import pandas as pd
 from pandas._libs.parsers import STR_NA_VALUES
 
-from vflink.data.schema import PartySchema
+from vflink.data.schema import (
+    DELIMITERS,
+    PartySchema,
+    check_decimal,
+    check_delimiter,
+    check_encoding,
+    parse_delimiter,
+)
 from vflink.errors import DataError
 from vflink.types import Task
 
-__all__ = ["PartyTable", "bad_cells", "load_table", "missing_columns", "read_frame", "report",
-           "show_value", "validate_frame"]
+__all__ = ["PartyTable", "bad_cells", "decimal_hint", "load_table", "missing_columns",
+           "read_frame", "report", "show_value", "validate_frame"]
+
+log = logging.getLogger(__name__)
 
 _READERS = {".csv": "csv", ".tsv": "tsv", ".gz": "csv", ".parquet": "parquet", ".pq": "parquet"}
 
@@ -54,12 +67,19 @@ class PartyTable:
                                           training=training), source)
 
 
-def read_frame(path: Path, *, text_columns: tuple[str, ...] = ()) -> pd.DataFrame:
+def read_frame(path: Path, *, text_columns: tuple[str, ...] = (), delimiter: str | None = None,
+               encoding: str | None = None, decimal: str | None = None) -> pd.DataFrame:
     """Read a CSV/TSV (optionally gzipped) or Parquet file, translating reader errors.
 
     ``text_columns`` are read from CSV as text, so keys such as ``"007"`` keep leading zeros,
     ``"19151111"`` is not turned into a float and the country code ``"NA"`` is not read as
     missing: in those columns only an empty cell is missing. Parquet columns keep their types.
+
+    ``delimiter``: the CSV's delimiter; ``None`` detects it among ``, ; \\t |`` on the first
+    lines (falling back to ``,``, or a tab for ``.tsv``) and logs which was used.
+    ``encoding``: the CSV's text encoding (default UTF-8, a byte-order mark skipped); a byte
+    that does not decode is reported with its line and column. ``decimal``: ``","`` for
+    numbers written ``1,5`` (default ``"."``).
     """
     path = Path(path)
     if not path.exists():
@@ -72,23 +92,128 @@ def read_frame(path: Path, *, text_columns: tuple[str, ...] = ()) -> pd.DataFram
         raise DataError(
             f"{path}: unsupported file type {suffix!r}; expected .csv, .tsv, .csv.gz or .parquet"
         )
-    try:
-        if kind == "parquet":
+    problems: list[str] = []
+    check_delimiter(problems, "delimiter", delimiter)
+    check_encoding(problems, "encoding", encoding)
+    check_decimal(problems, "decimal", decimal)
+    if problems:
+        raise DataError(f"{path}: " + "; ".join(problems), [f"{path}: {p}" for p in problems])
+    if kind == "parquet":
+        try:
             return pd.read_parquet(path)
-        sep = "\t" if kind == "tsv" or path.name.lower().endswith(".tsv.gz") else ","
+        except (OSError, ValueError) as exc:
+            raise DataError(f"{path}: cannot be read as a parquet table: {exc}") from exc
+    codec = encoding or "utf-8-sig"  # UTF-8; a byte-order mark (Excel's "CSV UTF-8") skipped
+    default = "\t" if kind == "tsv" or path.name.lower().endswith(".tsv.gz") else (
+        ";" if decimal == "," else ",")  # "1,5" files are ";"-separated
+    sep = parse_delimiter(delimiter) if delimiter is not None else None
+    try:
+        if sep is None:
+            sep = _detect_delimiter(path, codec, default)
+            if sep != default:
+                log.warning("%s: read with delimiter %r (detected; set delimiter = %r to say "
+                            "so)", path, sep, sep)
+            else:
+                log.info("%s: read with delimiter %r", path, sep)
+        if sep == (decimal or "."):
+            raise DataError(f"{path}: the delimiter and the decimal mark are both {sep!r}; "
+                            "give the file's delimiter with delimiter = ...")
         if not text_columns:
-            return pd.read_csv(path, sep=sep, low_memory=False)
-        header = [str(c) for c in pd.read_csv(path, sep=sep, nrows=0).columns]
+            return pd.read_csv(path, sep=sep, low_memory=False, encoding=codec,
+                               decimal=decimal or ".")
+        header = [str(c) for c in pd.read_csv(path, sep=sep, nrows=0, encoding=codec).columns]
         text = set(text_columns)
         # pandas' default missing-value strings ("NA", "null", "nan", ...) apply to every other
         # column; in text columns only the empty cell is missing.
         na_values = {c: ([""] if c in text else sorted(STR_NA_VALUES)) for c in header}
         return pd.read_csv(path, sep=sep, low_memory=False, keep_default_na=False,
-                           na_values=na_values, dtype={c: str for c in header if c in text})
+                           na_values=na_values, dtype={c: str for c in header if c in text},
+                           encoding=codec, decimal=decimal or ".")
     except pd.errors.EmptyDataError:
         raise DataError(f"{path}: the table is empty (no header and no rows)") from None
-    except (pd.errors.ParserError, UnicodeDecodeError, OSError, ValueError) as exc:
-        raise DataError(f"{path}: cannot be read as a {kind} table: {exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise DataError(_decode_message(path, codec, sep or default, exc)) from None
+    except DataError:
+        raise
+    except (pd.errors.ParserError, OSError, ValueError) as exc:
+        raise DataError(f"{path}: cannot be read as a {kind} table (delimiter {sep!r}): {exc}"
+                        ) from exc
+
+
+#: Bytes read to detect a delimiter.
+_SAMPLE_BYTES = 64 * 1024
+
+
+def _open_bytes(path: Path) -> IO[bytes]:
+    if path.name.lower().endswith(".gz"):
+        return cast("IO[bytes]", gzip.open(path, "rb"))
+    return open(path, "rb")
+
+
+def _detect_delimiter(path: Path, encoding: str, default: str) -> str:
+    """The delimiter of the CSV at ``path``: ``default`` when its first lines split on it into
+    the same number (> 1) of fields, else what :class:`csv.Sniffer` finds among
+    :data:`DELIMITERS`, else ``default``."""
+    with _open_bytes(path) as fh:
+        raw = fh.read(_SAMPLE_BYTES)
+        complete = len(raw) < _SAMPLE_BYTES
+    text = raw.decode(encoding, errors="replace")
+    lines = text.splitlines()
+    if not complete and len(lines) > 1:
+        lines = lines[:-1]  # the last line may be cut
+    lines = [line for line in lines if line.strip()][:100]
+    if not lines:
+        return default
+
+    def fields(delim: str) -> set[int]:
+        return {len(row) for row in csv.reader(lines, delimiter=delim)}
+
+    counts = fields(default)
+    if len(counts) == 1 and counts.pop() > 1:
+        return default
+    try:
+        found = csv.Sniffer().sniff("\n".join(lines), delimiters="".join(DELIMITERS)).delimiter
+    except csv.Error:
+        return default
+    header = next(csv.reader(lines[:1], delimiter=found))
+    return found if len(header) > 1 else default
+
+
+def _decode_message(path: Path, encoding: str, delimiter: str, exc: UnicodeDecodeError) -> str:
+    """Name the line (1-based, the header is line 1), the column and the byte that does not
+    decode, and the fix."""
+    name = "utf-8" if encoding == "utf-8-sig" else encoding
+    byte = exc.object[exc.start:exc.start + 1].hex() if exc.object else ""
+    fix = ('the file is not in that encoding: give its encoding, e.g. encoding = "latin-1" '
+           '(or "cp1252" for files from Windows) in the party, run or link file, or '
+           "--encoding latin-1")
+    try:
+        with _open_bytes(path) as fh:
+            if fh.read(2) in (b"\xff\xfe", b"\xfe\xff"):
+                return (f"{path}: the file is UTF-16 (it starts with a UTF-16 byte-order mark), "
+                        f"not {name}: give encoding = \"utf-16\" in the party, run or link "
+                        "file, or --encoding utf-16")
+            fh.seek(0)
+            for number, line in enumerate(fh, start=1):
+                try:
+                    line.decode(encoding)
+                except UnicodeDecodeError as bad:
+                    prefix = line[:bad.start].decode(encoding, errors="replace")
+                    cells = next(csv.reader([prefix], delimiter=delimiter), [""])
+                    position = len(cells) - 1
+                    where = f"column {position + 1}"
+                    if number > 1:
+                        fh.seek(0)
+                        head = fh.readline().decode(encoding, errors="replace").rstrip("\r\n")
+                        names = next(csv.reader([head], delimiter=delimiter), [])
+                        if position < len(names):
+                            where = f"column {names[position]!r}"
+                    char = len(prefix) + 1
+                    return (f"{path}: line {number}, {where} (character {char}): byte "
+                            f"0x{line[bad.start:bad.start + 1].hex()} is not valid {name}; {fix}")
+    except (OSError, EOFError):
+        pass
+    return f"{path}: byte 0x{byte} is not valid {name} ({exc.reason}); {fix}"
 
 
 def load_table(schema: PartySchema, path: Path | None = None) -> PartyTable:
@@ -96,7 +221,8 @@ def load_table(schema: PartySchema, path: Path | None = None) -> PartyTable:
     path = Path(path) if path is not None else schema.path
     if path is None:
         raise DataError(f"party {schema.name!r}: no data file given")
-    frame = read_frame(path, text_columns=schema.key)
+    frame = read_frame(path, text_columns=schema.key, delimiter=schema.delimiter,
+                       encoding=schema.encoding, decimal=schema.decimal)
     return PartyTable(schema, validate_frame(frame, schema, str(path)), str(path))
 
 
@@ -125,11 +251,29 @@ def bad_cells(frame: pd.DataFrame, mask: np.ndarray, column: str) -> str:
     return f"first at {shown}{more}"
 
 
+_DECIMAL_COMMA = r"^\s*[-+]?\d+,\d+\s*$"
+
+
+def decimal_hint(values: pd.Series) -> str:
+    """A hint when the bad cells are numbers written with a decimal comma (``1,5``)."""
+    text = values.dropna().astype(str)
+    if len(text) and text.str.match(_DECIMAL_COMMA).all():
+        return ("; these look like numbers with a decimal comma: set decimal = \",\" in the "
+                "party, run or link file (or --decimal ,)")
+    return ""
+
+
 def missing_columns(frame: pd.DataFrame, columns: Sequence[str], what: str = "column") -> str:
     """The problem text for ``columns`` that the configuration names but the table lacks."""
     have = ", ".join(map(str, frame.columns))
+    hint = ""
+    if len(frame.columns) == 1:  # a header read as one column: the delimiter is not the file's
+        used = [d for d in DELIMITERS if d in str(frame.columns[0])]
+        if used:
+            hint = (f"; the header was read as one column, so the file seems to use {used[0]!r} "
+                    f"as its delimiter: set delimiter = {used[0]!r} (or --delimiter)")
     return (f"{what}(s) {list(columns)} expected but missing from the table; "
-            f"this table has: {have}")
+            f"this table has: {have}{hint}")
 
 
 def report(where: str | None, problems: Sequence[str]) -> DataError:
@@ -177,7 +321,7 @@ def validate_frame(frame: pd.DataFrame, schema: PartySchema, source: str, *,
             bad = coerced.isna().to_numpy() & values.notna().to_numpy()
             if bad.any():
                 problems.append(f"column {col!r} is numeric but holds non-numeric values, "
-                                f"{bad_cells(frame, bad, col)}")
+                                f"{bad_cells(frame, bad, col)}{decimal_hint(values[bad])}")
                 continue
             values = coerced
         arr = values.to_numpy(dtype=np.float64, na_value=np.nan)

@@ -52,9 +52,10 @@ class AlignOutcome:
                 "group_operations_here": self.operations}
 
 
-def key_table(path: Path, on: Sequence[str], *, name: str) -> PartyTable:
+def key_table(path: Path, on: Sequence[str], *, name: str, delimiter: str | None = None,
+              encoding: str | None = None) -> PartyTable:
     """A party table holding only the key columns, read as text (``007`` stays ``007``)."""
-    frame = read_frame(path, text_columns=tuple(on))
+    frame = read_frame(path, text_columns=tuple(on), delimiter=delimiter, encoding=encoding)
     missing = [c for c in on if c not in frame.columns]
     if missing:
         raise DataError(f"{path}: key column(s) {missing} not found; columns: "

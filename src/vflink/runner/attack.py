@@ -151,10 +151,12 @@ def truth_for(arrays: dict[str, npt.NDArray[Any]], peer: str | None
 
 def run_attack(run_dir: Path, name: str, *, party: str | None = None,
                params: dict[str, Any] | None = None, out: Path | None = None,
-               truth_dir: Path | None = None) -> AttackResult:
+               truth_dir: Path | None = None, overwrite: bool = False) -> AttackResult:
     """Run attack ``name`` on ``run_dir``; append the result to the run's ledger (and to
     ``out``). ``truth_dir``: the run directory with the ground truth and the ledger, when
-    ``run_dir`` is one party's own state directory (runs across hosts)."""
+    ``run_dir`` is one party's own state directory (runs across hosts). An existing result
+    file in ``out`` is refused (before the attack runs or the ledger changes) unless
+    ``overwrite``."""
     run_dir = Path(run_dir)
     home = Path(truth_dir) if truth_dir is not None else run_dir
     attack = get_attack(name, **(params or {}))
@@ -165,6 +167,10 @@ def run_attack(run_dir: Path, name: str, *, party: str | None = None,
                           f"{view.party!r} never received in this run: "
                           + "; ".join(_WHY[n] for n in missing))
     view.require(attack.needs, attack.name)
+    target = Path(out) / f"{name}-{view.party}.json" if out is not None else None
+    if target is not None and target.exists() and not overwrite:
+        raise ConfigError(f"{target}: output already exists; choose another --out or pass "
+                          "--overwrite to replace it")
     _, arrays = read_truth(home)
     # A secondary's truth is about its own rows; the primary attacks the secondary it received
     # similarities about (the first secondary, FedSim App. C).
@@ -174,9 +180,8 @@ def run_attack(run_dir: Path, name: str, *, party: str | None = None,
     ledger = Ledger.read(ledger_path) if os.path.lexists(ledger_path) else Ledger()
     ledger.add_attack(result.to_json())
     ledger.write(ledger_path)
-    if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(out / f"{name}-{view.party}.json", result.to_json(), indent=2,
-                          default=float)
+    if target is not None:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(target, result.to_json(), indent=2, default=float)
     log.info("%s on %s: %s", name, view.party, result.metrics)
     return result

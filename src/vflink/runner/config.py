@@ -343,8 +343,9 @@ def _build(cls: type, raw: Any, where: str, problems: list[str]) -> Any:
         raw = {k: v for k, v in raw.items() if k in known}
     try:
         return cls(**raw)
-    except ConfigError as exc:
-        problems.extend(exc.problems)
+    except ConfigError as exc:  # named by its table: several parties have the same keys
+        problems.extend(p if p.startswith(f"[{where}]") else f"[{where}]: {p}"
+                        for p in exc.problems)
     except TypeError as exc:
         problems.append(f"[{where}]: {exc}")
     return None
@@ -466,6 +467,10 @@ def config_to_dict(config: RunConfig) -> dict[str, Any]:
         return v
 
     out = convert(config)
+    for party in (out.get("data") or {}).get("parties") or []:
+        for name in ("delimiter", "encoding", "decimal"):  # defaults: as the file had them
+            if party.get(name) is None:
+                party.pop(name, None)
     alignment = out.get("alignment")
     if isinstance(alignment, dict):
         if alignment.get("fields"):

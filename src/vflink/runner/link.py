@@ -21,7 +21,7 @@ import pandas as pd
 
 from vflink._files import atomic_open
 from vflink.data.schema import PartySchema
-from vflink.data.table import PartyTable
+from vflink.data.table import PartyTable, report, show_value
 from vflink.errors import ConfigError, DataError
 from vflink.linkage import (
     BloomConfig,
@@ -211,6 +211,10 @@ def run_linkage(primary: pd.DataFrame, secondary: pd.DataFrame, *, on: Sequence[
     keep_p = _check_empty(primary, on, kind, primary_source, empty)
     keep_s = _check_empty(secondary, secondary_on, kind, secondary_source, empty)
     if not (keep_p.all() and keep_s.all()):
+        # Checked here, on the whole tables: the rows of the linkage below are renumbered, and
+        # a bad cell must be named by its row in the file (issue 23, item 4).
+        _check_kept(primary, on, kind, metric, primary_source, keep_p)
+        _check_kept(secondary, secondary_on, kind, metric, secondary_source, keep_s)
         inner = run_linkage(
             primary[keep_p].reset_index(drop=True), secondary[keep_s].reset_index(drop=True),
             on=on, secondary_on=secondary_on, metric=metric, top_k=top_k, bloom=bloom,
@@ -265,6 +269,34 @@ def _check_empty(frame: pd.DataFrame, columns: Sequence[str], kind: str, source:
             f"CSV); {int(empty.sum())} row(s) have an empty identifier. Fill them in, or set "
             f"empty = \"skip\" (--empty skip) to link the other rows and leave these unlinked")
     return np.asarray(~empty, dtype=bool)
+
+
+def _check_kept(frame: pd.DataFrame, columns: Sequence[str], kind: str, metric: str,
+                source: str, keep: npt.NDArray[np.bool_]) -> None:
+    """The checks of the numeric identifiers of the rows ``keep`` selects (non-numeric and
+    infinite values, coordinates out of range), with every row named by its position in
+    ``frame``: one :class:`DataError` listing every problem."""
+    if kind != "numeric" or not all(c in frame.columns for c in columns):
+        return  # strings need no more checks once the empty ones are skipped
+    x = np.asarray(identifier_values(frame, columns, "numeric", source=source))
+    problems: list[str] = []
+
+    def first(mask: npt.NDArray[np.bool_], col: int, what: str) -> None:
+        rows = np.flatnonzero(mask)
+        if rows.size:
+            row = int(rows[0])
+            problems.append(f"identifier column {columns[col]!r} {what} at row {row} (line "
+                            f"{row + 2} of a CSV), value {show_value(x[row, col])}; "
+                            f"{rows.size} row(s) in all")
+
+    for col in range(x.shape[1]):
+        first(keep & np.isinf(x[:, col]), col, "holds an infinite value")
+    if metric == "haversine" and x.shape[1] == 2:
+        for col, name, limit in ((0, "latitude", 90.0), (1, "longitude", 180.0)):
+            first(keep & np.isfinite(x[:, col]) & (np.abs(x[:, col]) > limit), col,
+                  f"({name}) is outside [-{limit:g}, {limit:g}]")
+    if problems:
+        raise report(source, problems)
 
 
 def _expand(inner: LinkOutcome, keep_p: npt.NDArray[np.bool_], keep_s: npt.NDArray[np.bool_],

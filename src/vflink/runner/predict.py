@@ -19,8 +19,8 @@ import numpy as np
 import pandas as pd
 
 from vflink._files import read_json_file
-from vflink.data.table import PartyTable
-from vflink.errors import ConfigError, RunError
+from vflink.data.table import PartyTable, missing_columns
+from vflink.errors import ConfigError, DataError, RunError
 from vflink.metrics.functional import evaluate
 from vflink.parties import PrimaryParty, SecondaryParty
 from vflink.protocol import EncodingSpec
@@ -101,6 +101,13 @@ def predict_records(run_dir: Path, records: pd.DataFrame, *, source: str = "inpu
     schema = trained.primary.schema
     label = schema.label
     has_label = label is not None and label in records.columns
+    # The label is optional here: name only the columns the model needs (issue 23, item 4).
+    needed = [c for c in schema.columns if c != label]
+    missing = [c for c in needed if c not in records.columns]
+    if missing:
+        note = f" (the label {label!r} is optional)" if label is not None else ""
+        raise DataError(f"{source} (party {schema.name!r}): "
+                        f"{missing_columns(records, missing)}{note}")
     frame = records.reset_index(drop=True).copy()
     if not has_label and label is not None:
         # the model does not read the label; a placeholder keeps the table valid

@@ -17,7 +17,7 @@ from typing import Any
 from vflink._files import atomic_write_json
 from vflink.errors import RunError
 
-__all__ = ["atomic_run_dir", "staging_dir", "write_json"]
+__all__ = ["atomic_run_dir", "check_run_dir", "staging_dir", "write_json"]
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +58,26 @@ def staging_dir(out_dir: Path) -> Path:
     return out_dir.with_name(f".{out_dir.name}.partial")
 
 
+def check_run_dir(out_dir: Path, *, overwrite: bool = False, resume: bool = False) -> None:
+    """Raise :class:`RunError` (exit 2) if a run may not be written to ``out_dir``: it exists
+    and ``overwrite`` is not given, or ``resume`` finds no interrupted run to continue. Cheap:
+    commands call it before any work, :func:`atomic_run_dir` again when it starts."""
+    out_dir = Path(out_dir)
+    staging = staging_dir(out_dir)
+    if resume and out_dir.exists() and not staging.is_dir():
+        # never advise --overwrite here: it would delete the finished run
+        raise RunError(f"{out_dir}: nothing to resume: this run has finished (its directory "
+                       "is complete and no interrupted run is waiting); to train again, "
+                       "choose another --out")
+    if out_dir.exists() and not overwrite:
+        raise RunError(f"{out_dir}: run directory already exists; choose another --out or pass "
+                       "--overwrite")
+    if resume and not staging.is_dir():
+        raise RunError(f"{out_dir}: nothing to resume (no interrupted run at {staging}); "
+                       "a run that stopped before its first checkpoint (e.g. during "
+                       "alignment) is started again without --resume")
+
+
 @contextmanager
 def atomic_run_dir(out_dir: Path, *, overwrite: bool = False, resume: bool = False,
                    keep_if: Callable[[Path], bool] | None = None) -> Iterator[Path]:
@@ -67,18 +87,11 @@ def atomic_run_dir(out_dir: Path, *, overwrite: bool = False, resume: bool = Fal
     something worth resuming from (checkpoints); ``resume`` reuses such a directory.
     """
     out_dir = Path(out_dir)
-    if out_dir.exists() and not overwrite:
-        raise RunError(f"{out_dir}: run directory already exists; choose another --out or pass "
-                       "--overwrite")
+    check_run_dir(out_dir, overwrite=overwrite, resume=resume)
     staging = staging_dir(out_dir)
-    if resume:
-        if staging.is_symlink():  # never write a run through a link (issue 19)
-            raise RunError(f"{out_dir}: {staging} is a symbolic link; an interrupted run is "
-                           "resumed only from a real directory")
-        if not staging.is_dir():
-            raise RunError(f"{out_dir}: nothing to resume (no interrupted run at {staging}); "
-                           "a run that stopped before its first checkpoint (e.g. during "
-                           "alignment) is started again without --resume")
+    if resume and staging.is_symlink():  # never write a run through a link (issue 19)
+        raise RunError(f"{out_dir}: {staging} is a symbolic link; an interrupted run is "
+                       "resumed only from a real directory")
     created = _make_parents(out_dir)
     if not resume:
         try:
