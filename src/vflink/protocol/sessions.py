@@ -510,8 +510,9 @@ class SessionTable:
         if protocol is None:
             return None
         if protocol.key == "session":
-            name = getattr(message, "session", None)
-            self._check_name(protocol, name)
+            raw = getattr(message, "session", None)
+            self._check_name(protocol, raw)
+            name = str(raw)
         else:
             name = sender
         with self._lock:
