@@ -24,7 +24,6 @@ Layout of ``received.npz``: for each stream ``(kind, peer)`` the arrays
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from collections import defaultdict
@@ -35,6 +34,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from vflink._files import atomic_open, atomic_write_json, open_data_bytes, read_json_file
 from vflink.errors import ConfigError, DataError
 
 __all__ = ["RECORDING_DIR", "RECORDING_VERSION", "Recorder", "Recording", "read_recording"]
@@ -149,17 +149,14 @@ class Recorder:
             arrays[f"{key}__ids"] = ids
             streams.append({"kind": kind, "peer": peer, "rows": int(values.shape[0]),
                             "per_batch": False})
-        tmp = out / (_NPZ + ".tmp")
-        with open(tmp, "wb") as fh:
+        # never through a link or a planted temporary name (issue 19, vflink._files)
+        with atomic_open(out / _NPZ, "wb") as fh:
             np.savez_compressed(fh, **arrays)  # type: ignore[arg-type]
-        os.replace(tmp, out / _NPZ)
         manifest = {"version": RECORDING_VERSION, "party": party, "role": role,
                     "max_rows": self.max_rows, "rows_seen": dict(self._seen),
                     "streams": streams, "meta": self.meta,
                     "note": "what this party received; never another party's private data"}
-        tmp_json = out / (_MANIFEST + ".tmp")
-        tmp_json.write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
-        os.replace(tmp_json, out / _MANIFEST)
+        atomic_write_json(out / _MANIFEST, manifest, indent=2)
         self._dirty = False
         log.debug("%s: recorded %d streams into %s", party, len(streams), out)
         return out
@@ -198,15 +195,17 @@ class Recording:
 def read_recording(state_dir: Path) -> Recording:
     """Read a party's recording from its state directory (no pickle)."""
     base = Path(state_dir) / RECORDING_DIR
-    try:
-        manifest = json.loads((base / _MANIFEST).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise DataError(f"{base}: nothing recorded (run with [evaluation] record = true)"
-                        ) from None
+    if not os.path.lexists(base / _MANIFEST):
+        raise DataError(f"{base}: nothing recorded (run with [evaluation] record = true)")
+    # regular files inside the recording's own folder, read once (no swap between a check
+    # and the read), JSON within depth and size limits (issue 19)
+    manifest = read_json_file(base, _MANIFEST)
+    if not isinstance(manifest, dict):
+        raise DataError(f"{base / _MANIFEST}: expected a JSON object")
     if manifest.get("version") != RECORDING_VERSION:
         raise DataError(f"{base / _MANIFEST}: recording version {manifest.get('version')!r}, "
                         f"expected {RECORDING_VERSION}")
-    with np.load(base / _NPZ, allow_pickle=False) as data:
+    with np.load(open_data_bytes(base, _NPZ), allow_pickle=False) as data:
         arrays = {k: data[k] for k in data.files}
     return Recording(str(manifest["party"]), str(manifest["role"]), manifest, arrays)
 

@@ -80,7 +80,7 @@ __all__ = [
 ]
 
 #: Bumped whenever a message changes shape; peers refuse a different major version.
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: sessions (issue 19), AlignmentView.primary
 
 
 @dataclass(frozen=True)

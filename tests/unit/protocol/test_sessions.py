@@ -1,0 +1,212 @@
+"""The protocol declarations and the session engine (issue 19).
+
+The declarations are checked for consistency with the parties that enforce them and with the
+README; the engine is checked rule by rule against small hand-made protocols (the oracle is the
+table itself: a message is admitted iff a row allows it).
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from vflink.errors import PolicyViolation, ProtocolError
+from vflink.parties import CoordinatorParty, SecondaryParty
+from vflink.parties.policy import SENDERS
+from vflink.protocol.messages import MESSAGE_TYPES, Message
+from vflink.protocol.sessions import (
+    PROTOCOLS,
+    ProtocolSpec,
+    SessionLimits,
+    SessionTable,
+    Step,
+    at_least,
+    at_most,
+    describe,
+    equal,
+    new_session_name,
+    purpose_of,
+)
+
+README = Path(__file__).resolve().parents[3] / "README.md"
+
+
+@dataclass(frozen=True)
+class Open(Message):
+    kind: ClassVar[str] = "t_open"
+    session: str
+    items: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Next(Message):
+    kind: ClassVar[str] = "t_next"
+    session: str
+    items: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Close(Message):
+    kind: ClassVar[str] = "t_close"
+    session: str
+
+
+TOY = ProtocolSpec(
+    name="toy", title="toy", receiver="secondary", key="session",
+    states=("new", "one", "done"), initial="new", final=("done",),
+    steps=(Step("t_open", ("primary",), ("new",), "one", opens=True,
+                commits=(("n", "items"),)),
+           Step("t_next", ("primary",), ("one",), None, times=2,
+                bounds=(equal("items", "n"),)),
+           Step("t_close", ("primary",), ("one",), "done")))
+
+
+def table(now: list[float] | None = None, **limits: float) -> SessionTable:
+    clock = (lambda: now[0]) if now is not None else (lambda: 0.0)
+    return SessionTable("bank", "secondary", SessionLimits(**limits),  # type: ignore[arg-type]
+                        protocols=(TOY,), clock=clock)
+
+
+def step(t: SessionTable, sender: str, message: Message, role: str | None = "primary") -> None:
+    admission = t.admit(sender, role, message)
+    assert admission is not None
+    t.done(admission, message)
+
+
+def test_a_protocol_runs_in_order_and_a_finished_session_is_immutable() -> None:
+    t = table()
+    step(t, "p", Open(session="s", items=(1, 2, 3)))
+    with pytest.raises(ProtocolError, match=r"toy protocol, state 'one': t_open refused"):
+        t.admit("p", "primary", Open(session="s"))
+    step(t, "p", Next(session="s", items=(4, 5, 6)))
+    step(t, "p", Close(session="s"))
+    for msg in (Next(session="s", items=(1, 2, 3)), Close(session="s"), Open(session="s")):
+        with pytest.raises(ProtocolError, match=r"immutable.*session.finished"):
+            t.admit("p", "primary", msg)
+
+
+def test_sizes_are_bound_to_the_commitments_of_earlier_rounds() -> None:
+    t = table()
+    step(t, "p", Open(session="s", items=(1, 2)))
+    for items in ((1,), (1, 2, 3)):
+        with pytest.raises(ProtocolError, match=r"items has \d elements; len\(items\) = n "
+                                                r"\(n = 2\).*session.bound-size"):
+            t.admit("p", "primary", Next(session="s", items=items))
+
+
+def test_counts_senders_and_openers() -> None:
+    t = table()
+    with pytest.raises(ProtocolError, match=r"state 'new': t_next refused.*session.state"):
+        t.admit("p", "primary", Next(session="s", items=()))
+    step(t, "p", Open(session="s", items=(1,)))
+    step(t, "p", Next(session="s", items=(1,)))
+    step(t, "p", Next(session="s", items=(2,)))
+    with pytest.raises(ProtocolError, match=r"already received 2 time\(s\).*session.repeated"):
+        t.admit("p", "primary", Next(session="s", items=(3,)))
+    with pytest.raises(PolicyViolation, match="belongs to other parties"):
+        t.admit("q", "primary", Close(session="s"))  # two-party: only its opener
+    with pytest.raises(PolicyViolation, match="only a primary party"):
+        t.admit("p", "secondary", Open(session="t"))
+
+
+def test_a_failed_handler_leaves_the_state_as_it_was() -> None:
+    t = table()
+    admission = t.admit("p", "primary", Open(session="s", items=(1,)))
+    assert admission is not None
+    t.failed(admission)  # the handler refused: the session it opened is gone again
+    assert t.get("toy", "s") is None
+    step(t, "p", Open(session="s", items=(1,)))
+    admission = t.admit("p", "primary", Next(session="s", items=(9,)))
+    assert admission is not None
+    t.failed(admission)  # not counted: two more are still allowed
+    step(t, "p", Next(session="s", items=(1,)))
+    step(t, "p", Next(session="s", items=(1,)))
+
+
+def test_names_count_limit_and_expiry() -> None:
+    now = [0.0]
+    t = table(now, max_sessions=2, ttl_s=10)
+    for bad in ("", "x" * 201, "../up", "a/b", " lead", 7):
+        with pytest.raises(ProtocolError, match="session.name"):
+            t.admit("p", "primary", Open(session=bad))  # type: ignore[arg-type]
+    step(t, "p", Open(session="a", items=()))
+    step(t, "p", Open(session="b", items=()))
+    with pytest.raises(PolicyViolation, match=r"holds 2 sessions.*limit.sessions"):
+        t.admit("p", "primary", Open(session="c"))
+    step(t, "p", Close(session="a"))  # a finished session makes room
+    step(t, "p", Open(session="c", items=()))
+    with pytest.raises(ProtocolError, match="immutable"):  # ... but its name stays used
+        t.admit("p", "primary", Open(session="a"))
+    now[0] = 11.0  # b and c expire unused
+    step(t, "p", Open(session="d", items=()))
+    assert t.get("toy", "b") is None and t.get("toy", "c") is None
+
+
+@settings(max_examples=200, deadline=None)
+@given(n=st.integers(0, 5), sizes=st.lists(st.integers(0, 7), max_size=6))
+def test_the_engine_admits_exactly_what_the_table_allows(n: int, sizes: list[int]) -> None:
+    t = table()
+    step(t, "p", Open(session="s", items=tuple(range(n))))
+    accepted = 0
+    for m in sizes:
+        allowed = m == n and accepted < 2
+        try:
+            step(t, "p", Next(session="s", items=tuple(range(m))))
+        except ProtocolError:
+            assert not allowed
+        else:
+            assert allowed
+            accepted += 1
+
+
+def test_bounds_describe_themselves() -> None:
+    assert equal("a", "n").text() == "len(a) = n"
+    assert at_most("u", "n", "m").text() == "len(u) ≤ n + m"
+    assert at_least("u", "n", "m", largest=True).text() == "max(n, m) ≤ len(u)"
+
+
+def test_session_names_are_fresh_per_run_and_keep_their_purpose() -> None:
+    a, b = new_session_name("soft"), new_session_name("soft")
+    assert a != b and purpose_of(a) == purpose_of(b) == "soft"
+
+
+@pytest.mark.parametrize("party, role", [(SecondaryParty, "secondary"),
+                                         (CoordinatorParty, "coordinator")])
+def test_every_declared_message_has_a_handler_and_a_message_type(party: type,
+                                                                  role: str) -> None:
+    specs = [p for p in PROTOCOLS if p.receiver == role]
+    assert specs
+    for spec in specs:
+        assert spec.initial in spec.states and set(spec.final) <= set(spec.states)
+        for s in spec.steps:
+            assert s.kind in MESSAGE_TYPES, s.kind
+            assert callable(getattr(party, f"on_{s.kind}", None)), s.kind
+            assert set(s.source) <= set(spec.states) and (
+                s.target is None or s.target in spec.states), (spec.name, s)
+            for bound in s.bounds:
+                fields = inspect.signature(MESSAGE_TYPES[s.kind]).parameters
+                assert bound.field in fields, (s.kind, bound.field)
+
+
+@pytest.mark.parametrize("role", ["secondary", "coordinator"])
+def test_every_handled_peer_message_is_declared(role: str) -> None:
+    """A handler whose message no protocol declares would run with no session check."""
+    party = {"secondary": SecondaryParty, "coordinator": CoordinatorParty}[role]
+    declared = {s.kind for p in PROTOCOLS if p.receiver == role for s in p.steps}
+    handled = {name[3:] for name in dir(party) if name.startswith("on_")}
+    assert handled - declared == {"hello"}
+    assert set(SENDERS[role]) <= declared
+
+
+def test_the_readme_draws_every_protocol_as_declared() -> None:
+    text = README.read_text(encoding="utf-8")
+    start = text.index("<!-- protocol-sessions:start -->\n") + len(
+        "<!-- protocol-sessions:start -->\n")
+    end = text.index("\n<!-- protocol-sessions:end -->")
+    assert text[start:end] == describe().rstrip("\n")
