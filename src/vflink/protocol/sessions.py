@@ -187,6 +187,9 @@ class Step:
     when: tuple[str, tuple[Any, ...]] | None = None
     requires: tuple[str, tuple[Any, ...]] | None = None
     opens: bool = False
+    #: what the receiving party's handler binds the message to beyond sizes (its aligned rows,
+    #: its data's release budget): part of the declaration a reader checks, enforced by the party
+    note: str = ""
 
     def applies(self, message: Message, commits: Mapping[str, Any]) -> bool:
         if self.when is not None and getattr(message, self.when[0], None) not in self.when[1]:
@@ -232,6 +235,7 @@ class ProtocolSpec:
 
 _P = ("primary",)
 _OPEN = "open"
+_ROWS = "rows ⊆ the alignment this party completed with the sender"
 
 #: FLORIST Algorithm 1 as the passive party P_p (a secondary) enforces it. P_a commits to its
 #: set size n_a in round 1; every later list must agree with it (lines 6, 8, 11, 12).
@@ -279,13 +283,15 @@ DATA_ALIGNMENT = ProtocolSpec(
     states=("open", "shared", "aligned"), initial=_OPEN, final=(),
     steps=(
         Step("confirm_key", _P, (_OPEN,), None, times=4, opens=True),
-        Step("share_keys", _P, (_OPEN,), "shared", opens=True),
+        Step("share_keys", _P, (_OPEN,), "shared", opens=True,
+             note="after a successful key confirmation of this session"),
         Step("share_encodings", _P, (_OPEN,), "shared", opens=True),
         Step("share_field_encodings", _P, (_OPEN,), "shared", opens=True),
         # the coordinator's view of the session (or a PSI session of ours) becomes the rows
         # this party serves to that primary; asking again fetches the same immutable view
         Step("alignment_ready", _P, (_OPEN, "shared", "aligned"), "aligned", times=None,
-             opens=True),
+             opens=True, note="the coordinator's view linked for the sender, or a PSI of "
+                              "ours with the sender: its rows become the rows served to it"),
     ))
 
 #: Split learning (SplitNN, FedSim Algorithm 1) and FLORIST union training, at the secondary.
@@ -303,17 +309,23 @@ TRAINING = ProtocolSpec(
              opens=True),
         Step("fetch_privacy_report", _P, ("idle", "configured", "ready", "union"), None,
              times=None, opens=True),
-        Step("fit_preprocessing", _P, ("configured", "ready"), "ready", times=None),
+        Step("fit_preprocessing", _P, ("configured", "ready"), "ready", times=None,
+             note=_ROWS),
         Step("load_state", _P, ("idle", "configured", "ready"), "ready", times=None,
              opens=True),
-        Step("forward", _P, ("ready",), None, times=None),
-        Step("backward", _P, ("ready", "union"), None, times=None),
-        Step("snapshot", _P, ("ready", "union"), None, times=None),
+        Step("forward", _P, ("ready",), None, times=None,
+             note=_ROWS + "; each release within the data's DP budget; pending batches "
+                          "≤ policy.max_pending_batches"),
+        Step("backward", _P, ("ready", "union"), None, times=None,
+             note="a pending batch of this peer; the gradient's shape = its embeddings'"),
+        Step("snapshot", _P, ("ready", "union"), None, times=None,
+             note="tags ≤ policy.max_snapshots"),
         Step("restore", _P, ("ready", "union"), None, times=None),
         Step("save_state", _P, ("ready",), None, times=None),
         Step("union_setup", _P, ("idle", "configured", "ready", "union"), "union",
-             times=None, opens=True),
-        Step("union_forward", _P, ("union",), None, times=None),
+             times=None, opens=True, note="a PSU session this party finished with the sender"),
+        Step("union_forward", _P, ("union",), None, times=None,
+             note="UIDs of that PSU's union; same answer path for held and synthetic rows"),
     ))
 
 _SUBMIT = ("key_digests", "identifier_encodings", "field_encodings")
@@ -641,7 +653,8 @@ def describe(protocols: Iterable[ProtocolSpec] = PROTOCOLS) -> str:
                 cond.append(f"if {st.requires[0]} ∈ {{{', '.join(map(str, st.requires[1]))}}}")
             bound = "; ".join([b.text() for b in st.bounds]
                               + [f"commits {n} = len({f})" if n != f else f"commits {n}"
-                                 for n, f in st.commits] + cond) or "–"
+                                 for n, f in st.commits] + cond
+                              + ([st.note] if st.note else [])) or "–"
             times = "any" if st.times is None else str(st.times)
             if st.per_sender:
                 times += " per sender"
