@@ -76,7 +76,9 @@ def test_report_never_writes_through_a_planted_partial_file(
         run: Path, victim: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (run / ".report.html.partial").symlink_to(victim)
     (run / "report.html").symlink_to(victim)
-    assert main(["report", str(run)]) == 0
+    assert main(["report", str(run)]) == 2  # an existing output needs --overwrite (issue 23)
+    assert victim.read_text() == f"{SECRET}\n"
+    assert main(["report", str(run), "--overwrite"]) == 0
     assert victim.read_text() == f"{SECRET}\n"
     assert not (run / "report.html").is_symlink()
     assert "<!DOCTYPE html>" in (run / "report.html").read_text()

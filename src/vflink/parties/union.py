@@ -42,6 +42,7 @@ from vflink.protocol.messages import (
     UnionForward,
     UnionSetup,
 )
+from vflink.protocol.sessions import purpose_of
 
 __all__ = ["BatchRecord", "UnionPeer", "UnionPrimary", "uid_rows"]
 
@@ -94,7 +95,9 @@ def _session_key(features: torch.Tensor, session: str, seed: int) -> bytes:
     of our records stands in for a UID we lack.
     """
     h = hashlib.blake2b(digest_size=32, person=b"vflink-union-v1")
-    h.update(session.encode())
+    # the session's purpose, not its per-run name: the same stand-ins in every run of this
+    # seed, so that comparing two runs' first answers cannot tell members from stand-ins
+    h.update(purpose_of(session).encode())
     h.update(int(seed).to_bytes(16, "little", signed=True))
     h.update(features.detach().contiguous().numpy().tobytes())
     return h.digest()

@@ -44,6 +44,7 @@ def new_bank(state: Path | None) -> SecondaryParty:
     party = SecondaryParty(bank_table(), InProcessHub().channel("bank"), out_dir=state,
                            privacy=PRIVACY, privacy_seed=5)
     party.roles = {"primary": "primary", "bank": "secondary"}
+    party.set_linked_rows(np.arange(N), peer="primary")  # aligned with the primary (issue 19)
     return party
 
 
