@@ -17,10 +17,12 @@ def test_an_auc_and_its_mirror_get_the_same_size(auc: float) -> None:
     assert f"{abs(auc - 0.5):.2f} from chance" in low
 
 
-@pytest.mark.parametrize(("auc", "size"), [(0.5, "no measurable leak"), (0.53, "no measurable leak"),
-                                           (0.61, "a small leak"), (0.39, "a small leak"),
-                                           (0.8, "a substantial leak"), (0.15, "a substantial leak"),
-                                           (0.95, "practically visible"), (0.02, "practically visible")])
+SIZES = [(0.5, "no measurable leak"), (0.53, "no measurable leak"), (0.61, "a small leak"),
+         (0.39, "a small leak"), (0.8, "a substantial leak"), (0.15, "a substantial leak"),
+         (0.95, "practically visible"), (0.02, "practically visible")]
+
+
+@pytest.mark.parametrize(("auc", "size"), SIZES)
 def test_sizes(auc: float, size: str) -> None:
     assert size in auc_verdict(auc)
 
