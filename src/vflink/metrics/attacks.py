@@ -74,6 +74,4 @@ def auc_verdict(value: float) -> str:
     if value < 0.5 and distance >= 0.05:
         return (f"{size} ({where}, inverted: the scores rank the other way, and flipped they "
                 f"reach AUC {1.0 - value:.2f})")
-    if value < 0.5:
-        return f"{size} ({where}, below it)"
     return f"{size} ({where})"
