@@ -441,15 +441,18 @@ def _privacy_line(ledger: Ledger | None) -> str:
 
 
 def _summary(metrics: dict[str, Any], ledger: Ledger | None,
-             siblings: list[tuple[str, dict[str, Any]]], run_dir: Path) -> str:
+             siblings: list[tuple[str, dict[str, Any]]], recorded: bool) -> str:
     attacks = ledger.attacks if ledger is not None else []
     if attacks:
         verdicts = "<ul>" + "".join(
             f"<li><b>{_e(a.get('attack'))}</b> by {_e(a.get('party'))}: "
             f"{_e(_attack_verdict(a))}</li>" for a in attacks) + "</ul>"
-    else:
+    elif recorded:
         verdicts = ("none run yet (<code>vflink attack --run RUN_DIR --attack "
                     "NAME</code>)")
+    else:  # an attack reads what a party recorded: say how to get a run it can attack
+        verdicts = ("none: this run recorded nothing to attack (train with "
+                    "<code>[evaluation] record = true</code>)")
     lines = (("Task", _e(_task_line(metrics, siblings))),
              ("Linkage", _e(_linkage_line(metrics))),
              ("Privacy", _e(_privacy_line(ledger))),
@@ -531,7 +534,8 @@ def _run_page(run_dir: Path) -> str:
             f"{_fmt(metrics.get('seconds'))} s")
     linkage_title = ("Soft linkage" if alignment.get("method") == "soft" else "Linkage")
     sections = [
-        _summary(metrics, ledger, siblings, run_dir),
+        _summary(metrics, ledger, siblings,
+                 bool((config.get("evaluation") or {}).get("record"))),
         _section("metrics", "Metrics", metric_body),
         _section("learning-curve", "Learning curve", _learning_curve(metrics)),
         _section("attacks", "Attack results", _attacks(ledger, run_dir)),
