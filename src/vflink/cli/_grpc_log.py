@@ -52,11 +52,16 @@ def _pump(read_fd: int, passthrough: TextIO) -> None:
     with os.fdopen(read_fd, "r", encoding="utf-8", errors="replace") as lines:
         for line in lines:
             record = core_line_record(line)
-            if record is None:
-                passthrough.write(line)
-                passthrough.flush()
-            elif record[0]:
-                log.log(record[0], "%s", record[1])
+            try:
+                if record is None:
+                    passthrough.write(line)
+                    passthrough.flush()
+                elif record[0]:
+                    log.log(record[0], "%s", record[1])
+            except (OSError, ValueError):
+                # the real stderr closed under us (a child process kept the pipe open past
+                # the end of the block): nothing is left to write to
+                return
 
 
 @contextmanager
