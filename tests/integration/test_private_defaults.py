@@ -31,6 +31,9 @@ def soft_config(**alignment: Any) -> RunConfig:
 def test_in_process_bloom_runs_without_a_secret_repeat_exactly(
         monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     monkeypatch.delenv("VFLINK_SECRET", raising=False)
+    import vflink.runner.local
+
+    monkeypatch.setattr(vflink.runner.local, "_WARNED", set())  # as in a fresh process
     config = soft_config(privacy="bloom")
     with caplog.at_level(logging.WARNING):
         first = run_training(config)

@@ -24,8 +24,8 @@ from vflink.runner.config import (
 from vflink.runner.experiment import markdown_table, plot_results
 from vflink.runner.train import run_training
 
-RUN_SECTIONS = ("configuration", "learning-curve", "metrics", "linkage", "communication",
-                "privacy-ledger", "attacks")
+RUN_SECTIONS = ("summary", "configuration", "learning-curve", "metrics", "linkage",
+                "communication", "privacy-ledger", "attacks")
 #: elements a reader must see: the sections, the learning curve, the ledger and communication
 VISIBLE = (*RUN_SECTIONS, "learning-curve-figure", "ledger-messages", "similarity-curve",
            "weight-gate")
@@ -159,16 +159,148 @@ def test_report_renders_in_headless_chromium(soft_run: Path, tmp_path: Path) -> 
 
 
 def test_run_report_compares_with_runs_of_the_same_data_beside_it(soft_run: Path) -> None:
+    page = (soft_run.parent / "page2.html")
+    # alone, no baselines table: one would only repeat the run's own metrics (issue 23 item 5)
+    assert main(["report", str(soft_run), "--out", str(page)]) == 0
+    assert 'class="baselines"' not in page.read_text(encoding="utf-8")
     sibling = soft_run.parent / "solo"
     sibling.mkdir(exist_ok=True)
     (sibling / "config.json").write_text((soft_run / "config.json").read_text())
     metrics = json.loads((soft_run / "metrics.json").read_text())
     metrics.update(algorithm="solo", metrics={"test": {"accuracy": 0.123456, "auc": 0.5}})
     (sibling / "metrics.json").write_text(json.dumps(metrics))
-    page = (soft_run.parent / "page2.html")
-    assert main(["report", str(soft_run), "--out", str(page)]) == 0
-    text = page.read_text(encoding="utf-8")
-    assert "fedsim (this run)" in text and "0.1235" in text
+    try:
+        assert main(["report", str(soft_run), "--out", str(page)]) == 0
+        text = page.read_text(encoding="utf-8")
+        assert "fedsim (this run)" in text and "0.1235" in text
+        assert "solo 0.1235" in _summary_text(text)  # and the summary names it
+    finally:
+        shutil.rmtree(sibling)
+
+
+def _summary_text(page: str) -> str:
+    match = re.search(r'<section id="summary">(.*?)</section>', page, flags=re.S)
+    assert match, "no summary section"
+    return re.sub(r"<[^>]+>", " ", match.group(1))
+
+
+@pytest.fixture(scope="module")
+def exact_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An exact-key run on the user's own CSV tables (absolute paths in its config)."""
+    import numpy as np
+
+    root = tmp_path_factory.mktemp("exact")
+    rng = np.random.default_rng(0)
+    n = 240
+    x = rng.normal(size=(n, 4))
+    y = (x[:, 0] + x[:, 2] > 0).astype(int)
+    (root / "data").mkdir()
+    (root / "data" / "hospital.csv").write_text(
+        "id,a,b,label\n" + "".join(f"{i},{x[i, 0]:.4f},{x[i, 1]:.4f},{y[i]}\n"
+                                    for i in range(n)), encoding="utf-8")
+    (root / "data" / "bank.csv").write_text(
+        "id,c,d\n" + "".join(f"{i},{x[i, 2]:.4f},{x[i, 3]:.4f}\n" for i in range(n)),
+        encoding="utf-8")
+    (root / "run.toml").write_text("""version = 1
+seed = 1
+algorithm = "splitnn"
+[[data.parties]]
+name = "hospital"
+role = "primary"
+path = "data/hospital.csv"
+key = ["id"]
+numeric = ["a", "b"]
+label = "label"
+task = "binary"
+[[data.parties]]
+name = "bank"
+role = "secondary"
+path = "data/bank.csv"
+key = ["id"]
+numeric = ["c", "d"]
+[training]
+epochs = 2
+[evaluation]
+record = true
+""", encoding="utf-8")
+    out = root / "runs" / "exact"
+    assert main(["train", "--config", str(root / "run.toml"), "--out", str(out)]) == 0
+    run_attack(out, "label-norm")
+    assert main(["report", str(out)]) == 0
+    return out
+
+
+def test_exact_run_page_shows_only_what_applies(exact_run: Path) -> None:
+    """Issue 23 item 5: no local absolute path, no soft-linkage / DH-group settings on an
+    exact-key run, every ledger row classified, a summary first with the attack verdict."""
+    page = (exact_run / "report.html").read_text(encoding="utf-8")
+    assert str(exact_run.parent.parent) not in page  # no absolute path of this machine
+    assert "../../data/hospital.csv" in page and "../../data/bank.csv" in page
+    settings = re.findall(r"<td>((?:alignment|model|training|privacy)\.[a-z_]+)</td>", page)
+    assert "alignment.method" in settings and "alignment.secret_env" in settings
+    for unused in ("alignment.metric", "alignment.top_k", "alignment.privacy",
+                   "alignment.group", "alignment.search", "alignment.pool", "alignment.alpha",
+                   "model.pair_dim", "model.aggregator", "training.knn_batch_size",
+                   "privacy.embeddings"):
+        assert unused not in settings, unused
+    assert "not classified" not in page
+    assert 'class="baselines"' not in page  # nothing beside it
+    assert page.index('id="summary"') < page.index('id="metrics"')
+    summary = _summary_text(page)
+    for line in ("Task", "Linkage", "Privacy", "Attacks"):
+        assert line in summary
+    assert "test accuracy" in summary and "exact keys" in summary
+    assert "label-norm" in summary and "AUC" in summary and "from chance" in summary
+    assert "guessing" not in page
+
+
+#: writes the summary's bounding box, as the browser laid it out, into the DOM
+_BOX_PROBE = """<script>
+window.addEventListener("load", function () {
+  var el = document.getElementById("summary");
+  var out = el ? el.getBoundingClientRect() : null;
+  var pre = document.createElement("pre");
+  pre.id = "box-result";
+  pre.textContent = JSON.stringify(out && {top: out.top, bottom: out.bottom,
+                                            width: window.innerWidth,
+                                            height: window.innerHeight});
+  document.body.appendChild(pre);
+});
+</script>"""
+
+
+@pytest.mark.parametrize("which", ["exact", "soft"])
+def test_summary_is_on_the_first_screen(which: str, exact_run: Path, soft_run: Path,
+                                        tmp_path: Path) -> None:
+    """At a 1280×800 window the whole summary (task, linkage, privacy, attack verdicts) is in
+    the first screen, without scrolling: laid out by a real Chromium, box read from the DOM
+    (issue 23 item 5; before, the attack results sat below 4,000 pixels of page)."""
+    binary = _chromium()
+    if binary is None:
+        pytest.skip("no Chromium installed (apt-get install chromium): the first-screen check "
+                    "needs a real browser's layout")
+    run = exact_run if which == "exact" else soft_run
+    assert main(["report", str(run), "--out", str(tmp_path / "page.html")]) == 0
+    probed = tmp_path / "probed.html"
+    probed.write_text((tmp_path / "page.html").read_text(encoding="utf-8").replace(
+        "</body>", _BOX_PROBE + "</body>"), encoding="utf-8")
+    dom = _chrome(binary, tmp_path / "profile", "--window-size=1280,800",
+                  "--virtual-time-budget=5000", "--dump-dom", probed.as_uri())
+    match = re.search(r'<pre id="box-result">(.*?)</pre>', dom.stdout, flags=re.S)
+    assert match, dom.stderr[-2000:]
+    box = json.loads(match.group(1).replace("&quot;", '"'))
+    assert box is not None, "no summary element"
+    # the viewport of a 1280×800 window: the full width, its height less the browser's own
+    # bars (headless Chromium keeps room for them: 650-720 px), so the check is stricter than 800
+    assert box["width"] == 1280 and 600 <= box["height"] <= 800, box
+    assert 0 <= box["top"] and box["bottom"] <= box["height"], box
+    # and a screenshot of that first screen is a real 1280×800 image
+    shot = tmp_path / "first.png"
+    _chrome(binary, tmp_path / "profile2", "--window-size=1280,800", "--hide-scrollbars",
+            f"--screenshot={shot}", (tmp_path / "page.html").as_uri())
+    head = shot.read_bytes()[:24]
+    assert head[:8] == b"\x89PNG\r\n\x1a\n"
+    assert struct.unpack(">II", head[16:24]) == (1280, 800)
 
 
 def test_demo_directory_report(soft_run: Path, tmp_path: Path) -> None:

@@ -29,7 +29,7 @@ import numpy.typing as npt
 
 from vflink.attacks.base import ATTACKS, AttackResult, AttackView
 from vflink.errors import ConfigError, DataError
-from vflink.metrics.attacks import grouped_auc
+from vflink.metrics.attacks import auc_verdict, grouped_auc
 from vflink.metrics.functional import auc
 
 __all__ = ["LabelDirectionAttack", "LabelNormAttack", "direction_scores", "explain_auc",
@@ -67,19 +67,12 @@ def direction_scores(gradients: npt.ArrayLike, batch: npt.ArrayLike
 
 
 def explain_auc(value: float, who: str, what: str) -> str:
-    """A plain sentence on what a leak AUC means."""
+    """A plain sentence on what a leak AUC means: its distance from 0.5 and its direction
+    (:func:`vflink.metrics.attacks.auc_verdict`)."""
     if np.isnan(value):
         return f"{who}: no AUC could be measured (too few labelled rows of both classes)"
-    if value >= 0.9:
-        verdict = "the labels are practically visible to it"
-    elif value >= 0.7:
-        verdict = "a substantial leak: it guesses far better than chance"
-    elif value >= 0.55:
-        verdict = "a small leak: somewhat better than guessing"
-    else:
-        verdict = "no useful leak: about as good as guessing"
-    return (f"{who} can tell {what} with AUC {value:.3f} (0.5 = guessing, 1 = certain): "
-            f"{verdict}")
+    return (f"{who} can tell {what} with AUC {value:.3f} (0.5 = chance; 0 and 1 are both "
+            f"certain): {auc_verdict(value)}")
 
 
 def _over_training(y: npt.NDArray[Any], scores: npt.NDArray[np.float64],

@@ -43,6 +43,7 @@ import numpy.typing as npt
 
 from vflink.attacks.base import ATTACKS, AttackResult, AttackView
 from vflink.errors import ConfigError
+from vflink.metrics.attacks import auc_verdict
 from vflink.metrics.functional import auc
 
 __all__ = ["STATISTICS", "SpectralAttack", "aligned_projections", "spectral_projection",
@@ -172,7 +173,8 @@ class SpectralAttack:
             metrics={"auc": value, **{f"auc_{s.replace('-', '_')}": a
                                       for s, a in either.items()}},
             explanation=(f"the {who} tells synthetic rows from real ones with AUC "
-                         f"{value:.3f} (0.5 = chance, 1 = certain)"),
+                         f"{value:.3f} (0.5 = chance, 1 = certain; the better of both "
+                         f"namings): {auc_verdict(value)}"),
             params={"target": self.target, "statistic": self.statistic},
             details={"batches": len(mixed), "best": best,
                      "oriented_auc": oriented})

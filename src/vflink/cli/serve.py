@@ -28,7 +28,16 @@ def register(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     # TLS handshakes that fail (a certificate from another CA, no certificate, plaintext) end
     # inside gRPC's C core before any Python code runs; at INFO its log names each refusal.
+    # The core writes that log to descriptor 2 in its own format: routed through logging
+    # (vflink.cli._grpc_log) from before gRPC loads, so vflink's messages come first and alone.
     os.environ.setdefault("GRPC_VERBOSITY", "INFO")
+    from vflink.cli._grpc_log import route_grpc_core_log
+
+    with route_grpc_core_log():
+        return _serve(args)
+
+
+def _serve(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from vflink.runner.network import serve

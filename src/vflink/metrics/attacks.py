@@ -13,7 +13,7 @@ import numpy.typing as npt
 
 from vflink.metrics.functional import auc
 
-__all__ = ["grouped_auc", "success_rate", "success_stderr"]
+__all__ = ["auc_verdict", "grouped_auc", "success_rate", "success_stderr"]
 
 
 def grouped_auc(y_true: npt.ArrayLike, scores: npt.ArrayLike, groups: npt.ArrayLike
@@ -49,3 +49,29 @@ def success_stderr(rate: float, n: int) -> float:
     if n <= 0 or math.isnan(rate):
         return math.nan
     return math.sqrt(max(rate * (1.0 - rate), 0.0) / n)
+
+
+def auc_verdict(value: float) -> str:
+    """Plain words for an attack AUC, judged by its distance from chance (0.5) and direction.
+
+    An AUC of 0.39 is as far from chance as 0.61: an attacker who learns (from a handful of
+    known labels, or from the task's class balance) that the scores run the wrong way flips
+    them and reads the secret just as well. So the size of a leak is ``|AUC − 0.5|`` and an
+    AUC below 0.5 is called inverted, never "about as good as guessing".
+    """
+    if math.isnan(value):
+        return "no AUC could be measured"
+    distance = round(abs(value - 0.5), 9)  # 0.45 and 0.55 sit equally far from chance
+    if distance < 0.05:
+        size = "no measurable leak"
+    elif distance < 0.2:
+        size = "a small leak"
+    elif distance < 0.4:
+        size = "a substantial leak"
+    else:
+        size = "the secret is practically visible"
+    where = f"{distance:.2f} from chance"
+    if value < 0.5 and distance >= 0.05:
+        return (f"{size} ({where}, inverted: the scores rank the other way, and flipped they "
+                f"reach AUC {1.0 - value:.2f})")
+    return f"{size} ({where})"

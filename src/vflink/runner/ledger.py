@@ -48,6 +48,39 @@ _CARRIES: dict[str, str] = {
                 "(see the label-norm and label-direction attacks)",
     "snapshot": "control: keep the current model", "restore": "control: restore a model",
     "save_state": "control: write this party's own state", "load_state": "control: load it",
+    "confirm_key": "control: a fresh nonce for key confirmation (README, \"Secrets and key "
+                   "confirmation\")",
+    "fetch_key_tags": "control: a request for the other data parties' key-confirmation tags",
+    "setup_privacy": "control: the public settings of the embedding protection (never a noise "
+                     "seed)",
+    "fetch_privacy_report": "control: a request for the secondary's ledger entries",
+    "privacy_report": "the secondary's ledger entries: its protections' public parameters and "
+                      "guarantees",
+    "union_setup": "union positions of the secondary's own training records, and model "
+                   "hyperparameters: it learns how many of its records train, not which of the "
+                   "primary's records exist (FLORIST §2.3)",
+    "union_forward": "union positions in each batch: the secondary learns which positions of "
+                     "the union train together, not whether the primary holds them (FLORIST "
+                     "§2.3)",
+}
+
+#: Kinds that carry something protected by construction, whatever the run's settings:
+#: (protection, sentence).
+_BY_CONSTRUCTION: dict[str, tuple[str, str]] = {
+    "key_tag": ("hmac-tag", "a key-confirmation tag, HMAC-SHA256 under the data parties' shared "
+                            "secret: it shows the coordinator whether two parties hold the same "
+                            "secret, never the secret"),
+    "key_digests": ("keyed-hash", "keys as HMAC-SHA256 digests under the data parties' shared "
+                                  "secret: the coordinator can tell equal keys apart from "
+                                  "different ones, not read them"),
+    "key_tags": ("hmac-tag", "the other data parties' key-confirmation tags, relayed: checked "
+                             "under the receiver's own secret"),
+    **dict.fromkeys(
+        ("psu_round1", "psu_round1_reply", "psu_round2", "psu_round2_reply", "psu_round3",
+         "psi_round1", "psi_round1_reply", "psi_round2"),
+        ("dh-blinding", "shuffled lists of keys hashed to a group and raised to secret "
+                        "exponents (FLORIST Algorithm 1, ECDH PSI): the receiver learns set "
+                        "sizes, no key")),
 }
 
 
@@ -122,7 +155,13 @@ def _message_protection(kind: str, sender: str, protections: list[dict[str, Any]
             return "none", "indices and similarities without noise"
         return "none", ("alignment indices: the primary learns which of its records have a "
                         "counterpart, and the matched set's size")
-    return "none", _CARRIES.get(kind, "not classified: see the protocol's documentation")
+    if kind in _BY_CONSTRUCTION:
+        return _BY_CONSTRUCTION[kind]
+    # a kind added to the protocol without a sentence here is caught by a test
+    # (tests/unit/runner/test_run_ledger.py); a reader still gets something true
+    return "none", _CARRIES.get(kind, "a protocol message without a description in this "
+                                      "vflink version: treat its content as visible to the "
+                                      "receiver")
 
 
 def build_run_ledger(result: RunResult) -> Ledger:

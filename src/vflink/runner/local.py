@@ -20,6 +20,9 @@ log = logging.getLogger(__name__)
 
 COORDINATOR = "coordinator"
 
+#: variables whose "not set" warning this process has already shown
+_WARNED: set[str] = set()
+
 
 def shared_secret(env: str, *, required: bool = False, seed: int | None = None) -> bytes:
     """The data parties' HMAC/Bloom secret from ``$env`` (see :func:`secret_with_source`)."""
@@ -44,9 +47,13 @@ def secret_with_source(env: str, *, required: bool = False, seed: int | None = N
     if required:
         raise ConfigError(f"set ${env} to the secret the data parties share (≥ 16 bytes)")
     if seed is not None:
-        log.warning("$%s is not set: this in-process run derives its alignment secret from the "
-                    "seed (%d), so that it repeats; it is NOT a secret. Set $%s across hosts.",
-                    env, seed, env)
+        # once per process and variable: `vflink demo` trains three runs and an experiment
+        # dozens, each with the same warning (issue 23 item 6); the run's summary still says it
+        if env not in _WARNED:
+            _WARNED.add(env)
+            log.warning("$%s is not set: in-process runs derive their alignment secret from the "
+                        "seed (%d here), so that they repeat; it is NOT a secret. Set $%s "
+                        "across hosts.", env, seed, env)
         digest = hashlib.sha256(f"vflink/in-process-secret/v1/{int(seed)}".encode()).digest()
         return digest, f"derived from seed {seed} (not a secret: ${env} unset, in-process)"
     log.info("$%s is not set: using a random alignment secret for this in-process run", env)

@@ -4,10 +4,13 @@ Everything is inline: styles in a ``<style>`` element, figures as base64 ``data:
 with matplotlib's object API (no display), no script and no external URL, so the page opens
 from a file, offline, and can be mailed as it is.
 
-A run directory gives: configuration summary, learning curve, metrics, for soft-linkage runs the
-sorted-similarity curve (FedSim Figure 4), Δ (§4.3) and the weight gate's similarity → weight
-mapping (Figure 10, middle), communication per party and direction, the privacy ledger and the
-attack results. An experiment directory gives its tables (mean ± std over seeds) and its plot.
+A run directory gives, first, a summary a reader sees without scrolling (task metric, linkage,
+privacy and each attack's verdict, one line each), then the metrics and learning curve, the
+attack results, the privacy ledger (data-carrying messages first, control messages folded), for
+soft-linkage runs the sorted-similarity curve (FedSim Figure 4), Δ (§4.3) and the weight gate's
+similarity → weight mapping (Figure 10, middle), communication per party and direction, and
+the settings that applied to the run (paths relative to the run directory). An experiment
+directory gives its tables (mean ± std over seeds) and its plot.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from typing import Any
 
 from vflink._files import atomic_write_text, read_data_file, read_json_file
 from vflink.errors import DataError
+from vflink.metrics.attacks import auc_verdict
 from vflink.privacy.ledger import LEDGER_FILE, Ledger, explain_epsilon
 from vflink.runner.ledger import explain_tau
 
@@ -50,6 +54,14 @@ figcaption { color: #555; font-size: .88rem; }
 .note { color: #555; font-size: .9rem; } .explain { color: #333; max-width: 42rem; }
 .badge { display: inline-block; padding: 0 .4rem; border-radius: .3rem; font-size: .82rem;
          background: #eef; } .badge.none { background: #fde8e8; }
+#summary { background: #f7f7fa; border: 1px solid #e3e3e8; border-radius: .4rem;
+           padding: .2rem 1rem .5rem; margin-top: 1rem; }
+#summary h2 { margin-top: .6rem; border: 0; font-size: 1.15rem; }
+#summary dl { display: grid; grid-template-columns: 6.5rem 1fr; gap: .35rem .8rem;
+              margin: .3rem 0; }
+#summary dt { font-weight: 600; } #summary dd { margin: 0; }
+#summary ul { margin: 0; padding-left: 1.1rem; }
+details summary { cursor: pointer; color: #333; margin: .3rem 0; }
 """
 
 
@@ -67,6 +79,8 @@ def _fmt(value: Any) -> str:
             return "n/a"
         if math.isinf(value):
             return "∞"
+        if value.is_integer() and abs(value) < 1e9:  # counts stored as floats: 20,000
+            return f"{int(value):,}"
         return f"{value:.4g}"
     if isinstance(value, (list, tuple)):
         return ", ".join(_fmt(v) for v in value)
@@ -107,19 +121,90 @@ def _new_figure(width: float = 6.4, height: float = 3.4) -> Any:
 
 # --- run pages ------------------------------------------------------------------------------
 
-def _config_rows(config: dict[str, Any]) -> list[tuple[str, Any]]:
+def _algorithm_kind(name: Any) -> tuple[str, bool]:
+    """(kind, uses K pairs) of a registered algorithm; ("vfl", False) for an unknown name
+    (a run directory written by another version)."""
+    from vflink.runner.algorithms import get_algorithm
+
+    try:
+        alg = get_algorithm(str(name))
+    except Exception:  # noqa: BLE001 - any registry miss: show the settings of a plain VFL run
+        return "vfl", False
+    return alg.kind, alg.uses_k
+
+
+#: the alignment settings each method reads (the others keep their defaults, unused)
+_ALIGNMENT_KEYS: dict[str, tuple[str, ...]] = {
+    "exact": ("method", "unmatched", "secret_env"),
+    "psi": ("method", "group", "unmatched"),
+    "psu": ("method", "group", "alpha", "beta"),
+    "soft": ("method", "unmatched", "metric", "top_k", "tau", "sigma", "delta", "privacy",
+             "search", "pool", "fields", "blocking", "secret_env"),
+}
+
+
+def _relative(path: Any, run_dir: Path) -> str:
+    """A data path as seen from the run directory: the page may be mailed, and a local
+    absolute path says nothing to its reader (and tells them the sender's directory layout)."""
+    text = str(path)
+    if not os.path.isabs(text):
+        return text
+    try:
+        return os.path.relpath(text, start=run_dir.resolve())
+    except ValueError:  # another drive (Windows): the file's name is what is left to say
+        return Path(text).name
+
+
+def _config_rows(config: dict[str, Any], run_dir: Path) -> list[tuple[str, Any]]:
+    """The settings that applied to this run: alignment settings of its method only, model and
+    training settings its algorithm reads, privacy and policy sections only when set."""
     data = config.get("data", {})
+    kind, uses_k = _algorithm_kind(config.get("algorithm"))
     rows: list[tuple[str, Any]] = [("algorithm", config.get("algorithm")),
                                    ("seed", config.get("seed"))]
     if data.get("dataset"):
         rows.append(("dataset", data["dataset"]))
         if data.get("options"):
-            rows.append(("dataset options", json.dumps(data["options"], sort_keys=True)))
+            opts = {k: _relative(v, run_dir) if k == "path" else v
+                    for k, v in data["options"].items()}
+            rows.append(("dataset options", json.dumps(opts, sort_keys=True)))
     for p in data.get("parties", []) or []:
-        rows.append((f"party {p.get('name')}", f"{p.get('role')}: {p.get('path')}"))
-    for section in ("alignment", "model", "training", "evaluation"):
-        for key, value in (config.get(section) or {}).items():
-            if isinstance(value, dict):
+        rows.append((f"party {p.get('name')}",
+                     f"{p.get('role')}: {_relative(p.get('path'), run_dir)}"))
+    alignment = dict(config.get("alignment") or {})
+    method = str(alignment.get("method", "exact"))
+    keys = _ALIGNMENT_KEYS.get(method, tuple(alignment))
+    if method == "soft" and alignment.get("privacy") == "off":
+        keys = tuple(k for k in keys if k != "secret_env")  # no filters: no secret keys them
+    if method == "soft" and alignment.get("fields"):
+        keys = tuple(k for k in keys if k != "metric")  # each field has its own
+    sections: list[tuple[str, dict[str, Any], tuple[str, ...] | None]] = [
+        ("alignment", alignment, keys)]
+    model = dict(config.get("model") or {})
+    model_keys = ["hidden", "top_hidden", "activation", "dropout", "standardize"]
+    if kind not in ("solo", "combine"):
+        model_keys.insert(1, "cut_dim")
+    if uses_k:
+        model_keys += ["pair_dim", "aggregator"]
+    sections.append(("model", model, tuple(model_keys)))
+    training = dict(config.get("training") or {})
+    train_keys = [k for k in training if k != ("batch_size" if uses_k else "knn_batch_size")]
+    sections.append(("training", training, tuple(train_keys)))
+    evaluation = dict(config.get("evaluation") or {})
+    sections.append(("evaluation", evaluation,
+                     ("record", "record_rows") if evaluation.get("record") else ("record",)))
+    privacy = dict(config.get("privacy") or {})
+    if privacy.get("embeddings", "off") != "off":
+        sections.append(("privacy", privacy, None))
+    if config.get("policy"):
+        sections.append(("policy", dict(config["policy"]), None))
+    for section, values, wanted in sections:
+        for key in wanted if wanted is not None else tuple(values):
+            value = values.get(key)
+            if value is None or value == [] or value == ():
+                continue
+            if isinstance(value, dict) or (isinstance(value, list) and any(
+                    isinstance(v, (dict, list)) for v in value)):
                 value = json.dumps(value, sort_keys=True)
             rows.append((f"{section}.{key}", value))
     return rows
@@ -223,15 +308,31 @@ def _communication(metrics: dict[str, Any]) -> str:
                      [(p, s, r) for p, (s, r) in sorted(per_party.items())]))
 
 
+def _is_control(message: dict[str, Any]) -> bool:
+    return str(message.get("explanation", "")).startswith("control:")
+
+
 def _ledger(ledger: Ledger | None) -> str:
     if ledger is None:
         return '<p class="note">No privacy ledger (privacy.json) in this run directory.</p>'
+    head = ("stage", "message", "from", "to", "count", "bytes", "protection", "what it means")
+
+    def rows(control: bool) -> list[tuple[Any, ...]]:
+        return [(m["stage"], m["kind"], m["sender"], m["receiver"], m["count"], m["bytes"],
+                 m["protection"], m["explanation"]) for m in ledger.messages
+                if _is_control(m) == control]
+
+    data, control = rows(False), rows(True)
     parts = ['<div id="ledger-messages">',
-             _table(("stage", "message", "from", "to", "count", "bytes", "protection",
-                     "what it means"),
-                    [(m["stage"], m["kind"], m["sender"], m["receiver"], m["count"], m["bytes"],
-                      m["protection"], m["explanation"]) for m in ledger.messages],
-                    cls="ledger"), "</div>"]
+             "<h3>Messages that carry data</h3>",
+             _table(head, data, cls="ledger") if data
+             else '<p class="note">None: nothing but control messages crossed.</p>']
+    if control:
+        # control messages carry parameters and requests, no record's data: folded, not hidden
+        parts.append(f"<details><summary>{len(control)} control messages (parameters and "
+                     "requests, no record's data)</summary>"
+                     + _table(head, control, cls="ledger") + "</details>")
+    parts.append("</div>")
     if ledger.protections:
         parts.append("<h3>Protections</h3>")
         parts.append(_table(("protection", "party", "applies to", "parameters", "guarantee",
@@ -243,7 +344,23 @@ def _ledger(ledger: Ledger | None) -> str:
     return "".join(parts)
 
 
-def _attacks(ledger: Ledger | None) -> str:
+def _attack_verdict(attack: dict[str, Any]) -> str:
+    """One line: the attack's verdict in words. An AUC is judged by its distance from 0.5 and
+    direction (:func:`auc_verdict`), recomputed here so that a ledger written by an older
+    version reads the same as a new one; other attacks give their own sentence."""
+    metrics = attack.get("metrics") or {}
+    value = metrics.get("auc")
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return f"AUC {_fmt(float(value))}: {auc_verdict(float(value))}"
+    if "full_success" in metrics and "distance_success" in metrics:
+        return (f"recovers the exact distance for {float(metrics['distance_success']):.1%} of "
+                f"linked pairs (Theorem 2 bound τ = {_fmt(metrics.get('tau_bound'))}) and a "
+                f"whole Bloom filter for {float(metrics['full_success']):.1%} of records")
+    return str(attack.get("explanation", "")) or "; ".join(
+        f"{k} = {_fmt(v)}" for k, v in metrics.items())
+
+
+def _attacks(ledger: Ledger | None, run_dir: Path) -> str:
     attacks = ledger.attacks if ledger is not None else []
     if not attacks:
         return ('<p class="note">No attack has been run on this run yet: try '
@@ -252,8 +369,104 @@ def _attacks(ledger: Ledger | None) -> str:
     rows = []
     for a in attacks:
         metrics = "; ".join(f"{k} = {_fmt(v)}" for k, v in (a.get("metrics") or {}).items())
-        rows.append((a.get("attack"), a.get("party"), metrics, a.get("explanation", "")))
-    return _table(("attack", "attacker", "figures", "what it means"), rows, cls="attacks")
+        rows.append((a.get("attack"), a.get("party"), _attack_verdict(a), metrics,
+                     a.get("explanation", "")))
+    return _table(("attack", "attacker", "verdict", "figures", "what it means"), rows,
+                  cls="attacks")
+
+
+# --- the summary at the top of a run page -----------------------------------------------------
+
+def _task_line(metrics: dict[str, Any], siblings: list[tuple[str, dict[str, Any]]]) -> str:
+    test = (metrics.get("metrics") or {}).get("test") or {}
+    headline = metrics.get("headline_metric", "accuracy")
+    if not test:
+        return "no test metrics recorded"
+    first = [headline] if headline in test else []
+    figures = ", ".join(f"{k} {_fmt(test[k])}" for k in first + sorted(set(test) - set(first)))
+    sizes = metrics.get("sizes") or {}
+    line = f"{metrics.get('task')} task, test {figures}"
+    if sizes.get("test"):
+        line += f" on {_fmt(sizes['test'])} test records"
+    others = [f"{alg} {_fmt(values.get(headline))}" for alg, values in siblings
+              if values.get(headline) is not None]
+    if others:
+        line += f"; beside it (same data and seed): {', '.join(others)}"
+    return line
+
+
+def _linkage_line(metrics: dict[str, Any]) -> str:
+    a = metrics.get("alignment") or {}
+    sizes = metrics.get("sizes") or {}
+    method = a.get("method")
+    if not a:
+        return "no alignment recorded"
+    if method == "soft":
+        what = (f"top-{_fmt(a.get('top_k'))} soft linkage on {a.get('metric', 'fields')} "
+                f"distances ({a.get('encoding')} encodings to the coordinator)")
+        noise = a.get("tau")
+        what += (f", similarities noised to τ = {_fmt(noise)}" if noise is not None
+                 else f", similarity noise σ = {_fmt(a.get('sigma'))}")
+    elif method == "exact":
+        what = f"exact keys as {a.get('encoding', 'keyed hashes')} digests through a coordinator"
+    elif method in ("psi", "psu"):
+        what = ("private set intersection" if method == "psi" else "private set union"
+                ) + f" ({a.get('group', 'Diffie-Hellman')})"
+    else:
+        what = str(method)
+    primary, aligned = sizes.get("primary_rows"), sizes.get("aligned_rows")
+    if primary and aligned is not None:
+        what += f"; {_fmt(aligned)} of {_fmt(primary)} primary records aligned"
+    matched = a.get("matched_fraction") or {}
+    if matched:
+        what += " (" + ", ".join(f"{v:.1%} matched in {k}" for k, v in matched.items()) + ")"
+    if a.get("secret") and "not a secret" in str(a["secret"]):
+        what += f"; secret {a['secret']}"
+    return what
+
+
+def _privacy_line(ledger: Ledger | None) -> str:
+    if ledger is None:
+        return "no privacy ledger in this run directory"
+    data = [m for m in ledger.messages if not _is_control(m)]
+    clear = sorted({m["kind"] for m in data if m.get("protection") == "none"})
+    protected = sorted({f"{m['kind']} ({m['protection']})" for m in data
+                        if m.get("protection") != "none"})
+    parts = []
+    if protected:
+        parts.append("protected: " + ", ".join(protected))
+    if clear:
+        parts.append("in clear: " + ", ".join(clear))
+    dp = []
+    for p in ledger.protections:
+        eps = (p.get("guarantee") or {}).get("epsilon")
+        if isinstance(eps, (int, float)) and not isinstance(eps, bool):
+            words = explain_epsilon(float(eps), (p.get("guarantee") or {}).get("delta"))
+            dp.append(f"{p['kind']} {words.split(';')[0]}")
+    parts.append("differential privacy: " + ("; ".join(dp) if dp else "none"))
+    return "; ".join(parts) if data or dp else "nothing but control messages crossed"
+
+
+def _summary(metrics: dict[str, Any], ledger: Ledger | None,
+             siblings: list[tuple[str, dict[str, Any]]], recorded: bool) -> str:
+    attacks = ledger.attacks if ledger is not None else []
+    if attacks:
+        verdicts = "<ul>" + "".join(
+            f"<li><b>{_e(a.get('attack'))}</b> by {_e(a.get('party'))}: "
+            f"{_e(_attack_verdict(a))}</li>" for a in attacks) + "</ul>"
+    elif recorded:
+        verdicts = ("none run yet (<code>vflink attack --run RUN_DIR --attack "
+                    "NAME</code>)")
+    else:  # an attack reads what a party recorded: say how to get a run it can attack
+        verdicts = ("none: this run recorded nothing to attack (train with "
+                    "<code>[evaluation] record = true</code>)")
+    lines = (("Task", _e(_task_line(metrics, siblings))),
+             ("Linkage", _e(_linkage_line(metrics))),
+             ("Privacy", _e(_privacy_line(ledger))),
+             ("Attacks", verdicts))
+    return ('<section id="summary"><h2>Summary</h2><dl>'
+            + "".join(f"<dt>{t}</dt><dd>{body}</dd>" for t, body in lines)
+            + "</dl></section>")
 
 
 def _section(sid: str, title: str, body: str) -> str:
@@ -284,11 +497,14 @@ def _exists(path: Path) -> bool:
     return os.path.lexists(path)
 
 
-def _baselines(run_dir: Path, config: dict[str, Any], metrics: dict[str, Any]) -> str:
-    """Test metrics of this run and of the runs next to it (same data and seed), e.g. the
-    solo / splitnn / combine runs of ``vflink demo``."""
-    rows = []
+def _siblings(run_dir: Path, config: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """(algorithm, test metrics) of the other runs next to this one with the same data and
+    seed, e.g. the solo / splitnn / combine runs of ``vflink demo``; never this run itself."""
+    out = []
+    here = run_dir.resolve()
     for sibling in sorted(run_dir.parent.iterdir()) if run_dir.parent.is_dir() else []:
+        if sibling.resolve() == here:
+            continue
         if not (sibling.is_dir() and _exists(sibling / "config.json")
                 and _exists(sibling / "metrics.json")):
             continue  # not a run directory
@@ -305,17 +521,21 @@ def _baselines(run_dir: Path, config: dict[str, Any], metrics: dict[str, Any]) -
             continue
         if other.get("data") != config.get("data") or other.get("seed") != config.get("seed"):
             continue
-        mark = " (this run)" if sibling.resolve() == run_dir.resolve() else ""
-        rows.append((f"{result.get('algorithm')}{mark}",
-                     *[test.get(k) for k in sorted(test)]))
-    names = sorted((metrics.get("metrics") or {}).get("test") or {})
-    note = ""
-    if len(rows) < 2:
-        note = ('<p class="note">No other run of the same data and seed next to this one: '
-                "run the baselines into sibling directories (as <code>vflink demo</code> "
-                "does), or use <code>vflink experiment</code>, whose directory this command "
-                "renders too.</p>")
-    return _table(("algorithm", *[f"test {n}" for n in names]), rows, cls="baselines") + note
+        out.append((str(result.get("algorithm")), test))
+    return out
+
+
+def _baselines(metrics: dict[str, Any], siblings: list[tuple[str, dict[str, Any]]]) -> str:
+    """This run's test metrics beside its siblings'; nothing when it has none (a table of the
+    run alone would only repeat the metrics above)."""
+    if not siblings:
+        return ""
+    test = (metrics.get("metrics") or {}).get("test") or {}
+    names = sorted(test)
+    rows = [(f"{metrics.get('algorithm')} (this run)", *[test.get(k) for k in names])]
+    rows += [(alg, *[values.get(k) for k in names]) for alg, values in siblings]
+    return ("<h3>Against the runs beside it (same data and seed)</h3>"
+            + _table(("algorithm", *[f"test {n}" for n in names]), rows, cls="baselines"))
 
 
 def _run_page(run_dir: Path) -> str:
@@ -323,27 +543,31 @@ def _run_page(run_dir: Path) -> str:
     config = _read_json(run_dir, "config.json")
     ledger = Ledger.read(run_dir / LEDGER_FILE) if _exists(run_dir / LEDGER_FILE) else None
     alignment = metrics.get("alignment", {}) or {}
+    siblings = _siblings(run_dir, config)
     split_rows = [(split, *[values.get(k) for k in sorted(values)])
                   for split, values in metrics.get("metrics", {}).items()]
     names = sorted(next(iter(metrics.get("metrics", {}).values()), {}))
     sizes = metrics.get("sizes", {})
     metric_body = _table(("split", *names), split_rows)
-    metric_body += "<h3>Against the baselines run beside it</h3>" + _baselines(run_dir, config,
-                                                                               metrics)
-    metric_body += _table(("size", "value"), sorted(sizes.items()))
+    metric_body += _baselines(metrics, siblings)
+    metric_body += "<h3>Sizes</h3>" + _table(("size", "value"), sorted(sizes.items()))
     title = f"vflink run: {metrics.get('algorithm')}"
-    lead = (f"{run_dir.name}: task {metrics.get('task')}, best epoch "
-            f"{metrics.get('best_epoch')}, {_fmt(metrics.get('seconds'))} s")
+    epochs = len(metrics.get("epochs") or [])
+    lead = (f"{run_dir.name}: best epoch {metrics.get('best_epoch')} of {epochs}, "
+            f"{_fmt(metrics.get('seconds'))} s")
+    linkage_title = ("Soft linkage" if alignment.get("method") == "soft" else "Linkage")
     sections = [
-        _section("configuration", "Configuration", _table(("setting", "value"),
-                                                          _config_rows(config))),
-        _section("learning-curve", "Learning curve", _learning_curve(metrics)),
+        _summary(metrics, ledger, siblings,
+                 bool((config.get("evaluation") or {}).get("record"))),
         _section("metrics", "Metrics", metric_body),
-        _section("linkage", "Soft linkage", _linkage(metrics.get("linkage_figures"),
-                                                     alignment)),
-        _section("communication", "Communication", _communication(metrics)),
+        _section("learning-curve", "Learning curve", _learning_curve(metrics)),
+        _section("attacks", "Attack results", _attacks(ledger, run_dir)),
         _section("privacy-ledger", "Privacy ledger", _ledger(ledger)),
-        _section("attacks", "Attack results", _attacks(ledger)),
+        _section("linkage", linkage_title, _linkage(metrics.get("linkage_figures"),
+                                                   alignment)),
+        _section("communication", "Communication", _communication(metrics)),
+        _section("configuration", "Settings that applied",
+                 _table(("setting", "value"), _config_rows(config, run_dir))),
     ]
     return _page(title, lead, sections)
 

@@ -61,3 +61,29 @@ def test_evaluation_section() -> None:
         parse_config({**base, "evaluation": {"record": "yes", "record_rows": 0, "x": 1}})
     text = str(exc.value.problems)
     assert "record" in text and "record_rows" in text and "unknown" in text
+
+
+@pytest.mark.parametrize("method", ["exact", "soft", "psi", "psu"])
+def test_every_protocol_message_kind_is_classified(method: str) -> None:
+    """Issue 23 item 5: no ledger row reads "not classified". Every kind the protocol defines,
+    sent in any stage, gets a protection and a sentence of its own."""
+    from vflink.protocol.messages import MESSAGE_TYPES
+
+    kinds = sorted(MESSAGE_TYPES)
+    messages = [{"kind": k, "sender": "primary", "receiver": "secondary", "messages": 1,
+                 "bytes": 1} for k in kinds]
+    ledger = build_run_ledger(result({"alignment": {"method": method, "messages": messages},
+                                      "messages": messages}))
+    assert len(ledger.messages) == 2 * len(kinds)
+    for m in ledger.messages:
+        assert m["explanation"], m["kind"]
+        assert "not classified" not in m["explanation"], m["kind"]
+        assert "without a description" not in m["explanation"], m["kind"]
+
+
+def test_key_confirmation_and_set_rounds_are_protected_by_construction() -> None:
+    msgs = [{"kind": k, "sender": "primary", "receiver": "coordinator", "messages": 1,
+             "bytes": 32} for k in ("key_tag", "psu_round1", "psi_round1_reply")]
+    ledger = build_run_ledger(result({"alignment": {"method": "psu", "messages": msgs}}))
+    assert {m["kind"]: m["protection"] for m in ledger.messages} == {
+        "key_tag": "hmac-tag", "psu_round1": "dh-blinding", "psi_round1_reply": "dh-blinding"}
