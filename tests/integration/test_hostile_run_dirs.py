@@ -182,7 +182,7 @@ def test_a_bad_run_beside_is_skipped_with_a_warning(
     assert baselines is not None
     # this run and the good one; the deep and the linked ones are left out
     assert re.findall(r"<tr><td>([^<]*)</td>", baselines.group(0)) == [
-        "splitnn", "splitnn (this run)"]
+        "splitnn (this run)", "splitnn"]
     assert SECRET not in page
 
 

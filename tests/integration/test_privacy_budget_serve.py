@@ -14,12 +14,25 @@ import numpy as np
 import pytest
 
 from tests.helpers.network import start_process, write_party_files
+from vflink.alignment._dh import key_bytes
+from vflink.alignment.groups import get_group
 from vflink.cli.main import main
 from vflink.errors import VflinkError
 from vflink.models.spec import BottomSpec
+from vflink.parties.setalign import SetAlignmentDriver
 from vflink.privacy.accounting import calibrate, max_releases_within
-from vflink.protocol import Embeddings, FitPreprocessing, Forward, SetupBottom
-from vflink.runner.party_config import load_party_config
+from vflink.protocol import (
+    Ack,
+    AlignmentReady,
+    AlignmentView,
+    Embeddings,
+    FetchAlignment,
+    FitPreprocessing,
+    Forward,
+    SetupBottom,
+)
+from vflink.protocol.sessions import new_session_name
+from vflink.runner.party_config import load_party_config, party_table
 from vflink.transport.grpc import GrpcChannel, TlsConfig
 
 pytestmark = pytest.mark.network
@@ -66,15 +79,30 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
             proc.kill()
 
 
-def attack(ch: GrpcChannel, rounds: int) -> int:
+def align(ch: GrpcChannel, files: dict[str, Path]) -> np.ndarray:
+    """An honest alignment with the served secondary (ECDH PSI, then AlignmentReady): the rows
+    it then serves to the primary (issue 19: no alignment, no embeddings)."""
+    primary = party_table(load_party_config(files["primary"]))
+    keys = key_bytes(primary.frame, primary.schema.key, who="primary")
+    session = new_session_name("psi")
+    SetAlignmentDriver(keys, ch, get_group("ristretto255")).psi("secondary", session,
+                                                                reveal="both")
+    ch.request("secondary", AlignmentReady(session=session, coordinator="coordinator"), Ack)
+    view = ch.request("secondary", FetchAlignment(session=session), AlignmentView)
+    return np.sort(np.asarray(view.secondary_index, dtype=np.int64))
+
+
+def attack(ch: GrpcChannel, rounds: int, files: dict[str, Path]) -> int:
     """Repeat the primary's setup after every refusal; the number of releases obtained."""
     got = 0
+    aligned = align(ch, files)
+    rows = aligned[:len(ROWS)]
     for r in range(rounds):
         ch.call("secondary", SetupBottom(spec=BottomSpec(hidden=(8,), out_dim=4, seed=r)))
-        ch.call("secondary", FitPreprocessing(rows=np.arange(200)))
+        ch.call("secondary", FitPreprocessing(rows=aligned))
         for b in range(2):
             try:
-                reply = ch.call("secondary", Forward(batch_id=100 * r + b, rows=ROWS,
+                reply = ch.call("secondary", Forward(batch_id=100 * r + b, rows=rows,
                                                      train=False))
             except VflinkError as exc:
                 assert "privacy.budget" in str(exc), exc
@@ -95,9 +123,9 @@ def test_budget_survives_setups_and_restarts_and_only_the_operator_resets_it(
         capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture) -> None:
     start = serve
     with start() as ch:
-        assert attack(ch, 4) == ALLOWED
+        assert attack(ch, 4, files) == ALLOWED
     with start() as ch:  # a restarted service, a new session
-        assert attack(ch, 3) == 0
+        assert attack(ch, 3, files) == 0
     shown = budget_json(files, capsys)
     assert shown["max_releases"] == ALLOWED and shown["records_released"] == len(ROWS)
     assert shown["epsilon_max"] <= 5.0  # type: ignore[operator]
@@ -122,4 +150,4 @@ def test_budget_survives_setups_and_restarts_and_only_the_operator_resets_it(
     assert entry["reason"] == "new consent round" and entry["operator"]
     assert budget_json(files, capsys)["max_releases"] == 0
     with start() as ch:
-        assert attack(ch, 3) == ALLOWED
+        assert attack(ch, 3, files) == ALLOWED

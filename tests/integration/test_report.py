@@ -170,7 +170,7 @@ def test_run_report_compares_with_runs_of_the_same_data_beside_it(soft_run: Path
     metrics.update(algorithm="solo", metrics={"test": {"accuracy": 0.123456, "auc": 0.5}})
     (sibling / "metrics.json").write_text(json.dumps(metrics))
     try:
-        assert main(["report", str(soft_run), "--out", str(page)]) == 0
+        assert main(["report", str(soft_run), "--out", str(page), "--overwrite"]) == 0
         text = page.read_text(encoding="utf-8")
         assert "fedsim (this run)" in text and "0.1235" in text
         assert "solo 0.1235" in _summary_text(text)  # and the summary names it
