@@ -129,6 +129,8 @@ def test_union_training_is_the_same_over_both_transports(
                               seed=1, primary=primary.name, secondary=s_schema.name,
                               secondary_table={"path": s_path, "key": list(s_schema.key),
                                                "numeric": list(s_schema.numeric)})
+    with files[s_schema.name].open("a") as f:  # fea-gaussian leaks membership by design
+        f.write('[policy]\nunion_features = ["fea-sampling", "fea-gaussian", "none"]\n')
     proc = start_process(files[s_schema.name], tmp_path / "passive.log")
     try:
         federation = network_federation(load_party_config(files[primary.name]), run_id="union")

@@ -25,7 +25,9 @@ __all__ = [
     "IDENTIFIER_RELEASES",
     "PartyPolicy",
     "ROLE_UNKNOWN",
+    "SAFE_UNION_FEATURES",
     "SENDERS",
+    "UNION_FEATURES",
     "check_coordinator",
     "check_sender",
 ]
@@ -66,6 +68,12 @@ SENDERS: dict[str, dict[str, frozenset[str]]] = {
 }
 
 IDENTIFIER_RELEASES = ("bloom", "any")
+#: FLORIST's synthetic-feature strategies a secondary may fill union training with
+UNION_FEATURES = ("fea-sampling", "fea-gaussian", "fea-random", "none")
+#: ... and those whose answers carry no membership signal (issue 19): fea-Gaussian and
+#: fea-random draw embeddings off the real ones' distribution, and FLORIST itself measures their
+#: attack AUC near 1.0 (Table 2), so a party serves them only when its policy says so
+SAFE_UNION_FEATURES = ("fea-sampling", "none")
 #: Noise-free similarities have τ = 1 (Theorem 2 with σ = 0): the default refuses them.
 DEFAULT_MAX_TAU = 0.9999
 
@@ -92,6 +100,8 @@ class PartyPolicy:
         session_ttl_s: a session not used for this long is dropped.
         max_top_k: largest K a soft-linkage request may ask for.
         max_model_parameters: largest bottom model a SetupBottom may ask this party to build.
+        union_features: the synthetic-feature strategies this secondary accepts in FLORIST
+            union training; the default only those that carry no membership signal.
     """
 
     identifiers: str = "bloom"
@@ -106,6 +116,7 @@ class PartyPolicy:
     session_ttl_s: float = 86400.0
     max_top_k: int = 1000
     max_model_parameters: int = 50_000_000
+    union_features: tuple[str, ...] = SAFE_UNION_FEATURES
 
     def __post_init__(self) -> None:
         problems: list[str] = []
@@ -122,6 +133,14 @@ class PartyPolicy:
         for name in ("pending_ttl_s", "session_ttl_s"):
             check_float(problems, f"policy.{name}", getattr(self, name), min=0.0,
                         min_exclusive=True)
+        if isinstance(self.union_features, list):  # from a TOML array
+            object.__setattr__(self, "union_features", tuple(self.union_features))
+        if not isinstance(self.union_features, tuple) or not self.union_features:
+            problems.append(f"policy.union_features must be a non-empty list of "
+                            f"{', '.join(UNION_FEATURES)}, got {self.union_features!r}")
+        else:
+            for name in self.union_features:
+                check_choice(problems, "policy.union_features", name, UNION_FEATURES)
         raise_if(problems, "[policy] section")
 
     @property
@@ -132,7 +151,8 @@ class PartyPolicy:
     def permissive(cls, *, identifiers: str = "any") -> PartyPolicy:
         """No release restriction (limits unchanged): for a run whose single operator owns
         every party and chose the release explicitly (see ``vflink.runner.federation``)."""
-        return cls(identifiers=identifiers, min_sigma=0.0, max_tau=1.0)
+        return cls(identifiers=identifiers, min_sigma=0.0, max_tau=1.0,
+                   union_features=UNION_FEATURES)
 
     def check_identifier_release(self, party: str, encoder: str) -> None:
         """Refuse to release identifiers with ``encoder`` unless the policy allows it."""

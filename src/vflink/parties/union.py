@@ -148,6 +148,13 @@ class UnionPeer:
         # our own limits and protections decide, not the primary's request (as SetupBottom)
         check_bottom_spec(message.spec, len(self.table.frame.columns), party=self.name,
                           policy=self.policy)
+        if message.features not in self.policy.union_features:
+            # one answer whatever the UIDs: it depends on the request and our policy only
+            raise refuse(PolicyViolation,
+                         f"party {self.name!r} fills union training only with "
+                         f"{', '.join(self.policy.union_features)} (its policy's "
+                         f"union_features); {message.features!r} was asked for",
+                         code="policy.union-features")
         if self.protection.own is not None:
             raise refuse(PolicyViolation,
                          f"party {self.name!r} protects its embeddings (its [privacy] section);"

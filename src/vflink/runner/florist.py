@@ -55,7 +55,7 @@ from vflink.protocol.channel import Channel
 from vflink.protocol.sessions import new_session_name
 from vflink.runner.algorithms import get_algorithm
 from vflink.runner.config import RunConfig
-from vflink.runner.federation import Federation
+from vflink.runner.federation import Federation, run_policy
 from vflink.runner.inputs import Inputs, load_inputs
 from vflink.runner.train import EpochRecord, Prepared, RunResult
 from vflink.transport import InProcessHub, TrafficCounter, Transcript
@@ -152,7 +152,9 @@ def _local_secondary(config: RunConfig, inputs: Inputs, p_keys: list[bytes],
     keep_s = np.setdiff1d(np.arange(len(secondary)), hidden_s_rows.to_numpy(dtype=np.int64))
     counter = TrafficCounter()
     hub = InProcessHub(transcript=transcript, counter=counter)
-    peer = SecondaryParty(_subset(secondary, keep_s), hub.channel(secondary.name))
+    # the run's own policy: one operator owns both parties in a simulation (run_policy)
+    peer = SecondaryParty(_subset(secondary, keep_s), hub.channel(secondary.name),
+                          policy=run_policy(config))
     hub.register(secondary.name, peer)
     return peer, hub.channel(inputs.primary.name), counter, len(hidden_s_rows)
 

@@ -25,10 +25,11 @@ from vflink.alignment._dh import key_bytes
 from vflink.alignment.groups import get_group
 from vflink.alignment.synthetic import assigned_rows
 from vflink.data import PartySchema, PartyTable
-from vflink.errors import VflinkError
+from vflink.errors import PolicyViolation, VflinkError
 from vflink.metrics.functional import auc
 from vflink.models.spec import BottomSpec
 from vflink.parties import SecondaryParty
+from vflink.parties.policy import UNION_FEATURES, PartyPolicy
 from vflink.parties.setalign import SetAlignmentDriver
 from vflink.parties.union import uid_rows
 from vflink.protocol import Ack, Backward, Embeddings
@@ -106,13 +107,14 @@ class Setup:
 
 
 @pytest.fixture(params=["inprocess", "grpc"])
-def connect(request: pytest.FixtureRequest, pki: Path) -> Iterator[Callable[[], Setup]]:
+def connect(request: pytest.FixtureRequest, pki: Path
+            ) -> Iterator[Callable[..., Setup]]:
     servers: list[GrpcServer] = []
     channels: list[GrpcChannel] = []
 
-    def make() -> Setup:
+    def make(policy: PartyPolicy | None = None) -> Setup:
         hub = InProcessHub()
-        bank = SecondaryParty(bank_table(), hub.channel("bank"))
+        bank = SecondaryParty(bank_table(), hub.channel("bank"), policy=policy)
         bank.roles = {"primary": "primary", "bank": "secondary"}
         hub.register("bank", bank)
         if request.param == "inprocess":
@@ -325,8 +327,12 @@ def test_assigned_rows_are_balanced_and_keyed() -> None:
 def test_gaussian_and_random_fills_still_reveal_membership(connect: Any,
                                                           features: str) -> None:
     """FLORIST Table 2: no privacy. Their embeddings are drawn off the ReLU cut layer's
-    distribution; one answer is enough (a negative coordinate is never real). README."""
-    s = connect()
+    distribution; one answer is enough (a negative coordinate is never real). README. So a
+    secondary's default policy refuses them (the same refusal whatever the UIDs); a party
+    that opts in (a reproduction) gets what the paper measured."""
+    with pytest.raises(PolicyViolation, match="policy.union-features"):
+        connect().setup(features)
+    s = connect(PartyPolicy(union_features=UNION_FEATURES))
     s.setup(features)
     _, emb = s.forward(s.targets, True)  # fea-random's statistics come from training batches
     _, emb = s.forward(s.targets, True)
