@@ -25,6 +25,7 @@ from vflink.alignment._dh import as_rows, key_bytes, lookup, sorted_unique, to_h
 from vflink.alignment.groups import Elements, Group, get_group
 from vflink.data.table import PartyTable
 from vflink.errors import ProtocolError
+from vflink.parties.policy import PartyPolicy
 from vflink.protocol.channel import Channel
 from vflink.protocol.messages import (
     Ack,
@@ -203,6 +204,13 @@ class SetAlignmentPeer:
     name: str
     table: PartyTable
     out_dir: Path | None
+    policy: PartyPolicy
+
+    def _cap(self, what: str, elements: object, *, own: int | None = None) -> None:
+        """Refuse a peer's list above policy.max_set_elements before any work on it."""
+        arr = np.asarray(elements)
+        self.policy.check_set_size(self.name, what, int(arr.shape[0]) if arr.ndim else 0,
+                                   own=own)
 
     @property
     def _set_sessions(self) -> dict[str, _PeerSession]:
@@ -242,6 +250,7 @@ class SetAlignmentPeer:
     # --- PSU (passive side of Algorithm 1) ------------------------------------------------
 
     def on_psu_round1(self, sender: str, message: PsuRound1) -> PsuRound1Reply:
+        self._cap("I_a^s1", message.a_s1)
         group = get_group(message.group)
         s = _PeerSession(group=group, own=self._own_elements(group))
         s.psu_e = psu.PsuExponents.draw(group)  # line 2
@@ -251,6 +260,9 @@ class SetAlignmentPeer:
 
     def on_psu_round2(self, sender: str, message: PsuRound2) -> PsuRound2Reply:
         s = self._session(message.session, "PSU")
+        self._cap("I_p^(s1 t1)", message.p_s1t1, own=len(s.own))
+        self._cap("the blinded union", message.union_s123t1, own=len(s.own))
+        self._cap("I_a^s2", message.a_s2)
         g, e = s.group, s.psu_e
         if e is None:
             raise ProtocolError(f"party {self.name!r}: session {message.session!r} is not PSU")
@@ -265,6 +277,7 @@ class SetAlignmentPeer:
 
     def on_psu_round3(self, sender: str, message: PsuRound3) -> Ack:
         s = self._session(message.session, "PSU")
+        self._cap("I_p^(s1 s2 s3 t2)", message.p_s123t2, own=len(s.own))
         if s.psu_e is None or s.union is None:
             raise ProtocolError(f"party {self.name!r}: PsuRound3 before PsuRound2")
         mine = psu.finish_own(s.group, message.p_s123t2, s.psu_e, s.union, expected=len(s.own))
@@ -276,6 +289,7 @@ class SetAlignmentPeer:
     # --- PSI (passive side) -----------------------------------------------------------------
 
     def on_psi_round1(self, sender: str, message: PsiRound1) -> PsiRound1Reply:
+        self._cap("H(x)^a", message.a_s)
         group = get_group(message.group)
         how = psi.check_reveal(message.reveal)
         s = _PeerSession(group=group, own=self._own_elements(group), reveal=how)
@@ -292,6 +306,7 @@ class SetAlignmentPeer:
 
     def on_psi_round2(self, sender: str, message: PsiRound2) -> Ack:
         s = self._session(message.session, "PSI")
+        self._cap("H(y)^ba", message.p_ts, own=len(s.own))
         if s.psi_e is None or s.a_st is None or s.p_order is None:
             raise ProtocolError(f"party {self.name!r}: session {message.session!r} is not PSI")
         if s.reveal not in ("both", "secondary"):

@@ -28,7 +28,7 @@ from vflink.data.table import PartyTable
 from vflink.errors import PolicyViolation, ProtocolError
 from vflink.models.mlp import build_mlp, build_optimizer, seeded_init
 from vflink.models.spec import BottomSpec
-from vflink.parties.guard import check_bottom_spec, check_embeddings
+from vflink.parties.guard import admit_forward, check_bottom_spec, check_embeddings
 from vflink.parties.policy import PartyPolicy
 from vflink.parties.privacy import EmbeddingProtection
 from vflink.parties.setalign import SetAlignment
@@ -79,6 +79,7 @@ class UnionPeer:
     policy: PartyPolicy
     protection: EmbeddingProtection
     _pending: dict[int, torch.Tensor]
+    _pending_since: dict[int, float]
 
     def set_alignment(self, session: str) -> SetAlignment | None: ...  # from SetAlignmentPeer
 
@@ -129,6 +130,9 @@ class UnionPeer:
         if n_fake and state.strategy is None:
             raise ProtocolError(f"party {self.name!r}: asked for UIDs it does not hold with no "
                                 "synthetic feature strategy")
+        if message.train:  # bounded like any training forward (policy.max_pending_batches)
+            admit_forward(self._pending, self._pending_since, message.batch_id,
+                          party=self.name, policy=self.policy)
         model.train(message.train)
         with torch.set_grad_enabled(message.train):
             if state.strategy is None or state.strategy.raw or n_fake == 0:
