@@ -107,8 +107,9 @@ class Hello(Message):
 @dataclass(frozen=True)
 class Health(Message):
     """Any allowed peer → a party: are you alive? The reply is an :class:`Ack` whose ``info``
-    holds ``busy`` (1.0 while a call is being worked on), ``active`` (calls in progress) and
-    ``slots`` (calls it works on at once). A served party answers it at once, beside any
+    holds ``busy`` (1.0 while its handler works on a call), ``active`` (calls holding a slot:
+    being received, worked on or waiting for the handler) and ``slots`` (calls it takes at
+    once). A served party answers it at once, beside any
     long call (issue 19), without touching party state."""
 
     kind: ClassVar[str] = "health"

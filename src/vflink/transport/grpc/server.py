@@ -145,6 +145,7 @@ class GrpcServer:
         self._slots = threading.BoundedSemaphore(max_workers)
         self._count_lock = threading.Lock()
         self._active = 0  # calls holding a slot
+        self._handling = 0  # calls inside the handler
         self._server: grpc.Server | None = None
         self._port: int | None = None
 
@@ -287,8 +288,8 @@ class GrpcServer:
     def health(self) -> Ack:
         """This server's answer to a :class:`Health` request: its load, no party state."""
         with self._count_lock:
-            active = self._active
-        return Ack(info={"busy": float(active > 0), "active": float(active),
+            active, handling = self._active, self._handling
+        return Ack(info={"busy": float(handling > 0), "active": float(active),
                          "slots": float(self.max_workers)})
 
     # -- calls -----------------------------------------------------------------------------
@@ -376,6 +377,8 @@ class GrpcServer:
             if not context.is_active():
                 context.abort(grpc.StatusCode.CANCELLED, "the caller gave up before the call ran")
             started = time.monotonic()
+            with self._count_lock:
+                self._handling += 1
             try:
                 # the caller's deadline is the call's work limit; long loops check it and
                 # whether the caller still waits (vflink._cancel.checkpoint)
@@ -402,6 +405,9 @@ class GrpcServer:
                 else:
                     code = grpc.StatusCode.FAILED_PRECONDITION
                 self._fail(context, code, public, "handler")
+            finally:
+                with self._count_lock:
+                    self._handling -= 1
         finally:
             if serialised:
                 self._handler_lock.release()
