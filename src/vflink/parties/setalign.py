@@ -20,12 +20,14 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
+from vflink._cancel import remaining_s
 from vflink.alignment import psi, psu
 from vflink.alignment._dh import as_rows, key_bytes, lookup, sorted_unique, to_hex
 from vflink.alignment.groups import Elements, Group, get_group
 from vflink.data.table import PartyTable
-from vflink.errors import ProtocolError
+from vflink.errors import PolicyViolation, ProtocolError
 from vflink.parties.policy import PartyPolicy
+from vflink.protocol.boundary import refuse
 from vflink.protocol.channel import Channel
 from vflink.protocol.messages import (
     Ack,
@@ -212,6 +214,18 @@ class SetAlignmentPeer:
         self.policy.check_set_size(self.name, what, int(arr.shape[0]) if arr.ndim else 0,
                                    own=own)
 
+    def _afford(self, group: Group, exponentiations: int, kind: str) -> None:
+        """Refuse, before any work, a round whose exponentiations cannot finish within the
+        caller's deadline even at the group's fastest rate (its work limit, issue 19)."""
+        left = remaining_s()
+        need = group.min_seconds(exponentiations)
+        if left is not None and need > left:
+            raise refuse(PolicyViolation,
+                         f"party {self.name!r}: {kind} needs {exponentiations} {group.name} "
+                         f"exponentiations, at least {need:.1f} s, and the caller's deadline "
+                         f"leaves {max(left, 0.0):.1f} s; allow more time or send less",
+                         code="limit.work")
+
     @property
     def _set_sessions(self) -> dict[str, _PeerSession]:
         sessions: dict[str, _PeerSession] | None = self.__dict__.get("_set_sessions_")
@@ -252,6 +266,8 @@ class SetAlignmentPeer:
     def on_psu_round1(self, sender: str, message: PsuRound1) -> PsuRound1Reply:
         self._cap("I_a^s1", message.a_s1)
         group = get_group(message.group)
+        # lines 4-5: I_a^s1 and our own set once each (hashing ours is cheaper, not counted)
+        self._afford(group, len(message.a_s1) + len(self.table), "PsuRound1")
         s = _PeerSession(group=group, own=self._own_elements(group))
         s.psu_e = psu.PsuExponents.draw(group)  # line 2
         self._set_sessions[message.session] = s
@@ -263,6 +279,9 @@ class SetAlignmentPeer:
         self._cap("I_p^(s1 t1)", message.p_s1t1, own=len(s.own))
         self._cap("the blinded union", message.union_s123t1, own=len(s.own))
         self._cap("I_a^s2", message.a_s2)
+        # line 9 (the union) and line 11 (I_a^s2) once each, line 12 (our own set) once
+        self._afford(s.group, len(message.union_s123t1) + len(message.a_s2) + len(s.own),
+                     "PsuRound2")
         g, e = s.group, s.psu_e
         if e is None:
             raise ProtocolError(f"party {self.name!r}: session {message.session!r} is not PSU")
@@ -291,6 +310,7 @@ class SetAlignmentPeer:
     def on_psi_round1(self, sender: str, message: PsiRound1) -> PsiRound1Reply:
         self._cap("H(x)^a", message.a_s)
         group = get_group(message.group)
+        self._afford(group, len(message.a_s) + len(self.table), "PsiRound1")
         how = psi.check_reveal(message.reveal)
         s = _PeerSession(group=group, own=self._own_elements(group), reveal=how)
         s.psi_e = group.random_exponent()

@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from vflink._cancel import work_scope
 from vflink.alignment.groups import get_group
 from vflink.data import PartySchema, PartyTable
 from vflink.errors import ConfigError, PolicyViolation, ProtocolError, VflinkError
@@ -168,3 +169,18 @@ def test_policy_limits_are_validated() -> None:
     for spec in (_bloom(), _bloom("geo"), _bloom("numeric"),
                  _bloom("numeric", resolution=1e-4)):
         p.check_encoding("bank", spec)
+
+
+def test_a_round_that_cannot_finish_within_the_callers_deadline_is_refused_upfront() -> None:
+    party = bank()
+    g = get_group("ristretto255", workers=1)
+    a_s1 = np.tile(g.hash_to_group([b"x"]), (POLICY.max_set_elements, 1))
+    message = PsuRound1(session="p", group="ristretto255", a_s1=a_s1)
+    # 1,000 + 20 exponentiations: half the least time they can take is left
+    least = get_group("ristretto255").min_seconds(POLICY.max_set_elements + 20)
+    with work_scope(limit_s=least / 2), pytest.raises(PolicyViolation) as info:
+        party.handle("primary", message)
+    assert getattr(info.value, "code", None) == "limit.work" and "deadline" in str(info.value)
+    assert party.set_alignment("p") is None  # nothing was started
+    with work_scope(limit_s=60.0):  # within the deadline the same round runs
+        assert len(party.handle("primary", message).a_s1t1) == len(a_s1)  # type: ignore[attr-defined]

@@ -64,6 +64,10 @@ class Group(ABC):
     chunk_rows: int = 1024
     #: hashes or validity checks between two checkpoints (each costs ~10-40 µs)
     check_rows: int = 4096
+    #: a conservative *lower* bound on the seconds one exponentiation takes on one core (a
+    #: fast machine): a request whose elements need more than its caller's deadline even at
+    #: this rate can be refused before any work (vflink.parties.setalign)
+    min_power_s: float = 20e-6
 
     def __init__(self, *, workers: int | None = None) -> None:
         self.workers = default_workers() if workers is None else max(1, int(workers))
@@ -106,6 +110,10 @@ class Group(ABC):
         self._pool = self._finalizer = None
 
     # --- public surface ---------------------------------------------------------------
+
+    def min_seconds(self, exponentiations: int) -> float:
+        """A lower bound on the wall time of ``exponentiations`` with every worker busy."""
+        return exponentiations * self.min_power_s / self.workers
 
     def random_exponent(self) -> int:
         """A secret exponent, uniform in ``[1, order)``, from the OS secure source."""
