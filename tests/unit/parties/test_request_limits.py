@@ -184,3 +184,29 @@ def test_a_round_that_cannot_finish_within_the_callers_deadline_is_refused_upfro
     assert party.set_alignment("p") is None  # nothing was started
     with work_scope(limit_s=60.0):  # within the deadline the same round runs
         assert len(party.handle("primary", message).a_s1t1) == len(a_s1)  # type: ignore[attr-defined]
+
+
+def test_pending_union_forwards_are_bounded() -> None:
+    from vflink.alignment._dh import key_bytes
+    from vflink.models.spec import BottomSpec
+    from vflink.parties.setalign import SetAlignmentDriver
+    from vflink.protocol.messages import UnionForward, UnionSetup
+
+    party = bank()
+    hub = InProcessHub()
+    hub.register("bank", party)
+    channel = hub.channel("primary")
+    keys = key_bytes(pd.DataFrame({"id": [f"k{i}" for i in range(10, 30)]}), ["id"])
+    SetAlignmentDriver(keys, channel, get_group("ristretto255", workers=1)).psu("bank", "u")
+    channel.call("bank", UnionSetup(session="u", spec=BottomSpec(hidden=(4,), out_dim=2),
+                                    features="fea-sampling",
+                                    fit_uids=np.arange(30, dtype=np.int64)))
+    uids = np.arange(8, dtype=np.int64)
+    for batch in range(POLICY.max_pending_batches):  # forwards that never get a Backward
+        channel.call("bank", UnionForward(batch_id=batch, uids=uids, train=True))
+    with pytest.raises(PolicyViolation) as info:
+        channel.call("bank", UnionForward(batch_id=99, uids=uids, train=True))
+    assert getattr(info.value, "code", None) == "limit.pending-batches"
+    assert len(party._pending) == POLICY.max_pending_batches
+    # evaluation forwards keep nothing pending and are still answered
+    channel.call("bank", UnionForward(batch_id=100, uids=uids, train=False))
