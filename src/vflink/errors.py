@@ -15,6 +15,8 @@ translated at the boundary where they occur.
     ├── TransportError           the transport failed to deliver a message
     │   └── PeerUnavailable      a named peer cannot be reached within its deadline
     ├── PrivacyBudgetExceeded    a requested privacy level cannot be met or was spent
+    ├── PolicyViolation          a peer asked for more than this party's own policy allows
+    ├── Cancelled                work stopped: its caller gave up or its work limit passed
     └── RunError                 an experiment or run directory cannot be created or resumed
 """
 
@@ -23,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 __all__ = [
+    "Cancelled",
     "ConfigError",
     "DataError",
     "LinkageError",
@@ -110,3 +113,9 @@ class PolicyViolation(VflinkError):
     """A peer asked for something this party's own policy does not allow: identifiers in a
     form it does not release, similarity noise below its minimum, a message the sender's role
     may not send, or more pending state than its limits allow."""
+
+
+class Cancelled(VflinkError):
+    """Work done on a caller's behalf was stopped before it finished: the caller gave up
+    (cancelled the call, or its deadline passed), or the work outran its limit
+    (:func:`vflink._cancel.checkpoint`). Nothing of it is applied."""

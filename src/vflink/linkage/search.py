@@ -61,6 +61,7 @@ from rapidfuzz import process
 from rapidfuzz.distance import Levenshtein
 from scipy.spatial import cKDTree
 
+from vflink._cancel import checkpoint
 from vflink._checks import check_choice, check_int, raise_if
 from vflink.errors import LinkageError
 from vflink.linkage.blocking import lcs_lower_bounds, length_window
@@ -271,6 +272,7 @@ def _brute(
     idx = np.empty((n_primary, k), dtype=np.int64)
     step = _brute_rows(n_secondary, bytes_per_pair)
     for start in range(0, n_primary, step):
+        checkpoint()  # a served request whose caller gave up stops here
         rows = slice(start, min(n_primary, start + step))
         dist[rows], idx[rows] = _topk_from_matrix(pairwise(rows), k)
     return Neighbours(idx, dist, exact=True)
@@ -380,6 +382,7 @@ def _dense_search(
     if options.mode == "exact" and kind == "kdtree":
         tree = cKDTree(base)
         for start in range(0, n, options.chunk_size):
+            checkpoint()  # a served request whose caller gave up stops here
             stop = min(n, start + options.chunk_size)
             tree_d, found = tree.query(query[start:stop], k=k,
                                        workers=-1 if options.threads is None else options.threads)
@@ -397,6 +400,7 @@ def _dense_search(
         index = _dense_index(xb, options)
         exact_index: faiss.Index | None = None
         for start in range(0, n, options.chunk_size):
+            checkpoint()  # a served request whose caller gave up stops here
             stop = min(n, start + options.chunk_size)
             xq = np.ascontiguousarray(query[start:stop] - center, dtype=np.float32)
             _, found = index.search(xq, k)
@@ -533,6 +537,7 @@ def search_hamming(primary: Identifiers, secondary: Identifiers, k: int, *,
             index.nprobe = nprobe
             log.info("binary IVF: %d cells, %d probed per query", nlist, nprobe)
         for start in range(0, n, o.chunk_size):
+            checkpoint()  # a served request whose caller gave up stops here
             stop = min(n, start + o.chunk_size)
             d, found = index.search(p[start:stop], k)
             missing = (found < 0).any(axis=1)
@@ -623,6 +628,7 @@ def _exact_levenshtein(p: list[str], s: list[str], k: int,
     dtype = np.uint8 if longest <= 255 else np.int32
     step = min(o.chunk_size, _brute_rows(len(s), np.dtype(dtype).itemsize + 1))
     for start in range(0, n, step):
+        checkpoint()  # a served request whose caller gave up stops here
         stop = min(n, start + step)
         m = process.cdist(p[start:stop], s, scorer=Levenshtein.distance, dtype=dtype,
                           workers=_workers(o))
@@ -658,6 +664,7 @@ def _bounded_levenshtein(p: list[str], s: list[str], k: int,
     # bytes per pair: bounds (int16) and LCS (uint8), and the int64 order of the sample
     step = min(o.chunk_size, _brute_rows(search.sample.size, 12))
     for start in range(0, n, step):
+        checkpoint()  # a served request whose caller gave up stops here
         search.from_sample(p, p_len, np.arange(start, min(n, start + step)))
     # Rows whose sample says the bounds will not prune enough to pay for verifying one query
     # at a time (short strings of one length over a small alphabet: LCS bounds far below the

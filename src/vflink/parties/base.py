@@ -12,7 +12,7 @@ from typing import Any
 from vflink.errors import ProtocolError, VflinkError
 from vflink.parties.policy import PartyPolicy, check_sender
 from vflink.protocol.boundary import boundary_error, local_detail, refuse
-from vflink.protocol.messages import PROTOCOL_VERSION, Hello, Message
+from vflink.protocol.messages import PROTOCOL_VERSION, Ack, Health, Hello, Message
 from vflink.protocol.sessions import Admission, Session, SessionLimits, SessionTable
 
 __all__ = ["Party", "state_path"]
@@ -120,3 +120,8 @@ class Party:
             raise ProtocolError(f"{sender!r} speaks protocol version {message.version}, "
                                 f"{self.name!r} speaks {PROTOCOL_VERSION}")
         return Hello(party=self.name, role=self.role)
+
+    def on_health(self, sender: str, message: Health) -> Ack:
+        # Answered from no party state, so it needs no lock; a served party's transport
+        # answers it itself, with its load (vflink.transport.grpc.server).
+        return Ack(info={"busy": 0.0, "active": 0.0})

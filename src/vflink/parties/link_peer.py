@@ -56,6 +56,26 @@ __all__ = ["LinkingPeer"]
 
 log = logging.getLogger(__name__)
 
+#: Most fields, and most blocking keys, one field request may name: each field is one more
+#: encoding of the whole table (issue 19: the work a request causes is bounded).
+MAX_FIELDS = 32
+
+
+def _check_field_request(party: str, policy: PartyPolicy, message: ShareFieldEncodings) -> None:
+    """Refuse a field request that is malformed or asks for more work than the limits."""
+    if len(message.fields) > MAX_FIELDS or len(message.blocking) > MAX_FIELDS:
+        raise refuse(PolicyViolation, f"party {party!r} encodes at most {MAX_FIELDS} fields and "
+                                      f"{MAX_FIELDS} blocking keys per request; this one names "
+                                      f"{len(message.fields)} and {len(message.blocking)}",
+                     code="limit.fields")
+    for key in message.blocking:
+        if isinstance(key.prefix, bool) or not isinstance(key.prefix, int) or key.prefix < 0:
+            raise refuse(ProtocolError, f"a blocking key's `prefix` must be an int >= 0 (0: the "
+                                        f"whole value), got {key.prefix!r}",
+                         code="blocking.prefix")
+    for f in message.fields:
+        policy.check_encoding(party, f.spec)
+
 
 class LinkingPeer(Party):
     """A data party without labels, as far as alignment goes.
@@ -136,6 +156,7 @@ class LinkingPeer(Party):
     def on_share_encodings(self, sender: str, message: ShareEncodings) -> Ack:
         # Our own policy decides what leaves, not the primary's spec (issue 13).
         self.policy.check_identifier_release(self.name, message.spec.encoder)
+        self.policy.check_encoding(self.name, message.spec)  # bounded work, before any
         check_coordinator(self.name, self.roles, message.coordinator)
         if uses_secret(message.spec):
             self._require_confirmed(message.session)
@@ -155,6 +176,7 @@ class LinkingPeer(Party):
         check_coordinator(self.name, self.roles, message.coordinator)
         if not message.fields:
             raise refuse(ProtocolError, "a field request names no field", code="fields.empty")
+        _check_field_request(self.name, self.policy, message)  # bounded work, before any
         undeclared = undeclared_columns(self.table.schema.identifiers, message.fields,
                                         message.blocking)
         if undeclared:

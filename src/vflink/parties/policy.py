@@ -13,11 +13,15 @@ similarities only with noise (τ < 1), bounded pending state.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING
 
 from vflink._checks import check_choice, check_float, check_int, raise_if
-from vflink.errors import PolicyViolation
+from vflink.errors import ConfigError, PolicyViolation, ProtocolError
 from vflink.protocol.boundary import refuse
+
+if TYPE_CHECKING:
+    from vflink.protocol.messages import EncodingSpec
 
 __all__ = [
     "DATA_ROLES",
@@ -100,6 +104,20 @@ class PartyPolicy:
         session_ttl_s: a session not used for this long is dropped.
         max_top_k: largest K a soft-linkage request may ask for.
         max_model_parameters: largest bottom model a SetupBottom may ask this party to build.
+        max_set_elements: most group elements in one list a peer sends in a PSU or PSI round
+            (FLORIST Alg. 1; ECDH PSI); each costs this party a validity check and an
+            exponentiation (~80 µs with ristretto255, ~3.5 ms with modp2048). A PSU union
+            may hold this many plus this party's own records.
+        max_bloom_bits: longest Bloom filter a peer's encoding request may ask for (string
+            and geographic ``filter_bits``; numeric filters: all dimensions' centres).
+        max_bloom_hashes: most bits an encoding request may set per q-gram (string
+            ``num_hashes``) or per record (geographic: grid tokens × ``num_hashes``).
+        max_bloom_centres: most FEDERAL centres of a numeric filter, all dimensions together.
+        max_concurrent_calls: calls a served party works on at once (handler calls are
+            serialised, the others wait their turn within their deadline); a further call is
+            refused at once as busy. Health requests are always answered besides. Union
+            training forwards waiting for their Backward count against
+            ``max_pending_batches`` like any training forward.
         union_features: the synthetic-feature strategies this secondary accepts in FLORIST
             union training; the default only those that carry no membership signal.
     """
@@ -116,6 +134,11 @@ class PartyPolicy:
     session_ttl_s: float = 86400.0
     max_top_k: int = 1000
     max_model_parameters: int = 50_000_000
+    max_set_elements: int = 2_000_000
+    max_bloom_bits: int = 16384
+    max_bloom_hashes: int = 4096
+    max_bloom_centres: int = 16384
+    max_concurrent_calls: int = 8
     union_features: tuple[str, ...] = SAFE_UNION_FEATURES
 
     def __post_init__(self) -> None:
@@ -128,7 +151,8 @@ class PartyPolicy:
         check_float(problems, "policy.max_abs_value", self.max_abs_value, min=0.0,
                     min_exclusive=True)
         for name in ("max_pending_batches", "max_snapshots", "max_sessions", "max_top_k",
-                     "max_model_parameters"):
+                     "max_model_parameters", "max_set_elements", "max_bloom_bits",
+                     "max_bloom_hashes", "max_bloom_centres", "max_concurrent_calls"):
             check_int(problems, f"policy.{name}", getattr(self, name), min=1)
         for name in ("pending_ttl_s", "session_ttl_s"):
             check_float(problems, f"policy.{name}", getattr(self, name), min=0.0,
@@ -162,6 +186,63 @@ class PartyPolicy:
                          f"(its policy: identifiers = \"bloom\"); the request asks for the "
                          f"{encoder!r} encoding, which would send raw identifiers",
                          code="policy.identifiers")
+
+
+    def check_set_size(self, party: str, what: str, n: int, *, own: int | None = None) -> None:
+        """Refuse a PSU/PSI list of ``n`` group elements above ``max_set_elements`` (plus
+        ``own``, this party's record count, for a union), before any work on it."""
+        limit = self.max_set_elements + (own or 0)
+        if n > limit:
+            plus = " plus its own records" if own else ""
+            raise refuse(PolicyViolation,
+                         f"party {party!r} accepts at most {self.max_set_elements}{plus} group "
+                         f"elements per list (policy.max_set_elements); {what} has {n}",
+                         code="limit.set-elements")
+
+    def check_encoding(self, party: str, spec: EncodingSpec) -> None:
+        """Refuse a peer's Bloom encoding request before any work: malformed or unknown
+        parameters (:class:`ProtocolError` ``[encoding.params]``, a validation message naming
+        the parameter), or more bits, hashes or centres than this party's limits
+        (:class:`PolicyViolation` ``[limit.bloom-*]``). Other encoders take no work
+        parameters; their release is :meth:`check_identifier_release`'s business."""
+        if spec.encoder != "bloom":
+            return
+        from vflink.linkage.encoding.bloom import BloomConfig, NumericRange
+        from vflink.linkage.encoding.geo import GeoBloomConfig
+
+        def bad(text: str) -> ProtocolError:
+            return refuse(ProtocolError, f"party {party!r} cannot encode with the requested "
+                                         f"Bloom parameters: {text}", code="encoding.params")
+
+        if spec.kind not in ("numeric", "string", "geo"):
+            raise bad(f"`kind` must be one of geo, numeric, string, got {spec.kind!r}")
+        config_type: type[BloomConfig] | type[GeoBloomConfig] = \
+            GeoBloomConfig if spec.kind == "geo" else BloomConfig
+        known = sorted(f.name for f in fields(config_type))
+        params = spec.params if isinstance(spec.params, dict) else {}
+        unknown = sorted(str(k) for k in params if k not in known)
+        if unknown or not isinstance(spec.params, dict):
+            raise bad(f"unknown parameter(s) {unknown} for {spec.kind} filters; known: {known}")
+        try:
+            config = config_type(**params)  # type: ignore[arg-type]
+            if isinstance(config, GeoBloomConfig):
+                bits, hashes, centres = config.filter_bits, config.tokens * config.num_hashes, 0
+            elif spec.kind == "string":
+                bits, hashes, centres = config.filter_bits, config.num_hashes, 0
+            else:
+                ranges = NumericRange(low=spec.low, high=spec.high)
+                centres = sum(config.centres_per_dimension(ranges))
+                bits, hashes = centres, 0
+        except ConfigError as exc:  # the peer's own public parameters: safe to tell
+            raise bad(str(exc)) from None
+        for value, limit, name in ((bits, self.max_bloom_bits, "bits"),
+                                   (hashes, self.max_bloom_hashes, "hashes"),
+                                   (centres, self.max_bloom_centres, "centres")):
+            if value > limit:
+                raise refuse(PolicyViolation,
+                             f"party {party!r} encodes with at most {limit} Bloom {name} "
+                             f"(policy.max_bloom_{name}); the request asks for {value}",
+                             code=f"limit.bloom-{name}")
 
 
 def check_sender(party: str, role: str, roles: Mapping[str, str] | None, sender: str,

@@ -58,6 +58,9 @@ __all__ = ["SecondaryParty"]
 
 log = logging.getLogger(__name__)
 
+#: Most classes a SetupPrivacy may announce: C of VFL-AFE Eq. 7 sizes the fuzzy c-means state.
+MAX_CLASSES = 100_000
+
 _EPOCH_CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 
 
@@ -138,6 +141,12 @@ class SecondaryParty(SetAlignmentPeer, UnionPeer, LinkingPeer):
         return Ack()
 
     def on_setup_privacy(self, sender: str, message: SetupPrivacy) -> Ack:
+        classes = message.classes
+        if isinstance(classes, bool) or not isinstance(classes, int) \
+                or not 0 <= classes <= MAX_CLASSES:
+            raise refuse(ProtocolError, f"SetupPrivacy `classes` must be an int in [0, "
+                                        f"{MAX_CLASSES}] (0: regression), got {classes!r}",
+                         code="privacy.classes")
         return Ack(info=self.protection.setup(message.settings, message.classes))
 
     def on_fetch_privacy_report(self, sender: str, message: FetchPrivacyReport) -> PrivacyReport:

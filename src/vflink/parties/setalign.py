@@ -21,12 +21,14 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
+from vflink._cancel import remaining_s
 from vflink._files import atomic_open
 from vflink.alignment import psi, psu
 from vflink.alignment._dh import as_rows, key_bytes, lookup, sorted_unique, to_hex
 from vflink.alignment.groups import Elements, Group, get_group
 from vflink.data.table import PartyTable
-from vflink.errors import ProtocolError
+from vflink.errors import PolicyViolation, ProtocolError
+from vflink.parties.policy import PartyPolicy
 from vflink.protocol.boundary import refuse
 from vflink.protocol.channel import Channel
 from vflink.protocol.messages import (
@@ -219,6 +221,26 @@ class SetAlignmentPeer:
     if TYPE_CHECKING:
         @property
         def session(self) -> Session: ...  # from Party
+    policy: PartyPolicy
+
+    def _cap(self, what: str, elements: object, *, own: int | None = None) -> None:
+        """Refuse a peer's list above policy.max_set_elements before any work on it."""
+        arr = np.asarray(elements)
+        self.policy.check_set_size(self.name, what, int(arr.shape[0]) if arr.ndim else 0,
+                                   own=own)
+
+    def _afford(self, group: Group, exponentiations: int, kind: str) -> None:
+        """Refuse, before any work, a round whose exponentiations cannot finish within the
+        caller's deadline even at the group's fastest rate (its work limit, issue 19)."""
+        left = remaining_s()
+        need = group.min_seconds(exponentiations)
+        if left is not None and need > left:
+            raise refuse(PolicyViolation,
+                         f"party {self.name!r}: {kind} needs {exponentiations} {group.name} "
+                         f"exponentiations, at least {need:.1f} s, and the caller's deadline "
+                         f"leaves {max(left, 0.0):.1f} s; allow more time or send less",
+                         code="limit.work")
+
 
     def _own_elements(self, group: Group) -> Elements:
         keys = key_bytes(self.table.frame, self.table.schema.key, who=self.table.source)
@@ -272,7 +294,10 @@ class SetAlignmentPeer:
     # --- PSU (passive side of Algorithm 1) ------------------------------------------------
 
     def on_psu_round1(self, sender: str, message: PsuRound1) -> PsuRound1Reply:
+        self._cap("I_a^s1", message.a_s1)
         group = get_group(message.group)
+        # lines 4-5: I_a^s1 and our own set once each (hashing ours is cheaper, not counted)
+        self._afford(group, len(message.a_s1) + len(self.table), "PsuRound1")
         s = _PeerSession(group=group, own=self._own_elements(group))
         s.psu_e = psu.PsuExponents.draw(group)  # line 2
         a_st, p_t = psu.lines4_5(group, message.a_s1, s.own, s.psu_e)
@@ -283,6 +308,12 @@ class SetAlignmentPeer:
     def on_psu_round2(self, sender: str, message: PsuRound2) -> PsuRound2Reply:
         # sizes were checked against round 1 by the declaration (PSU): |a_s2| = n_a, ...
         s = self._set_state()
+        self._cap("I_p^(s1 t1)", message.p_s1t1, own=len(s.own))
+        self._cap("the blinded union", message.union_s123t1, own=len(s.own))
+        self._cap("I_a^s2", message.a_s2)
+        # line 9 (the union) and line 11 (I_a^s2) once each, line 12 (our own set) once
+        self._afford(s.group, len(message.union_s123t1) + len(message.a_s2) + len(s.own),
+                     "PsuRound2")
         g, e = s.group, s.psu_e
         if e is None:  # pragma: no cover - the declaration orders the rounds
             raise ProtocolError(f"party {self.name!r}: session {message.session!r} is not PSU")
@@ -295,6 +326,7 @@ class SetAlignmentPeer:
 
     def on_psu_round3(self, sender: str, message: PsuRound3) -> Ack:
         s = self._set_state()
+        self._cap("I_p^(s1 s2 s3 t2)", message.p_s123t2, own=len(s.own))
         if s.psu_e is None or s.union is None:  # pragma: no cover - declaration orders rounds
             raise ProtocolError(f"party {self.name!r}: PsuRound3 before PsuRound2")
         mine = psu.finish_own(s.group, message.p_s123t2, s.psu_e, s.union, expected=len(s.own))
@@ -306,7 +338,9 @@ class SetAlignmentPeer:
     # --- PSI (passive side) -----------------------------------------------------------------
 
     def on_psi_round1(self, sender: str, message: PsiRound1) -> PsiRound1Reply:
+        self._cap("H(x)^a", message.a_s)
         group = get_group(message.group)
+        self._afford(group, len(message.a_s) + len(self.table), "PsiRound1")
         how = psi.check_reveal(message.reveal)
         s = _PeerSession(group=group, own=self._own_elements(group), reveal=how)
         s.psi_e = group.random_exponent()
@@ -323,6 +357,7 @@ class SetAlignmentPeer:
 
     def on_psi_round2(self, sender: str, message: PsiRound2) -> Ack:
         s = self._set_state()
+        self._cap("H(y)^ba", message.p_ts, own=len(s.own))
         if s.psi_e is None or s.a_st is None or s.p_order is None:  # pragma: no cover
             raise ProtocolError(f"party {self.name!r}: session {message.session!r} is not PSI")
         p_ts = s.group.validate(message.p_ts, "H(y)^ba")

@@ -48,6 +48,7 @@ __all__ = [
     "FieldLink",
     "FitPreprocessing",
     "Forward",
+    "Health",
     "Hello",
     "IdentifierEncodings",
     "KeyDigests",
@@ -101,6 +102,17 @@ class Hello(Message):
     party: str
     role: str
     version: int = PROTOCOL_VERSION
+
+
+@dataclass(frozen=True)
+class Health(Message):
+    """Any allowed peer → a party: are you alive? The reply is an :class:`Ack` whose ``info``
+    holds ``busy`` (1.0 while its handler works on a call), ``active`` (calls holding a slot:
+    being received, worked on or waiting for the handler) and ``slots`` (calls it takes at
+    once). A served party answers it at once, beside any
+    long call (issue 19), without touching party state."""
+
+    kind: ClassVar[str] = "health"
 
 
 @dataclass(frozen=True)
@@ -636,8 +648,9 @@ class UnionForward(Message):
 MESSAGE_TYPES: dict[str, type[Message]] = {
     cls.kind: cls
     for cls in (
-        Hello, Ack, ShareKeys, KeyDigests, MatchKeys, AlignmentReady, FetchAlignment, AlignmentView,
-        AlignmentViews, ShareEncodings, IdentifierEncodings, SoftLink, SetupBottom,
+        Hello, Health, Ack, ShareKeys, KeyDigests, MatchKeys, AlignmentReady, FetchAlignment,
+        AlignmentView, AlignmentViews, ShareEncodings, IdentifierEncodings, SoftLink,
+        SetupBottom,
         FitPreprocessing, Forward, Embeddings, Backward, Snapshot,
         Restore, SaveState, LoadState, ConfirmKey, KeyTag, FetchKeyTags, KeyTags,
         SetupPrivacy, FetchPrivacyReport, PrivacyReport,

@@ -84,7 +84,8 @@ def serve(config: PartyConfig, *, ready: threading.Event | None = None,
     if config.listen is None:
         raise ConfigError(f"{config.source}: `party.listen` is required to serve")
     server = GrpcServer(config.name, handler, config.listen, _tls(config),
-                        allowed_peers=set(config.allowed), insecure=config.insecure)
+                        allowed_peers=set(config.allowed), insecure=config.insecure,
+                        max_workers=config.policy.max_concurrent_calls)
     server.start()
     log.info("%s (%s) serving on %s; allowed peers: %s", config.name, config.role,
              server.address, ", ".join(config.allowed) or "none")

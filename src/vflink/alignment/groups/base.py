@@ -14,12 +14,14 @@ import os
 import secrets
 import weakref
 from abc import ABC, abstractmethod
+from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import Executor, ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 
 import numpy as np
 import numpy.typing as npt
 
+from vflink._cancel import checkpoint
 from vflink.errors import ProtocolError
 
 __all__ = ["Elements", "Group", "default_workers", "hash_input"]
@@ -57,6 +59,15 @@ class Group(ABC):
     order: int = 0
     #: batches smaller than this run in the calling thread (pool overhead would dominate)
     parallel_threshold: int = 4096
+    #: exponentiations per chunk: about 0.1 s of work, so a call whose caller gave up stops
+    #: within a fraction of a second (:func:`vflink._cancel.checkpoint` between chunks)
+    chunk_rows: int = 1024
+    #: hashes or validity checks between two checkpoints (each costs ~10-40 µs)
+    check_rows: int = 4096
+    #: a conservative *lower* bound on the seconds one exponentiation takes on one core (a
+    #: fast machine): a request whose elements need more than its caller's deadline even at
+    #: this rate can be refused before any work (vflink.parties.setalign)
+    min_power_s: float = 20e-6
 
     def __init__(self, *, workers: int | None = None) -> None:
         self.workers = default_workers() if workers is None else max(1, int(workers))
@@ -100,6 +111,10 @@ class Group(ABC):
 
     # --- public surface ---------------------------------------------------------------
 
+    def min_seconds(self, exponentiations: int) -> float:
+        """A lower bound on the wall time of ``exponentiations`` with every worker busy."""
+        return exponentiations * self.min_power_s / self.workers
+
     def random_exponent(self) -> int:
         """A secret exponent, uniform in ``[1, order)``, from the OS secure source."""
         return 1 + secrets.randbelow(self.order - 1)
@@ -118,6 +133,8 @@ class Group(ABC):
         """Each key hashed to a group element (random-oracle encoding of the record IDs)."""
         out = np.empty((len(keys), self.element_bytes), dtype=np.uint8)
         for i, key in enumerate(keys):
+            if i % self.check_rows == 0:
+                checkpoint()
             out[i] = np.frombuffer(self._hash_one(hash_input(key, self.name)), dtype=np.uint8)
         self.operations += len(keys)
         return out
@@ -130,21 +147,39 @@ class Group(ABC):
         e = int(exponent) % self.order
         if e == 0:
             raise ValueError("the exponent must be non-zero modulo the group order")
+        parts: list[Elements] = []
         if n < self.parallel_threshold or self.workers == 1:
-            out = self._power_chunk(elements, e)
-            if progress is not None:
-                progress(n)
-        else:
-            # chunks several times the worker count: balanced load and regular progress
-            size = max(1024, -(-n // (self.workers * 8)))
-            chunks = [elements[i:i + size] for i in range(0, n, size)]
-            parts: list[Elements] = []
-            pool = self._executor()
-            for part in pool.map(self._chunk_worker(), chunks, [e] * len(chunks)):
-                parts.append(part)
+            for i in range(0, n, self.chunk_rows):
+                checkpoint()
+                parts.append(self._power_chunk(elements[i:i + self.chunk_rows], e))
                 if progress is not None:
-                    progress(len(part))
-            out = np.concatenate(parts) if parts else self.empty()
+                    progress(len(parts[-1]))
+        else:
+            # chunks several times the worker count (balanced load, regular progress), but
+            # never much longer than ``chunk_rows``: the loop below checks between chunks
+            size = min(max(self.chunk_rows, -(-n // (self.workers * 8))), 4 * self.chunk_rows)
+            pool = self._executor()
+            worker = self._chunk_worker()
+            pending: deque[Future[Elements]] = deque()
+            try:
+                # a bounded window of chunks in flight: a cancelled call leaves at most this
+                # many behind, and a process pool pickles no more than it needs
+                for i in range(0, n, size):
+                    checkpoint()
+                    pending.append(pool.submit(worker, elements[i:i + size], e))
+                    if len(pending) >= 2 * self.workers:
+                        parts.append(pending.popleft().result())
+                        if progress is not None:
+                            progress(len(parts[-1]))
+                while pending:
+                    checkpoint()
+                    parts.append(pending.popleft().result())
+                    if progress is not None:
+                        progress(len(parts[-1]))
+            finally:
+                for future in pending:
+                    future.cancel()
+        out = np.concatenate(parts) if len(parts) > 1 else parts[0] if parts else self.empty()
         self.operations += n
         return out
 
@@ -163,8 +198,10 @@ class Group(ABC):
         prime-order group (or the identity) could leak bits of the secret exponent.
         """
         arr = self.check(elements, what)
-        if len(arr) and not self._valid_chunk(arr):
-            raise ProtocolError(f"{what}: not every row encodes a {self.name} group element")
+        for i in range(0, len(arr), self.check_rows):
+            checkpoint()
+            if not self._valid_chunk(arr[i:i + self.check_rows]):
+                raise ProtocolError(f"{what}: not every row encodes a {self.name} group element")
         return arr
 
     def random_elements(self, n: int) -> Elements:

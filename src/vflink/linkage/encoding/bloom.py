@@ -38,6 +38,7 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
+from vflink._cancel import checkpoint
 from vflink._checks import check_choice, check_float, check_int, raise_if
 from vflink.errors import ConfigError, DataError
 from vflink.linkage.blocking import padded_qgrams
@@ -217,6 +218,7 @@ def bloom_numeric(values: npt.ArrayLike, *, secret: bytes, ranges: NumericRange,
         halfwidths.append(t)
     out = np.empty((x.shape[0], sum(sizes) // 8), dtype=np.uint8)
     for start in range(0, x.shape[0], chunk_size):
+        checkpoint()  # a served request whose caller gave up stops here (issue 19)
         rows = x[start:start + chunk_size]
         blocks = []
         for j in range(d):
@@ -229,8 +231,8 @@ def bloom_numeric(values: npt.ArrayLike, *, secret: bytes, ranges: NumericRange,
     return out
 
 
-def bloom_strings(values: Iterable[str], *, secret: bytes,
-                  config: BloomConfig | None = None) -> npt.NDArray[np.uint8]:
+def bloom_strings(values: Iterable[str], *, secret: bytes, config: BloomConfig | None = None,
+                  chunk_size: int = 4096) -> npt.NDArray[np.uint8]:
     """q-gram Bloom filters of strings (``filter_bits`` bits each), packed."""
     cfg = config or BloomConfig()
     _check_secret(secret)
@@ -239,6 +241,8 @@ def bloom_strings(values: Iterable[str], *, secret: bytes,
     rows: list[int] = []
     grams: list[int] = []
     for r, v in enumerate(strings):
+        if r % 4096 == 0:
+            checkpoint()  # a served request whose caller gave up stops here (issue 19)
         if not isinstance(v, str):
             raise DataError(f"string identifiers expected: row {r} is {v!r}")
         s = normalize_string(v) if cfg.normalize else v
@@ -256,12 +260,20 @@ def bloom_strings(values: Iterable[str], *, secret: bytes,
         a[j] = int.from_bytes(digest[:8], "big") % length
         b[j] = int.from_bytes(digest[8:16], "big") % length
     positions = (a[:, None] + np.arange(cfg.num_hashes)[None, :] * b[:, None]) % length
-    bits = np.zeros((len(strings), length), dtype=bool)
-    if grams:
-        g_idx = np.asarray(grams, dtype=np.int64)
-        r_idx = np.repeat(np.asarray(rows, dtype=np.int64), cfg.num_hashes)
-        bits[r_idx, positions[g_idx].ravel()] = True
-    return np.packbits(bits, axis=1)
+    out = np.empty((len(strings), length // 8), dtype=np.uint8)
+    r_all = np.asarray(rows, dtype=np.int64)  # ascending: rows were appended in order
+    g_all = np.asarray(grams, dtype=np.int64)
+    # Rows in chunks: the unpacked bits of a chunk stay small whatever the table's size.
+    for start in range(0, len(strings), chunk_size):
+        checkpoint()
+        stop = min(start + chunk_size, len(strings))
+        lo, hi = np.searchsorted(r_all, [start, stop])
+        bits = np.zeros((stop - start, length), dtype=bool)
+        if hi > lo:
+            r_idx = np.repeat(r_all[lo:hi] - start, cfg.num_hashes)
+            bits[r_idx, positions[g_all[lo:hi]].ravel()] = True
+        out[start:stop] = np.packbits(bits, axis=1)
+    return out
 
 
 @dataclass(frozen=True, kw_only=True)

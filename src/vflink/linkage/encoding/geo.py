@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
+from vflink._cancel import checkpoint
 from vflink._checks import check_float, check_int, raise_if
 from vflink.errors import DataError
 from vflink.linkage.distances import EARTH_RADIUS_KM
@@ -193,6 +194,7 @@ def bloom_geo(values: npt.ArrayLike, *, secret: bytes, config: GeoBloomConfig | 
     bits = np.zeros(chunk_size * length, dtype=bool)
     row_base = (np.arange(chunk_size, dtype=np.int64) * length)[:, None]
     for start in range(0, x.shape[0], chunk_size):
+        checkpoint()  # a served request whose caller gave up stops here (issue 19)
         proj = _unit(x[start:start + chunk_size]) @ axes.T              # (n, A)
         n = proj.shape[0]
         cell = proj[:, None, None, :] * inv[None] + offsets[None]           # (n, L, S, A)

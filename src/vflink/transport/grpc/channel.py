@@ -8,6 +8,8 @@ deadline. Failures are translated at this boundary (ARCHITECTURE.md, convention 
   class names in the trailing metadata, never unpickled);
 * UNAVAILABLE / DEADLINE_EXCEEDED → :class:`PeerUnavailable` naming the peer and host:port
   (this includes TLS handshakes that fail, e.g. an untrusted or mis-named certificate);
+  RESOURCE_EXHAUSTED (the peer works on as many calls as it allows) → ``PeerUnavailable``,
+  "busy";
 * INVALID_ARGUMENT → :class:`ProtocolError` with the server's message;
 * anything else (e.g. PERMISSION_DENIED: this party is not allowed to call that peer) →
   :class:`TransportError`.
@@ -279,6 +281,9 @@ class GrpcChannel(Channel):
         if code is grpc.StatusCode.DEADLINE_EXCEEDED:
             return PeerUnavailable(peer, f"no answer within the {self.deadline_s:g} s deadline "
                                          f"at {address} ({name}: {details})")
+        if code is grpc.StatusCode.RESOURCE_EXHAUSTED:
+            # the peer works on as many calls as its policy allows: not down, busy
+            return PeerUnavailable(peer, f"busy at {address} ({name}: {details})")
         if code is grpc.StatusCode.UNAVAILABLE:
             return PeerUnavailable(peer, f"cannot connect at {address} ({name}: {details}); "
                                          f"{self._hint(peer, details)}")

@@ -8,6 +8,17 @@ must then be that same party. Refusals end the call with PERMISSION_DENIED and a
 Handler calls are serialised by default: party state (models, optimisers, pending batches) is not
 thread-safe. A handler with a true ``thread_safe`` attribute is called concurrently.
 
+One request cannot take the party down (issue 19). At most ``max_workers`` calls are worked on
+at once (a bounded pool of handler slots); a further call is refused at once with
+RESOURCE_EXHAUSTED (the caller sees :class:`~vflink.errors.PeerUnavailable`, "busy") instead of
+queueing without end. A call waiting for the serialised handler waits at most until its
+caller's deadline, and stops waiting when the caller gives up. The handler runs inside a
+:func:`vflink._cancel.work_scope` holding the caller's deadline (its work limit) and whether the
+caller is still there, so long loops stop at their next :func:`~vflink._cancel.checkpoint` once
+the caller has gone. Worker threads beyond the slots are kept in reserve for :class:`Health`
+requests, which the server answers itself, without the handler or its lock, within
+milliseconds even while a maximal request runs.
+
 Errors go back as gRPC statuses the client translates (:mod:`.channel`): a malformed or
 oversized message → INVALID_ARGUMENT; a vflink error raised by the handler → its class names and
 stable code in trailing metadata (a ProtocolError as INVALID_ARGUMENT, others
@@ -23,16 +34,18 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Collection, Iterator
 from concurrent import futures
 from typing import NoReturn
 
 import grpc
 
-from vflink.errors import ConfigError, ProtocolError, TransportError, VflinkError
+from vflink._cancel import work_scope
+from vflink.errors import Cancelled, ConfigError, ProtocolError, TransportError, VflinkError
 from vflink.protocol.boundary import boundary_error, error_code
 from vflink.protocol.channel import MessageHandler
-from vflink.protocol.messages import Message
+from vflink.protocol.messages import Ack, Health, Message
 from vflink.transport.grpc._wire import (
     CODE_KEY,
     DEFAULT_CHUNK_BYTES,
@@ -56,6 +69,11 @@ log = logging.getLogger(__name__)
 
 # gRPC carries status details in a header; keep them well below header size limits.
 _MAX_DETAILS = 4000
+#: Worker threads kept beside the handler slots: they answer Health requests and refuse
+#: calls beyond the slots, so neither waits behind a long call.
+RESERVED_WORKERS = 2
+#: How often a call waiting for the serialised handler checks that its caller still waits.
+_WAIT_POLL_S = 0.2
 
 
 def _clip(text: str) -> str:
@@ -75,7 +93,9 @@ class GrpcServer:
             for local experiments only.
         max_message_bytes: hard cap on one serialised request or reply.
         chunk_bytes: payload bytes per gRPC message when streaming a large reply.
-        max_workers: threads serving calls (each call holds one while it transfers).
+        max_workers: calls worked on at once (handler slots; each call holds one from its
+            first byte to its last); a further call is refused as busy. The server runs
+            :data:`RESERVED_WORKERS` more threads for Health requests and refusals.
         thread_safe: call the handler concurrently; default: the handler's ``thread_safe``
             attribute, else False (calls are serialised).
     """
@@ -122,6 +142,10 @@ class GrpcServer:
             if thread_safe is None else thread_safe
         self._requested_port = port
         self._handler_lock = threading.Lock()
+        self._slots = threading.BoundedSemaphore(max_workers)
+        self._count_lock = threading.Lock()
+        self._active = 0  # calls holding a slot
+        self._handling = 0  # calls inside the handler
         self._server: grpc.Server | None = None
         self._port: int | None = None
 
@@ -143,8 +167,11 @@ class GrpcServer:
         if self._server is not None:
             raise TransportError(f"server {self.name!r} is already started")
         server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=self.max_workers,
+            futures.ThreadPoolExecutor(max_workers=self.max_workers + RESERVED_WORKERS,
                                        thread_name_prefix=f"vflink-{self.name}"),
+            # calls beyond the threads queue in gRPC for a moment (a refusal or a health
+            # answer frees a thread in milliseconds); far beyond, gRPC refuses them itself
+            maximum_concurrent_rpcs=4 * (self.max_workers + RESERVED_WORKERS),
             handlers=[grpc.method_handlers_generic_handler(
                 SERVICE, {"Call": grpc.unary_stream_rpc_method_handler(self._call),
                           "Exchange": grpc.stream_stream_rpc_method_handler(self._exchange)})],
@@ -240,12 +267,64 @@ class GrpcServer:
             log.exception("party %r could not decode a request", self.name)
             raise ProtocolError("malformed request: it could not be decoded") from exc
 
+    # -- load --------------------------------------------------------------------------------
+
+    def _enter(self, context: grpc.ServicerContext, who: str) -> None:
+        """Take a handler slot, or refuse the call at once as busy."""
+        if not self._slots.acquire(blocking=False):
+            log.warning("party %r is busy (%d calls in progress): refused a call from %s (%s)",
+                        self.name, self.max_workers, who, context.peer())
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                          f"party {self.name!r} is busy: {self.max_workers} calls in progress "
+                          "(its limit, policy.max_concurrent_calls); retry later")
+        with self._count_lock:
+            self._active += 1
+
+    def _leave(self) -> None:
+        with self._count_lock:
+            self._active -= 1
+        self._slots.release()
+
+    def health(self) -> Ack:
+        """This server's answer to a :class:`Health` request: its load, no party state."""
+        with self._count_lock:
+            active, handling = self._active, self._handling
+        return Ack(info={"busy": float(handling > 0), "active": float(active),
+                         "slots": float(self.max_workers)})
+
+    # -- calls -----------------------------------------------------------------------------
+
     def _call(self, chunk: bytes, context: grpc.ServicerContext) -> Iterator[bytes]:
-        return self._exchange(iter((chunk,)), context)
+        identity = self._authenticate(context)
+        # A single-chunk request is already here: a Health request is answered from the
+        # reserved threads without a slot; anything else takes one first.
+        envelope, sender, message = self._receive(iter((chunk,)), identity, context)
+        if isinstance(message, Health):
+            yield from self._reply(self.health(), sender, envelope, context)
+            return
+        self._enter(context, repr(sender))
+        try:
+            reply = self._handle(sender, message, context)
+        finally:
+            self._leave()
+        yield from self._reply(reply, sender, envelope, context)
 
     def _exchange(self, chunks: Iterator[bytes], context: grpc.ServicerContext
                   ) -> Iterator[bytes]:
         identity = self._authenticate(context)
+        # A streamed request holds its thread while it transfers: take a slot first.
+        self._enter(context, repr(identity) if identity else "a caller")
+        try:
+            envelope, sender, message = self._receive(chunks, identity, context)
+            reply = self.health() if isinstance(message, Health) \
+                else self._handle(sender, message, context)
+        finally:
+            self._leave()
+        yield from self._reply(reply, sender, envelope, context)
+
+    def _receive(self, chunks: Iterator[bytes], identity: str | None,
+                 context: grpc.ServicerContext) -> tuple[object, str, Message]:
+        """Read, authorise and decode one request: (envelope, sender, message)."""
         try:
             envelope = envelope_from_bytes(read_chunks(
                 chunks, self.max_message_bytes, f"request to {self.name!r}"))
@@ -262,10 +341,14 @@ class GrpcServer:
             log.warning("party %r rejected a malformed request from %s (%s): %s", self.name,
                         identity or "?", context.peer(), exc)
             self._fail(context, grpc.StatusCode.INVALID_ARGUMENT, exc, "transport")
-        reply = self._handle(sender, message, context)
+        return envelope, sender, message
+
+    def _reply(self, reply: Message, sender: str, envelope: object,
+               context: grpc.ServicerContext) -> Iterator[bytes]:
         try:
             data = message_to_proto(reply, sender=self.name,
-                                    correlation_id=envelope.correlation_id).SerializeToString()
+                                    correlation_id=envelope.correlation_id  # type: ignore[attr-defined]
+                                    ).SerializeToString()
             if len(data) > self.max_message_bytes:
                 raise ProtocolError(f"the reply {reply.kind} of {self.name!r} is {len(data)} "
                                     f"bytes, over the limit of {self.max_message_bytes}")
@@ -274,18 +357,40 @@ class GrpcServer:
             self._fail(context, grpc.StatusCode.INTERNAL, exc, "handler")
         yield from iter_chunks(data, self.chunk_bytes)
 
+    def _acquire_handler(self, context: grpc.ServicerContext) -> None:
+        """Wait for the serialised handler while the caller waits (at most its deadline)."""
+        while True:
+            remaining = context.time_remaining()
+            if not context.is_active() or (remaining is not None and remaining <= 0):
+                # A call whose caller gave up (deadline, cancel) while it queued must not be
+                # applied now: the caller treats it as failed and may retry it.
+                context.abort(grpc.StatusCode.CANCELLED, "the caller gave up before the call ran")
+            wait = _WAIT_POLL_S if remaining is None else min(_WAIT_POLL_S, remaining)
+            if self._handler_lock.acquire(timeout=max(wait, 0.001)):
+                return
+
     def _handle(self, sender: str, message: Message, context: grpc.ServicerContext) -> Message:
-        lock = None if self.thread_safe else self._handler_lock
-        if lock is not None:
-            lock.acquire()
+        serialised = not self.thread_safe
+        if serialised:
+            self._acquire_handler(context)
         try:
-            # A call whose caller gave up (deadline, cancel) while it queued must not be applied
-            # now: the caller treats it as failed and may retry it.
             if not context.is_active():
                 context.abort(grpc.StatusCode.CANCELLED, "the caller gave up before the call ran")
+            started = time.monotonic()
+            with self._count_lock:
+                self._handling += 1
             try:
-                reply = self.handler.handle(sender, message)
+                # the caller's deadline is the call's work limit; long loops check it and
+                # whether the caller still waits (vflink._cancel.checkpoint)
+                with work_scope(limit_s=context.time_remaining(), is_active=context.is_active,
+                                what=f"{message.kind} from {sender!r}"):
+                    reply = self.handler.handle(sender, message)
             except Exception as exc:
+                if isinstance(exc, Cancelled):
+                    log.warning("party %r stopped work on %s from %r after %.1f s: %s",
+                                self.name, message.kind, sender, time.monotonic() - started, exc)
+                    context.abort(grpc.StatusCode.CANCELLED, "the caller gave up; the work "
+                                                             "was stopped")
                 if isinstance(exc, VflinkError):
                     log.warning("party %r: handler failed on %s from %r: %s", self.name,
                                 message.kind, sender, exc)
@@ -300,9 +405,12 @@ class GrpcServer:
                 else:
                     code = grpc.StatusCode.FAILED_PRECONDITION
                 self._fail(context, code, public, "handler")
+            finally:
+                with self._count_lock:
+                    self._handling -= 1
         finally:
-            if lock is not None:
-                lock.release()
+            if serialised:
+                self._handler_lock.release()
         if not isinstance(reply, Message):
             self._fail(context, grpc.StatusCode.INTERNAL,
                        ProtocolError(f"party {self.name!r} answered {type(reply).__name__}, "

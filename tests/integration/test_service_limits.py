@@ -1,0 +1,169 @@
+"""One request cannot take a served party down (issue 19), against a real `vflink serve`.
+
+A hostile tester sent one PsuRound1 of 10^7 valid group points: the secondary computed for
+minutes and answered nobody else long after the caller gave up. Here the secondary's party file
+caps a PSU list at 60,000 elements (``policy.max_set_elements``) and two calls at once
+(``policy.max_concurrent_calls``); the tests play the primary. Timings are liveness bounds
+only (the machine is shared): a maximal round takes seconds, the bounds are 1-5 s.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from tests.helpers.network import free_port, start_process
+from vflink.alignment.groups import get_group
+from vflink.errors import PeerUnavailable, PolicyViolation
+from vflink.protocol import Ack, Health, Hello, Message
+from vflink.protocol.messages import PsuRound1, PsuRound1Reply
+from vflink.transport.grpc import GrpcChannel, TlsConfig, create_dev_pki
+
+pytestmark = pytest.mark.network
+
+CAP = 60_000
+
+
+@dataclass
+class Served:
+    tmp: Path
+    certs: Path
+    address: str
+    proc: subprocess.Popen[bytes]
+
+    def channel(self, deadline_s: float = 60.0) -> GrpcChannel:
+        return GrpcChannel("primary", {"secondary": self.address},
+                           TlsConfig.for_party(self.certs, "primary"), deadline_s=deadline_s)
+
+    def log(self) -> str:
+        """The server's log, its lines unwrapped (the console handler wraps them)."""
+        return " ".join((self.tmp / "secondary.log").read_text().split())
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    tmp = tmp_path_factory.mktemp("service")
+    certs = tmp / "certs"
+    create_dev_pki(certs, ["primary", "secondary"])
+    csv = tmp / "secondary.csv"
+    pd.DataFrame({"id": [f"r{i}" for i in range(500)], "x": np.arange(500.0)}).to_csv(
+        csv, index=False)
+    address = f"127.0.0.1:{free_port()}"
+    party = tmp / "secondary.toml"
+    party.write_text(
+        f'version = 1\n[party]\nname = "secondary"\nrole = "secondary"\n'
+        f'listen = "{address}"\n'
+        f'[party.table]\npath = "{csv}"\nkey = ["id"]\nnumeric = ["x"]\n'
+        # never contacted here; a secondary's file must name its coordinator
+        f'[peers.coordinator]\naddress = "127.0.0.1:{free_port()}"\nrole = "coordinator"\n'
+        f'[security]\ntls_dir = "{certs}"\nallowed = ["primary"]\n'
+        f'[policy]\nmax_set_elements = {CAP}\nmax_concurrent_calls = 2\n')
+    old = os.environ.get("VFLINK_SECRET")
+    os.environ["VFLINK_SECRET"] = "service-limits-test-secret-0123456789"
+    proc = start_process(party, tmp / "secondary.log")
+    try:
+        yield Served(tmp, certs, address, proc)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        if old is None:
+            os.environ.pop("VFLINK_SECRET", None)
+        else:
+            os.environ["VFLINK_SECRET"] = old
+
+
+def points(n: int) -> np.ndarray:
+    """``n`` valid ristretto255 elements (repeated: validity and work do not need them
+    distinct, and hashing 10^5 keys here would cost the test seconds)."""
+    g = get_group("ristretto255", workers=1)
+    return np.tile(g.hash_to_group([b"k%d" % i for i in range(1000)]), (-(-n // 1000), 1))[:n]
+
+
+def timed(call: object) -> tuple[float, object]:
+    started = time.monotonic()
+    out = call()  # type: ignore[operator]
+    return time.monotonic() - started, out
+
+
+def wait_until(what: str, check: object, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():  # type: ignore[operator]
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting until {what}")
+        time.sleep(0.05)
+
+
+def test_health_is_answered_while_a_maximal_round_runs_and_extra_calls_are_busy(
+        served: Served) -> None:
+    results: dict[str, object] = {}
+
+    def run(name: str, message: Message) -> None:
+        with served.channel() as ch:
+            try:
+                results[name] = ch.call("secondary", message)
+            except Exception as exc:  # reported by the asserts below
+                results[name] = exc
+
+    big = threading.Thread(target=run, args=("psu", PsuRound1(
+        session="max", group="ristretto255", a_s1=points(CAP))))
+    with served.channel(deadline_s=5) as probe:
+        big.start()
+        wait_until("the round is being worked on", lambda: probe.request(
+            "secondary", Health(), Ack).info["busy"] == 1.0)
+        # a second call takes the second slot and waits for the handler
+        waiting = threading.Thread(target=run, args=("hello", Hello(party="primary",
+                                                                    role="primary")))
+        waiting.start()
+        wait_until("both slots are taken", lambda: probe.request(
+            "secondary", Health(), Ack).info["active"] >= 2)
+        # a third is refused at once as busy instead of queueing
+        spent, _ = timed(lambda: pytest.raises(PeerUnavailable, probe.call, "secondary",
+                                               Hello(party="primary", role="primary")))
+        assert spent < 1.0, spent
+        # health is answered within 1 s, again and again, while the maximal round runs
+        for _ in range(5):
+            spent, reply = timed(lambda: probe.request("secondary", Health(), Ack))
+            assert spent < 1.0, spent
+            assert reply.info["busy"] == 1.0 and reply.info["slots"] == 2.0  # type: ignore[attr-defined]
+            assert big.is_alive()  # measured while the round ran
+            time.sleep(0.1)
+    big.join(120)
+    waiting.join(120)
+    # the legitimate maximal round and the waiting call both completed
+    assert isinstance(results["psu"], PsuRound1Reply), results["psu"]
+    assert len(results["psu"].a_s1t1) == CAP  # type: ignore[union-attr]
+    assert isinstance(results["hello"], Hello), results["hello"]
+    assert "is busy" in served.log()
+
+
+def test_work_for_a_caller_who_gave_up_is_stopped(served: Served) -> None:
+    big = PsuRound1(session="abandoned", group="ristretto255", a_s1=points(CAP))
+    with served.channel(deadline_s=1.5) as impatient:
+        with pytest.raises(PeerUnavailable, match="deadline"):
+            impatient.call("secondary", big)
+    gave_up = time.monotonic()
+    with served.channel(deadline_s=30) as ch:
+        ch.request("secondary", Hello(party="primary", role="primary"), Hello)
+        # answered promptly: the abandoned round (several seconds of work) was stopped
+        assert time.monotonic() - gave_up < 5.0
+    wait_until("the server logs the stop", lambda: "stopped work on psu_round1" in served.log())
+
+
+def test_an_over_cap_round_is_refused_before_any_work(served: Served) -> None:
+    with served.channel(deadline_s=30) as ch:
+        spent, _ = timed(lambda: pytest.raises(PolicyViolation, ch.call, "secondary", PsuRound1(
+            session="over", group="ristretto255", a_s1=points(CAP + 1))))
+        assert spent < 3.0, spent  # CAP + 1 exponentiations would take seconds
+        assert "limit.set-elements" in served.log()
