@@ -280,7 +280,7 @@ PSI = ProtocolSpec(
 DATA_ALIGNMENT = ProtocolSpec(
     name="alignment", title="Alignment through a coordinator, at a secondary",
     receiver="secondary", key="session", paper="FedSim §4.1; key confirmation",
-    states=("open", "shared", "aligned"), initial=_OPEN, final=(),
+    states=("open", "shared", "aligned"), initial=_OPEN, final=("aligned",),
     steps=(
         Step("confirm_key", _P, (_OPEN,), None, times=4, opens=True),
         Step("share_keys", _P, (_OPEN,), "shared", opens=True,
@@ -289,9 +289,11 @@ DATA_ALIGNMENT = ProtocolSpec(
         Step("share_field_encodings", _P, (_OPEN,), "shared", opens=True),
         # the coordinator's view of the session (or a PSI session of ours) becomes the rows
         # this party serves to that primary; asking again fetches the same immutable view
-        Step("alignment_ready", _P, (_OPEN, "shared", "aligned"), "aligned", times=None,
-             opens=True, note="the coordinator's view linked for the sender, or a PSI of "
-                              "ours with the sender: its rows become the rows served to it"),
+        Step("alignment_ready", _P, (_OPEN, "shared"), "aligned", opens=True,
+             note="the coordinator's view linked for the sender, or a PSI of ours with the "
+                  "sender: its rows become the rows served to it"),
+        # asking again fetches the same immutable view (a run's training after its alignment)
+        Step("alignment_ready", _P, ("aligned",), None, times=None),
     ))
 
 #: Split learning (SplitNN, FedSim Algorithm 1) and FLORIST union training, at the secondary.
