@@ -18,6 +18,8 @@ __all__ = ["register", "run"]
 LINK_METRICS = ("euclidean", "haversine", "hamming", "levenshtein")
 #: ``vflink.runner.link.PRIVACY``, spelt out for the same reason.
 PRIVACY = ("bloom", "off")
+#: ``vflink.linkage.privacy.DEFAULT_TAU``, spelt out for the same reason (a test checks).
+DEFAULT_TAU = 0.05
 
 HELP = """Link every record of PRIMARY to its K most similar records of SECONDARY through a
 coordinator, as FedSim §4.1 does: each data party encodes its identifier columns and sends only
@@ -29,6 +31,10 @@ Privacy is on by default: identifiers leave the data parties only as keyed Bloom
 (FedSim App. I) and are compared by Hamming distance, under the secret in $VFLINK_SECRET (derived
 from --seed, and then not a secret, when unset; random without a seed). Raw identifiers are sent
 to the coordinator only with an explicit --privacy off. The summary names the encoding used.
+With privacy on and neither --tau nor --sigma, the similarities get the noise of the default
+greedy-attack bound tau = 0.05 (FedSim Theorem 2; measured to cost FedSim no accuracy, see the
+README); --tau 1 (or --sigma 0) releases them without noise. The summary states the
+similarities' protection (σ, τ, ε at δ) in words.
 
 Output (by extension: .csv or .parquet): one row per (primary record, neighbour) with
 primary_index, secondary_index (0-based row positions in the input files), rank (0 = most
@@ -73,7 +79,8 @@ def register(sub: Any) -> None:
                    help="soft (default: top-K), top1 (Top1Sim, K=1), exact (exact matches only)")
     noise = p.add_mutually_exclusive_group()
     noise.add_argument("--tau", type=float, help="target success rate τ of the greedy attack "
-                       "(Theorem 2); σ is derived from it")
+                       "(Theorem 2); σ is derived from it (default with --privacy bloom: "
+                       f"{DEFAULT_TAU:g}; --tau 1 adds no noise)")
     noise.add_argument("--sigma", type=float, help="noise scale σ of Eq. 2, given directly")
     p.add_argument("--delta", type=float, default=None, help="δ for the reported ε (1e-5)")
     p.add_argument("--search", choices=("auto", "exact", "approximate"), default=None,
@@ -326,6 +333,9 @@ def run(args: argparse.Namespace) -> int:
         ("τ (Theorem 2)", f"{lk.tau:.6g}"),
         ("ε at δ (Theorem 1)", f"{lk.epsilon:.6g} at δ = {lk.delta:g}"
                                + ("" if lk.epsilon_valid else " (δ outside Theorem 1's range)")),
+        ("protection", outcome.protection()
+         + (f"; Theorem 2 on the distance step {lk.resolution:.3g} (one Bloom-filter bit)"
+            if lk.resolution != 1.0 else "")),
     ]
     skipped = outcome.skipped_rows
     if skipped["primary"] or skipped["secondary"]:
