@@ -139,3 +139,23 @@ def test_a_default_training_run_noises_and_the_ledger_says_so(tmp_path: Path) ->
     ledger = json.loads((tmp_path / "run" / "privacy.json").read_text())
     noise = [p for p in ledger["protections"] if p["kind"] == "similarity-noise"]
     assert noise and noise[0]["explanation"].startswith("similarities: Gaussian noise σ")
+
+
+@pytest.mark.parametrize(("line", "where", "fix"), [
+    ("tau = 0", ":8:7: tau", "tau = 1 for no noise"),
+    ('tau = "0.05"', ":8:7: tau", "e.g. tau = 0.05"),
+    ("sigma = -1", ":8:9: sigma", "sigma = 0 for no noise"),
+    ("tau = 0.5\nsigma = 0.1", ":8:7: tau and", "at most one"),
+    ("tau = 0.0001", ":8:7: tau", "choose tau ≥"),
+])
+def test_noise_mistakes_in_a_link_file_name_the_line_and_the_fix(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], line: str, where: str,
+        fix: str) -> None:
+    _places(tmp_path)
+    path = tmp_path / "link.toml"
+    path.write_text('[link]\nprimary = "places.csv"\nsecondary = "others.csv"\non = ["name"]\n'
+                    'secondary_on = ["title"]\nmetric = "levenshtein"\ntop_k = 3\n'
+                    f'{line}\nout = "links.csv"\n')
+    assert main(["link", "--config", str(path)]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"link.toml{where}" in err and fix in err

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import re
 import time
 from pathlib import Path
 from typing import Any
 
 from vflink.config import read_toml
-from vflink.errors import ConfigError, DataError
+from vflink.errors import ConfigError, DataError, LinkageError
 
 __all__ = ["register", "run"]
 
@@ -143,8 +145,7 @@ def resolve(args: argparse.Namespace) -> dict[str, Any]:
     problems = [f"--{k.replace('_', '-')} is required" for k in required if opts.get(k) is None]
     if opts.get("fields"):
         _fields(opts, problems)
-    if opts.get("tau") is not None and opts.get("sigma") is not None:
-        problems.append("give at most one of --tau and --sigma")
+    _noise_problems(opts, args, problems)
     privacy, bloom = opts.get("privacy"), opts.get("bloom")
     if privacy is not None and privacy not in PRIVACY:
         problems.append(f"--privacy must be one of {', '.join(PRIVACY)}, got {privacy!r}")
@@ -159,6 +160,46 @@ def resolve(args: argparse.Namespace) -> dict[str, Any]:
     if problems:
         raise ConfigError("; ".join(problems), problems)
     return opts
+
+
+def _where(args: argparse.Namespace, key: str) -> str:
+    """``--key`` when given on the command line, else ``file:line:column`` of ``key = ...`` in
+    the --config file (the column of its value)."""
+    if getattr(args, key, None) is not None or args.config is None:
+        return f"--{key}"
+    try:
+        lines = Path(args.config).read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return f"{args.config}: {key}"
+    for number, line in enumerate(lines, start=1):
+        match = re.match(rf"\s*{key}\s*=\s*", line)
+        if match:
+            return f"{args.config}:{number}:{match.end() + 1}: {key}"
+    return f"{args.config}: {key}"
+
+
+def _noise_problems(opts: dict[str, Any], args: argparse.Namespace,
+                    problems: list[str]) -> None:
+    """The similarity-noise options (FedSim Eq. 2, Theorem 2), each problem with where it was
+    given and how to fix it."""
+    tau, sigma, delta = opts.get("tau"), opts.get("sigma"), opts.get("delta")
+
+    def number(v: Any) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+    if tau is not None and not (number(tau) and 0 < tau <= 1):
+        problems.append(f"{_where(args, 'tau')}: the greedy-attack bound τ must be a number in "
+                        f"(0, 1], got {tau!r}; e.g. tau = {DEFAULT_TAU:g} (the private "
+                        "default), or tau = 1 for no noise")
+    if sigma is not None and not (number(sigma) and sigma >= 0):
+        problems.append(f"{_where(args, 'sigma')}: the noise scale σ must be a number ≥ 0, got "
+                        f"{sigma!r}; e.g. sigma = 0.1, or sigma = 0 for no noise")
+    if delta is not None and not (number(delta) and 0 < delta < 1):
+        problems.append(f"{_where(args, 'delta')}: δ must be a number in (0, 1), got "
+                        f"{delta!r}; e.g. delta = 1e-5")
+    if tau is not None and sigma is not None:
+        problems.append(f"{_where(args, 'tau')} and {_where(args, 'sigma')}: give at most one "
+                        "of --tau and --sigma (tau sets σ through FedSim Theorem 2)")
 
 
 def _fields(opts: dict[str, Any], problems: list[str]) -> tuple[list[Any], list[Any]]:
@@ -282,24 +323,30 @@ def run(args: argparse.Namespace) -> int:
     metric = opts.get("metric") or "fields"
     with console.status(f"linking {len(primary)} × {len(secondary)} records "
                         f"({metric}, K = {opts['top_k']})"):
-        outcome = run_field_linkage(
-            primary, secondary, fields=fields, blocking=blocking, top_k=int(opts["top_k"]),
-            bloom=opts.get("bloom"), privacy=opts.get("privacy"),
-            mode=opts.get("mode") or "soft", tau=opts.get("tau"),
-            sigma=opts.get("sigma"), delta=opts.get("delta") or 1e-5, seed=opts.get("seed"),
-            primary_source=str(opts["primary"]), secondary_source=str(opts["secondary"]),
-            geo_config=_geo(opts.get("geo")),
-            bloom_config=_bloom(opts.get("bloom_filters"), opts.get("resolution")),
-        ) if fields else run_linkage(
-            primary, secondary, on=on or (), secondary_on=secondary_on,
-            metric=opts["metric"], top_k=int(opts["top_k"]), bloom=opts.get("bloom"),
-            privacy=opts.get("privacy"),
-            mode=opts.get("mode") or "soft", tau=opts.get("tau"), sigma=opts.get("sigma"),
-            delta=opts.get("delta") or 1e-5,
-            seed=opts.get("seed"), search=search, primary_source=str(opts["primary"]),
-            secondary_source=str(opts["secondary"]), empty=opts.get("empty") or "error",
-            geo_config=_geo(opts.get("geo")),
-            bloom_config=_bloom(opts.get("bloom_filters"), opts.get("resolution")))
+        try:
+            outcome = run_field_linkage(
+                primary, secondary, fields=fields, blocking=blocking, top_k=int(opts["top_k"]),
+                bloom=opts.get("bloom"), privacy=opts.get("privacy"),
+                mode=opts.get("mode") or "soft", tau=opts.get("tau"),
+                sigma=opts.get("sigma"), delta=opts.get("delta") or 1e-5, seed=opts.get("seed"),
+                primary_source=str(opts["primary"]), secondary_source=str(opts["secondary"]),
+                geo_config=_geo(opts.get("geo")),
+                bloom_config=_bloom(opts.get("bloom_filters"), opts.get("resolution")),
+            ) if fields else run_linkage(
+                primary, secondary, on=on or (), secondary_on=secondary_on,
+                metric=opts["metric"], top_k=int(opts["top_k"]), bloom=opts.get("bloom"),
+                privacy=opts.get("privacy"),
+                mode=opts.get("mode") or "soft", tau=opts.get("tau"), sigma=opts.get("sigma"),
+                delta=opts.get("delta") or 1e-5,
+                seed=opts.get("seed"), search=search, primary_source=str(opts["primary"]),
+                secondary_source=str(opts["secondary"]), empty=opts.get("empty") or "error",
+                geo_config=_geo(opts.get("geo")),
+                bloom_config=_bloom(opts.get("bloom_filters"), opts.get("resolution")))
+        except LinkageError as exc:
+            if "unreachable" not in str(exc) or opts.get("tau") is None:
+                raise
+            # name where the τ was given (the option or the file's line), as for other options
+            raise LinkageError(f"{_where(args, 'tau')}: {exc}") from None
         phases["link"] = outcome.seconds
         clock = time.perf_counter()
         columns = linkage_columns(outcome.linkage)
