@@ -29,4 +29,4 @@ def test_a_run_within_its_policy_trains_and_reports_the_noise(tmp_path: Path) ->
 def test_a_run_outside_its_policy_is_refused_at_load() -> None:
     with pytest.raises(ConfigError, match="requires noise"):
         RunConfig(data=DataConfig(dataset="sklearn-small"), policy=PartyPolicy(),
-                  alignment=AlignmentConfig(method="soft"))
+                  alignment=AlignmentConfig(method="soft", tau=1.0))  # σ = 0, explicitly

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import math
+import re
 import time
 from pathlib import Path
 from typing import Any
 
 from vflink._files import atomic_write_json
 from vflink.config import read_toml
-from vflink.errors import ConfigError, DataError
+from vflink.errors import ConfigError, DataError, LinkageError
 
 __all__ = ["register", "run"]
 
@@ -18,6 +20,8 @@ __all__ = ["register", "run"]
 LINK_METRICS = ("euclidean", "haversine", "hamming", "levenshtein")
 #: ``vflink.runner.link.PRIVACY``, spelt out for the same reason.
 PRIVACY = ("bloom", "off")
+#: ``vflink.linkage.privacy.DEFAULT_TAU``, spelt out for the same reason (a test checks).
+DEFAULT_TAU = 0.05
 
 HELP = """Link every record of PRIMARY to its K most similar records of SECONDARY through a
 coordinator, as FedSim §4.1 does: each data party encodes its identifier columns and sends only
@@ -29,6 +33,10 @@ Privacy is on by default: identifiers leave the data parties only as keyed Bloom
 (FedSim App. I) and are compared by Hamming distance, under the secret in $VFLINK_SECRET (derived
 from --seed, and then not a secret, when unset; random without a seed). Raw identifiers are sent
 to the coordinator only with an explicit --privacy off. The summary names the encoding used.
+With privacy on and neither --tau nor --sigma, the similarities get the noise of the default
+greedy-attack bound tau = 0.05 (FedSim Theorem 2; measured to cost FedSim no accuracy, see the
+README); --tau 1 (or --sigma 0) releases them without noise. The summary states the
+similarities' protection (σ, τ, ε at δ) in words.
 
 Output (by extension: .csv or .parquet): one row per (primary record, neighbour) with
 primary_index, secondary_index (0-based row positions in the input files), rank (0 = most
@@ -73,7 +81,8 @@ def register(sub: Any) -> None:
                    help="soft (default: top-K), top1 (Top1Sim, K=1), exact (exact matches only)")
     noise = p.add_mutually_exclusive_group()
     noise.add_argument("--tau", type=float, help="target success rate τ of the greedy attack "
-                       "(Theorem 2); σ is derived from it")
+                       "(Theorem 2); σ is derived from it (default with --privacy bloom: "
+                       f"{DEFAULT_TAU:g}; --tau 1 adds no noise)")
     noise.add_argument("--sigma", type=float, help="noise scale σ of Eq. 2, given directly")
     p.add_argument("--delta", type=float, default=None, help="δ for the reported ε (1e-5)")
     p.add_argument("--search", choices=("auto", "exact", "approximate"), default=None,
@@ -198,8 +207,7 @@ def resolve(args: argparse.Namespace) -> dict[str, Any]:
                     if opts.get(k) is None)
     if opts.get("fields"):
         _fields(opts, problems)
-    if opts.get("tau") is not None and opts.get("sigma") is not None:
-        problems.append("give at most one of --tau and --sigma")
+    _noise_problems(opts, args, problems)
     privacy, bloom = opts.get("privacy"), opts.get("bloom")
     if privacy in PRIVACY and bloom is not None and (privacy == "bloom") != bool(bloom):
         problems.append(f"--bloom contradicts --privacy {privacy}; give one of them")
@@ -221,6 +229,46 @@ def resolve(args: argparse.Namespace) -> dict[str, Any]:
                               [where + p for p in problems])
         raise ConfigError(where + "; ".join(problems), [where + p for p in problems])
     return opts
+
+
+def _where(args: argparse.Namespace, key: str) -> str:
+    """``--key`` when given on the command line, else ``file:line:column`` of ``key = ...`` in
+    the --config file (the column of its value)."""
+    if getattr(args, key, None) is not None or args.config is None:
+        return f"--{key}"
+    try:
+        lines = Path(args.config).read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return f"{args.config}: {key}"
+    for number, line in enumerate(lines, start=1):
+        match = re.match(rf"\s*{key}\s*=\s*", line)
+        if match:
+            return f"{args.config}:{number}:{match.end() + 1}: {key}"
+    return f"{args.config}: {key}"
+
+
+def _noise_problems(opts: dict[str, Any], args: argparse.Namespace,
+                    problems: list[str]) -> None:
+    """The similarity-noise options (FedSim Eq. 2, Theorem 2), each problem with where it was
+    given and how to fix it."""
+    tau, sigma, delta = opts.get("tau"), opts.get("sigma"), opts.get("delta")
+
+    def number(v: Any) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+    if tau is not None and not (number(tau) and 0 < tau <= 1):
+        problems.append(f"{_where(args, 'tau')}: the greedy-attack bound τ must be a number in "
+                        f"(0, 1], got {tau!r}; e.g. tau = {DEFAULT_TAU:g} (the private "
+                        "default), or tau = 1 for no noise")
+    if sigma is not None and not (number(sigma) and sigma >= 0):
+        problems.append(f"{_where(args, 'sigma')}: the noise scale σ must be a number ≥ 0, got "
+                        f"{sigma!r}; e.g. sigma = 0.1, or sigma = 0 for no noise")
+    if delta is not None and not (number(delta) and 0 < delta < 1):
+        problems.append(f"{_where(args, 'delta')}: δ must be a number in (0, 1), got "
+                        f"{delta!r}; e.g. delta = 1e-5")
+    if tau is not None and sigma is not None:
+        problems.append(f"{_where(args, 'tau')} and {_where(args, 'sigma')}: give at most one "
+                        "of --tau and --sigma (tau sets σ through FedSim Theorem 2)")
 
 
 def _fields(opts: dict[str, Any], problems: list[str]) -> tuple[list[Any], list[Any]]:
@@ -351,24 +399,30 @@ def run(args: argparse.Namespace) -> int:
     metric = opts.get("metric") or "fields"
     with console.status(f"linking {len(primary)} × {len(secondary)} records "
                         f"({metric}, K = {opts['top_k']})"):
-        outcome = run_field_linkage(
-            primary, secondary, fields=fields, blocking=blocking, top_k=int(opts["top_k"]),
-            bloom=opts.get("bloom"), privacy=opts.get("privacy"),
-            mode=opts.get("mode") or "soft", tau=opts.get("tau"),
-            sigma=opts.get("sigma"), delta=opts.get("delta") or 1e-5, seed=opts.get("seed"),
-            primary_source=str(opts["primary"]), secondary_source=str(opts["secondary"]),
-            geo_config=_geo(opts.get("geo")),
-            bloom_config=_bloom(opts.get("bloom_filters"), opts.get("resolution")),
-        ) if fields else run_linkage(
-            primary, secondary, on=on or (), secondary_on=secondary_on,
-            metric=opts["metric"], top_k=int(opts["top_k"]), bloom=opts.get("bloom"),
-            privacy=opts.get("privacy"),
-            mode=opts.get("mode") or "soft", tau=opts.get("tau"), sigma=opts.get("sigma"),
-            delta=opts.get("delta") or 1e-5,
-            seed=opts.get("seed"), search=search, primary_source=str(opts["primary"]),
-            secondary_source=str(opts["secondary"]), empty=opts.get("empty") or "error",
-            geo_config=_geo(opts.get("geo")),
-            bloom_config=_bloom(opts.get("bloom_filters"), opts.get("resolution")))
+        try:
+            outcome = run_field_linkage(
+                primary, secondary, fields=fields, blocking=blocking, top_k=int(opts["top_k"]),
+                bloom=opts.get("bloom"), privacy=opts.get("privacy"),
+                mode=opts.get("mode") or "soft", tau=opts.get("tau"),
+                sigma=opts.get("sigma"), delta=opts.get("delta") or 1e-5, seed=opts.get("seed"),
+                primary_source=str(opts["primary"]), secondary_source=str(opts["secondary"]),
+                geo_config=_geo(opts.get("geo")),
+                bloom_config=_bloom(opts.get("bloom_filters"), opts.get("resolution")),
+            ) if fields else run_linkage(
+                primary, secondary, on=on or (), secondary_on=secondary_on,
+                metric=opts["metric"], top_k=int(opts["top_k"]), bloom=opts.get("bloom"),
+                privacy=opts.get("privacy"),
+                mode=opts.get("mode") or "soft", tau=opts.get("tau"), sigma=opts.get("sigma"),
+                delta=opts.get("delta") or 1e-5,
+                seed=opts.get("seed"), search=search, primary_source=str(opts["primary"]),
+                secondary_source=str(opts["secondary"]), empty=opts.get("empty") or "error",
+                geo_config=_geo(opts.get("geo")),
+                bloom_config=_bloom(opts.get("bloom_filters"), opts.get("resolution")))
+        except LinkageError as exc:
+            if "unreachable" not in str(exc) or opts.get("tau") is None:
+                raise
+            # name where the τ was given (the option or the file's line), as for other options
+            raise LinkageError(f"{_where(args, 'tau')}: {exc}") from None
         phases["link"] = outcome.seconds
         clock = time.perf_counter()
         columns = linkage_columns(outcome.linkage)
@@ -402,6 +456,9 @@ def run(args: argparse.Namespace) -> int:
         ("τ (Theorem 2)", f"{lk.tau:.6g}"),
         ("ε at δ (Theorem 1)", f"{lk.epsilon:.6g} at δ = {lk.delta:g}"
                                + ("" if lk.epsilon_valid else " (δ outside Theorem 1's range)")),
+        ("protection", outcome.protection()
+         + (f"; Theorem 2 on the distance step {lk.resolution:.3g} (one Bloom-filter bit)"
+            if lk.resolution != 1.0 else "")),
     ]
     skipped = outcome.skipped_rows
     if skipped["primary"] or skipped["secondary"]:

@@ -41,6 +41,9 @@ from vflink.linkage.improvement import (
     scale_similarities,
 )
 from vflink.linkage.privacy import (
+    DEFAULT_FALLBACK_SIGMA,
+    DEFAULT_TAU,
+    describe_protection,
     dp_epsilon,
     dp_sensitivity,
     sigma_for_tau,
@@ -74,6 +77,8 @@ from vflink.linkage.validation import validate_identifiers
 __all__ = [
     "BASELINES",
     "BLOOM_FORMAT_VERSION",
+    "DEFAULT_FALLBACK_SIGMA",
+    "DEFAULT_TAU",
     "ENCODERS",
     "METRICS",
     "BloomConfig",
@@ -97,6 +102,7 @@ __all__ = [
     "brute_hamming",
     "brute_haversine",
     "brute_levenshtein",
+    "describe_protection",
     "dp_epsilon",
     "dp_sensitivity",
     "improvement_estimate",

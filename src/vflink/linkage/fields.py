@@ -49,7 +49,7 @@ from vflink.linkage.distances import euclidean_distances, haversine_distances
 from vflink.linkage.search import Neighbours
 
 __all__ = ["FIELD_METRICS", "Blocking", "FieldSpec", "FieldValues", "brute_fields",
-           "field_scales", "search_fields"]
+           "field_resolution", "field_scales", "search_fields"]
 
 FIELD_METRICS = ("levenshtein", "jaro-winkler", "token-set", "exact", "euclidean", "haversine",
                  "hamming")
@@ -228,6 +228,50 @@ def field_scales(specs: Sequence[FieldSpec], primary: FieldValues, secondary: Fi
     return tuple(out)
 
 
+def _median_size(spec: FieldSpec, values: Any) -> float:
+    """The median size of one side's present values in a field: set bits of a Bloom filter,
+    characters of a string (0 when no value is present)."""
+    if spec.metric == "hamming":
+        sizes = np.bitwise_count(_words(values)).sum(axis=1, dtype=np.int64)
+    else:
+        sizes = np.fromiter((len(v) for v in values), dtype=np.int64, count=len(values))
+    sizes = sizes[sizes > 0]
+    return float(np.median(sizes)) if sizes.size else 0.0
+
+
+def field_resolution(specs: Sequence[FieldSpec], scales: Sequence[float],
+                     primary: FieldValues, secondary: FieldValues) -> float:
+    """The distance step r at which FedSim's greedy attack works on the weighted distance D.
+
+    Theorem 2 is about Bloom filters: its proof (App. A.2, Eq. 10) succeeds when the attacker
+    rounds its estimate to the true *integer* Hamming distance, i.e. resolves the distance to
+    within half of one bit. D = Σ_f w_f·d_f / W lies in [0, 1]; one bit of field f's filter
+    moves its Dice distance |a ⊕ b| / (|a| + |b|) by about 1 / (|a| + |b|), so D by
+    u_f = w_f / (W·(|a_f| + |b_f|)). An attacker who knew every other field's distance would
+    still have to resolve D to within u_f / 2 to recover field f's filter, so the easiest
+    field's step, r = max_f u_f, is where the attack works; Theorem 2 is applied on that scale
+    (σ0 / r: the spread of D counted in bits). |a| + |b| is taken at the median filters of the
+    two tables: a record with sparser filters (a very short string) is proportionally more
+    exposed. Fields compared in clear (privacy off) use their own step: one character of a
+    string (1 / median length; 1 for ``exact``) and, for numbers, one unit of the raw distance
+    at the field's ``scale`` (d/(d + s) moves by 1/(4s) there), capped at the field's range.
+    """
+    total = float(sum(spec.weight for spec in specs))
+    step = 0.0
+    for f, spec in enumerate(specs):
+        if spec.metric == "exact":
+            unit = 1.0
+        elif spec.kind == "numeric":
+            unit = min(1.0, 1.0 / (4.0 * scales[f])) if scales[f] > 0 else 1.0
+        else:  # Bloom filters (bits) and strings (characters)
+            size = _median_size(spec, primary.fields[f]) + _median_size(spec, secondary.fields[f])
+            if spec.metric != "hamming":
+                size /= 2.0  # Levenshtein normalises by the longer string, not by the sum
+            unit = 1.0 / size if size >= 1.0 else 1.0
+        step = max(step, spec.weight / total * unit)
+    return step
+
+
 def _present(spec: FieldSpec, values: Any) -> npt.NDArray[np.bool_] | None:
     """Which records have a value in a field (None: all of them). An empty string, or an
     empty Bloom filter, is a missing value."""
@@ -284,7 +328,8 @@ def _check(specs: Sequence[FieldSpec], primary: FieldValues, secondary: FieldVal
 
 
 def _rows_topk(rows: npt.NDArray[np.int64], cols: npt.NDArray[np.int64],
-               dist: npt.NDArray[np.float64], n: int, k: int) -> Neighbours:
+               dist: npt.NDArray[np.float64], n: int, k: int,
+               resolution: float = 1.0) -> Neighbours:
     """Top-K per primary row from (row, col, distance) triples; rows with fewer than K
     candidates are padded with index −1 and NaN distance (no link)."""
     order = np.lexsort((cols, dist, rows))
@@ -296,7 +341,7 @@ def _rows_topk(rows: npt.NDArray[np.int64], cols: npt.NDArray[np.int64],
     out = np.full((n, k), np.nan)
     idx[rows[keep], rank[keep]] = cols[keep]
     out[rows[keep], rank[keep]] = dist[keep]
-    return Neighbours(idx, out, exact=True)
+    return Neighbours(idx, out, exact=True, resolution=resolution)
 
 
 def search_fields(specs: Sequence[FieldSpec], primary: FieldValues, secondary: FieldValues,
@@ -321,7 +366,8 @@ def search_fields(specs: Sequence[FieldSpec], primary: FieldValues, secondary: F
             rows = np.arange(start, min(n, start + step), dtype=np.int64)
             d = _combined(specs, scales, primary, secondary, rows, None, workers)
             dist[rows], idx[rows] = _topk_from_matrix(d.astype(np.float64), k)
-        return Neighbours(idx, dist, exact=True)
+        return Neighbours(idx, dist, exact=True,
+                          resolution=field_resolution(specs, scales, primary, secondary))
     if len(primary.keys) != len(blocking) or len(secondary.keys) != len(blocking):
         raise DataError("blocking keys are missing from the identifier values")
     found_r: list[npt.NDArray[np.int64]] = []
@@ -347,13 +393,15 @@ def search_fields(specs: Sequence[FieldSpec], primary: FieldValues, secondary: F
             found_r.append(np.repeat(rows, cols.size))
             found_c.append(np.tile(cols, rows.size))
             found_d.append(d.astype(np.float64).ravel())
+    resolution = field_resolution(specs, scales, primary, secondary)
     if not found_r:
-        return _rows_topk(np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0), n, k)
+        return _rows_topk(np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0), n, k,
+                          resolution)
     rows_a = np.concatenate(found_r)
     cols_a = np.concatenate(found_c)
     dist_a = np.concatenate(found_d)
     _, first = np.unique(rows_a * m + cols_a, return_index=True)  # a pair in two blocks
-    return _rows_topk(rows_a[first], cols_a[first], dist_a[first], n, k)
+    return _rows_topk(rows_a[first], cols_a[first], dist_a[first], n, k, resolution)
 
 
 def _factorize(values: npt.NDArray[Any]) -> tuple[npt.NDArray[np.int64], list[str]]:
@@ -396,4 +444,5 @@ def brute_fields(specs: Sequence[FieldSpec], primary: FieldValues, secondary: Fi
             cols_l.append(j)
             dist_l.append(d)
     return _rows_topk(np.asarray(rows_l, dtype=np.int64), np.asarray(cols_l, dtype=np.int64),
-                      np.asarray(dist_l, dtype=np.float64), n, k)
+                      np.asarray(dist_l, dtype=np.float64), n, k,
+                      field_resolution(specs, scales, primary, secondary))

@@ -24,6 +24,22 @@ Theorem 4), a given σ cannot give any ε smaller than ε = Δ_𝒢² / (2σ²):
 It is a *lower bound* on the privacy loss — the best (ε, δ) that the noise could possibly
 certify — and it only holds when δ satisfies the theorem's condition for that ε.
 
+**The distance's resolution.** The proof's rounding step (App. A.2, Eq. 10–13) succeeds when
+the attacker's estimate lands within half a distance step of the true distance; for Hamming
+distances between Bloom filters that step is one bit. Where the distance is on another scale —
+the weighted mean of per-field Dice distances of a multi-field link lies in [0, 1] and one bit
+of one field's filter moves it by about w_f / (W·(|a_f| + |b_f|)) — the same proof with the
+step ``r`` in place of 1 gives τ = erf(r·√(σ² + 1) / (2√2·σ·σ0)): Theorem 2 on the scale where
+its attack works, i.e. with σ0 measured in bits (σ0 / r). Every function below takes this
+``resolution`` r (default 1: Hamming distances, the paper's case).
+
+**The private default.** FedSim §6.4 (Figure 6) finds no evident accuracy loss down to
+τ = 10⁻⁴–10⁻³ on its datasets, whose Bloom filters spread widely (house: σ0 ≈ 21,000 bits,
+τ_min ≈ 1.3 × 10⁻⁵). Our filters spread over tens of bits (σ0 ≈ 40–90 on the sklearn, GPS and
+titles tasks), so τ_min ≈ 0.004–0.01 and 10⁻³ cannot be reached at all; :data:`DEFAULT_TAU`
+is chosen by measurement on those tasks instead (README, "Similarity noise by default"); data
+whose distances spread too little to reach it get :data:`DEFAULT_FALLBACK_SIGMA` instead.
+
 Worked example in the paper (house, App. A.3): μ0 = −46237.78, σ0 = 21178.86, n = 141,050,
 δ = 1e−5, σ = 4 gives ε ≈ 2.96 × 10⁹ and τ ≈ 1.94 × 10⁻⁵ (the main text prints σ = 0.4, a
 typo: σ = 0.4 gives τ ≈ 5.07 × 10⁻⁵, the 0.0051 % of the paper's earlier version).
@@ -38,6 +54,9 @@ from scipy.special import erf, erfinv
 from vflink.errors import LinkageError
 
 __all__ = [
+    "DEFAULT_FALLBACK_SIGMA",
+    "DEFAULT_TAU",
+    "describe_protection",
     "dp_epsilon",
     "dp_sensitivity",
     "sigma_for_tau",
@@ -46,50 +65,90 @@ __all__ = [
     "theorem1_delta_limit",
 ]
 
+#: The greedy-attack bound applied when similarities are released privately and neither τ nor
+#: σ is given (measured: README, "Similarity noise by default").
+DEFAULT_TAU = 0.05
+#: The noise of the private default where the data cannot reach :data:`DEFAULT_TAU` (their
+#: distances spread over a few bits only, τ_min ≥ DEFAULT_TAU): τ then ends within a factor
+#: √(1 + 1/σ²) ≈ 2.2 of its floor τ_min.
+DEFAULT_FALLBACK_SIGMA = 0.5
 
-def _check_sigma0(sigma0: float) -> None:
+
+def _check_sigma0(sigma0: float, resolution: float = 1.0) -> None:
     if not (math.isfinite(sigma0) and sigma0 >= 0.0):
         raise LinkageError(f"σ0 must be a finite number ≥ 0, got {sigma0!r}")
+    if not (math.isfinite(resolution) and resolution > 0.0):
+        raise LinkageError(f"the distance resolution must be a finite number > 0, got "
+                           f"{resolution!r}")
 
 
-def tau_for_sigma(sigma: float, sigma0: float) -> float:
-    """τ = erf(√(σ²+1) / (2√2·σ·σ0)) (FedSim Theorem 2); 1 when σ = 0 or σ0 = 0."""
-    _check_sigma0(sigma0)
+def tau_for_sigma(sigma: float, sigma0: float, *, resolution: float = 1.0) -> float:
+    """τ = erf(r·√(σ²+1) / (2√2·σ·σ0)) (FedSim Theorem 2, distance step r); 1 when σ = 0 or
+    σ0 = 0."""
+    _check_sigma0(sigma0, resolution)
     if not (math.isfinite(sigma) and sigma >= 0.0):
         raise LinkageError(f"σ must be a finite number ≥ 0, got {sigma!r}")
     if sigma == 0.0 or sigma0 == 0.0:
         return 1.0
-    return float(erf(math.sqrt(sigma * sigma + 1.0) / (2.0 * math.sqrt(2.0) * sigma * sigma0)))
+    return float(erf(resolution * math.sqrt(sigma * sigma + 1.0)
+                     / (2.0 * math.sqrt(2.0) * sigma * sigma0)))
 
 
-def tau_min(sigma0: float) -> float:
-    """The smallest achievable τ, the limit of Theorem 2 as σ → ∞: erf(1 / (2√2·σ0))."""
-    _check_sigma0(sigma0)
+def tau_min(sigma0: float, *, resolution: float = 1.0) -> float:
+    """The smallest achievable τ, the limit of Theorem 2 as σ → ∞: erf(r / (2√2·σ0))."""
+    _check_sigma0(sigma0, resolution)
     if sigma0 == 0.0:
         return 1.0
-    return float(erf(1.0 / (2.0 * math.sqrt(2.0) * sigma0)))
+    return float(erf(resolution / (2.0 * math.sqrt(2.0) * sigma0)))
 
 
-def sigma_for_tau(tau: float, sigma0: float) -> float:
+def _round_up(x: float) -> float:
+    """``x`` rounded up to 2 significant digits (a τ a user can type that is still above x)."""
+    if x <= 0.0:
+        return x
+    e = math.floor(math.log10(x)) - 1
+    return math.ceil(x / 10.0**e) * 10.0**e
+
+
+def sigma_for_tau(tau: float, sigma0: float, *, resolution: float = 1.0) -> float:
     """Invert Theorem 2: the noise scale σ whose greedy-attack bound equals ``tau``.
 
-    With x = erf⁻¹(τ): √(σ²+1)/(2√2·σ·σ0) = x ⇔ 1 + 1/σ² = 8σ0²x² ⇔ σ = 1/√(8σ0²x² − 1).
-    τ = 1 needs no noise (σ = 0). Raises :class:`LinkageError` when τ ≤ τ_min (unreachable for
-    any σ), stating τ_min.
+    With x = erf⁻¹(τ) and σ0' = σ0 / r (σ0 in distance steps): √(σ²+1)/(2√2·σ·σ0') = x ⇔
+    1 + 1/σ² = 8σ0'²x² ⇔ σ = 1/√(8σ0'²x² − 1). τ = 1 needs no noise (σ = 0). Raises
+    :class:`LinkageError` when τ ≤ τ_min (unreachable for any σ), naming the smallest τ that
+    can be asked for and the ``sigma`` alternative.
     """
     if not (isinstance(tau, (int, float)) and math.isfinite(tau) and 0.0 < tau <= 1.0):
         raise LinkageError(f"`tau` must be a number in (0, 1], got {tau!r}")
-    floor = tau_min(sigma0)
+    floor = tau_min(sigma0, resolution=resolution)
     if tau >= 1.0:
         return 0.0
     if tau <= floor:
+        # A τ just above the floor needs σ → ∞; suggest one that σ = 10 reaches (within 0.5 %
+        # of the floor), rounded up to something a user can type.
+        feasible = min(1.0, _round_up(tau_for_sigma(10.0, sigma0, resolution=resolution)))
+        scale = "" if resolution == 1.0 else f" and distance step r = {resolution:.3g}"
         raise LinkageError(
-            f"`tau` = {tau:.6g} is unreachable: with σ0 = {sigma0:.6g} the smallest achievable "
-            f"greedy-attack success rate is τ_min = erf(1/(2√2·σ0)) = {floor:.6g} "
-            "(FedSim Theorem 2, σ → ∞); choose tau > τ_min"
+            f"`tau` = {tau:.6g} is unreachable: with σ0 = {sigma0:.6g}{scale} the smallest "
+            f"achievable greedy-attack success rate is τ_min = erf(r/(2√2·σ0)) = {floor:.6g} "
+            f"(FedSim Theorem 2, σ → ∞); choose tau ≥ {feasible:.2g} (the smallest feasible, "
+            f"rounded up), or give `sigma` instead of `tau` (e.g. sigma = 1 gives τ = "
+            f"{tau_for_sigma(1.0, sigma0, resolution=resolution):.3g})"
         )
     x = float(erfinv(tau))
-    return 1.0 / math.sqrt(8.0 * sigma0 * sigma0 * x * x - 1.0)
+    s0 = sigma0 / resolution
+    return 1.0 / math.sqrt(8.0 * s0 * s0 * x * x - 1.0)
+
+
+def describe_protection(sigma: float | None, tau: float | None, epsilon: float | None = None,
+                        delta: float | None = None) -> str:
+    """The similarities' protection in one line, for every summary and the ledger."""
+    if sigma is None or tau is None or not sigma > 0.0 or tau >= 1.0:
+        return "similarities: none (τ = 1): no noise, a greedy attacker recovers distances"
+    eps = "ε = ∞" if epsilon is None or math.isinf(epsilon) else f"ε = {epsilon:.3g}"
+    at = f" at δ = {delta:g}" if delta is not None else ""
+    return (f"similarities: Gaussian noise σ = {sigma:.4g}, greedy-attack bound τ = {tau:.4g} "
+            f"(FedSim Theorem 2), {eps}{at} (Theorem 1)")
 
 
 def dp_sensitivity(n: int, mu0: float, sigma0: float) -> float:

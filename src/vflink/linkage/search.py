@@ -188,6 +188,10 @@ class Neighbours:
         recall: tie-aware recall@K measured against brute force (approximate searches);
             ``None`` means not measured (exact searches).
         recall_rows: number of primary rows the recall was measured on.
+        resolution: the smallest step of the distance that FedSim's greedy attack must resolve
+            (Theorem 2's rounding, App. A.2 Eq. 10): 1 for Hamming distances of Bloom filters
+            and other integer distances; a multi-field distance sets its own
+            (:func:`vflink.linkage.fields.field_resolution`).
     """
 
     indices: IntArray
@@ -195,6 +199,7 @@ class Neighbours:
     exact: bool
     recall: float | None = None
     recall_rows: int = 0
+    resolution: float = 1.0
 
     @property
     def k(self) -> int:

@@ -28,6 +28,7 @@ from vflink.linkage.privacy import (
     dp_epsilon,
     sigma_for_tau,
     tau_for_sigma,
+    tau_min,
     theorem1_delta_limit,
 )
 from vflink.linkage.search import Neighbours
@@ -101,11 +102,13 @@ class SoftLinkage:
         similarities: ``(n, K)`` normalised and noised similarities s (Eq. 1–2), for the primary.
         mu0, sigma0: Eq. 1 scaling parameters.
         sigma: Eq. 2 noise scale.
-        tau: Theorem 2 greedy-attack bound for (σ, σ0).
+        tau: Theorem 2 greedy-attack bound for (σ, σ0) at the distance step ``resolution``.
         epsilon, delta: Theorem 1: with noise σ no ε below ``epsilon`` is possible at this δ.
         epsilon_valid: whether δ satisfies Theorem 1's condition δ < 1/2 − e^{−3ε}/√(2πε).
         metric, mode: how the linkage was made; ``n_secondary``: rows in the secondary table.
         exact_search, recall: whether the search was exact; measured recall@K if approximate.
+        resolution: the distance step r of Theorem 2 (1 for Hamming distances; the one-bit
+            step of a multi-field weighted distance, see :mod:`vflink.linkage.privacy`).
     """
 
     indices: npt.NDArray[np.int64]
@@ -124,6 +127,7 @@ class SoftLinkage:
     exact_search: bool = True
     recall: float | None = None
     meta: dict[str, float] = field(default_factory=dict)
+    resolution: float = 1.0
 
     @property
     def k(self) -> int:
@@ -148,6 +152,8 @@ class SoftLinkage:
         primary party only) the noised similarities as float32."""
         meta = {"mu0": self.mu0, "sigma0": self.sigma0, "sigma": self.sigma, "tau": self.tau,
                 "epsilon": self.epsilon, "delta": self.delta}
+        if self.resolution != 1.0:
+            meta["resolution"] = self.resolution
         if self.recall is not None:
             meta["recall"] = self.recall
         return Alignment(
@@ -176,16 +182,16 @@ def soft_linkage(
     ``scale`` = (μ0, σ0) reuses the normalisation of an earlier (training) linkage.
 
     ``mode="exact"`` keeps only neighbours at distance 0 (exact matches) and marks the others
-    MISSING; ``"top1"`` and ``"exact"`` need K = 1. Give at most one of ``tau`` and ``sigma``;
-    with neither, no noise is added (σ = 0, τ = 1, ε = ∞).
+    MISSING; ``"top1"`` and ``"exact"`` need K = 1. ``tau`` sets σ by Theorem 2 (an unreachable
+    τ raises :class:`~vflink.errors.LinkageError`), ``sigma`` sets it directly; given both, σ
+    follows from ``tau`` where τ is reachable and is ``sigma`` where it is not (the runners'
+    private default). With neither, no noise is added (σ = 0, τ = 1, ε = ∞).
     """
     if mode not in ("soft", "top1", "exact"):
         raise ConfigError(f"`mode` must be one of exact, soft, top1, got {mode!r}")
     if mode != "soft" and neighbours.k != 1:
         raise ConfigError(f"mode {mode!r} links one secondary row per primary row; `top_k` "
                           f"must be 1, got {neighbours.k}")
-    if tau is not None and sigma is not None:
-        raise ConfigError("give at most one of `tau` and `sigma`")
     if sigma is not None and not (math.isfinite(sigma) and sigma >= 0.0):
         raise ConfigError(f"`sigma` must be a finite number ≥ 0, got {sigma!r}")
     if not (0.0 < delta < 1.0):
@@ -200,11 +206,22 @@ def soft_linkage(
         distances[miss] = np.nan
 
     rho, mu0, sigma0 = normalize_similarities(distances, scale=scale)
-    if tau is not None:
-        noise = sigma_for_tau(tau, sigma0)
+    # Theorem 2 on the distance's own step (1 bit for Hamming; a multi-field distance in
+    # [0, 1] moves by far less per bit, and its σ0 is measured on that scale too).
+    step = neighbours.resolution
+    if tau is not None and sigma is not None and tau < 1.0 and tau <= tau_min(
+            sigma0, resolution=step):
+        # Both given: τ is the target and σ the noise where τ is out of reach (the private
+        # default of the runners, DEFAULT_TAU / DEFAULT_FALLBACK_SIGMA).
+        noise = float(sigma)
+        log.warning("soft linkage: the target τ = %.3g is below this linkage's floor τ_min = "
+                    "%.3g (σ0 = %.3g); adding the fallback noise σ = %.3g instead", tau,
+                    tau_min(sigma0, resolution=step), sigma0, noise)
+    elif tau is not None:
+        noise = sigma_for_tau(tau, sigma0, resolution=step)
     else:
         noise = 0.0 if sigma is None else float(sigma)
-    achieved_tau = tau_for_sigma(noise, sigma0)
+    achieved_tau = tau_for_sigma(noise, sigma0, resolution=step)
     n_primary = int(indices.shape[0])
     epsilon = dp_epsilon(noise, n_primary, mu0, sigma0)
     epsilon_valid = delta < theorem1_delta_limit(epsilon)
@@ -229,4 +246,5 @@ def soft_linkage(
         n_secondary=int(n_secondary),
         exact_search=neighbours.exact,
         recall=neighbours.recall,
+        resolution=float(step),
     )

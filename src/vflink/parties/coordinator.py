@@ -217,6 +217,10 @@ class CoordinatorParty(Party):
         if message.mode == "exact" or not policy.requires_noise:
             return  # exact links carry no distance information
         sigma, tau = message.sigma, message.tau
+        if tau is not None and sigma is not None:
+            # τ with a fallback σ (the runners' private default): the σ actually used depends
+            # on the data's spread, and _check_released checks it after the link
+            sigma = None
         if (sigma is None and tau is None) or (sigma is not None and (
                 sigma < policy.min_sigma or (sigma == 0 and policy.max_tau < 1))) or (
                 tau is not None and tau > policy.max_tau * (1 + 1e-9)):
@@ -224,7 +228,7 @@ class CoordinatorParty(Party):
                          f"the coordinator releases similarities only with noise sigma >= "
                          f"{policy.min_sigma:g} and a greedy-attack bound tau <= "
                          f"{policy.max_tau:g} (its policy); the request asks for sigma = "
-                         f"{sigma}, tau = {tau}", code="policy.noise")
+                         f"{message.sigma}, tau = {tau}", code="policy.noise")
 
     def _link(self, *args: Any, **kwargs: Any) -> SoftLinkage:
         try:

@@ -85,7 +85,9 @@ class AlignmentConfig:
     ``method = "exact"``: keyed hashes of the key columns, matched by the coordinator;
     ``unmatched`` drops primary rows without a link, or keeps them with a learned "missing"
     embedding. ``method = "soft"``: FedSim §4.1 top-K soft linkage on the identifier columns
-    with ``metric``, ``top_k``, and noise from ``tau`` (Theorem 2) or ``sigma`` (Eq. 2).
+    with ``metric``, ``top_k``, and noise from ``tau`` (Theorem 2) or ``sigma`` (Eq. 2); with
+    neither and ``privacy = "bloom"`` the private default τ = ``DEFAULT_TAU`` applies (see
+    :meth:`noise`; ``tau = 1`` or ``sigma = 0`` opts out where the policy allows).
     ``privacy = "bloom"`` sends keyed Bloom filters to the coordinator (App. I); ``"off"``
     sends raw identifiers, and must be chosen explicitly. ``pool = "split"`` links each
     split's primary records only against the same split's secondary records (the FedSim
@@ -149,6 +151,19 @@ class AlignmentConfig:
             problems.append("[[alignment.blocking]] needs [[alignment.fields]] (blocking keys "
                             "restrict a multi-field link)")
         raise_if(problems, "[alignment] section")
+
+    def noise(self, mode: str = "soft") -> tuple[float | None, float | None]:
+        """The (tau, sigma) a soft link asks the coordinator for: the given ones, or, when the
+        similarities are released privately (``privacy = "bloom"``) and neither is given, the
+        private default τ (:data:`vflink.linkage.privacy.DEFAULT_TAU`, FedSim Theorem 2).
+        ``mode = "exact"`` links carry no distance information and get no noise."""
+        if (self.tau is None and self.sigma is None and self.privacy == "bloom"
+                and mode != "exact"):
+            from vflink.linkage.privacy import DEFAULT_FALLBACK_SIGMA, DEFAULT_TAU
+
+            # both sent: σ follows from τ where the data reach it, else the fallback σ
+            return DEFAULT_TAU, DEFAULT_FALLBACK_SIGMA
+        return self.tau, self.sigma
 
     def _build_fields(self, problems: list[str]) -> None:
         """[[alignment.fields]] / [[alignment.blocking]] tables (or built specs) as frozen
@@ -321,9 +336,18 @@ def _policy_conflicts(alignment: AlignmentConfig, policy: PartyPolicy | None) ->
     if alignment.privacy == "off" and policy.identifiers != "any":
         problems.append('alignment.privacy = "off" sends raw identifiers, which [policy] '
                         'refuses; set policy.identifiers = "any" to opt out')
-    if policy.requires_noise and alignment.tau is None and alignment.sigma is None:
-        problems.append("[policy] requires noise on similarities: set alignment.tau (at most "
-                        f"{policy.max_tau:g}) or alignment.sigma (at least {policy.min_sigma:g})")
+    tau, sigma = alignment.noise()
+    if policy.requires_noise and (
+            (tau is None and sigma is None)
+            or (sigma is None and tau is not None and tau > policy.max_tau * (1 + 1e-9))
+            or (tau is None and sigma is not None and (
+                sigma < policy.min_sigma or (sigma == 0 and policy.max_tau < 1)))):
+        asked = ("no noise" if tau is None and sigma is None else
+                 f"tau = {tau:g}" if tau is not None else f"sigma = {sigma:g}")
+        problems.append(f"[policy] requires noise on similarities (asked: {asked}): set "
+                        f"alignment.tau (at most {policy.max_tau:g}) or alignment.sigma (at "
+                        f"least {policy.min_sigma:g}), or leave both out for the private "
+                        "default (privacy = \"bloom\")")
     return problems
 
 

@@ -17,6 +17,7 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from vflink.linkage.privacy import describe_protection
 from vflink.privacy.ledger import LEDGER_FILE, Ledger, explain_epsilon
 
 if TYPE_CHECKING:
@@ -127,12 +128,17 @@ def _protections(result: RunResult) -> list[dict[str, Any]]:
         tau = a.get("tau")
         if sigma is not None:
             eps_f = float(eps) if eps is not None else math.inf
-            sentence = explain_epsilon(eps_f, delta) + "; " + (
+            # first the protection in one line (issue 23), then what each figure means
+            sentence = describe_protection(float(sigma), None if tau is None else float(tau),
+                                           eps_f, delta) + ". " + explain_epsilon(
+                eps_f, delta) + "; " + (
                 explain_tau(float(tau)) if tau is not None else "no τ bound")
             out.append({"kind": "similarity-noise", "party": "coordinator",
                         "applies_to": "alignment_views",
                         "params": {"sigma": sigma, "mu0": a.get("mu0"),
-                                   "sigma0": a.get("sigma0"), "top_k": a.get("top_k")},
+                                   "sigma0": a.get("sigma0"), "top_k": a.get("top_k"),
+                                   **({"resolution": a["resolution"]}
+                                      if "resolution" in a else {})},
                         "guarantee": {"tau": tau, "epsilon": eps_f, "delta": delta,
                                       "theorem": "FedSim Theorem 1 (ε), Theorem 2 (τ)"},
                         "explanation": sentence})

@@ -32,6 +32,7 @@ from vflink.linkage import (
 )
 from vflink.linkage.fields import Blocking, FieldSpec
 from vflink.linkage.improvement import improvement_estimates
+from vflink.linkage.privacy import DEFAULT_FALLBACK_SIGMA, DEFAULT_TAU, describe_protection
 from vflink.linkage.validation import validate_identifiers
 from vflink.parties.coordinator import CoordinatorParty
 from vflink.parties.link_peer import LinkingPeer
@@ -47,8 +48,8 @@ from vflink.runner.local import local_roles, secret_with_source
 from vflink.transport import InProcessHub, Transcript
 from vflink.types import MISSING, Alignment
 
-__all__ = ["LINK_METRICS", "PRIVACY", "LinkOutcome", "describe_fields", "encoding_for",
-           "encoding_summary", "field_encodings", "fields_encoder", "link_fields",
+__all__ = ["LINK_METRICS", "PRIVACY", "LinkOutcome", "default_noise", "describe_fields",
+           "encoding_for", "encoding_summary", "field_encodings", "fields_encoder", "link_fields",
            "linkage_columns", "linkage_table", "resolve_privacy", "run_field_linkage",
            "run_linkage", "write_links"]
 
@@ -82,11 +83,31 @@ class LinkOutcome:
             "privacy": self.privacy, "top_k": lk.k, "mode": lk.mode, "mu0": lk.mu0,
             "sigma0": lk.sigma0, "sigma": lk.sigma, "tau": lk.tau, "epsilon": lk.epsilon,
             "delta": lk.delta, "epsilon_valid": lk.epsilon_valid,
+            "resolution": lk.resolution, "similarity_protection": self.protection(),
             "exact_search": lk.exact_search, "recall": lk.recall,
             "improvement_delta": self.improvement, "communication": self.communication,
             **encoding_summary(self.encoding, self.secret_source),
             "skipped_rows": self.skipped_rows,
         }
+
+    def protection(self) -> str:
+        """The similarities' protection in words (FedSim Theorems 1-2)."""
+        lk = self.linkage
+        if lk.mode == "exact":
+            return "similarities: none needed (exact matches only, no distance information)"
+        return describe_protection(lk.sigma, lk.tau, lk.epsilon, lk.delta)
+
+
+def default_noise(tau: float | None, sigma: float | None, *, private: bool,
+                  mode: str) -> tuple[float | None, float | None]:
+    """The (tau, sigma) of a link: the given ones, or the private default when identifiers
+    are private and neither is given: τ = :data:`~vflink.linkage.privacy.DEFAULT_TAU` (FedSim
+    Theorem 2), with σ = ``DEFAULT_FALLBACK_SIGMA`` where the data cannot reach it (both are
+    sent; :func:`~vflink.linkage.soft.soft_linkage` picks). Exact-mode links carry no
+    distances and get no noise; ``tau = 1`` / ``sigma = 0`` is the explicit opt-out."""
+    if private and mode != "exact" and tau is None and sigma is None:
+        return DEFAULT_TAU, DEFAULT_FALLBACK_SIGMA
+    return tau, sigma
 
 
 #: What reaches the coordinator under each encoding (for summaries).
@@ -190,7 +211,9 @@ def run_linkage(primary: pd.DataFrame, secondary: pd.DataFrame, *, on: Sequence[
     """Link ``primary`` to ``secondary`` through a coordinator, all parties in this process.
 
     Private by default: identifiers reach the coordinator as keyed Bloom filters unless
-    ``privacy="off"`` (or ``bloom=False``) is given explicitly.
+    ``privacy="off"`` (or ``bloom=False``) is given explicitly, and then the similarities get
+    the noise of the default greedy-attack bound τ = ``DEFAULT_TAU`` (FedSim Theorem 2; see
+    :func:`default_noise`) unless ``tau`` or ``sigma`` is given (``tau=1`` / ``sigma=0``: none).
 
     ``empty`` is the policy for records whose identifier is empty (a blank string, or a
     missing coordinate): ``"error"`` stops with a message naming the file, the column and the
@@ -199,6 +222,7 @@ def run_linkage(primary: pd.DataFrame, secondary: pd.DataFrame, *, on: Sequence[
     """
     start = time.perf_counter()
     bloom = resolve_privacy(privacy, bloom) == "bloom"  # private unless explicitly off
+    tau, sigma = default_noise(tau, sigma, private=bloom, mode=mode)
     on = tuple(on)
     secondary_on = tuple(secondary_on or on)
     if len(on) != len(secondary_on):
@@ -533,6 +557,7 @@ def run_field_linkage(primary: pd.DataFrame, secondary: pd.DataFrame, *,
     """
     start = time.perf_counter()
     private = resolve_privacy(privacy, bloom) == "bloom"
+    tau, sigma = default_noise(tau, sigma, private=private, mode=mode)
     fields, blocking = tuple(fields), tuple(blocking)
     if not fields:
         raise ConfigError("linkage needs at least one field")

@@ -101,14 +101,15 @@ def link_by_split(config: RunConfig, inputs: Inputs, federation: Federation,
         primary = PrimaryParty(_subset(inputs.primary, prim_rows),
                                hub.channel(inputs.primary.name), secondaries=names,
                                secret=federation.secret, policy=policy)
+        tau, sigma = a.noise(mode)  # the private default τ unless given (or exact mode)
         if fields:
             got = primary.initiator().align_fields(
-                COORDINATOR, fields, blocking=a.blocking, top_k=top_k, mode=mode, tau=a.tau,
-                sigma=a.sigma, delta=a.delta, session=session, scale=scale)
+                COORDINATOR, fields, blocking=a.blocking, top_k=top_k, mode=mode, tau=tau,
+                sigma=sigma, delta=a.delta, session=session, scale=scale)
         elif spec is not None:
             got = primary.initiator().align_soft(
-                COORDINATOR, spec, metric=metric, top_k=top_k, mode=mode, tau=a.tau,
-                sigma=a.sigma, delta=a.delta, session=session, scale=scale)
+                COORDINATOR, spec, metric=metric, top_k=top_k, mode=mode, tau=tau,
+                sigma=sigma, delta=a.delta, session=session, scale=scale)
         else:
             raise ConfigError("a split linkage needs an encoding or fields")
         if scale is None and mode == "soft":  # the training split fixes Eq. 1's (μ0, σ0)

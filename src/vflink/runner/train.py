@@ -24,6 +24,7 @@ import torch
 from vflink.data.schema import PartySchema
 from vflink.data.table import PartyTable
 from vflink.errors import ConfigError
+from vflink.linkage.privacy import describe_protection
 from vflink.metrics.functional import evaluate, higher_is_better, primary_metric
 from vflink.models.merge import AggregatorConfig
 from vflink.models.spec import BottomSpec
@@ -258,7 +259,8 @@ def prepare(config: RunConfig, tables: Inputs | tuple[PartyTable, Sequence[Party
             soft = link_by_split(config, inputs, federation, splits, spec, metric=search_metric,
                                  top_k=top_k, session=soft_session, fields=fields)
         else:
-            soft = align(top_k=top_k, tau=a_cfg.tau, sigma=a_cfg.sigma, delta=a_cfg.delta,
+            tau, sigma = a_cfg.noise()  # the private default τ unless given
+            soft = align(top_k=top_k, tau=tau, sigma=sigma, delta=a_cfg.delta,
                          session=soft_session, scale=scale)
         top1 = {k: Alignment(a.primary_index, a.secondary_index[:, :1],
                              None if a.similarity is None else a.similarity[:, :1], k,
@@ -276,6 +278,11 @@ def prepare(config: RunConfig, tables: Inputs | tuple[PartyTable, Sequence[Party
         first = soft[names[0]]
         summary.update({k: first.meta.get(k) for k in ("mu0", "sigma0", "sigma", "tau",
                                                        "epsilon", "delta")})
+        if "resolution" in first.meta:  # Theorem 2's distance step of a multi-field link
+            summary["resolution"] = first.meta["resolution"]
+        summary["similarity_protection"] = describe_protection(
+            first.meta.get("sigma"), first.meta.get("tau"), first.meta.get("epsilon"),
+            first.meta.get("delta"))
         summary.update({"metric": a_cfg.metric if spec is not None else search_metric,
                         "top_k": top_k, "privacy": a_cfg.privacy, "pool": a_cfg.pool})
         if spec is not None:

@@ -11,6 +11,7 @@ from vflink.linkage import (
     link,
     normalize_similarities,
     perturb_similarities,
+    sigma_for_tau,
     tau_for_sigma,
     tau_min,
 )
@@ -70,8 +71,21 @@ def test_sigma_given_directly(points: tuple[np.ndarray, np.ndarray]) -> None:
     res = link(*points, metric="euclidean", top_k=3, sigma=0.25, rng=3)
     assert res.sigma == 0.25
     assert res.tau == pytest.approx(tau_for_sigma(0.25, res.sigma0))
-    with pytest.raises(ConfigError, match="at most one"):
-        link(*points, metric="euclidean", top_k=3, sigma=0.25, tau=0.5)
+
+
+
+def test_tau_with_a_fallback_sigma(points: tuple[np.ndarray, np.ndarray]) -> None:
+    """Given both (the runners' private default), σ follows from τ where τ is reachable and
+    is the given σ where it is not."""
+    base = link(*points, metric="euclidean", top_k=3)
+    floor = tau_min(base.sigma0)
+    reachable = min(0.999, floor * 3)
+    res = link(*points, metric="euclidean", top_k=3, sigma=0.25, tau=reachable, rng=3)
+    assert res.sigma == pytest.approx(sigma_for_tau(reachable, base.sigma0))
+    assert res.tau == pytest.approx(reachable)
+    low = link(*points, metric="euclidean", top_k=3, sigma=0.25, tau=floor / 2, rng=3)
+    assert low.sigma == 0.25
+    assert low.tau == pytest.approx(tau_for_sigma(0.25, base.sigma0))
 
 
 def test_top1_and_exact_modes() -> None:
