@@ -47,14 +47,19 @@ from vflink.data import PartySchema, PartyTable
 from vflink.errors import PolicyViolation, ProtocolError, VflinkError
 from vflink.models.spec import BottomSpec
 from vflink.parties import CoordinatorParty, SecondaryParty
+from vflink.parties.linking import AlignmentInitiator
+from vflink.parties.policy import PartyPolicy
 from vflink.parties.setalign import SetAlignmentDriver
+from vflink.parties.union import uid_rows
 from vflink.protocol import (
     Ack,
     AlignmentReady,
     AlignmentView,
     AlignmentViews,
     Backward,
+    ConfirmKey,
     Embeddings,
+    EncodingSpec,
     FetchAlignment,
     FitPreprocessing,
     Forward,
@@ -62,14 +67,20 @@ from vflink.protocol import (
     IdentifierEncodings,
     Message,
     SetupBottom,
+    ShareEncodings,
+    ShareFieldEncodings,
+    ShareKeys,
     SoftLink,
 )
 from vflink.protocol.messages import (
+    FieldEncoding,
     PsiRound1,
     PsiRound2,
     PsuRound1,
     PsuRound2,
     PsuRound3,
+    UnionForward,
+    UnionSetup,
 )
 from vflink.transport import InProcessHub
 from vflink.transport.grpc import GrpcChannel, GrpcServer, TlsConfig, create_dev_pki
@@ -558,9 +569,177 @@ class CoordinationMachine(RuleBasedStateMachine):
         assert isinstance(reply, Hello)
 
 
+# --- alignment through the coordinator, at the secondary -----------------------------------------
+
+
+class DataAlignmentMachine(RuleBasedStateMachine):
+    """The secondary's side of exact and soft alignment: key confirmation, one submission per
+    session, then the coordinator's view. The oracle: what the bank submitted to the
+    coordinator, and which rows it serves to whom."""
+
+    transport = "inprocess"
+    out_dir: Path | None = None
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.world = World(self.transport, None)
+        self.world.bank.policy = PartyPolicy(identifiers="bloom")
+        self.counter = 0
+        self.linked: dict[str, set[int]] = {}  # session → rows the exact alignment links
+        self.primary = AlignmentInitiator(
+            "primary", pd.DataFrame({"id": PRIMARY_KEYS}), self.world.channel("primary"),
+            secondaries=("bank",), key=("id",), secret=b"s" * 32, source="primary")
+
+    def _name(self, data: st.DataObject) -> str:
+        self.counter += 1
+        return data.draw(st.sampled_from([*sorted(self.linked), f"exact@{self.counter}"]))
+
+    @rule()
+    def honest_exact(self) -> None:
+        self.counter += 1
+        name = f"exact@h{self.counter}"
+        got = self.primary.align_exact("coordinator", session=name)
+        links = got["bank"].secondary_index.ravel()
+        self.linked[name] = {int(r) for r in links if r >= 0}
+        assert self.linked[name] == set(range(12))  # the 12 shared keys, by construction
+
+    @rule(data=st.data(), sender=st.sampled_from(PARTIES[:3]),
+          kind=st.sampled_from(["keys", "bloom", "raw", "fields"]),
+          coordinator=st.sampled_from(["coordinator", "primary", "other"]))
+    def share(self, data: st.DataObject, sender: str, kind: str, coordinator: str) -> None:
+        name = self._name(data)
+        msg: Message
+        if kind == "keys":
+            msg = ShareKeys(session=name, coordinator=coordinator)
+        elif kind == "fields":
+            msg = ShareFieldEncodings(session=name, coordinator=coordinator, fields=(
+                FieldEncoding(columns=("name",), spec=EncodingSpec(
+                    encoder="bloom", kind="string", params={})),))
+        else:
+            msg = ShareEncodings(session=name, coordinator=coordinator, spec=EncodingSpec(
+                encoder=kind, kind="string", params={}))
+        reply = self.world.send(sender, "bank", msg)
+        if not isinstance(reply, VflinkError):
+            # only to the coordinator, only for the primary, only after a key confirmation of
+            # that session, only once, and never raw identifiers under the default policy
+            assert sender == "primary" and coordinator == "coordinator" and kind != "raw"
+            assert name not in self.linked
+            session = self.world.bank.sessions.get("alignment", name)
+            assert session is not None and session.data.get("confirmed") is True
+
+    @rule(data=st.data(), sender=st.sampled_from(PARTIES[:3]))
+    def confirm(self, data: st.DataObject, sender: str) -> None:
+        name = self._name(data)
+        reply = self.world.send(sender, "bank", ConfirmKey(session=name, nonce="n" * 32,
+                                                           coordinator="coordinator"))
+        if not isinstance(reply, VflinkError):
+            # no tag of the primary's for this nonce: the confirmation cannot succeed
+            assert sender == "primary" and isinstance(reply, Ack)
+            assert reply.info.get("confirmed") != 1.0
+
+    @rule(data=st.data(), sender=st.sampled_from(PARTIES[:3]))
+    def alignment_ready(self, data: st.DataObject, sender: str) -> None:
+        name = self._name(data)
+        reply = self.world.send(sender, "bank", AlignmentReady(session=name,
+                                                               coordinator="coordinator"))
+        if not isinstance(reply, VflinkError):
+            assert sender == "primary" and name in self.linked
+
+    @invariant()
+    def serves_only_linked_rows_to_the_primary(self) -> None:
+        served = self.world.bank.served
+        assert set(served) <= {"primary"}
+        if "primary" in served:
+            rows = {int(r) for r in np.flatnonzero(served["primary"])}
+            assert any(rows == linked for linked in self.linked.values())
+
+    @invariant()
+    def the_coordinator_got_nothing_unconfirmed(self) -> None:
+        for name, state in self.world.coordinator._sessions.items():
+            if "bank" in state.digests or "bank" in state.encodings or "bank" in state.fields:
+                session = self.world.bank.sessions.get("alignment", name)
+                assert session is not None and session.data.get("confirmed") is True, name
+
+
+# --- FLORIST union training, at the secondary ---------------------------------------------------
+
+
+class UnionMachine(RuleBasedStateMachine):
+    """Union training after an honest PSU. The invariant is the membership one: every request
+    about the primary's own members, and the same request about its own non-members, get
+    answers of the same kind (reply or refusal code) and shape."""
+
+    transport = "inprocess"
+    out_dir: Path | None = None
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.world = World(self.transport, None)
+        self.session = "psu@union"
+        mine = SetAlignmentDriver(primary_keys(), self.world.channel("primary"), GROUP).psu(
+            "bank", self.session)
+        rows = uid_rows(mine)  # the primary's row of each UID, -1 where it holds none
+        own = {int(r): u for u, r in enumerate(rows) if r >= 0}
+        self.members = np.array([own[i] for i in range(12)], dtype=np.int64)
+        self.outsiders = np.array([own[i] for i in range(12, 20)], dtype=np.int64)
+        self.n_union = len(rows)
+        self.batch = 100
+        self.union_setup("primary", self.session, "fea-sampling")  # the honest start
+
+    @rule(sender=st.sampled_from(PARTIES[:3]),
+          session=st.sampled_from(["psu@union", "psu@never"]),
+          features=st.sampled_from(["fea-sampling", "fea-gaussian", "fea-random", "none"]))
+    def union_setup(self, sender: str, session: str, features: str) -> None:
+        reply = self.world.send(sender, "bank", UnionSetup(
+            session=session, spec=BottomSpec(hidden=(4,), out_dim=3, seed=2),
+            features=features, fit_uids=np.arange(self.n_union, dtype=np.int64)))
+        if not isinstance(reply, VflinkError):
+            assert sender == "primary" and session == self.session
+            assert features in ("fea-sampling",)  # "none": the bank lacks some UIDs
+
+    def _ask(self, uids: np.ndarray, train: bool) -> tuple[str, tuple[int, ...]]:
+        self.batch += 1
+        reply = self.world.send("primary", "bank", UnionForward(
+            batch_id=self.batch, uids=uids, train=train))
+        if isinstance(reply, VflinkError):
+            return f"refused {getattr(reply, 'code', '')}", ()
+        assert isinstance(reply, Embeddings)
+        return "answered", tuple(reply.embeddings[reply.inverse].shape)
+
+    @rule(n=st.integers(1, 8), train=st.booleans(), data=st.data())
+    def member_twin_requests(self, n: int, train: bool, data: st.DataObject) -> None:
+        k = min(n, len(self.outsiders))
+        members = data.draw(st.permutations(self.members))[:k]
+        outsiders = data.draw(st.permutations(self.outsiders))[:k]
+        # the same request about members and about non-members: the same kind of answer
+        assert self._ask(members, train) == self._ask(outsiders, train)
+
+    @rule(uids=st.lists(st.integers(-3, 80), min_size=1, max_size=6), train=st.booleans(),
+          sender=st.sampled_from(PARTIES[:3]))
+    def anything(self, uids: list[int], train: bool, sender: str) -> None:
+        self.batch += 1
+        reply = self.world.send(sender, "bank", UnionForward(
+            batch_id=self.batch, uids=np.array(uids, dtype=np.int64), train=train))
+        if not isinstance(reply, VflinkError):
+            assert sender == "primary" and all(0 <= u < self.n_union for u in uids)
+
+    @rule(batch=st.integers(100, 130), how=st.sampled_from(["honest", "shape"]))
+    def backward(self, batch: int, how: str) -> None:
+        reply = self.world.send("primary", "bank", Backward(
+            batch_id=batch, grad=torch.zeros(3 if how == "honest" else 2, 3)))
+        del reply  # refusals are checked clean by World.send; the invariant below holds
+
+    @invariant()
+    def still_answers(self) -> None:
+        reply = self.world.channel("primary").call("bank", Hello(party="primary",
+                                                                 role="primary"))
+        assert isinstance(reply, Hello)
+
+
 MACHINES: dict[str, type[RuleBasedStateMachine]] = {
     "set-protocols": SetProtocolMachine, "training": TrainingMachine,
-    "coordination": CoordinationMachine}
+    "coordination": CoordinationMachine, "alignment": DataAlignmentMachine,
+    "union": UnionMachine}
 
 
 def _run(machine: type[RuleBasedStateMachine], transport: str, out_dir: Path | None,
