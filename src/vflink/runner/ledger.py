@@ -28,6 +28,7 @@ __all__ = ["build_run_ledger", "explain_tau", "write_run_ledger"]
 #: What each protocol message carries, when nothing protects it (ARCHITECTURE.md boundary table).
 _CARRIES: dict[str, str] = {
     "hello": "control: party name, role and protocol version",
+    "health": "control: a liveness request; the reply says only whether the party is busy",
     "ack": "control: an acknowledgement with small counters (rows received, features)",
     "share_keys": "control: a request to send keyed hashes to the coordinator",
     "match_keys": "control: a request to match keyed hashes",

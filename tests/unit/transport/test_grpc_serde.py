@@ -298,7 +298,8 @@ def test_strict_decoding_rejects(env: Any, error: str) -> None:
 def test_version_duplicates_nesting_and_payload_allowlist() -> None:
     env = good_forward()
     env.protocol_version = PROTOCOL_VERSION + 1
-    with pytest.raises(ProtocolError, match="protocol version mismatch.*speaks version 2"):
+    with pytest.raises(ProtocolError, match=f"protocol version mismatch.*speaks version "
+                                            f"{PROTOCOL_VERSION + 1}"):
         message_from_proto(env)
 
     dup = good_forward()
