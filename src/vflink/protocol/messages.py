@@ -621,10 +621,13 @@ class PsiRound2(Message):
 class UnionSetup(Message):
     """Primary → secondary: train over the UID list of PSU ``session``.
 
-    Fit your preprocessing on your own records among the UIDs ``fit_uids`` (positions in U),
-    build your bottom model with ``spec``, and fill the UIDs you do not hold with the synthetic
-    ``features`` strategy (``fea-sampling``, ``fea-gaussian``, ``fea-random``; ``none`` refuses
-    them). The reply is an :class:`Ack` with ``n_features``.
+    Build your bottom model with ``spec`` and fill the UIDs you do not hold with the synthetic
+    ``features`` strategy (``fea-sampling``, ``fea-gaussian``, ``fea-random``; ``none`` only
+    when you hold every UID of U), if your policy serves it (``policy.union_features``). The
+    secondary fits its preprocessing on all of its own records: a fit on the peer's
+    ``fit_uids`` (positions in U) would answer differently for UIDs it holds (issue 19), so
+    they are kept for the protocol's shape only. The reply is an :class:`Ack` with
+    ``n_features``.
     """
 
     kind: ClassVar[str] = "union_setup"
