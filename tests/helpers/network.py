@@ -8,7 +8,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -133,3 +133,31 @@ def start_process(party_file: Path, log: Path) -> subprocess.Popen[bytes]:
         time.sleep(0.2)
     proc.kill()
     raise RuntimeError(f"{party_file} did not start listening: {log.read_text()}")
+
+
+def stop_processes(procs: Iterable[subprocess.Popen[bytes]], timeout: float = 10) -> None:
+    """Terminate served processes, then kill those still running after ``timeout`` s."""
+    procs = list(procs)
+    for proc in procs:
+        if proc.poll() is None:
+            proc.terminate()
+    for proc in procs:
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+@contextmanager
+def secret_env(value: str) -> Iterator[None]:
+    """``$VFLINK_SECRET`` set to ``value`` inside the block (for module-scoped fixtures, where
+    pytest's monkeypatch is not available), restored after."""
+    old = os.environ.get("VFLINK_SECRET")
+    os.environ["VFLINK_SECRET"] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("VFLINK_SECRET", None)
+        else:
+            os.environ["VFLINK_SECRET"] = old

@@ -9,7 +9,6 @@ service still answers a Hello within 1 s.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import time
 from collections.abc import Iterator
@@ -20,7 +19,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tests.helpers.network import free_port, start_process
+from tests.helpers.network import free_port, secret_env, start_process, stop_processes
 from vflink.alignment._dh import key_bytes
 from vflink.alignment.groups import get_group
 from vflink.cli.main import main
@@ -97,25 +96,14 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         f'[peers.coordinator]\naddress = "{addresses["coordinator"]}"\nrole = "coordinator"\n'
         f'[security]\ntls_dir = "{certs}"\n'
         f'allowed = ["primary", "secondary2", "coordinator"]\n' + roles)
-    old = os.environ.get("VFLINK_SECRET")
-    os.environ["VFLINK_SECRET"] = "sessions-served-test-secret-0123456789"
     procs: list[subprocess.Popen[bytes]] = []
-    try:
-        for name in ("coordinator", "secondary"):
-            procs.append(start_process(tmp / f"{name}.toml", tmp / f"{name}.log"))
-        yield Served(tmp, certs, state, addresses, ids)
-    finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-        if old is None:
-            os.environ.pop("VFLINK_SECRET", None)
-        else:
-            os.environ["VFLINK_SECRET"] = old
+    with secret_env("sessions-served-test-secret-0123456789"):
+        try:
+            for name in ("coordinator", "secondary"):
+                procs.append(start_process(tmp / f"{name}.toml", tmp / f"{name}.log"))
+            yield Served(tmp, certs, state, addresses, ids)
+        finally:
+            stop_processes(procs)
 
 
 def keys(ids: list[str]) -> list[bytes]:

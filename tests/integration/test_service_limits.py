@@ -9,7 +9,6 @@ only (the machine is shared): a maximal round takes seconds, the bounds are 1-5 
 
 from __future__ import annotations
 
-import os
 import subprocess
 import threading
 import time
@@ -21,7 +20,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tests.helpers.network import free_port, start_process
+from tests.helpers.network import free_port, secret_env, start_process, stop_processes
 from vflink.alignment.groups import get_group
 from vflink.errors import PeerUnavailable, PolicyViolation
 from vflink.protocol import Ack, Health, Hello, Message
@@ -67,21 +66,12 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         f'[peers.coordinator]\naddress = "127.0.0.1:{free_port()}"\nrole = "coordinator"\n'
         f'[security]\ntls_dir = "{certs}"\nallowed = ["primary"]\n'
         f'[policy]\nmax_set_elements = {CAP}\nmax_concurrent_calls = 2\n')
-    old = os.environ.get("VFLINK_SECRET")
-    os.environ["VFLINK_SECRET"] = "service-limits-test-secret-0123456789"
-    proc = start_process(party, tmp / "secondary.log")
-    try:
-        yield Served(tmp, certs, address, proc)
-    finally:
-        proc.terminate()
+    with secret_env("service-limits-test-secret-0123456789"):
+        proc = start_process(party, tmp / "secondary.log")
         try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        if old is None:
-            os.environ.pop("VFLINK_SECRET", None)
-        else:
-            os.environ["VFLINK_SECRET"] = old
+            yield Served(tmp, certs, address, proc)
+        finally:
+            stop_processes([proc])
 
 
 def points(n: int) -> np.ndarray:
