@@ -138,7 +138,8 @@ class SecondaryParty(SetAlignmentPeer, UnionPeer, LinkingPeer):
         return Ack()
 
     def on_setup_privacy(self, sender: str, message: SetupPrivacy) -> Ack:
-        return Ack(info=self.protection.setup(message.settings, message.classes))
+        return Ack(info=self.protection.setup(message.settings, message.classes,
+                                              dict(message.plan)))
 
     def on_fetch_privacy_report(self, sender: str, message: FetchPrivacyReport) -> PrivacyReport:
         return PrivacyReport(entries=self.protection.report())
@@ -171,6 +172,7 @@ class SecondaryParty(SetAlignmentPeer, UnionPeer, LinkingPeer):
         if self.spec is None:
             raise ProtocolError(f"party {self.name!r}: FitPreprocessing before SetupBottom")
         rows = np.unique(self._check_rows(message.rows, "preprocessing", sender))
+        self.protection.note_train_rows(rows)
         pre = Preprocessor(self.table.schema, standardize=self.spec.standardize).fit(
             self.table.frame, rows)
         self._build(self.spec, pre)
