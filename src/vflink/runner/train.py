@@ -337,7 +337,8 @@ def _plan(config: RunConfig, algorithm: Algorithm, *, learn_missing: bool, k: in
     bottom = BottomSpec(hidden=m.hidden, out_dim=m.cut_dim, activation=m.activation,
                         dropout=m.dropout, optimizer=t.optimizer, lr=t.lr,
                         weight_decay=t.weight_decay, seed=config.seed,
-                        standardize=m.standardize)
+                        standardize=m.standardize, bottom=m.bottom, channels=m.channels,
+                        kernels=m.kernels, image_shape=m.image_shape)
     agg = AggregatorConfig(**{**m.aggregator.__dict__, "seed": config.seed})
     privacy = config.privacy.public_settings() if config.privacy.enabled else None
     return TrainingPlan(bottom=bottom, top_hidden=m.top_hidden, learn_missing=learn_missing,
