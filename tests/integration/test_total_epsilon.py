@@ -95,3 +95,29 @@ def test_without_a_plan_nothing_is_released() -> None:
                      party="bank", n_rows=2, seed=0)
     with pytest.raises(PrivacyBudgetExceeded, match="release plan"):
         dp.release(torch.ones(2, 2), np.array([0, 1]))
+
+
+def test_release_once_answers_repeats_from_its_single_release() -> None:
+    import torch
+
+    dp = EmbeddingDP(PrivacyConfig(embeddings="release-once", total_epsilon=1.0, delta=1e-5),
+                     party="bank", n_rows=3, seed=0)
+    dp.note_links(np.array([1, 1, 1]))
+    dp.set_plan({"epochs": 20, "train_batches": 9, "train_chunks": 1, "validation_chunks": 1,
+                 "test_chunks": 1})
+    _, first = dp.release(torch.randn(3, 4), np.array([0, 1, 2]))
+    for _ in range(5):  # the model may change: what crosses is the one release per record
+        _, again = dp.release(torch.randn(2, 4), np.array([2, 0]))
+        assert torch.equal(again, first[[2, 0]])
+    assert list(dp.budget.totals) == [1, 1, 1]
+    # one Gaussian release per record at (1, 1e-5): σ is the analytic Gaussian mechanism's
+    assert gaussian_epsilon(1 / dp.sigma, 1e-5) == pytest.approx(1.0, abs=2e-3)
+
+
+def test_normalized_releases_sit_on_the_sphere_before_noise() -> None:
+    import torch
+
+    dp = EmbeddingDP(PrivacyConfig(embeddings="normalized", epsilon=2.0, clip=0.5),
+                     party="bank", n_rows=3, seed=0)
+    z, _ = dp.release(torch.tensor([[0.01, 0.0], [3.0, 4.0], [0.0, -0.2]]), np.arange(3))
+    assert torch.allclose(torch.linalg.vector_norm(z, dim=1), torch.full((3,), 0.5))

@@ -18,8 +18,8 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from vflink.models.merge import AggregatorConfig, build_aggregator
 from vflink.models.cnn import build_bottom
+from vflink.models.merge import AggregatorConfig, build_aggregator
 from vflink.models.mlp import build_mlp
 from vflink.models.spec import BottomSpec
 

@@ -150,6 +150,8 @@ class EmbeddingProtection:
             raise refuse(PrivacyBudgetExceeded, str(exc), code="privacy.budget") from None
 
     def backward(self, kept: torch.Tensor, grad: torch.Tensor) -> None:
+        if self.dp is not None and self.dp.config.release_once:
+            return  # the bottom model stays as released: its releases are cached
         extra = self.dp.local_loss(kept, grad) if self.dp is not None else None
         if extra is None or not extra.requires_grad:  # e.g. no confident soft labels
             kept.backward(grad)

@@ -37,10 +37,9 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import dp_accounting
 import numpy as np
 import numpy.typing as npt
-
-import dp_accounting
 from dp_accounting import gaussian_mechanism
 from dp_accounting.pld import PLDAccountant
 from scipy.stats import norm

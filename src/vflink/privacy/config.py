@@ -44,15 +44,19 @@ __all__ = ["DEFAULT_EPSILON", "MODES", "PUBLIC_SETTINGS", "PrivacyConfig"]
 #: Table 2 of VFL-AFE: vanilla (§3.1), +R (§3.2), +D (§3.3), both (VFL-AFE); and the
 #: departures of issue 20 (:data:`vflink.privacy.afe.VARIANTS`): ``normalized`` scales every
 #: embedding onto the clipping sphere before noising, so each uses the whole ball from the
-#: first step.
-MODES = ("off", "vanilla", "rescale", "adjust", "afe", "normalized")
+#: first step; ``release-once`` releases each record's (normalized) embedding once and answers
+#: every later request with that same release (post-processing: no further privacy cost),
+#: its bottom model left untrained (a seeded random projection), so each record costs one
+#: Gaussian release for the whole run.
+MODES = ("off", "vanilla", "rescale", "adjust", "afe", "normalized", "release-once")
 
 #: Per-release ε when neither ``epsilon`` nor ``total_epsilon`` is given.
 DEFAULT_EPSILON = 2.0
 
 #: Settings the primary may know and must agree on (never the noise seed or generator).
-PUBLIC_SETTINGS = ("embeddings", "epsilon", "total_epsilon", "reserve_releases", "delta", "clip", "alpha", "beta", "fcm_clusters",
-                   "fcm_threshold", "rescale_sigmas", "rescale_cap", "budget")
+PUBLIC_SETTINGS = ("embeddings", "epsilon", "total_epsilon", "reserve_releases", "delta",
+                   "clip", "alpha", "beta", "fcm_clusters", "fcm_threshold", "rescale_sigmas",
+                   "rescale_cap", "budget")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -146,7 +150,12 @@ class PrivacyConfig:
     @property
     def normalize(self) -> bool:
         """Scale every embedding onto the clipping sphere before noising (issue 20)."""
-        return self.embeddings == "normalized"
+        return self.embeddings in ("normalized", "release-once")
+
+    @property
+    def release_once(self) -> bool:
+        """One release per record for the run, repeated from a cache (issue 20)."""
+        return self.embeddings == "release-once"
 
     @property
     def enabled(self) -> bool:

@@ -19,11 +19,10 @@ import secrets
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from dp_accounting import gaussian_mechanism
-
 import numpy as np
 import numpy.typing as npt
 import torch
+from dp_accounting import gaussian_mechanism
 
 from vflink.errors import ConfigError, PrivacyBudgetExceeded
 from vflink.privacy import afe
@@ -168,6 +167,8 @@ class EmbeddingDP:
         # sequence independent of how often they draw.
         self._aux = torch.Generator().manual_seed((seed * 7919 + 17) % (2**63))
         self.observer: Observer | None = None
+        self._cache: torch.Tensor | None = None  # release-once: each record's release
+        self._cached = np.zeros(0, dtype=bool)
 
     # --- calibration ----------------------------------------------------------------------------
 
@@ -207,10 +208,14 @@ class EmbeddingDP:
                 "release plan (epochs, batches, evaluations), which the primary did not "
                 "announce; nothing is released without it")
         p = self.plan
-        planned = planned_releases(
-            self.links, self.in_train, epochs=p["epochs"], train_batches=p["train_batches"],
-            chunks=(p["train_chunks"], p["validation_chunks"], p["test_chunks"]),
-            extra=cfg.reserve_releases)
+        if cfg.release_once:  # one release per linked record, then its cached copy
+            planned = np.where(self.links > 0, 1 + cfg.reserve_releases, 0).astype(np.int64)
+        else:
+            planned = planned_releases(
+                self.links, self.in_train, epochs=p["epochs"],
+                train_batches=p["train_batches"],
+                chunks=(p["train_chunks"], p["validation_chunks"], p["test_chunks"]),
+                extra=cfg.reserve_releases)
         m_max = int(planned.max(initial=0))
         if cfg.rescale:
             # rescaling's estimate may fail with 1 − Φ(k) per release (Thm 3.6): half of δ
@@ -331,6 +336,8 @@ class EmbeddingDP:
         setting = self.setting
         if setting is None:  # pragma: no cover  (_ready sets it or raises)
             raise ConfigError(f"party {self.party!r}: no noise calibration")
+        if self.config.release_once:
+            return self._release_once(out, rows)
         self._check_budget(rows)
         if not self._stream_claimed:
             self._claim_stream()
@@ -369,6 +376,37 @@ class EmbeddingDP:
         if watch and self.observer is not None:
             self.observer("release", figures)
         return z, released
+
+    def _release_once(self, out: torch.Tensor, rows: npt.NDArray[np.int64]
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``release-once``: records released before get their cached release again (the same
+        vector: post-processing, no further privacy cost); new ones are released (and counted)
+        once. The cache lives with this run's object: a new run releases anew, and its budget
+        counts that."""
+        if self._cache is None:
+            self._cache = torch.zeros(self.n_rows, out.shape[1])
+            self._cached = np.zeros(self.n_rows, dtype=bool)
+        cached = self._cached
+        new = ~cached[rows]
+        if new.any():
+            fresh = rows[new]
+            self._check_budget(fresh)
+            z = afe.normalize_to_sphere(out.detach()[torch.from_numpy(np.flatnonzero(new))]
+                                        .float(), self.config.clip)
+            if self.config.secure_rng:
+                noise = afe.secure_gaussian_noise(tuple(z.shape), self.noise_std)
+            else:
+                noise = afe.gaussian_noise(tuple(z.shape), self.noise_std, self._noise)
+            if not self._stream_claimed:
+                self._claim_stream()
+            setting = self.setting
+            if setting is not None:
+                self.budget.record(setting, fresh)
+            self.counts[fresh] += 1
+            self._cache[torch.from_numpy(fresh)] = z + noise
+            cached[fresh] = True
+        released = self._cache[torch.from_numpy(rows)].clone()
+        return out.detach(), released
 
     # --- Algorithm 1, lines 16-18 -------------------------------------------------------------
 
