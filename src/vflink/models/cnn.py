@@ -9,47 +9,18 @@ column order); the first layer views them as ``(channels, height, width)``.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 from torch import nn
 
 from vflink.errors import ConfigError
-from vflink.models.spec import BottomSpec
+from vflink.models.spec import BottomSpec, bottom_parameters, cnn_parameters, image_shape
 
 __all__ = ["PAPER_CNN", "build_bottom", "build_cnn", "bottom_parameters", "cnn_parameters",
            "image_shape"]
 
 #: channels and kernel sizes of the paper's two-layer CNN (the preset of ``model.bottom``)
 PAPER_CNN: dict[str, tuple[int, ...]] = {"channels": (32, 64), "kernels": (5, 5)}
-
-
-def image_shape(spec: BottomSpec, n_inputs: int) -> tuple[int, int, int]:
-    """``(channels, height, width)`` of a party's ``n_inputs`` features under ``spec``: the
-    spec's ``image_shape`` (one of its extents may be ``-1``, inferred), or a square image."""
-    shape = tuple(spec.image_shape)
-    if not shape:
-        side = math.isqrt(n_inputs)
-        if side * side != n_inputs:
-            raise ConfigError(f"a CNN bottom model needs `model.image_shape` = [channels, "
-                              f"height, width] for {n_inputs} features (not a square image)")
-        shape = (1, side, side)
-    if len(shape) == 2:
-        shape = (1, *shape)
-    known = math.prod(s for s in shape if s != -1)
-    if list(shape).count(-1) == 1 and known > 0 and n_inputs % known == 0:
-        shape = tuple(n_inputs // known if s == -1 else s for s in shape)
-    c, h, w = shape
-    if c * h * w != n_inputs:
-        raise ConfigError(f"`model.image_shape` {list(spec.image_shape)} holds {c * h * w} "
-                          f"values; the party has {n_inputs} features")
-    return c, h, w
-
-
-def _pooled(size: int, layers: int) -> int:
-    for _ in range(layers):
-        size = max(size // 2, 1)
-    return size
 
 
 def build_cnn(shape: tuple[int, int, int], channels: Sequence[int], kernels: Sequence[int],
@@ -75,27 +46,6 @@ def build_cnn(shape: tuple[int, int, int], channels: Sequence[int], kernels: Seq
         prev = ch
     layers += [nn.Flatten(), nn.Linear(prev * h * w, out_dim)]
     return nn.Sequential(*layers)
-
-
-def cnn_parameters(spec: BottomSpec, n_inputs: int) -> int:
-    """Weights and biases of the CNN ``spec`` builds on ``n_inputs`` features (without
-    building it: a peer's request is bounded before anything is allocated)."""
-    c, h, w = image_shape(spec, n_inputs)
-    total, prev = 0, c
-    for ch, k in zip(spec.channels, spec.kernels, strict=True):
-        total += prev * ch * k * k + ch
-        if min(h, w) >= 2:
-            h, w = max(h // 2, 1), max(w // 2, 1)
-        prev = ch
-    return total + (prev * h * w + 1) * spec.out_dim
-
-
-def bottom_parameters(spec: BottomSpec, n_inputs: int) -> int:
-    """Number of weights and biases of the bottom model ``spec`` builds on ``n_inputs``."""
-    if spec.bottom == "cnn":
-        return cnn_parameters(spec, max(n_inputs, 1))
-    widths = [max(n_inputs, 1), *spec.hidden, spec.out_dim]
-    return sum((a + 1) * b for a, b in zip(widths[:-1], widths[1:]))
 
 
 def build_bottom(spec: BottomSpec, n_inputs: int) -> nn.Sequential:

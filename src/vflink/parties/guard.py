@@ -20,8 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from vflink.errors import ConfigError, PolicyViolation, ProtocolError
-from vflink.models.cnn import bottom_parameters
-from vflink.models.spec import BottomSpec
+from vflink.models.spec import BottomSpec, bottom_parameters
 from vflink.parties.policy import PartyPolicy
 from vflink.protocol.boundary import refuse
 from vflink.protocol.messages import AlignmentView, Backward, Embeddings
