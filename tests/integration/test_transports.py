@@ -7,7 +7,13 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.network import served_in_threads, write_party_files
-from vflink.runner.config import AlignmentConfig, DataConfig, RunConfig, TrainingConfig
+from vflink.runner.config import (
+    AlignmentConfig,
+    DataConfig,
+    ModelConfig,
+    RunConfig,
+    TrainingConfig,
+)
 from vflink.runner.inputs import Inputs, load_inputs
 from vflink.runner.network import network_federation
 from vflink.runner.party_config import load_party_config
@@ -20,14 +26,19 @@ SCENARIOS = {
     "exact-splitnn": ("splitnn", AlignmentConfig(method="exact")),
     "soft-fedsim": ("fedsim", AlignmentConfig(method="soft", metric="euclidean", top_k=4,
                                               privacy="bloom", tau=0.9999)),
+    # issue 20: a CNN bottom model on every party, its features viewed as a 1 × n image
+    "exact-splitnn-cnn": ("splitnn", AlignmentConfig(method="exact")),
 }
+MODELS = {"exact-splitnn-cnn": ModelConfig(bottom="cnn", channels=(4, 6), kernels=(3, 3),
+                                           image_shape=(1, 1, -1), cut_dim=8)}
 
 
 def run(scenario: str, transport: str, tmp_path: Path) -> RunResult:
     algorithm, alignment = SCENARIOS[scenario]
     config = RunConfig(seed=3, algorithm=algorithm,
                        data=DataConfig(dataset="sklearn-small", options=dict(OPTIONS)),
-                       alignment=alignment, training=TrainingConfig(epochs=3, patience=3))
+                       alignment=alignment, training=TrainingConfig(epochs=3, patience=3),
+                       model=MODELS.get(scenario, ModelConfig()))
     out = tmp_path / f"{scenario}-{transport}"
     if transport == "inprocess":
         return run_training(config, out)

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from vflink.models.cnn import build_bottom
 from vflink.models.merge import AggregatorConfig, build_aggregator
 from vflink.models.mlp import build_mlp
 from vflink.models.spec import BottomSpec
@@ -57,8 +58,7 @@ class SplitNNPrimary(nn.Module):
         self.bottom: nn.Module | None = None
         width = 0
         if n_features > 0:
-            self.bottom = build_mlp(n_features, bottom.hidden, bottom.out_dim,
-                                    activation=bottom.activation, dropout=bottom.dropout)
+            self.bottom = build_bottom(bottom, n_features)  # an MLP or a CNN (issue 20)
             width += bottom.out_dim
         width += sum(secondary_dims)
         if width == 0:

@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from vflink.errors import PolicyViolation, ProtocolError
-from vflink.models.spec import BottomSpec
+from vflink.errors import ConfigError, PolicyViolation, ProtocolError
+from vflink.models.spec import BottomSpec, bottom_parameters
 from vflink.parties.policy import PartyPolicy
 from vflink.protocol.boundary import refuse
 from vflink.protocol.messages import AlignmentView, Backward, Embeddings
@@ -141,16 +141,17 @@ def admit_snapshot(snapshots: MutableMapping[str, Any], tag: str, *, party: str,
                      "policy.max_snapshots); reuse a tag", code="limit.snapshots")
 
 
-def bottom_parameters(spec: BottomSpec, n_inputs: int) -> int:
-    """Number of weights and biases of the bottom MLP ``spec`` builds on ``n_inputs``."""
-    widths = [max(n_inputs, 1), *spec.hidden, spec.out_dim]
-    return sum((a + 1) * b for a, b in zip(widths[:-1], widths[1:]))
-
-
 def check_bottom_spec(spec: BottomSpec, n_inputs: int, *, party: str,
                       policy: PartyPolicy) -> None:
-    """Refuse a bottom model larger than ``policy.max_model_parameters`` before building it."""
-    n = bottom_parameters(spec, n_inputs)
+    """Refuse a bottom model larger than ``policy.max_model_parameters`` before building it
+    (an MLP or a CNN; a CNN whose image shape does not fit the party's features is refused
+    too, naming no value of the party's data)."""
+    try:
+        n = bottom_parameters(spec, n_inputs)
+    except ConfigError:
+        raise refuse(ConfigError, f"party {party!r}: the requested CNN bottom model's image "
+                                  "shape does not fit this party's features",
+                     code="model.image-shape") from None
     if n > policy.max_model_parameters:
         raise refuse(PolicyViolation,
                      f"party {party!r}: the requested bottom model has {n} parameters, over "

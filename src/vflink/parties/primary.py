@@ -172,8 +172,12 @@ class PrimaryParty(Party):
 
     # --- training -------------------------------------------------------------------------
 
-    def setup(self, plan: TrainingPlan, train_rows: npt.NDArray[np.int64]) -> None:
-        """Fit preprocessing on the training rows of every party and build every model."""
+    def setup(self, plan: TrainingPlan, train_rows: npt.NDArray[np.int64], *,
+              release_plan: Mapping[str, int] | None = None) -> None:
+        """Fit preprocessing on the training rows of every party and build every model.
+
+        ``release_plan``: the run's epochs, batches and evaluation passes, announced to the
+        secondaries when their protection is budget first (``privacy.total_epsilon``)."""
         train_rows = np.asarray(train_rows, dtype=np.int64)
         if self.secondaries and not self.links:
             raise ProtocolError("setup before alignment: call align_exact or set_alignments")
@@ -186,8 +190,9 @@ class PrimaryParty(Party):
             self.channel.request(name, SetupBottom(spec=spec), Ack)
             if plan.privacy is not None:
                 classes = len(self.codec.classes) if self.task.is_classification else 0
-                self.channel.request(name, SetupPrivacy(settings=dict(plan.privacy),
-                                                        classes=classes), Ack)
+                self.channel.request(name, SetupPrivacy(
+                    settings=dict(plan.privacy), classes=classes,
+                    plan={k: int(v) for k, v in (release_plan or {}).items()}), Ack)
             linked = self.links[name][train_rows].ravel()
             linked = np.unique(linked[linked != MISSING])
             self.channel.request(name, FitPreprocessing(rows=linked), Ack)

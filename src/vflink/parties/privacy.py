@@ -58,6 +58,7 @@ class EmbeddingProtection:
         self.dp: EmbeddingDP | None = None
         self._observer: Observer | None = None
         self._links = np.zeros(n_rows, dtype=np.int64)
+        self._train_rows = np.zeros(0, dtype=np.int64)
         self._budget_dir = budget_dir
         self._fingerprint = fingerprint
         self._budget: ReleaseBudget | None = None
@@ -90,6 +91,7 @@ class EmbeddingProtection:
         dp = EmbeddingDP(config, party=self.party, n_rows=self.n_rows, seed=self.seed,
                          classes=classes, budget=self.budget)
         dp.note_links(self._links)
+        dp.note_train_rows(self._train_rows)
         dp.observer = self._observer
         return dp
 
@@ -98,8 +100,10 @@ class EmbeddingProtection:
         top of every earlier release of the data (the budget is never reset here)."""
         self.dp = self._new(self.own, None) if self.own is not None else None
 
-    def setup(self, settings: dict[str, Any], classes: int) -> dict[str, float]:
-        """The primary announced the run's settings: agree (or refuse), and start."""
+    def setup(self, settings: dict[str, Any], classes: int,
+              plan: dict[str, Any] | None = None) -> dict[str, float]:
+        """The primary announced the run's settings (and, budget first, its release plan):
+        agree (or refuse), and start."""
         own = self.own if self._own_given else None
         if self._own_given and self.own is None:  # this party chose "off" explicitly
             own = PrivacyConfig(embeddings="off")
@@ -112,7 +116,20 @@ class EmbeddingProtection:
             self.dp = None
             return {}
         self.dp = self._new(config, classes if classes >= 2 else None)
+        if config.budget_first:
+            try:
+                self.dp.set_plan(plan or {})
+            except ConfigError as exc:
+                raise refuse(ConfigError, str(exc), code="privacy.plan") from None
+            return {}  # σ follows from the plan and the training rows (FitPreprocessing)
         return {"sigma": self.dp.sigma, "noise_std": self.dp.noise_std}
+
+    def note_train_rows(self, rows: npt.NDArray[np.int64]) -> None:
+        """The records linked to training records (``FitPreprocessing``): their planned
+        releases include the training passes."""
+        self._train_rows = np.asarray(rows, dtype=np.int64).copy()
+        if self.dp is not None:
+            self.dp.note_train_rows(self._train_rows)
 
     def note_links(self, secondary_index: npt.NDArray[np.int64]) -> None:
         """Links per record from the alignment (soft linkage: a row may serve many records)."""
@@ -133,6 +150,8 @@ class EmbeddingProtection:
             raise refuse(PrivacyBudgetExceeded, str(exc), code="privacy.budget") from None
 
     def backward(self, kept: torch.Tensor, grad: torch.Tensor) -> None:
+        if self.dp is not None and self.dp.config.release_once:
+            return  # the bottom model stays as released: its releases are cached
         extra = self.dp.local_loss(kept, grad) if self.dp is not None else None
         if extra is None or not extra.requires_grad:  # e.g. no confident soft labels
             kept.backward(grad)

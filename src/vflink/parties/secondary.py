@@ -23,7 +23,8 @@ from vflink.data.fingerprint import frame_fingerprint
 from vflink.data.preprocess import Preprocessor
 from vflink.data.table import PartyTable
 from vflink.errors import ProtocolError, VflinkError
-from vflink.models.mlp import build_mlp, build_optimizer, seeded_init
+from vflink.models.cnn import build_bottom
+from vflink.models.mlp import build_optimizer, seeded_init
 from vflink.models.spec import BottomSpec
 from vflink.models.statefile import StateFileError, load_state, remove_state, save_state
 from vflink.parties.base import state_path
@@ -130,8 +131,10 @@ class SecondaryParty(SetAlignmentPeer, UnionPeer, LinkingPeer):
         self.protection.note_links(rows)
 
     def on_setup_bottom(self, sender: str, message: SetupBottom) -> Ack:
-        check_bottom_spec(message.spec, len(self.table.frame.columns), party=self.name,
-                          policy=self.policy)
+        # a CNN views the party's numeric features as an image; an MLP's bound counts columns
+        n_inputs = (len(self.table.schema.numeric) if message.spec.bottom == "cnn"
+                    else len(self.table.frame.columns))
+        check_bottom_spec(message.spec, n_inputs, party=self.name, policy=self.policy)
         self.spec = message.spec
         # a new training run; the data's release counts carry over (a primary must not be able
         # to reset them by repeating the setup)
@@ -147,7 +150,8 @@ class SecondaryParty(SetAlignmentPeer, UnionPeer, LinkingPeer):
             raise refuse(ProtocolError, f"SetupPrivacy `classes` must be an int in [0, "
                                         f"{MAX_CLASSES}] (0: regression), got {classes!r}",
                          code="privacy.classes")
-        return Ack(info=self.protection.setup(message.settings, message.classes))
+        return Ack(info=self.protection.setup(message.settings, message.classes,
+                                              dict(message.plan)))
 
     def on_fetch_privacy_report(self, sender: str, message: FetchPrivacyReport) -> PrivacyReport:
         return PrivacyReport(entries=self.protection.report())
@@ -180,6 +184,7 @@ class SecondaryParty(SetAlignmentPeer, UnionPeer, LinkingPeer):
         if self.spec is None:
             raise ProtocolError(f"party {self.name!r}: FitPreprocessing before SetupBottom")
         rows = np.unique(self._check_rows(message.rows, "preprocessing", sender))
+        self.protection.note_train_rows(rows)
         pre = Preprocessor(self.table.schema, standardize=self.spec.standardize).fit(
             self.table.frame, rows)
         self._build(self.spec, pre)
@@ -193,8 +198,7 @@ class SecondaryParty(SetAlignmentPeer, UnionPeer, LinkingPeer):
         if pre.n_features == 0:  # a party with no features still answers with an embedding
             self.features = torch.zeros(len(self.table), 1)
         with seeded_init(spec.seed):
-            self.model = build_mlp(max(pre.n_features, 1), spec.hidden, spec.out_dim,
-                                   activation=spec.activation, dropout=spec.dropout)
+            self.model = build_bottom(spec, max(pre.n_features, 1))
         self.optimizer = build_optimizer(self.model.parameters(), spec)
         self._pending.clear()
         self._applied.clear()

@@ -16,15 +16,30 @@ releases is the m-fold composition. We compose with Google's ``dp_accounting`` *
 accountant: for Gaussian mechanisms it is tight (m-fold composition equals one Gaussian of
 multiplier σ/√m, which the tests use as the oracle), whereas the RDP accountant's conversion
 to (ε, δ) overestimates ε by 10-30 % at these m. Opacus is not a dependency; dp-accounting is.
+
+Budget first (issue 20): a user states the total (ε, δ) of the run; :func:`planned_releases`
+bounds how often each record can be released by the announced plan (epochs, batches,
+evaluation passes, the record's links), and :func:`calibrate_total` finds the smallest σ whose
+composition over the worst-case record's planned releases (on top of what earlier runs already
+released) is at most ε at δ under the same PLD accountant the budget check uses.
+
+Subsampling amplification is *not* claimed: in split learning the primary chooses every batch
+and receives each embedding with its row index, so whether a record took part in a step is
+known to the very party the guarantee is about; a Poisson-sampled event
+(``dp_accounting.PoissonSampledDpEvent``) would only describe an observer who does not see the
+batch composition, which the embedding's receiver always does.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import dp_accounting
+import numpy as np
+import numpy.typing as npt
 from dp_accounting import gaussian_mechanism
 from dp_accounting.pld import PLDAccountant
 from scipy.stats import norm
@@ -33,12 +48,15 @@ __all__ = [
     "ACCOUNTANT",
     "Calibration",
     "calibrate",
+    "calibrate_total",
     "composed_epsilon",
     "composed_epsilon_mixed",
     "delta_prime",
     "lemma_3_3_sigma",
     "max_releases_within",
+    "planned_releases",
     "rescale_p2",
+    "rescale_sigmas_for",
 ]
 
 #: How the ledger names the accountant.
@@ -134,6 +152,102 @@ def max_releases_within(sigma: float, delta: float, budget: float, *, cap: int =
     return m
 
 
+def planned_releases(links: npt.NDArray[np.int64], in_train: npt.NDArray[np.bool_], *,
+                     epochs: int, train_batches: int, chunks: tuple[int, int, int],
+                     extra: int = 0) -> npt.NDArray[np.int64]:
+    """The most releases each record can have in a run of the announced plan.
+
+    A record is released at most once per batch (the secondary runs its model once per unique
+    row) and once per batch of a pass in which one of its ``links`` primary records appears.
+    Per epoch the training pass (``train_batches`` batches) and one validation pass; after
+    training one pass over each of train, validation and test (``chunks`` = their numbers of
+    evaluation batches); ``extra`` further releases (predictions, attack evaluations).
+    ``in_train``: whether one of the record's links is a training record (the secondary knows
+    it from ``FitPreprocessing``); the other links may be validation or test records, split in
+    the worst way.
+    """
+    links = np.asarray(links, dtype=np.int64)
+    in_train = np.asarray(in_train, dtype=bool)
+    c_train, c_val, c_test = chunks
+    out = np.zeros(links.shape, dtype=np.int64)
+    for n_links, train in {(int(n), bool(t)) for n, t in zip(links, in_train)}:
+        n_train = n_links if train else 0  # at most every link a training record
+        others = n_links - (1 if train else 0)  # links that may be validation or test records
+        m = 0
+        if train:
+            m += epochs * min(n_train, train_batches) + min(n_train, c_train)
+        best_eval = 0
+        for a in range(0, others + 1):  # a validation links, the rest test links
+            b = others - a
+            best_eval = max(best_eval, (epochs + 1) * min(a, c_val) + min(b, c_test))
+        m += best_eval
+        out[(links == n_links) & (in_train == train)] = m + (extra if n_links else 0)
+    return out
+
+
+def calibrate_total(epsilon: float, delta: float, planned: npt.NDArray[np.int64],
+                    history_loss: npt.NDArray[np.float64] | None = None,
+                    histories: Callable[[int], tuple[tuple[float, int], ...]] | None = None,
+                    *, rtol: float = 1e-4) -> float:
+    """The smallest noise multiplier σ (to ``rtol``) whose releases keep every record within
+    (``epsilon``, ``delta``): record r, released ``planned[r]`` more times at σ on top of its
+    earlier releases, composes (PLD) to at most ``epsilon``.
+
+    ``history_loss[r]`` = Σ_k c_k/σ_k² of record r's earlier releases and ``histories(r)``
+    their ``(σ_k, c_k)`` pairs (``None``: no earlier releases). The composition of Gaussians is
+    one Gaussian of multiplier (Σ c/σ²)^(-1/2), so for each planned count the record with the
+    largest earlier loss is the worst; only those are composed.
+    """
+    planned = np.asarray(planned, dtype=np.int64)
+    if not (epsilon > 0 and 0 < delta < 1):
+        raise ValueError(f"need ε > 0 and 0 < δ < 1, got ε = {epsilon}, δ = {delta}")
+    loss = (np.zeros(planned.shape) if history_loss is None
+            else np.asarray(history_loss, dtype=np.float64))
+    candidates: list[tuple[tuple[tuple[float, int], ...], int]] = []
+    for m in np.unique(planned):
+        if m <= 0:
+            continue
+        rows = np.flatnonzero(planned == m)
+        r = int(rows[int(np.argmax(loss[rows]))])
+        past = histories(r) if histories is not None and loss[r] > 0 else ()
+        candidates.append((past, int(m)))
+    if not candidates:
+        return float(gaussian_mechanism.get_sigma_gaussian(epsilon, delta))
+
+    def worst(sigma: float) -> float:
+        eps = 0.0
+        for past, m in candidates:
+            if past:
+                merged = dict(past)
+                merged[sigma] = merged.get(sigma, 0) + m
+                eps = max(eps, composed_epsilon_mixed(tuple(sorted(merged.items())), delta))
+            else:
+                eps = max(eps, composed_epsilon(sigma, m, delta))
+        return eps
+
+    if any(past and composed_epsilon_mixed(past, delta) >= epsilon for past, _ in candidates):
+        raise ValueError(f"earlier releases already spend ε ≥ {epsilon:g} at δ = {delta:g}")
+    # m-fold composition of multiplier σ is one Gaussian of multiplier σ/√m (exact): the
+    # record with no history and the most releases gives the starting point
+    m_max = max(m for _, m in candidates)
+    lo = float(gaussian_mechanism.get_sigma_gaussian(epsilon, delta)) * math.sqrt(m_max)
+    lo *= 0.999
+    hi = lo
+    while worst(hi) > epsilon:
+        lo, hi = hi, hi * 1.05
+    if hi == lo:  # already within at the closed form's σ: search downwards
+        lo = hi / 1.05
+        while worst(lo) <= epsilon:
+            hi, lo = lo, lo / 1.05
+    while hi / lo - 1.0 > rtol:  # worst(lo) > ε ≥ worst(hi)
+        mid = math.sqrt(lo * hi)
+        if worst(mid) > epsilon:
+            lo = mid
+        else:
+            hi = mid
+    return hi
+
+
 def rescale_p2(sigmas: float) -> float:
     """p2 of Eq. 5: the probability that a pairwise distance stays below μh + k·σh (Φ(k))."""
     return float(norm.cdf(sigmas))
@@ -142,3 +256,9 @@ def rescale_p2(sigmas: float) -> float:
 def delta_prime(delta: float, p1: float, p2: float) -> float:
     """δ' = δ / (p1 p2) of Theorem 3.6 (rescaling's estimate may fail with 1 − p1 p2)."""
     return delta / (p1 * p2)
+
+
+def rescale_sigmas_for(failure: float, releases: int) -> float:
+    """k of Eq. 5 such that ``releases`` estimates all hold but with probability ``failure``
+    (union bound: releases · (1 − Φ(k)) = failure)."""
+    return float(norm.ppf(1.0 - failure / max(int(releases), 1)))

@@ -26,6 +26,7 @@ __all__ = [
     "fuzzy_cmeans",
     "gaussian_noise",
     "kl_regulariser",
+    "normalize_to_sphere",
     "pairwise_distances",
     "rescale",
     "secure_gaussian_noise",
@@ -37,6 +38,18 @@ def clip_norm(h: torch.Tensor, t: float) -> torch.Tensor:
     """Line 6 / Eq. 2: h_j / max(1, ‖h_j‖ / t); differentiable (the graph is kept)."""
     norms = torch.linalg.vector_norm(h, dim=-1, keepdim=True)
     return h / torch.clamp(norms / t, min=1.0)
+
+
+def normalize_to_sphere(h: torch.Tensor, t: float) -> torch.Tensor:
+    """Every embedding scaled to norm exactly t (a departure, issue 20: ``normalized``).
+
+    Clipping (Eq. 2) bounds the sensitivity by the ball's diameter 2t whatever the norms; an
+    embedding of norm below t pays the same noise for less signal. Scaling onto the sphere
+    keeps the sensitivity at 2t and gives every record the whole radius from the first step
+    (the direction carries the information; differentiable away from 0).
+    """
+    norms = torch.linalg.vector_norm(h, dim=-1, keepdim=True)
+    return h * (t / torch.clamp(norms, min=1e-12))
 
 
 def pairwise_distances(h: torch.Tensor, *, max_rows: int = 512,

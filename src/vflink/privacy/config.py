@@ -3,9 +3,12 @@
 ::
 
     [privacy]
-    embeddings = "afe"     # off | vanilla | rescale | adjust | afe (Table 2)
-    epsilon = 2.0          # per release of one record's embedding (Lemma 3.3 / analytic Gaussian)
+    embeddings = "afe"     # off | vanilla | rescale | adjust | afe (Table 2) | normalized | ...
+    total_epsilon = 4.0    # budget first: ε of the worst-case record over the whole run ...
+    delta = 1e-5           # ... at this δ; σ is calibrated from the run's plan (issue 20)
+    epsilon = 2.0          # or per release (the paper's form; not with total_epsilon)
     delta = 1e-2           # per release (§4.1 fixes δ = 1e-2)
+    reserve_releases = 0   # with total_epsilon: releases kept for after training (predict, attacks)
     clip = 1.0             # t of Eq. 2
     alpha = 0.1            # weight of the KL regulariser, Eq. 6 (rescale, afe)
     beta = 0.1             # weight of the contrastive loss, Eq. 8 (adjust, afe)
@@ -15,7 +18,15 @@
     rescale_cap = false    # true: cap Δ̃ at 2t so rescaling never shrinks (not in the paper)
     secure_rng = false     # noise from the operating system's secure source
     seed = 0               # noise seed (the secondary's own; never sent to the primary)
-    budget = 50.0          # optional: total ε of any record over the run
+    budget = 50.0          # optional: total ε of any record over the run (= total_epsilon when
+                           # that is set)
+
+Budget first: with ``total_epsilon`` the per-release ε is derived. The primary announces the
+run's plan (epochs, batches, evaluation passes) and each secondary bounds, from its own links,
+how often each record can be released, then calibrates σ so that its worst-case record ends at
+(``total_epsilon``, ``delta``) exactly (:func:`vflink.privacy.accounting.calibrate_total`);
+the same figure is its budget, so a run that asks for more releases than planned stops before
+the release that would pass it.
 
 The same table may appear in a secondary's party file (``vflink serve``): the secondary then
 adds the noise with its own settings and refuses a run that expects others.
@@ -28,14 +39,24 @@ from typing import Any
 
 from vflink._checks import check_choice, check_float, check_int, raise_if
 
-__all__ = ["MODES", "PUBLIC_SETTINGS", "PrivacyConfig"]
+__all__ = ["DEFAULT_EPSILON", "MODES", "PUBLIC_SETTINGS", "PrivacyConfig"]
 
-#: Table 2 of VFL-AFE: vanilla (§3.1), +R (§3.2), +D (§3.3), both (VFL-AFE).
-MODES = ("off", "vanilla", "rescale", "adjust", "afe")
+#: Table 2 of VFL-AFE: vanilla (§3.1), +R (§3.2), +D (§3.3), both (VFL-AFE); and the
+#: departures of issue 20 (:data:`vflink.privacy.afe.VARIANTS`): ``normalized`` scales every
+#: embedding onto the clipping sphere before noising, so each uses the whole ball from the
+#: first step; ``release-once`` releases each record's (normalized) embedding once and answers
+#: every later request with that same release (post-processing: no further privacy cost),
+#: its bottom model left untrained (a seeded random projection), so each record costs one
+#: Gaussian release for the whole run.
+MODES = ("off", "vanilla", "rescale", "adjust", "afe", "normalized", "release-once")
+
+#: Per-release ε when neither ``epsilon`` nor ``total_epsilon`` is given.
+DEFAULT_EPSILON = 2.0
 
 #: Settings the primary may know and must agree on (never the noise seed or generator).
-PUBLIC_SETTINGS = ("embeddings", "epsilon", "delta", "clip", "alpha", "beta", "fcm_clusters",
-                   "fcm_threshold", "rescale_sigmas", "rescale_cap", "budget")
+PUBLIC_SETTINGS = ("embeddings", "epsilon", "total_epsilon", "reserve_releases", "delta",
+                   "clip", "alpha", "beta", "fcm_clusters", "fcm_threshold", "rescale_sigmas",
+                   "rescale_cap", "budget")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -43,7 +64,12 @@ class PrivacyConfig:
     """Differential privacy on the embeddings every secondary sends (VFL-AFE Algorithm 1)."""
 
     embeddings: str = "off"
-    epsilon: float = 2.0
+    #: per release (the paper's form); ``None``: derived from ``total_epsilon``, else 2.0
+    epsilon: float | None = None
+    #: ε of the worst-case record over the run (budget first); ``None``: per-release form
+    total_epsilon: float | None = None
+    #: with ``total_epsilon``: releases per record kept in the budget beyond the training run
+    reserve_releases: int = 0
     delta: float = 1e-2
     clip: float = 1.0
     alpha: float = 0.1
@@ -60,7 +86,19 @@ class PrivacyConfig:
     def __post_init__(self) -> None:
         problems: list[str] = []
         check_choice(problems, "privacy.embeddings", self.embeddings, MODES)
-        check_float(problems, "privacy.epsilon", self.epsilon, min=0.0, min_exclusive=True)
+        check_float(problems, "privacy.epsilon", self.epsilon, min=0.0, min_exclusive=True,
+                    allow_none=True)
+        check_float(problems, "privacy.total_epsilon", self.total_epsilon, min=0.0,
+                    min_exclusive=True, allow_none=True)
+        check_int(problems, "privacy.reserve_releases", self.reserve_releases, min=0)
+        if self.epsilon is not None and self.total_epsilon is not None:
+            problems.append("give `privacy.total_epsilon` (the run's total, per-release ε "
+                            "derived) or `privacy.epsilon` (per release), not both")
+        if (self.total_epsilon is not None and self.budget is not None
+                and self.budget != self.total_epsilon):
+            problems.append(f"`privacy.budget` ({self.budget}) differs from "
+                            f"`privacy.total_epsilon` ({self.total_epsilon}), which is the "
+                            "budget: remove `budget`")
         check_float(problems, "privacy.delta", self.delta, min=0.0, max=1.0, min_exclusive=True)
         if isinstance(self.delta, (int, float)) and self.delta == 1.0:
             problems.append("`privacy.delta` must be < 1, got 1.0")
@@ -87,10 +125,37 @@ class PrivacyConfig:
         check_float(problems, "privacy.budget", self.budget, min=0.0, min_exclusive=True,
                     allow_none=True)
         if (self.budget is not None and isinstance(self.budget, (int, float))
-                and isinstance(self.epsilon, (int, float)) and 0 < self.budget < self.epsilon):
+                and self.total_epsilon is None and isinstance(self.release_epsilon, (int, float))
+                and 0 < self.budget < self.release_epsilon):
             problems.append(f"`privacy.budget` ({self.budget}) is below the ε of a single release "
-                            f"(`privacy.epsilon` = {self.epsilon}): nothing could be released")
+                            f"(`privacy.epsilon` = {self.release_epsilon}): nothing could be "
+                            "released")
         raise_if(problems, "[privacy] section")
+
+    @property
+    def budget_first(self) -> bool:
+        """σ is calibrated from ``total_epsilon`` and the run's plan (issue 20)."""
+        return self.total_epsilon is not None
+
+    @property
+    def release_epsilon(self) -> float:
+        """The per-release ε of the paper's form (``epsilon``, default 2.0)."""
+        return float(self.epsilon) if self.epsilon is not None else DEFAULT_EPSILON
+
+    @property
+    def spending_limit(self) -> float | None:
+        """The ε no record may pass: ``total_epsilon`` or ``budget``."""
+        return self.total_epsilon if self.total_epsilon is not None else self.budget
+
+    @property
+    def normalize(self) -> bool:
+        """Scale every embedding onto the clipping sphere before noising (issue 20)."""
+        return self.embeddings in ("normalized", "release-once")
+
+    @property
+    def release_once(self) -> bool:
+        """One release per record for the run, repeated from a cache (issue 20)."""
+        return self.embeddings == "release-once"
 
     @property
     def enabled(self) -> bool:

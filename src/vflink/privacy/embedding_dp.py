@@ -16,28 +16,34 @@ from __future__ import annotations
 
 import logging
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import torch
+from dp_accounting import gaussian_mechanism
 
 from vflink.errors import ConfigError, PrivacyBudgetExceeded
 from vflink.privacy import afe
 from vflink.privacy.accounting import (
     ACCOUNTANT,
+    Calibration,
     calibrate,
+    calibrate_total,
     composed_epsilon,
+    composed_epsilon_mixed,
     delta_prime,
     max_releases_within,
+    planned_releases,
     rescale_p2,
+    rescale_sigmas_for,
 )
 from vflink.privacy.budget import ReleaseBudget, ReleaseSetting
 from vflink.privacy.config import PUBLIC_SETTINGS, PrivacyConfig
 from vflink.privacy.ledger import explain_epsilon
 
-__all__ = ["EmbeddingDP", "Observer", "agree_settings"]
+__all__ = ["PLAN_KEYS", "EmbeddingDP", "Observer", "agree_settings", "check_plan"]
 
 #: ``observer(event, figures)``: local diagnostics of training batches, for the secondary's own
 #: eyes (``scripts/afe_diagnostics.py``); never part of :meth:`EmbeddingDP.report`, since Δ̃ and
@@ -45,6 +51,10 @@ __all__ = ["EmbeddingDP", "Observer", "agree_settings"]
 Observer = Callable[[str, dict[str, float]], None]
 
 log = logging.getLogger(__name__)
+
+#: The run's plan a primary announces for budget-first calibration (issue 20), and bounds on it.
+PLAN_KEYS = ("epochs", "train_batches", "train_chunks", "validation_chunks", "test_chunks")
+_PLAN_MAX = 10**7
 
 #: p1 of Theorem 3.6 (local sensitivity of the whole data equals that of the batch's support);
 #: the paper lets p1 → 1 for large N and gives no estimate, so the ledger assumes 1.
@@ -76,6 +86,35 @@ def agree_settings(own: PrivacyConfig | None, requested: dict[str, Any], party: 
     return own
 
 
+def check_plan(plan: Mapping[str, Any], party: str) -> dict[str, int]:
+    """The announced plan as ints ≥ 0 with exactly :data:`PLAN_KEYS` (ConfigError otherwise)."""
+    keys = set(plan)
+    if keys != set(PLAN_KEYS):
+        raise ConfigError(f"party {party!r}: the run's release plan must name exactly "
+                          f"{list(PLAN_KEYS)}, got {sorted(keys)}")
+    out: dict[str, int] = {}
+    for k in PLAN_KEYS:
+        v = plan[k]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v != int(v) or not (
+                0 <= v <= _PLAN_MAX):
+            raise ConfigError(f"party {party!r}: release plan `{k}` must be an int in "
+                              f"[0, {_PLAN_MAX}], got {v!r}")
+        out[k] = int(v)
+    return out
+
+
+def _planned_epsilon(budget: ReleaseBudget, planned: npt.NDArray[np.int64], sigma: float,
+                     delta: float) -> float:
+    """ε of the worst-case record after its planned releases at ``sigma`` (PLD)."""
+    if not planned.size or planned.max() <= 0:
+        return budget.max_epsilon(delta)
+    loss = budget._loss() + planned / sigma ** 2
+    row = int(np.argmax(loss))
+    past = dict(budget.releases_of(row))
+    past[sigma] = past.get(sigma, 0) + int(planned[row])
+    return composed_epsilon_mixed(tuple(sorted(past.items())), delta)
+
+
 class EmbeddingDP:
     """Clip, rescale and noise one secondary's embeddings; count and account releases.
 
@@ -96,19 +135,28 @@ class EmbeddingDP:
             raise ConfigError("EmbeddingDP needs privacy.embeddings other than 'off'")
         self.config = config
         self.party = party
-        self.calibration = calibrate(config.epsilon, config.delta)
+        self.n_rows = n_rows
         self.counts = np.zeros(n_rows, dtype=np.int64)
         self.max_links = 0
+        self.links = np.zeros(n_rows, dtype=np.int64)
+        self.in_train = np.zeros(n_rows, dtype=bool)
         self.classes = classes
         self.budget = budget if budget is not None else ReleaseBudget(n_rows, party=party)
         if self.budget.n_rows != n_rows:
             raise ConfigError(f"party {party!r}: the release counts are for "
                               f"{self.budget.n_rows} records, the party has {n_rows}")
-        p2 = rescale_p2(config.rescale_sigmas) if config.rescale else 1.0
-        self.setting = ReleaseSetting(
-            sigma=self.calibration.sigma, failure=(1.0 - P1 * p2) if config.rescale else 0.0,
-            epsilon=config.epsilon, delta=config.delta, calibration=self.calibration.method,
-            mode=config.embeddings)
+        #: the announced plan (budget first) and what the calibration planned from it
+        self.plan: dict[str, int] | None = None
+        self.planned: dict[str, Any] | None = None
+        #: δ of the Gaussian composition, and k of Eq. 5; budget first with rescaling splits
+        #: the run's δ between them (see :meth:`_calibrate_total`)
+        self.delta = float(config.delta)
+        self.rescale_sigmas = float(config.rescale_sigmas)
+        self.calibration: Calibration | None = None
+        self.setting: ReleaseSetting | None = None
+        self._allowed: int | None = None
+        if not config.budget_first:
+            self._set_calibration(calibrate(config.release_epsilon, config.delta))
         self._seed_given = seed is not None
         seed = int(seed) if seed is not None else secrets.randbits(63)
         self._seed = seed
@@ -118,16 +166,96 @@ class EmbeddingDP:
         # FCM initialisation and sub-sampling are not secret; a separate stream keeps the noise
         # sequence independent of how often they draw.
         self._aux = torch.Generator().manual_seed((seed * 7919 + 17) % (2**63))
-        self._allowed: int | None = None
         self.observer: Observer | None = None
-        if config.budget is not None:
-            self._allowed = max_releases_within(self.sigma, config.delta, config.budget)
+        self._cache: torch.Tensor | None = None  # release-once: each record's release
+        self._cached = np.zeros(0, dtype=bool)
+
+    # --- calibration ----------------------------------------------------------------------------
+
+    def _set_calibration(self, calibration: Calibration) -> None:
+        cfg = self.config
+        self.calibration = calibration
+        p2 = rescale_p2(self.rescale_sigmas) if cfg.rescale else 1.0
+        self.setting = ReleaseSetting(
+            sigma=calibration.sigma, failure=(1.0 - P1 * p2) if cfg.rescale else 0.0,
+            epsilon=calibration.epsilon, delta=calibration.delta,
+            calibration=calibration.method, mode=cfg.embeddings)
+        limit = cfg.spending_limit
+        self._allowed = (max_releases_within(calibration.sigma, self.delta, limit)
+                         if limit is not None else None)
+
+    def set_plan(self, plan: Mapping[str, Any]) -> None:
+        """The run's plan, announced by the primary (budget first); σ follows at the first
+        release, once the training rows are known."""
+        self.plan = check_plan(plan, self.party)
+        self.calibration = self.setting = None
+
+    def note_train_rows(self, rows: npt.NDArray[np.int64]) -> None:
+        """The records linked to a training record (``FitPreprocessing``)."""
+        self.in_train[:] = False
+        self.in_train[np.asarray(rows, dtype=np.int64)] = True
+
+    def _calibrate_total(self) -> None:
+        """σ such that the worst-case record, after every release the plan allows on top of
+        its earlier ones, is at (total_epsilon, δ) exactly (issue 20)."""
+        cfg = self.config
+        total = cfg.total_epsilon
+        if total is None:
+            return
+        if self.plan is None:
+            raise PrivacyBudgetExceeded(
+                f"party {self.party!r}: `privacy.total_epsilon` = {total:g} needs the run's "
+                "release plan (epochs, batches, evaluations), which the primary did not "
+                "announce; nothing is released without it")
+        p = self.plan
+        if cfg.release_once:  # one release per linked record, then its cached copy
+            planned = np.where(self.links > 0, 1 + cfg.reserve_releases, 0).astype(np.int64)
+        else:
+            planned = planned_releases(
+                self.links, self.in_train, epochs=p["epochs"],
+                train_batches=p["train_batches"],
+                chunks=(p["train_chunks"], p["validation_chunks"], p["test_chunks"]),
+                extra=cfg.reserve_releases)
+        m_max = int(planned.max(initial=0))
+        if cfg.rescale:
+            # rescaling's estimate may fail with 1 − Φ(k) per release (Thm 3.6): half of δ
+            # goes to the union bound over the record's releases, half to the composition
+            self.delta = cfg.delta / 2.0
+            self.rescale_sigmas = max(cfg.rescale_sigmas,
+                                      rescale_sigmas_for(cfg.delta / 2.0, m_max))
+        budget = self.budget
+        loss = budget._loss() if budget.settings else None
+        try:
+            sigma = calibrate_total(total, self.delta, planned, loss,
+                                    lambda r: budget.releases_of(r))
+        except ValueError as exc:
+            raise PrivacyBudgetExceeded(
+                f"party {self.party!r}: privacy budget ε = {total:g} (`privacy.total_epsilon`) "
+                f"cannot cover this run: {exc}; nothing is released") from None
+        per_release = float(gaussian_mechanism.get_epsilon_gaussian(sigma, self.delta))
+        self._set_calibration(Calibration(sigma, "total-epsilon (PLD)", per_release,
+                                          self.delta))
+        self.planned = {
+            "epsilon_target": total, "delta_target": cfg.delta, "plan": dict(p),
+            "reserve_releases": cfg.reserve_releases, "max_releases": m_max,
+            "epsilon": _planned_epsilon(budget, planned, sigma, self.delta),
+            "records_planned": int((planned > 0).sum()),
+        }
+        log.info("party %r: total ε = %g at δ = %g over at most %d releases per record: "
+                 "σ = %.4g", self.party, total, cfg.delta, m_max, sigma)
+
+    def _ready(self) -> None:
+        if self.calibration is None:
+            self._calibrate_total()
 
     # --- figures ------------------------------------------------------------------------------
 
     @property
     def sigma(self) -> float:
         """The noise multiplier σ (noise std over the sensitivity 2t)."""
+        self._ready()
+        if self.calibration is None:  # pragma: no cover  (_ready sets it or raises)
+            raise ConfigError(f"party {self.party!r}: no noise calibration")
         return self.calibration.sigma
 
     @property
@@ -141,6 +269,7 @@ class EmbeddingDP:
 
     def note_links(self, links_per_row: npt.NDArray[np.int64]) -> None:
         """Remember how many primary records link to each row (soft linkage: many)."""
+        self.links = np.asarray(links_per_row, dtype=np.int64).copy()
         self.max_links = int(links_per_row.max()) if links_per_row.size else 0
 
     # --- Algorithm 1, lines 6-9 ----------------------------------------------------------------
@@ -148,9 +277,10 @@ class EmbeddingDP:
     def _check_budget(self, rows: npt.NDArray[np.int64]) -> None:
         # Every release the party's data ever had counts (the budget's counts, kept across
         # setups, sessions, runs and restarts), not only this run's.
-        if self._allowed is None or rows.size == 0:
+        limit = self.config.spending_limit
+        if self._allowed is None or limit is None or rows.size == 0 or self.setting is None:
             return
-        budget, delta = self.budget, self.config.delta
+        budget, delta = self.budget, self.delta
         if not budget.others_released(self.setting, rows):
             # one noise setting only: the release count decides (the figures of one setting)
             i = budget.find(self.setting)
@@ -165,14 +295,15 @@ class EmbeddingDP:
             # spent the most
             row = budget.worst(rows)
             would = budget.epsilon(row, delta, plus=self.setting)
-            if would <= self.config.budget:  # type: ignore[operator]
+            if would <= limit:
                 return
             spent = budget.epsilon(row, delta)
             n = int(budget.totals[row])
             what = f"a record released {n} times under {len(budget.releases_of(row))} settings"
+        key = "privacy.total_epsilon" if self.config.budget_first else "privacy.budget"
         raise PrivacyBudgetExceeded(
-            f"party {self.party!r}: privacy budget ε = {self.config.budget:g} "
-            f"(`privacy.budget`) reached: {what} "
+            f"party {self.party!r}: privacy budget ε = {limit:g} "
+            f"(`{key}`) reached: {what} "
             f"(ε = {spent:.3g} at δ = {delta:g}) would reach ε = {would:.3g} "
             f"with one more release; training stops before that release")
 
@@ -201,11 +332,20 @@ class EmbeddingDP:
             raise ValueError(f"{len(rows)} rows for {out.shape[0]} embeddings")
         if np.unique(rows).size != rows.size:
             raise ValueError("release() needs unique rows (one embedding per record)")
+        self._ready()
+        setting = self.setting
+        if setting is None:  # pragma: no cover  (_ready sets it or raises)
+            raise ConfigError(f"party {self.party!r}: no noise calibration")
+        if self.config.release_once:
+            return self._release_once(out, rows)
         self._check_budget(rows)
         if not self._stream_claimed:
             self._claim_stream()
         t = self.config.clip
-        z = afe.clip_norm(out.float(), t)  # line 6, Eq. 2
+        if self.config.normalize:  # issue 20: the whole radius t for every record
+            z = afe.normalize_to_sphere(out.float(), t)
+        else:
+            z = afe.clip_norm(out.float(), t)  # line 6, Eq. 2
         watch = self.observer is not None and out.requires_grad  # training batches only
         figures: dict[str, float] = {}
         if watch:
@@ -217,7 +357,7 @@ class EmbeddingDP:
             # Δ̃ is a statistic of the batch, detached: no gradient flows through it (the paper
             # does not say; Eq. 6's KL term is the one meant to shape the distances' law)
             d = afe.pairwise_distances(z.detach(), generator=self._aux)
-            estimate = afe.sensitivity_estimate(d, self.config.rescale_sigmas)
+            estimate = afe.sensitivity_estimate(d, self.rescale_sigmas)
             before = z
             z = afe.rescale(z, t, estimate, cap=self.config.rescale_cap)
             if watch:
@@ -231,11 +371,42 @@ class EmbeddingDP:
         released = z.detach() + noise
         # write-ahead: the release is counted (and on disk, with a state directory) before the
         # caller can send it; if that fails nothing is sent
-        self.budget.record(self.setting, rows)
+        self.budget.record(setting, rows)
         self.counts[rows] += 1
         if watch and self.observer is not None:
             self.observer("release", figures)
         return z, released
+
+    def _release_once(self, out: torch.Tensor, rows: npt.NDArray[np.int64]
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``release-once``: records released before get their cached release again (the same
+        vector: post-processing, no further privacy cost); new ones are released (and counted)
+        once. The cache lives with this run's object: a new run releases anew, and its budget
+        counts that."""
+        if self._cache is None:
+            self._cache = torch.zeros(self.n_rows, out.shape[1])
+            self._cached = np.zeros(self.n_rows, dtype=bool)
+        cached = self._cached
+        new = ~cached[rows]
+        if new.any():
+            fresh = rows[new]
+            self._check_budget(fresh)
+            z = afe.normalize_to_sphere(out.detach()[torch.from_numpy(np.flatnonzero(new))]
+                                        .float(), self.config.clip)
+            if self.config.secure_rng:
+                noise = afe.secure_gaussian_noise(tuple(z.shape), self.noise_std)
+            else:
+                noise = afe.gaussian_noise(tuple(z.shape), self.noise_std, self._noise)
+            if not self._stream_claimed:
+                self._claim_stream()
+            setting = self.setting
+            if setting is not None:
+                self.budget.record(setting, fresh)
+            self.counts[fresh] += 1
+            self._cache[torch.from_numpy(fresh)] = z + noise
+            cached[fresh] = True
+        released = self._cache[torch.from_numpy(rows)].clone()
+        return out.detach(), released
 
     # --- Algorithm 1, lines 16-18 -------------------------------------------------------------
 
@@ -275,30 +446,35 @@ class EmbeddingDP:
         """This party's ledger entry (keyword arguments of ``Ledger.add_protection``)."""
         cfg = self.config
         budget = self.budget
+        sigma = self.sigma  # budget first: calibrates now if nothing was released yet
+        calibration = self.calibration
+        per_release = calibration.epsilon if calibration is not None else cfg.release_epsilon
         # The guarantee covers every release of the party's data (this run's and earlier
         # ones'); for a first run on the data it is this run's figures.
         totals = budget.totals
         m = int(totals.max(initial=0))
-        eps_total = budget.max_epsilon(cfg.delta)
-        p2 = rescale_p2(cfg.rescale_sigmas) if cfg.rescale else 1.0
-        d_prime = delta_prime(cfg.delta, P1, p2)
+        eps_total = budget.max_epsilon(self.delta)
+        p2 = rescale_p2(self.rescale_sigmas) if cfg.rescale else 1.0
+        d_prime = delta_prime(self.delta, P1, p2)
         # Rescaling's Δ̃ holds with probability p1·p2 per release; a union bound over the
         # record's m releases adds m(1 − p1 p2) to the composed δ (more cautious than
         # composing Thm 3.6's δ' = δ/(p1 p2)).
-        delta_total = cfg.delta + budget.max_failure()
+        delta_total = self.delta + budget.max_failure()
         params = {
-            "mode": cfg.embeddings, "calibration": self.calibration.method, "t": cfg.clip,
-            "sigma": self.sigma, "noise_std": self.noise_std,
+            "mode": cfg.embeddings,
+            "calibration": calibration.method if calibration is not None else None,
+            "t": cfg.clip, "sigma": sigma, "noise_std": self.noise_std,
             "alpha": cfg.alpha if cfg.rescale else None,
             "beta": cfg.beta if cfg.adjust else None,
             "fcm_clusters": (cfg.fcm_clusters or self.classes) if cfg.adjust else None,
             "fcm_threshold": cfg.fcm_threshold if cfg.adjust else None,
-            "rescale_sigmas": cfg.rescale_sigmas if cfg.rescale else None,
+            "rescale_sigmas": self.rescale_sigmas if cfg.rescale else None,
             "rescale_cap": cfg.rescale_cap if cfg.rescale else None,
-            "secure_rng": cfg.secure_rng, "budget": cfg.budget,
+            "secure_rng": cfg.secure_rng, "budget": cfg.spending_limit,
+            "total_epsilon": cfg.total_epsilon,
         }
-        guarantee = {
-            "epsilon_per_release": cfg.epsilon, "delta": cfg.delta, "delta_prime": d_prime,
+        guarantee: dict[str, Any] = {
+            "epsilon_per_release": per_release, "delta": self.delta, "delta_prime": d_prime,
             "p1": P1 if cfg.rescale else None, "p2": p2 if cfg.rescale else None,
             "max_releases": m, "max_links_per_record": self.max_links,
             "records_released": int((totals > 0).sum()),
@@ -311,18 +487,33 @@ class EmbeddingDP:
                      "operator last reset the budget (all runs and sessions; composition of "
                      "every release)",
         }
+        if self.planned is not None:
+            # budget first: what the calibration planned against what the run spent
+            guarantee["planned"] = dict(self.planned)
+            guarantee["spent"] = {"epsilon": eps_total, "delta": delta_total,
+                                  "max_releases": m}
         earlier = int(totals.sum()) - int(self.counts.sum())
+        how = (f"σ was calibrated so that the worst-case record ends at ε = "
+               f"{cfg.total_epsilon:g} (δ = {cfg.delta:g}) after at most "
+               f"{self.planned['max_releases'] if self.planned else 0} planned releases; "
+               if cfg.budget_first else "")
         explanation = (f"{explain_epsilon(eps_total, delta_total)}. Every embedding party "
-                       f"{self.party!r} sent was clipped to norm {cfg.clip:g} and noised "
-                       f"(std {self.noise_std:.3g}); each release costs ε = {cfg.epsilon:g} "
-                       f"at δ = {cfg.delta:g}, and its most-released record was sent {m} times"
+                       f"{self.party!r} sent was "
+                       + ("scaled to norm" if cfg.normalize else "clipped to norm")
+                       + f" {cfg.clip:g} and noised (std {self.noise_std:.3g}); {how}each "
+                       f"release costs ε = {per_release:.3g} at δ = {self.delta:g}, and its "
+                       f"most-released record was sent {m} times"
                        + (" (counting earlier runs on the same data)." if earlier > 0 else "."))
         return {"kind": "embedding-dp", "party": self.party, "applies_to": "embeddings",
                 "params": params, "guarantee": guarantee, "explanation": explanation}
 
     def state_dict(self) -> dict[str, Any]:
         return {"settings": self.config.public_settings(), "counts": self.counts.copy(),
-                "classes": self.classes, "max_links": self.max_links,
+                "classes": self.classes, "max_links": self.max_links, "plan": self.plan,
+                "calibration": None if self.calibration is None or not self.config.budget_first
+                else {"sigma": self.calibration.sigma, "epsilon": self.calibration.epsilon,
+                      "delta": self.delta, "rescale_sigmas": self.rescale_sigmas,
+                      "planned": self.planned},
                 "noise": self._noise.get_state(), "aux": self._aux.get_state()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -333,7 +524,20 @@ class EmbeddingDP:
         # never forget releases: keep the larger count of memory and file (the data's counts
         # too: a checkpoint written before the budget file existed still counts)
         self.counts = np.maximum(self.counts, counts)
-        self.budget.merge(self.setting, counts)
+        saved = state.get("calibration")
+        if self.config.budget_first and saved is not None:
+            # a resumed run keeps the σ it was calibrated with (its own releases since are
+            # this run's plan being spent, not an earlier run's)
+            if state.get("plan") is not None:
+                self.plan = check_plan(state["plan"], self.party)
+            self.delta = float(saved["delta"])
+            self.rescale_sigmas = float(saved["rescale_sigmas"])
+            self.planned = saved.get("planned")
+            self._set_calibration(Calibration(float(saved["sigma"]), "total-epsilon (PLD)",
+                                              float(saved["epsilon"]), self.delta))
+        self._ready()
+        if self.setting is not None:
+            self.budget.merge(self.setting, counts)
         self.classes = state.get("classes", self.classes)
         self.max_links = int(state.get("max_links", self.max_links))
         if not self.config.secure_rng and self._seed_given:

@@ -495,11 +495,17 @@ class LoadState(Message):
 class SetupPrivacy(Message):
     """Primary → secondary: the embedding protection the run expects (public settings only:
     mode, ε, δ, t, α, β, ...; never a noise seed) and the number of classes C of the task
-    (VFL-AFE Eq. 7; 0 for regression). A secondary with its own settings refuses others."""
+    (VFL-AFE Eq. 7; 0 for regression). A secondary with its own settings refuses others.
+
+    ``plan``: with ``total_epsilon`` (budget first, issue 20), the run's release plan the
+    secondary calibrates its noise for (``epochs``, ``train_batches``, ``train_chunks``,
+    ``validation_chunks``, ``test_chunks``); empty otherwise. Releases beyond it are refused
+    by the secondary's budget, so a primary gains nothing by announcing less."""
 
     kind: ClassVar[str] = "setup_privacy"
     settings: dict[str, str | float | int | bool | None]
     classes: int = 0
+    plan: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from vflink._checks import check_choice, check_float, check_int, raise_if
 from vflink.data.schema import PartySchema
 from vflink.errors import ConfigError, VflinkError
 from vflink.models.merge import AggregatorConfig
-from vflink.models.spec import ACTIVATIONS, OPTIMIZERS
+from vflink.models.spec import ACTIVATIONS, OPTIMIZERS, BottomSpec
 from vflink.parties.policy import PartyPolicy
 from vflink.privacy.config import PrivacyConfig  # the [privacy] section (VFL-AFE)
 from vflink.runner.algorithms import algorithm_names
@@ -219,9 +219,17 @@ class ModelConfig:
     pair_dim: int = 10
     aggregator: AggregatorConfig = field(default_factory=AggregatorConfig)
     standardize: bool = True  # z-score numeric features (False: raw, as the FedSim authors)
+    #: every party's bottom model: "mlp" (``hidden``) or "cnn" (issue 20; VFL-AFE's two-layer
+    #: CNN is the default of ``channels`` / ``kernels``; ``image_shape`` = [C, H, W], one -1)
+    bottom: str = "mlp"
+    channels: tuple[int, ...] = (32, 64)
+    kernels: tuple[int, ...] = (5, 5)
+    image_shape: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "hidden", tuple(self.hidden))
+        for name in ("channels", "kernels", "image_shape"):
+            object.__setattr__(self, name, tuple(getattr(self, name)))
         object.__setattr__(self, "top_hidden", tuple(self.top_hidden))
         problems: list[str] = []
         if isinstance(self.aggregator, dict):
@@ -241,6 +249,12 @@ class ModelConfig:
         if not isinstance(self.standardize, bool):
             problems.append(f"`model.standardize` must be true or false, got "
                             f"{self.standardize!r}")
+        try:
+            BottomSpec(bottom=self.bottom, channels=self.channels, kernels=self.kernels,
+                       image_shape=self.image_shape)
+        except ConfigError as exc:
+            problems.extend("`model." + p[1:] if p.startswith("`") else f"model: {p}"
+                            for p in exc.problems)
         raise_if(problems, "[model] section")
 
 

@@ -64,6 +64,7 @@ __all__ = [
     "combined_table",
     "load_inputs",
     "prepare",
+    "release_plan",
     "run_training",
     "train_and_evaluate",
 ]
@@ -343,12 +344,32 @@ def _plan(config: RunConfig, algorithm: Algorithm, *, learn_missing: bool, k: in
     bottom = BottomSpec(hidden=m.hidden, out_dim=m.cut_dim, activation=m.activation,
                         dropout=m.dropout, optimizer=t.optimizer, lr=t.lr,
                         weight_decay=t.weight_decay, seed=config.seed,
-                        standardize=m.standardize)
+                        standardize=m.standardize, bottom=m.bottom, channels=m.channels,
+                        kernels=m.kernels, image_shape=m.image_shape)
     agg = AggregatorConfig(**{**m.aggregator.__dict__, "seed": config.seed})
     privacy = config.privacy.public_settings() if config.privacy.enabled else None
     return TrainingPlan(bottom=bottom, top_hidden=m.top_hidden, learn_missing=learn_missing,
                         aggregator=algorithm.aggregator, k=k, aggregator_config=agg,
                         pair_dim=m.pair_dim, privacy=privacy)
+
+
+def release_plan(plan: TrainingPlan, splits: tuple[npt.NDArray[np.int64], ...], epochs: int,
+                 batch_size: int) -> dict[str, int] | None:
+    """What a budget-first secondary calibrates its noise for (issue 20): the epochs, the
+    training batches per epoch, and the evaluation batches of each split (validation after
+    every epoch; train, validation and test once after training). ``None`` when the
+    protection is per release."""
+    if plan.privacy is None or plan.privacy.get("total_epsilon") is None:
+        return None
+    train, val, test = splits
+
+    def chunks(n: int, size: int) -> int:
+        return -(-n // size)
+
+    return {"epochs": epochs, "train_batches": chunks(len(train), batch_size),
+            "train_chunks": chunks(len(train), plan.eval_batch_size),
+            "validation_chunks": chunks(len(val), plan.eval_batch_size),
+            "test_chunks": chunks(len(test), plan.eval_batch_size)}
 
 
 def _records(raw: list[dict[str, Any]]) -> list[EpochRecord]:
@@ -401,7 +422,8 @@ def train_and_evaluate(primary: PrimaryParty, config: RunConfig, plan: TrainingP
             progress("epoch", len(history), t.epochs)
     else:
         before_setup = counter.snapshot()
-        primary.setup(plan, train)
+        primary.setup(plan, train, release_plan=release_plan(plan, splits, t.epochs,
+                                                             batch_size))
         setup_traffic = TrafficCounter.delta(counter.snapshot(), before_setup)
     finished = resume and (stale >= t.patience or first_epoch > t.epochs)
     for epoch in range(first_epoch, t.epochs + 1):

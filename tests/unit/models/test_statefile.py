@@ -43,11 +43,19 @@ def equal(a: object, b: object) -> bool:
     return type(a) is type(b) and (a == b or (a != a and b != b))
 
 
+BOTTOMS = {"mlp": {}, "cnn": {"bottom": "cnn", "channels": (3, 4), "kernels": (3, 1),
+                               "image_shape": (1, 1, 5)}}
+
+
+@pytest.mark.parametrize("bottom", sorted(BOTTOMS))
 @pytest.mark.parametrize("optimizer", ["adam", "adamw", "lamb", "sgd"])
-def test_model_and_optimizer_round_trip_exactly(tmp_path: Path, optimizer: str) -> None:
-    spec = BottomSpec(hidden=(8,), out_dim=3, optimizer=optimizer)
+def test_model_and_optimizer_round_trip_exactly(tmp_path: Path, optimizer: str,
+                                                bottom: str) -> None:
+    spec = BottomSpec(hidden=(8,), out_dim=3, optimizer=optimizer, **BOTTOMS[bottom])
     model = SplitNNPrimary(5, spec, [4], (6,), 2, learn_missing=True, aggregator="fedsim", k=3,
                            aggregator_config=AggregatorConfig(dropout=0.3, seed=1))
+    if bottom == "cnn":
+        assert any(isinstance(m, torch.nn.Conv2d) for m in model.modules())
     opt = build_optimizer(model.parameters(), spec)
     model.train()
     for _ in range(3):  # real optimiser moments, step counts and dropout-stream positions
