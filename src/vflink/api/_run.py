@@ -236,13 +236,19 @@ class Run:
         return write_report(self.path, target)
 
 
+def _in_memory(config: RunConfig) -> list[str]:
+    """The parties whose tables were handed to :func:`train` in memory."""
+    return [s.name for s in config.data.parties
+            if s.path is not None and str(s.path).startswith("<in-memory table")]
+
+
 def _check_paths(config: RunConfig) -> None:
     """A run trained on in-memory tables cannot reread them: say so, not "file not found"."""
-    for schema in config.data.parties:
-        if schema.path is not None and str(schema.path).startswith("<in-memory table"):
-            raise ConfigError(f"the run's party {schema.name!r} was trained on an in-memory "
-                              "table: pass its tables again, run.predict(records, "
-                              f"tables={{{schema.name!r}: frame, ...}})")
+    names = _in_memory(config)
+    if names:
+        shown = ", ".join(f"{n!r}: ..." for n in names)
+        raise ConfigError(f"the run's parties {names} were trained on in-memory tables: pass "
+                          f"them again, run.predict(records, tables={{{shown}}})")
 
 
 def _inputs(config: RunConfig, tables: Mapping[str, Any]) -> Inputs:
@@ -262,6 +268,10 @@ def _inputs(config: RunConfig, tables: Mapping[str, Any]) -> Inputs:
     if unknown:
         raise ConfigError(f"`tables` names party(ies) {unknown} the config does not have; "
                           f"its parties: {sorted(schemas)}")
+    absent = [n for n in _in_memory(config) if n not in tables]
+    if absent:
+        raise ConfigError(f"`tables` lacks {absent}: the run was trained on in-memory tables "
+                          "for them")
     built: dict[str, PartyTable] = {}
     for name, schema in schemas.items():
         value = tables.get(name)
@@ -295,7 +305,12 @@ def _config(config: Any, tables: Mapping[str, Any] | None) -> tuple[RunConfig, s
         raw = copy.deepcopy(dict(config))
         raw.setdefault("version", CONFIG_VERSION)
         data = raw.get("data")
-        if tables and isinstance(data, dict):
+        if tables and isinstance(data, dict) and isinstance(data.get("parties"), list):
+            names = [p.get("name") for p in data["parties"] if isinstance(p, dict)]
+            unknown = sorted(set(tables) - set(names))
+            if unknown:
+                raise ConfigError(f"`tables` names party(ies) {unknown} the config does not "
+                                  f"have; its parties: {names}")
             for party in data.get("parties") or []:
                 if isinstance(party, dict) and party.get("name") in tables:
                     party.setdefault("path", IN_MEMORY.format(name=party["name"]))
