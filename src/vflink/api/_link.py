@@ -194,11 +194,13 @@ def link(primary: TableLike, secondary: TableLike, *,
         The primary's identifier column(s), e.g. ``["lat", "lon"]`` or ``"title"``.
     secondary_on : str or list of str, optional
         The secondary's identifier columns (default: the same names as ``on``).
-    metric : {"euclidean", "haversine", "hamming", "levenshtein"}
-        Distance between identifiers (``haversine``: latitude/longitude in degrees, km).
+    metric : str
+        Distance between identifiers: ``"euclidean"``, ``"haversine"`` (latitude/longitude in
+        degrees, km), ``"hamming"`` (Bloom filters) or ``"levenshtein"`` (strings). Required
+        unless ``fields`` is given.
     top_k : int, default 10
         Neighbours kept per primary record (K ≥ 1).
-    privacy : {"bloom", "off"}, optional
+    privacy : str, optional
         ``"bloom"`` (the default): identifiers reach the coordinator only as keyed Bloom
         filters (FedSim App. I). ``"off"``: RAW identifiers reach the coordinator.
     mode : {"soft", "top1", "exact"}, default "soft"
