@@ -258,10 +258,25 @@ def sessions() -> str:
     return re.sub(r"^#### ", "### ", describe(), flags=re.M)
 
 
+def _measured(name: str) -> Callable[[], str]:
+    """The measured results committed beside the experiment configs, one heading level down,
+    so that a reproduction page shows what the experiments last produced."""
+
+    def render_file() -> str:
+        text = (ROOT / "examples" / "experiments" / name).read_text(encoding="utf-8")
+        return re.sub(r"^(#+) ", lambda m: "#" + m.group(1) + " ", text, flags=re.M)
+
+    return render_file
+
+
 GENERATORS: dict[str, Callable[[], str]] = {
     "cli": cli, "exit-codes": exit_codes, "run-file": run_file, "party-file": party_file,
-    "sessions": sessions,
+    "sessions": sessions, "florist-results": _measured("florist-results.md"),
+    "imdb-gap": _measured("imdb-gap.md"),
 }
+
+#: Figures of the experiments, published with the reproduction pages (``figures/<name>``).
+FIGURES = ("florist-figure2.png",)
 
 
 def render(markdown: str, where: str = "page") -> str:
@@ -272,6 +287,18 @@ def render(markdown: str, where: str = "page") -> str:
         return GENERATORS[name]()
 
     return MARKER.sub(one, markdown)
+
+
+def on_files(files: Any, config: Any) -> Any:
+    """MkDocs hook: the experiments' figures, from ``examples/experiments/``, become
+    ``reproductions/figures/<name>`` of the site (one copy in the repository)."""
+    from mkdocs.structure.files import File
+
+    for name in FIGURES:
+        files.append(File.generated(
+            config, f"reproductions/figures/{name}",
+            abs_src_path=str(ROOT / "examples" / "experiments" / name)))
+    return files
 
 
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
