@@ -34,7 +34,8 @@ def register(sub: Any) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
         "train", help="train one algorithm from a TOML run file", description=HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", required=True, type=Path, help="TOML run file (see docs/reference/run-file.md)")
+    p.add_argument("--config", required=True, type=Path,
+                   help="TOML run file (see docs/reference/run-file.md)")
     p.add_argument("--out", type=Path, default=None,
                    help="run directory to create (default: runs/<config name>-<algorithm>)")
     p.add_argument("--algorithm", choices=ALGORITHMS, default=None,
