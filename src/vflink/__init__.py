@@ -1,7 +1,13 @@
 """vflink: vertical federated learning across organisations whose records share no clean key.
 
-The public surface is re-exported here; see README.md for a tour and ARCHITECTURE.md for the
-layers.
+The public surface is re-exported here; see the documentation site (``docs/``) for a tour and
+ARCHITECTURE.md for the layers. The Python API (:mod:`vflink.api`):
+
+>>> import vflink
+>>> links = vflink.link(primary_df, secondary_df, on=["lat", "lon"],
+...                     metric="haversine", top_k=5)             # doctest: +SKIP
+>>> run = vflink.train("run.toml", out="runs/fedsim")           # doctest: +SKIP
+>>> run.metrics["test"], run.privacy["protections"]            # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -24,13 +30,28 @@ from vflink.errors import (  # noqa: E402
 )
 
 if TYPE_CHECKING:
+    from vflink.api import Links, Matches, Run, align, link, train
     from vflink.data import PartySchema, PartyTable, load_table
+    from vflink.privacy.config import PrivacyConfig
+    from vflink.runner.config import (
+        AlignmentConfig,
+        DataConfig,
+        EvaluationConfig,
+        ModelConfig,
+        RunConfig,
+        TrainingConfig,
+    )
     from vflink.types import MISSING, Alignment, Task
 
 # Imported on first use (PEP 562), so `import vflink` (and `vflink --help`) stays light:
-# the data classes pull in pandas and scikit-learn.
+# the data classes pull in pandas and scikit-learn, the run configuration torch; `vflink.link`
+# loads neither torch nor scikit-learn.
 _LAZY = {"PartySchema": "vflink.data", "PartyTable": "vflink.data", "load_table": "vflink.data",
-         "MISSING": "vflink.types", "Alignment": "vflink.types", "Task": "vflink.types"}
+         "MISSING": "vflink.types", "Alignment": "vflink.types", "Task": "vflink.types",
+         **dict.fromkeys(("Links", "Matches", "Run", "align", "link", "train"), "vflink.api"),
+         **dict.fromkeys(("AlignmentConfig", "DataConfig", "EvaluationConfig", "ModelConfig",
+                          "RunConfig", "TrainingConfig"), "vflink.runner.config"),
+         "PrivacyConfig": "vflink.privacy.config"}
 
 
 def __getattr__(name: str) -> Any:
@@ -46,19 +67,32 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "MISSING",
     "Alignment",
+    "AlignmentConfig",
     "ConfigError",
+    "DataConfig",
     "DataError",
+    "EvaluationConfig",
     "LinkageError",
+    "Links",
+    "Matches",
+    "ModelConfig",
     "PartySchema",
     "PartyTable",
     "PeerUnavailable",
     "PrivacyBudgetExceeded",
+    "PrivacyConfig",
     "ProtocolError",
+    "Run",
+    "RunConfig",
     "RunError",
     "Task",
+    "TrainingConfig",
     "TransportError",
     "UnknownNameError",
     "VflinkError",
     "__version__",
+    "align",
+    "link",
     "load_table",
+    "train",
 ]

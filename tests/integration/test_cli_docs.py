@@ -1,7 +1,8 @@
-"""The docs match the program (issue 8, items 8 and 9): every command the README shows parses,
-every short one runs as written (issue 23 item 6), every command in its table has a working
---help that knows the options shown, every example config parses with its loader, and `--help`
-stays fast (no torch, gRPC, faiss, matplotlib)."""
+"""The docs match the program (issue 8, items 8 and 9): every command the README and the
+documentation site (docs/, issue 21) show parses, every short one runs as written (issue 23
+item 6), every command in the command table has a working --help that knows the options shown,
+every example config and every TOML block parses with its loader, and `--help` stays fast (no
+torch, gRPC, faiss, matplotlib)."""
 
 from __future__ import annotations
 
@@ -24,15 +25,23 @@ from vflink.runner.algorithms import algorithm_names
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
+#: Every page a reader sees: the README and the documentation site's Markdown pages.
+PAGES = {"README.md": README, **{
+    str(p.relative_to(ROOT)): p.read_text(encoding="utf-8")
+    for p in sorted((ROOT / "docs").rglob("*.md"))}}
+DOCS = "\n".join(PAGES.values())
+#: The page with the annotated run file that TOML fragments elsewhere complete.
+RUN_FILE_PAGE = "docs/reference/run-file.md"
 HEAVY = ("torch", "grpc", "faiss", "matplotlib", "pandas", "sklearn")
 
 
-def blocks(language: str) -> list[str]:
-    return re.findall(rf"```{language}\n(.*?)```", README, flags=re.S)
+def blocks(language: str, text: str = DOCS) -> list[str]:
+    return re.findall(rf"```{language}\n(.*?)```", text, flags=re.S)
 
 
 def readme_commands() -> list[list[str]]:
-    """Every `vflink ...` command line of the README's bash blocks, as argv after `vflink`."""
+    """Every `vflink ...` command line of the bash blocks of the README and the docs pages,
+    as argv after `vflink`."""
     commands = []
     for block in blocks("bash"):
         for line in block.replace("\\\n", " ").splitlines():
@@ -46,13 +55,28 @@ def readme_commands() -> list[list[str]]:
 
 
 def table_commands() -> list[list[str]]:
-    return [shlex.split(cmd) for cmd in re.findall(r"^\| `vflink ([^`]*)` \|", README,
+    return [shlex.split(cmd) for cmd in re.findall(r"^\| `vflink ([^`]*)` \|", DOCS,
                                                       flags=re.M)]
 
 
 def test_readme_shows_commands() -> None:
     assert len(table_commands()) >= 7
     assert {c[0] for c in readme_commands()} >= {"demo", "link", "certs", "serve", "train"}
+    assert {c[0] for c in table_commands()} >= {
+        "demo", "train", "link", "experiment", "predict", "serve", "certs", "report"}
+
+
+def test_readme_keeps_the_quickstart_and_points_into_the_docs() -> None:
+    """The README is what a visitor reads first: its Quickstart's two commands stay exactly
+    these, and it links into the documentation site."""
+    quickstart = README.split("## Quickstart", 1)[1].split("\n## ", 1)[0]
+    assert blocks("bash", quickstart)[:2] == [
+        "python3 -m venv .venv && .venv/bin/pip install torch==2.13.0 -e . && "
+        ".venv/bin/vflink demo\n",
+        "python3 -m venv .venv && .venv/bin/pip install torch==2.13.0 -e '.[dev]' && "
+        ".venv/bin/python -m pytest\n"]
+    for page in re.findall(r"\]\((docs/[^)#]+)", README):
+        assert (ROOT / page).is_file(), page
 
 
 @pytest.mark.parametrize("argv", readme_commands(),
@@ -122,7 +146,7 @@ def test_train_help_and_example_list_every_algorithm(capsys: pytest.CaptureFixtu
     for name in algorithm_names():
         assert re.search(rf"\b{re.escape(name)}\b", text), name
         assert re.search(rf"\b{re.escape(name)}\b", example), name
-        assert f"`{name}`" in README, name
+        assert f"`{name}`" in DOCS, name
 
 
 def test_link_help_marks_required_options(capsys: pytest.CaptureFixture[str]) -> None:
@@ -146,7 +170,7 @@ def test_cli_constants_agree_with_the_runner() -> None:
 
 def test_every_experiment_config_is_in_the_readme() -> None:
     for path in sorted((ROOT / "examples" / "experiments").glob("*.toml")):
-        assert f"`{path.name}`" in README, path.name
+        assert f"`{path.name}`" in DOCS, path.name
 
 
 def load_example(path: Path) -> Any:
@@ -181,7 +205,8 @@ def test_readme_toml_blocks_parse(tmp_path: Path) -> None:
 
     found = blocks("toml")
     assert found
-    base = tomllib.loads(found[0])
+    base = tomllib.loads(blocks("toml", PAGES[RUN_FILE_PAGE])[0])
+    assert "version" in base
     for i, block in enumerate(found):
         raw = tomllib.loads(block)
         if set(raw) == {"link"}:  # a `vflink link --config` file

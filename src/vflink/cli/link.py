@@ -5,13 +5,11 @@ from __future__ import annotations
 import argparse
 import math
 import re
-import time
 from pathlib import Path
 from typing import Any
 
-from vflink._files import atomic_write_json
 from vflink.config import read_toml
-from vflink.errors import ConfigError, DataError, LinkageError
+from vflink.errors import ConfigError, LinkageError
 
 __all__ = ["register", "run"]
 
@@ -331,37 +329,12 @@ def _bloom(table: Any, resolution: float | None) -> Any:
         raise ConfigError(f"[link.bloom_filters]: {exc}") from None
 
 
-def _id_columns(opts: dict[str, Any], primary: Any, secondary: Any) -> tuple[Any, Any]:
-    """The record ids to copy into the links (``--id``, ``--secondary-id``), as text."""
-    out: list[Any] = []
-    p_id, s_id = opts.get("id"), opts.get("secondary_id")
-    for frame, column, source, explicit in (
-            (primary, p_id, opts["primary"], True),
-            (secondary, s_id or p_id, opts["secondary"], s_id is not None)):
-        if column is None or (not explicit and column not in frame.columns):
-            out.append(None)
-            continue
-        if column not in frame.columns:
-            raise DataError(f"{source}: no record-id column {column!r}; the table has: "
-                            f"{', '.join(map(str, frame.columns[:20]))}")
-        out.append(frame[column].astype(object).where(frame[column].notna(), None)
-                   .map(lambda v: v if v is None else str(v)).to_numpy(dtype=object))
-    return out[0], out[1]
-
-
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from vflink.data.table import read_frame
-    from vflink.linkage import SearchOptions
-    from vflink.linkage.improvement import plot_similarity_curve
-    from vflink.runner.link import (
-        linkage_columns,
-        run_field_linkage,
-        run_linkage,
-        write_links,
-    )
+    from vflink.api import link
+    from vflink.runner.link import resolve_privacy
 
     opts = resolve(args)
     from vflink.cli._outputs import refuse_existing
@@ -370,83 +343,41 @@ def run(args: argparse.Namespace) -> int:
     refuse_existing(out, out.with_name(out.name + ".summary.json"),
                     out.with_name(out.name + ".similarity.png"), overwrite=args.overwrite)
     on = _columns(opts.get("on"))
-    secondary_on = _columns(opts.get("secondary_on")) or on
-    phases: dict[str, float] = {}
-    clock = time.perf_counter()
-    # String identifiers and record ids are read as text: "19151111" stays a string and the
-    # country code "NA" is not read as missing.
     fields, blocking = _fields(opts, []) if opts.get("fields") else ([], [])
-    as_text = opts.get("metric") in ("levenshtein",)
-    p_cols = [c for f in fields if f.kind == "string" for c in f.on] + [b.on for b in blocking]
-    s_cols = [c for f in fields if f.kind == "string" for c in f.columns_s] + [
-        b.secondary_on or b.on for b in blocking]
-    p_text = (*(on or () if as_text else ()), *p_cols,
-              *((opts["id"],) if opts.get("id") else ()))
-    s_id = opts.get("secondary_id") or opts.get("id")
-    s_text = (*(secondary_on or () if as_text else ()), *s_cols, *((s_id,) if s_id else ()))
-    primary = read_frame(Path(opts["primary"]), text_columns=tuple(p_text),
-                         delimiter=opts.get("delimiter"), encoding=opts.get("encoding"),
-                         decimal=opts.get("decimal"))
-    secondary = read_frame(Path(opts["secondary"]), text_columns=tuple(s_text),
-                           delimiter=opts.get("secondary_delimiter") or opts.get("delimiter"),
-                           encoding=opts.get("secondary_encoding") or opts.get("encoding"),
-                           decimal=opts.get("decimal"))
-    ids = _id_columns(opts, primary, secondary)
-    phases["read"] = time.perf_counter() - clock
-    search = SearchOptions(mode="approximate" if opts.get("approximate")
-                           else opts.get("search") or "auto")
     console = Console()
     metric = opts.get("metric") or "fields"
-    with console.status(f"linking {len(primary)} × {len(secondary)} records "
+    with console.status(f"linking {opts['primary']} with {opts['secondary']} "
                         f"({metric}, K = {opts['top_k']})"):
         try:
-            outcome = run_field_linkage(
-                primary, secondary, fields=fields, blocking=blocking, top_k=int(opts["top_k"]),
-                bloom=opts.get("bloom"), privacy=opts.get("privacy"),
-                mode=opts.get("mode") or "soft", tau=opts.get("tau"),
-                sigma=opts.get("sigma"), delta=opts.get("delta") or 1e-5, seed=opts.get("seed"),
-                primary_source=str(opts["primary"]), secondary_source=str(opts["secondary"]),
-                geo_config=_geo(opts.get("geo")),
-                bloom_config=_bloom(opts.get("bloom_filters"), opts.get("resolution")),
-            ) if fields else run_linkage(
-                primary, secondary, on=on or (), secondary_on=secondary_on,
-                metric=opts["metric"], top_k=int(opts["top_k"]), bloom=opts.get("bloom"),
-                privacy=opts.get("privacy"),
+            links = link(
+                Path(opts["primary"]), Path(opts["secondary"]), on=on,
+                secondary_on=_columns(opts.get("secondary_on")), metric=opts.get("metric"),
+                top_k=int(opts["top_k"]),
+                privacy=resolve_privacy(opts.get("privacy"), opts.get("bloom")),
                 mode=opts.get("mode") or "soft", tau=opts.get("tau"), sigma=opts.get("sigma"),
-                delta=opts.get("delta") or 1e-5,
-                seed=opts.get("seed"), search=search, primary_source=str(opts["primary"]),
-                secondary_source=str(opts["secondary"]), empty=opts.get("empty") or "error",
-                geo_config=_geo(opts.get("geo")),
-                bloom_config=_bloom(opts.get("bloom_filters"), opts.get("resolution")))
+                delta=opts.get("delta") or 1e-5, seed=opts.get("seed"),
+                search="approximate" if opts.get("approximate") else opts.get("search") or "auto",
+                empty=opts.get("empty") or "error", id=opts.get("id"),
+                secondary_id=opts.get("secondary_id"), fields=fields or None,
+                blocking=blocking or None, bloom_filters=_bloom(opts.get("bloom_filters"),
+                                                                opts.get("resolution")),
+                geo=_geo(opts.get("geo")), delimiter=opts.get("delimiter"),
+                encoding=opts.get("encoding"), decimal=opts.get("decimal"),
+                secondary_delimiter=opts.get("secondary_delimiter"),
+                secondary_encoding=opts.get("secondary_encoding"), out=out, overwrite=True)
         except LinkageError as exc:
             if "unreachable" not in str(exc) or opts.get("tau") is None:
                 raise
             # name where the τ was given (the option or the file's line), as for other options
             raise LinkageError(f"{_where(args, 'tau')}: {exc}") from None
-        phases["link"] = outcome.seconds
-        clock = time.perf_counter()
-        columns = linkage_columns(outcome.linkage)
-        n_links = len(columns["rank"])
-        if ids[0] is not None:
-            columns["primary_id"] = ids[0][columns["primary_index"]]
-        if ids[1] is not None:
-            columns["secondary_id"] = ids[1][columns["secondary_index"]]
-        write_links(columns, out)
-        del columns
-        phases["write"] = time.perf_counter() - clock
-        clock = time.perf_counter()
-        if outcome.linkage.mode == "soft" and outcome.linkage.k > 1:
-            plot_similarity_curve(outcome.linkage, out.with_name(out.name + ".similarity.png"),
-                                  delta=outcome.improvement.get("avgsim"))
-        phases["figure"] = time.perf_counter() - clock
-        summary = outcome.summary()
-        summary["phase_seconds"] = {k: round(v, 3) for k, v in phases.items()}
-        atomic_write_json(out.with_name(out.name + ".summary.json"), summary, indent=2,
-                          default=str)
+    outcome = links.outcome
+    n_links = len(links)
+    sizes = outcome.sizes
     table = Table(title=f"vflink link → {out}", show_header=False)
     lk = outcome.linkage
     rows: list[tuple[str, str]] = [
-        ("sizes", f"{len(primary)} primary × {len(secondary)} secondary, K = {lk.k}, "
+        ("sizes", f"{sizes['primary_rows']} primary × {sizes['secondary_rows']} secondary, "
+                  f"K = {lk.k}, "
                   f"{n_links} links"),
         ("time", f"{outcome.seconds:.2f} s"),
         ("metric", f"{metric} (search: {outcome.search_metric}); privacy: "

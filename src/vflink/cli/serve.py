@@ -13,7 +13,7 @@ HELP = """Serve one party (a secondary data party or the linkage coordinator) ov
 mutual TLS until interrupted (Ctrl-C or SIGTERM). The party file names the party, its data, its
 listen address, the peers it calls, its certificates and which peers may call it. The primary
 then drives alignment and training against it with `vflink train --config run.toml --party
-primary.toml`. See README "Parties on separate hosts".
+primary.toml`. See docs/how-to/separate-hosts.md ("Parties on separate hosts").
 """
 
 

@@ -34,7 +34,8 @@ def register(sub: Any) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
         "train", help="train one algorithm from a TOML run file", description=HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", required=True, type=Path, help="TOML run file (see README)")
+    p.add_argument("--config", required=True, type=Path,
+                   help="TOML run file (see docs/reference/run-file.md)")
     p.add_argument("--out", type=Path, default=None,
                    help="run directory to create (default: runs/<config name>-<algorithm>)")
     p.add_argument("--algorithm", choices=ALGORITHMS, default=None,
@@ -62,14 +63,10 @@ def summarise(result: RunResult, console: Console) -> None:
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
+    from vflink.api import train
     from vflink.cli._progress import epoch_progress
-    from vflink.errors import ConfigError
     from vflink.runner.config import load_config
-    from vflink.runner.inputs import Inputs, load_inputs
-    from vflink.runner.network import network_federation
-    from vflink.runner.party_config import load_party_config
     from vflink.runner.rundir import check_run_dir
-    from vflink.runner.train import run_training
 
     config = load_config(args.config)
     changes: dict[str, Any] = {}
@@ -82,23 +79,10 @@ def run(args: argparse.Namespace) -> int:
     out = args.out or Path("runs") / f"{args.config.stem}-{config.algorithm}"
     check_run_dir(out, overwrite=args.overwrite, resume=args.resume)  # before any work
     console = Console()
-    federation = None
-    tables = None
-    if args.party is not None:
-        party = load_party_config(args.party)
-        inputs = load_inputs(config)
-        if inputs.primary.name != party.name:
-            raise ConfigError(f"the run file's primary is {inputs.primary.name!r} but the party "
-                              f"file is for {party.name!r}")
-        tables = Inputs(inputs.primary, ())  # the other parties' data stay with them
-        federation = network_federation(party, run_id=out.name)
-    try:
-        with epoch_progress(f"training {config.algorithm}", console) as progress:
-            result = run_training(config, out, overwrite=args.overwrite, progress=progress,
-                                  tables=tables, federation=federation, resume=args.resume)
-    finally:
-        if federation is not None:
-            federation.close()
-    summarise(result, console)
+    with epoch_progress(f"training {config.algorithm}", console) as progress:
+        run_ = train(config, out=out, overwrite=args.overwrite, resume=args.resume,
+                     party=args.party, progress=progress)
+    if run_.result is not None:
+        summarise(run_.result, console)
     console.print(f"run directory: {out}")
     return 0

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
+
 from vflink.alignment._dh import key_bytes
 from vflink.alignment.groups import get_group
 from vflink.alignment.psi import check_reveal
@@ -16,15 +18,23 @@ from vflink.data.schema import PartySchema
 from vflink.data.table import PartyTable, read_frame
 from vflink.errors import ConfigError, DataError
 from vflink.parties import SecondaryParty
+from vflink.parties.coordinator import CoordinatorParty
+from vflink.parties.link_peer import LinkingPeer
+from vflink.parties.linking import AlignmentInitiator
+from vflink.parties.policy import PartyPolicy
 from vflink.parties.setalign import SetAlignment, SetAlignmentDriver, write_set_alignment
 from vflink.protocol.channel import Channel
 from vflink.protocol.sessions import new_session_name
+from vflink.runner.link import encoding_summary
+from vflink.runner.local import COORDINATOR, local_roles, secret_with_source
 from vflink.runner.party_config import PartyConfig
 from vflink.runner.rundir import write_json
 from vflink.transport import InProcessHub, TrafficCounter, Transcript
+from vflink.types import Alignment
 
-__all__ = ["METHODS", "AlignOutcome", "align_in_process", "align_over_network", "key_table",
-           "run_set_alignment", "write_outcome"]
+__all__ = ["METHODS", "AlignOutcome", "ExactOutcome", "align_exact_in_process",
+           "align_in_process", "align_over_network", "key_frame", "key_table", "run_set_alignment",
+           "write_outcome"]
 
 METHODS = ("psu", "psi")
 
@@ -56,14 +66,19 @@ def key_table(path: Path, on: Sequence[str], *, name: str, delimiter: str | None
               encoding: str | None = None) -> PartyTable:
     """A party table holding only the key columns, read as text (``007`` stays ``007``)."""
     frame = read_frame(path, text_columns=tuple(on), delimiter=delimiter, encoding=encoding)
+    return key_frame(frame, on, name=name, source=str(path))
+
+
+def key_frame(frame: pd.DataFrame, on: Sequence[str], *, name: str, source: str) -> PartyTable:
+    """:func:`key_table` of a table already read (``source`` names it in errors)."""
     missing = [c for c in on if c not in frame.columns]
     if missing:
-        raise DataError(f"{path}: key column(s) {missing} not found; columns: "
+        raise DataError(f"{source}: key column(s) {missing} not found; columns: "
                         f"{list(frame.columns)[:20]}")
     frame = frame[list(on)].astype("string").fillna("")
     # key-only tables: the protocol's roles (P_a, P_p) are not the schema's label roles
     schema = PartySchema(name=name, role="secondary", key=tuple(on))
-    return PartyTable(schema, frame.reset_index(drop=True), str(path))
+    return PartyTable(schema, frame.reset_index(drop=True), source)
 
 
 def _check(method: str, reveal: str) -> None:
@@ -136,6 +151,55 @@ def align_over_network(primary: PartyTable, config: PartyConfig, peer: str, *, m
         channel.close()
     return AlignOutcome(method, group, mine, None, time.perf_counter() - start,
                         TrafficCounter.delta(counter.snapshot(), {}), ops)
+
+
+@dataclass(frozen=True)
+class ExactOutcome:
+    """Exact alignment on keyed hashes (HMAC-SHA256) matched by a coordinator: the primary's
+    :class:`~vflink.Alignment` (one secondary row per primary row, ``MISSING`` when none)."""
+
+    alignment: Alignment
+    seconds: float
+    communication: dict[str, dict[str, int]]
+    secret_source: str
+
+    def summary(self) -> dict[str, Any]:
+        matched = int((self.alignment.secondary_index[:, 0] >= 0).sum())
+        return {"method": "exact", "sizes": {"primary": len(self.alignment.secondary_index),
+                                             "matched": matched},
+                "seconds": round(self.seconds, 3),
+                "bytes": {k: v["bytes"] for k, v in self.communication.items()},
+                "messages": {k: v["messages"] for k, v in self.communication.items()},
+                **encoding_summary("hmac-sha256", self.secret_source)}
+
+
+def align_exact_in_process(primary: PartyTable, secondary: PartyTable, *,
+                           seed: int | None = None, secret: bytes | None = None,
+                           secret_env: str = "VFLINK_SECRET",
+                           transcript: Transcript | None = None) -> ExactOutcome:
+    """Exact alignment as a run's ``alignment.method = "exact"`` does it, every party in this
+    process: each data party hashes its key columns with HMAC under the shared secret (from
+    ``$secret_env``, else derived from ``seed``, else random) and the coordinator matches the
+    digests, which it cannot invert. Both tables' ``schema.key`` name the key columns."""
+    start = time.perf_counter()
+    source = "given"
+    if secret is None:
+        secret, source = secret_with_source(secret_env, seed=seed)
+    counter = TrafficCounter()
+    hub = InProcessHub(transcript=transcript, counter=counter)
+    roles = local_roles(primary.name, [secondary.name])
+    policy = PartyPolicy.permissive()  # both tables are this user's
+    coordinator = CoordinatorParty(COORDINATOR, seed=seed, roles=roles, policy=policy)
+    hub.register(COORDINATOR, coordinator)
+    peer = LinkingPeer(secondary, hub.channel(secondary.name), secret=secret, roles=roles,
+                       policy=policy)
+    hub.register(secondary.name, peer)
+    initiator = AlignmentInitiator(primary.name, primary.frame, hub.channel(primary.name),
+                                   secondaries=(secondary.name,), key=primary.schema.key,
+                                   secret=secret, source=primary.source, policy=policy)
+    alignment = initiator.align_exact(COORDINATOR, session=new_session_name("exact"))
+    return ExactOutcome(alignment[secondary.name], time.perf_counter() - start,
+                        TrafficCounter.delta(counter.snapshot(), {}), source)
 
 
 def write_outcome(outcome: AlignOutcome, out: Path) -> dict[str, Any]:

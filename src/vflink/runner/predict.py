@@ -88,16 +88,19 @@ def _training_encoding(trained_link: dict[str, Any]
     return _spec(raw)
 
 
-def predict_records(run_dir: Path, records: pd.DataFrame, *, source: str = "input"
-                    ) -> Predictions:
-    """Predict ``records`` (rows in the primary's schema, label optional) with ``run_dir``."""
+def predict_records(run_dir: Path, records: pd.DataFrame, *, source: str = "input",
+                    tables: Inputs | None = None) -> Predictions:
+    """Predict ``records`` (rows in the primary's schema, label optional) with ``run_dir``.
+
+    ``tables``: the parties' tables of the training run, when they are not the files its
+    configuration names (a run trained on in-memory tables, :func:`vflink.train`)."""
     run_dir = Path(run_dir)
     config = _load_run_config(run_dir)
     algorithm = get_algorithm(config.algorithm)
     if algorithm.kind == "combine":
         raise ConfigError("a Combine run is a centralised research baseline; it has no "
                           "party-wise model to predict with")
-    trained = load_inputs(config)
+    trained = tables if tables is not None else load_inputs(config)
     schema = trained.primary.schema
     label = schema.label
     has_label = label is not None and label in records.columns

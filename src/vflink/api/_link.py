@@ -1,0 +1,359 @@
+"""``vflink.link``: private fuzzy top-K soft linkage of two tables (FedSim §4.1), from Python.
+
+A thin layer over :func:`vflink.runner.link.run_linkage` and
+:func:`vflink.runner.link.run_field_linkage`, the functions ``vflink link`` runs: the same
+tables and options give the same links. Imports neither torch nor scikit-learn.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from vflink._checks import check_choice, check_float, check_int
+from vflink.api._tables import TableLike, columns_arg, read_table
+from vflink.errors import ConfigError, DataError
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
+    import pandas as pd
+
+    from vflink.linkage import BloomConfig, GeoBloomConfig
+    from vflink.linkage.fields import Blocking, FieldSpec
+    from vflink.runner.link import LinkOutcome
+    from vflink.types import Alignment
+
+__all__ = ["Links", "link"]
+
+METRICS = ("euclidean", "haversine", "hamming", "levenshtein")
+MODES = ("soft", "top1", "exact")
+SEARCHES = ("auto", "exact", "approximate")
+
+
+@dataclass(frozen=True, eq=False)
+class Links:
+    """The result of :func:`link`: one row per (primary record, neighbour), and the figures.
+
+    Attributes
+    ----------
+    summary : dict
+        What ``vflink link`` writes to ``<out>.summary.json``: sizes, metric, privacy and
+        encoding, Eq. 1's ``mu0``/``sigma0``, the noise ``sigma``, ``tau`` (Theorem 2),
+        ``epsilon`` at ``delta`` (Theorem 1), the improvement estimates Δ (§4.3), bytes
+        exchanged, skipped rows and ``phase_seconds``.
+    outcome : vflink.runner.link.LinkOutcome
+        The coordinator's :class:`~vflink.linkage.SoftLinkage` (``outcome.linkage``: n × K
+        indices, distances, similarities) and the primary's view of it.
+    path : pathlib.Path or None
+        The links file written when ``out`` was given.
+    """
+
+    columns: Mapping[str, npt.NDArray[Any]] = field(repr=False)
+    summary: dict[str, Any]
+    outcome: LinkOutcome = field(repr=False)
+    path: Path | None = None
+
+    @functools.cached_property
+    def frame(self) -> pd.DataFrame:
+        """The links as a DataFrame, in the format of ``vflink link``'s output file.
+
+        Columns ``primary_index`` and ``secondary_index`` (0-based row positions in the input
+        tables), ``rank`` (0 = most similar), ``distance``, ``similarity`` (after noise), and
+        ``primary_id`` / ``secondary_id`` when ``id`` / ``secondary_id`` were given.
+        """
+        import pandas as pd
+
+        return pd.DataFrame(dict(self.columns))
+
+    @property
+    def alignment(self) -> Alignment:
+        """The primary's :class:`~vflink.Alignment` (indices n × K and similarities)."""
+        return self.outcome.alignment
+
+    def __len__(self) -> int:
+        return len(self.columns["rank"])
+
+    def __repr__(self) -> str:
+        s = self.summary
+        return (f"Links({len(self)} links, K = {s.get('top_k')}, metric {s.get('metric')!r}, "
+                f"privacy {s.get('privacy')!r}, epsilon {s.get('epsilon')!r})")
+
+
+def _config(cls: type, value: Any, argument: str) -> Any:
+    """A linkage config object from itself or from a mapping of its fields."""
+    if value is None or isinstance(value, cls):
+        return value
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"`{argument}` must be a {cls.__name__} or a mapping of its fields, "
+                          f"got {value!r}")
+    try:
+        return cls(**value)
+    except TypeError as exc:
+        raise ConfigError(f"`{argument}`: {exc}") from None
+
+
+def _specs(cls: type, values: Any, argument: str) -> list[Any]:
+    """``fields`` / ``blocking``: specs, mappings of their fields (or a blocking column)."""
+    if values is None:
+        return []
+    if isinstance(values, (str, Mapping)) or not isinstance(values, Sequence):
+        values = [values]
+    out: list[Any] = []
+    problems: list[str] = []
+    for i, value in enumerate(values):
+        if isinstance(value, str) and argument == "blocking":
+            value = {"on": value}
+        try:
+            out.append(_config(cls, value, f"{argument}[{i}]"))
+        except ConfigError as exc:
+            problems.extend(f"{argument}[{i}]: {p}" if not p.startswith(f"`{argument}")
+                            else p for p in exc.problems)
+    if problems:
+        raise ConfigError("; ".join(problems), problems)
+    return out
+
+
+def _check(*, metric: str | None, top_k: Any, privacy: Any, mode: Any, tau: Any, sigma: Any,
+           delta: Any, seed: Any, search: Any, empty: Any, resolution: Any,
+           has_on: bool, has_fields: bool) -> None:
+    """Every problem of the arguments at once, in one :class:`ConfigError`."""
+    problems: list[str] = []
+    if has_fields:
+        if has_on or metric is not None:
+            problems.append("give either `fields` or `on`/`metric`, not both")
+    else:
+        if not has_on:
+            problems.append("`on` is required: the identifier column(s) of the primary "
+                            "(or give `fields`)")
+        if metric is None:
+            problems.append(f"`metric` is required: one of {', '.join(METRICS)}")
+        else:
+            check_choice(problems, "metric", metric, METRICS)
+    check_int(problems, "top_k", top_k, min=1)
+    if privacy is not None:
+        check_choice(problems, "privacy", privacy, ("bloom", "off"))
+    check_choice(problems, "mode", mode, MODES)
+    check_choice(problems, "search", search, SEARCHES)
+    check_choice(problems, "empty", empty, ("error", "skip"))
+    for name, value in (("tau", tau), ("sigma", sigma), ("resolution", resolution)):
+        check_float(problems, name, value, min=0.0, min_exclusive=True, allow_none=True)
+    check_float(problems, "delta", delta, min=0.0, max=1.0, min_exclusive=True)
+    if seed is not None:
+        check_int(problems, "seed", seed, min=0)
+    if tau is not None and sigma is not None:
+        problems.append("give at most one of `tau` and `sigma`")
+    if problems:
+        raise ConfigError("; ".join(problems), problems)
+
+
+def _ids(frame: pd.DataFrame, column: str | None, source: str, explicit: bool
+         ) -> npt.NDArray[Any] | None:
+    """A record-id column as text (``None`` when not asked for, or implicitly and absent)."""
+    if column is None or (not explicit and column not in frame.columns):
+        return None
+    if column not in frame.columns:
+        raise DataError(f"{source}: no record-id column {column!r}; the table has: "
+                        f"{', '.join(map(str, frame.columns[:20]))}")
+    return (frame[column].astype(object).where(frame[column].notna(), None)
+            .map(lambda v: v if v is None else str(v)).to_numpy(dtype=object))
+
+
+def link(primary: TableLike, secondary: TableLike, *,
+         on: str | Sequence[str] | None = None,
+         secondary_on: str | Sequence[str] | None = None,
+         metric: str | None = None, top_k: int = 10, privacy: str | None = None,
+         mode: str = "soft", tau: float | None = None, sigma: float | None = None,
+         delta: float = 1e-5, seed: int | None = None, search: str = "auto",
+         empty: str = "error", id: str | None = None, secondary_id: str | None = None,
+         fields: Sequence[FieldSpec | Mapping[str, Any]] | None = None,
+         blocking: Sequence[Blocking | Mapping[str, Any] | str] | None = None,
+         bloom_filters: BloomConfig | Mapping[str, Any] | None = None,
+         geo: GeoBloomConfig | Mapping[str, Any] | None = None,
+         resolution: float | None = None, delimiter: str | None = None,
+         encoding: str | None = None, decimal: str | None = None,
+         secondary_delimiter: str | None = None, secondary_encoding: str | None = None,
+         out: str | Path | None = None, overwrite: bool = False) -> Links:
+    """Link every record of ``primary`` to its ``top_k`` most similar records of ``secondary``.
+
+    Runs FedSim's soft linkage (§4.1) with the three parties in this process: each data party
+    encodes its identifier columns and sends only the encodings to a coordinator, which finds
+    the top-K, normalises the similarities (Eq. 1) and adds Gaussian noise (Eq. 2) whose scale
+    follows from ``tau`` (Theorem 2) or is given as ``sigma``. The same as ``vflink link``.
+
+    Parameters
+    ----------
+    primary, secondary : pandas.DataFrame or path
+        The two tables, or paths of CSV, TSV, ``.csv.gz`` or Parquet files (string
+        identifiers and ids are then read as text, so ``"007"`` keeps its zeros).
+    on : str or list of str
+        The primary's identifier column(s), e.g. ``["lat", "lon"]`` or ``"title"``.
+    secondary_on : str or list of str, optional
+        The secondary's identifier columns (default: the same names as ``on``).
+    metric : str
+        Distance between identifiers: ``"euclidean"``, ``"haversine"`` (latitude/longitude in
+        degrees, km), ``"hamming"`` (Bloom filters) or ``"levenshtein"`` (strings). Required
+        unless ``fields`` is given.
+    top_k : int, default 10
+        Neighbours kept per primary record (K ≥ 1).
+    privacy : str, optional
+        ``"bloom"`` (the default): identifiers reach the coordinator only as keyed Bloom
+        filters (FedSim App. I). ``"off"``: RAW identifiers reach the coordinator.
+    mode : {"soft", "top1", "exact"}, default "soft"
+        Top-K soft links, only the best link (Top1Sim), or exact matches only.
+    tau : float, optional
+        Target success rate of the greedy attack (Theorem 2); the noise σ follows from it.
+    sigma : float, optional
+        The noise scale σ of Eq. 2, given directly (at most one of ``tau`` and ``sigma``).
+    delta : float, default 1e-5
+        δ of the reported (ε, δ) (Theorem 1).
+    seed : int, optional
+        Seed of the coordinator's noise and, when ``$VFLINK_SECRET`` is unset, of the Bloom
+        filters' secret (then not a secret; the summary says so).
+    search : {"auto", "exact", "approximate"}, default "auto"
+        Top-K search; an approximate search measures and reports its recall.
+    empty : {"error", "skip"}, default "error"
+        Records with an empty identifier: stop naming the table, column and row, or leave
+        them unlinked and count them in ``summary["skipped_rows"]``.
+    id, secondary_id : str, optional
+        Record-id columns copied into the links as ``primary_id`` / ``secondary_id``.
+    fields : list of FieldSpec or mapping, optional
+        Several fields, each with its own metric and weight (instead of ``on``/``metric``);
+        mappings take the keys of ``[[link.fields]]``.
+    blocking : list of Blocking, mapping or str, optional
+        Blocking keys of a multi-field link (a column name, or ``{"on": ..., "prefix": 2}``).
+    bloom_filters : BloomConfig or mapping, optional
+        Bloom-filter parameters (``[link.bloom_filters]``).
+    geo : GeoBloomConfig or mapping, optional
+        Geographic Bloom-filter parameters (``[link.geo]``).
+    resolution : float, optional
+        Numeric Bloom filters: the distance that changes about one bit per dimension.
+    delimiter, encoding, decimal, secondary_delimiter, secondary_encoding : str, optional
+        How to read CSV paths (detected delimiter, UTF-8 and ``.`` by default).
+    out : str or path, optional
+        Also write the links (``.csv`` or ``.parquet``), ``<out>.summary.json`` and the
+        sorted-similarity curve ``<out>.similarity.png``, as ``vflink link --out`` does.
+    overwrite : bool, default False
+        Replace existing output files instead of stopping.
+
+    Returns
+    -------
+    Links
+        ``.frame`` (one row per link), ``.summary`` and ``.outcome``.
+
+    Raises
+    ------
+    ConfigError
+        An argument of the wrong kind or value, every problem named at once.
+    DataError
+        A table lacks a column, or an identifier is empty or not a number (the message names
+        the table, the column and the row).
+
+    Examples
+    --------
+    >>> import vflink
+    >>> links = vflink.link("hospital.csv", "insurer.csv", on=["lat", "lon"],
+    ...                     metric="haversine", top_k=5, seed=0)   # doctest: +SKIP
+    >>> links.frame.head()                                           # doctest: +SKIP
+    """
+    from vflink.linkage import BloomConfig, GeoBloomConfig, SearchOptions
+    from vflink.linkage.fields import Blocking, FieldSpec
+    from vflink.runner.link import linkage_columns, run_field_linkage, run_linkage
+
+    on_cols = columns_arg("on", on)
+    secondary_cols = columns_arg("secondary_on", secondary_on) or on_cols
+    field_specs = _specs(FieldSpec, fields, "fields")
+    blocks = _specs(Blocking, blocking, "blocking")
+    if blocks and not field_specs:
+        raise ConfigError("`blocking` needs `fields` (blocking keys restrict a multi-field link)")
+    _check(metric=metric, top_k=top_k, privacy=privacy, mode=mode, tau=tau, sigma=sigma,
+           delta=delta, seed=seed, search=search, empty=empty, resolution=resolution,
+           has_on=on_cols is not None, has_fields=bool(field_specs))
+    bloom_cfg = _config(BloomConfig, bloom_filters, "bloom_filters")
+    if resolution is not None:
+        bloom_cfg = (BloomConfig(resolution=resolution) if bloom_cfg is None
+                     else dataclasses.replace(bloom_cfg, resolution=resolution))
+    geo_cfg = _config(GeoBloomConfig, geo, "geo")
+    target = None
+    if out is not None:
+        target = Path(out)
+        if target.suffix.lower() not in (".csv", ".parquet"):
+            raise ConfigError(f"`out` must end in .csv or .parquet, got {str(out)!r}")
+        if not overwrite:
+            for path in _outputs(target):
+                if path.exists():
+                    raise ConfigError(f"{path}: output already exists; choose another `out` "
+                                      "or pass overwrite=True to replace it")
+    phases: dict[str, float] = {}
+    clock = time.perf_counter()
+    # String identifiers and record ids are read as text: "19151111" stays a string and the
+    # country code "NA" is not read as missing.
+    as_text = metric == "levenshtein"
+    p_text = [*(on_cols or () if as_text else ()),
+              *(c for f in field_specs if f.kind == "string" for c in f.on),
+              *(b.on for b in blocks), *((id,) if id else ())]
+    s_id = secondary_id or id
+    s_text = [*(secondary_cols or () if as_text else ()),
+              *(c for f in field_specs if f.kind == "string" for c in f.columns_s),
+              *(b.secondary_on or b.on for b in blocks), *((s_id,) if s_id else ())]
+    p_frame, p_source = read_table(primary, argument="primary", text_columns=p_text,
+                                   delimiter=delimiter, encoding=encoding, decimal=decimal)
+    s_frame, s_source = read_table(secondary, argument="secondary", text_columns=s_text,
+                                   delimiter=secondary_delimiter or delimiter,
+                                   encoding=secondary_encoding or encoding, decimal=decimal)
+    ids = (_ids(p_frame, id, p_source, True),
+           _ids(s_frame, s_id, s_source, secondary_id is not None))
+    phases["read"] = time.perf_counter() - clock
+    common: dict[str, Any] = dict(
+        top_k=int(top_k), privacy=privacy, mode=mode, tau=tau, sigma=sigma, delta=delta,
+        seed=seed, primary_source=p_source, secondary_source=s_source, geo_config=geo_cfg,
+        bloom_config=bloom_cfg)
+    if field_specs:
+        outcome = run_field_linkage(p_frame, s_frame, fields=field_specs, blocking=blocks,
+                                    **common)
+    else:
+        outcome = run_linkage(p_frame, s_frame, on=on_cols or (), secondary_on=secondary_cols,
+                              metric=str(metric),
+                              search=SearchOptions(mode=search),  # type: ignore[arg-type]
+                              empty=empty, **common)
+    phases["link"] = outcome.seconds
+    columns = linkage_columns(outcome.linkage)
+    if ids[0] is not None:
+        columns["primary_id"] = ids[0][columns["primary_index"]]
+    if ids[1] is not None:
+        columns["secondary_id"] = ids[1][columns["secondary_index"]]
+    summary = outcome.summary()
+    if target is not None:
+        _write(outcome, columns, target, phases)
+    summary["phase_seconds"] = {k: round(v, 3) for k, v in phases.items()}
+    if target is not None:
+        from vflink._files import atomic_write_json
+
+        atomic_write_json(_outputs(target)[1], summary, indent=2, default=str)
+    return Links(columns=columns, summary=summary, outcome=outcome, path=target)
+
+
+def _outputs(out: Path) -> tuple[Path, Path, Path]:
+    """The links file, its summary and its similarity curve."""
+    return (out, out.with_name(out.name + ".summary.json"),
+            out.with_name(out.name + ".similarity.png"))
+
+
+def _write(outcome: LinkOutcome, columns: dict[str, npt.NDArray[Any]], out: Path,
+           phases: dict[str, float]) -> None:
+    """The links file and the sorted-similarity curve (FedSim Figure 4), timed."""
+    from vflink.linkage.improvement import plot_similarity_curve
+    from vflink.runner.link import write_links
+
+    clock = time.perf_counter()
+    write_links(columns, out)
+    phases["write"] = time.perf_counter() - clock
+    clock = time.perf_counter()
+    if outcome.linkage.mode == "soft" and outcome.linkage.k > 1:
+        plot_similarity_curve(outcome.linkage, _outputs(out)[2],
+                              delta=outcome.improvement.get("avgsim"))
+    phases["figure"] = time.perf_counter() - clock
