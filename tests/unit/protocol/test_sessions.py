@@ -7,7 +7,9 @@ table itself: a message is admitted iff a row allows it).
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -34,7 +36,9 @@ from vflink.protocol.sessions import (
     purpose_of,
 )
 
-README = Path(__file__).resolve().parents[3] / "README.md"
+ROOT = Path(__file__).resolve().parents[3]
+SECURITY = ROOT / "docs" / "security.md"
+GEN_REF = ROOT / "docs" / "gen_ref.py"
 
 
 @dataclass(frozen=True)
@@ -204,9 +208,16 @@ def test_every_handled_peer_message_is_declared(role: str) -> None:
     assert set(SENDERS[role]) <= declared
 
 
-def test_the_readme_draws_every_protocol_as_declared() -> None:
-    text = README.read_text(encoding="utf-8")
-    start = text.index("<!-- protocol-sessions:start -->\n") + len(
-        "<!-- protocol-sessions:start -->\n")
-    end = text.index("\n<!-- protocol-sessions:end -->")
-    assert text[start:end] == describe().rstrip("\n")
+def test_the_docs_draw_every_protocol_as_declared() -> None:
+    """The security page's state tables are the declarations, rendered at every docs build
+    (docs/gen_ref.py): they cannot drift from what the parties enforce."""
+    text = SECURITY.read_text(encoding="utf-8")
+    assert "<!-- vflink:sessions -->" in text
+    spec = importlib.util.spec_from_file_location("gen_ref", GEN_REF)
+    assert spec is not None and spec.loader is not None
+    gen_ref = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen_ref)
+    rendered = gen_ref.render(text)
+    assert re.sub(r"^#### ", "### ", describe(), flags=re.M).strip() in rendered  # a level up
+    for p in PROTOCOLS:
+        assert f"`{p.name}`" in rendered
