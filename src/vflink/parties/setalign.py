@@ -45,6 +45,7 @@ from vflink.protocol.messages import (
 from vflink.protocol.sessions import PSI as PSI_PROTOCOL
 from vflink.protocol.sessions import PSU as PSU_PROTOCOL
 from vflink.protocol.sessions import Session, SessionTable
+from vflink.types import Compute
 
 __all__ = [
     "SetAlignment",
@@ -216,6 +217,7 @@ class SetAlignmentPeer:
     table: PartyTable
     out_dir: Path | None
     sessions: SessionTable
+    compute: Compute | None
     if TYPE_CHECKING:
         @property
         def session(self) -> Session: ...  # from Party
@@ -272,7 +274,7 @@ class SetAlignmentPeer:
     # --- PSU (passive side of Algorithm 1) ------------------------------------------------
 
     def on_psu_round1(self, sender: str, message: PsuRound1) -> PsuRound1Reply:
-        group = get_group(message.group)
+        group = get_group(message.group, compute=self.compute)
         s = _PeerSession(group=group, own=self._own_elements(group))
         s.psu_e = psu.PsuExponents.draw(group)  # line 2
         a_st, p_t = psu.lines4_5(group, message.a_s1, s.own, s.psu_e)
@@ -306,7 +308,7 @@ class SetAlignmentPeer:
     # --- PSI (passive side) -----------------------------------------------------------------
 
     def on_psi_round1(self, sender: str, message: PsiRound1) -> PsiRound1Reply:
-        group = get_group(message.group)
+        group = get_group(message.group, compute=self.compute)
         how = psi.check_reveal(message.reveal)
         s = _PeerSession(group=group, own=self._own_elements(group), reveal=how)
         s.psi_e = group.random_exponent()

@@ -21,6 +21,7 @@ import numpy as np
 import numpy.typing as npt
 
 from vflink.errors import ProtocolError
+from vflink.types import Compute
 
 __all__ = ["Elements", "Group", "default_workers", "hash_input"]
 
@@ -44,12 +45,31 @@ def hash_input(key: bytes, group: str) -> bytes:
     return hashlib.sha512(_DOMAIN + group.encode() + b"\x00" + key).digest()
 
 
+def _power_task(shared: tuple[type[Group], int], chunk: Elements) -> Elements:
+    """One engine task: a bucket of elements raised to the exponent (module-level: pickled)."""
+    cls, exponent = shared
+    return cls(workers=1)._power_chunk(chunk, exponent)
+
+
+def _hash_task(shared: type[Group], keys: list[bytes]) -> Elements:
+    """One engine task: a bucket of keys hashed to the group."""
+    return shared(workers=1).hash_to_group(keys)
+
+
+def _valid_task(shared: type[Group], chunk: Elements) -> bool:
+    return shared(workers=1)._valid_chunk(chunk)
+
+
 class Group(ABC):
     """A cyclic group of prime order in which DDH is believed hard.
 
     Args:
         workers: threads (or processes, where the library holds the GIL) used for batches of at
             least ``parallel_threshold`` elements; ``None`` means every available core.
+        compute: a compute engine (issue 22): batches of at least ``parallel_threshold``
+            elements are hashed, validated and exponentiated in buckets of at most its
+            ``chunk_rows`` as its tasks, instead of in this object's pool. The exponent
+            travels to the party's own cluster only (a party's engine is inside the party).
     """
 
     name: str = "group"
@@ -58,8 +78,9 @@ class Group(ABC):
     #: batches smaller than this run in the calling thread (pool overhead would dominate)
     parallel_threshold: int = 4096
 
-    def __init__(self, *, workers: int | None = None) -> None:
+    def __init__(self, *, workers: int | None = None, compute: Compute | None = None) -> None:
         self.workers = default_workers() if workers is None else max(1, int(workers))
+        self.compute = compute
         self.operations = 0  # exponentiations and hashes done, for benchmarks and summaries
         self._pool: Executor | None = None
         self._finalizer: weakref.finalize | None = None
@@ -114,8 +135,23 @@ class Group(ABC):
     def empty(self) -> Elements:
         return np.empty((0, self.element_bytes), dtype=np.uint8)
 
+    def _buckets(self, n: int) -> list[tuple[int, int]] | None:
+        """Row ranges for the compute engine's tasks, or None to work in this process."""
+        c = self.compute
+        if c is None or n < self.parallel_threshold:
+            return None
+        size = max(1024, min(c.chunk_rows, -(-n // (4 * max(1, c.workers)))))
+        return [(i, min(n, i + size)) for i in range(0, n, size)]
+
     def hash_to_group(self, keys: Sequence[bytes]) -> Elements:
         """Each key hashed to a group element (random-oracle encoding of the record IDs)."""
+        buckets = self._buckets(len(keys))
+        if buckets is not None and self.compute is not None:
+            keys = list(keys)
+            parts = self.compute.map(_hash_task, [keys[a:b] for a, b in buckets],
+                                     shared=type(self))
+            self.operations += len(keys)
+            return np.concatenate(parts)
         out = np.empty((len(keys), self.element_bytes), dtype=np.uint8)
         for i, key in enumerate(keys):
             out[i] = np.frombuffer(self._hash_one(hash_input(key, self.name)), dtype=np.uint8)
@@ -130,7 +166,14 @@ class Group(ABC):
         e = int(exponent) % self.order
         if e == 0:
             raise ValueError("the exponent must be non-zero modulo the group order")
-        if n < self.parallel_threshold or self.workers == 1:
+        buckets = self._buckets(n)
+        if buckets is not None and self.compute is not None:
+            sizes = iter([b - a for a, b in buckets])
+            done = None if progress is None else (lambda _: progress(next(sizes)))
+            out = np.concatenate(self.compute.map(
+                _power_task, [elements[a:b] for a, b in buckets], shared=(type(self), e),
+                progress=done))
+        elif n < self.parallel_threshold or self.workers == 1:
             out = self._power_chunk(elements, e)
             if progress is not None:
                 progress(n)
@@ -163,7 +206,13 @@ class Group(ABC):
         prime-order group (or the identity) could leak bits of the secret exponent.
         """
         arr = self.check(elements, what)
-        if len(arr) and not self._valid_chunk(arr):
+        buckets = self._buckets(len(arr))
+        if buckets is not None and self.compute is not None:
+            valid = all(self.compute.map(_valid_task, [arr[a:b] for a, b in buckets],
+                                         shared=type(self)))
+        else:
+            valid = not len(arr) or self._valid_chunk(arr)
+        if not valid:
             raise ProtocolError(f"{what}: not every row encodes a {self.name} group element")
         return arr
 
