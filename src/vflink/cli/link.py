@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from vflink._files import atomic_write_json
+from vflink.cli._compute import add_compute_args, compute_from_args
 from vflink.config import read_toml
 from vflink.errors import ConfigError, DataError
 
@@ -111,6 +112,7 @@ def register(sub: Any) -> None:
                    help="replace an existing output (and its .summary.json and .similarity.png)")
     p.usage = ("%(prog)s --primary P --secondary S --on COLS --metric M --top-k K --out F "
                "[options]\n       %(prog)s --config FILE [options]  (a [link] table of the same)")
+    add_compute_args(p)
     for action in p._actions:  # required, but may come from --config, so argparse can't enforce
         if action.dest in _REQUIRED:
             action.help = f"{action.help} [required: here or in --config]"
@@ -223,6 +225,21 @@ def resolve(args: argparse.Namespace) -> dict[str, Any]:
     return opts
 
 
+def _file_compute(args: argparse.Namespace) -> Any:
+    """The --config file's top-level [compute] table (issue 22), if it has one."""
+    if args.config is None:
+        return None
+    raw = read_toml(Path(args.config))
+    if "compute" not in raw:
+        return None
+    from vflink.engine import ComputeConfig
+
+    try:
+        return ComputeConfig.from_dict(raw["compute"])
+    except ConfigError as exc:
+        raise ConfigError(f"{args.config}: {exc}", exc.problems) from None
+
+
 def _fields(opts: dict[str, Any], problems: list[str]) -> tuple[list[Any], list[Any]]:
     """``[[link.fields]]`` and ``[[link.blocking]]`` of a link file, every problem collected."""
     from vflink.linkage.fields import Blocking, FieldSpec
@@ -317,6 +334,7 @@ def run(args: argparse.Namespace) -> int:
 
     opts = resolve(args)
     from vflink.cli._outputs import refuse_existing
+    from vflink.runner.compute import open_compute
 
     out = Path(opts["out"])
     refuse_existing(out, out.with_name(out.name + ".summary.json"),
@@ -350,7 +368,8 @@ def run(args: argparse.Namespace) -> int:
     console = Console()
     metric = opts.get("metric") or "fields"
     with console.status(f"linking {len(primary)} × {len(secondary)} records "
-                        f"({metric}, K = {opts['top_k']})"):
+                        f"({metric}, K = {opts['top_k']})"), \
+            open_compute(compute_from_args(args, _file_compute(args))) as compute:
         outcome = run_field_linkage(
             primary, secondary, fields=fields, blocking=blocking, top_k=int(opts["top_k"]),
             bloom=opts.get("bloom"), privacy=opts.get("privacy"),
@@ -368,7 +387,8 @@ def run(args: argparse.Namespace) -> int:
             seed=opts.get("seed"), search=search, primary_source=str(opts["primary"]),
             secondary_source=str(opts["secondary"]), empty=opts.get("empty") or "error",
             geo_config=_geo(opts.get("geo")),
-            bloom_config=_bloom(opts.get("bloom_filters"), opts.get("resolution")))
+            bloom_config=_bloom(opts.get("bloom_filters"), opts.get("resolution")),
+            compute=compute)
         phases["link"] = outcome.seconds
         clock = time.perf_counter()
         columns = linkage_columns(outcome.linkage)

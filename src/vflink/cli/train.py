@@ -13,6 +13,8 @@ if TYPE_CHECKING:  # heavy modules are imported in run(), so `--help` is instant
 
     from vflink.runner.train import RunResult
 
+from vflink.cli._compute import add_compute_args, with_compute_args
+
 __all__ = ["register", "run"]
 
 ALGORITHMS = ALGORITHM_REGISTRY.names()
@@ -44,6 +46,7 @@ def register(sub: Any) -> None:
     p.add_argument("--party", type=Path, default=None,
                    help="the primary's party file: run against secondaries and a coordinator "
                    "served elsewhere (`vflink serve`) over gRPC with mutual TLS")
+    add_compute_args(p)
     p.add_argument("--resume", action="store_true",
                    help="continue an interrupted run from its last epoch checkpoint")
     p.set_defaults(func=run)
@@ -77,8 +80,13 @@ def run(args: argparse.Namespace) -> int:
         changes["algorithm"] = args.algorithm
     if args.seed is not None:
         changes["seed"] = args.seed
+    if args.party is not None:  # the primary's own [compute], from its party file
+        party_compute = load_party_config(args.party).compute
+        if party_compute != type(party_compute)():
+            changes["compute"] = party_compute
     if changes:
         config = config.replace(**changes)
+    config = with_compute_args(config, args)
     out = args.out or Path("runs") / f"{args.config.stem}-{config.algorithm}"
     check_run_dir(out, overwrite=args.overwrite, resume=args.resume)  # before any work
     console = Console()

@@ -22,6 +22,7 @@ from vflink.protocol.sessions import new_session_name
 from vflink.runner.party_config import PartyConfig
 from vflink.runner.rundir import write_json
 from vflink.transport import InProcessHub, TrafficCounter, Transcript
+from vflink.types import Compute
 
 __all__ = ["METHODS", "AlignOutcome", "align_in_process", "align_over_network", "key_table",
            "run_set_alignment", "write_outcome"]
@@ -74,11 +75,12 @@ def _check(method: str, reveal: str) -> None:
 
 def run_set_alignment(keys: Sequence[bytes], channel: Channel, peer: str, *, method: str,
                       group: str, reveal: str = "both", session: str | None = None,
-                      workers: int | None = None, progress: StepProgress | None = None
-                      ) -> tuple[SetAlignment, int]:
-    """Drive PSU/PSI with ``peer`` over ``channel``; (own output, own group operations)."""
+                      workers: int | None = None, progress: StepProgress | None = None,
+                      compute: Compute | None = None) -> tuple[SetAlignment, int]:
+    """Drive PSU/PSI with ``peer`` over ``channel``; (own output, own group operations).
+    With ``compute``, the group operations run in buckets on that engine (issue 22)."""
     _check(method, reveal)
-    g = get_group(group, workers=workers)
+    g = get_group(group, workers=workers, compute=compute)
     driver = SetAlignmentDriver(keys, channel, g, progress=progress)
     # a finished session is immutable: every run opens a new one (issue 19)
     name = session or new_session_name(method)
@@ -89,18 +91,21 @@ def run_set_alignment(keys: Sequence[bytes], channel: Channel, peer: str, *, met
 def align_in_process(primary: PartyTable, secondary: PartyTable, *, method: str,
                      group: str = "ristretto255", reveal: str = "both",
                      workers: int | None = None, progress: StepProgress | None = None,
-                     transcript: Transcript | None = None) -> AlignOutcome:
-    """Both parties in this process, talking through an in-process channel."""
+                     transcript: Transcript | None = None, compute: Compute | None = None
+                     ) -> AlignOutcome:
+    """Both parties in this process, talking through an in-process channel (both on
+    ``compute``, this process's engine, when given)."""
     _check(method, reveal)
     keys = key_bytes(primary.frame, primary.schema.key, who=primary.source)
     counter = TrafficCounter()
     hub = InProcessHub(transcript=transcript, counter=counter)
     peer = SecondaryParty(secondary, hub.channel(secondary.name))
+    peer.compute = compute
     hub.register(secondary.name, peer)
     start = time.perf_counter()
     mine, ops = run_set_alignment(keys, hub.channel(primary.name), secondary.name,
                                   method=method, group=group, reveal=reveal, workers=workers,
-                                  progress=progress)
+                                  progress=progress, compute=compute)
     seconds = time.perf_counter() - start
     theirs = peer.set_alignment(mine.session)
     return AlignOutcome(method, group, mine, theirs, seconds,
@@ -110,7 +115,8 @@ def align_in_process(primary: PartyTable, secondary: PartyTable, *, method: str,
 def align_over_network(primary: PartyTable, config: PartyConfig, peer: str, *, method: str,
                        group: str = "ristretto255", reveal: str = "both",
                        workers: int | None = None, progress: StepProgress | None = None,
-                       transcript: Transcript | None = None) -> AlignOutcome:
+                       transcript: Transcript | None = None, compute: Compute | None = None
+                       ) -> AlignOutcome:
     """The secondary ``peer`` is served elsewhere (``vflink serve``); we are the primary of
     ``config``. The secondary writes its own output into its state directory."""
     from vflink.transport.grpc import GrpcChannel, TlsConfig
@@ -131,7 +137,8 @@ def align_over_network(primary: PartyTable, config: PartyConfig, peer: str, *, m
     start = time.perf_counter()
     try:
         mine, ops = run_set_alignment(keys, channel, peer, method=method, group=group,
-                                      reveal=reveal, workers=workers, progress=progress)
+                                      reveal=reveal, workers=workers, progress=progress,
+                                      compute=compute)
     finally:
         channel.close()
     return AlignOutcome(method, group, mine, None, time.perf_counter() - start,
