@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import collections
 import logging
+import os
 import socket
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from vflink.engine.base import ComputeConfig, Engine
-from vflink.errors import ConfigError, TransportError, VflinkError
+from vflink.errors import ConfigError, RunError, TransportError, VflinkError
 
 __all__ = ["RayEngine", "probe_address"]
 
@@ -26,6 +27,20 @@ R = TypeVar("R")
 #: Seconds to wait for a cluster's GCS port before calling the address unreachable (Ray's own
 #: connection attempts retry for about a minute before failing, with a less clear message).
 PROBE_TIMEOUT_S = 5.0
+
+
+#: Host names of this machine's loopback interface.
+_LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
+
+
+def _keep_on_loopback(address: str) -> None:
+    """Ray turns a loopback address into the machine's outward IP (to be reachable from
+    other nodes), where a cluster bound to 127.0.0.1 does not answer. For ``"local"`` and
+    loopback addresses, ask Ray (before it is imported: the setting is read at import) to
+    stay on loopback, as it does on single-machine platforms."""
+    host = address.split("://", 1)[-1].rpartition(":")[0]
+    if address == "local" or host in _LOOPBACK:
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 
 def _import_ray() -> Any:
@@ -62,10 +77,11 @@ class RayEngine(Engine):
 
     def __init__(self, config: ComputeConfig | None = None) -> None:
         super().__init__(config or ComputeConfig(engine="ray"))
+        address = self.config.resolved_address
+        _keep_on_loopback(address)
         ray = self._ray = _import_ray()
         self._owned = False
         self._remotes: dict[Callable[..., Any], Any] = {}
-        address = self.config.resolved_address
         if ray.is_initialized():
             log.info("ray engine: using the Ray cluster this process already joined")
             return
@@ -112,6 +128,9 @@ class RayEngine(Engine):
         window = 2 * self.workers
         pending: collections.deque[Any] = collections.deque()
         out: list[R] = []
+        # a worker, node or object gone (after Ray's own retries), as opposed to a task error
+        lost = (ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError,
+                ray.exceptions.ObjectLostError, ray.exceptions.OwnerDiedError)
 
         def collect() -> None:
             ref = pending.popleft()
@@ -122,10 +141,13 @@ class RayEngine(Engine):
                 if isinstance(cause, Exception):
                     raise cause from None
                 raise
-            except ray.exceptions.RayError as exc:
+            except lost as exc:
                 raise TransportError(
                     f"the Ray cluster at {self.config.resolved_address} lost a task after "
                     f"{self.config.max_retries} retries: {exc}") from None
+            except ray.exceptions.RayError as exc:  # e.g. an error that did not unpickle
+                raise RunError(f"a task failed on the Ray cluster at "
+                               f"{self.config.resolved_address}: {exc}") from None
             if progress is not None:
                 progress(1)
 

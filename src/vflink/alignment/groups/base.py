@@ -140,7 +140,7 @@ class Group(ABC):
         c = self.compute
         if c is None or n < self.parallel_threshold:
             return None
-        size = max(1024, min(c.chunk_rows, -(-n // (4 * max(1, c.workers)))))
+        size = min(c.chunk_rows, max(1024, -(-n // (4 * max(1, c.workers)))))
         return [(i, min(n, i + size)) for i in range(0, n, size)]
 
     def hash_to_group(self, keys: Sequence[bytes]) -> Elements:

@@ -18,7 +18,8 @@ from vflink.types import Compute
 
 __all__ = ["ENCODERS", "Encoder", "encode_chunk", "encode_chunked", "make_encoder"]
 
-#: Fewest rows in an encoding task (below this, a task's fixed cost dominates).
+#: Fewest rows in an encoding task unless ``chunk_rows`` asks for fewer (below this, a task's
+#: fixed cost dominates).
 _MIN_CHUNK = 4096
 
 
@@ -54,9 +55,11 @@ def encode_chunked(encoder: Encoder, values: Any, compute: Compute | None) -> An
     over all rows. The encoder (with its secret) goes to the party's own workers only.
     ``compute=None`` or a small input: one call here."""
     n = len(values)
-    if compute is None or n < 2 * _MIN_CHUNK:
+    if compute is None:
         return encoder.encode(values)
-    size = max(_MIN_CHUNK, min(compute.chunk_rows, -(-n // (4 * max(1, compute.workers)))))
+    size = min(compute.chunk_rows, max(_MIN_CHUNK, -(-n // (4 * max(1, compute.workers)))))
+    if size >= n:
+        return encoder.encode(values)
     chunks = [values[i:i + size] for i in range(0, n, size)]
     parts = compute.map(encode_chunk, chunks, shared=encoder)
     if all(isinstance(p, list) for p in parts):
