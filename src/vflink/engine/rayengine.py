@@ -46,6 +46,8 @@ def _keep_on_loopback(address: str) -> None:
 def _import_ray() -> Any:
     try:
         import ray
+        if not hasattr(ray, "init"):  # a stray directory named ray/ (e.g. Ray's own /tmp/ray)
+            raise ImportError("not the ray package")
     except ImportError:
         raise ConfigError("`compute.engine = \"ray\"` (or --engine ray) needs Ray: install the "
                           "extra with `pip install 'vflink[ray]'`") from None

@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from tests.helpers.network import free_port, served_in_threads
-from tests.ray.conftest import RAY_REASON
+from tests.raycluster.conftest import RAY_REASON
 from vflink.alignment.groups import get_group
 from vflink.engine import ComputeConfig, RayEngine
 from vflink.linkage import METRICS, BloomEncoder, search_chunked

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from tests.helpers.ray_tasks import die_once, node_of
-from tests.ray.conftest import RAY_REASON
+from tests.raycluster.conftest import RAY_REASON
 from vflink.engine import ComputeConfig, RayEngine, get_engine
 from vflink.errors import LinkageError, TransportError
 

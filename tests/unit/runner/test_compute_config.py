@@ -1,0 +1,90 @@
+"""[compute] in run files and party files, and --engine/--address on the commands (issue 22)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+
+from vflink.cli.main import main
+from vflink.engine import ComputeConfig
+from vflink.errors import ConfigError
+from vflink.runner.compute import current_compute, open_compute, run_compute
+from vflink.runner.config import config_to_dict, parse_config
+from vflink.runner.party_config import load_party_config
+
+
+def _run(**extra: Any) -> dict[str, Any]:
+    return {"version": 1, "data": {"dataset": "sklearn-small"}, **extra}
+
+
+def test_run_file_compute_section() -> None:
+    assert parse_config(_run()).compute == ComputeConfig()
+    config = parse_config(_run(compute={"engine": "ray", "address": "local", "num_cpus": 2,
+                                        "chunk_rows": 5000}))
+    assert config.compute == ComputeConfig(engine="ray", address="local", num_cpus=2,
+                                           chunk_rows=5000)
+    assert config_to_dict(config)["compute"]["chunk_rows"] == 5000
+    assert parse_config(config_to_dict(config)).compute == config.compute  # round trip
+
+
+def test_run_file_compute_errors_come_with_the_others() -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_config(_run(seed=-1, compute={"engine": "spark", "chunk_rows": 0, "nodes": 3}))
+    problems = "\n".join(err.value.problems)
+    for needle in ("seed", "compute.engine", "compute.chunk_rows", "['nodes']"):
+        assert needle in problems
+
+
+def _party_file(tmp: Path, compute: str) -> Path:
+    path = tmp / "bank.toml"
+    path.write_text('version = 1\n[party]\nname = "bank"\nrole = "secondary"\n'
+                    'listen = "127.0.0.1:1"\ndataset = "sklearn-small"\n'
+                    '[peers.coordinator]\naddress = "127.0.0.1:2"\nrole = "coordinator"\n'
+                    '[security]\ninsecure = true\nallowed = ["primary"]\n' + compute)
+    return path
+
+
+def test_party_file_compute_section(tmp_path: Path) -> None:
+    assert load_party_config(_party_file(tmp_path, "")).compute == ComputeConfig()
+    config = load_party_config(_party_file(
+        tmp_path, '[compute]\nengine = "ray"\naddress = "10.1.2.3:6379"\n'))
+    assert config.compute.engine == "ray" and config.compute.address == "10.1.2.3:6379"
+    with pytest.raises(ConfigError) as err:
+        load_party_config(_party_file(tmp_path, '[compute]\nengine = "ray"\nnum_cpus = 0\n'
+                                                'speed = 1\n'))
+    assert str(tmp_path / "bank.toml") in str(err.value)
+    assert len(err.value.problems) == 2
+
+
+def test_local_engine_is_no_engine_for_the_stages() -> None:
+    with open_compute(ComputeConfig()) as compute:
+        assert compute is None  # today's in-process paths, unchanged
+    with open_compute(ComputeConfig(num_cpus=2)) as compute:
+        assert compute is not None and compute.workers == 2
+    with run_compute(ComputeConfig(num_cpus=2)) as outer:
+        with run_compute(ComputeConfig()) as inner:  # a run inside a run shares its engine
+            assert inner is outer is current_compute()
+    assert current_compute() is None
+
+
+def test_engine_ray_without_the_extra_exits_2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setitem(sys.modules, "ray", None)  # as if the extra were not installed
+    pd.DataFrame({"id": ["a", "b"]}).to_csv(tmp_path / "k.csv", index=False)
+    code = main(["align", "--primary", str(tmp_path / "k.csv"), "--secondary",
+                 str(tmp_path / "k.csv"), "--on", "id", "--out", str(tmp_path / "o"),
+                 "--engine", "ray"])
+    assert code == 2
+    assert "pip install 'vflink[ray]'" in capsys.readouterr().err
+
+
+def test_engine_flags_in_help(capsys: pytest.CaptureFixture[str]) -> None:
+    for command in ("link", "align", "train", "serve"):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        out = capsys.readouterr().out
+        assert "--engine" in out and "--address" in out, command
