@@ -190,8 +190,21 @@ def main() -> None:
     ap.add_argument("--encode", type=int, default=200000, help="strings Bloom-encoded")
     ap.add_argument("--set-size", type=int, default=20000, help="keys per side, 50 %% shared")
     ap.add_argument("--chunk-rows", type=int, default=100000)
+    ap.add_argument("--memory", nargs="*", default=None, metavar="CASE:N",
+                    help="only the memory table: each case (psi:N, psu:N, link:N, N primary "
+                         "rows against 10 N secondary) in a fresh process, ray engine, 2 CPUs; "
+                         "default psi:100000 psi:400000 link:10000 link:100000")
+    ap.add_argument("--memory-case", help=argparse.SUPPRESS)
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
+    if args.memory_case:
+        print(json.dumps(memory_case(args.memory_case, args.chunk_rows)))
+        return
+    if args.memory is not None:
+        print(json.dumps(memory_table(args.memory or ["psi:100000", "psi:400000",
+                                                      "link:10000", "link:100000"],
+                                      args.chunk_rows), indent=2))
+        return
 
     import pandas as pd
 
@@ -253,6 +266,49 @@ def main() -> None:
     result["ray_startup_s"] = {f"{k}_cpus": round(v, 1) for k, v in startup.items()}
     result["projection"] = projection(result, cost)
     print(json.dumps(result, indent=2))
+
+
+def memory_case(case: str, chunk_rows: int) -> dict[str, Any]:
+    """One case in this process, on a Ray cluster started here with 2 CPUs."""
+    import pandas as pd
+
+    from vflink.data.schema import PartySchema
+    from vflink.data.table import PartyTable
+    from vflink.runner.align import align_in_process
+    from vflink.runner.link import run_linkage
+
+    kind, n_text = case.split(":")
+    n = int(n_text)
+    with PeakRss() as rss, ray_engine(2, chunk_rows) as engine:
+        t = time.perf_counter()
+        if kind in ("psi", "psu"):
+            def table(lo: int, name: str) -> PartyTable:
+                ids = [f"{i:012d}" for i in range(lo, lo + n)]
+                return PartyTable(PartySchema(name=name, role="secondary", key=("id",)),
+                                  pd.DataFrame({"id": ids}), name)
+
+            align_in_process(table(0, "a"), table(n // 2, "b"), method=kind, compute=engine)
+            sizes = {"keys_per_side": n}
+        else:  # numeric soft linkage, raw 2-D identifiers (privacy off), K = 10
+            rng = np.random.default_rng(0)
+            p = pd.DataFrame(rng.uniform(0, 1000, size=(n, 2)), columns=["x", "y"])
+            s = pd.DataFrame(rng.uniform(0, 1000, size=(10 * n, 2)), columns=["x", "y"])
+            run_linkage(p, s, on=["x", "y"], metric="euclidean", top_k=10, privacy="off",
+                        tau=0.9, seed=0, compute=engine)
+            sizes = {"primary_rows": n, "secondary_rows": 10 * n, "k": 10}
+        seconds = time.perf_counter() - t
+    return {"case": kind, **sizes, "seconds": round(seconds, 1), **rss.table()}
+
+
+def memory_table(cases: list[str], chunk_rows: int) -> dict[str, Any]:
+    import subprocess
+
+    rows = []
+    for case in cases:
+        out = subprocess.run([sys.executable, __file__, "--memory-case", case, "--chunk-rows",
+                              str(chunk_rows)], capture_output=True, text=True, check=True)
+        rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    return {"chunk_rows": chunk_rows, "engine": "ray, 2 CPUs, started here", "cases": rows}
 
 
 def projection(result: dict[str, Any], cost: dict[str, float]) -> dict[str, Any]:
