@@ -9,11 +9,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
+
 from vflink.alignment._dh import key_bytes
 from vflink.alignment.groups import get_group
 from vflink.alignment.psi import check_reveal
 from vflink.data.schema import PartySchema
-from vflink.data.table import PartyTable, read_frame
+from vflink.data.table import PartyTable, iter_parquet_columns, read_frame
 from vflink.errors import ConfigError, DataError
 from vflink.parties import SecondaryParty
 from vflink.parties.setalign import SetAlignment, SetAlignmentDriver, write_set_alignment
@@ -55,8 +57,17 @@ class AlignOutcome:
 
 def key_table(path: Path, on: Sequence[str], *, name: str, delimiter: str | None = None,
               encoding: str | None = None) -> PartyTable:
-    """A party table holding only the key columns, read as text (``007`` stays ``007``)."""
-    frame = read_frame(path, text_columns=tuple(on), delimiter=delimiter, encoding=encoding)
+    """A party table holding only the key columns, read as text (``007`` stays ``007``).
+
+    Parquet is scanned for the key columns alone, in record batches (a wide table's other
+    columns are never loaded), each batch converted to text as it arrives."""
+    if Path(path).suffix.lower() == ".parquet" or Path(path).is_dir():
+        parts = [b.astype("string").fillna("") for b in iter_parquet_columns(Path(path), on)]
+        frame = (pd.concat(parts, ignore_index=True) if parts
+                 else pd.DataFrame({c: pd.Series(dtype="string") for c in on}))
+    else:
+        frame = read_frame(path, text_columns=tuple(on), delimiter=delimiter,
+                           encoding=encoding)
     missing = [c for c in on if c not in frame.columns]
     if missing:
         raise DataError(f"{path}: key column(s) {missing} not found; columns: "

@@ -88,3 +88,23 @@ def test_engine_flags_in_help(capsys: pytest.CaptureFixture[str]) -> None:
             main([command, "--help"])
         out = capsys.readouterr().out
         assert "--engine" in out and "--address" in out, command
+
+
+def test_parquet_keys_are_scanned_in_batches(tmp_path: Path) -> None:
+    from vflink.data.table import iter_parquet_columns
+    from vflink.errors import DataError
+    from vflink.runner.align import key_table
+
+    frame = pd.DataFrame({"id": [f"{i:03d}" for i in range(25)], "n": range(25),
+                          "wide": ["x" * 50] * 25})
+    frame.to_parquet(tmp_path / "t.parquet", index=False)
+    batches = list(iter_parquet_columns(tmp_path / "t.parquet", ["id", "n"], batch_rows=10))
+    assert [len(b) for b in batches] == [10, 10, 5]
+    assert list(batches[0].columns) == ["id", "n"]  # the other columns are never read
+    table = key_table(tmp_path / "t.parquet", ("id", "n"), name="p")
+    assert table.frame["id"].tolist()[:2] == ["000", "001"] and table.frame["n"].iloc[3] == "3"
+    frame.to_csv(tmp_path / "t.csv", index=False)
+    from_csv = key_table(tmp_path / "t.csv", ("id", "n"), name="p")
+    assert from_csv.frame.equals(table.frame)  # the same keys as from CSV
+    with pytest.raises(DataError, match=r"t.parquet: column\(s\) \['nope'\] not found"):
+        key_table(tmp_path / "t.parquet", ("nope",), name="p")
