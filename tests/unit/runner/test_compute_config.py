@@ -108,3 +108,16 @@ def test_parquet_keys_are_scanned_in_batches(tmp_path: Path) -> None:
     assert from_csv.frame.equals(table.frame)  # the same keys as from CSV
     with pytest.raises(DataError, match=r"t.parquet: column\(s\) \['nope'\] not found"):
         key_table(tmp_path / "t.parquet", ("nope",), name="p")
+
+
+def test_a_run_may_resume_on_another_engine() -> None:
+    from vflink.data.schema import PartySchema
+    from vflink.data.table import PartyTable
+    from vflink.runner.resume import run_fingerprint
+
+    table = PartyTable(PartySchema(name="p", role="secondary", key=("id",)),
+                       pd.DataFrame({"id": ["a"]}), "p")
+    local = parse_config(_run())
+    ray = parse_config(_run(compute={"engine": "ray", "address": "local"}))
+    assert run_fingerprint(local, table) == run_fingerprint(ray, table)
+    assert run_fingerprint(local, table) != run_fingerprint(local.replace(seed=3), table)
