@@ -3,17 +3,40 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
 from vflink.errors import ConfigError, DataError
 
-__all__ = ["MISSING", "Alignment", "Task"]
+__all__ = ["MISSING", "Alignment", "Compute", "Task"]
 
 #: Marker in :attr:`Alignment.secondary_index` for "no linked secondary row".
 MISSING = -1
+
+_R = TypeVar("_R")
+
+
+class Compute(Protocol):
+    """What a pure algorithm asks of a compute engine (ARCHITECTURE.md, "Where wave 3 lives"):
+    ``map(fn, items, shared=...)`` runs ``fn(shared, item)`` for every item and returns the
+    results in the items' order (``shared`` goes to each worker once, not once per item;
+    ``progress(1)`` is called as each item finishes, in order);
+    ``workers`` tasks run at once; a task takes at most ``chunk_rows`` rows. A
+    :class:`vflink.engine.Engine` is one; algorithms take a ``Compute`` rather than an engine
+    so they never import the engine package, and ``None`` keeps their in-process paths."""
+
+    @property
+    def workers(self) -> int: ...
+
+    @property
+    def chunk_rows(self) -> int: ...
+
+    def map(self, fn: Callable[[Any, Any], _R], items: Sequence[Any], *, shared: Any = None,
+            progress: Callable[[int], None] | None = None) -> list[_R]: ...
 
 
 class Task(enum.StrEnum):

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from vflink._checks import check_choice, check_float, check_int
 from vflink.api._tables import TableLike, columns_arg, read_table
 from vflink.errors import ConfigError, DataError
+from vflink.types import Compute
 
 if TYPE_CHECKING:
     import numpy.typing as npt
@@ -177,7 +178,8 @@ def link(primary: TableLike, secondary: TableLike, *,
          resolution: float | None = None, delimiter: str | None = None,
          encoding: str | None = None, decimal: str | None = None,
          secondary_delimiter: str | None = None, secondary_encoding: str | None = None,
-         out: str | Path | None = None, overwrite: bool = False) -> Links:
+         out: str | Path | None = None, overwrite: bool = False,
+         compute: Compute | None = None) -> Links:
     """Link every record of ``primary`` to its ``top_k`` most similar records of ``secondary``.
 
     Runs FedSim's soft linkage (§4.1) with the three parties in this process: each data party
@@ -239,6 +241,9 @@ def link(primary: TableLike, secondary: TableLike, *,
         sorted-similarity curve ``<out>.similarity.png``, as ``vflink link --out`` does.
     overwrite : bool, default False
         Replace existing output files instead of stopping.
+    compute : Compute, optional
+        An engine for the chunked stages (``vflink.engine``, issue 22): the search, the
+        encodings. None runs them in this process, as before.
 
     Returns
     -------
@@ -319,7 +324,7 @@ def link(primary: TableLike, secondary: TableLike, *,
         outcome = run_linkage(p_frame, s_frame, on=on_cols or (), secondary_on=secondary_cols,
                               metric=str(metric),
                               search=SearchOptions(mode=search),  # type: ignore[arg-type]
-                              empty=empty, **common)
+                              empty=empty, compute=compute, **common)
     phases["link"] = outcome.seconds
     columns = linkage_columns(outcome.linkage)
     if ids[0] is not None:

@@ -6,6 +6,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from vflink.cli._compute import add_compute_args, compute_from_args
+
 __all__ = ["register", "run"]
 
 HELP = """Align two tables on exact key column(s) without revealing more than the protocol's
@@ -58,6 +60,7 @@ def register(sub: Any) -> None:
     p.add_argument("--party", type=Path, help="the primary's party file: reach the secondary "
                    "served with `vflink serve` instead of reading --secondary here")
     p.add_argument("--peer", help="with --party: the secondary's name (default: the only one)")
+    add_compute_args(p)
     p.set_defaults(func=run)
 
 
@@ -74,6 +77,7 @@ def run(args: argparse.Namespace) -> int:
         key_table,
         write_outcome,
     )
+    from vflink.runner.compute import open_compute
 
     console = Console(stderr=True)
     on = tuple(c.strip() for c in args.on.split(",") if c.strip())
@@ -86,7 +90,13 @@ def run(args: argparse.Namespace) -> int:
     refuse_existing(*(args.out / name for name in written), overwrite=args.overwrite)
     primary = key_table(args.primary, on, name="primary", delimiter=args.delimiter,
                         encoding=args.encoding)
-    with Progress(TextColumn("[bold]{task.description}"), BarColumn(),
+    config = None
+    if args.party is not None:
+        from vflink.runner.party_config import load_party_config
+
+        config = load_party_config(args.party)
+    with open_compute(compute_from_args(args, config.compute if config else None)) as compute, \
+            Progress(TextColumn("[bold]{task.description}"), BarColumn(),
                   TextColumn("{task.fields[stage]}"), TimeElapsedColumn(), console=console,
                   transient=True) as bar:
         task = bar.add_task(f"{args.method} ({args.group})", total=None, stage="")
@@ -96,11 +106,8 @@ def run(args: argparse.Namespace) -> int:
 
         kwargs: dict[str, Any] = {"method": args.method, "group": args.group,
                                   "reveal": args.reveal, "workers": args.workers,
-                                  "progress": progress}
-        if args.party is not None:
-            from vflink.runner.party_config import load_party_config
-
-            config = load_party_config(args.party)
+                                  "progress": progress, "compute": compute}
+        if config is not None:
             peers = config.secondaries
             peer = args.peer or (peers[0] if len(peers) == 1 else None)
             if peer is None:

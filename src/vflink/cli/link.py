@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from vflink.cli._compute import add_compute_args, compute_from_args
 from vflink.config import read_toml
 from vflink.errors import ConfigError, LinkageError
 
@@ -118,6 +119,7 @@ def register(sub: Any) -> None:
                    help="replace an existing output (and its .summary.json and .similarity.png)")
     p.usage = ("%(prog)s --primary P --secondary S --on COLS --metric M --top-k K --out F "
                "[options]\n       %(prog)s --config FILE [options]  (a [link] table of the same)")
+    add_compute_args(p)
     for action in p._actions:  # required, but may come from --config, so argparse can't enforce
         if action.dest in _REQUIRED:
             action.help = f"{action.help} [required: here or in --config]"
@@ -269,6 +271,21 @@ def _noise_problems(opts: dict[str, Any], args: argparse.Namespace,
                         "of --tau and --sigma (tau sets σ through FedSim Theorem 2)")
 
 
+def _file_compute(args: argparse.Namespace) -> Any:
+    """The --config file's top-level [compute] table (issue 22), if it has one."""
+    if args.config is None:
+        return None
+    raw = read_toml(Path(args.config))
+    if "compute" not in raw:
+        return None
+    from vflink.engine import ComputeConfig
+
+    try:
+        return ComputeConfig.from_dict(raw["compute"])
+    except ConfigError as exc:
+        raise ConfigError(f"{args.config}: {exc}", exc.problems) from None
+
+
 def _fields(opts: dict[str, Any], problems: list[str]) -> tuple[list[Any], list[Any]]:
     """``[[link.fields]]`` and ``[[link.blocking]]`` of a link file, every problem collected."""
     from vflink.linkage.fields import Blocking, FieldSpec
@@ -338,6 +355,7 @@ def run(args: argparse.Namespace) -> int:
 
     opts = resolve(args)
     from vflink.cli._outputs import refuse_existing
+    from vflink.runner.compute import open_compute
 
     out = Path(opts["out"])
     refuse_existing(out, out.with_name(out.name + ".summary.json"),
@@ -347,7 +365,8 @@ def run(args: argparse.Namespace) -> int:
     console = Console()
     metric = opts.get("metric") or "fields"
     with console.status(f"linking {opts['primary']} with {opts['secondary']} "
-                        f"({metric}, K = {opts['top_k']})"):
+                        f"({metric}, K = {opts['top_k']})"), \
+            open_compute(compute_from_args(args, _file_compute(args))) as compute:
         try:
             links = link(
                 Path(opts["primary"]), Path(opts["secondary"]), on=on,
@@ -364,7 +383,8 @@ def run(args: argparse.Namespace) -> int:
                 geo=_geo(opts.get("geo")), delimiter=opts.get("delimiter"),
                 encoding=opts.get("encoding"), decimal=opts.get("decimal"),
                 secondary_delimiter=opts.get("secondary_delimiter"),
-                secondary_encoding=opts.get("secondary_encoding"), out=out, overwrite=True)
+                secondary_encoding=opts.get("secondary_encoding"), out=out, overwrite=True,
+                compute=compute)
         except LinkageError as exc:
             if "unreachable" not in str(exc) or opts.get("tau") is None:
                 raise

@@ -7,6 +7,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from vflink.cli._compute import add_compute_args, with_compute_args
+
 __all__ = ["register", "run"]
 
 HELP = """Serve one party (a secondary data party or the linkage coordinator) over gRPC with
@@ -22,6 +24,7 @@ def register(sub: Any) -> None:
         "serve", help="serve a secondary party or the coordinator over gRPC",
         description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", required=True, type=Path, help="the party's TOML file")
+    add_compute_args(p)
     p.set_defaults(func=run)
 
 
@@ -43,7 +46,7 @@ def _serve(args: argparse.Namespace) -> int:
     from vflink.runner.network import serve
     from vflink.runner.party_config import load_party_config
 
-    config = load_party_config(args.config)
+    config = with_compute_args(load_party_config(args.config), args)
     console = Console(stderr=True)
 
     def ready(address: str) -> None:

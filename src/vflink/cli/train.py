@@ -13,6 +13,8 @@ if TYPE_CHECKING:  # heavy modules are imported in run(), so `--help` is instant
 
     from vflink.runner.train import RunResult
 
+from vflink.cli._compute import add_compute_args, with_compute_args
+
 __all__ = ["register", "run"]
 
 ALGORITHMS = ALGORITHM_REGISTRY.names()
@@ -45,6 +47,7 @@ def register(sub: Any) -> None:
     p.add_argument("--party", type=Path, default=None,
                    help="the primary's party file: run against secondaries and a coordinator "
                    "served elsewhere (`vflink serve`) over gRPC with mutual TLS")
+    add_compute_args(p)
     p.add_argument("--resume", action="store_true",
                    help="continue an interrupted run from its last epoch checkpoint")
     p.set_defaults(func=run)
@@ -66,6 +69,7 @@ def run(args: argparse.Namespace) -> int:
     from vflink.api import train
     from vflink.cli._progress import epoch_progress
     from vflink.runner.config import load_config
+    from vflink.runner.party_config import load_party_config
     from vflink.runner.rundir import check_run_dir
 
     config = load_config(args.config)
@@ -74,8 +78,13 @@ def run(args: argparse.Namespace) -> int:
         changes["algorithm"] = args.algorithm
     if args.seed is not None:
         changes["seed"] = args.seed
+    if args.party is not None:  # the primary's own [compute], from its party file
+        party_compute = load_party_config(args.party).compute
+        if party_compute != type(party_compute)():
+            changes["compute"] = party_compute
     if changes:
         config = config.replace(**changes)
+    config = with_compute_args(config, args)
     out = args.out or Path("runs") / f"{args.config.stem}-{config.algorithm}"
     check_run_dir(out, overwrite=args.overwrite, resume=args.resume)  # before any work
     console = Console()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import csv
 import gzip
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, cast
@@ -382,3 +382,27 @@ def _label_problems(frame: pd.DataFrame, schema: PartySchema, label: str, traini
             return [f"task is binary but label {label!r} has {n_classes} classes: "
                     f"{sorted(map(str, lab.unique()))[:10]}"]
     return []
+
+
+def iter_parquet_columns(path: Path, columns: Sequence[str], *, batch_rows: int = 1_000_000
+                         ) -> Iterator[pd.DataFrame]:
+    """The named columns of a Parquet file (or a directory of Parquet parts) in record batches
+    of at most ``batch_rows`` rows (pyarrow datasets; issue 22): a table wider or longer than
+    memory can be scanned for a few columns. The schema is checked before any row is read: a
+    missing column is a :class:`DataError` naming the file and the columns it has."""
+    import pyarrow as pa
+    import pyarrow.dataset as ds
+
+    try:
+        dataset = ds.dataset(str(path), format="parquet")
+    except (OSError, ValueError, pa.ArrowException) as exc:
+        raise DataError(f"{path}: cannot be read as a parquet table: {exc}") from exc
+    names = dataset.schema.names
+    missing = [c for c in columns if c not in names]
+    if missing:
+        raise DataError(f"{path}: column(s) {missing} not found; columns: {names[:20]}")
+    try:
+        for batch in dataset.to_batches(columns=list(columns), batch_size=batch_rows):
+            yield batch.to_pandas()
+    except (OSError, ValueError, pa.ArrowException) as exc:
+        raise DataError(f"{path}: cannot be read as a parquet table: {exc}") from exc

@@ -13,6 +13,7 @@ filters. This package is an algorithm layer: it does no I/O to peers.
 from __future__ import annotations
 
 from vflink.linkage.api import link
+from vflink.linkage.chunked import merge_topk, search_chunked
 from vflink.linkage.encoding import (
     BLOOM_FORMAT_VERSION,
     ENCODERS,
@@ -110,12 +111,14 @@ __all__ = [
     "improvement_per_record",
     "link",
     "make_encoder",
+    "merge_topk",
     "normalize_similarities",
     "normalize_string",
     "perturb_similarities",
     "plot_similarity_curve",
     "recall_at_k",
     "scale_similarities",
+    "search_chunked",
     "search_euclidean",
     "search_hamming",
     "search_haversine",

@@ -13,10 +13,12 @@ from typing import Any
 
 import numpy as np
 
+from vflink.linkage.chunked import search_chunked
 from vflink.linkage.encoding.base import Encoder
 from vflink.linkage.search import METRICS, SearchOptions
 from vflink.linkage.soft import LinkMode, SoftLinkage, soft_linkage
 from vflink.linkage.validation import validate_identifiers
+from vflink.types import Compute
 
 __all__ = ["link"]
 
@@ -37,6 +39,7 @@ def link(
     search: SearchOptions | None = None,
     rng: np.random.Generator | int | None = None,
     scale: tuple[float, float] | None = None,
+    compute: Compute | None = None,
 ) -> SoftLinkage:
     """Link each primary record to its ``top_k`` nearest secondary records (FedSim §4.1).
 
@@ -55,13 +58,19 @@ def link(
         search: search options (exact/approximate, chunk size, threads...).
         rng: seed or Generator for the Eq. 2 noise (None: fresh OS entropy).
         scale: (μ0, σ0) of Eq. 1 to reuse (e.g. the training linkage's, at inference).
+        compute: a compute engine: the search runs as primary chunks × secondary partitions
+            on it (:func:`~vflink.linkage.chunked.search_chunked`, equal results ties aside);
+            ``None`` searches in this process.
     """
     if encoder is not None:
         primary_ids = encoder.encode(primary_ids)
         secondary_ids = encoder.encode(secondary_ids)
     m = METRICS.get(metric)
     p, s = validate_identifiers(primary_ids, secondary_ids, metric=metric, top_k=top_k)
-    neighbours = m.search(p, s, top_k, options=search)
+    if compute is None:
+        neighbours = m.search(p, s, top_k, options=search)
+    else:
+        neighbours = search_chunked(metric, p, s, top_k, compute=compute, options=search)
     log.info("linked %d primary to %d secondary records with %s, K=%d", len(p), len(s), metric,
              top_k)
     return soft_linkage(neighbours, metric=metric, n_secondary=len(s), mode=mode, tau=tau,

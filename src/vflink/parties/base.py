@@ -14,6 +14,7 @@ from vflink.parties.policy import PartyPolicy, check_sender
 from vflink.protocol.boundary import boundary_error, local_detail, refuse
 from vflink.protocol.messages import PROTOCOL_VERSION, Ack, Health, Hello, Message
 from vflink.protocol.sessions import Admission, Session, SessionLimits, SessionTable
+from vflink.types import Compute
 
 __all__ = ["Party", "state_path"]
 
@@ -45,6 +46,10 @@ class Party:
             (:data:`vflink.parties.policy.SENDERS`). ``None``: roles unknown, not checked.
         policy: what this party agrees to release and its limits (private defaults).
 
+    Set after construction where the party has one: ``compute``, the party's own compute
+    engine (:mod:`vflink.engine`; issue 22), on which its chunked stages (top-K search, group
+    operations) run; ``None`` runs them in this process. It never appears on the wire.
+
     Every message of a declared protocol (:mod:`vflink.protocol.sessions`) is admitted by the
     party's :class:`~vflink.protocol.sessions.SessionTable` before its handler runs: a message
     out of turn, from the wrong party, repeated beyond its count, of a size that disagrees with
@@ -55,6 +60,7 @@ class Party:
 
     role = "party"
     roles: Mapping[str, str] | None = None
+    compute: Compute | None = None
     _policy: PartyPolicy = PartyPolicy()
     sessions: SessionTable
 

@@ -286,13 +286,14 @@ class CoordinatorParty(Party):
         linkage = self._link(s.encodings[sender][1], s.encodings[anchor][1], metric=message.metric,
                        top_k=message.top_k, mode=message.mode,  # type: ignore[arg-type]
                        tau=message.tau, sigma=message.sigma, delta=message.delta,
-                       search=self._search, rng=self._noise_rng(message.session),
+                       search=self._search, compute=self.compute,
+                       rng=self._noise_rng(message.session),
                        scale=(message.scale[0], message.scale[1]) if message.scale else None)
         return self._release(message.session, s, message.secondaries, message.mode, linkage,
                              lambda sec: self._link(
                                  s.encodings[anchor][1], s.encodings[sec][1],
                                  metric=message.metric, top_k=1, mode="top1",
-                                 search=self._search,
+                                 search=self._search, compute=self.compute,
                                  rng=self._noise_rng(f"{message.session}/{sec}")))
 
     def _release(self, session: str, s: _Session, secondaries: tuple[str, ...], mode: str,

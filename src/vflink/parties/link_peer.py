@@ -161,7 +161,8 @@ class LinkingPeer(Party):
         if uses_secret(message.spec):
             self._require_confirmed(message.session)
         values = encode_identifiers(self.table.frame, self.table.schema.identifiers,
-                                    message.spec, self._secret, source=self.table.source)
+                                    message.spec, self._secret, source=self.table.source,
+                                    compute=self.compute)
         self.channel.request(message.coordinator, IdentifierEncodings(
             session=message.session, encoder=message.spec.encoder, values=values), Ack)
         return Ack(info={"rows": float(len(values))})

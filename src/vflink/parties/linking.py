@@ -33,6 +33,7 @@ from vflink.linkage.encoding import (
     RawEncoder,
     Standardization,
     StringEncoder,
+    encode_chunked,
     normalize_string,
 )
 from vflink.linkage.fields import Blocking
@@ -61,7 +62,7 @@ from vflink.protocol.messages import (
     ShareKeys,
     SoftLink,
 )
-from vflink.types import Alignment
+from vflink.types import Alignment, Compute
 
 __all__ = ["AlignmentInitiator", "LinkField", "blocking_digests", "build_encoder",
            "check_declared", "encode_fields", "encode_identifiers", "field_raw_values",
@@ -144,15 +145,16 @@ def build_encoder(spec: EncodingSpec, secret: bytes | None) -> Encoder:
 
 
 def encode_identifiers(frame: pd.DataFrame, identifiers: Sequence[str], spec: EncodingSpec,
-                       secret: bytes | None, *, source: str = "table"
-                       ) -> npt.NDArray[Any] | tuple[str, ...]:
+                       secret: bytes | None, *, source: str = "table",
+                       compute: Compute | None = None) -> npt.NDArray[Any] | tuple[str, ...]:
     kind = "numeric" if spec.kind == "geo" else spec.kind
     values = identifier_values(frame, identifiers, kind, source=source)
     if kind == "numeric" and isinstance(values, np.ndarray) and not np.isfinite(values).all():
         bad = np.argwhere(~np.isfinite(values))[0]
         raise DataError(f"{source}: identifier column {identifiers[int(bad[1])]!r} has a missing "
                         f"or infinite value at row {int(bad[0])}")
-    encoded = build_encoder(spec, secret).encode(values)
+    # a map over chunks of rows on the party's own engine, if it has one (issue 22)
+    encoded = encode_chunked(build_encoder(spec, secret), values, compute)
     return tuple(encoded) if isinstance(encoded, list) else np.asarray(encoded)
 
 
@@ -310,6 +312,8 @@ class AlignmentInitiator:
         self._secret = secret
         self.source = source
         self.policy = policy if policy is not None else PartyPolicy()
+        #: this party's compute engine (issue 22): its encoding runs as chunk tasks there
+        self.compute: Compute | None = None
 
     def confirm_key(self, coordinator: str, session: str) -> None:
         """Key confirmation before alignment ``session`` (:mod:`vflink.alignment.confirm`).
@@ -380,6 +384,7 @@ class AlignmentInitiator:
         elif self.secondaries:
             self.confirm_key(coordinator, session)
         values = encode_identifiers(self.frame, self.identifiers, spec, self._secret,
+                                    compute=self.compute,
                                     source=self.source)
         self.channel.request(coordinator, IdentifierEncodings(
             session=session, encoder=spec.encoder, values=values), Ack)

@@ -47,6 +47,7 @@ from vflink.protocol.messages import (
 from vflink.protocol.sessions import PSI as PSI_PROTOCOL
 from vflink.protocol.sessions import PSU as PSU_PROTOCOL
 from vflink.protocol.sessions import Session, SessionTable
+from vflink.types import Compute
 
 __all__ = [
     "SetAlignment",
@@ -218,6 +219,7 @@ class SetAlignmentPeer:
     table: PartyTable
     out_dir: Path | None
     sessions: SessionTable
+    compute: Compute | None
     if TYPE_CHECKING:
         @property
         def session(self) -> Session: ...  # from Party
@@ -295,7 +297,7 @@ class SetAlignmentPeer:
 
     def on_psu_round1(self, sender: str, message: PsuRound1) -> PsuRound1Reply:
         self._cap("I_a^s1", message.a_s1)
-        group = get_group(message.group)
+        group = get_group(message.group, compute=self.compute)
         # lines 4-5: I_a^s1 and our own set once each (hashing ours is cheaper, not counted)
         self._afford(group, len(message.a_s1) + len(self.table), "PsuRound1")
         s = _PeerSession(group=group, own=self._own_elements(group))
@@ -339,7 +341,7 @@ class SetAlignmentPeer:
 
     def on_psi_round1(self, sender: str, message: PsiRound1) -> PsiRound1Reply:
         self._cap("H(x)^a", message.a_s)
-        group = get_group(message.group)
+        group = get_group(message.group, compute=self.compute)
         self._afford(group, len(message.a_s) + len(self.table), "PsiRound1")
         how = psi.check_reveal(message.reveal)
         s = _PeerSession(group=group, own=self._own_elements(group), reveal=how)

@@ -15,7 +15,7 @@ from vflink.alignment._dh import key_bytes
 from vflink.alignment.groups import get_group
 from vflink.alignment.psi import check_reveal
 from vflink.data.schema import PartySchema
-from vflink.data.table import PartyTable, read_frame
+from vflink.data.table import PartyTable, iter_parquet_columns, read_frame
 from vflink.errors import ConfigError, DataError
 from vflink.parties import SecondaryParty
 from vflink.parties.coordinator import CoordinatorParty
@@ -30,7 +30,7 @@ from vflink.runner.local import COORDINATOR, local_roles, secret_with_source
 from vflink.runner.party_config import PartyConfig
 from vflink.runner.rundir import write_json
 from vflink.transport import InProcessHub, TrafficCounter, Transcript
-from vflink.types import Alignment
+from vflink.types import Alignment, Compute
 
 __all__ = ["METHODS", "AlignOutcome", "ExactOutcome", "align_exact_in_process",
            "align_in_process", "align_over_network", "key_frame", "key_table", "run_set_alignment",
@@ -64,8 +64,17 @@ class AlignOutcome:
 
 def key_table(path: Path, on: Sequence[str], *, name: str, delimiter: str | None = None,
               encoding: str | None = None) -> PartyTable:
-    """A party table holding only the key columns, read as text (``007`` stays ``007``)."""
-    frame = read_frame(path, text_columns=tuple(on), delimiter=delimiter, encoding=encoding)
+    """A party table holding only the key columns, read as text (``007`` stays ``007``).
+
+    Parquet is scanned for the key columns alone, in record batches (a wide table's other
+    columns are never loaded), each batch converted to text as it arrives."""
+    if Path(path).suffix.lower() == ".parquet" or Path(path).is_dir():
+        parts = [b.astype("string").fillna("") for b in iter_parquet_columns(Path(path), on)]
+        frame = (pd.concat(parts, ignore_index=True) if parts
+                 else pd.DataFrame({c: pd.Series(dtype="string") for c in on}))
+    else:
+        frame = read_frame(path, text_columns=tuple(on), delimiter=delimiter,
+                           encoding=encoding)
     return key_frame(frame, on, name=name, source=str(path))
 
 
@@ -89,11 +98,12 @@ def _check(method: str, reveal: str) -> None:
 
 def run_set_alignment(keys: Sequence[bytes], channel: Channel, peer: str, *, method: str,
                       group: str, reveal: str = "both", session: str | None = None,
-                      workers: int | None = None, progress: StepProgress | None = None
-                      ) -> tuple[SetAlignment, int]:
-    """Drive PSU/PSI with ``peer`` over ``channel``; (own output, own group operations)."""
+                      workers: int | None = None, progress: StepProgress | None = None,
+                      compute: Compute | None = None) -> tuple[SetAlignment, int]:
+    """Drive PSU/PSI with ``peer`` over ``channel``; (own output, own group operations).
+    With ``compute``, the group operations run in buckets on that engine (issue 22)."""
     _check(method, reveal)
-    g = get_group(group, workers=workers)
+    g = get_group(group, workers=workers, compute=compute)
     driver = SetAlignmentDriver(keys, channel, g, progress=progress)
     # a finished session is immutable: every run opens a new one (issue 19)
     name = session or new_session_name(method)
@@ -104,18 +114,21 @@ def run_set_alignment(keys: Sequence[bytes], channel: Channel, peer: str, *, met
 def align_in_process(primary: PartyTable, secondary: PartyTable, *, method: str,
                      group: str = "ristretto255", reveal: str = "both",
                      workers: int | None = None, progress: StepProgress | None = None,
-                     transcript: Transcript | None = None) -> AlignOutcome:
-    """Both parties in this process, talking through an in-process channel."""
+                     transcript: Transcript | None = None, compute: Compute | None = None
+                     ) -> AlignOutcome:
+    """Both parties in this process, talking through an in-process channel (both on
+    ``compute``, this process's engine, when given)."""
     _check(method, reveal)
     keys = key_bytes(primary.frame, primary.schema.key, who=primary.source)
     counter = TrafficCounter()
     hub = InProcessHub(transcript=transcript, counter=counter)
     peer = SecondaryParty(secondary, hub.channel(secondary.name))
+    peer.compute = compute
     hub.register(secondary.name, peer)
     start = time.perf_counter()
     mine, ops = run_set_alignment(keys, hub.channel(primary.name), secondary.name,
                                   method=method, group=group, reveal=reveal, workers=workers,
-                                  progress=progress)
+                                  progress=progress, compute=compute)
     seconds = time.perf_counter() - start
     theirs = peer.set_alignment(mine.session)
     return AlignOutcome(method, group, mine, theirs, seconds,
@@ -125,7 +138,8 @@ def align_in_process(primary: PartyTable, secondary: PartyTable, *, method: str,
 def align_over_network(primary: PartyTable, config: PartyConfig, peer: str, *, method: str,
                        group: str = "ristretto255", reveal: str = "both",
                        workers: int | None = None, progress: StepProgress | None = None,
-                       transcript: Transcript | None = None) -> AlignOutcome:
+                       transcript: Transcript | None = None, compute: Compute | None = None
+                       ) -> AlignOutcome:
     """The secondary ``peer`` is served elsewhere (``vflink serve``); we are the primary of
     ``config``. The secondary writes its own output into its state directory."""
     from vflink.transport.grpc import GrpcChannel, TlsConfig
@@ -146,7 +160,8 @@ def align_over_network(primary: PartyTable, config: PartyConfig, peer: str, *, m
     start = time.perf_counter()
     try:
         mine, ops = run_set_alignment(keys, channel, peer, method=method, group=group,
-                                      reveal=reveal, workers=workers, progress=progress)
+                                      reveal=reveal, workers=workers, progress=progress,
+                                      compute=compute)
     finally:
         channel.close()
     return AlignOutcome(method, group, mine, None, time.perf_counter() - start,

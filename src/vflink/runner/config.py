@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from vflink._checks import check_choice, check_float, check_int, raise_if
 from vflink.data.schema import PartySchema
+from vflink.engine import ComputeConfig  # the [compute] section (issue 22)
 from vflink.errors import ConfigError, VflinkError
 from vflink.models.merge import AggregatorConfig
 from vflink.models.spec import ACTIVATIONS, OPTIMIZERS, BottomSpec
@@ -328,6 +329,8 @@ class RunConfig:
     policy: PartyPolicy | None = None
     evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
+    #: where this run's chunked stages run ([compute]: engine, address, num_cpus, chunk_rows)
+    compute: ComputeConfig = field(default_factory=ComputeConfig)
 
     def __post_init__(self) -> None:
         problems: list[str] = []
@@ -367,7 +370,7 @@ def _policy_conflicts(alignment: AlignmentConfig, policy: PartyPolicy | None) ->
 
 _SECTIONS: dict[str, type] = {"alignment": AlignmentConfig, "model": ModelConfig,
                               "training": TrainingConfig, "evaluation": EvaluationConfig,
-                              "privacy": PrivacyConfig}
+                              "privacy": PrivacyConfig, "compute": ComputeConfig}
 
 
 def _build(cls: type, raw: Any, where: str, problems: list[str]) -> Any:

@@ -19,6 +19,7 @@ from vflink.linkage import SearchOptions
 from vflink.parties import CoordinatorParty, SecondaryParty
 from vflink.parties.policy import PartyPolicy
 from vflink.protocol import Channel
+from vflink.runner.compute import current_compute
 from vflink.runner.config import RunConfig
 from vflink.runner.evaluation import recorder_for
 from vflink.runner.inputs import Inputs
@@ -97,6 +98,8 @@ def in_process(inputs: Inputs, config: RunConfig, *, transcript: Transcript | No
     roles = local_roles(inputs.primary.name, [t.name for t in inputs.secondaries])
     coordinator = CoordinatorParty(COORDINATOR, seed=config.seed, search=search, roles=roles,
                                    policy=policy)
+    # one process plays every party: they share its engine (the run's [compute])
+    compute = coordinator.compute = current_compute()
     hub.register(COORDINATOR, coordinator)
     parties: dict[str, Any] = {COORDINATOR: coordinator}
     for j, table in enumerate(inputs.secondaries):
@@ -105,6 +108,7 @@ def in_process(inputs: Inputs, config: RunConfig, *, transcript: Transcript | No
                                recorder=recorder_for(config),
                                privacy=config.privacy, privacy_seed=noise_seed(config, j),
                                roles=roles, policy=policy)
+        party.compute = compute
         hub.register(table.name, party)
         parties[table.name] = party
     return Federation(channel=hub.channel(inputs.primary.name),

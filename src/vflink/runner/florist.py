@@ -38,7 +38,7 @@ import pandas as pd
 import torch
 
 from vflink.alignment._dh import key_bytes
-from vflink.alignment.groups import get_group
+from vflink.alignment.groups import Group, get_group
 from vflink.alignment.synthetic import Calibration, get_strategy
 from vflink.attacks.base import AttackView
 from vflink.attacks.spectral import SpectralAttack
@@ -54,6 +54,7 @@ from vflink.parties.union import UnionPrimary, uid_rows
 from vflink.protocol.channel import Channel
 from vflink.protocol.sessions import new_session_name
 from vflink.runner.algorithms import get_algorithm
+from vflink.runner.compute import current_compute
 from vflink.runner.config import RunConfig
 from vflink.runner.federation import Federation, run_policy
 from vflink.runner.inputs import Inputs, load_inputs
@@ -68,6 +69,11 @@ log = logging.getLogger(__name__)
 Progress = Callable[[str, int, int], None]
 
 
+def _group(config: RunConfig) -> Group:
+    """The run's DH group, its batches on the run's engine (issue 22)."""
+    return get_group(config.alignment.group, compute=current_compute())
+
+
 def psi_alignments(inputs: Inputs, federation: Federation, config: RunConfig,
                    session: str | None = None) -> dict[str, Alignment]:
     """Exact alignment by ECDH PSI with each secondary under ``session`` (new per run): both
@@ -77,7 +83,7 @@ def psi_alignments(inputs: Inputs, federation: Federation, config: RunConfig,
     keys = key_bytes(primary.frame, primary.schema.key, who=primary.source)
     out: dict[str, Alignment] = {}
     for name in federation.secondaries:
-        driver = SetAlignmentDriver(keys, federation.channel, get_group(config.alignment.group))
+        driver = SetAlignmentDriver(keys, federation.channel, _group(config))
         session = session or new_session_name("psi")  # finished sessions are immutable
         mine = driver.psi(name, session=session, reveal="both")
         view = driver.fetch_rows(name, session)
@@ -155,6 +161,7 @@ def _local_secondary(config: RunConfig, inputs: Inputs, p_keys: list[bytes],
     # the run's own policy: one operator owns both parties in a simulation (run_policy)
     peer = SecondaryParty(_subset(secondary, keep_s), hub.channel(secondary.name),
                           policy=run_policy(config))
+    peer.compute = current_compute()
     hub.register(secondary.name, peer)
     return peer, hub.channel(inputs.primary.name), counter, len(hidden_s_rows)
 
@@ -202,7 +209,7 @@ def _simulate(config: RunConfig, inputs: Inputs, alpha: float, beta: float,
     before = counter.snapshot()
     psu_session = new_session_name("psu")
     mine = SetAlignmentDriver(key_bytes(p_table.frame, p_table.schema.key), channel,
-                              get_group(config.alignment.group)).psu(peer, session=psu_session)
+                              _group(config)).psu(peer, session=psu_session)
     psu_bytes = TrafficCounter.delta(counter.snapshot(), before)
     p_rows = uid_rows(mine)
     s_rows, s_table = None, None
@@ -245,7 +252,7 @@ def _intersection_uids(sim: _Simulation, config: RunConfig) -> npt.NDArray[np.in
     """baseline-partial: the UIDs of the records both parties hold, which the primary learns by
     ECDH PSI with the secondary (revealing the intersection is what the baseline costs)."""
     found = SetAlignmentDriver(key_bytes(sim.p_table.frame, sim.p_table.schema.key),
-                               sim.channel, get_group(config.alignment.group)).psi(
+                               sim.channel, _group(config)).psi(
         sim.peer, session=new_session_name("psi-partial"), reveal="primary")
     if sim.mine.uid_index is None:
         raise ConfigError("union training needs a finished PSU session")

@@ -46,7 +46,7 @@ from vflink.parties.policy import PartyPolicy
 from vflink.protocol import EncodingSpec, FieldComparison, FieldEncoding
 from vflink.runner.local import local_roles, secret_with_source
 from vflink.transport import InProcessHub, Transcript
-from vflink.types import MISSING, Alignment
+from vflink.types import MISSING, Alignment, Compute
 
 __all__ = ["LINK_METRICS", "PRIVACY", "LinkOutcome", "default_noise", "describe_fields",
            "encoding_for", "encoding_summary", "field_encodings", "fields_encoder", "link_fields",
@@ -207,8 +207,12 @@ def run_linkage(primary: pd.DataFrame, secondary: pd.DataFrame, *, on: Sequence[
                 bloom_config: BloomConfig | None = None, primary_source: str = "primary",
                 secondary_source: str = "secondary",
                 transcript: Transcript | None = None, privacy: str | None = None,
-                empty: str = "error", geo_config: GeoBloomConfig | None = None) -> LinkOutcome:
+                empty: str = "error", geo_config: GeoBloomConfig | None = None,
+                compute: Compute | None = None) -> LinkOutcome:
     """Link ``primary`` to ``secondary`` through a coordinator, all parties in this process.
+
+    With ``compute`` (this process's engine, issue 22) every party's chunked stages run on it:
+    the data parties' encoding and the coordinator's top-K search; the links are the same.
 
     Private by default: identifiers reach the coordinator as keyed Bloom filters unless
     ``privacy="off"`` (or ``bloom=False``) is given explicitly, and then the similarities get
@@ -245,7 +249,7 @@ def run_linkage(primary: pd.DataFrame, secondary: pd.DataFrame, *, on: Sequence[
             mode=mode, tau=tau, sigma=sigma, delta=delta, secret=secret, seed=seed,
             search=search, bloom_config=bloom_config, primary_source=primary_source,
             secondary_source=secondary_source, transcript=transcript, empty="error",
-            geo_config=geo_config)
+            geo_config=geo_config, compute=compute)
         return _expand(inner, keep_p, keep_s, start)
     try:
         return _run_linkage(primary, secondary, on=on, secondary_on=secondary_on,
@@ -253,7 +257,7 @@ def run_linkage(primary: pd.DataFrame, secondary: pd.DataFrame, *, on: Sequence[
                             sigma=sigma, delta=delta, secret=secret, seed=seed, search=search,
                             bloom_config=bloom_config, primary_source=primary_source,
                             secondary_source=secondary_source, transcript=transcript,
-                            start=start, geo_config=geo_config)
+                            start=start, geo_config=geo_config, compute=compute)
     except DataError as exc:
         # The pure layers name the side ("primary identifiers ..."); the user needs the file.
         text = str(exc)
@@ -354,7 +358,8 @@ def _run_linkage(primary: pd.DataFrame, secondary: pd.DataFrame, *, on: tuple[st
                  secret: bytes | None, seed: int | None, search: SearchOptions | None,
                  bloom_config: BloomConfig | None, primary_source: str,
                  secondary_source: str, transcript: Transcript | None,
-                 start: float, geo_config: GeoBloomConfig | None = None) -> LinkOutcome:
+                 start: float, geo_config: GeoBloomConfig | None = None,
+                 compute: Compute | None = None) -> LinkOutcome:
     if metric in ("euclidean", "haversine", "levenshtein"):
         # Checked on the raw values here, where both tables are at hand: after Bloom encoding a
         # NaN coordinate or a latitude of 123° could no longer be told apart (in a deployment
@@ -379,14 +384,17 @@ def _run_linkage(primary: pd.DataFrame, secondary: pd.DataFrame, *, on: tuple[st
     roles = local_roles("primary", ["secondary"])
     coordinator = CoordinatorParty(COORDINATOR, seed=seed, search=search, roles=roles,
                                    policy=policy)
+    coordinator.compute = compute
     hub.register(COORDINATOR, coordinator)
     sec_schema = PartySchema(name="secondary", role="secondary", identifiers=secondary_on)
     sec_party = LinkingPeer(PartyTable(sec_schema, secondary, secondary_source),
                             hub.channel("secondary"), secret=secret, roles=roles, policy=policy)
+    sec_party.compute = compute
     hub.register("secondary", sec_party)
     initiator = AlignmentInitiator("primary", primary, hub.channel("primary"),
                                    secondaries=("secondary",), identifiers=on, secret=secret,
                                    source=primary_source, policy=policy)
+    initiator.compute = compute
     alignment = initiator.align_soft(COORDINATOR, spec, metric=search_metric, top_k=top_k,
                                      mode=mode, tau=tau, sigma=sigma, delta=delta,
                                      session="link")["secondary"]

@@ -13,10 +13,12 @@ from vflink.errors import ConfigError
 from vflink.parties import CoordinatorParty, SecondaryParty
 from vflink.parties.recording import Recorder
 from vflink.protocol import MessageHandler
+from vflink.runner.compute import open_compute
 from vflink.runner.federation import Federation, shared_secret
 from vflink.runner.party_config import PartyConfig, party_table
 from vflink.transport import TrafficCounter, Transcript
 from vflink.transport.grpc import GrpcChannel, GrpcServer, TlsConfig
+from vflink.types import Compute
 
 __all__ = ["network_federation", "serve"]
 
@@ -54,7 +56,7 @@ def network_federation(config: PartyConfig, *, run_id: str,
                       secret_source=f"${config.secret_env}")
 
 
-def build_handler(config: PartyConfig) -> MessageHandler:
+def build_handler(config: PartyConfig, *, compute: Compute | None = None) -> MessageHandler:
     # This party's own policy and its knowledge of who is who come from its own party file,
     # never from a peer (issue 13).
     party: CoordinatorParty | SecondaryParty
@@ -72,6 +74,8 @@ def build_handler(config: PartyConfig) -> MessageHandler:
     else:
         raise ConfigError(f"{config.source}: `vflink serve` runs a secondary or the "
                           "coordinator; the primary drives runs with `vflink train --party`")
+    # the party's own compute engine runs its chunked stages; it is never named to a peer
+    party.compute = compute
     log.info("%s: policy %s; roles %s", config.name, config.policy, config.roles)
     return party
 
@@ -80,10 +84,17 @@ def serve(config: PartyConfig, *, ready: threading.Event | None = None,
           stop: threading.Event | None = None,
           on_ready: Callable[[str], None] | None = None) -> None:
     """Serve this party until SIGINT/SIGTERM (or ``stop`` is set); ``on_ready(address)``."""
-    handler = build_handler(config)
     if config.listen is None:
         raise ConfigError(f"{config.source}: `party.listen` is required to serve")
-    server = GrpcServer(config.name, handler, config.listen, _tls(config),
+    with open_compute(config.compute) as compute:
+        _serve(config, build_handler(config, compute=compute), config.listen, ready=ready,
+               stop=stop, on_ready=on_ready)
+
+
+def _serve(config: PartyConfig, handler: MessageHandler, listen: str, *,
+           ready: threading.Event | None, stop: threading.Event | None,
+           on_ready: Callable[[str], None] | None) -> None:
+    server = GrpcServer(config.name, handler, listen, _tls(config),
                         allowed_peers=set(config.allowed), insecure=config.insecure,
                         max_workers=config.policy.max_concurrent_calls)
     server.start()

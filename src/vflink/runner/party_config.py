@@ -37,6 +37,12 @@
     max_tau = 0.9999               # coordinator: largest greedy-attack bound τ (1 = no noise)
     max_pending_batches = 8        # see vflink.parties.policy.PartyPolicy for every key
 
+    [compute]                      # where this party's chunked stages run (issue 22); its
+    engine = "ray"                 # cluster stays inside the party: never sent to a peer
+    address = "local"              # "local" (start one here), "auto" or the head's host:port
+    num_cpus = 4                   # CPUs of a cluster started here
+    chunk_rows = 100000            # rows per task
+
     [privacy]                      # secondary only: its own embedding protection (VFL-AFE);
     embeddings = "afe"             # same keys as a run file's [privacy]; a run that expects
     epsilon = 2.0                  # other settings is refused
@@ -53,6 +59,7 @@ from vflink.config import read_toml
 from vflink.data.schema import PartySchema
 from vflink.data.table import PartyTable, load_table
 from vflink.datasets import load_dataset
+from vflink.engine import ComputeConfig
 from vflink.errors import ConfigError
 from vflink.parties.policy import ROLE_UNKNOWN, PartyPolicy
 from vflink.privacy.config import PrivacyConfig
@@ -90,6 +97,7 @@ class PartyConfig:
     policy: PartyPolicy = field(default_factory=PartyPolicy)
     record: bool = False
     privacy: PrivacyConfig | None = None
+    compute: ComputeConfig = field(default_factory=ComputeConfig)
 
     def __post_init__(self) -> None:
         problems: list[str] = []
@@ -156,10 +164,16 @@ def load_party_config(path: Path) -> PartyConfig:
     party = dict(raw.get("party", {}))
     security = dict(raw.get("security", {}))
     unknown = sorted(set(raw) - {"version", "party", "peers", "security", "policy",
-                                  "privacy"})
+                                  "privacy", "compute"})
     if unknown:
         problems.append(f"unknown top-level key(s) {unknown}; known: party, peers, security, "
-                        "policy, privacy")
+                        "policy, privacy, compute")
+    compute = ComputeConfig()
+    if "compute" in raw:
+        try:
+            compute = ComputeConfig.from_dict(raw["compute"])
+        except ConfigError as exc:
+            problems.extend(exc.problems)
     policy = PartyPolicy()
     policy_raw = raw.get("policy", {})
     if not isinstance(policy_raw, dict):
@@ -237,7 +251,7 @@ def load_party_config(path: Path) -> PartyConfig:
             insecure=bool(security.get("insecure", False)),
             secret_env=str(security.get("secret_env", "VFLINK_SECRET")), source=str(path),
             caller_roles={str(k): str(v) for k, v in roles_raw.items()}, policy=policy,
-            record=bool(party.get("record", False)), privacy=privacy)
+            record=bool(party.get("record", False)), privacy=privacy, compute=compute)
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}", exc.problems) from None
 

@@ -22,9 +22,11 @@ __all__ = ["check_resume", "config_changes", "run_fingerprint"]
 
 
 def run_fingerprint(config: RunConfig, primary: PartyTable) -> dict[str, Any]:
-    """What a checkpoint records about its run (JSON-able)."""
-    return {"config": config_to_dict(config), "data": {primary.name: frame_fingerprint(
-        primary.frame)}}
+    """What a checkpoint records about its run (JSON-able). Not where it computes: [compute]
+    does not change results (issue 22), so a run may resume on another engine."""
+    resolved = config_to_dict(config)
+    resolved.pop("compute", None)
+    return {"config": resolved, "data": {primary.name: frame_fingerprint(primary.frame)}}
 
 
 def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:

@@ -33,6 +33,7 @@ from vflink.parties.linking import LinkField
 from vflink.protocol import Ack, AlignmentReady, EncodingSpec
 from vflink.protocol.sessions import new_session_name
 from vflink.runner.algorithms import Algorithm, get_algorithm
+from vflink.runner.compute import current_compute, run_compute
 from vflink.runner.config import AlignmentConfig, RunConfig, config_to_dict
 from vflink.runner.evaluation import linkage_figures, recorder_for, write_truth
 from vflink.runner.federation import Federation, in_process
@@ -216,6 +217,7 @@ def prepare(config: RunConfig, tables: Inputs | tuple[PartyTable, Sequence[Party
                           "soft linkage: set alignment.method = \"soft\"")
     primary = PrimaryParty(inputs.primary, federation.channel, secondaries=names,
                            secret=federation.secret, policy=federation.policy)
+    primary.compute = current_compute()
     initiator = primary.initiator()
     coordinator = federation.coordinator
     alignments: dict[str, dict[str, Alignment]] = {}
@@ -494,6 +496,18 @@ def run_training(config: RunConfig, out_dir: Path | None = None, *, overwrite: b
     built (e.g. attacks that query the model; :mod:`vflink.runner.afe_eval`).
     """
     torch.set_num_threads(config.training.threads)
+    with run_compute(config.compute):  # [compute]: this run's chunked stages (issue 22)
+        return _run_training(config, out_dir, overwrite=overwrite, progress=progress,
+                             transcript=transcript, tables=tables, prepared=prepared,
+                             federation=federation, resume=resume,
+                             after_training=after_training)
+
+
+def _run_training(config: RunConfig, out_dir: Path | None, *, overwrite: bool,
+                  progress: Progress | None, transcript: Transcript | None,
+                  tables: Inputs | tuple[PartyTable, Sequence[PartyTable]] | None,
+                  prepared: Prepared | None, federation: Federation | None, resume: bool,
+                  after_training: AfterTraining | None) -> RunResult:
     if out_dir is None:
         if resume:
             raise ConfigError("--resume needs the run directory of the interrupted run")

@@ -12,6 +12,7 @@ from vflink.alignment.groups.base import Elements, Group, default_workers
 from vflink.alignment.groups.modp import Modp2048
 from vflink.alignment.groups.ristretto import Ristretto255
 from vflink.registry import Registry
+from vflink.types import Compute
 
 __all__ = ["GROUPS", "Elements", "Group", "default_workers", "get_group"]
 
@@ -20,6 +21,8 @@ GROUPS.add("ristretto255", Ristretto255)
 GROUPS.add("modp2048", Modp2048)
 
 
-def get_group(name: str, *, workers: int | None = None) -> Group:
-    """A fresh group object (``UnknownNameError`` lists the valid names)."""
-    return GROUPS.get(name)(workers=workers)
+def get_group(name: str, *, workers: int | None = None, compute: Compute | None = None
+              ) -> Group:
+    """A fresh group object (``UnknownNameError`` lists the valid names); with ``compute``,
+    its large batches run as that engine's tasks."""
+    return GROUPS.get(name)(workers=workers, compute=compute)

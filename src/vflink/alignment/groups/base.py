@@ -23,6 +23,7 @@ import numpy.typing as npt
 
 from vflink._cancel import checkpoint
 from vflink.errors import ProtocolError
+from vflink.types import Compute
 
 __all__ = ["Elements", "Group", "default_workers", "hash_input"]
 
@@ -46,12 +47,31 @@ def hash_input(key: bytes, group: str) -> bytes:
     return hashlib.sha512(_DOMAIN + group.encode() + b"\x00" + key).digest()
 
 
+def _power_task(shared: tuple[type[Group], int], chunk: Elements) -> Elements:
+    """One engine task: a bucket of elements raised to the exponent (module-level: pickled)."""
+    cls, exponent = shared
+    return cls(workers=1)._power_chunk(chunk, exponent)
+
+
+def _hash_task(shared: type[Group], keys: list[bytes]) -> Elements:
+    """One engine task: a bucket of keys hashed to the group."""
+    return shared(workers=1).hash_to_group(keys)
+
+
+def _valid_task(shared: type[Group], chunk: Elements) -> bool:
+    return shared(workers=1)._valid_chunk(chunk)
+
+
 class Group(ABC):
     """A cyclic group of prime order in which DDH is believed hard.
 
     Args:
         workers: threads (or processes, where the library holds the GIL) used for batches of at
             least ``parallel_threshold`` elements; ``None`` means every available core.
+        compute: a compute engine (issue 22): batches of at least ``parallel_threshold``
+            elements are hashed, validated and exponentiated in buckets of at most its
+            ``chunk_rows`` as its tasks, instead of in this object's pool. The exponent
+            travels to the party's own cluster only (a party's engine is inside the party).
     """
 
     name: str = "group"
@@ -69,8 +89,9 @@ class Group(ABC):
     #: this rate can be refused before any work (vflink.parties.setalign)
     min_power_s: float = 20e-6
 
-    def __init__(self, *, workers: int | None = None) -> None:
+    def __init__(self, *, workers: int | None = None, compute: Compute | None = None) -> None:
         self.workers = default_workers() if workers is None else max(1, int(workers))
+        self.compute = compute
         self.operations = 0  # exponentiations and hashes done, for benchmarks and summaries
         self._pool: Executor | None = None
         self._finalizer: weakref.finalize | None = None
@@ -129,8 +150,23 @@ class Group(ABC):
     def empty(self) -> Elements:
         return np.empty((0, self.element_bytes), dtype=np.uint8)
 
+    def _buckets(self, n: int) -> list[tuple[int, int]] | None:
+        """Row ranges for the compute engine's tasks, or None to work in this process."""
+        c = self.compute
+        if c is None or n < self.parallel_threshold:
+            return None
+        size = min(c.chunk_rows, max(1024, -(-n // (4 * max(1, c.workers)))))
+        return [(i, min(n, i + size)) for i in range(0, n, size)]
+
     def hash_to_group(self, keys: Sequence[bytes]) -> Elements:
         """Each key hashed to a group element (random-oracle encoding of the record IDs)."""
+        buckets = self._buckets(len(keys))
+        if buckets is not None and self.compute is not None:
+            keys = list(keys)
+            parts = self.compute.map(_hash_task, [keys[a:b] for a, b in buckets],
+                                     shared=type(self))
+            self.operations += len(keys)
+            return np.concatenate(parts)
         out = np.empty((len(keys), self.element_bytes), dtype=np.uint8)
         for i, key in enumerate(keys):
             if i % self.check_rows == 0:
@@ -148,7 +184,16 @@ class Group(ABC):
         if e == 0:
             raise ValueError("the exponent must be non-zero modulo the group order")
         parts: list[Elements] = []
-        if n < self.parallel_threshold or self.workers == 1:
+        buckets = self._buckets(n)
+        if buckets is not None and self.compute is not None:
+            # the party's own engine (a Ray cluster of its own): buckets as tasks
+            sizes = iter([hi - lo for lo, hi in buckets])
+            done = None if progress is None else (lambda _: progress(next(sizes)))
+            checkpoint()
+            parts.append(np.concatenate(self.compute.map(
+                _power_task, [elements[lo:hi] for lo, hi in buckets], shared=(type(self), e),
+                progress=done)))
+        elif n < self.parallel_threshold or self.workers == 1:
             for i in range(0, n, self.chunk_rows):
                 checkpoint()
                 parts.append(self._power_chunk(elements[i:i + self.chunk_rows], e))
@@ -198,10 +243,18 @@ class Group(ABC):
         prime-order group (or the identity) could leak bits of the secret exponent.
         """
         arr = self.check(elements, what)
-        for i in range(0, len(arr), self.check_rows):
+        buckets = self._buckets(len(arr))
+        if buckets is not None and self.compute is not None:
             checkpoint()
-            if not self._valid_chunk(arr[i:i + self.check_rows]):
+            if not all(self.compute.map(_valid_task, [arr[lo:hi] for lo, hi in buckets],
+                                        shared=type(self))):
                 raise ProtocolError(f"{what}: not every row encodes a {self.name} group element")
+        else:
+            for i in range(0, len(arr), self.check_rows):
+                checkpoint()
+                if not self._valid_chunk(arr[i:i + self.check_rows]):
+                    raise ProtocolError(f"{what}: not every row encodes a {self.name} group "
+                                        "element")
         return arr
 
     def random_elements(self, n: int) -> Elements:

@@ -8,7 +8,13 @@
 
 from __future__ import annotations
 
-from vflink.linkage.encoding.base import ENCODERS, Encoder, make_encoder
+from vflink.linkage.encoding.base import (
+    ENCODERS,
+    Encoder,
+    encode_chunk,
+    encode_chunked,
+    make_encoder,
+)
 from vflink.linkage.encoding.bloom import (
     BLOOM_FORMAT_VERSION,
     BloomConfig,
@@ -27,6 +33,8 @@ from vflink.linkage.encoding.raw import RawEncoder, Standardization
 from vflink.linkage.encoding.strings import StringEncoder, normalize_string
 
 __all__ = [
+    "encode_chunk",
+    "encode_chunked",
     "BLOOM_FORMAT_VERSION",
     "ENCODERS",
     "GEO_FORMAT_VERSION",
