@@ -139,7 +139,14 @@ def test_health_is_answered_while_a_maximal_round_runs_and_extra_calls_are_busy(
 
 
 def test_work_for_a_caller_who_gave_up_is_stopped(served: Served) -> None:
-    big = PsuRound1(session="abandoned", group="ristretto255", a_s1=points(CAP))
+    # modp2048 exponentiations cost about 3.6 times the group's declared fastest rate, so this
+    # round passes the upfront work check for a 1.5 s deadline (1500 + 500 exponentiations at
+    # 1 ms over 2 workers: 1.0 s) and still outlasts it on any machine where that rate holds;
+    # ristretto255 on an idle machine finished the abandoned round inside the deadline
+    g = get_group("modp2048", workers=1)
+    some = g.hash_to_group([b"m%d" % i for i in range(50)])
+    big = PsuRound1(session="abandoned", group="modp2048",
+                    a_s1=np.tile(some, (30, 1)))
     with served.channel(deadline_s=1.5) as impatient:
         with pytest.raises(PeerUnavailable, match="deadline"):
             impatient.call("secondary", big)
