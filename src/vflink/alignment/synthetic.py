@@ -154,7 +154,8 @@ def assigned_rows(own_rows: npt.NDArray[np.int64], n: int, key: bytes
     repeated questions cannot tell it from a real row. The draws are balanced (a keyed
     permutation of ``own_rows``, repeated as often as needed): every record stands in for
     ⌊n/|own|⌋ or ⌈n/|own|⌉ missing rows, which keeps groups of identical embeddings as even in
-    size as they can be (their sizes are what duplicates still reveal; README).
+    size as they can be (their sizes are what duplicates still reveal:
+    docs/how-to/private-set-union.md).
     """
     if n == 0:
         return np.empty(0, dtype=np.int64)

@@ -41,7 +41,7 @@ __all__ = [
     "report_failure",
 ]
 
-#: The exit-code table (README "Exit codes"; `vflink --help`).
+#: The exit-code table (docs/reference/exit-codes.md; `vflink --help`).
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2

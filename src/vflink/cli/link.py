@@ -33,8 +33,8 @@ Privacy is on by default: identifiers leave the data parties only as keyed Bloom
 from --seed, and then not a secret, when unset; random without a seed). Raw identifiers are sent
 to the coordinator only with an explicit --privacy off. The summary names the encoding used.
 With privacy on and neither --tau nor --sigma, the similarities get the noise of the default
-greedy-attack bound tau = 0.05 (FedSim Theorem 2; measured to cost FedSim no accuracy, see the
-README); --tau 1 (or --sigma 0) releases them without noise. The summary states the
+greedy-attack bound tau = 0.05 (FedSim Theorem 2; measured to cost FedSim no accuracy, see
+docs/how-to/linkage.md); --tau 1 (or --sigma 0) releases them without noise. The summary states the
 similarities' protection (σ, τ, ε at δ) in words.
 
 Output (by extension: .csv or .parquet): one row per (primary record, neighbour) with

@@ -36,7 +36,7 @@ What is certain and what is inferred:
 The authors' *training* settings for this data (raw features: ``model.standardize = false``;
 FedSim's average merge gate; per-algorithm batch sizes and learning rates) are in
 ``examples/experiments/fedsim-reference.toml``; with the default z-scored features every
-algorithm lands 2 to 3 points lower (README, "Reproducing the FedSim authors' sklearn numbers").
+algorithm lands 2 to 3 points lower (docs/reproductions/fedsim.md).
 
 Column names: the primary holds ``cf0..cf4`` (identifiers) and ``p0..p44``, the secondary
 ``cf0..cf4`` (noised) and ``s0..s44``, both with an exact key ``id`` (not used by soft linkage).

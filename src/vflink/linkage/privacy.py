@@ -37,8 +37,9 @@ its attack works, i.e. with σ0 measured in bits (σ0 / r). Every function below
 τ = 10⁻⁴–10⁻³ on its datasets, whose Bloom filters spread widely (house: σ0 ≈ 21,000 bits,
 τ_min ≈ 1.3 × 10⁻⁵). Our filters spread over tens of bits (σ0 ≈ 40–90 on the sklearn, GPS and
 titles tasks), so τ_min ≈ 0.004–0.01 and 10⁻³ cannot be reached at all; :data:`DEFAULT_TAU`
-is chosen by measurement on those tasks instead (README, "Similarity noise by default"); data
-whose distances spread too little to reach it get :data:`DEFAULT_FALLBACK_SIGMA` instead.
+is chosen by measurement on those tasks instead (docs/how-to/linkage.md, "Similarity noise
+by default"); data whose distances spread too little to reach it get
+:data:`DEFAULT_FALLBACK_SIGMA` instead.
 
 Worked example in the paper (house, App. A.3): μ0 = −46237.78, σ0 = 21178.86, n = 141,050,
 δ = 1e−5, σ = 4 gives ε ≈ 2.96 × 10⁹ and τ ≈ 1.94 × 10⁻⁵ (the main text prints σ = 0.4, a
@@ -66,7 +67,7 @@ __all__ = [
 ]
 
 #: The greedy-attack bound applied when similarities are released privately and neither τ nor
-#: σ is given (measured: README, "Similarity noise by default").
+#: σ is given (measured: docs/how-to/linkage.md, "Similarity noise by default").
 DEFAULT_TAU = 0.05
 #: The noise of the private default where the data cannot reach :data:`DEFAULT_TAU` (their
 #: distances spread over a few bits only, τ_min ≥ DEFAULT_TAU): τ then ends within a factor

@@ -33,7 +33,7 @@ class BottomSpec:
         standardize: z-score each numeric feature on the training rows before the bottom
             model; ``False`` feeds the raw values, as the FedSim authors' scripts do (they never
             call their ``scale`` option on the synthetic data, and on it the raw features train
-            measurably better with LAMB: see the README's reproduction section).
+            measurably better with LAMB: see docs/reproductions/fedsim.md).
         bottom: ``mlp`` (``hidden``) or ``cnn`` (``channels``, ``kernels``, ``image_shape``;
             :mod:`vflink.models.cnn`; ``hidden`` is then unused).
         channels, kernels: output channels and kernel size of each convolution (issue 20;

@@ -122,9 +122,10 @@ class UnionPeer:
       already tell the peer (|B| = |U|); it used to refuse forwards exactly for UIDs we lack.
     - Training forwards waiting for their Backward are bounded (``policy.max_pending_batches``).
 
-    What remains (README, FLORIST section): a filled UID's embedding equals that of the record
-    it copies, so a peer that sees both at one model state sees a duplicate; fea-gaussian and
-    fea-random draw embeddings off the real distribution (FLORIST Table 2: no privacy).
+    What remains (docs/how-to/private-set-union.md): a filled UID's embedding equals that of
+    the record it copies, so a peer that sees both at one model state sees a duplicate;
+    fea-gaussian and fea-random draw embeddings off the real distribution (FLORIST Table 2: no
+    privacy), so a party's default policy refuses them (``policy.union_features``).
     """
 
     name: str

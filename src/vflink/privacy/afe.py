@@ -187,8 +187,8 @@ def contrastive_loss(h: torch.Tensor, memberships: torch.Tensor, threshold: floa
     loss *enlarges* the distance between embeddings of different classes ("to encourage their
     inter-class discrepancy"), while minimising the printed Eq. 8 pulls them together. Taken
     literally it collapsed Adult's embeddings onto one point (largest distance 0.001·2t after
-    20 epochs, test accuracy at the majority class; README). The clipping bounds the negated
-    loss (distances ≤ 2t before rescaling).
+    20 epochs, test accuracy at the majority class; docs/reproductions/vfl-afe.md). The
+    clipping bounds the negated loss (distances ≤ 2t before rescaling).
     """
     n = h.shape[0]
     if n < 2:

@@ -26,8 +26,8 @@ message, raised before any work is done. Sessions have a count limit, a name-len
 expiry. Budgets that protect data (DP release counts) are not session state: they live with the
 party's data (:mod:`vflink.privacy.budget`).
 
-:func:`describe` renders every declaration as Markdown; the README's protocol tables are that
-output (a test keeps them equal).
+:func:`describe` renders every declaration as Markdown; the docs' security page renders its
+protocol tables from that output at every build (a test keeps them equal).
 """
 
 from __future__ import annotations
@@ -635,7 +635,7 @@ def _senders(step: Step) -> str:
 
 
 def describe(protocols: Iterable[ProtocolSpec] = PROTOCOLS) -> str:
-    """Every declaration as Markdown: one table per protocol (the README's protocol section)."""
+    """Every declaration as Markdown: one table per protocol (the docs' security page)."""
     out: list[str] = []
     for p in protocols:
         out.append(f"#### `{p.name}`: {p.title}")

@@ -50,8 +50,8 @@ _CARRIES: dict[str, str] = {
                 "(see the label-norm and label-direction attacks)",
     "snapshot": "control: keep the current model", "restore": "control: restore a model",
     "save_state": "control: write this party's own state", "load_state": "control: load it",
-    "confirm_key": "control: a fresh nonce for key confirmation (README, \"Secrets and key "
-                   "confirmation\")",
+    "confirm_key": "control: a fresh nonce for key confirmation (docs: how-to, "
+                   "parties on separate hosts)",
     "fetch_key_tags": "control: a request for the other data parties' key-confirmation tags",
     "setup_privacy": "control: the public settings of the embedding protection (never a noise "
                      "seed)",
