@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from tests.helpers.cli import run_cli
 from tests.helpers.tables import two_party_tables
 from vflink.cli._errors import EXIT_FAILED, EXIT_TERMINATED, EXIT_USAGE
 from vflink.cli.main import main
@@ -35,16 +36,6 @@ epochs = 2
 """
 
 
-def clean(text: str) -> str:
-    return " ".join(text.split())
-
-
-def run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
-    capsys.readouterr()
-    code = main(args)
-    err = capsys.readouterr().err
-    assert "Traceback" not in err, err
-    return code, clean(err)
 
 
 def test_out_under_a_regular_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

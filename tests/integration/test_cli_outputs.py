@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.cli import run_cli
 from vflink.cli._errors import EXIT_USAGE
 from vflink.cli.main import main
 
@@ -41,16 +42,6 @@ epochs = 1
 """
 
 
-def clean(text: str) -> str:
-    return " ".join(text.split())
-
-
-def run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
-    capsys.readouterr()
-    code = main(args)
-    err = capsys.readouterr().err
-    assert "Traceback" not in err, err
-    return code, clean(err)
 
 
 def names(err: str, path: Path) -> bool:
