@@ -118,6 +118,8 @@ class PartyPolicy:
             refused at once as busy. Health requests are always answered besides. Union
             training forwards waiting for their Backward count against
             ``max_pending_batches`` like any training forward.
+        max_saved_states: distinct state files (``SaveState`` names) a secondary keeps in its
+            own directory; a peer names them, so their number is bounded (disk).
         union_features: the synthetic-feature strategies this secondary accepts in FLORIST
             union training; the default only those that carry no membership signal.
     """
@@ -139,6 +141,7 @@ class PartyPolicy:
     max_bloom_hashes: int = 4096
     max_bloom_centres: int = 16384
     max_concurrent_calls: int = 8
+    max_saved_states: int = 1000
     union_features: tuple[str, ...] = SAFE_UNION_FEATURES
 
     def __post_init__(self) -> None:
@@ -152,7 +155,8 @@ class PartyPolicy:
                     min_exclusive=True)
         for name in ("max_pending_batches", "max_snapshots", "max_sessions", "max_top_k",
                      "max_model_parameters", "max_set_elements", "max_bloom_bits",
-                     "max_bloom_hashes", "max_bloom_centres", "max_concurrent_calls"):
+                     "max_bloom_hashes", "max_bloom_centres", "max_concurrent_calls",
+                     "max_saved_states"):
             check_int(problems, f"policy.{name}", getattr(self, name), min=1)
         for name in ("pending_ttl_s", "session_ttl_s"):
             check_float(problems, f"policy.{name}", getattr(self, name), min=0.0,

@@ -22,11 +22,17 @@ import torch
 from vflink.data.fingerprint import frame_fingerprint
 from vflink.data.preprocess import Preprocessor
 from vflink.data.table import PartyTable
-from vflink.errors import ProtocolError, VflinkError
+from vflink.errors import PolicyViolation, ProtocolError, VflinkError
 from vflink.models.cnn import build_bottom
 from vflink.models.mlp import build_optimizer, seeded_init
 from vflink.models.spec import BottomSpec
-from vflink.models.statefile import StateFileError, load_state, remove_state, save_state
+from vflink.models.statefile import (
+    StateFileError,
+    load_state,
+    remove_state,
+    save_state,
+    state_json_path,
+)
 from vflink.parties.base import state_path
 from vflink.parties.guard import admit_forward, admit_snapshot, check_backward, check_bottom_spec
 from vflink.parties.link_peer import LinkingPeer
@@ -290,6 +296,14 @@ class SecondaryParty(SetAlignmentPeer, UnionPeer, LinkingPeer):
         if self.out_dir is None:  # a silent no-op would fail only later, at LoadState
             raise ProtocolError(f"party {self.name!r} has no state directory to save to")
         target = state_path(self.out_dir, message.name)  # never outside our own directory
+        if not state_json_path(target.parent, target.name).exists():
+            # a peer names the file: bound how many distinct states it can make us keep (disk)
+            kept = sum(1 for _ in self.out_dir.rglob("*.json"))
+            if kept >= self.policy.max_saved_states:
+                raise refuse(PolicyViolation,
+                             f"party {self.name!r} already keeps {kept} saved states (its "
+                             "limit, policy.max_saved_states); save under an existing name",
+                             code="limit.saved-states")
         # weights as safetensors, the rest as JSON, committed atomically (models/statefile.py)
         save_state(target.parent, target.name, self._full_state(), kind="secondary")
         _prune_checkpoints(target)

@@ -52,7 +52,7 @@ from vflink.protocol import (
     SoftLink,
 )
 from vflink.protocol.boundary import boundary_error, error_code, is_boundary, refuse
-from vflink.protocol.messages import UnionSetup
+from vflink.protocol.messages import SaveState, UnionSetup
 from vflink.protocol.sessions import SessionLimits, SessionTable
 from vflink.runner.config import AlignmentConfig, DataConfig, RunConfig, parse_config
 from vflink.runner.federation import run_policy
@@ -448,3 +448,19 @@ def test_hostile_shapes_are_protocol_errors(shape: list[int]) -> None:
     except ProtocolError:
         return
     assert math.prod(shape) == 0 and isinstance(message, Backward)  # a valid empty tensor
+
+
+def test_saved_states_a_peer_names_are_limited(tmp_path: Path) -> None:
+    """A primary names the files SaveState writes: their number is bounded (disk)."""
+    fed = Federation(PartyPolicy(max_saved_states=3))
+    fed.bank.out_dir = tmp_path
+    ch = fed.channel()
+    fed.bank.set_linked_rows(np.arange(30), peer="primary")
+    ch.call("bank", SetupBottom(spec=BottomSpec(hidden=(8,), out_dim=4, seed=1)))
+    ch.call("bank", FitPreprocessing(rows=np.arange(30)))
+    for i in range(3):
+        ch.call("bank", SaveState(name=f"s{i}"))
+    with pytest.raises(PolicyViolation, match="limit.saved-states"):
+        ch.call("bank", SaveState(name="s3"))
+    ch.call("bank", SaveState(name="s1"))  # an existing name is replaced, as before
+    assert sorted(p.name for p in tmp_path.glob("*.json")) == ["s0.json", "s1.json", "s2.json"]
