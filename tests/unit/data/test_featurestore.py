@@ -133,3 +133,17 @@ def test_without_a_directory_the_file_is_temporary() -> None:
     del source
     gc.collect()
     assert not folder.exists()
+
+
+def test_fingerprint_in_chunks_is_the_whole_frames(monkeypatch: pytest.MonkeyPatch) -> None:
+    import hashlib
+    import json
+
+    from vflink.data import fingerprint
+
+    _, frame = _table(1000)
+    whole = hashlib.sha256()  # the digest as computed before chunking (saved checkpoints)
+    whole.update(json.dumps([[str(c), str(t)] for c, t in frame.dtypes.items()]).encode())
+    whole.update(pd.util.hash_pandas_object(frame, index=False).to_numpy().tobytes())
+    monkeypatch.setattr(fingerprint, "CHUNK_ROWS", 77)
+    assert fingerprint.frame_fingerprint(frame) == whole.hexdigest()
