@@ -238,6 +238,7 @@ def run_file() -> str:
 def party_file() -> str:
     """The party file's keys, from :class:`PartyConfig` and the tables it holds."""
     from vflink.parties.policy import PartyPolicy
+    from vflink.parties.resources import TrainingResources
     from vflink.runner import party_config
 
     example = inspect.getdoc(party_config) or ""
@@ -248,6 +249,7 @@ def party_file() -> str:
         config_table(party_config.PartyConfig, title="Fields of the loaded party file "
                      "(`PartyConfig`)"),
         config_table(PartyPolicy, title="`[policy]`"),
+        config_table(TrainingResources, title="`[training]`"),
     ])
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -79,9 +80,14 @@ def run(args: argparse.Namespace) -> int:
     if args.seed is not None:
         changes["seed"] = args.seed
     if args.party is not None:  # the primary's own [compute], from its party file
-        party_compute = load_party_config(args.party).compute
+        party_file = load_party_config(args.party)
+        party_compute = party_file.compute
         if party_compute != type(party_compute)():
             changes["compute"] = party_compute
+        if party_file.training is not None:  # and its own [training]
+            changes["training"] = dataclasses.replace(
+                config.training, device=party_file.training.device,
+                feature_store=party_file.training.feature_store)
     if changes:
         config = config.replace(**changes)
     config = with_compute_args(config, args)

@@ -17,14 +17,17 @@ _ACTIVATIONS: dict[str, type[nn.Module]] = {"relu": nn.ReLU, "tanh": nn.Tanh, "g
 
 
 @contextmanager
-def seeded_init(seed: int) -> Iterator[None]:
+def seeded_init(seed: int, device: torch.device | None = None) -> Iterator[None]:
     """Draw from torch's RNG seeded with ``seed`` without touching the caller's RNG state.
 
     torch's ``nn.Linear`` draws its initial weights from the global generator; forking the RNG
     keeps the library from seeding anything globally (ARCHITECTURE.md, convention 11) while
-    making each party's initialisation depend only on its own seed.
+    making each party's initialisation depend only on its own seed. With a CUDA ``device``
+    (dropout drawn there) that device's generator is forked too: ``manual_seed`` seeds it.
     """
-    with torch.random.fork_rng(devices=[]):
+    devices = [] if device is None or device.type != "cuda" else [
+        device.index if device.index is not None else torch.cuda.current_device()]
+    with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)
         yield
 

@@ -88,6 +88,6 @@ class SplitNNPrimary(nn.Module):
             parts.append(self.bottom(x).unsqueeze(1).expand(b, k, -1))
         parts.extend(secondary)
         if not parts:
-            parts.append(torch.zeros(b, k, 1))
+            parts.append(torch.zeros(b, k, 1, device=mask.device))
         pairs = self.top(torch.cat(parts, dim=-1))
         return self.head(self.aggregator(pairs, sim, mask))

@@ -20,10 +20,13 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from vflink.data.featurestore import FeatureSource, encode_features, use_mmap
+from vflink.data.fingerprint import frame_fingerprint
 from vflink.data.labels import LabelCodec
 from vflink.data.preprocess import Preprocessor
 from vflink.data.table import PartyTable
 from vflink.errors import ConfigError, DataError, ProtocolError, VflinkError
+from vflink.models.device import resolve_device
 from vflink.models.merge import AggregatorConfig
 from vflink.models.mlp import build_optimizer, seeded_init
 from vflink.models.spec import BottomSpec
@@ -34,6 +37,7 @@ from vflink.parties.guard import check_embeddings
 from vflink.parties.linking import AlignmentInitiator
 from vflink.parties.policy import PartyPolicy
 from vflink.parties.recording import Recorder
+from vflink.parties.resources import TrainingResources
 from vflink.protocol.channel import Channel
 from vflink.protocol.messages import (
     Ack,
@@ -87,6 +91,8 @@ class PrimaryParty(Party):
         secret: HMAC secret shared by the data parties (exact alignment).
         out_dir: where the primary writes its own model state.
         recorder: records what this party receives (``[evaluation] record``), for attacks.
+        resources: this party's own device and feature store (``training.device``,
+            ``training.feature_store``); embeddings and gradients cross as CPU tensors.
     """
 
     role = "primary"
@@ -94,8 +100,11 @@ class PrimaryParty(Party):
     def __init__(self, table: PartyTable, channel: Channel, *, secondaries: Sequence[str] = (),
                  secret: bytes | None = None, out_dir: Path | None = None,
                  recorder: Recorder | None = None, roles: Mapping[str, str] | None = None,
-                 policy: PartyPolicy | None = None) -> None:
+                 policy: PartyPolicy | None = None,
+                 resources: TrainingResources | None = None) -> None:
         super().__init__(table.name, roles=roles, policy=policy)
+        self.resources = resources or TrainingResources()
+        self.device = resolve_device(self.resources.device, party=table.name)
         self.recorder = recorder
         schema = table.schema
         if schema.role != "primary" or schema.label is None or schema.task is None:
@@ -111,7 +120,8 @@ class PrimaryParty(Party):
         self.model: SplitNNPrimary | None = None
         self.optimizer: torch.optim.Optimizer | None = None
         self.codec = LabelCodec(self.task)
-        self._x: torch.Tensor | None = None
+        #: the encoded features, read a batch of rows at a time (in memory or mapped)
+        self._x: FeatureSource | None = None
         self._y: torch.Tensor | None = None
         self._plan: TrainingPlan | None = None
         self._dims: list[int] = []
@@ -209,13 +219,20 @@ class PrimaryParty(Party):
         self._plan = plan
         self.preprocessor = pre
         self._dims = list(dims)
-        self._x = torch.from_numpy(pre.transform(self.table.frame))
+        if self._x is not None:
+            self._x.close()
+        frame, store = self.table.frame, self.resources.feature_store
+        self._x = encode_features(
+            pre, frame, store=store, directory=self.out_dir, owner=self.name,
+            fingerprint=frame_fingerprint(frame)
+            if pre.n_features and use_mmap(store, len(frame)) else "")
         self._y = self.codec.encode(self.labels)
-        with seeded_init(plan.bottom.seed):
-            self.model = SplitNNPrimary(
+        with seeded_init(plan.bottom.seed):  # built on the CPU: the same weights everywhere
+            model = SplitNNPrimary(
                 pre.n_features, plan.bottom, dims, plan.top_hidden, self.codec.out_dim,
                 learn_missing=plan.learn_missing, aggregator=plan.aggregator, k=k,
                 aggregator_config=plan.aggregator_config, pair_dim=plan.pair_dim)
+        self.model = model.to(self.device)
         self.optimizer = build_optimizer(self.model.parameters(), plan.bottom)
 
     def _secondary_embeddings(self, rows: npt.NDArray[np.int64], batch_id: int, train: bool
@@ -226,6 +243,7 @@ class PrimaryParty(Party):
         model = self._require_model()
         plan = self._plan
         learn_missing = plan.learn_missing if plan is not None else False
+        dev = self.device
         b = len(rows)
         k = next(iter(self.links.values())).shape[1] if self.links else 1
         valid = np.ones((b, k), dtype=bool)
@@ -258,7 +276,8 @@ class PrimaryParty(Party):
                 if train:
                     leaf.requires_grad_(True)
                     leaves.append((name, leaf))
-                rows_emb = leaf[torch.from_numpy(reply.inverse)]
+                # to our device after the gather: the leaf (and its gradient) stays on the CPU
+                rows_emb = leaf[torch.from_numpy(reply.inverse)].to(dev)
                 width = rows_emb.shape[1]
             else:
                 rows_emb = None
@@ -267,17 +286,17 @@ class PrimaryParty(Party):
                 emb = rows_emb.reshape(b, k, width)
             else:
                 base = (model.missing[j].view(1, 1, -1).expand(b, k, -1) if d is not None
-                        else torch.zeros(b, k, width))
-                mask_t = torch.from_numpy(present)
+                        else torch.zeros(b, k, width, device=dev))
+                mask_t = torch.from_numpy(present).to(dev)
                 emb = base.clone() if rows_emb is not None else base
                 if rows_emb is not None:
                     emb[mask_t] = rows_emb
             embeddings.append(emb)
         if self.similarity is not None:
-            sim = torch.from_numpy(self.similarity[rows])
+            sim = torch.from_numpy(self.similarity[rows]).to(dev)
         else:
-            sim = torch.ones(b, k)
-        return embeddings, leaves, sim, torch.from_numpy(valid)
+            sim = torch.ones(b, k, device=dev)
+        return embeddings, leaves, sim, torch.from_numpy(valid).to(dev)
 
     def _new_batch_id(self) -> int:
         batch_id = self.next_batch_id
@@ -299,14 +318,15 @@ class PrimaryParty(Party):
             model.train()
         sec, leaves, sim, mask = self._secondary_embeddings(rows, batch_id, train=True)
         idx = torch.from_numpy(rows)
+        x = self._x.rows(rows).to(self.device)
         plan = self._plan
         if plan is not None and plan.bottom.dropout > 0:
             # dropout masks depend on (seed, batch id) only, as on the secondaries
-            with seeded_init(plan.bottom.seed * 1_000_003 + batch_id):
-                logits = model(self._x[idx], sec, sim, mask)
+            with seeded_init(plan.bottom.seed * 1_000_003 + batch_id, self.device):
+                logits = model(x, sec, sim, mask)
         else:
-            logits = model(self._x[idx], sec, sim, mask)
-        loss = self.codec.loss(logits, y_all[idx])
+            logits = model(x, sec, sim, mask)
+        loss = self.codec.loss(logits, y_all[idx].to(self.device))
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         self.optimizer.step()
@@ -342,8 +362,8 @@ class PrimaryParty(Party):
             batch_id = self._new_batch_id()
             with torch.no_grad():
                 sec, _, sim, mask = self._secondary_embeddings(chunk, batch_id, train=False)
-                out.append(self.codec.scores(
-                    model(self._x[torch.from_numpy(chunk)], sec, sim, mask)))
+                x = self._x.rows(chunk).to(self.device)
+                out.append(self.codec.scores(model(x, sec, sim, mask).cpu()))
         if not out:
             return np.zeros((0,), dtype=np.float64)
         return np.concatenate(out, axis=0)

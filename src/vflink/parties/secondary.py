@@ -19,11 +19,18 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from vflink.data.featurestore import (
+    ConstantFeatures,
+    FeatureSource,
+    encode_features,
+    use_mmap,
+)
 from vflink.data.fingerprint import frame_fingerprint
 from vflink.data.preprocess import Preprocessor
 from vflink.data.table import PartyTable
 from vflink.errors import PolicyViolation, ProtocolError, VflinkError
 from vflink.models.cnn import build_bottom
+from vflink.models.device import resolve_device
 from vflink.models.mlp import build_optimizer, seeded_init
 from vflink.models.spec import BottomSpec
 from vflink.models.statefile import (
@@ -39,6 +46,7 @@ from vflink.parties.link_peer import LinkingPeer
 from vflink.parties.policy import PartyPolicy
 from vflink.parties.privacy import EmbeddingProtection
 from vflink.parties.recording import Recorder
+from vflink.parties.resources import TrainingResources
 from vflink.parties.setalign import SetAlignmentPeer
 from vflink.parties.union import UnionPeer
 from vflink.privacy.budget import BUDGET_DIR
@@ -96,6 +104,8 @@ class SecondaryParty(SetAlignmentPeer, UnionPeer, LinkingPeer):
         privacy: this party's own embedding protection (VFL-AFE), from the run config
             in-process or from its party file across hosts; see :mod:`vflink.parties.privacy`.
         privacy_seed: the noise seed (this party's own; ``None``: a fresh secret one).
+        resources: this party's own device and feature store (``[training]`` of its party
+            file, or of the run file in-process); nothing of them reaches a peer.
     """
 
     role = "secondary"
@@ -104,13 +114,18 @@ class SecondaryParty(SetAlignmentPeer, UnionPeer, LinkingPeer):
                  out_dir: Path | None = None, recorder: Recorder | None = None,
                  privacy: PrivacyConfig | None = None, privacy_seed: int | None = None,
                  roles: Mapping[str, str] | None = None,
-                 policy: PartyPolicy | None = None) -> None:
+                 policy: PartyPolicy | None = None,
+                 resources: TrainingResources | None = None) -> None:
         super().__init__(table, channel, secret=secret, roles=roles, policy=policy,
                          recorder=recorder)
         self.out_dir = out_dir
+        self.resources = resources or TrainingResources()
+        # resolved here: "cuda" on a machine without CUDA fails when the party starts
+        self.device = resolve_device(self.resources.device, party=table.name)
         self.spec: BottomSpec | None = None
         self.preprocessor = Preprocessor(table.schema)
-        self.features: torch.Tensor | None = None
+        #: the encoded features, read a batch of rows at a time (in memory or mapped)
+        self.features: FeatureSource | None = None
         self.model: torch.nn.Module | None = None
         self.optimizer: torch.optim.Optimizer | None = None
         self._pending: dict[int, torch.Tensor] = {}
@@ -200,11 +215,17 @@ class SecondaryParty(SetAlignmentPeer, UnionPeer, LinkingPeer):
         """Encode our rows with ``pre`` and build a fresh bottom model and optimiser."""
         self.spec = spec
         self.preprocessor = pre
-        self.features = torch.from_numpy(pre.transform(self.table.frame))
-        if pre.n_features == 0:  # a party with no features still answers with an embedding
-            self.features = torch.zeros(len(self.table), 1)
-        with seeded_init(spec.seed):
-            self.model = build_bottom(spec, max(pre.n_features, 1))
+        if self.features is not None:
+            self.features.close()
+        store = self.resources.feature_store
+        # a party with no features still answers with an embedding (one zero feature)
+        self.features = ConstantFeatures(len(self.table)) if pre.n_features == 0 else \
+            encode_features(pre, self.table.frame, store=store, directory=self.out_dir,
+                            owner=self.name, fingerprint=self.data_fingerprint
+                            if use_mmap(store, len(self.table)) else "")
+        with seeded_init(spec.seed):  # built on the CPU: the same weights on every device
+            model = build_bottom(spec, max(pre.n_features, 1))
+        self.model = model.to(self.device)
         self.optimizer = build_optimizer(self.model.parameters(), spec)
         self._pending.clear()
         self._applied.clear()
@@ -217,17 +238,20 @@ class SecondaryParty(SetAlignmentPeer, UnionPeer, LinkingPeer):
             admit_forward(self._pending, self._pending_since, message.batch_id,
                           party=self.name, policy=self.policy)
         unique, inverse = np.unique(rows, return_inverse=True)
-        x = self.features[torch.from_numpy(unique)]
+        x = self.features.rows(unique).to(self.device)
         if message.train:
             if not self.model.training:  # train() walks every submodule: only on a change
                 self.model.train()
             if self.spec is not None and self.spec.dropout > 0:
                 # Dropout masks depend on (seed, batch id) only: reproducible, and the same in
                 # every process layout.
-                with seeded_init(self.spec.seed * 1_000_003 + message.batch_id):
+                with seeded_init(self.spec.seed * 1_000_003 + message.batch_id, self.device):
                     out = self.model(x)
             else:
                 out = self.model(x)
+            # back to the CPU before anything else (a differentiable copy: the gradient
+            # returns to the device): protection and the message work on CPU tensors
+            out = out.cpu()
             out, emb = self.protection.protect(out, unique)  # VFL-AFE Alg. 1 lines 6-9
             self._pending[message.batch_id] = out
             if self.recorder is not None:
@@ -236,7 +260,7 @@ class SecondaryParty(SetAlignmentPeer, UnionPeer, LinkingPeer):
             if self.model.training:
                 self.model.eval()
             with torch.no_grad():
-                _, emb = self.protection.protect(self.model(x), unique)
+                _, emb = self.protection.protect(self.model(x).cpu(), unique)
         return Embeddings(batch_id=message.batch_id, embeddings=emb,
                           inverse=inverse.astype(np.int64))
 

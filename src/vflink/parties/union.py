@@ -24,6 +24,7 @@ import numpy.typing as npt
 import torch
 
 from vflink.alignment import synthetic as syn
+from vflink.data.featurestore import FeatureSource
 from vflink.data.preprocess import Preprocessor
 from vflink.data.table import PartyTable
 from vflink.errors import PolicyViolation, ProtocolError
@@ -86,7 +87,7 @@ class _PeerUnion:
         self.handed += len(new)
 
 
-def _session_key(features: torch.Tensor, session: str, seed: int) -> bytes:
+def _session_key(features: FeatureSource, session: str, seed: int) -> bytes:
     """This party's secret for the synthetic rows of one union-training session.
 
     Derived from its own encoded table (which the peer does not hold: a peer that held it would
@@ -99,7 +100,8 @@ def _session_key(features: torch.Tensor, session: str, seed: int) -> bytes:
     # seed, so that comparing two runs' first answers cannot tell members from stand-ins
     h.update(purpose_of(session).encode())
     h.update(int(seed).to_bytes(16, "little", signed=True))
-    h.update(features.detach().contiguous().numpy().tobytes())
+    for chunk in features.chunks():  # the matrix's bytes in row order, a chunk at a time
+        h.update(np.ascontiguousarray(chunk).tobytes())
     return h.digest()
 
 
@@ -132,7 +134,8 @@ class UnionPeer:
     table: PartyTable
     spec: BottomSpec | None
     preprocessor: Preprocessor
-    features: torch.Tensor | None
+    features: FeatureSource | None
+    device: torch.device
     model: torch.nn.Module | None
     optimizer: torch.optim.Optimizer | None
     policy: PartyPolicy
@@ -222,9 +225,9 @@ class UnionPeer:
         with torch.set_grad_enabled(message.train):
             if n_drawn == 0:
                 # real rows and fea-sampling's stand-ins: one path, one batch, one ReLU
-                out = torch.relu(model(features[torch.from_numpy(rows)]))
+                out = torch.relu(model(features.rows(rows).to(self.device)).cpu())
             else:
-                real_out = torch.relu(model(features[torch.from_numpy(rows[~drawn])]))
+                real_out = torch.relu(model(features.rows(rows[~drawn]).to(self.device)).cpu())
                 if state.strategy is not None and state.strategy.name == "fea-gaussian":
                     fake = syn.gaussian_embeddings(real_out, n_drawn, state.generator)
                 else:

@@ -12,12 +12,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from vflink._checks import check_choice, check_float, check_int, raise_if
+from vflink.data.featurestore import FEATURE_STORES
 from vflink.data.schema import PartySchema
 from vflink.engine import ComputeConfig  # the [compute] section (issue 22)
 from vflink.errors import ConfigError, VflinkError
+from vflink.models.device import DEFAULT_DEVICE, DEVICES
 from vflink.models.merge import AggregatorConfig
 from vflink.models.spec import ACTIVATIONS, OPTIMIZERS, BottomSpec
 from vflink.parties.policy import PartyPolicy
+from vflink.parties.resources import TrainingResources
 from vflink.privacy.config import PrivacyConfig  # the [privacy] section (VFL-AFE)
 from vflink.runner.algorithms import algorithm_names
 
@@ -261,7 +264,12 @@ class ModelConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class TrainingConfig:
-    """Optimisation and early stopping (App. E: stop at the best validation performance)."""
+    """Optimisation and early stopping (App. E: stop at the best validation performance).
+
+    ``device`` and ``feature_store`` apply to the parties this run builds in its own process
+    (a party across hosts sets its own in its party file's ``[training]``): see
+    :class:`~vflink.parties.resources.TrainingResources`.
+    """
 
     epochs: int = 30
     batch_size: int = 128
@@ -272,6 +280,8 @@ class TrainingConfig:
     patience: int = 5
     split: tuple[float, float, float] = (0.7, 0.1, 0.2)
     threads: int = 1
+    device: str = DEFAULT_DEVICE
+    feature_store: str = "auto"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "split", tuple(self.split))
@@ -284,12 +294,18 @@ class TrainingConfig:
         check_float(problems, "training.weight_decay", self.weight_decay, min=0.0)
         check_int(problems, "training.patience", self.patience, min=1)
         check_int(problems, "training.threads", self.threads, min=1)
+        check_choice(problems, "training.device", self.device, DEVICES)
+        check_choice(problems, "training.feature_store", self.feature_store, FEATURE_STORES)
         split = self.split
         if (len(split) != 3 or not all(isinstance(v, (int, float)) and v > 0 for v in split)
                 or abs(sum(split) - 1.0) > 1e-6):
             problems.append(f"`training.split` must be three positive fractions summing to 1 "
                             f"(train, validation, test), got {list(split)}")
         raise_if(problems, "[training] section")
+
+    def resources(self) -> TrainingResources:
+        """The device and feature store of the parties built in this process."""
+        return TrainingResources(device=self.device, feature_store=self.feature_store)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -107,7 +107,8 @@ def in_process(inputs: Inputs, config: RunConfig, *, transcript: Transcript | No
                                out_dir=None if state_root is None else state_root / table.name,
                                recorder=recorder_for(config),
                                privacy=config.privacy, privacy_seed=noise_seed(config, j),
-                               roles=roles, policy=policy)
+                               roles=roles, policy=policy,
+                               resources=config.training.resources())
         party.compute = compute
         hub.register(table.name, party)
         parties[table.name] = party

@@ -70,7 +70,7 @@ def build_handler(config: PartyConfig, *, compute: Compute | None = None) -> Mes
                                out_dir=config.state_dir,
                                recorder=Recorder() if config.record else None,
                                privacy=config.privacy, roles=config.roles,
-                               policy=config.policy)
+                               policy=config.policy, resources=config.training)
     else:
         raise ConfigError(f"{config.source}: `vflink serve` runs a secondary or the "
                           "coordinator; the primary drives runs with `vflink train --party`")

@@ -43,6 +43,11 @@
     num_cpus = 4                   # CPUs of a cluster started here
     chunk_rows = 100000            # rows per task
 
+    [training]                     # where this party trains (issue 22); never sent to a peer
+    device = "cpu"                 # "cpu", "cuda" or "auto" (CUDA where there is one)
+    feature_store = "auto"         # "memory", "mmap" (per batch from a mapped Arrow file) or
+                                   # "auto" (mmap from 10^6 rows); results are the same
+
     [privacy]                      # secondary only: its own embedding protection (VFL-AFE);
     embeddings = "afe"             # same keys as a run file's [privacy]; a run that expects
     epsilon = 2.0                  # other settings is refused
@@ -62,6 +67,7 @@ from vflink.datasets import load_dataset
 from vflink.engine import ComputeConfig
 from vflink.errors import ConfigError
 from vflink.parties.policy import ROLE_UNKNOWN, PartyPolicy
+from vflink.parties.resources import TrainingResources
 from vflink.privacy.config import PrivacyConfig
 
 __all__ = ["PartyConfig", "PeerConfig", "load_party_config", "party_roles", "party_table"]
@@ -98,6 +104,9 @@ class PartyConfig:
     record: bool = False
     privacy: PrivacyConfig | None = None
     compute: ComputeConfig = field(default_factory=ComputeConfig)
+    #: this party's device and feature store ([training]; unset: the defaults, or for the
+    #: primary its run file's [training] keys)
+    training: TrainingResources | None = None
 
     def __post_init__(self) -> None:
         problems: list[str] = []
@@ -164,14 +173,20 @@ def load_party_config(path: Path) -> PartyConfig:
     party = dict(raw.get("party", {}))
     security = dict(raw.get("security", {}))
     unknown = sorted(set(raw) - {"version", "party", "peers", "security", "policy",
-                                  "privacy", "compute"})
+                                  "privacy", "compute", "training"})
     if unknown:
         problems.append(f"unknown top-level key(s) {unknown}; known: party, peers, security, "
-                        "policy, privacy, compute")
+                        "policy, privacy, compute, training")
     compute = ComputeConfig()
     if "compute" in raw:
         try:
             compute = ComputeConfig.from_dict(raw["compute"])
+        except ConfigError as exc:
+            problems.extend(exc.problems)
+    training = None
+    if "training" in raw:
+        try:
+            training = TrainingResources.from_dict(raw["training"])
         except ConfigError as exc:
             problems.extend(exc.problems)
     policy = PartyPolicy()
@@ -251,7 +266,8 @@ def load_party_config(path: Path) -> PartyConfig:
             insecure=bool(security.get("insecure", False)),
             secret_env=str(security.get("secret_env", "VFLINK_SECRET")), source=str(path),
             caller_roles={str(k): str(v) for k, v in roles_raw.items()}, policy=policy,
-            record=bool(party.get("record", False)), privacy=privacy, compute=compute)
+            record=bool(party.get("record", False)), privacy=privacy, compute=compute,
+            training=training)
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}", exc.problems) from None
 

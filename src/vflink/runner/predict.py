@@ -140,12 +140,14 @@ def predict_records(run_dir: Path, records: pd.DataFrame, *, source: str = "inpu
     roles = local_roles(new_primary.name, [t.name for t in secondaries])
     for table in secondaries:
         party = SecondaryParty(table, hub.channel(table.name), out_dir=models / table.name,
-                               roles=roles, policy=run_policy(config))
+                               roles=roles, policy=run_policy(config),
+                               resources=config.training.resources())
         party.set_linked_rows(alignments[table.name].secondary_index, peer=new_primary.name)
         hub.register(table.name, party)
     primary = PrimaryParty(new_primary, hub.channel(new_primary.name),
                            secondaries=tuple(t.name for t in secondaries),
-                           out_dir=models / new_primary.name)
+                           out_dir=models / new_primary.name,
+                           resources=config.training.resources())
     if secondaries:
         primary.set_alignments(alignments)
     primary.load_states()

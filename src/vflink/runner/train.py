@@ -581,7 +581,8 @@ def _run(config: RunConfig, out_dir: Path | None, progress: Progress | None,
             learn_missing = True  # records without an exact match keep a "missing" embedding
         primary = PrimaryParty(inputs.primary, federation.channel,
                                secondaries=federation.secondaries, out_dir=primary_dir,
-                               recorder=recorder_for(config), policy=federation.policy)
+                               recorder=recorder_for(config), policy=federation.policy,
+                               resources=config.training.resources())
         # every secondary fetches the view of the alignment this algorithm uses
         for name in federation.secondaries:
             federation.channel.request(name, AlignmentReady(
@@ -601,7 +602,7 @@ def _run(config: RunConfig, out_dir: Path | None, progress: Progress | None,
                                    _truth_alignments(inputs, prepared, config))
         hub = InProcessHub(transcript=transcript, counter=counter)
         primary = PrimaryParty(table, hub.channel(inputs.primary.name), secondaries=(),
-                               out_dir=primary_dir)
+                               out_dir=primary_dir, resources=config.training.resources())
         state_prefix = ""
     plan = _plan(config, algorithm, learn_missing=learn_missing, k=k)
     if algorithm.kind != "vfl":
