@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT / "src"))
 from vflink.models.mlp import build_mlp, build_optimizer, seeded_init  # noqa: E402
 from vflink.models.spec import BottomSpec  # noqa: E402
 from vflink.models.splitnn import SplitNNPrimary  # noqa: E402
-from vflink.runner.config import (  # noqa: E402
+from vflink.runfiles.config import (  # noqa: E402
     AlignmentConfig,
     DataConfig,
     RunConfig,
@@ -65,7 +65,7 @@ def config(algorithm: str, k: int, samples: int, batch: int) -> RunConfig:
 def naive_epoch(prepared, cfg: RunConfig, algorithm: str, batch: int) -> float:  # type: ignore[no-untyped-def]
     """Baseline: one process, no boundary, secondary bottom model on all B×K pairs."""
     from vflink.data.preprocess import Preprocessor
-    from vflink.runner.algorithms import get_algorithm
+    from vflink.runfiles.algorithms import get_algorithm
 
     alg = get_algorithm(algorithm)
     inputs = prepared.inputs
@@ -155,8 +155,8 @@ def pass_times(samples: int, k: int, batch: int, repeats: int,
     from vflink.models.merge import AggregatorConfig
     from vflink.parties import PrimaryParty
     from vflink.protocol import Ack, AlignmentReady
-    from vflink.runner.algorithms import get_algorithm
-    from vflink.runner.config import ModelConfig
+    from vflink.runfiles.algorithms import get_algorithm
+    from vflink.runfiles.config import ModelConfig
     from vflink.runner.pools import run_splits
     from vflink.runner.train import _plan
 

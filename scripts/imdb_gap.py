@@ -29,7 +29,7 @@ import torch
 
 from vflink.models import merge, splitnn
 from vflink.models.mlp import build_mlp
-from vflink.runner.experiment import load_experiment
+from vflink.runfiles.experiment import load_experiment
 from vflink.runner.train import prepare, run_training
 from vflink.types import MISSING
 

@@ -14,7 +14,7 @@ import pytest
 
 from vflink.cli.main import main
 from vflink.protocol import IdentifierEncodings, Message
-from vflink.runner.config import AlignmentConfig, DataConfig, RunConfig, TrainingConfig
+from vflink.runfiles.config import AlignmentConfig, DataConfig, RunConfig, TrainingConfig
 from vflink.runner.train import prepare, run_training
 from vflink.transport import Transcript
 

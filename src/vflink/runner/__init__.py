@@ -5,15 +5,16 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from vflink.runner.config import RunConfig, load_config, parse_config
-    from vflink.runner.train import RunResult, run_training
+    from vflink.runfiles.config import RunConfig, load_config, parse_config
+    from vflink.runfiles.results import RunResult
+    from vflink.runner.train import run_training
 
 __all__ = ["RunConfig", "RunResult", "load_config", "parse_config", "run_training"]
 
-# Imported on first use (PEP 562): `vflink.runner.algorithms` and friends must stay importable
+# Imported on first use (PEP 562): `vflink.runfiles.algorithms` and friends must stay importable
 # without torch, for a fast `vflink --help`.
-_LAZY = {"RunConfig": "vflink.runner.config", "load_config": "vflink.runner.config",
-         "parse_config": "vflink.runner.config", "RunResult": "vflink.runner.train",
+_LAZY = {"RunConfig": "vflink.runfiles.config", "load_config": "vflink.runfiles.config",
+         "parse_config": "vflink.runfiles.config", "RunResult": "vflink.runfiles.results",
          "run_training": "vflink.runner.train"}
 
 

@@ -24,28 +24,21 @@ import numpy.typing as npt
 
 from vflink._files import atomic_open, atomic_write_json, open_data_bytes, read_json_file
 from vflink.parties.linking import encode_identifiers
-from vflink.parties.recording import RECORDING_DIR, Recorder
-from vflink.runner.config import RunConfig
+from vflink.parties.recording import RECORDING_DIR
+from vflink.runfiles.config import RunConfig
 from vflink.types import MISSING, Alignment
 
 if TYPE_CHECKING:
     from vflink.parties import PrimaryParty
-    from vflink.runner.train import Prepared
+    from vflink.runner.context import Prepared
 
-__all__ = ["OWN_ENCODINGS", "TRUTH_DIR", "linkage_figures", "read_truth", "recorder_for",
-           "write_truth"]
+__all__ = ["OWN_ENCODINGS", "TRUTH_DIR", "linkage_figures", "read_truth", "write_truth"]
 
 log = logging.getLogger(__name__)
 
 TRUTH_DIR = "evaluation"
 TRUTH_VERSION = 1
 OWN_ENCODINGS = "own_encodings.npz"
-
-
-def recorder_for(config: RunConfig) -> Recorder | None:
-    """A recorder for one party when the run records (``[evaluation] record = true``)."""
-    ev = config.evaluation
-    return Recorder(max_rows=ev.record_rows) if ev.record else None
 
 
 def _save_npz(path: Path, arrays: dict[str, npt.NDArray[Any]]) -> None:

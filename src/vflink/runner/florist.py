@@ -53,12 +53,13 @@ from vflink.parties.setalign import SetAlignment, SetAlignmentDriver, pair_by_ui
 from vflink.parties.union import UnionPrimary, uid_rows
 from vflink.protocol.channel import Channel
 from vflink.protocol.sessions import new_session_name
-from vflink.runner.algorithms import get_algorithm
+from vflink.runfiles.algorithms import get_algorithm
+from vflink.runfiles.config import RunConfig
+from vflink.runfiles.inputs import Inputs, load_inputs
+from vflink.runfiles.results import EpochRecord, FloristResult
 from vflink.runner.compute import current_compute
-from vflink.runner.config import RunConfig
+from vflink.runner.context import Prepared
 from vflink.runner.federation import Federation, run_policy
-from vflink.runner.inputs import Inputs, load_inputs
-from vflink.runner.train import EpochRecord, Prepared, RunResult
 from vflink.transport import InProcessHub, TrafficCounter, Transcript
 from vflink.types import MISSING, Alignment
 
@@ -93,15 +94,6 @@ def psi_alignments(inputs: Inputs, federation: Federation, config: RunConfig,
         out[name] = Alignment(np.arange(len(primary), dtype=np.int64), sec[:, None], None, name,
                               {"matched": float(len(own) / max(len(primary), 1))})
     return out
-
-
-@dataclass(frozen=True)
-class FloristResult(RunResult):
-    """A union-training run: AUC is the headline (the data are imbalanced, FLORIST §3)."""
-
-    @property
-    def headline(self) -> str:
-        return "auc"
 
 
 def _subset(table: PartyTable, keep: npt.NDArray[np.int64]) -> PartyTable:

@@ -12,7 +12,6 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,13 +31,17 @@ from vflink.parties import PrimaryParty, TrainingPlan
 from vflink.parties.linking import LinkField
 from vflink.protocol import Ack, AlignmentReady, EncodingSpec
 from vflink.protocol.sessions import new_session_name
-from vflink.runner.algorithms import Algorithm, get_algorithm
+from vflink.reporting.ledger import write_run_ledger
+from vflink.reporting.link_quality import training_link_quality, write_link_quality
+from vflink.runfiles.algorithms import Algorithm, get_algorithm
+from vflink.runfiles.config import AlignmentConfig, RunConfig, config_to_dict
+from vflink.runfiles.inputs import Inputs, identifier_features, load_inputs
+from vflink.runfiles.results import EpochRecord, RunResult
+from vflink.runfiles.rundir import atomic_run_dir, write_json
 from vflink.runner.compute import current_compute, run_compute
-from vflink.runner.config import AlignmentConfig, RunConfig, config_to_dict
-from vflink.runner.evaluation import linkage_figures, recorder_for, write_truth
-from vflink.runner.federation import Federation, in_process
-from vflink.runner.inputs import Inputs, identifier_features, load_inputs
-from vflink.runner.ledger import write_run_ledger
+from vflink.runner.context import Prepared
+from vflink.runner.evaluation import linkage_figures, write_truth
+from vflink.runner.federation import Federation, in_process, recorder_for
 from vflink.runner.link import (
     describe_fields,
     encoding_for,
@@ -47,13 +50,11 @@ from vflink.runner.link import (
     fields_encoder,
     link_fields,
 )
-from vflink.runner.link_quality import training_link_quality, write_link_quality
 from vflink.runner.pools import link_by_split, run_splits
 from vflink.runner.privacy import check_privacy_task, privacy_extra
 from vflink.runner.resume import check_resume, run_fingerprint
-from vflink.runner.rundir import atomic_run_dir, write_json
 from vflink.transport import InProcessHub, TrafficCounter, Transcript
-from vflink.types import MISSING, Alignment, Task
+from vflink.types import MISSING, Alignment
 
 __all__ = [
     "CHECKPOINT",
@@ -80,70 +81,6 @@ AfterTraining = Callable[[PrimaryParty, tuple[npt.NDArray[np.int64], ...]], None
 #: State names every party writes into its own state directory; a state NAME is the pair
 #: NAME.json + NAME.<digest>.safetensors (vflink.models.statefile).
 CHECKPOINT, BEST, FINAL = "checkpoint", "best", "model"
-
-
-@dataclass(frozen=True)
-class Prepared:
-    """Inputs plus the alignments each kind of algorithm consumes.
-
-    ``alignments[kind][secondary]`` with kind ``"base"`` (top-1 of the configured alignment),
-    ``"top1"``, ``"topk"`` or ``"exact"``; ``sessions[kind]`` names the coordinator session a
-    secondary fetches its view of that alignment from; ``rows`` are the primary rows every
-    algorithm trains and is evaluated on, so their metrics are comparable.
-    """
-
-    inputs: Inputs
-    alignments: dict[str, dict[str, Alignment]]
-    sessions: dict[str, str]
-    rows: npt.NDArray[np.int64]
-    communication: dict[str, dict[str, int]]
-    federation: Federation | None = None
-    summary: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class EpochRecord:
-    epoch: int
-    train_loss: float
-    validation: dict[str, float]
-    communication: dict[str, dict[str, int]]
-    seconds: float
-
-
-@dataclass(frozen=True)
-class RunResult:
-    algorithm: str
-    task: Task
-    metrics: dict[str, dict[str, float]]
-    history: tuple[EpochRecord, ...]
-    best_epoch: int
-    communication: dict[str, dict[str, int]]
-    sizes: dict[str, int]
-    seconds: float
-    out_dir: Path | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def headline(self) -> str:
-        return primary_metric(self.task)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "algorithm": self.algorithm,
-            "task": self.task.value,
-            "headline_metric": self.headline,
-            "metrics": self.metrics,
-            "best_epoch": self.best_epoch,
-            "epochs": [
-                {"epoch": r.epoch, "train_loss": r.train_loss, "validation": r.validation,
-                 "communication": r.communication, "seconds": r.seconds}
-                for r in self.history
-            ],
-            "communication_total": self.communication,
-            "sizes": self.sizes,
-            "seconds": self.seconds,
-            **self.extra,
-        }
 
 
 def _as_inputs(tables: Inputs | tuple[PartyTable, Sequence[PartyTable]]) -> Inputs:
@@ -493,7 +430,7 @@ def run_training(config: RunConfig, out_dir: Path | None = None, *, overwrite: b
     built in this process. With ``out_dir`` every party checkpoints at epoch boundaries into
     its own state directory; ``resume`` continues an interrupted run from its checkpoints.
     ``after_training(primary, splits)`` runs on the trained parties before the result is
-    built (e.g. attacks that query the model; :mod:`vflink.runner.afe_eval`).
+    built (e.g. attacks that query the model; :mod:`vflink.experiments.afe`).
     """
     torch.set_num_threads(config.training.threads)
     with run_compute(config.compute):  # [compute]: this run's chunked stages (issue 22)
@@ -522,7 +459,7 @@ def _run_training(config: RunConfig, out_dir: Path | None, *, overwrite: bool,
         write_run_ledger(staging, result)
         if "link_quality" in result.extra:  # read by `vflink predict`
             write_link_quality(staging, result.extra["link_quality"])
-        from vflink.runner.plots import learning_curve  # matplotlib only when writing
+        from vflink.reporting.plots import learning_curve  # matplotlib only when writing
 
         learning_curve(result, staging / "learning_curve.png")
     return RunResult(**{**result.__dict__, "out_dir": Path(out_dir)})
