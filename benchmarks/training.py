@@ -49,7 +49,8 @@ from vflink.runfiles.config import (  # noqa: E402
     RunConfig,
     TrainingConfig,
 )
-from vflink.runner.train import prepare, run_training  # noqa: E402
+from vflink.runner.prepare import prepare  # noqa: E402
+from vflink.runner.train import run_training  # noqa: E402
 
 
 def config(algorithm: str, k: int, samples: int, batch: int) -> RunConfig:
@@ -157,8 +158,8 @@ def pass_times(samples: int, k: int, batch: int, repeats: int,
     from vflink.protocol import Ack, AlignmentReady
     from vflink.runfiles.algorithms import get_algorithm
     from vflink.runfiles.config import ModelConfig
+    from vflink.runner.plans import training_plan
     from vflink.runner.pools import run_splits
-    from vflink.runner.train import _plan
 
     torch.set_num_threads(1)
     cfg = RunConfig(
@@ -180,7 +181,7 @@ def pass_times(samples: int, k: int, batch: int, repeats: int,
                             Ack)
     primary.set_alignments(prepared.alignments["topk"])
     train, val, _ = run_splits(cfg, prepared.inputs, prepared.rows)
-    primary.setup(_plan(cfg, get_algorithm("fedsim"), learn_missing=False, k=k), train)
+    primary.setup(training_plan(cfg, get_algorithm("fedsim"), learn_missing=False, k=k), train)
     rng = np.random.default_rng(0)
     out: dict[str, list[float]] = {"train_wall": [], "train_cpu": [], "val_wall": [],
                                    "val_cpu": []}

@@ -22,7 +22,8 @@ import torch
 
 from vflink.runfiles.config import DataConfig
 from vflink.runfiles.experiment import load_experiment
-from vflink.runner.train import prepare, run_training
+from vflink.runner.prepare import prepare
+from vflink.runner.train import run_training
 
 EXPERIMENT = Path(__file__).resolve().parents[1] / "examples/experiments/fedsim-reference.toml"
 

@@ -35,7 +35,8 @@ from vflink.runner.federation import in_process
 from vflink.runner.link import run_field_linkage
 from vflink.runner.network import network_federation
 from vflink.runner.predict import predict_records
-from vflink.runner.train import prepare, run_training
+from vflink.runner.prepare import prepare
+from vflink.runner.train import run_training
 from vflink.transport import InProcessHub, Transcript
 
 SECRET = "a-test-secret-shared-by-the-data-parties"

@@ -25,7 +25,8 @@ from vflink.runfiles.inputs import Inputs, load_inputs
 from vflink.runfiles.party import load_party_config
 from vflink.runner.federation import Federation
 from vflink.runner.network import network_federation
-from vflink.runner.train import prepare, run_training
+from vflink.runner.prepare import prepare
+from vflink.runner.train import run_training
 from vflink.transport import InProcessHub, TrafficCounter, Transcript
 
 A = b"the-secret-of-the-data-parties-A"

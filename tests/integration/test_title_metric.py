@@ -20,7 +20,7 @@ from vflink.linkage.encoding.strings import normalize_string
 from vflink.runfiles.config import AlignmentConfig, DataConfig, RunConfig, TrainingConfig
 from vflink.runfiles.inputs import load_inputs
 from vflink.runner.federation import in_process
-from vflink.runner.train import prepare
+from vflink.runner.prepare import prepare
 from vflink.types import MISSING
 
 PRIMARY_TITLES = ["Heat", "Matrix, The", "Alien", "Aliens", "Up", "Star Wars", "Jaws 2",

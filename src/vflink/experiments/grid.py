@@ -38,7 +38,8 @@ from vflink._files import atomic_open, atomic_write_text
 from vflink.runfiles.config import config_to_dict
 from vflink.runfiles.experiment import Experiment
 from vflink.runfiles.rundir import atomic_run_dir, write_json
-from vflink.runner.train import prepare, run_training
+from vflink.runner.prepare import prepare
+from vflink.runner.train import run_training
 
 __all__ = ["markdown_table", "plot_results", "run_experiment"]
 
