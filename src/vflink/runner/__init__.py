@@ -1,4 +1,16 @@
-"""Runner: build parties from a config, run them, write run directories."""
+"""Orchestration: a run as a pipeline of stages, and the commands' orchestration.
+
+What it holds: the run pipeline (``train.run_training`` → ``pipeline``: load → align → plan →
+train → evaluate → write), its registries (``prepare.ALIGNMENTS``, ``plans.PLANS``,
+``evaluation.EVALUATIONS``, ``train.WRITERS``), the one training loop (``loop``), where the
+parties live (``federation``, ``network``, ``local``), and the orchestration of ``vflink link``,
+``align``, ``predict`` and ``attack``. A new alignment method or training plan is a registry
+entry plus a party-side hook (docs/architecture.md), never a branch here.
+
+What it may import: run files (``vflink.runfiles``), reporting (``vflink.reporting``), the
+transport, parties and everything below. Experiments, the API and the CLI import it; it never
+imports them. Stage modules call down, never back up into the pipeline.
+"""
 
 from __future__ import annotations
 

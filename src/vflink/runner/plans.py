@@ -294,7 +294,8 @@ class PrimaryPlan:
     def _primary(self, ctx: RunContext, algorithm: Algorithm, primary_dir: Path | None
                  ) -> tuple[PrimaryParty, int, bool]:
         config, prepared, federation = ctx.config, ctx.prepared, ctx.federation
-        assert prepared is not None  # noqa: S101 - checked in build
+        if prepared is None:  # pragma: no cover - checked in build
+            raise ConfigError("the plan stage needs an alignment")
         inputs = prepared.inputs
         learn_missing = config.alignment.unmatched == "keep"
         ctx.batch_size = config.training.batch_size
@@ -333,7 +334,8 @@ class PrimaryPlan:
 
     def evaluate(self, ctx: RunContext) -> RunResult:
         config, prepared, inputs = ctx.config, ctx.prepared, ctx.inputs
-        assert prepared is not None and inputs is not None  # noqa: S101 - stages ran
+        if prepared is None or inputs is None:  # pragma: no cover - the stages ran
+            raise ConfigError("the evaluate stage needs an alignment")
         primary: PrimaryParty = ctx.state["primary"]
         algorithm: Algorithm = ctx.state["algorithm"]
         federation = ctx.federation
