@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT / "src"))
 from vflink.models.mlp import build_mlp, seeded_init  # noqa: E402
 from vflink.privacy.config import PrivacyConfig  # noqa: E402
 from vflink.privacy.embedding_dp import EmbeddingDP  # noqa: E402
-from vflink.runner.config import (  # noqa: E402
+from vflink.runfiles.config import (  # noqa: E402
     DataConfig,
     ModelConfig,
     RunConfig,

@@ -43,13 +43,14 @@ sys.path.insert(0, str(ROOT / "src"))
 from vflink.models.mlp import build_mlp, build_optimizer, seeded_init  # noqa: E402
 from vflink.models.spec import BottomSpec  # noqa: E402
 from vflink.models.splitnn import SplitNNPrimary  # noqa: E402
-from vflink.runner.config import (  # noqa: E402
+from vflink.runfiles.config import (  # noqa: E402
     AlignmentConfig,
     DataConfig,
     RunConfig,
     TrainingConfig,
 )
-from vflink.runner.train import prepare, run_training  # noqa: E402
+from vflink.runner.prepare import prepare  # noqa: E402
+from vflink.runner.train import run_training  # noqa: E402
 
 
 def config(algorithm: str, k: int, samples: int, batch: int) -> RunConfig:
@@ -65,7 +66,7 @@ def config(algorithm: str, k: int, samples: int, batch: int) -> RunConfig:
 def naive_epoch(prepared, cfg: RunConfig, algorithm: str, batch: int) -> float:  # type: ignore[no-untyped-def]
     """Baseline: one process, no boundary, secondary bottom model on all B×K pairs."""
     from vflink.data.preprocess import Preprocessor
-    from vflink.runner.algorithms import get_algorithm
+    from vflink.runfiles.algorithms import get_algorithm
 
     alg = get_algorithm(algorithm)
     inputs = prepared.inputs
@@ -155,10 +156,10 @@ def pass_times(samples: int, k: int, batch: int, repeats: int,
     from vflink.models.merge import AggregatorConfig
     from vflink.parties import PrimaryParty
     from vflink.protocol import Ack, AlignmentReady
-    from vflink.runner.algorithms import get_algorithm
-    from vflink.runner.config import ModelConfig
+    from vflink.runfiles.algorithms import get_algorithm
+    from vflink.runfiles.config import ModelConfig
+    from vflink.runner.plans import training_plan
     from vflink.runner.pools import run_splits
-    from vflink.runner.train import _plan
 
     torch.set_num_threads(1)
     cfg = RunConfig(
@@ -180,7 +181,7 @@ def pass_times(samples: int, k: int, batch: int, repeats: int,
                             Ack)
     primary.set_alignments(prepared.alignments["topk"])
     train, val, _ = run_splits(cfg, prepared.inputs, prepared.rows)
-    primary.setup(_plan(cfg, get_algorithm("fedsim"), learn_missing=False, k=k), train)
+    primary.setup(training_plan(cfg, get_algorithm("fedsim"), learn_missing=False, k=k), train)
     rng = np.random.default_rng(0)
     out: dict[str, list[float]] = {"train_wall": [], "train_cpu": [], "val_wall": [],
                                    "val_cpu": []}

@@ -25,15 +25,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from vflink.runner.config import (  # noqa: E402
+from vflink.runfiles.config import (  # noqa: E402
     AlignmentConfig,
     DataConfig,
     RunConfig,
     TrainingConfig,
 )
-from vflink.runner.inputs import Inputs, load_inputs  # noqa: E402
+from vflink.runfiles.inputs import Inputs, load_inputs  # noqa: E402
+from vflink.runfiles.party import load_party_config  # noqa: E402
 from vflink.runner.network import network_federation  # noqa: E402
-from vflink.runner.party_config import load_party_config  # noqa: E402
 from vflink.runner.train import run_training  # noqa: E402
 from vflink.transport.grpc import create_dev_pki  # noqa: E402
 

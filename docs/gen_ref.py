@@ -206,7 +206,7 @@ def run_file() -> str:
     from vflink.models.merge import AggregatorConfig
     from vflink.parties.policy import PartyPolicy
     from vflink.privacy.config import PrivacyConfig
-    from vflink.runner.config import (
+    from vflink.runfiles.config import (
         AlignmentConfig,
         DataConfig,
         EvaluationConfig,
@@ -239,12 +239,12 @@ def party_file() -> str:
     """The party file's keys, from :class:`PartyConfig` and the tables it holds."""
     from vflink.parties.policy import PartyPolicy
     from vflink.parties.resources import TrainingResources
-    from vflink.runner import party_config
+    from vflink.runfiles import party as party_config
 
     example = inspect.getdoc(party_config) or ""
     annotated = example.split("::", 1)[1] if "::" in example else ""
     return "\n\n".join([
-        "An annotated party file (from `vflink/runner/party_config.py`):",
+        "An annotated party file (from `vflink/runfiles/party.py`):",
         "```toml\n" + textwrap.dedent(annotated).strip() + "\n```",
         config_table(party_config.PartyConfig, title="Fields of the loaded party file "
                      "(`PartyConfig`)"),

@@ -33,10 +33,10 @@ import numpy as np
 import torch
 
 from vflink.config import read_toml
-from vflink.runner.config import DataConfig, RunConfig
-from vflink.runner.experiment import parse_experiment
+from vflink.runfiles.config import DataConfig, RunConfig
+from vflink.runfiles.experiment import parse_experiment
+from vflink.runfiles.inputs import load_inputs
 from vflink.runner.federation import in_process
-from vflink.runner.inputs import load_inputs
 from vflink.runner.train import run_training
 
 

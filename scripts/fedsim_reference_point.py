@@ -20,9 +20,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from vflink.runner.config import DataConfig
-from vflink.runner.experiment import load_experiment
-from vflink.runner.train import prepare, run_training
+from vflink.runfiles.config import DataConfig
+from vflink.runfiles.experiment import load_experiment
+from vflink.runner.prepare import prepare
+from vflink.runner.train import run_training
 
 EXPERIMENT = Path(__file__).resolve().parents[1] / "examples/experiments/fedsim-reference.toml"
 

@@ -29,8 +29,9 @@ import torch
 
 from vflink.models import merge, splitnn
 from vflink.models.mlp import build_mlp
-from vflink.runner.experiment import load_experiment
-from vflink.runner.train import prepare, run_training
+from vflink.runfiles.experiment import load_experiment
+from vflink.runner.prepare import prepare
+from vflink.runner.train import run_training
 from vflink.types import MISSING
 
 ROOT = Path(__file__).resolve().parents[1]

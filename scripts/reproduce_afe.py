@@ -7,7 +7,7 @@ Figure 10 (inversion) on Adult and Fashion-MNIST halves.
 For each seed: centralised (``combine``), unprotected (``splitnn``, privacy off) and the four
 protected variants (vanilla, +R = rescale, +D = adjust, AFE) with the file's ``[privacy]``
 settings; with ``--attacks`` (classification data with an auxiliary set: Fashion-MNIST's test
-images) the unprotected, vanilla and AFE runs are also attacked (``vflink.runner.afe_eval``).
+images) the unprotected, vanilla and AFE runs are also attacked (``vflink.experiments.afe``).
 Writes ``results.json`` and ``results.md`` (mean ± std over seeds) and ``inversion.png``.
 """
 
@@ -25,10 +25,10 @@ import torch
 
 from vflink.attacks import inversion_grid_png
 from vflink.config import read_toml
-from vflink.runner.afe_eval import train_and_attack
-from vflink.runner.config import DataConfig, PrivacyConfig, RunConfig
-from vflink.runner.experiment import parse_experiment
-from vflink.runner.inputs import load_inputs
+from vflink.experiments.afe import train_and_attack
+from vflink.runfiles.config import DataConfig, PrivacyConfig, RunConfig
+from vflink.runfiles.experiment import parse_experiment
+from vflink.runfiles.inputs import load_inputs
 from vflink.runner.train import run_training
 
 METHODS = {"centralised": ("combine", "off"), "unprotected": ("splitnn", "off"),

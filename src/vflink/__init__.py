@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from vflink.api import Links, Matches, Run, align, link, train
     from vflink.data import PartySchema, PartyTable, load_table
     from vflink.privacy.config import PrivacyConfig
-    from vflink.runner.config import (
+    from vflink.runfiles.config import (
         AlignmentConfig,
         DataConfig,
         EvaluationConfig,
@@ -50,7 +50,7 @@ _LAZY = {"PartySchema": "vflink.data", "PartyTable": "vflink.data", "load_table"
          "MISSING": "vflink.types", "Alignment": "vflink.types", "Task": "vflink.types",
          **dict.fromkeys(("Links", "Matches", "Run", "align", "link", "train"), "vflink.api"),
          **dict.fromkeys(("AlignmentConfig", "DataConfig", "EvaluationConfig", "ModelConfig",
-                          "RunConfig", "TrainingConfig"), "vflink.runner.config"),
+                          "RunConfig", "TrainingConfig"), "vflink.runfiles.config"),
          "PrivacyConfig": "vflink.privacy.config"}
 
 

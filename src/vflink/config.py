@@ -1,7 +1,7 @@
 """Configuration entry points.
 
 The frozen, validated config dataclasses live next to what they configure (``PartySchema`` in
-``vflink.data``, ``BottomSpec`` in ``vflink.models``, the run file in ``vflink.runner.config``);
+``vflink.data``, ``BottomSpec`` in ``vflink.models``, the run file in ``vflink.runfiles.config``);
 shared validation helpers are in ``vflink._checks``. This module names the file-format version.
 """
 

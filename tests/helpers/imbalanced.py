@@ -7,7 +7,7 @@ import pandas as pd
 from sklearn.datasets import make_classification
 
 from vflink.data import PartySchema, PartyTable
-from vflink.runner.inputs import Inputs
+from vflink.runfiles.inputs import Inputs
 
 
 def imbalanced_inputs(n: int = 1500, *, positive: float = 0.1, seed: int = 0) -> Inputs:

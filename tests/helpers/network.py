@@ -12,8 +12,8 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from vflink.runfiles.party import load_party_config
 from vflink.runner.network import serve
-from vflink.runner.party_config import load_party_config
 from vflink.transport.grpc import create_dev_pki
 
 

@@ -47,7 +47,7 @@ def two_party_tables(n: int = 2000, *, primary_features: int = 2, secondary_feat
 def split_secondary(inputs, parts: int = 2):  # type: ignore[no-untyped-def]
     """The same records as ``inputs``, with the secondary's features split across ``parts``
     secondary parties that all keep the identifier columns (for multi-party tests)."""
-    from vflink.runner.train import Inputs
+    from vflink.runfiles.inputs import Inputs
 
     (sec,) = inputs.secondaries
     cols = list(sec.schema.numeric)

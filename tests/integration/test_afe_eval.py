@@ -6,9 +6,9 @@ import math
 
 import pytest
 
-from vflink.runner.afe_eval import train_and_attack
-from vflink.runner.config import DataConfig, PrivacyConfig, RunConfig, TrainingConfig
-from vflink.runner.inputs import load_inputs
+from vflink.experiments.afe import train_and_attack
+from vflink.runfiles.config import DataConfig, PrivacyConfig, RunConfig, TrainingConfig
+from vflink.runfiles.inputs import load_inputs
 
 
 @pytest.mark.parametrize("mode", ["off", "afe"])

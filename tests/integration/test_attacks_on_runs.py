@@ -18,14 +18,14 @@ from vflink.parties.recording import read_recording
 from vflink.privacy.ledger import Ledger
 from vflink.protocol import payload_nbytes
 from vflink.protocol.sessions import purpose_of
-from vflink.runner.attack import run_attack
-from vflink.runner.config import (
+from vflink.runfiles.config import (
     AlignmentConfig,
     DataConfig,
     EvaluationConfig,
     RunConfig,
     TrainingConfig,
 )
+from vflink.runner.attack import run_attack
 from vflink.runner.train import run_training
 from vflink.transport import Transcript
 
@@ -215,9 +215,9 @@ def test_recording_across_hosts_equals_in_process(tmp_path: Path,
     """A secondary served over gRPC (mutual TLS) records in its own state directory exactly
     what the in-process secondary records; the attack runs on that directory."""
     from tests.helpers.network import served_in_threads, write_party_files
-    from vflink.runner.inputs import Inputs, load_inputs
+    from vflink.runfiles.inputs import Inputs, load_inputs
+    from vflink.runfiles.party import load_party_config
     from vflink.runner.network import network_federation
-    from vflink.runner.party_config import load_party_config
 
     monkeypatch.setenv("VFLINK_SECRET", "a-test-secret-shared-by-data-parties")
     options = {"n_samples": 600, "seed": 3}

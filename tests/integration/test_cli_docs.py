@@ -21,7 +21,7 @@ import pytest
 from vflink.cli import link as link_cli
 from vflink.cli import train as train_cli
 from vflink.cli.main import build_parser, main
-from vflink.runner.algorithms import algorithm_names
+from vflink.runfiles.algorithms import algorithm_names
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
@@ -178,7 +178,7 @@ def test_link_help_marks_required_options(capsys: pytest.CaptureFixture[str]) ->
 
 
 def test_cli_constants_agree_with_the_runner() -> None:
-    from vflink.runner.config import LINK_METRICS as CONFIG_METRICS
+    from vflink.runfiles.config import LINK_METRICS as CONFIG_METRICS
     from vflink.runner.link import LINK_METRICS
 
     assert set(link_cli.LINK_METRICS) == set(LINK_METRICS) == set(CONFIG_METRICS)
@@ -197,11 +197,11 @@ def load_example(path: Path) -> Any:
     """Parse an example file with the loader its kind needs."""
     raw = tomllib.loads(path.read_text(encoding="utf-8"))
     if "experiment" in raw:
-        from vflink.runner.experiment import load_experiment
+        from vflink.runfiles.experiment import load_experiment
 
         return load_experiment(path)
     if "party" in raw:
-        from vflink.runner.party_config import load_party_config
+        from vflink.runfiles.party import load_party_config
 
         return load_party_config(path)
     if "link" in raw:
@@ -209,7 +209,7 @@ def load_example(path: Path) -> Any:
 
         args = argparse.Namespace(config=path, **{k: None for k in link_cli._KEYS})
         return link_cli.resolve(args)
-    from vflink.runner.config import load_config
+    from vflink.runfiles.config import load_config
 
     return load_config(path)
 
@@ -221,7 +221,7 @@ def test_every_example_config_parses(path: Path) -> None:
 
 
 def test_readme_toml_blocks_parse(tmp_path: Path) -> None:
-    from vflink.runner.config import parse_config
+    from vflink.runfiles.config import parse_config
 
     found = blocks("toml")
     assert found

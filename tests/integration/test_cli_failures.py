@@ -22,7 +22,7 @@ from vflink.cli.main import main
 from vflink.errors import PeerUnavailable
 from vflink.parties import SecondaryParty
 from vflink.protocol import Forward
-from vflink.runner.rundir import staging_dir
+from vflink.runfiles.rundir import staging_dir
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 

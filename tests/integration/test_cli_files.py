@@ -12,7 +12,7 @@ import pytest
 
 from vflink.cli._errors import EXIT_USAGE
 from vflink.cli.main import main
-from vflink.runner.party_config import load_party_config
+from vflink.runfiles.party import load_party_config
 
 
 def run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:

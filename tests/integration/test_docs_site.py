@@ -55,7 +55,7 @@ def test_cli_reference_names_every_command_and_option() -> None:
 
 
 def test_run_file_reference_lists_every_key_with_its_default() -> None:
-    from vflink.runner.config import AlignmentConfig, TrainingConfig
+    from vflink.runfiles.config import AlignmentConfig, TrainingConfig
 
     text = gen_ref().run_file()
     for cls in (AlignmentConfig, TrainingConfig):

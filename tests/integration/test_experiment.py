@@ -9,7 +9,8 @@ import pytest
 
 from vflink.cli.main import main
 from vflink.errors import ConfigError
-from vflink.runner.experiment import load_experiment, run_experiment
+from vflink.experiments.grid import run_experiment
+from vflink.runfiles.experiment import load_experiment
 
 EXPERIMENT = """version = 1
 [experiment]

@@ -11,10 +11,11 @@ import torch
 
 from vflink.cli.main import main
 from vflink.protocol import AlignmentView, AlignmentViews, Backward, Embeddings, Forward
-from vflink.runner.algorithms import algorithm_names
-from vflink.runner.config import AlignmentConfig, DataConfig, RunConfig, TrainingConfig
+from vflink.runfiles.algorithms import algorithm_names
+from vflink.runfiles.config import AlignmentConfig, DataConfig, RunConfig, TrainingConfig
 from vflink.runner.predict import predict_records
-from vflink.runner.train import prepare, run_training
+from vflink.runner.prepare import prepare
+from vflink.runner.train import run_training
 from vflink.transport import Transcript
 
 K = 5

@@ -27,14 +27,16 @@ from vflink.protocol import (
     FieldLink,
     ShareFieldEncodings,
 )
-from vflink.runner.config import AlignmentConfig, DataConfig, RunConfig, TrainingConfig
+from vflink.runfiles.config import AlignmentConfig, DataConfig, RunConfig, TrainingConfig
+from vflink.runfiles.inputs import Inputs, load_inputs
+from vflink.runfiles.party import load_party_config
+from vflink.runfiles.results import RunResult
 from vflink.runner.federation import in_process
-from vflink.runner.inputs import Inputs, load_inputs
 from vflink.runner.link import run_field_linkage
 from vflink.runner.network import network_federation
-from vflink.runner.party_config import load_party_config
 from vflink.runner.predict import predict_records
-from vflink.runner.train import RunResult, prepare, run_training
+from vflink.runner.prepare import prepare
+from vflink.runner.train import run_training
 from vflink.transport import InProcessHub, Transcript
 
 SECRET = "a-test-secret-shared-by-the-data-parties"

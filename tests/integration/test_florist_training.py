@@ -10,17 +10,19 @@ import pytest
 
 from tests.helpers.network import served_in_threads, start_process, write_party_files
 from vflink.alignment.synthetic import STRATEGIES
-from vflink.runner.config import (
+from vflink.runfiles.config import (
     AlignmentConfig,
     DataConfig,
     ModelConfig,
     RunConfig,
     TrainingConfig,
 )
-from vflink.runner.inputs import Inputs, load_inputs
+from vflink.runfiles.inputs import Inputs, load_inputs
+from vflink.runfiles.party import load_party_config
+from vflink.runfiles.results import RunResult
 from vflink.runner.network import network_federation
-from vflink.runner.party_config import load_party_config
-from vflink.runner.train import RunResult, prepare, run_training
+from vflink.runner.prepare import prepare
+from vflink.runner.train import run_training
 
 OPTIONS = {"n_samples": 900, "sigma_cf": 0.1, "seed": 3}
 
@@ -101,7 +103,7 @@ def test_psi_alignment_is_the_exact_alignment_over_both_transports(
 
 
 #: compared run for run: the primary holds every training record (β = 0), so the batches do not
-#: depend on PSU's random exponents (vflink.runner.florist)
+#: depend on PSU's random exponents (vflink.runner.union)
 SAME_OVER_BOTH = ("fea-sampling", "fea-gaussian", "fea-sampling-tr", "baseline-partial")
 
 

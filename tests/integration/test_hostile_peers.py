@@ -59,7 +59,7 @@ from vflink.protocol import (
     SoftLink,
 )
 from vflink.protocol.sessions import new_session_name
-from vflink.runner.party_config import load_party_config, party_table
+from vflink.runfiles.party import load_party_config, party_table
 from vflink.transport import InProcessHub
 from vflink.transport.grpc import GrpcChannel, TlsConfig, load_tls
 from vflink.transport.grpc._wire import CALL, CODE_KEY, pb

@@ -16,9 +16,11 @@ import pytest
 from tests.helpers.imbalanced import imbalanced_inputs
 from vflink.cli.main import main
 from vflink.errors import DataError, RunError
+from vflink.experiments.grid import plot_results
 from vflink.models.statefile import StateFileError, read_state_header, save_state
 from vflink.privacy.ledger import Ledger
-from vflink.runner.config import (
+from vflink.reporting.link_quality import read_link_quality
+from vflink.runfiles.config import (
     AlignmentConfig,
     DataConfig,
     EvaluationConfig,
@@ -26,8 +28,6 @@ from vflink.runner.config import (
     TrainingConfig,
 )
 from vflink.runner.evaluation import read_truth
-from vflink.runner.experiment import plot_results
-from vflink.runner.link_quality import read_link_quality
 from vflink.runner.predict import predict_records
 from vflink.runner.train import run_training
 
@@ -171,10 +171,10 @@ def test_a_bad_run_beside_is_skipped_with_a_warning(
     (linked / "config.json").symlink_to(victim)
     good = run.parent / "good"  # a sound sibling still shows up in the comparison
     shutil.copytree(made_run, good, symlinks=True)
-    with caplog.at_level(logging.WARNING, logger="vflink.runner.report"):
+    with caplog.at_level(logging.WARNING, logger="vflink.reporting.report"):
         assert main(["report", str(run)]) == 0
     warnings = " ".join(r.getMessage() for r in caplog.records
-                        if r.name == "vflink.runner.report")
+                        if r.name == "vflink.reporting.report")
     assert f"{deep / 'metrics.json'}: JSON nested more than 100 levels deep" in warnings
     assert f"{linked / 'config.json'}: is a symbolic link" in warnings
     page = (run / "report.html").read_text()

@@ -20,12 +20,13 @@ from vflink.alignment.confirm import confirmation_tag, tag_matches
 from vflink.errors import ConfigError, ProtocolError
 from vflink.parties import CoordinatorParty, SecondaryParty
 from vflink.protocol import FetchKeyTags, KeyTags, ShareKeys
-from vflink.runner.config import AlignmentConfig, DataConfig, RunConfig, TrainingConfig
+from vflink.runfiles.config import AlignmentConfig, DataConfig, RunConfig, TrainingConfig
+from vflink.runfiles.inputs import Inputs, load_inputs
+from vflink.runfiles.party import load_party_config
 from vflink.runner.federation import Federation
-from vflink.runner.inputs import Inputs, load_inputs
 from vflink.runner.network import network_federation
-from vflink.runner.party_config import load_party_config
-from vflink.runner.train import prepare, run_training
+from vflink.runner.prepare import prepare
+from vflink.runner.train import run_training
 from vflink.transport import InProcessHub, TrafficCounter, Transcript
 
 A = b"the-secret-of-the-data-parties-A"

@@ -12,7 +12,7 @@ import pytest
 from vflink.cli.main import main
 from vflink.errors import ConfigError
 from vflink.linkage import brute_levenshtein, normalize_string
-from vflink.runner.config import parse_config
+from vflink.runfiles.config import parse_config
 
 PRIMARY = "name,code,cc\nAnna Smith,0019151111,NA\nBob Jones,2,US\n,3,DE\nCarl Berg,4,FR\n"
 SECONDARY = "name,code\nAnna Smyth,a1\nBob Jone,b2\nKarl Berg,c3\n"
@@ -133,7 +133,7 @@ def test_link_file_field_problems_reported_together(
 def test_identifier_that_is_also_a_feature_is_noted_in_the_run(tmp_path: Path) -> None:
     import numpy as np
 
-    from vflink.runner.config import load_config
+    from vflink.runfiles.config import load_config
     from vflink.runner.train import run_training
 
     rng = np.random.default_rng(0)

@@ -10,7 +10,7 @@ import pytest
 
 from vflink.errors import ConfigError
 from vflink.parties.policy import PartyPolicy
-from vflink.runner.config import AlignmentConfig, DataConfig, RunConfig, TrainingConfig
+from vflink.runfiles.config import AlignmentConfig, DataConfig, RunConfig, TrainingConfig
 from vflink.runner.train import run_training
 
 

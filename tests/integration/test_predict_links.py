@@ -11,10 +11,11 @@ import pytest
 
 from vflink.cli.main import main
 from vflink.data.split import split_rows
-from vflink.runner.config import AlignmentConfig, DataConfig, RunConfig, TrainingConfig
-from vflink.runner.link_quality import LINK_QUALITY_FILE
+from vflink.reporting.link_quality import LINK_QUALITY_FILE
+from vflink.runfiles.config import AlignmentConfig, DataConfig, RunConfig, TrainingConfig
 from vflink.runner.predict import predict_records
-from vflink.runner.train import prepare, run_training
+from vflink.runner.prepare import prepare
+from vflink.runner.train import run_training
 
 OPTIONS = {"n_samples": 600, "sigma_cf": 0.1, "seed": 4}
 

@@ -16,16 +16,16 @@ from vflink.cli.main import main
 from vflink.errors import ConfigError
 from vflink.privacy.accounting import calibrate
 from vflink.protocol.messages import Embeddings, SetupPrivacy
-from vflink.runner.config import (
+from vflink.runfiles.config import (
     AlignmentConfig,
     DataConfig,
     PrivacyConfig,
     RunConfig,
     TrainingConfig,
 )
-from vflink.runner.inputs import Inputs, load_inputs
+from vflink.runfiles.inputs import Inputs, load_inputs
+from vflink.runfiles.party import load_party_config
 from vflink.runner.network import network_federation
-from vflink.runner.party_config import load_party_config
 from vflink.runner.train import run_training
 from vflink.transport import Transcript
 

@@ -32,7 +32,7 @@ from vflink.protocol import (
     SetupBottom,
 )
 from vflink.protocol.sessions import new_session_name
-from vflink.runner.party_config import load_party_config, party_table
+from vflink.runfiles.party import load_party_config, party_table
 from vflink.transport.grpc import GrpcChannel, TlsConfig
 
 pytestmark = pytest.mark.network

@@ -14,8 +14,9 @@ import pytest
 
 from vflink.cli.main import main
 from vflink.protocol import IdentifierEncodings, Message
-from vflink.runner.config import AlignmentConfig, DataConfig, RunConfig, TrainingConfig
-from vflink.runner.train import prepare, run_training
+from vflink.runfiles.config import AlignmentConfig, DataConfig, RunConfig, TrainingConfig
+from vflink.runner.prepare import prepare
+from vflink.runner.train import run_training
 from vflink.transport import Transcript
 
 OPTIONS = {"n_samples": 400, "sigma_cf": 0.1, "seed": 2}

@@ -13,15 +13,15 @@ from pathlib import Path
 import pytest
 
 from vflink.cli.main import main
-from vflink.runner.attack import run_attack
-from vflink.runner.config import (
+from vflink.experiments.grid import markdown_table, plot_results
+from vflink.runfiles.config import (
     AlignmentConfig,
     DataConfig,
     EvaluationConfig,
     RunConfig,
     TrainingConfig,
 )
-from vflink.runner.experiment import markdown_table, plot_results
+from vflink.runner.attack import run_attack
 from vflink.runner.train import run_training
 
 RUN_SECTIONS = ("summary", "configuration", "learning-curve", "metrics", "linkage",

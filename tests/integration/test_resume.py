@@ -19,15 +19,16 @@ from vflink.cli.train import summarise
 from vflink.errors import PeerUnavailable
 from vflink.parties import SecondaryParty
 from vflink.protocol import Forward
-from vflink.runner.config import (
+from vflink.runfiles.config import (
     AlignmentConfig,
     DataConfig,
     RunConfig,
     TrainingConfig,
     load_config,
 )
-from vflink.runner.rundir import staging_dir
-from vflink.runner.train import RunResult, run_training
+from vflink.runfiles.results import RunResult
+from vflink.runfiles.rundir import staging_dir
+from vflink.runner.train import run_training
 
 OPTIONS = {"n_samples": 1500, "sigma_cf": 0.1, "seed": 5}
 

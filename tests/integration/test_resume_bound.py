@@ -14,7 +14,7 @@ from vflink.cli.main import main
 from vflink.errors import PeerUnavailable
 from vflink.parties import SecondaryParty
 from vflink.protocol import Forward
-from vflink.runner.rundir import staging_dir
+from vflink.runfiles.rundir import staging_dir
 
 RUN = """version = 1
 seed = 0
@@ -117,10 +117,10 @@ def test_changed_secondary_data_is_refused_over_grpc(tmp_path: Path,
     crosses, and the primary refuses to resume."""
     from tests.helpers.network import served_in_threads, write_party_files
     from vflink.errors import DataError
-    from vflink.runner.config import DataConfig, RunConfig, TrainingConfig
-    from vflink.runner.inputs import Inputs, load_inputs
+    from vflink.runfiles.config import DataConfig, RunConfig, TrainingConfig
+    from vflink.runfiles.inputs import Inputs, load_inputs
+    from vflink.runfiles.party import load_party_config
     from vflink.runner.network import network_federation
-    from vflink.runner.party_config import load_party_config
     from vflink.runner.train import run_training
 
     monkeypatch.setenv("VFLINK_SECRET", "a-test-secret-shared-by-data-parties")

@@ -20,8 +20,8 @@ from vflink.cli.main import main
 from vflink.data.schema import PartySchema
 from vflink.data.table import PartyTable
 from vflink.protocol.messages import Ack, Message
+from vflink.runfiles.party import load_party_config
 from vflink.runner.align import align_in_process, align_over_network, key_table
-from vflink.runner.party_config import load_party_config
 from vflink.transport import Transcript
 from vflink.transport.grpc import create_dev_pki
 

@@ -14,7 +14,7 @@ from tests.helpers.tables import places_frames
 from vflink.cli import link as cli_link
 from vflink.cli.main import main
 from vflink.linkage import DEFAULT_TAU, tau_for_sigma
-from vflink.runner.config import AlignmentConfig, DataConfig, RunConfig, TrainingConfig
+from vflink.runfiles.config import AlignmentConfig, DataConfig, RunConfig, TrainingConfig
 from vflink.runner.train import run_training
 
 FIELDS = ('[[link.fields]]\non = ["name"]\nsecondary_on = ["title"]\nmetric = "token-set"\n'

@@ -17,7 +17,7 @@ from vflink.protocol import (
     Forward,
     KeyDigests,
 )
-from vflink.runner.config import (
+from vflink.runfiles.config import (
     AlignmentConfig,
     DataConfig,
     ModelConfig,

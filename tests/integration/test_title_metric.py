@@ -17,10 +17,10 @@ from rapidfuzz.distance import Levenshtein
 
 from vflink.data.schema import PartySchema
 from vflink.linkage.encoding.strings import normalize_string
-from vflink.runner.config import AlignmentConfig, DataConfig, RunConfig, TrainingConfig
+from vflink.runfiles.config import AlignmentConfig, DataConfig, RunConfig, TrainingConfig
+from vflink.runfiles.inputs import load_inputs
 from vflink.runner.federation import in_process
-from vflink.runner.inputs import load_inputs
-from vflink.runner.train import prepare
+from vflink.runner.prepare import prepare
 from vflink.types import MISSING
 
 PRIMARY_TITLES = ["Heat", "Matrix, The", "Alien", "Aliens", "Up", "Star Wars", "Jaws 2",

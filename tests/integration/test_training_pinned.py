@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from vflink.runner.config import (
+from vflink.runfiles.config import (
     AlignmentConfig,
     DataConfig,
     ModelConfig,

@@ -15,7 +15,7 @@ import torch
 
 from tests.helpers.network import served_in_threads, write_party_files
 from vflink.errors import ConfigError
-from vflink.runner.config import (
+from vflink.runfiles.config import (
     AlignmentConfig,
     DataConfig,
     ModelConfig,
@@ -23,10 +23,11 @@ from vflink.runner.config import (
     TrainingConfig,
     parse_config,
 )
-from vflink.runner.inputs import Inputs, load_inputs
+from vflink.runfiles.inputs import Inputs, load_inputs
+from vflink.runfiles.party import load_party_config
+from vflink.runfiles.results import RunResult
 from vflink.runner.network import build_handler, network_federation
-from vflink.runner.party_config import load_party_config
-from vflink.runner.train import RunResult, run_training
+from vflink.runner.train import run_training
 
 OPTIONS = {"n_samples": 600, "sigma_cf": 0.1, "seed": 5}
 SCENARIOS = {

@@ -7,17 +7,18 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.network import served_in_threads, write_party_files
-from vflink.runner.config import (
+from vflink.runfiles.config import (
     AlignmentConfig,
     DataConfig,
     ModelConfig,
     RunConfig,
     TrainingConfig,
 )
-from vflink.runner.inputs import Inputs, load_inputs
+from vflink.runfiles.inputs import Inputs, load_inputs
+from vflink.runfiles.party import load_party_config
+from vflink.runfiles.results import RunResult
 from vflink.runner.network import network_federation
-from vflink.runner.party_config import load_party_config
-from vflink.runner.train import RunResult, run_training
+from vflink.runner.train import run_training
 
 pytestmark = pytest.mark.network
 

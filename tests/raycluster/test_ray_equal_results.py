@@ -17,10 +17,10 @@ from vflink.alignment.groups import get_group
 from vflink.engine import ComputeConfig, RayEngine
 from vflink.linkage import METRICS, BloomEncoder, search_chunked
 from vflink.linkage.encoding import RawEncoder, StringEncoder, encode_chunked
+from vflink.runfiles.config import parse_config
+from vflink.runfiles.party import load_party_config
 from vflink.runner.align import align_in_process, align_over_network, key_table
-from vflink.runner.config import parse_config
 from vflink.runner.link import run_linkage
-from vflink.runner.party_config import load_party_config
 from vflink.runner.train import run_training
 
 pytest.importorskip("ray", reason=RAY_REASON)

@@ -3,7 +3,7 @@
 A thin layer over :func:`vflink.runner.train.run_training` (what ``vflink train`` runs),
 :func:`vflink.runner.predict.predict_records` (``vflink predict``),
 :func:`vflink.runner.attack.run_attack` (``vflink attack``) and
-:func:`vflink.runner.report.write_report` (``vflink report``): a run made here is the run
+:func:`vflink.reporting.report.write_report` (``vflink report``): a run made here is the run
 directory the commands make, and each command can read it.
 """
 
@@ -25,9 +25,9 @@ if TYPE_CHECKING:
 
     from vflink.attacks.base import AttackResult
     from vflink.data.table import PartyTable
-    from vflink.runner.config import RunConfig
-    from vflink.runner.inputs import Inputs
-    from vflink.runner.train import RunResult
+    from vflink.runfiles.config import RunConfig
+    from vflink.runfiles.inputs import Inputs
+    from vflink.runfiles.results import RunResult
 
 __all__ = ["ConfigLike", "Run", "train"]
 
@@ -66,7 +66,7 @@ class Run:
         ``learning_curve.png``, ``models/<party>/``).
     config : RunConfig
         The resolved configuration the run was trained with.
-    result : vflink.runner.train.RunResult or None
+    result : vflink.runfiles.results.RunResult or None
         The in-memory result when the run was trained in this process (``None`` after
         :meth:`load`).
     """
@@ -85,7 +85,7 @@ class Run:
         RunError
             ``path`` is not a run directory (no ``config.json``) or a file in it is damaged.
         """
-        from vflink.runner.config import parse_config
+        from vflink.runfiles.config import parse_config
 
         directory = Path(path)
         if not directory.is_dir():
@@ -227,7 +227,7 @@ class Run:
         pathlib.Path
             The page written.
         """
-        from vflink.runner.report import write_report
+        from vflink.reporting.report import write_report
 
         target = Path(path) if path is not None else self.path / "report.html"
         if target.exists() and not overwrite:
@@ -255,7 +255,7 @@ def _inputs(config: RunConfig, tables: Mapping[str, Any]) -> Inputs:
     """The parties' tables from ``tables`` (DataFrames, paths or PartyTables by party name),
     checked against the schemas of ``config`` like files are."""
     from vflink.data.table import PartyTable, validate_frame
-    from vflink.runner.inputs import Inputs
+    from vflink.runfiles.inputs import Inputs
 
     if not isinstance(tables, Mapping):
         raise ConfigError(f"`tables` must map party names to DataFrames, got "
@@ -294,7 +294,7 @@ def _config(config: Any, tables: Mapping[str, Any] | None) -> tuple[RunConfig, s
     """The :class:`RunConfig` of ``config`` and, for a file, its stem (for the default
     run directory)."""
     from vflink.config import CONFIG_VERSION
-    from vflink.runner.config import RunConfig, load_config, parse_config
+    from vflink.runfiles.config import RunConfig, load_config, parse_config
 
     if isinstance(config, RunConfig):
         return config, None
@@ -376,7 +376,7 @@ def train(config: ConfigLike, tables: Mapping[str, Any] | None = None, *,
     >>> run = vflink.train("examples/splitnn.toml", out="runs/splitnn")   # doctest: +SKIP
     >>> run.metrics["test"]                                               # doctest: +SKIP
     """
-    from vflink.runner.rundir import check_run_dir
+    from vflink.runfiles.rundir import check_run_dir
     from vflink.runner.train import run_training
 
     run_config, stem = _config(config, tables)
@@ -397,9 +397,9 @@ def train(config: ConfigLike, tables: Mapping[str, Any] | None = None, *,
     inputs = _inputs(run_config, tables) if tables is not None else None
     federation = None
     if party is not None:
-        from vflink.runner.inputs import Inputs, load_inputs
+        from vflink.runfiles.inputs import Inputs, load_inputs
+        from vflink.runfiles.party import load_party_config
         from vflink.runner.network import network_federation
-        from vflink.runner.party_config import load_party_config
 
         party_config = load_party_config(Path(party))
         loaded = inputs if inputs is not None else load_inputs(run_config)

@@ -92,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
                         encoding=args.encoding)
     config = None
     if args.party is not None:
-        from vflink.runner.party_config import load_party_config
+        from vflink.runfiles.party import load_party_config
 
         config = load_party_config(args.party)
     with open_compute(compute_from_args(args, config.compute if config else None)) as compute, \

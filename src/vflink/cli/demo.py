@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # heavy modules are imported when the demo runs, so `--help` is instant
     from rich.table import Table
 
-    from vflink.runner.config import RunConfig
-    from vflink.runner.train import RunResult
+    from vflink.runfiles.config import RunConfig
+    from vflink.runfiles.results import RunResult
 
 __all__ = ["DEMO_DATASET", "demo_config", "register", "run"]
 
@@ -26,7 +26,7 @@ an upper bound) and prints a comparison table. Finishes in well under two minute
 
 
 def demo_config(seed: int = 0) -> RunConfig:
-    from vflink.runner.config import DataConfig, RunConfig, TrainingConfig
+    from vflink.runfiles.config import DataConfig, RunConfig, TrainingConfig
 
     return RunConfig(
         seed=seed,
@@ -72,9 +72,9 @@ def run(args: argparse.Namespace) -> int:
 
     from vflink.cli._outputs import refuse_existing
     from vflink.cli._progress import epoch_progress
-    from vflink.runner.config import load_config
-    from vflink.runner.inputs import load_inputs
-    from vflink.runner.rundir import atomic_run_dir, write_json
+    from vflink.runfiles.config import load_config
+    from vflink.runfiles.inputs import load_inputs
+    from vflink.runfiles.rundir import atomic_run_dir, write_json
     from vflink.runner.train import run_training
 
     refuse_existing(args.out, overwrite=args.overwrite, what="run directory")

@@ -38,7 +38,8 @@ def run(args: argparse.Namespace) -> int:
         TimeElapsedColumn,
     )
 
-    from vflink.runner.experiment import load_experiment, markdown_table, run_experiment
+    from vflink.experiments.grid import markdown_table, run_experiment
+    from vflink.runfiles.experiment import load_experiment
 
     exp = load_experiment(args.config)
     out = args.out or Path("runs") / exp.name

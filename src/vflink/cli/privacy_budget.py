@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     from vflink.data.fingerprint import frame_fingerprint
     from vflink.errors import ConfigError
     from vflink.privacy.budget import BUDGET_DIR, ReleaseBudget, budget_file, reset_budget
-    from vflink.runner.party_config import load_party_config, party_table
+    from vflink.runfiles.party import load_party_config, party_table
 
     if args.yes_i_understand and not args.reset:
         raise ConfigError("--yes-i-understand only confirms --reset")

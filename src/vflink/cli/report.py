@@ -31,7 +31,7 @@ def register(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from vflink.cli._outputs import refuse_existing
-    from vflink.runner.report import write_report  # matplotlib only when used
+    from vflink.reporting.report import write_report  # matplotlib only when used
 
     target = args.out if args.out is not None else args.directory / "report.html"
     if args.directory.is_dir():  # a missing directory gets write_report's own message

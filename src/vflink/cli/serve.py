@@ -43,8 +43,8 @@ def run(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     from rich.console import Console
 
+    from vflink.runfiles.party import load_party_config
     from vflink.runner.network import serve
-    from vflink.runner.party_config import load_party_config
 
     config = with_compute_args(load_party_config(args.config), args)
     console = Console(stderr=True)

@@ -7,12 +7,12 @@ import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from vflink.runner.algorithms import ALGORITHMS as ALGORITHM_REGISTRY
+from vflink.runfiles.algorithms import ALGORITHMS as ALGORITHM_REGISTRY
 
 if TYPE_CHECKING:  # heavy modules are imported in run(), so `--help` is instant
     from rich.console import Console
 
-    from vflink.runner.train import RunResult
+    from vflink.runfiles.results import RunResult
 
 from vflink.cli._compute import add_compute_args, with_compute_args
 
@@ -69,9 +69,9 @@ def run(args: argparse.Namespace) -> int:
 
     from vflink.api import train
     from vflink.cli._progress import epoch_progress
-    from vflink.runner.config import load_config
-    from vflink.runner.party_config import load_party_config
-    from vflink.runner.rundir import check_run_dir
+    from vflink.runfiles.config import load_config
+    from vflink.runfiles.party import load_party_config
+    from vflink.runfiles.rundir import check_run_dir
 
     config = load_config(args.config)
     changes: dict[str, Any] = {}

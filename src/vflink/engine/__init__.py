@@ -19,7 +19,8 @@ goes over vflink's transport. The engine sits below ``parties/`` and beside ``tr
 
 from __future__ import annotations
 
-from vflink.engine.base import ENGINES, ComputeConfig, Engine, chunk_bounds, get_engine
+from vflink.engine.base import ENGINES, ComputeConfig, Engine, chunk_bounds
+from vflink.engine.factory import get_engine
 from vflink.engine.local import LocalEngine
 from vflink.engine.rayengine import RayEngine
 

@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 from vflink._checks import check_choice, check_int, raise_if
 from vflink.errors import ConfigError
 
-__all__ = ["ENGINES", "ComputeConfig", "Engine", "chunk_bounds", "get_engine"]
+__all__ = ["ENGINES", "ComputeConfig", "Engine", "chunk_bounds"]
 
 R = TypeVar("R")
 
@@ -153,13 +153,3 @@ class Engine(ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def get_engine(config: ComputeConfig | None = None) -> Engine:
-    """The engine ``config`` names (local by default); Ray is imported only for ``"ray"``."""
-    config = config or ComputeConfig()
-    if config.engine == "ray":
-        from vflink.engine.rayengine import RayEngine
-        return RayEngine(config)
-    from vflink.engine.local import LocalEngine
-    return LocalEngine(config)

@@ -1,19 +1,32 @@
-"""Runner: build parties from a config, run them, write run directories."""
+"""Orchestration: a run as a pipeline of stages, and the commands' orchestration.
+
+What it holds: the run pipeline (``train.run_training`` → ``pipeline``: load → align → plan →
+train → evaluate → write), its registries (``prepare.ALIGNMENTS``, ``plans.PLANS``,
+``evaluation.EVALUATIONS``, ``train.WRITERS``), the one training loop (``loop``), where the
+parties live (``federation``, ``network``, ``local``), and the orchestration of ``vflink link``,
+``align``, ``predict`` and ``attack``. A new alignment method or training plan is a registry
+entry plus a party-side hook (docs/architecture.md), never a branch here.
+
+What it may import: run files (``vflink.runfiles``), reporting (``vflink.reporting``), the
+transport, parties and everything below. Experiments, the API and the CLI import it; it never
+imports them. Stage modules call down, never back up into the pipeline.
+"""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from vflink.runner.config import RunConfig, load_config, parse_config
-    from vflink.runner.train import RunResult, run_training
+    from vflink.runfiles.config import RunConfig, load_config, parse_config
+    from vflink.runfiles.results import RunResult
+    from vflink.runner.train import run_training
 
 __all__ = ["RunConfig", "RunResult", "load_config", "parse_config", "run_training"]
 
-# Imported on first use (PEP 562): `vflink.runner.algorithms` and friends must stay importable
+# Imported on first use (PEP 562): `vflink.runfiles.algorithms` and friends must stay importable
 # without torch, for a fast `vflink --help`.
-_LAZY = {"RunConfig": "vflink.runner.config", "load_config": "vflink.runner.config",
-         "parse_config": "vflink.runner.config", "RunResult": "vflink.runner.train",
+_LAZY = {"RunConfig": "vflink.runfiles.config", "load_config": "vflink.runfiles.config",
+         "parse_config": "vflink.runfiles.config", "RunResult": "vflink.runfiles.results",
          "run_training": "vflink.runner.train"}
 
 

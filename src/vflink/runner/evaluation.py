@@ -1,5 +1,6 @@
-"""Evaluation-only outputs of a run: recorders for the parties, ground truth for attacks, and
-the figures of a soft linkage that the report draws.
+"""Evaluation-only outputs of a run: ground truth for attacks, the figures of a soft linkage
+that the report draws, and the registry of a run's evaluations (``EVALUATIONS``: each adds its
+part of ``RunResult.extra``; the training plans list theirs, :mod:`vflink.runner.plans`).
 
 Ground truth (``RUN_DIR/evaluation/truth.npz`` + ``truth.json``) is what an attack is *scored*
 against, never something a party had during the run: the labels behind the gradients a
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,16 +26,17 @@ import numpy.typing as npt
 
 from vflink._files import atomic_open, atomic_write_json, open_data_bytes, read_json_file
 from vflink.parties.linking import encode_identifiers
-from vflink.parties.recording import RECORDING_DIR, Recorder
-from vflink.runner.config import RunConfig
+from vflink.parties.recording import RECORDING_DIR
+from vflink.registry import Registry
+from vflink.runfiles.config import RunConfig
 from vflink.types import MISSING, Alignment
 
 if TYPE_CHECKING:
     from vflink.parties import PrimaryParty
-    from vflink.runner.train import Prepared
+    from vflink.runner.context import Prepared, RunContext
 
-__all__ = ["OWN_ENCODINGS", "TRUTH_DIR", "linkage_figures", "read_truth", "recorder_for",
-           "write_truth"]
+__all__ = ["EVALUATIONS", "OWN_ENCODINGS", "TRUTH_DIR", "Evaluation", "linkage_figures",
+           "read_truth", "write_truth"]
 
 log = logging.getLogger(__name__)
 
@@ -41,11 +44,9 @@ TRUTH_DIR = "evaluation"
 TRUTH_VERSION = 1
 OWN_ENCODINGS = "own_encodings.npz"
 
-
-def recorder_for(config: RunConfig) -> Recorder | None:
-    """A recorder for one party when the run records (``[evaluation] record = true``)."""
-    ev = config.evaluation
-    return Recorder(max_rows=ev.record_rows) if ev.record else None
+#: ``evaluation(ctx) -> dict`` merged into ``RunResult.extra`` (in the plan's order)
+Evaluation = Callable[["RunContext"], dict[str, Any]]
+EVALUATIONS: Registry[Evaluation] = Registry("evaluation")
 
 
 def _save_npz(path: Path, arrays: dict[str, npt.NDArray[Any]]) -> None:

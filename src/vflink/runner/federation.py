@@ -18,18 +18,24 @@ import numpy as np
 from vflink.linkage import SearchOptions
 from vflink.parties import CoordinatorParty, SecondaryParty
 from vflink.parties.policy import PartyPolicy
+from vflink.parties.recording import Recorder
 from vflink.protocol import Channel
+from vflink.runfiles.config import RunConfig
+from vflink.runfiles.inputs import Inputs
 from vflink.runner.compute import current_compute
-from vflink.runner.config import RunConfig
-from vflink.runner.evaluation import recorder_for
-from vflink.runner.inputs import Inputs
 from vflink.runner.local import COORDINATOR, local_roles, secret_with_source, shared_secret
 from vflink.transport import InProcessHub, TrafficCounter, Transcript
 
-__all__ = ["COORDINATOR", "Federation", "in_process", "local_roles", "noise_seed", "run_policy",
-           "secret_with_source", "shared_secret"]
+__all__ = ["COORDINATOR", "Federation", "in_process", "local_roles", "noise_seed",
+           "recorder_for", "run_policy", "secret_with_source", "shared_secret"]
 
 log = logging.getLogger(__name__)
+
+
+def recorder_for(config: RunConfig) -> Recorder | None:
+    """A recorder for one party when the run records (``[evaluation] record = true``)."""
+    ev = config.evaluation
+    return Recorder(max_rows=ev.record_rows) if ev.record else None
 
 
 @dataclass
@@ -70,7 +76,7 @@ def run_policy(config: RunConfig) -> PartyPolicy:
     defaults). Without one, the file's author owns every party and its ``[alignment]`` is the
     explicit choice: ``privacy = "off"`` lets raw identifiers reach the in-process coordinator,
     and the noise is what ``tau``/``sigma`` ask for. Across hosts each party's own party file
-    decides instead (``vflink.runner.party_config``).
+    decides instead (``vflink.runfiles.party``).
     """
     if config.policy is not None:
         return config.policy

@@ -13,9 +13,9 @@ from vflink.errors import ConfigError
 from vflink.parties import CoordinatorParty, SecondaryParty
 from vflink.parties.recording import Recorder
 from vflink.protocol import MessageHandler
+from vflink.runfiles.party import PartyConfig, party_table
 from vflink.runner.compute import open_compute
 from vflink.runner.federation import Federation, shared_secret
-from vflink.runner.party_config import PartyConfig, party_table
 from vflink.transport import TrafficCounter, Transcript
 from vflink.transport.grpc import GrpcChannel, GrpcServer, TlsConfig
 from vflink.types import Compute

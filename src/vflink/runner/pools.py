@@ -33,9 +33,9 @@ from vflink.linkage import SearchOptions
 from vflink.parties import CoordinatorParty, PrimaryParty, SecondaryParty
 from vflink.parties.linking import LinkField
 from vflink.protocol import EncodingSpec
-from vflink.runner.config import RunConfig
+from vflink.runfiles.config import RunConfig
+from vflink.runfiles.inputs import Inputs
 from vflink.runner.federation import COORDINATOR, Federation, local_roles
-from vflink.runner.inputs import Inputs
 from vflink.transport import InProcessHub
 from vflink.types import MISSING, Alignment
 

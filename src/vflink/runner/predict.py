@@ -24,11 +24,12 @@ from vflink.errors import ConfigError, DataError, RunError
 from vflink.metrics.functional import evaluate
 from vflink.parties import PrimaryParty, SecondaryParty
 from vflink.protocol import EncodingSpec
-from vflink.runner.algorithms import get_algorithm
-from vflink.runner.config import RunConfig, parse_config
+from vflink.reporting.link_quality import link_columns, read_link_quality
+from vflink.runfiles.algorithms import get_algorithm
+from vflink.runfiles.config import RunConfig, parse_config
+from vflink.runfiles.inputs import Inputs, load_inputs
 from vflink.runner.federation import local_roles, run_policy
-from vflink.runner.link_quality import link_columns, read_link_quality
-from vflink.runner.train import Inputs, load_inputs, prepare
+from vflink.runner.prepare import prepare
 from vflink.transport import InProcessHub
 from vflink.types import Task
 

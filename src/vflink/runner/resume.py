@@ -16,7 +16,7 @@ from vflink.data.fingerprint import frame_fingerprint
 from vflink.data.table import PartyTable
 from vflink.errors import ConfigError, DataError
 from vflink.models.statefile import read_state_header
-from vflink.runner.config import RunConfig, config_to_dict
+from vflink.runfiles.config import RunConfig, config_to_dict
 
 __all__ = ["check_resume", "config_changes", "run_fingerprint"]
 

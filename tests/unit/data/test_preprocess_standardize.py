@@ -10,7 +10,7 @@ from vflink.data.preprocess import Preprocessor
 from vflink.data.schema import PartySchema
 from vflink.errors import ConfigError
 from vflink.models.spec import BottomSpec
-from vflink.runner.config import ModelConfig
+from vflink.runfiles.config import ModelConfig
 
 SCHEMA = PartySchema(name="p", role="secondary", key=("id",), numeric=("a", "b"))
 

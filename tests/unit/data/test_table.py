@@ -147,8 +147,8 @@ def test_many_bad_cells_show_the_first_few_and_the_count(tmp_path: Path) -> None
 
 
 def test_every_table_of_a_run_is_checked_before_reporting(tmp_path: Path) -> None:
-    from vflink.runner.config import DataConfig, RunConfig
-    from vflink.runner.inputs import load_inputs
+    from vflink.runfiles.config import DataConfig, RunConfig
+    from vflink.runfiles.inputs import load_inputs
 
     p = write(tmp_path, good(), "p.csv")
     s = write(tmp_path, good().rename(columns={"a": "amount"}), "s.csv")

@@ -54,9 +54,9 @@ from vflink.protocol import (
 from vflink.protocol.boundary import boundary_error, error_code, is_boundary, refuse
 from vflink.protocol.messages import SaveState, UnionSetup
 from vflink.protocol.sessions import SessionLimits, SessionTable
-from vflink.runner.config import AlignmentConfig, DataConfig, RunConfig, parse_config
+from vflink.runfiles.config import AlignmentConfig, DataConfig, RunConfig, parse_config
+from vflink.runfiles.party import load_party_config
 from vflink.runner.federation import run_policy
-from vflink.runner.party_config import load_party_config
 from vflink.transport import InProcessHub
 from vflink.transport.grpc import GrpcChannel, GrpcServer, PeerAddress, create_dev_pki
 from vflink.transport.grpc.tls import TlsConfig

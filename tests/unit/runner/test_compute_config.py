@@ -12,9 +12,9 @@ import pytest
 from vflink.cli.main import main
 from vflink.engine import ComputeConfig
 from vflink.errors import ConfigError
+from vflink.runfiles.config import config_to_dict, parse_config
+from vflink.runfiles.party import load_party_config
 from vflink.runner.compute import current_compute, open_compute, run_compute
-from vflink.runner.config import config_to_dict, parse_config
-from vflink.runner.party_config import load_party_config
 
 
 def _run(**extra: Any) -> dict[str, Any]:

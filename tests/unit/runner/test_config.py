@@ -6,7 +6,7 @@ import pytest
 
 from vflink.errors import ConfigError, UnknownNameError
 from vflink.registry import Registry
-from vflink.runner.config import TrainingConfig, load_config, parse_config
+from vflink.runfiles.config import TrainingConfig, load_config, parse_config
 
 
 def test_minimal_file(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ import pytest
 
 from vflink.errors import ConfigError
 from vflink.linkage.fields import Blocking, FieldSpec
-from vflink.runner.config import (
+from vflink.runfiles.config import (
     AlignmentConfig,
     DataConfig,
     RunConfig,

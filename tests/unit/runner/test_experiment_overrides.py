@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from vflink.errors import ConfigError
-from vflink.runner.experiment import load_experiment, parse_experiment
+from vflink.runfiles.experiment import load_experiment, parse_experiment
 
 BASE = """version = 1
 [experiment]

@@ -7,9 +7,9 @@ import pytest
 
 from vflink.errors import ConfigError
 from vflink.protocol.sessions import purpose_of
-from vflink.runner.config import AlignmentConfig, DataConfig, RunConfig
+from vflink.runfiles.config import AlignmentConfig, DataConfig, RunConfig
 from vflink.runner.pools import run_splits
-from vflink.runner.train import prepare
+from vflink.runner.prepare import prepare
 
 N, K = 400, 3
 

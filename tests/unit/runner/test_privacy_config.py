@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from vflink.errors import ConfigError
-from vflink.runner.config import PrivacyConfig, parse_config
+from vflink.runfiles.config import PrivacyConfig, parse_config
 from vflink.runner.privacy import check_privacy_task
 from vflink.types import Task
 
@@ -62,7 +62,7 @@ def test_adjust_needs_classification() -> None:
 
 
 def test_a_party_file_may_carry_its_own_privacy_section(tmp_path: Path) -> None:
-    from vflink.runner.party_config import load_party_config
+    from vflink.runfiles.party import load_party_config
 
     base = ('version = 1\n[party]\nname = "bank"\nrole = "secondary"\n'
             'listen = "127.0.0.1:1"\ndataset = "adult"\n[peers.coordinator]\n'

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from vflink.errors import ConfigError
-from vflink.runner.config import parse_config
-from vflink.runner.ledger import build_run_ledger, explain_tau
-from vflink.runner.train import RunResult
+from vflink.reporting.ledger import build_run_ledger, explain_tau
+from vflink.runfiles.config import parse_config
+from vflink.runfiles.results import RunResult
 from vflink.types import Task
 
 

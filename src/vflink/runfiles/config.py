@@ -22,7 +22,7 @@ from vflink.models.spec import ACTIVATIONS, OPTIMIZERS, BottomSpec
 from vflink.parties.policy import PartyPolicy
 from vflink.parties.resources import TrainingResources
 from vflink.privacy.config import PrivacyConfig  # the [privacy] section (VFL-AFE)
-from vflink.runner.algorithms import algorithm_names
+from vflink.runfiles.algorithms import algorithm_names
 
 if TYPE_CHECKING:
     from vflink.linkage.fields import Blocking, FieldSpec
@@ -44,7 +44,7 @@ __all__ = [
 
 from vflink.config import CONFIG_VERSION, read_toml  # noqa: E402
 
-#: Training algorithms a run may name (FedSim §3 and §6.1; see ``vflink.runner.algorithms``).
+#: Training algorithms a run may name (FedSim §3 and §6.1; see ``vflink.runfiles.algorithms``).
 ALGORITHMS = algorithm_names()
 LINK_METRICS = ("euclidean", "haversine", "hamming", "levenshtein")
 _METRIC_WITH_FIELDS = ("give either `alignment.metric` (one field: every party's `identifiers` "

@@ -24,7 +24,7 @@ import pandas as pd
 
 from vflink._files import read_json_file
 from vflink.errors import RunError
-from vflink.runner.rundir import write_json
+from vflink.runfiles.rundir import write_json
 from vflink.types import MISSING, Alignment
 
 __all__ = [

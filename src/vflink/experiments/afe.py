@@ -36,10 +36,11 @@ from vflink.data.table import PartyTable
 from vflink.errors import ConfigError
 from vflink.parties import PrimaryParty, SecondaryParty
 from vflink.protocol.messages import Embeddings, Forward
-from vflink.runner.config import RunConfig
+from vflink.runfiles.config import RunConfig
+from vflink.runfiles.inputs import Inputs, load_inputs
+from vflink.runfiles.results import RunResult
 from vflink.runner.federation import COORDINATOR, Federation, noise_seed, shared_secret
-from vflink.runner.inputs import Inputs, load_inputs
-from vflink.runner.train import RunResult, run_training
+from vflink.runner.train import run_training
 from vflink.transport import InProcessHub, TrafficCounter
 from vflink.types import MISSING
 

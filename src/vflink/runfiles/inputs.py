@@ -10,7 +10,7 @@ import numpy.typing as npt
 from vflink.data.table import PartyTable, load_table, report
 from vflink.datasets import load_dataset
 from vflink.errors import DataError
-from vflink.runner.config import RunConfig
+from vflink.runfiles.config import RunConfig
 
 __all__ = ["Inputs", "identifier_features", "load_inputs"]
 

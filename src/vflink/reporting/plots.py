@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from vflink._files import atomic_open
 
 if TYPE_CHECKING:
-    from vflink.runner.train import RunResult
+    from vflink.runfiles.results import RunResult
 
 __all__ = ["learning_curve"]
 

@@ -21,7 +21,7 @@ from vflink.linkage.privacy import describe_protection
 from vflink.privacy.ledger import LEDGER_FILE, Ledger, explain_epsilon
 
 if TYPE_CHECKING:
-    from vflink.runner.train import RunResult
+    from vflink.runfiles.results import RunResult
 
 __all__ = ["build_run_ledger", "explain_tau", "write_run_ledger"]
 

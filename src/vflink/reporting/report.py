@@ -30,7 +30,7 @@ from vflink._files import atomic_write_text, read_data_file, read_json_file
 from vflink.errors import DataError
 from vflink.metrics.attacks import auc_verdict
 from vflink.privacy.ledger import LEDGER_FILE, Ledger, explain_epsilon
-from vflink.runner.ledger import explain_tau
+from vflink.reporting.ledger import explain_tau
 
 __all__ = ["build_report", "write_report"]
 
@@ -124,7 +124,7 @@ def _new_figure(width: float = 6.4, height: float = 3.4) -> Any:
 def _algorithm_kind(name: Any) -> tuple[str, bool]:
     """(kind, uses K pairs) of a registered algorithm; ("vfl", False) for an unknown name
     (a run directory written by another version)."""
-    from vflink.runner.algorithms import get_algorithm
+    from vflink.runfiles.algorithms import get_algorithm
 
     try:
         alg = get_algorithm(str(name))

@@ -1,0 +1,268 @@
+"""The alignment stage: alignment methods by name (``ALIGNMENTS``) and :func:`prepare`.
+
+===========  ==================================================================================
+``exact``    keyed hashes (HMAC-SHA256) of the identifiers, matched by the coordinator
+``soft``     FedSim soft linkage: encoded identifiers (Bloom filters by default), top-K search at
+             the coordinator, normalised and noised similarities to the primary (Eq. 1, Thm 1-2)
+``fields``   soft linkage on several fields, each with its metric and weight
+             (``[[alignment.fields]]``; ``alignment.method = "soft"``)
+``psi``      ECDH private set intersection between the data parties (FLORIST)
+``psu``      private set union between the data parties, for union training (FLORIST); it fixes
+             the training plan (``union``)
+===========  ==================================================================================
+
+Each entry (:class:`~vflink.runner.context.AlignmentMethod`) aligns through the parties: the
+primary's :class:`~vflink.parties.linking.AlignmentInitiator` or
+:class:`~vflink.parties.setalign.SetAlignmentDriver` is the party-side hook. The result is a
+:class:`~vflink.runner.context.Prepared`: alignment indices (and similarities) per kind of
+algorithm, never a linkage object.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from vflink.data.table import PartyTable
+from vflink.errors import ConfigError
+from vflink.linkage.privacy import describe_protection
+from vflink.parties import PrimaryParty
+from vflink.parties.linking import LinkField
+from vflink.protocol import EncodingSpec
+from vflink.protocol.sessions import new_session_name
+from vflink.registry import Registry
+from vflink.runfiles.algorithms import Algorithm, get_algorithm
+from vflink.runfiles.config import AlignmentConfig, RunConfig
+from vflink.runfiles.inputs import Inputs, identifier_features, load_inputs
+from vflink.runner.compute import current_compute
+from vflink.runner.context import AlignmentMethod, Prepared, RunContext
+from vflink.runner.federation import Federation, in_process
+from vflink.runner.link import (
+    describe_fields,
+    encoding_for,
+    encoding_summary,
+    field_encodings,
+    fields_encoder,
+    link_fields,
+)
+from vflink.runner.pools import link_by_split, run_splits
+from vflink.runner.setalign import prepare_psi, prepare_psu
+from vflink.runner.union import union_fractions
+from vflink.transport import TrafficCounter, Transcript
+from vflink.types import MISSING, Alignment
+
+__all__ = ["ALIGNMENTS", "as_inputs", "field_encodings_for", "method_name", "prepare"]
+
+log = logging.getLogger(__name__)
+
+
+def method_name(alignment: AlignmentConfig) -> str:
+    """The ``ALIGNMENTS`` entry of an ``[alignment]`` section."""
+    return "fields" if alignment.method == "soft" and alignment.fields else alignment.method
+
+
+def as_inputs(tables: Inputs | tuple[PartyTable, Sequence[PartyTable]]) -> Inputs:
+    if isinstance(tables, Inputs):
+        return tables
+    return Inputs(tables[0], tuple(tables[1]))
+
+
+def _needs(algorithms: Sequence[Algorithm]) -> set[str]:
+    return {a.links for a in algorithms if a.kind == "vfl"} | {"base"}
+
+
+def prepare(config: RunConfig, tables: Inputs | tuple[PartyTable, Sequence[PartyTable]] | None
+            = None, *, algorithms: Sequence[str] | None = None,
+            transcript: Transcript | None = None, federation: Federation | None = None,
+            scale: tuple[float, float] | None = None,
+            encoding: EncodingSpec | tuple[EncodingSpec, ...] | None = None) -> Prepared:
+    """Align the parties through the coordinator (the real protocol).
+
+    Without a ``federation`` the other parties are built in this process. ``scale`` fixes
+    Eq. 1's (μ0, σ0) and ``encoding`` the identifier encoding (e.g. a Bloom filter's value
+    range; one per field for [[alignment.fields]]), both to a training linkage's when
+    predicting. ``algorithms`` (default: the run file's) decide which alignments are made
+    (FedSim's K links, exact matches...), so that every algorithm of an experiment reuses one.
+    """
+    inputs = as_inputs(tables) if tables is not None else load_inputs(config)
+    needs = _needs([get_algorithm(a) for a in (algorithms or [config.algorithm])])
+    if federation is None:
+        federation = in_process(inputs, config, transcript=transcript)
+    if not federation.secondaries:
+        rows = np.arange(len(inputs.primary), dtype=np.int64)
+        return Prepared(inputs, {}, {}, rows, {}, federation)
+    method = ALIGNMENTS.get(method_name(config.alignment))
+    return method.prepare(config, inputs, federation, needs=needs, scale=scale,
+                          encoding=encoding)
+
+
+def _through_coordinator(config: RunConfig, inputs: Inputs, federation: Federation, *,
+                         needs: set[str], scale: tuple[float, float] | None = None,
+                         encoding: EncodingSpec | tuple[EncodingSpec, ...] | None = None,
+                         **_: Any) -> Prepared:
+    """``exact``, ``soft`` and ``fields``: the primary asks the coordinator to link (keyed
+    hashes, or soft linkage of encoded identifiers: top-K with noised similarities)."""
+    a_cfg = config.alignment
+    names = federation.secondaries
+    if a_cfg.method == "exact" and "topk" in needs:
+        raise ConfigError("algorithms that use K links (fedsim, avgsim, featuresim...) need "
+                          "soft linkage: set alignment.method = \"soft\"")
+    primary = PrimaryParty(inputs.primary, federation.channel, secondaries=names,
+                           secret=federation.secret, policy=federation.policy)
+    primary.compute = current_compute()
+    initiator = primary.initiator()
+    coordinator = federation.coordinator
+    alignments: dict[str, dict[str, Alignment]] = {}
+    sessions: dict[str, str] = {}
+    summary: dict[str, Any] = {"method": a_cfg.method}
+    before = federation.counter.snapshot()
+    before_kinds = federation.counter.kinds()
+    # every run opens its sessions under new names: a finished session is immutable (issue 19)
+    soft_session, exact_session = new_session_name("soft"), new_session_name("exact")
+    if a_cfg.method == "exact":
+        base = initiator.align_exact(coordinator, session=exact_session)
+        alignments = {"base": base, "top1": base, "exact": base}
+        sessions = dict.fromkeys(alignments, exact_session)
+        summary.update(encoding_summary("hmac-sha256", federation.secret_source))
+    else:
+        top_k = a_cfg.top_k if "topk" in needs else 1
+        fields: tuple[LinkField, ...] = ()
+        spec: EncodingSpec | None = None
+        if a_cfg.fields:  # several fields, each with its own metric and weight (issue 14)
+            encodings = field_encodings_for(inputs, a_cfg, encoding)
+            fields = link_fields(a_cfg.fields, encodings)
+            search_metric = describe_fields(a_cfg.fields, a_cfg.blocking)
+
+            def align(**kw: Any) -> dict[str, Alignment]:
+                return initiator.align_fields(coordinator, fields, blocking=a_cfg.blocking,
+                                              **kw)
+        else:
+            # The primary proposes the encoding; a numeric Bloom range comes from its own
+            # identifiers (widened by 10 %), as it must when the secondaries' data are
+            # elsewhere.
+            sides = [(inputs.primary.frame, inputs.primary.schema.identifiers)]
+            spec, search_metric = encoding_for(a_cfg.metric, bloom=a_cfg.privacy == "bloom",
+                                               sides=sides, margin=0.1)
+            if isinstance(encoding, EncodingSpec):  # the training's: same centres
+                spec = encoding
+            one: EncodingSpec = spec
+
+            def align(**kw: Any) -> dict[str, Alignment]:
+                return initiator.align_soft(coordinator, one, metric=search_metric, **kw)
+        if a_cfg.pool == "split":  # the FedSim authors' protocol (vflink.runner.pools)
+            splits = run_splits(config, inputs, np.arange(len(inputs.primary), dtype=np.int64))
+            soft = link_by_split(config, inputs, federation, splits, spec, metric=search_metric,
+                                 top_k=top_k, session=soft_session, fields=fields)
+        else:
+            tau, sigma = a_cfg.noise()  # the private default τ unless given
+            soft = align(top_k=top_k, tau=tau, sigma=sigma, delta=a_cfg.delta,
+                         session=soft_session, scale=scale)
+        top1 = {k: Alignment(a.primary_index, a.secondary_index[:, :1],
+                             None if a.similarity is None else a.similarity[:, :1], k,
+                             dict(a.meta)) for k, a in soft.items()}
+        alignments = {"base": top1, "top1": top1, "topk": soft}
+        sessions = dict.fromkeys(("base", "top1", "topk"), soft_session)
+        if "exact" in needs and a_cfg.pool == "split":
+            alignments["exact"] = link_by_split(config, inputs, federation, splits, spec,
+                                                metric=search_metric, top_k=1, mode="exact",
+                                                session=exact_session, fields=fields)
+        elif "exact" in needs:
+            alignments["exact"] = align(top_k=1, mode="exact", session=exact_session)
+        if "exact" in needs:
+            sessions["exact"] = exact_session
+        first = soft[names[0]]
+        summary.update({k: first.meta.get(k) for k in ("mu0", "sigma0", "sigma", "tau",
+                                                       "epsilon", "delta")})
+        if "resolution" in first.meta:  # Theorem 2's distance step of a multi-field link
+            summary["resolution"] = first.meta["resolution"]
+        summary["similarity_protection"] = describe_protection(
+            first.meta.get("sigma"), first.meta.get("tau"), first.meta.get("epsilon"),
+            first.meta.get("delta"))
+        summary.update({"metric": a_cfg.metric if spec is not None else search_metric,
+                        "top_k": top_k, "privacy": a_cfg.privacy, "pool": a_cfg.pool})
+        if spec is not None:
+            summary.update(encoding_summary(spec.encoder, federation.secret_source))
+            summary["encoding_spec"] = dataclasses.asdict(spec)  # public; reused by predict
+        else:
+            encoder = fields_encoder([f.spec for f in fields])
+            summary.update(encoding_summary(encoder, federation.secret_source))
+            # public, per field; reused by predict (same centres, so similarities compare)
+            summary["fields"] = [f.describe() for f in a_cfg.fields]
+            summary["field_encoding_specs"] = [dataclasses.asdict(f.spec) for f in fields]
+            if a_cfg.blocking:
+                summary["blocking"] = "keyed digests (HMAC-SHA256) of " + ", ".join(
+                    b.on + (f"[:{b.prefix}]" if b.prefix else "") for b in a_cfg.blocking)
+    n = len(inputs.primary)
+    rows = np.arange(n, dtype=np.int64)
+    if a_cfg.method == "exact" and a_cfg.unmatched == "drop":
+        for a in alignments["base"].values():
+            rows = rows[a.for_primary_rows(n)[rows, 0] != MISSING]
+    summary["matched_fraction"] = {k: float(np.mean(a.matched))
+                                   for k, a in alignments["base"].items()}
+    summary["unmatched"] = a_cfg.unmatched
+    crossing = identifier_features(inputs)
+    if crossing:  # for the ledger: these identifiers also crossed as features (issue 14)
+        summary["identifiers_as_features"] = crossing
+    log.info("aligned: %d of %d primary rows kept (%s)", len(rows), n,
+             summary["matched_fraction"])
+    communication = TrafficCounter.delta(federation.counter.snapshot(), before)
+    summary["messages"] = TrafficCounter.kinds_delta(federation.counter.kinds(), before_kinds)
+    return Prepared(inputs, alignments, sessions, rows, communication, federation, summary)
+
+
+def field_encodings_for(inputs: Inputs, alignment: AlignmentConfig,
+                     encoding: EncodingSpec | tuple[EncodingSpec, ...] | None
+                     ) -> tuple[EncodingSpec, ...]:
+    """Each field's encoding, proposed by the primary from its own table (a numeric range from
+    its own values widened by 10 %, as for one field), or the training's when predicting."""
+    p = inputs.primary
+    own = [c for f in alignment.fields for c in f.on] + [b.on for b in alignment.blocking]
+    undeclared = sorted({c for c in own if c not in p.schema.identifiers})
+    if undeclared:
+        raise ConfigError(f"[[alignment.fields]] / [[alignment.blocking]] name {undeclared}, "
+                          f"which party {p.name!r} does not declare as `identifiers` "
+                          f"({', '.join(p.schema.identifiers) or 'none'}): every party links "
+                          "only on columns it declares as identifiers")
+    if isinstance(encoding, tuple):
+        if len(encoding) != len(alignment.fields):
+            raise ConfigError(f"the training linkage had {len(encoding)} field(s), the run "
+                              f"file has {len(alignment.fields)}")
+        return encoding
+    return field_encodings(alignment.fields, private=alignment.privacy == "bloom",
+                           primary=p.frame, margin=0.1, sources=(p.source,))
+
+
+
+def _connect(ctx: RunContext) -> Federation:
+    """The run's federation: given (parties served elsewhere), or built in this process with
+    each party's state directory under the run's ``models/``."""
+    if ctx.federation is None:
+        if ctx.inputs is None:  # pragma: no cover - the load stage ran
+            raise ConfigError("the align stage needs the parties' tables")
+        ctx.federation = in_process(ctx.inputs, ctx.config, transcript=ctx.transcript,
+                                    state_root=ctx.models_dir)
+    return ctx.federation
+
+
+def _run_stage(ctx: RunContext) -> Prepared:
+    """The align stage of a run through a federation (every method but psu)."""
+    return prepare(ctx.config, ctx.inputs, transcript=ctx.transcript, federation=_connect(ctx))
+
+
+def _psu_stage(ctx: RunContext) -> Prepared:
+    """The align stage of a union run: hide, then PSU, with the strategy's fractions."""
+    if ctx.inputs is None:  # pragma: no cover - the load stage ran
+        raise ConfigError("the align stage needs the parties' tables")
+    return prepare_psu(ctx.config, ctx.inputs, ctx.federation,
+                       fractions=union_fractions(ctx.config), transcript=ctx.transcript)
+
+
+ALIGNMENTS: Registry[AlignmentMethod] = Registry("alignment method")
+for _name in ("exact", "soft", "fields"):
+    ALIGNMENTS.add(_name, AlignmentMethod(_name, _through_coordinator, _run_stage))
+ALIGNMENTS.add("psi", AlignmentMethod("psi", prepare_psi, _run_stage))
+ALIGNMENTS.add("psu", AlignmentMethod("psu", prepare_psu, _psu_stage, plan="union"))

@@ -1,0 +1,261 @@
+"""FLORIST union training as a training plan (``union``): its trainee and its evaluation.
+
+The ``psu`` alignment method (:mod:`vflink.runner.setalign`) runs PSU on the simulated tables;
+this plan trains over the UID list with the one training loop (:mod:`vflink.runner.loop`),
+through the party-side hook :class:`vflink.parties.union.UnionPrimary` (the passive side is
+:class:`vflink.parties.union.UnionPeer`), and evaluates on held-out records both parties hold.
+What differs from a SplitNN plan lives here: a fixed number of epochs (no early stopping; the
+last epoch is the result), AUC / ACE / accuracy as metrics (the data are imbalanced, FLORIST §3),
+the last epoch's batches recorded for the spectral attack, and the synthetic-label calibration.
+
+Batches are scheduled over the training UIDs in a canonical order (the primary's own rows
+first, by row), so a run repeats from its seed whenever the primary holds every training
+record. The positions of records the primary lacks come from PSU's secret random exponents,
+so their order, hence the batches they fall in, differ between runs. ``baseline-partial``
+learns the intersection by ECDH PSI (that is what the baseline reveals). Across hosts the
+active party's attack, which is scored against which rows were synthetic at the secondary, is
+not computed (NaN): only the secondary knows.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from vflink.alignment._dh import key_bytes
+from vflink.alignment.synthetic import Calibration, Strategy, get_strategy
+from vflink.attacks.base import AttackView
+from vflink.attacks.spectral import SpectralAttack
+from vflink.errors import ConfigError
+from vflink.metrics.calibration import adaptive_calibration_error
+from vflink.metrics.functional import accuracy, auc
+from vflink.models.spec import BottomSpec
+from vflink.parties.setalign import SetAlignmentDriver
+from vflink.parties.union import UnionPrimary
+from vflink.protocol.sessions import new_session_name
+from vflink.runfiles.config import RunConfig
+from vflink.runfiles.results import EpochRecord, FloristResult, RunResult
+from vflink.runner.context import RunContext
+from vflink.runner.evaluation import EVALUATIONS
+from vflink.runner.setalign import Simulation, group_of, simulate
+
+__all__ = ["UnionPlan", "UnionTrainee", "union_fractions"]
+
+log = logging.getLogger(__name__)
+
+Rows = npt.NDArray[np.int64]
+
+
+def union_fractions(config: RunConfig) -> tuple[float, float]:
+    """(α, β) of a union run: baseline-full hides nothing (every record is real on both
+    sides), the others the run file's."""
+    if get_strategy(config.algorithm).schedule == "full":
+        return 0.0, 0.0
+    return config.alignment.alpha, config.alignment.beta
+
+
+def _metrics(y: npt.NDArray[Any], p: npt.NDArray[np.float64]) -> dict[str, float]:
+    both = len(np.unique(y)) == 2
+    return {"auc": auc(y, p) if both else float("nan"),
+            "ace": adaptive_calibration_error(y, p),
+            "accuracy": accuracy(y, p)}
+
+
+def _intersection_uids(sim: Simulation, config: RunConfig) -> Rows:
+    """baseline-partial: the UIDs of the records both parties hold, which the primary learns by
+    ECDH PSI with the secondary (revealing the intersection is what the baseline costs)."""
+    found = SetAlignmentDriver(key_bytes(sim.p_table.frame, sim.p_table.schema.key),
+                               sim.channel, group_of(config)).psi(
+        sim.peer, session=new_session_name("psi-partial"), reveal="primary")
+    if sim.mine.uid_index is None:
+        raise ConfigError("union training needs a finished PSU session")
+    return np.asarray(sim.mine.uid_index, dtype=np.int64)[found.rows]
+
+
+class UnionTrainee:
+    """The loop's view of :class:`~vflink.parties.union.UnionPrimary`: ``setup`` builds it
+    (which sends the peer its UnionSetup) after the calibration is fixed from the PSU shares."""
+
+    metric: str | None = None  # a fixed number of epochs: FLORIST reports the last
+
+    def __init__(self, config: RunConfig, strategy: Strategy, sim: Simulation) -> None:
+        self.config, self.strategy, self.sim = config, strategy, sim
+        self.calibration = Calibration()
+        self.p_a = self.p_p = 0.0
+        self.n_train = 0
+        self.last = False
+        self._active: UnionPrimary | None = None
+
+    @property
+    def active(self) -> UnionPrimary:
+        if self._active is None:
+            raise ConfigError("union training is not set up")
+        return self._active
+
+    def setup(self, splits: tuple[Rows, ...], epochs: int, batch_size: int) -> Rows:
+        sim, strategy, config = self.sim, self.strategy, self.config
+        train_uids = splits[0]
+        if strategy.schedule == "intersection":  # baseline-partial: real data on both sides
+            train_uids = train_uids[np.isin(train_uids, _intersection_uids(sim, config))]
+        self.n_train = len(train_uids)
+        p_rows = sim.p_rows
+        self.p_a = float(np.mean(p_rows[sim.train_uids] >= 0))
+        # the passive party's share of the union is public after PSU: |I_p| and |U| (Thm 1)
+        self.p_p = (sim.n_secondary - sim.n_held_out) / max(len(p_rows) - sim.n_held_out, 1)
+        if strategy.calibration is not None:
+            # what is synthetic is known from the shares, not from the simulation's α and β
+            # (across hosts the primary knows only what PSU told it)
+            self.calibration = Calibration.for_synthetic(
+                labels=strategy.calibrate in ("labels", "both") and self.p_a < 1.0,
+                features=strategy.calibrate in ("features", "both") and self.p_p < 1.0,
+                p_a=self.p_a, p_p=self.p_p, positive_rate=sim.positive_rate)
+        m_cfg, t_cfg = config.model, config.training
+        spec = BottomSpec(hidden=m_cfg.hidden, out_dim=m_cfg.cut_dim,
+                          activation=m_cfg.activation, dropout=0.0, optimizer=t_cfg.optimizer,
+                          lr=t_cfg.lr, weight_decay=t_cfg.weight_decay, seed=config.seed)
+        self._active = UnionPrimary(sim.p_table, sim.channel, sim.peer, sim.mine,
+                                    strategy=strategy, calibration=self.calibration, spec=spec,
+                                    top_hidden=m_cfg.top_hidden, fit_uids=train_uids)
+        return train_uids
+
+    def batches(self, rows: Rows, batch_size: int, rng: np.random.Generator) -> Iterator[Rows]:
+        order = rng.permutation(rows)
+        for i in range(0, len(order), batch_size):
+            yield order[i:i + batch_size]
+
+    def begin_epoch(self, epoch: int, last: bool) -> None:
+        self.last = last  # the last epoch's batches are recorded for the spectral attack
+
+    def train_step(self, batch: Rows) -> float:
+        return self.active.train_step(batch, record=self.last)
+
+    def evaluate(self, rows: Rows) -> dict[str, float]:
+        return _metrics(self.active.labels_of(rows), self.active.predict(rows))
+
+    def log_epoch(self, record: EpochRecord) -> None:
+        val = record.validation
+        log.info("%s epoch %d: loss %.4f, validation AUC %.4f, ACE %.4f", self.strategy.name,
+                 record.epoch, record.train_loss, val["auc"], val["ace"])
+
+    def keep_best(self, checkpoints: bool, state_prefix: str) -> None:
+        pass  # never called: no early stopping
+
+    def restore_best(self, checkpoints: bool) -> None:
+        pass  # the last epoch is the result
+
+    def save_checkpoint(self, state_prefix: str, epoch: int, extra: dict[str, Any]) -> None:
+        raise ConfigError("union training does not checkpoint")
+
+    def load_checkpoint(self) -> dict[str, Any]:
+        raise ConfigError("union training does not resume")
+
+    def progress_state(self) -> dict[str, Any]:
+        return {}
+
+    def resume_progress(self, state: dict[str, Any]) -> None:
+        pass
+
+    def final_metrics(self, splits: tuple[Rows, ...], history: list[EpochRecord]
+                      ) -> dict[str, dict[str, float]]:
+        return {"train": {"loss": history[-1].train_loss}, "validation": history[-1].validation,
+                "test": self.evaluate(splits[2])}
+
+
+@EVALUATIONS.register("spectral-attack")
+def spectral_attack(ctx: RunContext) -> dict[str, Any]:
+    """Spectral attack AUC (App. C) over the last epoch's batches, on both sides: the stronger
+    of its two readings, and App. C's own outlier reading (``vflink.attacks.spectral``).
+
+    The passive party's attack is scored against the labels the primary synthesised (it knows
+    them); the active party's against the rows the secondary filled, which only the secondary
+    knows: NaN when it runs on another host."""
+    trainee = ctx.trainee
+    if not isinstance(trainee, UnionTrainee):
+        raise ConfigError("the spectral attack of union training needs a union run")
+    records, s_rows = trainee.active.records, trainee.sim.s_rows
+    nan = float("nan")
+    # App. C's own reading first, the reported AUC last (tables list metrics in this order)
+    out = {f"attack_auc_{side}{suffix}": nan for suffix in ("_outlier", "")
+           for side in ("passive", "active")}
+    if not records:
+        return out
+    sizes = [len(r.uids) for r in records]
+    bounds = np.cumsum([0, *sizes])
+    batches = [np.arange(bounds[i], bounds[i + 1]) for i in range(len(records))]
+    uids = np.concatenate([r.uids for r in records])
+    grads = np.concatenate([r.gradients for r in records])
+    fake_labels = np.concatenate([r.synthetic_labels for r in records])
+    passive = SpectralAttack(target="gradients").evaluate(
+        AttackView(party="passive", role="secondary", gradients=grads,
+                   extra={"batches": batches}), {"synthetic": fake_labels})
+    out["attack_auc_passive"] = passive.metrics["auc"]
+    out["attack_auc_passive_outlier"] = passive.metrics["auc_outlier"]
+    if s_rows is not None:
+        embs = np.concatenate([r.embeddings for r in records])
+        labels = np.concatenate([r.labels for r in records])
+        active = SpectralAttack(target="embeddings").evaluate(
+            AttackView(party="active", role="primary", embeddings=embs,
+                       extra={"batches": batches, "labels": labels}),
+            {"synthetic": s_rows[uids] < 0})
+        out["attack_auc_active"] = active.metrics["auc"]
+        out["attack_auc_active_outlier"] = active.metrics["auc_outlier"]
+    return out
+
+
+@dataclass(frozen=True)
+class UnionPlan:
+    """The ``union`` entry of ``PLANS``: what union training builds, trains and reports."""
+
+    evaluations: tuple[str, ...]
+    checkpoints: bool = False  # FLORIST's runs are short: no states to resume from
+
+    def check(self, config: RunConfig) -> None:
+        get_strategy(config.algorithm)
+
+    def build(self, ctx: RunContext) -> None:
+        config = ctx.config
+        alpha, beta = union_fractions(config)
+        cached = None if ctx.prepared is None else ctx.prepared.summary.get("simulation")
+        if isinstance(cached, Simulation) and (cached.alpha, cached.beta) == (alpha, beta):
+            sim = cached
+        else:  # e.g. an experiment's alignment of this seed, for other fractions
+            inputs = ctx.tables if ctx.tables is not None else ctx.inputs
+            if inputs is None:  # pragma: no cover - the load stage ran
+                raise ConfigError("union training needs the parties' tables")
+            federation = ctx.federation
+            if federation is None and ctx.prepared is not None and not inputs.secondaries:
+                federation = ctx.prepared.federation
+            sim = simulate(config, inputs, alpha, beta, ctx.transcript, federation)
+        ctx.counter = sim.counter
+        ctx.splits = (sim.train_uids, sim.val_uids, sim.test_uids)
+        ctx.batch_size = config.training.batch_size
+        ctx.trainee = UnionTrainee(config, get_strategy(config.algorithm), sim)
+        ctx.state.update(fractions=(alpha, beta))
+
+    def evaluate(self, ctx: RunContext) -> RunResult:
+        trainee = ctx.trainee
+        if not isinstance(trainee, UnionTrainee):
+            raise ConfigError("union training needs its trainee")
+        attack: dict[str, Any] = {}
+        for name in self.evaluations:
+            attack.update(EVALUATIONS.get(name)(ctx))
+        metrics = {**ctx.metrics, "test": {**ctx.metrics["test"], **attack}}
+        sim, strategy, calib = trainee.sim, trainee.strategy, trainee.calibration
+        alpha, beta = ctx.state["fractions"]
+        extra = {"florist": {"strategy": strategy.name, "alpha": alpha, "beta": beta,
+                             "group": ctx.config.alignment.group, "p_a": trainee.p_a,
+                             "p_p": trainee.p_p, "positive_rate": sim.positive_rate,
+                             "calibration": {"a": calib.a, "b": calib.b,
+                                             "mode": strategy.calibration},
+                             "psu_communication": sim.psu_communication, **attack}}
+        return FloristResult(
+            algorithm=strategy.name, task=sim.p_table.schema.task,  # type: ignore[arg-type]
+            metrics=metrics, history=ctx.history, best_epoch=ctx.best_epoch,
+            communication=ctx.communication, sizes={**sim.sizes, "train_uids": trainee.n_train},
+            seconds=time.perf_counter() - ctx.start, extra=extra)
