@@ -45,7 +45,7 @@ from vflink.data.table import (
 )
 from vflink.errors import DataError
 
-__all__ = ["DEFAULT_BATCH_ROWS", "TableBatch", "scan_frame", "scan_table"]
+__all__ = ["DEFAULT_BATCH_ROWS", "TableBatch", "read_frame_header", "scan_frame", "scan_table"]
 
 log = logging.getLogger(__name__)
 
@@ -179,6 +179,30 @@ def _csv_layout(path: Path, kind: str, delimiter: str | None, encoding: str | No
         raise DataError(f"{path}: the table is empty (no header and no rows)")
     header = next(csv.reader([line], delimiter=sep))
     return codec, sep, header
+
+
+def read_frame_header(path: Path | str, *, delimiter: str | None = None,
+                      encoding: str | None = None, decimal: str | None = None) -> list[str]:
+    """The column names of a CSV/TSV or Parquet table, without reading its rows."""
+    path = Path(path)
+    if not path.exists():
+        raise DataError(f"{path.absolute()}: file not found")
+    kind = _kind(path)
+    if kind == "parquet":
+        import pyarrow as pa
+        import pyarrow.dataset as ds
+
+        try:
+            return list(ds.dataset(str(path), format="parquet").schema.names)
+        except (OSError, ValueError, pa.ArrowException) as exc:
+            raise DataError(f"{path}: cannot be read as a parquet table: {exc}") from exc
+    problems: list[str] = []
+    check_delimiter(problems, "delimiter", delimiter)
+    check_encoding(problems, "encoding", encoding)
+    check_decimal(problems, "decimal", decimal)
+    if problems:
+        raise DataError(f"{path}: " + "; ".join(problems), [f"{path}: {p}" for p in problems])
+    return _csv_layout(path, kind, delimiter, encoding, decimal)[2]
 
 
 def _numbers(values: pd.Series, decimal: str | None) -> pd.Series:
