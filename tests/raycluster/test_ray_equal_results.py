@@ -66,6 +66,25 @@ def test_blocked_search_equal(engine: RayEngine) -> None:
     np.testing.assert_array_equal(got.indices, local.indices)
 
 
+def test_streamed_link_equal(engine: RayEngine, tmp_path: Path) -> None:
+    """Tables read in batches by the tasks, links written part by part: the same dataset on
+    Ray as in this process (issue 22)."""
+    from vflink.data.parts import read_parts
+    from vflink.linkage.streamed import link_streamed
+
+    rng = np.random.default_rng(6)
+    pd.DataFrame(rng.uniform(0, 50, (900, 2)), columns=["x", "y"]).to_parquet(tmp_path / "p.pq")
+    pd.DataFrame(rng.uniform(0, 50, (2100, 2)), columns=["x", "y"]).to_parquet(
+        tmp_path / "s.parquet")
+    options = {"on": ["x", "y"], "top_k": 10, "chunk_rows": 200, "partition_rows": 500,
+               "sigma": 0.3, "seed": 2}
+    link_streamed(tmp_path / "p.pq", tmp_path / "s.parquet", out=tmp_path / "local.parquet",
+                  **options)
+    link_streamed(tmp_path / "p.pq", tmp_path / "s.parquet", out=tmp_path / "ray.parquet",
+                  compute=engine, **options)
+    assert read_parts(tmp_path / "ray.parquet").equals(read_parts(tmp_path / "local.parquet"))
+
+
 def test_group_operations_equal(engine: RayEngine) -> None:
     keys = [f"{i}".encode() for i in range(6000)]
     here, there = get_group("ristretto255", workers=1), get_group("ristretto255",
