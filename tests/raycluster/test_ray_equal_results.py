@@ -15,7 +15,7 @@ from tests.helpers.network import free_port, served_in_threads
 from tests.raycluster.conftest import RAY_REASON
 from vflink.alignment.groups import get_group
 from vflink.engine import ComputeConfig, RayEngine
-from vflink.linkage import METRICS, BloomEncoder, search_chunked
+from vflink.linkage import METRICS, BloomEncoder, search_blocked, search_chunked
 from vflink.linkage.encoding import RawEncoder, StringEncoder, encode_chunked
 from vflink.runfiles.config import parse_config
 from vflink.runfiles.party import load_party_config
@@ -49,6 +49,40 @@ def test_search_and_encoding_equal(engine: RayEngine) -> None:
             assert got_enc == want
         else:
             np.testing.assert_array_equal(got_enc, want)
+
+
+def test_blocked_search_equal(engine: RayEngine) -> None:
+    """Blocking keys partition the search, a skewed block is split by comparison count
+    (issue 22): the packages' partial top-Ks merge to the same links on Ray as here."""
+    rng = np.random.default_rng(4)
+    p, s = rng.normal(size=(1500, 2)), rng.normal(size=(2500, 2))
+    kp = rng.choice(["big", "a", "b", "c", ""], 1500, p=[0.8, 0.05, 0.05, 0.05, 0.05])
+    ks = rng.choice(["big", "a", "b", "d"], 2500, p=[0.85, 0.05, 0.05, 0.05])
+    local = search_blocked("euclidean", p, s, 10, primary_keys=kp, secondary_keys=ks,
+                           max_comparisons=200_000)
+    got = search_blocked("euclidean", p, s, 10, primary_keys=kp, secondary_keys=ks,
+                         max_comparisons=200_000, compute=engine)
+    np.testing.assert_array_equal(got.distances, local.distances)
+    np.testing.assert_array_equal(got.indices, local.indices)
+
+
+def test_streamed_link_equal(engine: RayEngine, tmp_path: Path) -> None:
+    """Tables read in batches by the tasks, links written part by part: the same dataset on
+    Ray as in this process (issue 22)."""
+    from vflink.data.parts import read_parts
+    from vflink.linkage.streamed import link_streamed
+
+    rng = np.random.default_rng(6)
+    pd.DataFrame(rng.uniform(0, 50, (900, 2)), columns=["x", "y"]).to_parquet(tmp_path / "p.pq")
+    pd.DataFrame(rng.uniform(0, 50, (2100, 2)), columns=["x", "y"]).to_parquet(
+        tmp_path / "s.parquet")
+    options = {"on": ["x", "y"], "top_k": 10, "chunk_rows": 200, "partition_rows": 500,
+               "sigma": 0.3, "seed": 2}
+    link_streamed(tmp_path / "p.pq", tmp_path / "s.parquet", out=tmp_path / "local.parquet",
+                  **options)
+    link_streamed(tmp_path / "p.pq", tmp_path / "s.parquet", out=tmp_path / "ray.parquet",
+                  compute=engine, **options)
+    assert read_parts(tmp_path / "ray.parquet").equals(read_parts(tmp_path / "local.parquet"))
 
 
 def test_group_operations_equal(engine: RayEngine) -> None:

@@ -179,7 +179,7 @@ def link(primary: TableLike, secondary: TableLike, *,
          encoding: str | None = None, decimal: str | None = None,
          secondary_delimiter: str | None = None, secondary_encoding: str | None = None,
          out: str | Path | None = None, overwrite: bool = False,
-         compute: Compute | None = None) -> Links:
+         compute: Compute | None = None, parts: bool | None = None) -> Links:
     """Link every record of ``primary`` to its ``top_k`` most similar records of ``secondary``.
 
     Runs FedSim's soft linkage (§4.1) with the three parties in this process: each data party
@@ -244,6 +244,9 @@ def link(primary: TableLike, secondary: TableLike, *,
     compute : Compute, optional
         An engine for the chunked stages (``vflink.engine``, issue 22): the search, the
         encodings. None runs them in this process, as before.
+    parts : bool, optional
+        Write a ``.parquet`` ``out`` as a partitioned dataset (a directory of Parquet parts,
+        ``vflink.data.parts``); default: only above 10^7 links.
 
     Returns
     -------
@@ -333,7 +336,7 @@ def link(primary: TableLike, secondary: TableLike, *,
         columns["secondary_id"] = ids[1][columns["secondary_index"]]
     summary = outcome.summary()
     if target is not None:
-        _write(outcome, columns, target, phases)
+        _write(outcome, columns, target, phases, parts=parts)
     summary["phase_seconds"] = {k: round(v, 3) for k, v in phases.items()}
     if target is not None:
         from vflink._files import atomic_write_json
@@ -349,13 +352,13 @@ def _outputs(out: Path) -> tuple[Path, Path, Path]:
 
 
 def _write(outcome: LinkOutcome, columns: dict[str, npt.NDArray[Any]], out: Path,
-           phases: dict[str, float]) -> None:
+           phases: dict[str, float], *, parts: bool | None = None) -> None:
     """The links file and the sorted-similarity curve (FedSim Figure 4), timed."""
     from vflink.linkage.improvement import plot_similarity_curve
     from vflink.runner.link import write_links
 
     clock = time.perf_counter()
-    write_links(columns, out)
+    write_links(columns, out, parts=parts)
     phases["write"] = time.perf_counter() - clock
     clock = time.perf_counter()
     if outcome.linkage.mode == "soft" and outcome.linkage.k > 1:

@@ -241,12 +241,14 @@ def show_value(value: object) -> str:
     return repr(str(value)) if isinstance(value, str) else repr(value)
 
 
-def bad_cells(frame: pd.DataFrame, mask: np.ndarray, column: str) -> str:
-    """The first few flagged cells of ``column``: row, CSV line and value, and how many."""
+def bad_cells(frame: pd.DataFrame, mask: np.ndarray, column: str, *, offset: int = 0) -> str:
+    """The first few flagged cells of ``column``: row, CSV line and value, and how many.
+
+    ``offset``: the table row of ``frame``'s first row (a batch of a larger table)."""
     rows = np.flatnonzero(mask)
     # +2: one for the header line, one because people count rows from 1.
-    shown = "; ".join(f"row {r} (line {r + 2} of a CSV), value {show_value(frame[column].iloc[r])}"
-                      for r in rows[:MAX_EXAMPLES])
+    shown = "; ".join(f"row {r + offset} (line {r + offset + 2} of a CSV), value "
+                      f"{show_value(frame[column].iloc[r])}" for r in rows[:MAX_EXAMPLES])
     more = f" ({len(rows)} rows in all)" if len(rows) > MAX_EXAMPLES else ""
     return f"first at {shown}{more}"
 
@@ -292,12 +294,13 @@ def report(where: str | None, problems: Sequence[str]) -> DataError:
 
 
 def validate_frame(frame: pd.DataFrame, schema: PartySchema, source: str, *,
-                   training: bool = True) -> pd.DataFrame:
+                   training: bool = True, offset: int = 0) -> pd.DataFrame:
     """Check ``frame`` against ``schema`` and return it with numeric columns as float64.
 
     Every problem is collected and raised as one :class:`DataError` (its ``problems`` list
     them): each column the schema names but the table lacks, and the first few bad cells of
-    every bad column.
+    every bad column. ``offset``: the table row of ``frame``'s first row, when it is a batch
+    of a larger table (:mod:`vflink.data.batches`); messages give table rows.
     """
     where = f"{source} (party {schema.name!r})"
     if len(frame) == 0:
@@ -321,57 +324,61 @@ def validate_frame(frame: pd.DataFrame, schema: PartySchema, source: str, *,
             bad = coerced.isna().to_numpy() & values.notna().to_numpy()
             if bad.any():
                 problems.append(f"column {col!r} is numeric but holds non-numeric values, "
-                                f"{bad_cells(frame, bad, col)}{decimal_hint(values[bad])}")
+                                f"{bad_cells(frame, bad, col, offset=offset)}"
+                                f"{decimal_hint(values[bad])}")
                 continue
             values = coerced
         arr = values.to_numpy(dtype=np.float64, na_value=np.nan)
         inf = np.isinf(arr)
         if inf.any():
-            problems.append(f"column {col!r} holds infinite values, {bad_cells(frame, inf, col)}")
+            problems.append(f"column {col!r} holds infinite values, "
+                            f"{bad_cells(frame, inf, col, offset=offset)}")
             continue
         frame[col] = arr
     for col in schema.categorical:
         if col not in missing:
             frame[col] = frame[col].astype("string")
     if schema.label is not None and schema.role == "primary" and schema.label not in missing:
-        problems.extend(_label_problems(frame, schema, schema.label, training))
+        problems.extend(_label_problems(frame, schema, schema.label, training, offset))
     if schema.key and not any(c in missing for c in schema.key):
         keys = frame[list(schema.key)]
         for col in schema.key:
             nan = frame[col].isna().to_numpy()
             if nan.any():
                 problems.append(f"key column {col!r} has missing values, "
-                                f"{bad_cells(frame, nan, col)}")
+                                f"{bad_cells(frame, nan, col, offset=offset)}")
         dup = keys.duplicated(keep=False).to_numpy() & keys.notna().all(axis=1).to_numpy()
         if dup.any():
             rows = np.flatnonzero(dup)[:2]
             value = tuple(keys.iloc[int(rows[0])].tolist())
             problems.append(
                 f"duplicate key {value!r} in column(s) {list(schema.key)} at rows "
-                f"{rows.tolist()} ({int(dup.sum())} rows share a key); exact alignment needs "
-                "unique keys"
+                f"{(rows + offset).tolist()} ({int(dup.sum())} rows share a key); exact "
+                "alignment needs unique keys"
             )
     if problems:
         raise report(where, problems)
     return frame
 
 
-def _label_problems(frame: pd.DataFrame, schema: PartySchema, label: str, training: bool
-                    ) -> list[str]:
+def _label_problems(frame: pd.DataFrame, schema: PartySchema, label: str, training: bool,
+                    offset: int = 0) -> list[str]:
     """Checks the primary's label column; converts a regression label to float64 in place."""
     lab = frame[label]
     nan = lab.isna().to_numpy()
     if nan.any():
-        return [f"label column {label!r} has missing (NaN) values, {bad_cells(frame, nan, label)}"]
+        return [f"label column {label!r} has missing (NaN) values, "
+                f"{bad_cells(frame, nan, label, offset=offset)}"]
     if schema.task is Task.REGRESSION:
         coerced = pd.to_numeric(lab, errors="coerce")
         bad = coerced.isna().to_numpy()
         if bad.any():
-            return [f"regression label {label!r} is not numeric, {bad_cells(frame, bad, label)}"]
+            return [f"regression label {label!r} is not numeric, "
+                    f"{bad_cells(frame, bad, label, offset=offset)}"]
         inf = np.isinf(coerced.to_numpy(dtype=np.float64))
         if inf.any():  # caught here, not after training inside a metric
             return [f"regression label {label!r} holds infinite values, "
-                    f"{bad_cells(frame, inf, label)}"]
+                    f"{bad_cells(frame, inf, label, offset=offset)}"]
         frame[label] = coerced.astype(np.float64)
     elif training:
         n_classes = lab.nunique()

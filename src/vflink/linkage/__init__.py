@@ -13,6 +13,7 @@ filters. This package is an algorithm layer: it does no I/O to peers.
 from __future__ import annotations
 
 from vflink.linkage.api import link
+from vflink.linkage.blocked import search_blocked
 from vflink.linkage.chunked import merge_topk, search_chunked
 from vflink.linkage.encoding import (
     BLOOM_FORMAT_VERSION,
@@ -118,6 +119,7 @@ __all__ = [
     "plot_similarity_curve",
     "recall_at_k",
     "scale_similarities",
+    "search_blocked",
     "search_chunked",
     "search_euclidean",
     "search_hamming",

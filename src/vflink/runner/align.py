@@ -14,8 +14,9 @@ import pandas as pd
 from vflink.alignment._dh import key_bytes
 from vflink.alignment.groups import get_group
 from vflink.alignment.psi import check_reveal
+from vflink.data.batches import read_frame_header, scan_frame
 from vflink.data.schema import PartySchema
-from vflink.data.table import PartyTable, iter_parquet_columns, read_frame
+from vflink.data.table import PartyTable, iter_parquet_columns
 from vflink.errors import ConfigError, DataError
 from vflink.parties import SecondaryParty
 from vflink.parties.coordinator import CoordinatorParty
@@ -72,9 +73,11 @@ def key_table(path: Path, on: Sequence[str], *, name: str, delimiter: str | None
         parts = [b.astype("string").fillna("") for b in iter_parquet_columns(Path(path), on)]
         frame = (pd.concat(parts, ignore_index=True) if parts
                  else pd.DataFrame({c: pd.Series(dtype="string") for c in on}))
-    else:
-        frame = read_frame(path, text_columns=tuple(on), delimiter=delimiter,
-                           encoding=encoding)
+    else:  # a CSV in record batches too (issue 22), the key columns alone, as text
+        header = read_frame_header(Path(path), delimiter=delimiter, encoding=encoding)
+        frame = (pd.concat([b.frame for b in scan_frame(
+            path, columns=on, text_columns=on, delimiter=delimiter, encoding=encoding)],
+            ignore_index=True) if set(on) <= set(header) else pd.DataFrame(columns=header))
     return key_frame(frame, on, name=name, source=str(path))
 
 

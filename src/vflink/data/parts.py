@@ -1,0 +1,229 @@
+"""Partitioned Parquet output, written part by part and published atomically (issue 22).
+
+A links or alignment table too large to build in one piece is written as a *dataset*: a
+directory of Parquet parts ``part-00000.parquet``, ``part-00001.parquet``... in row order, and
+a ``_vflink.json`` that states its format and version, the number of parts and rows, and the
+columns. ``pyarrow.dataset.dataset(dir)``, ``pandas.read_parquet(dir)`` and vflink's own readers
+read it as one table in row order (pyarrow skips names that start with ``_`` or ``.``, and
+sorts the parts by name).
+
+Atomic, as every file vflink writes (:mod:`vflink._files`): the parts go into a fresh,
+exclusively created directory beside the target (``.<name>.<random>.tmp``), and only when the
+last part is written is that directory renamed onto the target. A run that fails (or is
+interrupted) removes its temporary directory and leaves the target as it was; the target
+*name* is replaced, never written through (a symlink planted at it is moved aside, not
+followed).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import shutil
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import numpy as np
+
+from vflink.errors import DataError
+
+__all__ = ["AUTO_PARTS_ROWS", "FORMAT", "MANIFEST", "PART_ROWS", "PartitionedWriter",
+           "is_partitioned", "read_parts", "write_columns"]
+
+log = logging.getLogger(__name__)
+
+#: Format and version of a partitioned dataset, in its manifest.
+FORMAT = "vflink-parquet-parts/1"
+#: The manifest's name inside the dataset (ignored by pyarrow's dataset discovery).
+MANIFEST = "_vflink.json"
+#: Rows per part: about 40 MB of links (five 8-byte columns) before compression.
+PART_ROWS = 1_000_000
+#: Above this many rows, a ``.parquet`` output is written as a partitioned dataset unless the
+#: caller says otherwise (one pyarrow table of 10^7 links is already about 400 MB in memory).
+AUTO_PARTS_ROWS = 10_000_000
+
+
+def _temp_dir(target: Path) -> Path:
+    for _ in range(100):
+        tmp = target.with_name(f".{target.name}.{secrets.token_hex(8)}.tmp")
+        try:
+            tmp.mkdir(mode=0o777)
+            return tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"{target}: could not create a temporary directory beside it")
+
+
+class PartitionedWriter:
+    """Write a table part by part into a dataset that appears at ``target`` only when complete.
+
+    Use as a context manager::
+
+        with PartitionedWriter(out) as writer:
+            for chunk in chunks:          # each a dict of equal-length numpy columns
+                writer.write(chunk)
+        # out/ now holds part-00000.parquet ... and _vflink.json; on an error, nothing
+
+    Every part must have the same columns, in the same order and of the same types.
+    ``compression``: pyarrow's codec (LZ4: the fastest here, as for the single-file links).
+    """
+
+    def __init__(self, target: Path | str, *, compression: str = "lz4",
+                 meta: dict[str, Any] | None = None) -> None:
+        self.target = Path(target)
+        self.compression = compression
+        self.meta = dict(meta or {})
+        self.parts = 0
+        self.rows = 0
+        self._schema: Any = None
+        self._tmp: Path | None = None
+
+    def __enter__(self) -> PartitionedWriter:
+        self.target.parent.mkdir(parents=True, exist_ok=True)
+        self._tmp = _temp_dir(self.target)
+        return self
+
+    def write(self, columns: dict[str, Any] | Any) -> None:
+        """Append one part (a dict of numpy columns, or a ``pyarrow.Table``); empty parts are
+        skipped."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        if self._tmp is None:
+            raise DataError(f"{self.target}: PartitionedWriter.write outside its `with` block")
+        table = columns if isinstance(columns, pa.Table) else pa.table(
+            {k: np.asarray(v) for k, v in columns.items()})
+        if table.num_rows == 0:
+            return
+        if self._schema is None:
+            self._schema = table.schema
+        elif not table.schema.equals(self._schema):
+            raise DataError(f"{self.target}: part {self.parts} has columns {table.schema}, "
+                            f"expected {self._schema} as the parts before it")
+        path = self._tmp / f"part-{self.parts:05d}.parquet"
+        # exclusive create: a name planted meanwhile in our fresh directory is not followed
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0),
+                     0o666)
+        with os.fdopen(fd, "wb") as fh:
+            pq.write_table(table, fh, compression=self.compression)
+        self.parts += 1
+        self.rows += table.num_rows
+
+    def write_empty(self, columns: dict[str, Any]) -> None:
+        """Write a part with no rows (a dataset must state its columns even when empty)."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        if self._tmp is None or self.parts:
+            return
+        table = pa.table({k: np.asarray(v) for k, v in columns.items()})
+        self._schema = table.schema
+        with open(self._tmp / f"part-{self.parts:05d}.parquet", "xb") as fh:
+            pq.write_table(table, fh, compression=self.compression)
+        self.parts += 1
+
+    def _publish(self) -> None:
+        if self._tmp is None:
+            raise DataError(f"{self.target}: PartitionedWriter used outside its `with` block")
+        manifest = {"format": FORMAT, "parts": self.parts, "rows": self.rows,
+                    "columns": list(self._schema.names) if self._schema is not None else [],
+                    **self.meta}
+        with open(self._tmp / MANIFEST, "x", encoding="utf-8") as fh:
+            fh.write(json.dumps(manifest, indent=2) + "\n")
+        old: Path | None = None
+        if self.target.exists() or self.target.is_symlink():
+            # move the old name aside (a file, a directory, or a link: renamed, not followed)
+            old = self.target.with_name(f".{self.target.name}.{secrets.token_hex(8)}.old")
+            os.rename(self.target, old)
+        try:
+            os.rename(self._tmp, self.target)
+        except BaseException:
+            if old is not None:
+                os.rename(old, self.target)
+            raise
+        self._tmp = None
+        if old is not None:
+            if old.is_dir() and not old.is_symlink():
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                old.unlink(missing_ok=True)
+        log.info("%s: %d rows in %d parquet parts", self.target, self.rows, self.parts)
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        try:
+            if kind is None:
+                self._publish()
+        finally:
+            if self._tmp is not None:
+                shutil.rmtree(self._tmp, ignore_errors=True)
+                self._tmp = None
+
+
+def is_partitioned(path: Path | str) -> bool:
+    """Whether ``path`` is a dataset written by :class:`PartitionedWriter`."""
+    return (Path(path) / MANIFEST).is_file()
+
+
+def read_parts(path: Path | str, *, columns: list[str] | None = None) -> Any:
+    """The dataset at ``path`` as one ``pyarrow.Table`` in row order (a single Parquet file
+    reads too), its manifest checked: the format named and the row count it states."""
+    import pyarrow as pa
+    import pyarrow.dataset as ds
+
+    path = Path(path)
+    if not path.exists():
+        raise DataError(f"{path.absolute()}: not found")
+    if path.is_dir():
+        manifest = path / MANIFEST
+        if not manifest.is_file():
+            raise DataError(f"{path}: a directory without {MANIFEST}; expected a dataset "
+                            "written by vflink (or a .parquet file)")
+        try:
+            meta = json.loads(manifest.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise DataError(f"{manifest}: not a vflink manifest: {exc}") from exc
+        if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+            found = meta.get("format") if isinstance(meta, dict) else meta
+            raise DataError(f"{manifest}: format {found!r}, expected {FORMAT!r}")
+    try:
+        table = ds.dataset(str(path), format="parquet").to_table(columns=columns)
+    except (OSError, ValueError, pa.ArrowException) as exc:
+        raise DataError(f"{path}: cannot be read as a parquet table: {exc}") from exc
+    if path.is_dir() and table.num_rows != meta.get("rows"):
+        raise DataError(f"{path}: {table.num_rows} rows, but its manifest states "
+                        f"{meta.get('rows')}; the dataset is incomplete")
+    return table
+
+
+def write_columns(columns: dict[str, Any], out: Path | str, *, parts: bool | None = None,
+                  rows_per_part: int = PART_ROWS, compression: str = "lz4") -> bool:
+    """Write equal-length numpy ``columns`` to the Parquet output ``out``: one file, or, when
+    ``parts`` is true (``None``: when there are more than :data:`AUTO_PARTS_ROWS` rows, or
+    ``out`` is already a partitioned dataset), a dataset of ``rows_per_part``-row parts
+    (:class:`PartitionedWriter`), each converted from its slice of the columns alone. Both
+    atomic; the same columns and values either way. Returns whether it wrote parts."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from vflink._files import atomic_open
+
+    out = Path(out)
+    n = len(next(iter(columns.values()))) if columns else 0
+    if parts is None:
+        parts = n > AUTO_PARTS_ROWS or is_partitioned(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if not parts:
+        with atomic_open(out, "wb") as fh:
+            pq.write_table(pa.table(columns), fh, compression=compression)
+        return False
+    step = max(1, int(rows_per_part))
+    with PartitionedWriter(out, compression=compression) as writer:
+        for start in range(0, max(n, 1), step):
+            writer.write({k: v[start:start + step] for k, v in columns.items()})
+        if n == 0:  # an empty table still states its columns
+            writer.write_empty(columns)
+    return True

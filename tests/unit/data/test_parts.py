@@ -1,0 +1,138 @@
+"""Partitioned Parquet output (issue 22): the same content as the single file, readable by
+pyarrow.dataset and pandas, published atomically (a failed write leaves nothing)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.helpers.cli import run_cli
+from vflink.data import parts as parts_mod
+from vflink.data.parts import (
+    FORMAT,
+    MANIFEST,
+    PartitionedWriter,
+    is_partitioned,
+    read_parts,
+    write_columns,
+)
+from vflink.errors import DataError
+
+
+def _columns(n: int, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {"primary_index": np.repeat(np.arange(n // 2 + 1), 2)[:n].astype(np.int64),
+            "secondary_index": rng.integers(0, 100, n).astype(np.int64),
+            "distance": rng.random(n), "similarity": rng.normal(size=n)}
+
+
+def _leftovers(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if p.name.startswith("."))
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 60), st.integers(1, 25))
+def test_parts_hold_the_single_files_table(n: int, rows_per_part: int) -> None:
+    import tempfile
+
+    columns = _columns(n)
+    with tempfile.TemporaryDirectory() as tmp:
+        single, split = Path(tmp) / "one.parquet", Path(tmp) / "split.parquet"
+        assert write_columns(columns, single, parts=False) is False
+        assert write_columns(columns, split, parts=True, rows_per_part=rows_per_part) is True
+        assert single.is_file() and split.is_dir() and is_partitioned(split)
+        expected = pq.read_table(single)
+        assert ds.dataset(str(split), format="parquet").to_table().equals(expected)
+        assert read_parts(split).equals(expected)
+        pd.testing.assert_frame_equal(pd.read_parquet(split), pd.read_parquet(single))
+        manifest = json.loads((split / MANIFEST).read_text())
+        assert manifest["format"] == FORMAT and manifest["rows"] == n
+        assert manifest["parts"] == max(1, -(-n // rows_per_part))
+        assert manifest["columns"] == list(columns)
+        assert _leftovers(Path(tmp)) == []
+
+
+def test_a_failed_write_leaves_no_dataset_and_the_old_one_as_it_was(tmp_path: Path) -> None:
+    out = tmp_path / "links.parquet"
+    write_columns(_columns(10), out, parts=True, rows_per_part=3)
+    before = read_parts(out)
+    with pytest.raises(RuntimeError, match="search failed"), PartitionedWriter(out) as writer:
+        writer.write(_columns(4, seed=1))
+        raise RuntimeError("search failed")
+    assert read_parts(out).equals(before)
+    assert _leftovers(tmp_path) == []
+    fresh = tmp_path / "new.parquet"
+    with pytest.raises(RuntimeError), PartitionedWriter(fresh) as writer:
+        writer.write(_columns(4))
+        raise RuntimeError("interrupted")
+    assert not fresh.exists() and _leftovers(tmp_path) == []
+
+
+def test_parts_must_agree_on_their_columns(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match="part 1 has columns"), \
+            PartitionedWriter(tmp_path / "x.parquet") as writer:
+        writer.write({"a": np.arange(3)})
+        writer.write({"a": np.arange(3.0)})
+    assert not (tmp_path / "x.parquet").exists()
+
+
+def test_the_target_name_is_replaced_never_written_through(tmp_path: Path) -> None:
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    out = tmp_path / "links.parquet"
+    os.symlink(victim, out)
+    write_columns(_columns(5), out, parts=True, rows_per_part=2)
+    assert victim.read_text() == "keep me"
+    assert out.is_dir() and not out.is_symlink() and read_parts(out).num_rows == 5
+    # a single file replaced by a dataset, and back
+    single = tmp_path / "one.parquet"
+    write_columns(_columns(5), single, parts=False)
+    write_columns(_columns(6), single, parts=True)
+    assert read_parts(single).num_rows == 6
+    write_columns(_columns(7), single, parts=None)  # an existing dataset stays a dataset
+    assert is_partitioned(single) and read_parts(single).num_rows == 7
+    assert _leftovers(tmp_path) == []
+
+
+def test_large_outputs_are_partitioned_automatically(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(parts_mod, "AUTO_PARTS_ROWS", 8)
+    assert write_columns(_columns(8), tmp_path / "small.parquet") is False
+    assert write_columns(_columns(9), tmp_path / "big.parquet", rows_per_part=4) is True
+    assert json.loads((tmp_path / "big.parquet" / MANIFEST).read_text())["parts"] == 3
+
+
+def test_an_incomplete_dataset_is_refused(tmp_path: Path) -> None:
+    out = tmp_path / "links.parquet"
+    write_columns(_columns(9), out, parts=True, rows_per_part=4)
+    (out / "part-00002.parquet").unlink()
+    with pytest.raises(DataError, match="8 rows, but its manifest states 9"):
+        read_parts(out)
+    (out / MANIFEST).unlink()
+    with pytest.raises(DataError, match="without _vflink.json"):
+        read_parts(out)
+
+
+def test_vflink_link_parts_equal_the_single_file(tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    p, s = tmp_path / "a.csv", tmp_path / "b.csv"
+    rng = np.random.default_rng(3)
+    pd.DataFrame({"x": rng.random(40), "y": rng.random(40)}).to_csv(p, index=False)
+    pd.DataFrame({"x": rng.random(50), "y": rng.random(50)}).to_csv(s, index=False)
+    base = ["link", "--primary", str(p), "--secondary", str(s), "--on", "x,y", "--metric",
+            "euclidean", "--top-k", "3", "--privacy", "off", "--seed", "1"]
+    assert run_cli([*base, "--out", str(tmp_path / "one.parquet")], capsys)[0] == 0
+    assert run_cli([*base, "--parts", "--out", str(tmp_path / "many.parquet")], capsys)[0] == 0
+    assert (tmp_path / "one.parquet").is_file() and is_partitioned(tmp_path / "many.parquet")
+    assert read_parts(tmp_path / "many.parquet").equals(pq.read_table(tmp_path / "one.parquet"))
+    summary = json.loads((tmp_path / "many.parquet.summary.json").read_text())
+    assert summary["sizes"]
