@@ -45,6 +45,12 @@ from vflink.data.table import (
 )
 from vflink.errors import DataError
 
+#: pyarrow's scanner reads ahead 16 batches of 4 files by default: at a million rows a batch
+#: that alone holds hundreds of MiB, more the larger the table. One batch of one file ahead
+#: keeps a scan's memory at about two batches whatever the table's size (issue 22: memory
+#: flat in table size at a fixed batch size); measured with benchmarks/search_memory.py.
+READAHEAD = {"batch_readahead": 1, "fragment_readahead": 1}
+
 __all__ = ["DEFAULT_BATCH_ROWS", "TableBatch", "read_frame_header", "scan_frame", "scan_table"]
 
 log = logging.getLogger(__name__)
@@ -135,7 +141,7 @@ def _scan_parquet(path: Path, columns: Sequence[str] | None, batch_rows: int
     offset = 0
     number = 0
     try:
-        for batch in dataset.to_batches(columns=wanted, batch_size=batch_rows):
+        for batch in dataset.to_batches(columns=wanted, batch_size=batch_rows, **READAHEAD):
             if batch.num_rows == 0:
                 continue
             # pyarrow may hand over smaller batches (one per row group); split only larger ones
@@ -291,7 +297,7 @@ def _scan_csv(path: Path, kind: str, columns: Sequence[str] | None, text: tuple[
     def text_batches() -> Iterator[tuple[int, int, pd.DataFrame]]:
         offset = number = 0
         try:
-            for batch in dataset.to_batches(columns=wanted, batch_size=batch_rows):
+            for batch in dataset.to_batches(columns=wanted, batch_size=batch_rows, **READAHEAD):
                 for start in range(0, batch.num_rows, batch_rows):
                     part = batch.slice(start, batch_rows)
                     frame = pd.DataFrame({c: part.column(c).to_numpy(zero_copy_only=False)
