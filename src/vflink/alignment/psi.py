@@ -11,6 +11,7 @@ intersection or only its size.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -19,9 +20,10 @@ import numpy.typing as npt
 
 from vflink.alignment._dh import lookup, secure_permutation, sorted_unique
 from vflink.alignment.groups import Elements, Group
-from vflink.errors import ConfigError, ProtocolError
+from vflink.errors import ConfigError, DataError, ProtocolError
 
-__all__ = ["REVEALS", "PsiResult", "Reveal", "blind", "check_reveal", "intersect", "reblind"]
+__all__ = ["REVEALS", "PsiResult", "Reveal", "blind", "check_reveal", "intersect",
+           "intersect_buckets", "reblind"]
 
 Reveal = Literal["both", "primary", "secondary", "cardinality"]
 #: who learns the intersection: both parties, one of them (the other still learns its size),
@@ -78,3 +80,36 @@ def intersect(mine_double: Elements, order: npt.NDArray[np.int64], theirs_double
     sort = np.argsort(rows, kind="stable")
     return PsiResult(rows=rows[sort].astype(np.int64),
                      uids=np.ascontiguousarray(mine_double[hit][sort]), size=size)
+
+
+Bucket = tuple[Elements, npt.NDArray[np.int64]]
+
+
+def intersect_buckets(pairs: Iterable[tuple[Bucket, Bucket]], *, ordered: bool) -> PsiResult:
+    """:func:`intersect` one hash bucket at a time (issue 22): ``pairs`` yields, per bucket of
+    equal leading bits, (our doubly blinded elements with our record rows, theirs with
+    anything). Equal elements share a bucket, so the union of the buckets' intersections is the
+    intersection; the result is the same as :func:`intersect`'s (rows ascending)."""
+    rows_parts: list[npt.NDArray[np.int64]] = []
+    uid_parts: list[Elements] = []
+    size = 0
+    for (mine, mine_rows), (theirs, _) in pairs:
+        ref = sorted_unique(theirs)
+        if len(ref) != len(theirs):
+            raise ProtocolError("the peer's list holds repeated elements")
+        if len(sorted_unique(mine)) != len(mine):
+            raise DataError("our own list holds repeated elements: set alignment needs unique "
+                            "keys")
+        hit = lookup(ref, mine, "own elements", missing_ok=True) >= 0
+        size += int(hit.sum())
+        if ordered:
+            rows_parts.append(mine_rows[hit])
+            uid_parts.append(mine[hit])
+    if not ordered:
+        return PsiResult(rows=None, uids=None, size=size)
+    width = uid_parts[0].shape[1] if uid_parts else 0
+    rows = np.concatenate(rows_parts) if rows_parts else np.empty(0, dtype=np.int64)
+    uids = np.concatenate(uid_parts) if uid_parts else np.empty((0, width), dtype=np.uint8)
+    sort = np.argsort(rows, kind="stable")
+    return PsiResult(rows=rows[sort].astype(np.int64), uids=np.ascontiguousarray(uids[sort]),
+                     size=size)
