@@ -507,10 +507,12 @@ class SetAlignmentPeer:
 
     def _open(self, group_name: str, n_a: int, chunk_rows: int, kind: str) -> _PeerSession:
         self._cap(f"{kind}: n_a", n_a)
-        if not 1 <= chunk_rows <= min(MAX_CHUNK_ROWS, self.policy.max_set_elements):
+        # one chunk's work and size: ≤ MAX_CHUNK_ROWS elements, and never more than the list
+        # (whose total policy.max_set_elements caps)
+        if not 1 <= chunk_rows <= MAX_CHUNK_ROWS:
             raise refuse(PolicyViolation, f"party {self.name!r}: chunk_rows must be in [1, "
-                                          f"{min(MAX_CHUNK_ROWS, self.policy.max_set_elements)}"
-                                          f"], got {chunk_rows}", code="limit.chunk")
+                                          f"{MAX_CHUNK_ROWS}], got {chunk_rows}",
+                         code="limit.chunk")
         group = get_group(group_name, compute=self.compute)
         self._afford(group, len(self.table), kind)  # our own set, once
         out_dir = getattr(self, "out_dir", None)

@@ -333,7 +333,7 @@ PSU = ProtocolSpec(
         # lines 3-5 announced; n_p (own records) is committed here too
         Step("psu_round1", _P, ("new",), "a_s1", opens=True,
              commits=(("n_a", "n_a"), ("chunk", "chunk_rows")),
-             note="chunk_rows ≤ the receiver's policy.max_set_elements"),
+             note="n_a ≤ policy.max_set_elements; chunk_rows ≤ MAX_CHUNK_ROWS (2^20)"),
         _up("psu_chunk", "a_s1", "a_s1t1", equal("total", "n_a")),  # line 3
         _down("psu_fetch", "a_s1t1", "p_t1", "n_a"),  # line 4
         _down("psu_fetch", "p_t1", "p_s1t1", "n_p"),  # line 5
@@ -361,7 +361,7 @@ PSI = ProtocolSpec(
     steps=(
         Step("psi_round1", _P, ("new",), "a_s", opens=True,
              commits=(("n_a", "n_a"), ("reveal", "reveal"), ("chunk", "chunk_rows")),
-             note="chunk_rows ≤ the receiver's policy.max_set_elements"),
+             note="n_a ≤ policy.max_set_elements; chunk_rows ≤ MAX_CHUNK_ROWS (2^20)"),
         _up("psi_chunk", "a_s", "a_st", equal("total", "n_a")),
         _down("psi_fetch", "a_st", "p_t", "n_a"),
         _down("psi_fetch", "p_t", "p_ts", "n_p", requires=_REVEALED),
