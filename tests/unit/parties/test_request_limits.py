@@ -29,7 +29,14 @@ from vflink.protocol import (
     ShareEncodings,
     ShareFieldEncodings,
 )
-from vflink.protocol.messages import MAX_CHUNK_ROWS, PsiRound1, PsuChunk, PsuFetch, PsuRound1, SetupPrivacy
+from vflink.protocol.messages import (
+    MAX_CHUNK_ROWS,
+    PsiRound1,
+    PsuChunk,
+    PsuFetch,
+    PsuRound1,
+    SetupPrivacy,
+)
 from vflink.protocol.sessions import DATA_ALIGNMENT
 from vflink.transport import InProcessHub
 from vflink.transport.grpc import GrpcChannel, GrpcServer, create_dev_pki
