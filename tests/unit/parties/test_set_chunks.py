@@ -3,7 +3,9 @@ the chunk size; bucket files removed when a session finishes or fails."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -17,8 +19,11 @@ from vflink.data import PartySchema, PartyTable
 from vflink.errors import ProtocolError
 from vflink.parties import SecondaryParty
 from vflink.parties.setalign import KeyBatches, SetAlignment, SetAlignmentDriver
+from vflink.protocol import Message
 from vflink.protocol.messages import PsiChunk, PsiRound1
-from vflink.transport import InProcessHub
+from vflink.transport import InProcessHub, Transcript
+from vflink.transport.grpc import GrpcChannel, GrpcServer, TlsConfig, create_dev_pki
+from vflink.transport.grpc.channel import PeerAddress
 
 GROUP = get_group("ristretto255", workers=1)
 
@@ -28,13 +33,47 @@ def table(ids: list[str]) -> PartyTable:
                       pd.DataFrame({"id": ids}), "bank.csv")
 
 
+class _Proxy:
+    """The served bank: its party changes with every example."""
+
+    target: Any = None
+
+    def handle(self, sender: str, message: Message) -> Message:
+        return self.target.handle(sender, message)  # type: ignore[no-any-return]
+
+
+_GRPC: dict[str, Any] = {}
+
+
+@pytest.fixture(scope="module")
+def grpc_bank(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """A gRPC server for "bank" on loopback (mutual TLS) and the primary's channel."""
+    pki = tmp_path_factory.mktemp("chunks-pki")
+    create_dev_pki(pki, ["primary", "bank"])
+    proxy = _Proxy()
+    server = GrpcServer("bank", proxy, "127.0.0.1:0", TlsConfig.for_party(pki, "bank"),
+                        {"primary", "bank"}).start()
+    channel = GrpcChannel("primary", {"bank": PeerAddress("127.0.0.1", server.port)},
+                          TlsConfig.for_party(pki, "primary"), deadline_s=60)
+    _GRPC.update(proxy=proxy, channel=channel)
+    yield
+    _GRPC.clear()
+    channel.close()
+    server.stop(grace=None)
+
+
 def run(a: list[str], p: list[str], method: str, chunk: int, reveal: str = "both",
-        tmp: Path | None = None) -> tuple[SetAlignment, SetAlignment | None]:
-    hub = InProcessHub()
+        tmp: Path | None = None, transport: str = "inprocess",
+        transcript: Transcript | None = None) -> tuple[SetAlignment, SetAlignment | None]:
+    hub = InProcessHub(transcript=transcript)
     peer = SecondaryParty(table(p), hub.channel("bank"), out_dir=tmp)
     hub.register("bank", peer)
+    channel = hub.channel("primary")
+    if transport == "grpc":
+        _GRPC["proxy"].target = peer
+        channel = _GRPC["channel"]
     keys = key_bytes(pd.DataFrame({"id": a}), ["id"])
-    driver = SetAlignmentDriver(keys, hub.channel("primary"), GROUP, chunk_rows=chunk,
+    driver = SetAlignmentDriver(keys, channel, GROUP, chunk_rows=chunk,
                                 tmp_dir=None if tmp is None else tmp / "driver")
     out = driver.psu("bank", "s@1") if method == "psu" else driver.psi("bank", "s@1", reveal)
     return out, peer.set_alignment("s@1")
@@ -51,11 +90,14 @@ def pairs(mine: SetAlignment, theirs: SetAlignment | None) -> set[tuple[int, int
 ids = st.lists(st.integers(0, 40).map(lambda i: f"id{i}"), max_size=25, unique=True)
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@pytest.mark.network
+@pytest.mark.parametrize("transport", ["inprocess", "grpc"])
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(a=ids, p=ids, chunk=st.integers(1, 9), method=st.sampled_from(["psu", "psi"]))
-def test_chunked_equals_one_chunk(a: list[str], p: list[str], chunk: int, method: str) -> None:
-    whole, whole_p = run(a, p, method, 10**5)
-    part, part_p = run(a, p, method, chunk)
+def test_chunked_equals_one_chunk(grpc_bank: None, transport: str, a: list[str],
+                                  p: list[str], chunk: int, method: str) -> None:
+    whole, whole_p = run(a, p, method, 10**5, transport=transport)
+    part, part_p = run(a, p, method, chunk, transport=transport)
     assert whole.sizes == part.sizes and whole.size == part.size
     assert np.array_equal(whole.rows, part.rows)
     assert whole_p is not None and part_p is not None
@@ -69,6 +111,18 @@ def test_chunked_equals_one_chunk(a: list[str], p: list[str], chunk: int, method
         assert len(part.union) == len(set(a) | set(p))
         assert np.array_equal(part.union[part.uid_index], part.uids)
         assert part_p.union is not None and np.array_equal(part.union, part_p.union)
+
+
+def test_no_message_holds_more_than_a_chunk() -> None:
+    """Every list crosses in chunks of at most ``chunk_rows`` elements, in both directions."""
+    transcript = Transcript()
+    a, p = [f"k{i}" for i in range(0, 23)], [f"k{i}" for i in range(11, 40)]
+    for method in ("psu", "psi"):
+        run(a, p, method, 4, transcript=transcript)
+    sizes = [len(v) for r in transcript.records for v in vars(r.message).values()
+             if isinstance(v, np.ndarray)]
+    assert sizes and max(sizes) == 4
+    assert sum(1 for r in transcript.records if r.message.kind == "psu_chunk") >= 5 * 6
 
 
 @pytest.mark.parametrize("reveal", ["primary", "secondary", "cardinality"])
