@@ -473,6 +473,8 @@ class Session:
     commits: dict[str, Any] = field(default_factory=dict)
     #: chunked lists: stream → (chunks, elements so far, total) (issue 22)
     streams: dict[str, tuple[int, int, int]] = field(default_factory=dict)
+    #: lists with a chunk being handled: a second chunk of one waits its turn (is refused)
+    busy: set[str] = field(default_factory=set)
     #: what the party keeps for this session (handlers' own objects)
     data: dict[str, Any] = field(default_factory=dict)
 
@@ -678,6 +680,12 @@ class SessionTable:
                                        code="session.bound-size")
             stream = None
             if step.chunk is not None:
+                if s is not None and step.chunk.stream in s.busy:
+                    # two chunks at once could both pass the order check below: one at a time
+                    raise self._refuse(protocol, state, message.kind,
+                                       f"a chunk of {step.chunk.stream} is still being "
+                                       "handled; chunks travel one after the other",
+                                       code="session.chunk")
                 progress = None if s is None else s.streams.get(step.chunk.stream)
                 why, n_el, total = step.chunk.check(message, commits, progress)
                 if why is not None:
@@ -692,6 +700,8 @@ class SessionTable:
             if s is None:  # pragma: no cover - set just above
                 raise ProtocolError("session vanished")
             s.touched = now
+            if step.chunk is not None:
+                s.busy.add(step.chunk.stream)
             return Admission(s, step, sender, new, stream)
 
     def _check_sender(self, protocol: ProtocolSpec, s: Session | None, step: Step,
@@ -717,6 +727,8 @@ class SessionTable:
         """The handler succeeded: count the message, commit its sizes, move the state."""
         s, step = admission.session, admission.step
         with self._lock:
+            if step.chunk is not None:
+                s.busy.discard(step.chunk.stream)
             key = (message.kind, admission.sender if step.per_sender else "")
             s.counts[key] = s.counts.get(key, 0) + 1
             for name, fld in step.commits:
@@ -737,6 +749,8 @@ class SessionTable:
     def failed(self, admission: Admission) -> None:
         """The handler refused: a session the message had opened is dropped again."""
         with self._lock:
+            if admission.step.chunk is not None:
+                admission.session.busy.discard(admission.step.chunk.stream)
             if admission.new and not admission.session.counts and \
                     admission.session.state == admission.session.protocol.initial:
                 key = (admission.session.protocol.space, admission.session.name)
