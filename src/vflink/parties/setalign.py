@@ -277,9 +277,16 @@ class SetAlignmentDriver:
             opened = self.channel.request(peer, PsuRound1(session=session, group=g.name,
                                                           n_a=n_a, chunk_rows=c), Ack)
             n_p = _count(opened, peer, "n_p")
-            # line 3: I_a^{s1}, shuffled
-            a_s1 = self._shuffled(work, "a_s1", ((g.power(h, e.first), None)
-                                                 for _, h in _hashed(g, self.keys, c)), n_a)
+            # line 3: I_a^{s1}, shuffled; the hashed records are kept on disk in record order
+            # for line 11 (hashed once, as with whole lists)
+            own = Spool(work.new("own"), g.element_bytes)
+
+            def hashed_once() -> Iterator[tuple[Elements, None]]:
+                for _, h in _hashed(g, self.keys, c):
+                    own.append(h)
+                    yield g.power(h, e.first), None
+
+            a_s1 = self._shuffled(work, "a_s1", hashed_once(), n_a)
             self._upload(peer, PsuChunk, session, "a_s1", (x for x, _ in a_s1.chunks(c)), n_a)
             self._step("round 2", 2, steps)
             # line 7: the union of I_a^{s1 t1} and I_p^{s1 t1}, merged bucket by bucket
@@ -301,7 +308,7 @@ class SetAlignmentDriver:
             self._upload(peer, PsuChunk, session, "union_s123t1",
                          (x for x, _ in union.chunks(c)), n_u)
             self._upload(peer, PsuChunk, session, "a_s2",  # line 11, own order
-                         (psu.blind_own(g, h, e) for _, h in _hashed(g, self.keys, c)), n_a)
+                         (psu.blind_own(g, h, e) for h, _ in own.chunks(c)), n_a)
             self._step("mapping", 3, steps)
             final = self._buckets(work, "U", n_u)  # line 10: U, bucket by bucket
             for el in self._fetch(peer, PsuFetch, session, "union", n_u):
@@ -519,13 +526,20 @@ class SetAlignmentPeer:
         work = Workdir(None if out_dir is None else Path(out_dir) / ".set-tmp")
         return _PeerSession(group=group, work=work, n_own=len(self.table), chunk=chunk_rows)
 
-    def _shuffle_own(self, s: _PeerSession, name: str, exponent: int, *, rows: bool) -> None:
-        """Own records to ``exponent``, in a secret random order, as list ``name``."""
+    def _shuffle_own(self, s: _PeerSession, name: str, exponent: int, *, rows: bool,
+                     keep: bool = False) -> None:
+        """Own records to ``exponent``, in a secret random order, as list ``name``; with
+        ``keep``, the hashed records are also kept on disk in record order (list ``own``)."""
         g = s.group
         draw = Buckets(s.work.new(name + "-draw"), g.element_bytes,
                        bits=bucket_bits(s.n_own, s.chunk), random=True)
+        own = Spool(s.work.new("own"), g.element_bytes) if keep else None
         for r, h in self._own_hashed(g, s.chunk):
+            if own is not None:
+                own.append(h)
             draw.add(g.power(h, exponent), r)
+        if own is not None:
+            s.lists["own"] = own
         s.lists[name] = shuffle(draw, Spool(s.work.new(name), g.element_bytes, rows=rows))
 
     def _draw(self, s: _PeerSession, name: str, expected: int) -> Buckets:
@@ -569,7 +583,7 @@ class SetAlignmentPeer:
 
         def run() -> Ack:
             s.psu_e = psu.PsuExponents.draw(s.group)  # line 2
-            self._shuffle_own(s, "p_t1", s.psu_e.first, rows=False)  # line 5
+            self._shuffle_own(s, "p_t1", s.psu_e.first, rows=False, keep=True)  # line 5
             self.session.commit("n_p", s.n_own)  # later lists are bound to both set sizes
             return Ack(info={"n_p": float(s.n_own)})
         return self._guarded(run)  # type: ignore[return-value]
@@ -631,10 +645,9 @@ class SetAlignmentPeer:
         if message.stream == "p_t2":  # line 12: x^{t2} for our records, in our order
             lo = message.index * s.chunk
             self._afford(g, min(s.chunk, s.n_own - lo), "PsuFetch p_t2")
-            parts = [psu.blind_own(g, h, e) for _, h in
-                     self._own_hashed(g, s.chunk, lo, lo + s.chunk)]
+            h, _ = s.lists["own"].read(lo, lo + s.chunk)
             return SetChunk(stream="p_t2", index=message.index,
-                            elements=parts[0] if parts else g.empty())
+                            elements=psu.blind_own(g, h, e))
         return self._serve(s, message)
 
     # --- PSI (passive side) -----------------------------------------------------------------
