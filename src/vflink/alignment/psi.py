@@ -11,7 +11,7 @@ intersection or only its size.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -85,15 +85,21 @@ def intersect(mine_double: Elements, order: npt.NDArray[np.int64], theirs_double
 Bucket = tuple[Elements, npt.NDArray[np.int64]]
 
 
-def intersect_buckets(pairs: Iterable[tuple[Bucket, Bucket]], *, ordered: bool) -> PsiResult:
-    """:func:`intersect` one hash bucket at a time (issue 22): ``pairs`` yields, per bucket of
-    equal leading bits, (our doubly blinded elements with our record rows, theirs with
-    anything). Equal elements share a bucket, so the union of the buckets' intersections is the
-    intersection; the result is the same as :func:`intersect`'s (rows ascending)."""
-    rows_parts: list[npt.NDArray[np.int64]] = []
-    uid_parts: list[Elements] = []
+def intersect_buckets(pairs: Callable[[], Iterable[tuple[Bucket, Bucket]]], *, n_rows: int,
+                      ordered: bool) -> PsiResult:
+    """:func:`intersect` one hash bucket at a time (issue 22).
+
+    ``pairs()`` yields, per bucket of equal leading bits, (our doubly blinded elements with our
+    record rows in ``[0, n_rows)``, theirs with anything); equal elements share a bucket, so
+    the union of the buckets' intersections is the intersection. The buckets are read twice
+    (once to mark our rows that hit, once to place their UIDs), so memory holds one bucket and
+    the result, never all hits twice; the result is :func:`intersect`'s (rows ascending).
+    """
+    hit_rows = np.zeros(n_rows if ordered else 0, dtype=bool)
     size = 0
-    for (mine, mine_rows), (theirs, _) in pairs:
+    width = 0
+    for (mine, mine_rows), (theirs, _) in pairs():
+        width = mine.shape[1]
         ref = sorted_unique(theirs)
         if len(ref) != len(theirs):
             raise ProtocolError("the peer's list holds repeated elements")
@@ -103,13 +109,14 @@ def intersect_buckets(pairs: Iterable[tuple[Bucket, Bucket]], *, ordered: bool) 
         hit = lookup(ref, mine, "own elements", missing_ok=True) >= 0
         size += int(hit.sum())
         if ordered:
-            rows_parts.append(mine_rows[hit])
-            uid_parts.append(mine[hit])
+            hit_rows[mine_rows[hit]] = True
     if not ordered:
         return PsiResult(rows=None, uids=None, size=size)
-    width = uid_parts[0].shape[1] if uid_parts else 0
-    rows = np.concatenate(rows_parts) if rows_parts else np.empty(0, dtype=np.int64)
-    uids = np.concatenate(uid_parts) if uid_parts else np.empty((0, width), dtype=np.uint8)
-    sort = np.argsort(rows, kind="stable")
-    return PsiResult(rows=rows[sort].astype(np.int64), uids=np.ascontiguousarray(uids[sort]),
-                     size=size)
+    rows = np.flatnonzero(hit_rows).astype(np.int64)  # ascending
+    position = np.cumsum(hit_rows) - 1  # a hit row's index in ``rows``
+    del hit_rows
+    uids = np.empty((len(rows), width), dtype=np.uint8)
+    for (mine, mine_rows), (theirs, _) in pairs():
+        hit = lookup(sorted_unique(theirs), mine, "own elements", missing_ok=True) >= 0
+        uids[position[mine_rows[hit]]] = mine[hit]
+    return PsiResult(rows=rows, uids=uids, size=size)

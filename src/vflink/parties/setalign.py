@@ -366,7 +366,8 @@ class SetAlignmentDriver:
                 theirs.add(p_ts)
                 if how in ("both", "secondary"):
                     back.append(p_ts)
-            found = psi.intersect_buckets(zip(mine, theirs, strict=True), ordered=ordered)
+            found = psi.intersect_buckets(lambda: zip(mine, theirs, strict=True), n_rows=n_a,
+                                          ordered=ordered)
             if how in ("both", "secondary"):
                 self._step("round 2", 2, 3)
                 self._upload(peer, PsiChunk, session, "p_ts", (x for x, _ in back.chunks(c)),
@@ -695,8 +696,9 @@ class SetAlignmentPeer:
                 theirs = self._bucketed(s, "theirs", expected)
                 for el, _ in s.lists["a_st"].chunks(s.chunk):
                     theirs.add(el)
-                mine = psi.intersect_buckets(zip(s.buckets["mine"], theirs, strict=True),
-                                             ordered=True)
+                mine = psi.intersect_buckets(
+                    lambda: zip(s.buckets["mine"], theirs, strict=True), n_rows=s.n_own,
+                    ordered=True)
                 self._finish(message.session, _psi_output(
                     g, mine, {"secondary": s.n_own, "intersection": mine.size}))
         return Ack()
