@@ -289,6 +289,7 @@ def memory_case(case: str, chunk_rows: int) -> dict[str, Any]:
             import tempfile
 
             import pyarrow as pa
+            import pyarrow.compute as pc
             import pyarrow.parquet as pq
 
             from vflink.alignment._dh import key_bytes
@@ -299,18 +300,24 @@ def memory_case(case: str, chunk_rows: int) -> dict[str, Any]:
             from vflink.protocol.sessions import new_session_name
             from vflink.transport import InProcessHub
 
+            def ids_of(lo: int, hi: int) -> pa.Array:
+                """``%012d`` keys made by Arrow (no Python string per key)."""
+                return pc.utf8_lpad(pc.cast(pa.array(np.arange(lo, hi)), pa.string()), 12, "0")
+
             tmp = Path(tempfile.mkdtemp(prefix="vflink-memory-"))
             keys_file = tmp / "primary.parquet"
             with pq.ParquetWriter(keys_file, pa.schema([("id", pa.string())])) as writer:
                 for lo in range(0, n, 10**6):
-                    writer.write_table(pa.table({"id": [f"{i:012d}" for i in
-                                                        range(lo, min(n, lo + 10**6))]}))
+                    writer.write_table(pa.table({"id": ids_of(lo, min(n, lo + 10**6))}))
 
             def read(size: int) -> Iterator[list[bytes]]:
                 for frame in iter_parquet_columns(keys_file, ["id"], batch_rows=size):
                     yield key_bytes(frame.astype("string"), ["id"])
 
-            ids = pd.DataFrame({"id": [f"{i:012d}" for i in range(n // 2, n // 2 + n)]})
+            # the secondary's key column as Arrow strings (about 20 bytes a key in memory)
+            ids = pd.DataFrame({"id": pd.Series(pd.arrays.ArrowExtensionArray(
+                pa.chunked_array([ids_of(lo, min(n // 2 + n, lo + 10**6))
+                                  for lo in range(n // 2, n // 2 + n, 10**6)])))})
             b = PartyTable(PartySchema(name="b", role="secondary", key=("id",)), ids, "b")
             hub = InProcessHub()
             peer = SecondaryParty(b, hub.channel("b"), out_dir=tmp / "b")
