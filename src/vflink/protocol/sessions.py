@@ -91,6 +91,15 @@ def purpose_of(name: str) -> str:
 # --- declarations -------------------------------------------------------------------------------
 
 
+#: message fields that state a size themselves (ints), not lists whose length is the size
+_SIZE_FIELDS = frozenset({"n_a", "total", "chunk_rows"})
+
+
+def _sized(field_name: str) -> str:
+    """How a table names a field's size: ``len(x)``, or ``x`` for an int field."""
+    return field_name if field_name in _SIZE_FIELDS else f"len({field_name})"
+
+
 def _size(value: Any) -> int:
     # an int field states a size itself (a chunked list's announced total, issue 22)
     if isinstance(value, int) and not isinstance(value, bool):
@@ -197,12 +206,12 @@ class Bound:
             low = f"max({low})"
         high = " + ".join(self.high)
         if self.low and self.high and self.low == self.high:
-            return f"len({self.field}) = {high}"
+            return f"{_sized(self.field)} = {high}"
         parts = []
         if self.low:
-            parts.append(f"{low} ≤ len({self.field})")
+            parts.append(f"{low} ≤ {_sized(self.field)}")
         if self.high:
-            parts.append(f"len({self.field}) ≤ {high}" if not parts else f" ≤ {high}")
+            parts.append(f"{_sized(self.field)} ≤ {high}" if not parts else f" ≤ {high}")
         return "".join(parts)
 
 
@@ -786,7 +795,7 @@ def describe(protocols: Iterable[ProtocolSpec] = PROTOCOLS) -> str:
                 cond.append(f"if {st.requires[0]} ∈ {{{', '.join(map(str, st.requires[1]))}}}")
             bound = "; ".join(([st.chunk.text()] if st.chunk else [])
                               + [b.text() for b in st.bounds]
-                              + [f"commits {n} = len({f})" if n != f else f"commits {n}"
+                              + [f"commits {n} = {_sized(f)}" if n != f else f"commits {n}"
                                  for n, f in st.commits] + cond
                               + ([st.note] if st.note else [])) or "–"
             times = ("per chunk" if st.chunk is not None else
