@@ -451,13 +451,13 @@ class SetAlignmentPeer:
                          f"leaves {max(left, 0.0):.1f} s; allow more time or send less",
                          code="limit.work")
 
-    def _own_hashed(self, group: Group, size: int, lo: int = 0, hi: int | None = None
+    def _own_hashed(self, group: Group, size: int
                     ) -> Iterator[tuple[npt.NDArray[np.int64], Elements]]:
-        """(rows, H(key)) of own records ``lo:hi``, one batch at a time."""
+        """(rows, H(key)) of own records, one batch of ``size`` at a time."""
         frame = self.table.frame
-        hi = len(frame) if hi is None else min(hi, len(frame))
-        for start in range(lo, hi, max(1, size)):
-            stop = min(hi, start + size)
+        n = len(frame)
+        for start in range(0, n, max(1, size)):
+            stop = min(n, start + size)
             keys = key_bytes(frame.iloc[start:stop], self.table.schema.key,
                              who=self.table.source)
             yield np.arange(start, stop, dtype=np.int64), group.hash_to_group(keys)
