@@ -193,7 +193,8 @@ def main() -> None:
     ap.add_argument("--memory", nargs="*", default=None, metavar="CASE:N",
                     help="only the memory table: each case (psi:N, psu:N, link:N, N primary "
                          "rows against 10 N secondary) in a fresh process, ray engine, 2 CPUs; "
-                         "default psi:100000 psi:400000 link:10000 link:100000")
+                         "default psi:100000 psi:400000 link:10000 link:100000. Issue 22: "
+                         "psi:1000000 psi:10000000 psu:100000 psu:1000000")
     ap.add_argument("--memory-case", help=argparse.SUPPRESS)
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
@@ -274,7 +275,6 @@ def memory_case(case: str, chunk_rows: int) -> dict[str, Any]:
 
     from vflink.data.schema import PartySchema
     from vflink.data.table import PartyTable
-    from vflink.runner.align import align_in_process
     from vflink.runner.link import run_linkage
 
     kind, n_text = case.split(":")
@@ -282,13 +282,56 @@ def memory_case(case: str, chunk_rows: int) -> dict[str, Any]:
     with PeakRss() as rss, ray_engine(2, chunk_rows) as engine:
         t = time.perf_counter()
         if kind in ("psi", "psu"):
-            def table(lo: int, name: str) -> PartyTable:
-                ids = [f"{i:012d}" for i in range(lo, lo + n)]
-                return PartyTable(PartySchema(name=name, role="secondary", key=("id",)),
-                                  pd.DataFrame({"id": ids}), name)
+            # issue 22: the primary's keys are READ from a Parquet file in record batches
+            # (written here batch by batch), never made whole in this process; every PSU/PSI
+            # list travels in chunks of ``chunk_rows`` and each party's working state is in
+            # on-disk buckets. The secondary is served in this process from a key-only table.
+            import tempfile
 
-            align_in_process(table(0, "a"), table(n // 2, "b"), method=kind, compute=engine)
-            sizes = {"keys_per_side": n}
+            import pyarrow as pa
+            import pyarrow.compute as pc
+            import pyarrow.parquet as pq
+
+            from vflink.alignment._dh import key_bytes
+            from vflink.alignment.groups import get_group
+            from vflink.data.table import iter_parquet_columns
+            from vflink.parties import SecondaryParty
+            from vflink.parties.setalign import KeyBatches, SetAlignmentDriver
+            from vflink.protocol.sessions import new_session_name
+            from vflink.transport import InProcessHub
+
+            def ids_of(lo: int, hi: int) -> pa.Array:
+                """``%012d`` keys made by Arrow (no Python string per key)."""
+                return pc.utf8_lpad(pc.cast(pa.array(np.arange(lo, hi)), pa.string()), 12, "0")
+
+            tmp = Path(tempfile.mkdtemp(prefix="vflink-memory-"))
+            keys_file = tmp / "primary.parquet"
+            with pq.ParquetWriter(keys_file, pa.schema([("id", pa.string())])) as writer:
+                for lo in range(0, n, 10**6):
+                    writer.write_table(pa.table({"id": ids_of(lo, min(n, lo + 10**6))}))
+
+            def read(size: int) -> Iterator[list[bytes]]:
+                for frame in iter_parquet_columns(keys_file, ["id"], batch_rows=size):
+                    yield key_bytes(frame.astype("string"), ["id"])
+
+            # the secondary's key column as Arrow strings (about 20 bytes a key in memory)
+            ids = pd.DataFrame({"id": pd.Series(pd.arrays.ArrowExtensionArray(
+                pa.chunked_array([ids_of(lo, min(n // 2 + n, lo + 10**6))
+                                  for lo in range(n // 2, n // 2 + n, 10**6)])))})
+            b = PartyTable(PartySchema(name="b", role="secondary", key=("id",)), ids, "b")
+            hub = InProcessHub()
+            peer = SecondaryParty(b, hub.channel("b"), out_dir=tmp / "b")
+            peer.compute = engine
+            hub.register("b", peer)
+            driver = SetAlignmentDriver(KeyBatches(n, read), hub.channel("a"),
+                                        get_group("ristretto255", compute=engine),
+                                        chunk_rows=chunk_rows, tmp_dir=tmp / "a")
+            name = new_session_name(kind)
+            out = driver.psu("b", name) if kind == "psu" else driver.psi("b", name)
+            sizes = {"keys_per_side": n, "result": out.sizes}
+            import shutil
+
+            shutil.rmtree(tmp, ignore_errors=True)
         else:  # numeric soft linkage, raw 2-D identifiers (privacy off), K = 10
             rng = np.random.default_rng(0)
             p = pd.DataFrame(rng.uniform(0, 1000, size=(n, 2)), columns=["x", "y"])

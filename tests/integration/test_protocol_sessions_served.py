@@ -37,7 +37,7 @@ from vflink.protocol import (
     Hello,
     SetupBottom,
 )
-from vflink.protocol.messages import PsiRound2, PsuRound1, PsuRound2
+from vflink.protocol.messages import PsiChunk, PsuChunk, PsuFetch, PsuRound1
 from vflink.protocol.sessions import new_session_name
 from vflink.transport.grpc import GrpcChannel, TlsConfig
 
@@ -139,14 +139,24 @@ def test_psu_round2_is_bound_to_the_set_committed_in_round1(served: Served) -> N
     guesses = GROUP.hash_to_group(keys(served.ids[:10]))
     session = new_session_name("psu")
     with served.channel() as ch:
-        r1 = ch.call("secondary", PsuRound1(session=session, group=GROUP.name, a_s1=own))
-        n_p = len(r1.p_t1)  # type: ignore[attr-defined]
+        r1 = ch.call("secondary", PsuRound1(session=session, group=GROUP.name, n_a=10,
+                                            chunk_rows=1000))
+        n_p = int(r1.info["n_p"])  # type: ignore[attr-defined]
         union = np.concatenate([own, GROUP.hash_to_group(keys(served.ids))])
+        # lines 3-8, streamed (issue 22), up to P_a's own list of line 11
+        ch.call("secondary", PsuChunk(session=session, stream="a_s1", index=0, total=10,
+                                      elements=own))
+        for stream in ("a_s1t1", "p_t1"):
+            ch.call("secondary", PsuFetch(session=session, stream=stream, index=0))
+        ch.call("secondary", PsuChunk(session=session, stream="p_s1t1", index=0, total=n_p,
+                                      elements=union[10:10 + n_p]))
+        ch.call("secondary", PsuChunk(session=session, stream="union_s123t1", index=0,
+                                      total=len(union), elements=union))
         for a_s2 in (np.concatenate([own, guesses]), own[:9]):
-            err = refused(lambda a_s2=a_s2: ch.call("secondary", PsuRound2(
-                session=session, p_s1t1=union[10:10 + n_p], union_s123t1=union, a_s2=a_s2)))
+            err = refused(lambda a_s2=a_s2: ch.call("secondary", PsuChunk(
+                session=session, stream="a_s2", index=0, total=len(a_s2), elements=a_s2)))
             text = str(err)
-            assert "psu protocol" in text and "'round1'" in text and "psu_round2" in text
+            assert "psu protocol" in text and "'a_s2'" in text and "psu_chunk" in text
             assert "session.bound-size" in text
         # an honest run still works (a new session)
         out = SetAlignmentDriver(keys(served.ids[:50] + ["x1", "x2"]), ch, GROUP).psu(
@@ -166,8 +176,9 @@ def test_a_finished_psi_is_immutable_and_its_rows_go_to_its_primary_only(
         # the issue: replaying PsiRound2 with random points emptied the finished intersection
         # and rewrote its file, silently
         random_points = GROUP.hash_to_group(keys([f"r{i}" for i in range(N)]))
-        err = refused(lambda: ch.call("secondary", PsiRound2(session=session,
-                                                             p_ts=random_points)))
+        err = refused(lambda: ch.call("secondary", PsiChunk(
+            session=session, stream="p_ts", index=0, total=len(random_points),
+            elements=random_points)))
         assert "psi protocol" in str(err) and "immutable" in str(err)
         assert written.read_bytes() == before
         view = ch.request("secondary", FetchAlignment(session=session), AlignmentView)

@@ -24,7 +24,7 @@ from tests.helpers.network import free_port, secret_env, start_process, stop_pro
 from vflink.alignment.groups import get_group
 from vflink.errors import PeerUnavailable, PolicyViolation
 from vflink.protocol import Ack, Health, Hello, Message
-from vflink.protocol.messages import PsuRound1, PsuRound1Reply
+from vflink.protocol.messages import PsuChunk, PsuFetch, PsuRound1
 from vflink.transport.grpc import GrpcChannel, TlsConfig, create_dev_pki
 
 pytestmark = pytest.mark.network
@@ -106,8 +106,11 @@ def test_health_is_answered_while_a_maximal_round_runs_and_extra_calls_are_busy(
             except Exception as exc:  # reported by the asserts below
                 results[name] = exc
 
-    big = threading.Thread(target=run, args=("psu", PsuRound1(
-        session="max", group="ristretto255", a_s1=points(CAP))))
+    with served.channel(deadline_s=60) as ch:  # the lists follow in chunks (issue 22)
+        ch.call("secondary", PsuRound1(session="max", group="ristretto255", n_a=CAP,
+                                       chunk_rows=CAP))
+    big = threading.Thread(target=run, args=("psu", PsuChunk(
+        session="max", stream="a_s1", index=0, total=CAP, elements=points(CAP))))
     with served.channel(deadline_s=5) as probe:
         big.start()
         wait_until("the round is being worked on", lambda: probe.request(
@@ -132,21 +135,26 @@ def test_health_is_answered_while_a_maximal_round_runs_and_extra_calls_are_busy(
     big.join(120)
     waiting.join(120)
     # the legitimate maximal round and the waiting call both completed
-    assert isinstance(results["psu"], PsuRound1Reply), results["psu"]
-    assert len(results["psu"].a_s1t1) == CAP  # type: ignore[union-attr]
+    assert isinstance(results["psu"], Ack), results["psu"]
+    with served.channel(deadline_s=60) as ch:
+        back = ch.call("secondary", PsuFetch(session="max", stream="a_s1t1", index=0))
+    assert len(back.elements) == CAP  # type: ignore[attr-defined]
     assert isinstance(results["hello"], Hello), results["hello"]
     assert "is busy" in served.log()
 
 
 def test_work_for_a_caller_who_gave_up_is_stopped(served: Served) -> None:
     # modp2048 exponentiations cost about 3.6 times the group's declared fastest rate, so this
-    # round passes the upfront work check for a 1.5 s deadline (1500 + 500 exponentiations at
+    # round passes the upfront work check for a 1.5 s deadline (1500 exponentiations in one chunk at
     # 1 ms over 2 workers: 1.0 s) and still outlasts it on any machine where that rate holds;
     # ristretto255 on an idle machine finished the abandoned round inside the deadline
     g = get_group("modp2048", workers=1)
     some = g.hash_to_group([b"m%d" % i for i in range(50)])
-    big = PsuRound1(session="abandoned", group="modp2048",
-                    a_s1=np.tile(some, (30, 1)))
+    with served.channel(deadline_s=60) as ch:
+        ch.call("secondary", PsuRound1(session="abandoned", group="modp2048", n_a=1500,
+                                       chunk_rows=1500))
+    big = PsuChunk(session="abandoned", stream="a_s1", index=0, total=1500,
+                   elements=np.tile(some, (30, 1)))
     with served.channel(deadline_s=1.5) as impatient:
         with pytest.raises(PeerUnavailable, match="deadline"):
             impatient.call("secondary", big)
@@ -155,12 +163,12 @@ def test_work_for_a_caller_who_gave_up_is_stopped(served: Served) -> None:
         ch.request("secondary", Hello(party="primary", role="primary"), Hello)
         # answered promptly: the abandoned round (several seconds of work) was stopped
         assert time.monotonic() - gave_up < 5.0
-    wait_until("the server logs the stop", lambda: "stopped work on psu_round1" in served.log())
+    wait_until("the server logs the stop", lambda: "stopped work on psu_chunk" in served.log())
 
 
 def test_an_over_cap_round_is_refused_before_any_work(served: Served) -> None:
     with served.channel(deadline_s=30) as ch:
         spent, _ = timed(lambda: pytest.raises(PolicyViolation, ch.call, "secondary", PsuRound1(
-            session="over", group="ristretto255", a_s1=points(CAP + 1))))
+            session="over", group="ristretto255", n_a=CAP + 1, chunk_rows=CAP)))
         assert spent < 3.0, spent  # CAP + 1 exponentiations would take seconds
         assert "limit.set-elements" in served.log()

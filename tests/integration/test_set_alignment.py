@@ -99,26 +99,31 @@ def test_psu_transcript_is_what_the_simulators_produce(group: str) -> None:
     for record in transcript.records:
         m = record.message
         if isinstance(m, Ack):
-            assert m.info == {}  # the closing Ack carries nothing
+            # the closing Acks carry nothing; the opening one the secondary's set size only
+            assert m.info in ({}, {"n_p": float(n_p)}), m.info
             continue
         arrays = _arrays(m)
         others = {f.name for f in dataclasses.fields(m)} - set(arrays)
-        assert others <= {"session", "group"}, others
-        for name, arr in arrays.items():
+        # chunked lists (issue 22): sizes, chunk positions and the list's name travel too
+        assert others <= {"session", "group", "n_a", "chunk_rows", "stream", "index",
+                          "total"}, others
+        for arr in arrays.values():
+            name = m.stream  # type: ignore[attr-defined]
             g.validate(arr, name)  # every row a group element
             assert len(np.unique(arr, axis=0)) == len(arr)
             blob = arr.tobytes()
             assert not any(f in blob for f in forbidden)  # no key text, no hash of one
-            received[record.receiver][name] = len(arr)
+            got = received[record.receiver if record.receiver != "primary" else "primary"]
+            got[name] = got.get(name, 0) + len(arr)
     names_a = {"a_s1t1": "a_s1t1", "p_t1": "p_t1", "union": "union", "a_s2t123": "a_s2t123",
                "p_t2": "p_t2"}
     assert received["primary"] == {names_a[k]: len(v) for k, v in sim_a.items()}
     names_p = {"a_s1": "a_s1", "p_s1t1": "p_s1t1", "union_s123t1": "union_s123t1",
                "a_s2": "a_s2", "p_s123t2": "p_s123t2"}
     assert received["bank"] == {names_p[k]: len(v) for k, v in sim_p.items()}
-    # shuffled: the first round's list is not in the primary's record order
-    first = transcript.records[0].message
-    assert not (_arrays(first)["a_s1"] == g.hash_to_group([k.encode() for k in ka])).all()
+    # shuffled: the first list is not in the primary's record order
+    first = next(r.message for r in transcript.records if _arrays(r.message))
+    assert not (_arrays(first)["elements"] == g.hash_to_group([k.encode() for k in ka])).all()
 
 
 def _party_files(tmp: Path, secondary_csv: Path) -> tuple[Path, Path]:

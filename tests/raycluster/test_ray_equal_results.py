@@ -14,7 +14,7 @@ import pytest
 from tests.helpers.network import free_port, served_in_threads
 from tests.raycluster.conftest import RAY_REASON
 from vflink.alignment.groups import get_group
-from vflink.engine import ComputeConfig, RayEngine
+from vflink.engine import ComputeConfig, LocalEngine, RayEngine
 from vflink.linkage import METRICS, BloomEncoder, search_blocked, search_chunked
 from vflink.linkage.encoding import RawEncoder, StringEncoder, encode_chunked
 from vflink.runfiles.config import parse_config
@@ -117,12 +117,31 @@ def _pairs(primary: pd.DataFrame, secondary: pd.DataFrame) -> list[tuple[int, in
 def test_align_in_process_equal(engine: RayEngine, method: str, tmp_path: Path) -> None:
     p, s = _tables(tmp_path)
     tp, ts = key_table(p, ("id",), name="primary"), key_table(s, ("id",), name="secondary")
-    local = align_in_process(tp, ts, method=method)
+    # the same chunk size on both engines: the lists travel in the same chunks (issue 22)
+    local = align_in_process(tp, ts, method=method,
+                             compute=LocalEngine(ComputeConfig(chunk_rows=1500)))
     ray = align_in_process(tp, ts, method=method, compute=engine)
     assert ray.primary.sizes == local.primary.sizes
     assert _pairs(ray.primary.frame(), ray.secondary.frame()) == _pairs(
         local.primary.frame(), local.secondary.frame())
     assert ray.communication == local.communication  # the same messages cross
+
+
+@pytest.mark.parametrize("method", ["psu", "psi"])
+def test_chunked_set_alignment_equal_to_one_chunk(engine: RayEngine, method: str,
+                                                  tmp_path: Path) -> None:
+    """Streamed in chunks of 1,500 on the Ray cluster = one chunk per list locally."""
+    p, s = _tables(tmp_path)
+    tp, ts = key_table(p, ("id",), name="primary"), key_table(s, ("id",), name="secondary")
+    whole = align_in_process(tp, ts, method=method)  # local, chunk_rows 100,000: one chunk
+    ray = align_in_process(tp, ts, method=method, compute=engine)
+    assert ray.primary.sizes == whole.primary.sizes
+    assert np.array_equal(ray.primary.rows, whole.primary.rows)
+    assert _pairs(ray.primary.frame(), ray.secondary.frame()) == _pairs(
+        whole.primary.frame(), whole.secondary.frame())
+    # more, smaller messages
+    assert sum(v["messages"] for v in ray.communication.values()) > sum(
+        v["messages"] for v in whole.communication.values())
 
 
 def _served_files(tmp: Path, s: Path, cluster: str) -> tuple[Path, Path]:
@@ -150,7 +169,9 @@ def test_align_over_grpc_equal(engine: RayEngine, ray_cluster: str, method: str,
     monkeypatch.setenv("VFLINK_SECRET", "served-secondary-needs-one")
     p, s = _tables(tmp_path)
     tp = key_table(p, ("id",), name="primary")
-    local = align_in_process(tp, key_table(s, ("id",), name="bank"), method=method)
+    # the primary's chunk size, on both engines: the same chunks cross (issue 22)
+    local = align_in_process(tp, key_table(s, ("id",), name="bank"), method=method,
+                             compute=LocalEngine(ComputeConfig(chunk_rows=1500)))
     pri, sec = _served_files(tmp_path, s, ray_cluster)
     assert load_party_config(sec).compute.engine == "ray"
     with served_in_threads(sec):  # the secondary's group operations on its own engine

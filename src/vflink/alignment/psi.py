@@ -11,6 +11,7 @@ intersection or only its size.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -19,9 +20,10 @@ import numpy.typing as npt
 
 from vflink.alignment._dh import lookup, secure_permutation, sorted_unique
 from vflink.alignment.groups import Elements, Group
-from vflink.errors import ConfigError, ProtocolError
+from vflink.errors import ConfigError, DataError, ProtocolError
 
-__all__ = ["REVEALS", "PsiResult", "Reveal", "blind", "check_reveal", "intersect", "reblind"]
+__all__ = ["REVEALS", "PsiResult", "Reveal", "blind", "check_reveal", "intersect",
+           "intersect_buckets", "reblind"]
 
 Reveal = Literal["both", "primary", "secondary", "cardinality"]
 #: who learns the intersection: both parties, one of them (the other still learns its size),
@@ -78,3 +80,43 @@ def intersect(mine_double: Elements, order: npt.NDArray[np.int64], theirs_double
     sort = np.argsort(rows, kind="stable")
     return PsiResult(rows=rows[sort].astype(np.int64),
                      uids=np.ascontiguousarray(mine_double[hit][sort]), size=size)
+
+
+Bucket = tuple[Elements, npt.NDArray[np.int64]]
+
+
+def intersect_buckets(pairs: Callable[[], Iterable[tuple[Bucket, Bucket]]], *, n_rows: int,
+                      ordered: bool) -> PsiResult:
+    """:func:`intersect` one hash bucket at a time (issue 22).
+
+    ``pairs()`` yields, per bucket of equal leading bits, (our doubly blinded elements with our
+    record rows in ``[0, n_rows)``, theirs with anything); equal elements share a bucket, so
+    the union of the buckets' intersections is the intersection. The buckets are read twice
+    (once to mark our rows that hit, once to place their UIDs), so memory holds one bucket and
+    the result, never all hits twice; the result is :func:`intersect`'s (rows ascending).
+    """
+    hit_rows = np.zeros(n_rows if ordered else 0, dtype=bool)
+    size = 0
+    width = 0
+    for (mine, mine_rows), (theirs, _) in pairs():
+        width = mine.shape[1]
+        ref = sorted_unique(theirs)
+        if len(ref) != len(theirs):
+            raise ProtocolError("the peer's list holds repeated elements")
+        if len(sorted_unique(mine)) != len(mine):
+            raise DataError("our own list holds repeated elements: set alignment needs unique "
+                            "keys")
+        hit = lookup(ref, mine, "own elements", missing_ok=True) >= 0
+        size += int(hit.sum())
+        if ordered:
+            hit_rows[mine_rows[hit]] = True
+    if not ordered:
+        return PsiResult(rows=None, uids=None, size=size)
+    rows = np.flatnonzero(hit_rows).astype(np.int64)  # ascending
+    position = np.cumsum(hit_rows) - 1  # a hit row's index in ``rows``
+    del hit_rows
+    uids = np.empty((len(rows), width), dtype=np.uint8)
+    for (mine, mine_rows), (theirs, _) in pairs():
+        hit = lookup(sorted_unique(theirs), mine, "own elements", missing_ok=True) >= 0
+        uids[position[mine_rows[hit]]] = mine[hit]
+    return PsiResult(rows=rows, uids=uids, size=size)

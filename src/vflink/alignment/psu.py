@@ -16,6 +16,7 @@ the owner finishes with its first and third — :func:`blind_own`, :func:`raise_
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,7 +24,7 @@ import numpy.typing as npt
 
 from vflink.alignment._dh import lookup, secure_permutation, sorted_unique
 from vflink.alignment.groups import Elements, Group
-from vflink.errors import ProtocolError
+from vflink.errors import DataError, ProtocolError
 
 __all__ = [
     "PsuExponents",
@@ -35,6 +36,7 @@ __all__ = [
     "lines6_8",
     "line9",
     "line10",
+    "locate_buckets",
     "raise_for_peer",
     "simulate_active_view",
     "simulate_passive_view",
@@ -127,6 +129,34 @@ def finish_own(group: Group, received: Elements, e: PsuExponents, uids: Elements
         raise ProtocolError(f"expected {expected} elements for our records, got {len(z)}")
     final = group.power(z, group.combine(e.first, e.third))
     return PsuResult(uids=uids, record_uid=lookup(uids, final, "own records in U"))
+
+
+def locate_buckets(pairs: Iterable[tuple[tuple[Elements, npt.NDArray[np.int64]],
+                                          tuple[Elements, npt.NDArray[np.int64]]]],
+                   n_own: int, width: int) -> PsuResult:
+    """Lines 10-12 one bucket at a time (issue 22): ``pairs`` yields, per bucket of equal
+    leading bits in byte order, (the final union's elements, our final elements with their
+    record rows). Sorted U is the buckets' sorted lists one after the other, so a record's
+    index in U is its bucket's offset plus its rank in the bucket: the same result as
+    :func:`line10` and :func:`finish_own` on whole lists."""
+    parts: list[Elements] = []
+    record_uid = np.full(n_own, -1, dtype=np.int64)
+    offset = 0
+    for (union, _), (mine, rows) in pairs:
+        uids = sorted_unique(union)
+        if len(uids) != len(union):
+            raise ProtocolError("the union list holds repeated elements")
+        if len(sorted_unique(mine)) != len(mine):
+            raise DataError("our own list holds repeated elements: set alignment needs unique "
+                            "keys")
+        record_uid[rows] = lookup(uids, mine, "own records in U") + offset
+        offset += len(uids)
+        parts.append(uids)
+    if (record_uid < 0).any():
+        raise ProtocolError(f"expected {n_own} elements for our records, got "
+                            f"{int((record_uid >= 0).sum())}")
+    uids = np.concatenate(parts) if parts else np.empty((0, width), dtype=np.uint8)
+    return PsuResult(uids=np.ascontiguousarray(uids), record_uid=record_uid)
 
 
 # --- the simulators of FLORIST App. A (Algorithms 2 and 3) ----------------------------------

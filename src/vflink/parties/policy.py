@@ -51,7 +51,8 @@ SENDERS: dict[str, dict[str, frozenset[str]]] = {
         "fit_preprocessing", "forward", "backward", "snapshot", "restore", "save_state",
         "load_state", "confirm_key", "setup_privacy", "fetch_privacy_report",
         # FLORIST PSU / PSI and union training (primary ⇄ secondary)
-        "psu_round1", "psu_round2", "psu_round3", "psi_round1", "psi_round2", "union_setup",
+        "psu_round1", "psu_chunk", "psu_fetch", "psi_round1", "psi_chunk", "psi_fetch",
+        "union_setup",
         "union_forward",
         # a PSI intersection's rows go to the primary that ran it, never to a third party
         "fetch_alignment")},

@@ -58,14 +58,14 @@ __all__ = [
     "MatchKeys",
     "Message",
     "PrivacyReport",
+    "MAX_CHUNK_ROWS",
+    "PsiChunk",
+    "PsiFetch",
     "PsiRound1",
-    "PsiRound1Reply",
-    "PsiRound2",
+    "PsuChunk",
+    "PsuFetch",
     "PsuRound1",
-    "PsuRound1Reply",
-    "PsuRound2",
-    "PsuRound2Reply",
-    "PsuRound3",
+    "SetChunk",
     "Restore",
     "SaveState",
     "SetupBottom",
@@ -81,7 +81,7 @@ __all__ = [
 ]
 
 #: Bumped whenever a message changes shape; peers refuse a different major version.
-PROTOCOL_VERSION = 2  # 2: sessions (issue 19), AlignmentView.primary
+PROTOCOL_VERSION = 3  # 2: sessions (issue 19), AlignmentView.primary; 3: chunked PSU/PSI
 
 
 @dataclass(frozen=True)
@@ -530,94 +530,106 @@ class PrivacyReport(Message):
 # is to learn the intersection: no key text and no hash of one.
 
 
+#: The most elements one chunk of a PSU/PSI list may hold, whatever ``chunk_rows`` a primary
+#: asks for: 2^20 ristretto255 elements are 32 MiB, far under the transport's message cap.
+MAX_CHUNK_ROWS = 1 << 20
+
+
 @dataclass(frozen=True)
 class PsuRound1(Message):
-    """Primary (P_a) → secondary (P_p): I_a^{s1}, shuffled (Algorithm 1, line 3).
+    """Primary (P_a) → secondary (P_p): open PSU (Algorithm 1) over ``n_a`` records, every
+    list in chunks of at most ``chunk_rows`` elements (issue 22).
 
-    The reply is :class:`PsuRound1Reply`.
+    The reply is an :class:`Ack` with ``info["n_p"]``, the secondary's record count. The
+    lists then travel in the order of Algorithm 1 as :class:`PsuChunk` (P_a → P_p: I_a^{s1},
+    line 3; I_p^{s1 t1}, line 6; (I_a ∪ I_p)^{s1 s2 s3 t1}, line 8; x^{s2}, line 11;
+    x^{s1 s2 s3 t2}, line 12) and :class:`PsuFetch` (P_p → P_a: I_a^{s1 t1}, line 4; I_p^{t1},
+    line 5; the final union, line 9; x^{s2 t1 t2 t3}, line 11; x^{t2}, line 12).
     """
 
     kind: ClassVar[str] = "psu_round1"
     session: str
     group: str
-    a_s1: npt.NDArray[np.uint8]
+    n_a: int
+    chunk_rows: int
 
 
 @dataclass(frozen=True)
-class PsuRound1Reply(Message):
-    """P_p → P_a: I_a^{s1 t1} and I_p^{t1}, each shuffled (lines 4-5)."""
+class PsuChunk(Message):
+    """P_a → P_p: chunk ``index`` of the list ``stream`` (``total`` elements in all); the reply
+    is an empty :class:`Ack`."""
 
-    kind: ClassVar[str] = "psu_round1_reply"
-    a_s1t1: npt.NDArray[np.uint8]
-    p_t1: npt.NDArray[np.uint8]
-
-
-@dataclass(frozen=True)
-class PsuRound2(Message):
-    """P_a → P_p: I_p^{s1 t1} shuffled (line 6), (I_a ∪ I_p)^{s1 s2 s3 t1} shuffled (line 8)
-    and x^{s2} for P_a's records in P_a's secret order (line 11)."""
-
-    kind: ClassVar[str] = "psu_round2"
+    kind: ClassVar[str] = "psu_chunk"
     session: str
-    p_s1t1: npt.NDArray[np.uint8]
-    union_s123t1: npt.NDArray[np.uint8]
-    a_s2: npt.NDArray[np.uint8]
+    stream: str
+    index: int
+    total: int
+    elements: npt.NDArray[np.uint8]
 
 
 @dataclass(frozen=True)
-class PsuRound2Reply(Message):
-    """P_p → P_a: (I_a ∪ I_p)^{s1 s2 s3 t1 t2 t3} shuffled (line 9), P_a's x^{s2 t1 t2 t3} in
-    the order received (line 11) and x^{t2} for P_p's records in its secret order (line 12)."""
+class PsuFetch(Message):
+    """P_a → P_p: send chunk ``index`` of your list ``stream``; the reply is a
+    :class:`SetChunk`."""
 
-    kind: ClassVar[str] = "psu_round2_reply"
-    union: npt.NDArray[np.uint8]
-    a_s2t123: npt.NDArray[np.uint8]
-    p_t2: npt.NDArray[np.uint8]
-
-
-@dataclass(frozen=True)
-class PsuRound3(Message):
-    """P_a → P_p: P_p's x^{s1 s2 s3 t2} in the order received (line 12); the reply is an
-    empty :class:`Ack` once P_p has located each of its records in U."""
-
-    kind: ClassVar[str] = "psu_round3"
+    kind: ClassVar[str] = "psu_fetch"
     session: str
-    p_s123t2: npt.NDArray[np.uint8]
+    stream: str
+    index: int
 
 
 @dataclass(frozen=True)
 class PsiRound1(Message):
-    """Primary → secondary: H(x)^a for the primary's records in its secret order (ECDH PSI).
+    """Primary → secondary: open ECDH PSI over ``n_a`` records, every list in chunks of at
+    most ``chunk_rows`` elements (issue 22).
 
     ``reveal`` says who learns the intersection (``both``, ``primary``, ``secondary``) or that
-    only its size is to be known (``cardinality``). The reply is :class:`PsiRound1Reply`.
+    only its size is to be known (``cardinality``). The reply is an :class:`Ack` with
+    ``info["n_p"]``. Then: :class:`PsiChunk` ``a_s`` (H(x)^a for the primary's records in its
+    secret order); :class:`PsiFetch` ``a_st`` (H(x)^{ab}, in the order received if the primary
+    is to learn the intersection, shuffled otherwise) and ``p_t`` (H(y)^b for the secondary's
+    records, shuffled); and, when the secondary is to learn it, :class:`PsiChunk` ``p_ts``
+    (H(y)^{ba} in the order received).
     """
 
     kind: ClassVar[str] = "psi_round1"
     session: str
     group: str
     reveal: str
-    a_s: npt.NDArray[np.uint8]
+    n_a: int
+    chunk_rows: int
 
 
 @dataclass(frozen=True)
-class PsiRound1Reply(Message):
-    """Secondary → primary: H(x)^{ab} (in the order received if the primary is to learn the
-    intersection, shuffled otherwise) and H(y)^b for the secondary's records, shuffled."""
+class PsiChunk(Message):
+    """Primary → secondary: chunk ``index`` of the list ``stream``; the reply is an Ack."""
 
-    kind: ClassVar[str] = "psi_round1_reply"
-    a_st: npt.NDArray[np.uint8]
-    p_t: npt.NDArray[np.uint8]
-
-
-@dataclass(frozen=True)
-class PsiRound2(Message):
-    """Primary → secondary: H(y)^{ba} in the order received, so the secondary can find its
-    records in the intersection (only when it is to learn it); the reply is an empty Ack."""
-
-    kind: ClassVar[str] = "psi_round2"
+    kind: ClassVar[str] = "psi_chunk"
     session: str
-    p_ts: npt.NDArray[np.uint8]
+    stream: str
+    index: int
+    total: int
+    elements: npt.NDArray[np.uint8]
+
+
+@dataclass(frozen=True)
+class PsiFetch(Message):
+    """Primary → secondary: send chunk ``index`` of your list ``stream`` (a :class:`SetChunk`)."""
+
+    kind: ClassVar[str] = "psi_fetch"
+    session: str
+    stream: str
+    index: int
+
+
+@dataclass(frozen=True)
+class SetChunk(Message):
+    """Secondary → primary: one chunk of a PSU/PSI list, in reply to a fetch."""
+
+    kind: ClassVar[str] = "set_chunk"
+    stream: str
+    index: int
+    elements: npt.NDArray[np.uint8]
 
 
 # --- training over the PSU union (FLORIST §2.3-2.4), primary ⇄ secondary -----------------------
@@ -663,8 +675,8 @@ MESSAGE_TYPES: dict[str, type[Message]] = {
         FitPreprocessing, Forward, Embeddings, Backward, Snapshot,
         Restore, SaveState, LoadState, ConfirmKey, KeyTag, FetchKeyTags, KeyTags,
         SetupPrivacy, FetchPrivacyReport, PrivacyReport,
-        PsuRound1, PsuRound1Reply, PsuRound2, PsuRound2Reply, PsuRound3, PsiRound1,
-        PsiRound1Reply, PsiRound2, UnionSetup, UnionForward, ShareFieldEncodings,
+        PsuRound1, PsuChunk, PsuFetch, PsiRound1, PsiChunk, PsiFetch, SetChunk, UnionSetup,
+        UnionForward, ShareFieldEncodings,
         FieldEncodings, FieldLink,
     )
 }

@@ -48,6 +48,7 @@ from vflink.protocol.messages import Message
 __all__ = [
     "ANY_DATA",
     "Bound",
+    "Chunked",
     "PROTOCOLS",
     "ProtocolSpec",
     "Session",
@@ -90,8 +91,84 @@ def purpose_of(name: str) -> str:
 # --- declarations -------------------------------------------------------------------------------
 
 
+#: message fields that state a size themselves (ints), not lists whose length is the size
+_SIZE_FIELDS = frozenset({"n_a", "total", "chunk_rows"})
+
+
+def _sized(field_name: str) -> str:
+    """How a table names a field's size: ``len(x)``, or ``x`` for an int field."""
+    return field_name if field_name in _SIZE_FIELDS else f"len({field_name})"
+
+
 def _size(value: Any) -> int:
+    # an int field states a size itself (a chunked list's announced total, issue 22)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
     return len(value)
+
+
+@dataclass(frozen=True)
+class Chunked:
+    """The message is one chunk of the list ``stream`` (issue 22): a round's list travels as
+    chunks of at most ``commits[limit]`` elements, in order, and the step's ``target`` state is
+    reached only once the chunks add up to the list's total.
+
+    ``fetch``: the receiver sends the chunk (in the reply to a request naming ``index``); the
+    list's total is the commitment ``total``. Otherwise the sender uploads ``elements`` and
+    announces the list's total in ``message.total`` (bound by the step's ``bounds``); the
+    first chunk fixes it, and it is committed under ``commit`` when given.
+
+    Refused before any work: a chunk out of order or repeated (``index`` ≠ chunks so far), a
+    chunk above the limit, an empty chunk of a non-empty list, elements beyond the total, a
+    total that changes between chunks, and (by the state table) any chunk of a list whose
+    round has closed.
+    """
+
+    stream: str
+    total: str = ""
+    fetch: bool = False
+    commit: str = ""
+    limit: str = "chunk"
+
+    def text(self) -> str:
+        what = (f"chunk of `{self.stream}` fetched in order, {self.limit} rows each, "
+                f"{self.total} in all" if self.fetch else
+                f"chunk of `{self.stream}`: index = chunks so far, ≤ {self.limit} elements, "
+                "elements in all = total (fixed by the first chunk)")
+        return what + (f"; commits {self.commit} = total" if self.commit else "")
+
+    def check(self, message: Message, commits: Mapping[str, Any],
+              progress: tuple[int, int, int] | None) -> tuple[str | None, int, int]:
+        """(reason for refusal or None, elements of this chunk, the list's total)."""
+        chunks, rows, total = progress if progress is not None else (0, 0, -1)
+        if self.limit not in commits:
+            return f"no chunk size was committed for {self.stream}", 0, 0
+        limit = int(commits[self.limit])
+        index = getattr(message, "index", None)
+        if not isinstance(index, int) or isinstance(index, bool):
+            return "the chunk has no index", 0, 0
+        if self.fetch:
+            total = int(commits.get(self.total, 0))
+            n = max(0, min(limit, total - rows))
+        else:
+            announced = _size(getattr(message, "total", None))
+            if total >= 0 and announced != total:
+                return (f"{self.stream} was announced with {total} elements, this chunk says "
+                        f"{announced}"), 0, 0
+            total = announced
+            n = _size(getattr(message, "elements", ()))
+        if index != chunks:
+            why = "repeats" if index < chunks else "skips ahead of"
+            return (f"chunk {index} of {self.stream} {why} the stream: chunk {chunks} is "
+                    "next (chunks travel in order, each once)"), 0, 0
+        if n > limit:
+            return f"chunk {index} of {self.stream} has {n} elements; the limit is {limit}", 0, 0
+        if rows + n > total:
+            return (f"chunk {index} of {self.stream} brings it to {rows + n} elements; "
+                    f"{total} were committed"), 0, 0
+        if n == 0 and not (total == 0 and chunks == 0):
+            return f"chunk {index} of {self.stream} is empty", 0, 0
+        return None, n, total
 
 
 @dataclass(frozen=True)
@@ -129,12 +206,12 @@ class Bound:
             low = f"max({low})"
         high = " + ".join(self.high)
         if self.low and self.high and self.low == self.high:
-            return f"len({self.field}) = {high}"
+            return f"{_sized(self.field)} = {high}"
         parts = []
         if self.low:
-            parts.append(f"{low} ≤ len({self.field})")
+            parts.append(f"{low} ≤ {_sized(self.field)}")
         if self.high:
-            parts.append(f"len({self.field}) ≤ {high}" if not parts else f" ≤ {high}")
+            parts.append(f"{_sized(self.field)} ≤ {high}" if not parts else f" ≤ {high}")
         return "".join(parts)
 
 
@@ -187,6 +264,8 @@ class Step:
     when: tuple[str, tuple[Any, ...]] | None = None
     requires: tuple[str, tuple[Any, ...]] | None = None
     opens: bool = False
+    #: the message is one chunk of a list streamed over several messages (issue 22)
+    chunk: Chunked | None = None
     #: what the receiving party's handler binds the message to beyond sizes (its aligned rows,
     #: its data's release budget): part of the declaration a reader checks, enforced by the party
     note: str = ""
@@ -237,39 +316,66 @@ _P = ("primary",)
 _OPEN = "open"
 _ROWS = "rows ⊆ the alignment this party completed with the sender"
 
+def _up(kind: str, state: str, target: str, *bounds: Bound, commit: str = "") -> Step:
+    """One uploaded list of a round, in chunks (issue 22)."""
+    return Step(kind, _P, (state,), target, times=None, when=("stream", (state,)),
+                chunk=Chunked(state, commit=commit), bounds=bounds)
+
+
+def _down(kind: str, state: str, target: str, total: str,
+          requires: tuple[str, tuple[Any, ...]] | None = None) -> Step:
+    """One list the receiver sends back, fetched in chunks (issue 22)."""
+    return Step(kind, _P, (state,), target, times=None, when=("stream", (state,)),
+                chunk=Chunked(state, total=total, fetch=True), requires=requires)
+
+
 #: FLORIST Algorithm 1 as the passive party P_p (a secondary) enforces it. P_a commits to its
-#: set size n_a in round 1; every later list must agree with it (lines 6, 8, 11, 12).
+#: set size n_a and the chunk size in round 1; every list then travels in chunks (issue 22),
+#: one list after the other in the order of Algorithm 1, and each list's total must agree with
+#: the sizes committed (lines 6, 8, 11, 12). The state is the list being streamed.
 PSU = ProtocolSpec(
     name="psu", title="Private set union (FLORIST Alg. 1), at the secondary",
     receiver="secondary", key="session", paper="FLORIST Algorithm 1", namespace="set",
-    states=("new", "round1", "round2", "done"), initial="new", final=("done",),
+    states=("new", "a_s1", "a_s1t1", "p_t1", "p_s1t1", "union_s123t1", "a_s2", "union",
+            "a_s2t123", "p_t2", "p_s123t2", "done"), initial="new", final=("done",),
     steps=(
-        Step("psu_round1", _P, ("new",), "round1", opens=True,
-             commits=(("n_a", "a_s1"),)),  # lines 3-5; n_p (own records) is committed here too
-        Step("psu_round2", _P, ("round1",), "round2",
-             bounds=(equal("p_s1t1", "n_p"),  # line 6: our own records, re-blinded
-                     at_least("union_s123t1", "n_a", "n_p", largest=True),  # line 8: the union
-                     at_most("union_s123t1", "n_a", "n_p"),
-                     equal("a_s2", "n_a"))),  # line 11: P_a's records, no more (issue 19)
-        Step("psu_round3", _P, ("round2",), "done",
-             bounds=(equal("p_s123t2", "n_p"),)),  # line 12
+        # lines 3-5 announced; n_p (own records) is committed here too
+        Step("psu_round1", _P, ("new",), "a_s1", opens=True,
+             commits=(("n_a", "n_a"), ("chunk", "chunk_rows")),
+             note="n_a ≤ policy.max_set_elements; chunk_rows ≤ MAX_CHUNK_ROWS (2^20)"),
+        _up("psu_chunk", "a_s1", "a_s1t1", equal("total", "n_a")),  # line 3
+        _down("psu_fetch", "a_s1t1", "p_t1", "n_a"),  # line 4
+        _down("psu_fetch", "p_t1", "p_s1t1", "n_p"),  # line 5
+        _up("psu_chunk", "p_s1t1", "union_s123t1", equal("total", "n_p")),  # line 6
+        _up("psu_chunk", "union_s123t1", "a_s2",  # line 8: the union
+            at_least("total", "n_a", "n_p", largest=True), at_most("total", "n_a", "n_p"),
+            commit="n_u"),
+        _up("psu_chunk", "a_s2", "union", equal("total", "n_a")),  # line 11, no more (issue 19)
+        _down("psu_fetch", "union", "a_s2t123", "n_u"),  # line 9
+        _down("psu_fetch", "a_s2t123", "p_t2", "n_a"),  # line 11
+        _down("psu_fetch", "p_t2", "p_s123t2", "n_p"),  # line 12
+        _up("psu_chunk", "p_s123t2", "done", equal("total", "n_p")),  # line 12
     ))
 
+_REVEALED = ("reveal", ("both", "secondary"))
+_HIDDEN = ("reveal", ("primary", "cardinality"))
+
 #: ECDH PSI as the secondary enforces it; ``reveal`` fixed in round 1 decides whether round 2
-#: and the fetch of its rows exist at all.
+#: and the fetch of its rows exist at all. Every list travels in chunks (issue 22).
 PSI = ProtocolSpec(
     name="psi", title="ECDH private set intersection, at the secondary",
     receiver="secondary", key="session", paper="ECDH PSI (FLORIST §2.2 baseline)",
     namespace="set",
-    states=("new", "round1", "done"), initial="new", final=("done",),
+    states=("new", "a_s", "a_st", "p_t", "p_ts", "done"), initial="new", final=("done",),
     steps=(
-        Step("psi_round1", _P, ("new",), "round1", opens=True,
-             when=("reveal", ("both", "secondary")),
-             commits=(("n_a", "a_s"), ("reveal", "reveal"))),
-        Step("psi_round1", _P, ("new",), "done", opens=True,
-             when=("reveal", ("primary", "cardinality")),
-             commits=(("n_a", "a_s"), ("reveal", "reveal"))),
-        Step("psi_round2", _P, ("round1",), "done", bounds=(equal("p_ts", "n_p"),)),
+        Step("psi_round1", _P, ("new",), "a_s", opens=True,
+             commits=(("n_a", "n_a"), ("reveal", "reveal"), ("chunk", "chunk_rows")),
+             note="n_a ≤ policy.max_set_elements; chunk_rows ≤ MAX_CHUNK_ROWS (2^20)"),
+        _up("psi_chunk", "a_s", "a_st", equal("total", "n_a")),
+        _down("psi_fetch", "a_st", "p_t", "n_a"),
+        _down("psi_fetch", "p_t", "p_ts", "n_p", requires=_REVEALED),
+        _down("psi_fetch", "p_t", "done", "n_p", requires=_HIDDEN),
+        _up("psi_chunk", "p_ts", "done", equal("total", "n_p")),
         # the intersection rows, to the party that ran the PSI only, when it is to learn them
         Step("fetch_alignment", _P, ("done",), None, times=None,
              requires=("reveal", ("both",))),
@@ -374,6 +480,10 @@ class Session:
     touched: float
     counts: dict[tuple[str, str], int] = field(default_factory=dict)
     commits: dict[str, Any] = field(default_factory=dict)
+    #: chunked lists: stream → (chunks, elements so far, total) (issue 22)
+    streams: dict[str, tuple[int, int, int]] = field(default_factory=dict)
+    #: lists with a chunk being handled: a second chunk of one waits its turn (is refused)
+    busy: set[str] = field(default_factory=set)
     #: what the party keeps for this session (handlers' own objects)
     data: dict[str, Any] = field(default_factory=dict)
 
@@ -411,6 +521,8 @@ class Admission:
     step: Step
     sender: str
     new: bool
+    #: a chunk step: (chunks, elements, total) of its list once the handler succeeded
+    stream: tuple[int, int, int] | None = None
 
 
 class SessionTable:
@@ -575,6 +687,21 @@ class SessionTable:
                 if why is not None:
                     raise self._refuse(protocol, state, message.kind, why,
                                        code="session.bound-size")
+            stream = None
+            if step.chunk is not None:
+                if s is not None and step.chunk.stream in s.busy:
+                    # two chunks at once could both pass the order check below: one at a time
+                    raise self._refuse(protocol, state, message.kind,
+                                       f"a chunk of {step.chunk.stream} is still being "
+                                       "handled; chunks travel one after the other",
+                                       code="session.chunk")
+                progress = None if s is None else s.streams.get(step.chunk.stream)
+                why, n_el, total = step.chunk.check(message, commits, progress)
+                if why is not None:
+                    raise self._refuse(protocol, state, message.kind, why,
+                                       code="session.chunk")
+                n_chunks, n_rows, _ = progress or (0, 0, total)
+                stream = (n_chunks + 1, n_rows + n_el, total)
             if new:
                 self._check_room(protocol, name, now)
                 s = Session(protocol, name, sender, protocol.initial, now, now)
@@ -582,7 +709,9 @@ class SessionTable:
             if s is None:  # pragma: no cover - set just above
                 raise ProtocolError("session vanished")
             s.touched = now
-            return Admission(s, step, sender, new)
+            if step.chunk is not None:
+                s.busy.add(step.chunk.stream)
+            return Admission(s, step, sender, new, stream)
 
     def _check_sender(self, protocol: ProtocolSpec, s: Session | None, step: Step,
                       sender: str, sender_role: str | None, state: str, kind: str) -> None:
@@ -607,12 +736,21 @@ class SessionTable:
         """The handler succeeded: count the message, commit its sizes, move the state."""
         s, step = admission.session, admission.step
         with self._lock:
+            if step.chunk is not None:
+                s.busy.discard(step.chunk.stream)
             key = (message.kind, admission.sender if step.per_sender else "")
             s.counts[key] = s.counts.get(key, 0) + 1
             for name, fld in step.commits:
                 value = getattr(message, fld)
                 s.commits.setdefault(name, value if isinstance(value, str) else _size(value))
-            if step.target is not None:
+            closed = True
+            if step.chunk is not None and admission.stream is not None:
+                s.streams[step.chunk.stream] = admission.stream
+                _, rows, total = admission.stream
+                closed = rows == total
+                if step.chunk.commit:
+                    s.commits.setdefault(step.chunk.commit, total)
+            if step.target is not None and closed:
                 s.state = step.target
             s.touched = self._clock()
             self._note_finished(s)
@@ -620,6 +758,8 @@ class SessionTable:
     def failed(self, admission: Admission) -> None:
         """The handler refused: a session the message had opened is dropped again."""
         with self._lock:
+            if admission.step.chunk is not None:
+                admission.session.busy.discard(admission.step.chunk.stream)
             if admission.new and not admission.session.counts and \
                     admission.session.state == admission.session.protocol.initial:
                 key = (admission.session.protocol.space, admission.session.name)
@@ -653,11 +793,13 @@ def describe(protocols: Iterable[ProtocolSpec] = PROTOCOLS) -> str:
                 cond.append(f"when {st.when[0]} ∈ {{{', '.join(map(str, st.when[1]))}}}")
             if st.requires is not None:
                 cond.append(f"if {st.requires[0]} ∈ {{{', '.join(map(str, st.requires[1]))}}}")
-            bound = "; ".join([b.text() for b in st.bounds]
-                              + [f"commits {n} = len({f})" if n != f else f"commits {n}"
+            bound = "; ".join(([st.chunk.text()] if st.chunk else [])
+                              + [b.text() for b in st.bounds]
+                              + [f"commits {n} = {_sized(f)}" if n != f else f"commits {n}"
                                  for n, f in st.commits] + cond
                               + ([st.note] if st.note else [])) or "–"
-            times = "any" if st.times is None else str(st.times)
+            times = ("per chunk" if st.chunk is not None else
+                     "any" if st.times is None else str(st.times))
             if st.per_sender:
                 times += " per sender"
             target = st.target or "(same)"

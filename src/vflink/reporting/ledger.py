@@ -78,8 +78,8 @@ _BY_CONSTRUCTION: dict[str, tuple[str, str]] = {
     "key_tags": ("hmac-tag", "the other data parties' key-confirmation tags, relayed: checked "
                              "under the receiver's own secret"),
     **dict.fromkeys(
-        ("psu_round1", "psu_round1_reply", "psu_round2", "psu_round2_reply", "psu_round3",
-         "psi_round1", "psi_round1_reply", "psi_round2"),
+        ("psu_round1", "psu_chunk", "psu_fetch", "psi_round1", "psi_chunk", "psi_fetch",
+         "set_chunk"),
         ("dh-blinding", "shuffled lists of keys hashed to a group and raised to secret "
                         "exponents (FLORIST Algorithm 1, ECDH PSI): the receiver learns set "
                         "sizes, no key")),

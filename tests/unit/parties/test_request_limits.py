@@ -29,7 +29,14 @@ from vflink.protocol import (
     ShareEncodings,
     ShareFieldEncodings,
 )
-from vflink.protocol.messages import PsiRound1, PsuRound1, SetupPrivacy
+from vflink.protocol.messages import (
+    MAX_CHUNK_ROWS,
+    PsiRound1,
+    PsuChunk,
+    PsuFetch,
+    PsuRound1,
+    SetupPrivacy,
+)
 from vflink.protocol.sessions import DATA_ALIGNMENT
 from vflink.transport import InProcessHub
 from vflink.transport.grpc import GrpcChannel, GrpcServer, create_dev_pki
@@ -100,16 +107,24 @@ def _bloom(kind: str = "string", **params: Any) -> EncodingSpec:
 def test_oversized_psu_and_psi_rounds_are_refused_before_work(call: Any) -> None:
     g = get_group("ristretto255", workers=1)
     over = np.tile(g.hash_to_group([b"x"]), (POLICY.max_set_elements + 1, 1))
-    for message in (PsuRound1(session="p", group="ristretto255", a_s1=over),
-                    PsiRound1(session="q", group="ristretto255", reveal="both", a_s=over)):
+    n = POLICY.max_set_elements
+    # the announced total is capped in round 1 (issue 22: the lists follow in chunks)
+    for message in (PsuRound1(session="p", group="ristretto255", n_a=n + 1, chunk_rows=n),
+                    PsiRound1(session="q", group="ristretto255", reveal="both", n_a=n + 1,
+                              chunk_rows=n)):
         err = refusal(call, message)
         assert isinstance(err, PolicyViolation), err
         assert getattr(err, "code", None) == "limit.set-elements"
         assert "policy.max_set_elements" in str(err) and "1001" in str(err)
+    # so is the chunk size
+    err = refusal(call, PsuRound1(session="p", group="ristretto255", n_a=n,
+                                  chunk_rows=MAX_CHUNK_ROWS + 1))
+    assert getattr(err, "code", None) == "limit.chunk", err
     # at the cap the round runs (the oracle: one reply element per element sent)
-    at_cap = over[:POLICY.max_set_elements]
-    reply = call(PsuRound1(session="p", group="ristretto255", a_s1=at_cap))
-    assert len(reply.a_s1t1) == POLICY.max_set_elements  # type: ignore[attr-defined]
+    call(PsuRound1(session="p", group="ristretto255", n_a=n, chunk_rows=n))
+    call(PsuChunk(session="p", stream="a_s1", index=0, total=n, elements=over[:n]))
+    reply = call(PsuFetch(session="p", stream="a_s1t1", index=0))
+    assert len(reply.elements) == n  # type: ignore[attr-defined]
 
 
 @pytest.mark.network
@@ -179,16 +194,18 @@ def test_policy_limits_are_validated() -> None:
 def test_a_round_that_cannot_finish_within_the_callers_deadline_is_refused_upfront() -> None:
     party = bank()
     g = get_group("ristretto255", workers=1)
-    a_s1 = np.tile(g.hash_to_group([b"x"]), (POLICY.max_set_elements, 1))
-    message = PsuRound1(session="p", group="ristretto255", a_s1=a_s1)
-    # 1,000 + 20 exponentiations: half the least time they can take is left
-    least = get_group("ristretto255").min_seconds(POLICY.max_set_elements + 20)
+    n = POLICY.max_set_elements
+    a_s1 = np.tile(g.hash_to_group([b"x"]), (n, 1))
+    with work_scope(limit_s=60.0):
+        party.handle("primary", PsuRound1(session="p", group="ristretto255", n_a=n,
+                                          chunk_rows=n))
+    message = PsuChunk(session="p", stream="a_s1", index=0, total=n, elements=a_s1)
+    # 1,000 exponentiations in this chunk: half the least time they can take is left
+    least = get_group("ristretto255").min_seconds(n)
     with work_scope(limit_s=least / 2), pytest.raises(PolicyViolation) as info:
         party.handle("primary", message)
     assert getattr(info.value, "code", None) == "limit.work" and "deadline" in str(info.value)
-    assert party.set_alignment("p") is None  # nothing was started
-    with work_scope(limit_s=60.0):  # within the deadline the same round runs
-        assert len(party.handle("primary", message).a_s1t1) == len(a_s1)  # type: ignore[attr-defined]
+    assert party.set_alignment("p") is None  # nothing was finished
 
 
 def test_pending_union_forwards_are_bounded() -> None:

@@ -74,11 +74,13 @@ from vflink.protocol import (
 )
 from vflink.protocol.messages import (
     FieldEncoding,
+    PsiChunk,
+    PsiFetch,
     PsiRound1,
-    PsiRound2,
+    PsuChunk,
+    PsuFetch,
     PsuRound1,
-    PsuRound2,
-    PsuRound3,
+    SetChunk,
     UnionForward,
     UnionSetup,
 )
@@ -217,7 +219,22 @@ def resize(honest: np.ndarray, how: str, seed: int) -> np.ndarray:
 # --- PSU and PSI at the secondary -----------------------------------------------------------------
 
 
+#: the lists of each protocol in the order they travel: (name, uploaded by the primary?, total)
+#: where total names the model's committed size (issue 22: every list in chunks)
+_PSU_LISTS = (("a_s1", True, "n_a"), ("a_s1t1", False, "n_a"), ("p_t1", False, "n_p"),
+              ("p_s1t1", True, "n_p"), ("union_s123t1", True, "n_u"), ("a_s2", True, "n_a"),
+              ("union", False, "n_u"), ("a_s2t123", False, "n_a"), ("p_t2", False, "n_p"),
+              ("p_s123t2", True, "n_p"))
+_PSI_LISTS = (("a_s", True, "n_a"), ("a_st", False, "n_a"), ("p_t", False, "n_p"),
+              ("p_ts", True, "n_p"))
+_STREAMS = sorted({n for n, _, _ in _PSU_LISTS + _PSI_LISTS})
+
+
 class SetProtocolMachine(RuleBasedStateMachine):
+    """PSU and PSI streamed in chunks (issue 22): a hostile primary (or another party) sends
+    chunks of any list, in any order, of any size, repeated or after the list closed; the
+    model predicts exactly which are admitted."""
+
     transport = "inprocess"
     out_dir: Path | None = None
 
@@ -225,20 +242,33 @@ class SetProtocolMachine(RuleBasedStateMachine):
         super().__init__()
         self.world = World(self.transport, self.out_dir)
         self.finished: dict[str, tuple[Any, bytes | None]] = {}  # name → (result, file bytes)
-        self.opened: dict[str, tuple[str, int]] = {}  # name → (protocol, committed n_a)
+        # name → the model: method, reveal, sizes, chunk, list position, chunks and rows so far
+        self.opened: dict[str, dict[str, Any]] = {}
         self.counter = 0
         self.keys = primary_keys()
 
-    @initialize(n_a=st.integers(0, 8), reveal=st.sampled_from(["both", "secondary"]))
-    def open_sessions(self, n_a: int, reveal: str) -> None:
+    @initialize(n_a=st.integers(0, 8), chunk=st.integers(1, 5),
+                reveal=st.sampled_from(["both", "secondary"]))
+    def open_sessions(self, n_a: int, chunk: int, reveal: str) -> None:
         """Every example starts with a PSU and a PSI session the primary opened honestly."""
         for method in ("psu", "psi"):
             name = self._name(method)
-            msg: Message = PsuRound1(session=name, group=GROUP.name, a_s1=elements(n_a, 1)) \
-                if method == "psu" else PsiRound1(session=name, group=GROUP.name, reveal=reveal,
-                                                  a_s=elements(n_a, 2))
-            assert not isinstance(self.world.send("primary", "bank", msg), VflinkError)
-            self.opened[name] = (method, n_a)
+            reply = self.world.send("primary", "bank", self._round1(method, name, n_a, chunk,
+                                                                     reveal))
+            assert isinstance(reply, Ack) and reply.info == {"n_p": float(N_BANK)}
+            self._open(name, method, n_a, chunk, reveal)
+
+    @staticmethod
+    def _round1(method: str, name: str, n_a: int, chunk: int, reveal: str) -> Message:
+        if method == "psu":
+            return PsuRound1(session=name, group=GROUP.name, n_a=n_a, chunk_rows=chunk)
+        return PsiRound1(session=name, group=GROUP.name, reveal=reveal, n_a=n_a,
+                         chunk_rows=chunk)
+
+    def _open(self, name: str, method: str, n_a: int, chunk: int, reveal: str) -> None:
+        self.opened[name] = {"method": method, "reveal": reveal, "n_a": n_a, "n_p": N_BANK,
+                             "n_u": None, "chunk": chunk, "at": 0, "chunks": 0, "rows": 0,
+                             "dead": False}
 
     def _name(self, purpose: str) -> str:
         self.counter += 1
@@ -254,130 +284,150 @@ class SetProtocolMachine(RuleBasedStateMachine):
         result = self.world.bank.set_alignment(name)
         if result is not None:
             self.finished[name] = (result, self._file(name))
+            self.opened.pop(name, None)
 
-    @rule(method=st.sampled_from(["psu", "psi"]),
+    def _lists(self, m: dict[str, Any]) -> tuple[tuple[str, bool, str], ...]:
+        if m["method"] == "psu":
+            return _PSU_LISTS
+        return _PSI_LISTS if m["reveal"] in ("both", "secondary") else _PSI_LISTS[:3]
+
+    def _current(self, m: dict[str, Any]) -> tuple[str, bool, str]:
+        return self._lists(m)[m["at"]]
+
+    def _advance(self, name: str, m: dict[str, Any], n: int, total: int) -> None:
+        m["chunks"] += 1
+        m["rows"] += n
+        if m["rows"] == total:
+            m["at"] += 1
+            m["chunks"] = m["rows"] = 0
+            if m["at"] == len(self._lists(m)):
+                self._remember(name)
+
+    @rule(method=st.sampled_from(["psu", "psi"]), chunk=st.integers(1, 7),
           reveal=st.sampled_from(["both", "primary", "secondary", "cardinality"]))
-    def honest_run(self, method: str, reveal: str) -> None:
+    def honest_run(self, method: str, chunk: int, reveal: str) -> None:
         name = self._name(method)
-        driver = SetAlignmentDriver(self.keys, self.world.channel("primary"), GROUP)
+        driver = SetAlignmentDriver(self.keys, self.world.channel("primary"), GROUP,
+                                    chunk_rows=chunk)
         out = driver.psu("bank", name) if method == "psu" else \
             driver.psi("bank", name, reveal=reveal)
         assert out.session == name
         self._remember(name)
+        assert name in self.finished
 
-    def _target(self, data: st.DataObject, stage: str | None = None) -> str:
-        """A session name: mostly one in ``stage`` (where the next round would be honest),
-        else any known one, a finished one, or a fresh one."""
-        ready = sorted(n for n, (st_, _) in self.opened.items() if st_ == stage)
-        if ready and data.draw(st.integers(0, 3)) > 0:
-            return data.draw(st.sampled_from(ready))
+    def _target(self, data: st.DataObject) -> str:
+        """A session name: mostly a running one, else any known one or a fresh one."""
+        running = sorted(n for n, m in self.opened.items() if not m["dead"])
+        if running and data.draw(st.integers(0, 3)) > 0:
+            return data.draw(st.sampled_from(running))
         known = sorted({*self.finished, *self.opened})
         return data.draw(st.sampled_from([*known, self._name("x")]) if known else
                          st.just(self._name("x")))
 
     @rule(data=st.data(), sender=st.sampled_from(["primary", "primary", "other", "bank"]),
-          how=sizes())
-    def psu_round1(self, data: st.DataObject, sender: str, how: str) -> None:
+          method=st.sampled_from(["psu", "psi"]), n_a=st.integers(0, 6),
+          chunk=st.sampled_from([0, 1, 3, 2**20 + 1]),
+          reveal=st.sampled_from(["both", "primary", "secondary", "cardinality"]))
+    def round1(self, data: st.DataObject, sender: str, method: str, n_a: int, chunk: int,
+               reveal: str) -> None:
         name = self._target(data)
-        a_s1 = resize(elements(6, self.counter), how, self.counter)
-        reply = self.world.send(sender, "bank", PsuRound1(session=name, group=GROUP.name,
-                                                           a_s1=a_s1))
-        if not isinstance(reply, VflinkError):
-            assert sender == "primary" and name not in self.finished and name not in self.opened
-            assert len(reply.a_s1t1) == len(a_s1)  # type: ignore[attr-defined]
-            self.opened[name] = ("psu", len(a_s1))
+        reply = self.world.send(sender, "bank", self._round1(method, name, n_a, chunk, reveal))
+        fresh = name not in self.finished and name not in self.opened
+        ok = sender == "primary" and fresh and 1 <= chunk <= 2**20
+        assert isinstance(reply, VflinkError) != ok, (reply, sender, fresh, chunk)
+        if ok:
+            assert reply.info == {"n_p": float(N_BANK)}  # type: ignore[union-attr]
+            self._open(name, method, n_a, chunk, reveal)
 
-    @rule(data=st.data(), sender=st.sampled_from(["primary", "primary", "other"]), a=sizes(),
-          p=st.sampled_from(["honest", "honest", "honest", "more"]),
-          u=st.sampled_from(["honest", "honest", "honest", "more"]))
-    def psu_round2(self, data: st.DataObject, sender: str, a: str, p: str, u: str) -> None:
-        name = self._target(data, "psu")
-        n_a = self.opened.get(name, ("", 6))[1]
-        own = elements(N_BANK, 99)
-        msg = PsuRound2(session=name, p_s1t1=resize(own, p, 1),
-                        union_s123t1=resize(elements(n_a + N_BANK, 7), u, 2),
-                        a_s2=resize(elements(n_a, 5), a, 3))
+    @rule(data=st.data(), sender=st.sampled_from(["primary", "primary", "primary", "other"]),
+          stream=st.sampled_from(["current", "current", "current", "other"]),
+          index=st.sampled_from(["next", "next", "next", "repeat", "skip"]),
+          size=st.sampled_from(["honest", "honest", "over-limit", "over-total", "empty"]),
+          total=st.sampled_from(["honest", "honest", "more", "fewer"]))
+    def chunk(self, data: st.DataObject, sender: str, stream: str, index: str, size: str,
+              total: str) -> None:
+        """One chunk of an uploaded list, honest or out of order, repeated, too large, too
+        many elements in all, of the wrong list, or after its list closed."""
+        name = self._target(data)
+        m = self.opened.get(name)
+        method = m["method"] if m else data.draw(st.sampled_from(["psu", "psi"]))
+        lists = self._lists(m) if m else _PSU_LISTS if method == "psu" else _PSI_LISTS
+        cur = self._current(m) if m else lists[0]
+        name_ = cur[0] if stream == "current" else data.draw(st.sampled_from(_STREAMS))
+        chunks, rows = (m["chunks"], m["rows"]) if m else (0, 0)
+        idx = {"next": chunks, "repeat": chunks - 1, "skip": chunks + 1}[index]
+        limit = m["chunk"] if m else 3
+        if m and cur[2] == "n_u":
+            honest_total = m["n_u"] if m["n_u"] is not None else max(m["n_a"], N_BANK) + 1
+        else:
+            honest_total = m[cur[2]] if m else 3
+        n_total = max(0, honest_total + {"honest": 0, "more": 1, "fewer": -1}[total])
+        left = max(0, honest_total - rows)
+        n = {"honest": min(limit, left), "over-limit": limit + 1, "over-total": left + 1,
+             "empty": 0}[size]
+        kind = PsuChunk if method == "psu" else PsiChunk
+        msg = kind(session=name, stream=name_, index=idx, total=n_total,
+                   elements=elements(n, 1000 * self.counter + rows))
         reply = self.world.send(sender, "bank", msg)
-        if not isinstance(reply, VflinkError):
-            # only in round 1 of a session this sender opened, and only with the committed sizes
-            assert sender == "primary" and self.opened.get(name, ("",))[0] == "psu"
-            assert len(msg.a_s2) == n_a and len(msg.p_s1t1) == N_BANK
-            assert max(n_a, N_BANK) <= len(msg.union_s123t1) <= n_a + N_BANK
-            self.opened[name] = ("psu-2", n_a)
+        ok = (m is not None and not m["dead"] and sender == "primary" and cur[1]
+              and name_ == cur[0] and idx == chunks and n <= limit and rows + n <= n_total
+              and (n > 0 or (n_total == 0 and chunks == 0)))
+        if ok and m is not None and cur[2] == "n_u":
+            fixed = m["n_u"]
+            ok = (fixed == n_total if fixed is not None else
+                  max(m["n_a"], N_BANK) <= n_total <= m["n_a"] + N_BANK)
+        elif ok and m is not None:
+            ok = n_total == m[cur[2]]
+        if not ok:
+            assert isinstance(reply, VflinkError), (msg.stream, msg.index, n, m)
+            return
+        assert m is not None
+        if isinstance(reply, VflinkError):  # admitted, then the contents failed: it ended
+            m["dead"] = True
+            return
+        if cur[2] == "n_u":
+            m["n_u"] = n_total
+        self._advance(name, m, n, n_total)
 
-    @rule(data=st.data(), sender=st.sampled_from(PARTIES[:3]), how=sizes())
-    def psu_round3(self, data: st.DataObject, sender: str, how: str) -> None:
-        name = self._target(data, "psu-2")
-        msg = PsuRound3(session=name, p_s123t2=resize(elements(N_BANK, 11), how, 4))
-        reply = self.world.send(sender, "bank", msg)
-        if not isinstance(reply, VflinkError):  # random points cannot complete a union
-            assert sender == "primary" and self.opened.get(name, ("",))[0] == "psu-2"
-            assert len(msg.p_s123t2) == N_BANK
-
-    def _waiting(self, stage: str) -> list[str]:
-        return sorted(n for n, (st_, _) in self.opened.items() if st_ == stage)
-
-    # the attacker's favourite moves: continue a session it opened, with resized contents
-    @precondition(lambda self: bool(self._waiting("psu")))
-    @rule(data=st.data(), a=st.sampled_from(["honest", "more", "fewer", "empty"]),
-          u=st.sampled_from(["honest", "more", "fewer"]))
-    def continue_psu(self, data: st.DataObject, a: str, u: str) -> None:
-        name = data.draw(st.sampled_from(self._waiting("psu")))
-        n_a = self.opened[name][1]
-        msg = PsuRound2(session=name, p_s1t1=elements(N_BANK, 99),
-                        union_s123t1=resize(elements(n_a + N_BANK, 7), u, 2),
-                        a_s2=resize(elements(n_a, 5), a, 3))
-        reply = self.world.send("primary", "bank", msg)
-        if not isinstance(reply, VflinkError):
-            assert len(msg.a_s2) == n_a  # no guessed IDs beyond round 1's commitment
-            assert max(n_a, N_BANK) <= len(msg.union_s123t1) <= n_a + N_BANK
-            self.opened[name] = ("psu-2", n_a)
-
-    @precondition(lambda self: bool(self._waiting("psi")))
-    @rule(data=st.data(), how=sizes())
-    def continue_psi(self, data: st.DataObject, how: str) -> None:
-        name = data.draw(st.sampled_from(self._waiting("psi")))
-        msg = PsiRound2(session=name, p_ts=resize(elements(N_BANK, 13), how, 5))
-        reply = self.world.send("primary", "bank", msg)
-        if not isinstance(reply, VflinkError):
-            assert len(msg.p_ts) == N_BANK
-            self._remember(name)
+    @rule(data=st.data(), sender=st.sampled_from(["primary", "primary", "other"]),
+          stream=st.sampled_from(["current", "current", "other"]),
+          index=st.sampled_from(["next", "next", "repeat", "skip"]))
+    def fetch(self, data: st.DataObject, sender: str, stream: str, index: str) -> None:
+        """A chunk of a list the secondary sends: only the next one, of the current list."""
+        name = self._target(data)
+        m = self.opened.get(name)
+        method = m["method"] if m else data.draw(st.sampled_from(["psu", "psi"]))
+        cur = self._current(m) if m else ("a_st", False, "n_a")
+        name_ = cur[0] if stream == "current" else data.draw(st.sampled_from(_STREAMS))
+        chunks = m["chunks"] if m else 0
+        idx = {"next": chunks, "repeat": chunks - 1, "skip": chunks + 1}[index]
+        kind = PsuFetch if method == "psu" else PsiFetch
+        reply = self.world.send(sender, "bank", kind(session=name, stream=name_, index=idx))
+        ok = (m is not None and not m["dead"] and sender == "primary" and not cur[1]
+              and name_ == cur[0] and idx == chunks)
+        if not ok:
+            assert isinstance(reply, VflinkError), (name_, idx, m)
+            return
+        assert m is not None and isinstance(reply, SetChunk), reply
+        total = m[cur[2]]
+        # every reply agrees with the sizes committed: the next slice of the list
+        assert len(reply.elements) == min(m["chunk"], total - m["rows"])
+        assert reply.stream == name_ and reply.index == idx
+        self._advance(name, m, len(reply.elements), total)
 
     @precondition(lambda self: bool(self.finished))
-    @rule(data=st.data(), how=sizes())
-    def replay_on_finished(self, data: st.DataObject, how: str) -> None:
+    @rule(data=st.data())
+    def replay_on_finished(self, data: st.DataObject) -> None:
         name = data.draw(st.sampled_from(sorted(self.finished)))
-        for msg in (PsiRound2(session=name, p_ts=resize(elements(N_BANK, 17), how, 6)),
-                    PsuRound3(session=name, p_s123t2=resize(elements(N_BANK, 19), how, 7)),
-                    PsiRound1(session=name, group=GROUP.name, reveal="both",
-                              a_s=elements(3, 8))):
+        for msg in (PsiChunk(session=name, stream="p_ts", index=0, total=N_BANK,
+                             elements=elements(3, 6)),
+                    PsuChunk(session=name, stream="p_s123t2", index=0, total=N_BANK,
+                             elements=elements(3, 7)),
+                    PsiFetch(session=name, stream="a_st", index=0),
+                    PsiRound1(session=name, group=GROUP.name, reveal="both", n_a=3,
+                              chunk_rows=3)):
             reply = self.world.send("primary", "bank", msg)
             assert isinstance(reply, VflinkError), msg.kind  # a finished session is immutable
-
-    @rule(data=st.data(), sender=st.sampled_from(PARTIES[:3]), how=sizes(),
-          reveal=st.sampled_from(["both", "primary", "secondary", "cardinality"]))
-    def psi_round1(self, data: st.DataObject, sender: str, how: str, reveal: str) -> None:
-        name = self._target(data)
-        a_s = resize(elements(5, self.counter), how, self.counter)
-        reply = self.world.send(sender, "bank", PsiRound1(session=name, group=GROUP.name,
-                                                          reveal=reveal, a_s=a_s))
-        if not isinstance(reply, VflinkError):
-            assert sender == "primary" and name not in self.finished and name not in self.opened
-            if reveal in ("both", "secondary"):
-                self.opened[name] = ("psi", len(a_s))
-            else:
-                self.opened[name] = ("psi-done", len(a_s))
-            self._remember(name)
-
-    @rule(data=st.data(), sender=st.sampled_from(PARTIES[:3]), how=sizes())
-    def psi_round2(self, data: st.DataObject, sender: str, how: str) -> None:
-        name = self._target(data, "psi")
-        msg = PsiRound2(session=name, p_ts=resize(elements(N_BANK, 13), how, 5))
-        reply = self.world.send(sender, "bank", msg)
-        if not isinstance(reply, VflinkError):
-            assert sender == "primary" and name not in self.finished
-            assert len(msg.p_ts) == N_BANK
-            self._remember(name)
 
     @rule(data=st.data(), sender=st.sampled_from(PARTIES))
     def fetch_rows(self, data: st.DataObject, sender: str) -> None:
@@ -396,6 +446,16 @@ class SetProtocolMachine(RuleBasedStateMachine):
             now = self.world.bank.set_alignment(name)
             assert now is result, name
             assert self._file(name) == blob, name
+
+    @invariant()
+    def no_files_left_behind(self) -> None:
+        """Finished or failed sessions keep no bucket files (issue 22)."""
+        if self.out_dir is None:
+            return
+        tmp = self.out_dir / ".set-tmp"
+        running = sum(1 for m in self.opened.values() if not m["dead"])
+        left = list(tmp.iterdir()) if tmp.exists() else []
+        assert len(left) <= running, (left, running)
 
     @invariant()
     def still_answers(self) -> None:

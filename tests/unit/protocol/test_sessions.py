@@ -24,6 +24,7 @@ from vflink.parties.policy import SENDERS
 from vflink.protocol.messages import MESSAGE_TYPES, Message
 from vflink.protocol.sessions import (
     PROTOCOLS,
+    Chunked,
     ProtocolSpec,
     SessionLimits,
     SessionTable,
@@ -221,3 +222,88 @@ def test_the_docs_draw_every_protocol_as_declared() -> None:
     assert re.sub(r"^#### ", "### ", describe(), flags=re.M).strip() in rendered  # a level up
     for p in PROTOCOLS:
         assert f"`{p.name}`" in rendered
+
+
+# --- chunked lists (issue 22) -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Begin(Message):
+    kind: ClassVar[str] = "c_begin"
+    session: str
+    n: int
+    chunk_rows: int
+
+
+@dataclass(frozen=True)
+class Part(Message):
+    kind: ClassVar[str] = "c_part"
+    session: str
+    stream: str
+    index: int
+    total: int
+    elements: tuple[int, ...]
+
+
+CHUNKY = ProtocolSpec(
+    name="chunky", title="chunky", receiver="secondary", key="session",
+    states=("new", "up", "done"), initial="new", final=("done",),
+    steps=(Step("c_begin", ("primary",), ("new",), "up", opens=True,
+                commits=(("n", "n"), ("chunk", "chunk_rows"))),
+           Step("c_part", ("primary",), ("up",), "done", times=None, when=("stream", ("up",)),
+                chunk=Chunked("up"), bounds=(equal("total", "n"),))))
+
+
+def part(index: int, n: int, total: int = 5, stream: str = "up") -> Part:
+    return Part(session="s", stream=stream, index=index, total=total,
+                elements=tuple(range(n)))
+
+
+@given(chunk=st.integers(1, 6), n=st.integers(0, 12),
+       moves=st.lists(st.tuples(st.sampled_from(["next", "repeat", "skip"]),
+                                st.integers(-1, 8), st.sampled_from([0, 1, -1])),
+                      max_size=12))
+@settings(max_examples=200, deadline=None)
+def test_chunks_are_admitted_iff_in_order_within_the_limit_and_the_total(
+        chunk: int, n: int, moves: list[tuple[str, int, int]]) -> None:
+    """The oracle: a chunk is admitted iff it is the next one, holds 1..chunk elements (or is
+    the one empty chunk of an empty list), stays within the committed total, and its list is
+    still open."""
+    t = SessionTable("bank", "secondary", protocols=(CHUNKY,))
+    step(t, "p", Begin(session="s", n=n, chunk_rows=chunk))
+    chunks = rows = 0
+    closed = False
+    for how, size, total_delta in moves:
+        idx = {"next": chunks, "repeat": chunks - 1, "skip": chunks + 1}[how]
+        size = min(chunk, n - rows) if size < 0 else size
+        msg = part(idx, size, max(0, n + total_delta))
+        ok = (not closed and idx == chunks and size <= chunk and rows + size <= n
+              and msg.total == n and (size > 0 or (n == 0 and chunks == 0)))
+        if ok:
+            step(t, "p", msg)
+            chunks, rows = chunks + 1, rows + size
+            closed = rows == n
+        else:
+            with pytest.raises(ProtocolError):
+                t.admit("p", "primary", msg)
+    s = t.get("chunky", "s")
+    assert s is not None and (s.state == "done") == closed
+
+
+def test_a_chunk_while_another_of_its_list_is_handled_is_refused() -> None:
+    t = SessionTable("bank", "secondary", protocols=(CHUNKY,))
+    step(t, "p", Begin(session="s", n=4, chunk_rows=2))
+    first = t.admit("p", "primary", part(0, 2, 4))
+    assert first is not None
+    # the same chunk again, concurrently: both would pass the order check otherwise
+    with pytest.raises(ProtocolError, match="still being handled"):
+        t.admit("p", "primary", part(0, 2, 4))
+    t.done(first, part(0, 2, 4))
+    with pytest.raises(ProtocolError, match="repeats"):
+        t.admit("p", "primary", part(0, 2, 4))
+    failed = t.admit("p", "primary", part(1, 2, 4))
+    assert failed is not None
+    t.failed(failed)  # a failed handler frees the list for a retry
+    step(t, "p", part(1, 2, 4))
+    with pytest.raises(ProtocolError, match="refused"):
+        t.admit("p", "primary", part(2, 1, 4))  # the list is closed (here: the session)

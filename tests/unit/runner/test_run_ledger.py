@@ -83,7 +83,7 @@ def test_every_protocol_message_kind_is_classified(method: str) -> None:
 
 def test_key_confirmation_and_set_rounds_are_protected_by_construction() -> None:
     msgs = [{"kind": k, "sender": "primary", "receiver": "coordinator", "messages": 1,
-             "bytes": 32} for k in ("key_tag", "psu_round1", "psi_round1_reply")]
+             "bytes": 32} for k in ("key_tag", "psu_round1", "set_chunk")]
     ledger = build_run_ledger(result({"alignment": {"method": "psu", "messages": msgs}}))
     assert {m["kind"]: m["protection"] for m in ledger.messages} == {
-        "key_tag": "hmac-tag", "psu_round1": "dh-blinding", "psi_round1_reply": "dh-blinding"}
+        "key_tag": "hmac-tag", "psu_round1": "dh-blinding", "set_chunk": "dh-blinding"}

@@ -1,0 +1,180 @@
+"""On-disk lists of group elements for the chunked set protocols (issue 22).
+
+A PSU/PSI round used to be one array in one message and in one process's memory. Streamed in
+chunks, each party keeps what it must remember between chunks on disk instead:
+
+* :class:`Spool`: a flat list of fixed-width elements (and optionally an int64 row per
+  element), appended chunk by chunk and read back by slice;
+* :class:`Buckets`: elements partitioned by their *leading bits* into files, so that the
+  sorted order of the whole list is the buckets' order followed by each bucket's own order
+  (``sorted_unique``, intersections and ranks in the union are computed one bucket at a
+  time, as secretflow/psi and FATE do with buckets of about 10^6 rows);
+* :func:`shuffle`: a secret uniform permutation of a list too large for memory: every element
+  goes to a bucket drawn at random, each bucket is permuted in memory, and the buckets are
+  concatenated. This is uniform: a permutation's probability is
+  ``sum over bucket sizes of B^-n * prod(1/n_i!)`` = ``1/n!`` (the multinomial theorem).
+
+Every file lives in a :class:`Workdir` removed when the protocol finishes, fails, or its owner
+is collected.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+import shutil
+import tempfile
+import weakref
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+
+from vflink.alignment.groups import Elements
+
+__all__ = ["Buckets", "Spool", "Workdir", "shuffle"]
+
+#: Most leading bits used to bucket (2^16 buckets; every element has at least two bytes).
+_MAX_BITS = 16
+
+
+class Workdir:
+    """A private temporary directory (mode 0700) removed by :meth:`close`, or at collection."""
+
+    def __init__(self, parent: Path | None = None, prefix: str = "vflink-set-") -> None:
+        if parent is not None:
+            parent.mkdir(parents=True, exist_ok=True)
+        self.path = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+        self._count = 0
+        self._finalizer = weakref.finalize(self, shutil.rmtree, self.path, True)
+
+    def new(self, name: str) -> Path:
+        """A fresh sub-path for one list."""
+        self._count += 1
+        return self.path / f"{self._count:03d}-{name}"
+
+    def close(self) -> None:
+        self._finalizer()
+
+    @property
+    def closed(self) -> bool:
+        return not self._finalizer.alive
+
+
+class Spool:
+    """A flat list of ``width``-byte elements on disk, with an optional int64 row for each."""
+
+    def __init__(self, path: Path, width: int, *, rows: bool = False) -> None:
+        self.path, self.width, self.has_rows = path, width, rows
+        self.n = 0
+        path.mkdir(parents=True, exist_ok=True)
+        (path / "e.bin").touch()
+        if rows:
+            (path / "r.bin").touch()
+
+    def __len__(self) -> int:
+        return self.n
+
+    def append(self, elements: Elements, rows: npt.NDArray[np.int64] | None = None) -> None:
+        elements = np.ascontiguousarray(elements, dtype=np.uint8)
+        with open(self.path / "e.bin", "ab") as fh:
+            fh.write(elements.tobytes())
+        if self.has_rows:
+            if rows is None or len(rows) != len(elements):
+                raise ValueError("a spool with rows needs one row per element")
+            with open(self.path / "r.bin", "ab") as fh:
+                fh.write(np.ascontiguousarray(rows, dtype="<i8").tobytes())
+        self.n += len(elements)
+
+    def read(self, lo: int, hi: int) -> tuple[Elements, npt.NDArray[np.int64] | None]:
+        """Elements (and rows) ``lo:hi``."""
+        lo, hi = max(0, lo), min(self.n, hi)
+        count = max(0, hi - lo)
+        with open(self.path / "e.bin", "rb") as fh:
+            fh.seek(lo * self.width)
+            e = np.fromfile(fh, dtype=np.uint8, count=count * self.width)
+        rows = None
+        if self.has_rows:
+            with open(self.path / "r.bin", "rb") as fh:
+                fh.seek(lo * 8)
+                rows = np.fromfile(fh, dtype="<i8", count=count).astype(np.int64)
+        return e.reshape(count, self.width), rows
+
+    def chunks(self, size: int) -> Iterator[tuple[Elements, npt.NDArray[np.int64] | None]]:
+        for lo in range(0, self.n, max(1, size)):
+            yield self.read(lo, lo + size)
+
+
+def bucket_bits(expected: int, per_bucket: int) -> int:
+    """Leading bits giving buckets of about ``per_bucket`` elements for ``expected`` ones."""
+    if expected <= per_bucket:
+        return 0
+    return min(_MAX_BITS, math.ceil(math.log2(expected / max(1, per_bucket))))
+
+
+class Buckets:
+    """Elements (each with an int64 row) split over ``2^bits`` files by their leading bits, or,
+    with ``random``, by a bucket drawn from the OS secure source (for :func:`shuffle`)."""
+
+    def __init__(self, path: Path, width: int, *, bits: int, random: bool = False) -> None:
+        self.path, self.width, self.bits, self.random = path, width, bits, random
+        self.count = np.zeros(1 << bits, dtype=np.int64)
+        self._rng = np.random.Generator(np.random.PCG64(secrets.randbits(128))) \
+            if random else None
+        path.mkdir(parents=True, exist_ok=True)
+
+    def __len__(self) -> int:
+        return int(self.count.sum())
+
+    def _ids(self, elements: Elements) -> npt.NDArray[np.int64]:
+        if self.bits == 0:
+            return np.zeros(len(elements), dtype=np.int64)
+        if self._rng is not None:
+            return self._rng.integers(0, 1 << self.bits, size=len(elements), dtype=np.int64)
+        lead = (elements[:, 0].astype(np.int64) << 8) | elements[:, 1].astype(np.int64)
+        return lead >> (_MAX_BITS - self.bits)
+
+    def add(self, elements: Elements, rows: npt.NDArray[np.int64] | None = None) -> None:
+        if len(elements) == 0:
+            return
+        elements = np.ascontiguousarray(elements, dtype=np.uint8)
+        rows = np.full(len(elements), -1, dtype=np.int64) if rows is None else rows
+        ids = self._ids(elements)
+        order = np.argsort(ids, kind="stable")
+        ids, elements, rows = ids[order], elements[order], np.asarray(rows)[order]
+        cuts = np.flatnonzero(np.diff(ids)) + 1
+        for lo, hi in zip(np.r_[0, cuts], np.r_[cuts, len(ids)], strict=True):
+            b = int(ids[lo])
+            with open(self.path / f"{b:05d}.e", "ab") as fh:
+                fh.write(elements[lo:hi].tobytes())
+            with open(self.path / f"{b:05d}.r", "ab") as fh:
+                fh.write(np.ascontiguousarray(rows[lo:hi], dtype="<i8").tobytes())
+            self.count[b] += hi - lo
+
+    def bucket(self, b: int) -> tuple[Elements, npt.NDArray[np.int64]]:
+        n = int(self.count[b])
+        if n == 0:
+            return (np.empty((0, self.width), dtype=np.uint8), np.empty(0, dtype=np.int64))
+        e = np.fromfile(self.path / f"{b:05d}.e", dtype=np.uint8).reshape(n, self.width)
+        r = np.fromfile(self.path / f"{b:05d}.r", dtype="<i8").astype(np.int64)
+        return e, r
+
+    def __iter__(self) -> Iterator[tuple[Elements, npt.NDArray[np.int64]]]:
+        """Buckets in the order of their leading bits (byte order of the elements)."""
+        for b in range(len(self.count)):
+            yield self.bucket(b)
+
+    def drop(self) -> None:
+        shutil.rmtree(self.path, ignore_errors=True)
+
+
+def shuffle(source: Buckets, out: Spool) -> Spool:
+    """Append ``source``'s elements (drawn into random buckets) to ``out`` in a uniformly
+    random order; ``source`` is removed."""
+    rng = np.random.Generator(np.random.PCG64(secrets.randbits(128)))
+    for e, r in source:
+        perm = rng.permutation(len(e))
+        out.append(e[perm], r[perm] if out.has_rows else None)
+    source.drop()
+    return out
