@@ -228,7 +228,7 @@ class SecondaryParty(SetAlignmentPeer, UnionPeer, LinkingPeer):
                     out = self.model(x)
             else:
                 out = self.model(x)
-            out, emb = self.protection.protect(out, unique)  # VFL-AFE Alg. 1 lines 6-9
+            out, emb = self.protection.protect(out, unique, x)  # VFL-AFE Alg. 1 lines 6-9
             self._pending[message.batch_id] = out
             if self.recorder is not None:
                 self.recorder.forward_rows(message.batch_id, unique)
@@ -236,7 +236,7 @@ class SecondaryParty(SetAlignmentPeer, UnionPeer, LinkingPeer):
             if self.model.training:
                 self.model.eval()
             with torch.no_grad():
-                _, emb = self.protection.protect(self.model(x), unique)
+                _, emb = self.protection.protect(self.model(x), unique, x)
         return Embeddings(batch_id=message.batch_id, embeddings=emb,
                           inverse=inverse.astype(np.int64))
 
