@@ -131,8 +131,10 @@ def run(args: argparse.Namespace) -> int:
             + (f"; budget ε = {summary['budget']:g}" if summary["budget"] is not None else ""),
             highlight=False)
         for s in summary["settings"]:
+            mechanism = (f"randomized response over {s['buckets']} codes"
+                         if s.get("buckets") else f"σ {s['sigma']:.4g}")
             console.print(f"  setting: mode {s['mode']}, ε {s['epsilon']} per release at "
-                          f"δ {s['delta']}, σ {s['sigma']:.4g} ({s['calibration']})",
+                          f"δ {s['delta']}, {mechanism} ({s['calibration']})",
                           highlight=False)
     if others:
         console.print(f"counts of {len(others)} other data version(s) are kept in {directory}",

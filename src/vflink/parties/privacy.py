@@ -138,19 +138,21 @@ class EmbeddingProtection:
         if self.dp is not None:
             self.dp.note_links(self._links)
 
-    def protect(self, out: torch.Tensor, rows: npt.NDArray[np.int64]
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(kept, sent)``: the tensor whose graph the backward pass uses, and what to send."""
+    def protect(self, out: torch.Tensor, rows: npt.NDArray[np.int64],
+                inputs: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(kept, sent)``: the tensor whose graph the backward pass uses, and what to send.
+        ``inputs``: the bottom model's input rows (``randomized-response`` quantises them)."""
         if self.dp is None:
             return out, out.detach()
         try:
-            return self.dp.release(out, rows)
+            return self.dp.release(out, rows, inputs)
         except PrivacyBudgetExceeded as exc:
             # the budget and the release count are public parameters: the primary may see them
             raise refuse(PrivacyBudgetExceeded, str(exc), code="privacy.budget") from None
 
     def backward(self, kept: torch.Tensor, grad: torch.Tensor) -> None:
-        if self.dp is not None and self.dp.config.release_once:
+        if self.dp is not None and (self.dp.config.release_once
+                                    or self.dp.config.randomized_response):
             return  # the bottom model stays as released: its releases are cached
         extra = self.dp.local_loss(kept, grad) if self.dp is not None else None
         if extra is None or not extra.requires_grad:  # e.g. no confident soft labels

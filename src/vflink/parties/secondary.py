@@ -252,7 +252,7 @@ class SecondaryParty(SetAlignmentPeer, UnionPeer, LinkingPeer):
             # back to the CPU before anything else (a differentiable copy: the gradient
             # returns to the device): protection and the message work on CPU tensors
             out = out.cpu()
-            out, emb = self.protection.protect(out, unique)  # VFL-AFE Alg. 1 lines 6-9
+            out, emb = self.protection.protect(out, unique, x.cpu())  # VFL-AFE Alg. 1 l. 6-9
             self._pending[message.batch_id] = out
             if self.recorder is not None:
                 self.recorder.forward_rows(message.batch_id, unique)
@@ -260,7 +260,7 @@ class SecondaryParty(SetAlignmentPeer, UnionPeer, LinkingPeer):
             if self.model.training:
                 self.model.eval()
             with torch.no_grad():
-                _, emb = self.protection.protect(self.model(x).cpu(), unique)
+                _, emb = self.protection.protect(self.model(x).cpu(), unique, x.cpu())
         return Embeddings(batch_id=message.batch_id, embeddings=emb,
                           inverse=inverse.astype(np.int64))
 

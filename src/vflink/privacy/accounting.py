@@ -41,8 +41,10 @@ import dp_accounting
 import numpy as np
 import numpy.typing as npt
 from dp_accounting import gaussian_mechanism
-from dp_accounting.pld import PLDAccountant
+from dp_accounting.pld import PLDAccountant, privacy_loss_distribution
 from scipy.stats import norm
+
+from vflink.privacy.randomized_response import noise_parameter
 
 __all__ = [
     "ACCOUNTANT",
@@ -51,9 +53,11 @@ __all__ = [
     "calibrate_total",
     "composed_epsilon",
     "composed_epsilon_mixed",
+    "composed_epsilon_with_responses",
     "delta_prime",
     "lemma_3_3_sigma",
     "max_releases_within",
+    "max_responses_within",
     "planned_releases",
     "rescale_p2",
     "rescale_sigmas_for",
@@ -121,6 +125,60 @@ def composed_epsilon_mixed(releases: tuple[tuple[float, int], ...], delta: float
     for sigma, m in used:
         accountant.compose(dp_accounting.GaussianDpEvent(sigma), m)
     return float(accountant.get_epsilon(delta))
+
+
+@functools.lru_cache(maxsize=4096)
+def composed_epsilon_with_responses(gaussian: tuple[tuple[float, int], ...],
+                                    responses: tuple[tuple[tuple[int, float], int], ...],
+                                    delta: float) -> float:
+    """ε at ``delta`` of a record's Gaussian releases (``(sigma, count)`` pairs) together with
+    its randomized-response releases (``((k, epsilon), count)`` pairs, each pure ε-DP; issue 20,
+    :mod:`vflink.privacy.randomized_response`).
+
+    Two sound upper bounds, the smaller reported: the PLD accountant's composition of every
+    release (dp-accounting's ``from_randomized_response`` and ``from_gaussian_mechanism``
+    privacy-loss distributions, composed), and basic composition (the Gaussian part's ε at
+    ``delta`` plus Σ count·ε of the responses; exact for a single response, where the PLD's
+    pessimistic discretisation may add up to its interval). dp-accounting 0.6's
+    ``PLDAccountant`` composes a ``RandomizedResponseDpEvent`` once whatever its count, so the
+    distributions are composed here, one per release.
+
+    The Gaussian distribution is the add-or-remove one of sensitivity 1 (σ is the multiplier
+    over the replace-one sensitivity 2t, as everywhere in this module), which is symmetric and
+    equals the replace-one pair of this mechanism; randomized response's is replace-one.
+    """
+    used_g = tuple((float(s), int(m)) for s, m in gaussian if m > 0)
+    used_r = tuple(((int(k), float(e)), int(m)) for (k, e), m in responses if m > 0)
+    if not used_r:
+        return composed_epsilon_mixed(used_g, delta)
+    basic = composed_epsilon_mixed(used_g, delta) + sum(e * m for (_, e), m in used_r)
+    pld = None
+    for (k, e), m in used_r:
+        if k < 2:
+            continue
+        one = privacy_loss_distribution.from_randomized_response(
+            noise_parameter=noise_parameter(e, k), num_buckets=k,
+            value_discretization_interval=_PLD_INTERVAL,
+            neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
+        part = one.self_compose(m) if m > 1 else one
+        pld = part if pld is None else pld.compose(part)
+    for sigma, m in used_g:
+        g = privacy_loss_distribution.from_gaussian_mechanism(
+            standard_deviation=sigma / math.sqrt(m), value_discretization_interval=_PLD_INTERVAL)
+        pld = g if pld is None else pld.compose(g)
+    if pld is None:
+        return basic
+    return float(min(basic, pld.get_epsilon_for_delta(delta)))
+
+
+def max_responses_within(k: int, epsilon: float, delta: float, budget: float, *,
+                         cap: int = 64) -> int:
+    """The largest m with m randomized-response releases at ``epsilon`` within ``budget``."""
+    m = 0
+    while m < cap and composed_epsilon_with_responses((), (((k, epsilon), m + 1),),
+                                                      delta) <= budget:
+        m += 1
+    return m
 
 
 def max_releases_within(sigma: float, delta: float, budget: float, *, cap: int = 10**6) -> int:

@@ -57,7 +57,7 @@ import numpy as np
 import numpy.typing as npt
 
 from vflink.errors import ConfigError, DataError, PrivacyBudgetExceeded
-from vflink.privacy.accounting import composed_epsilon_mixed
+from vflink.privacy.accounting import composed_epsilon_with_responses
 
 __all__ = [
     "BUDGET_DIR",
@@ -103,9 +103,19 @@ class ReleaseSetting:
     delta: float | None = None
     calibration: str | None = None
     mode: str | None = None
+    #: k of a randomized-response release (issue 20; its ε is ``epsilon``, pure: δ = 0, and
+    #: ``sigma`` is 0); 0: a Gaussian release of multiplier ``sigma``
+    buckets: int = 0
 
     @property
-    def key(self) -> tuple[float, float]:
+    def response(self) -> bool:
+        """A k-ary randomized-response release (:mod:`vflink.privacy.randomized_response`)."""
+        return self.buckets > 0
+
+    @property
+    def key(self) -> tuple[float, float] | tuple[str, int, float]:
+        if self.response:
+            return ("randomized-response", int(self.buckets), float(self.epsilon or 0.0))
         return (float(self.sigma), float(self.failure))
 
 
@@ -349,34 +359,59 @@ class ReleaseBudget:
 
     def releases_of(self, row: int, plus: ReleaseSetting | None = None
                     ) -> tuple[tuple[float, int], ...]:
-        """``(sigma, count)`` of record ``row`` (with one more release under ``plus``)."""
+        """``(sigma, count)`` of record ``row``'s Gaussian releases (with one more release
+        under ``plus``); its randomized responses are :meth:`responses_of`."""
         out: dict[float, int] = {}
         for j, s in enumerate(self.settings):
-            out[s.sigma] = out.get(s.sigma, 0) + int(self.counts[j, row])
-        if plus is not None:
+            if not s.response:
+                out[s.sigma] = out.get(s.sigma, 0) + int(self.counts[j, row])
+        if plus is not None and not plus.response:
             out[plus.sigma] = out.get(plus.sigma, 0) + 1
         return tuple(sorted((s, m) for s, m in out.items() if m > 0))
+
+    def responses_of(self, row: int, plus: ReleaseSetting | None = None
+                     ) -> tuple[tuple[tuple[int, float], int], ...]:
+        """``((k, epsilon), count)`` of record ``row``'s randomized-response releases."""
+        out: dict[tuple[int, float], int] = {}
+        extra = [(plus, 1)] if plus is not None and plus.response else []
+        for s, c in [(s, int(self.counts[j, row])) for j, s in enumerate(self.settings)] + extra:
+            if s.response:
+                key = (int(s.buckets), float(s.epsilon or 0.0))
+                out[key] = out.get(key, 0) + c
+        return tuple(sorted((key, m) for key, m in out.items() if m > 0))
+
+    @property
+    def has_responses(self) -> bool:
+        """Whether any record was released by randomized response (then the Gaussian loss
+        alone does not order the records: :meth:`epsilons` does)."""
+        return any(s.response and bool(self.counts[j].any())
+                   for j, s in enumerate(self.settings))
 
     def _loss(self, plus: ReleaseSetting | None = None) -> npt.NDArray[np.float64]:
         # The composition of Gaussian releases of multipliers σ_k is one Gaussian of multiplier
         # (Σ_k c_k / σ_k²)^(-1/2) (exact): ε at any δ grows with Σ_k c_k / σ_k², which orders
         # the records by how much of their privacy was spent.
-        sig = np.array([s.sigma for s in self.settings], dtype=np.float64)
+        # (randomized responses are left out: see has_responses)
+        sig = np.array([s.sigma if not s.response else np.inf for s in self.settings],
+                       dtype=np.float64)
         loss = (self.counts / sig[:, None] ** 2).sum(axis=0) if self.settings else \
             np.zeros(self.n_rows)
-        if plus is not None:
+        if plus is not None and not plus.response:
             loss = loss + 1.0 / plus.sigma ** 2
         return np.asarray(loss, dtype=np.float64)
 
-    def worst(self, rows: npt.NDArray[np.int64]) -> int:
-        """The record among ``rows`` whose releases so far cost the most privacy."""
+    def worst(self, rows: npt.NDArray[np.int64], delta: float = 1e-5) -> int:
+        """The record among ``rows`` whose releases so far cost the most privacy (at
+        ``delta`` when randomized responses take part)."""
         rows = np.asarray(rows, dtype=np.int64)
-        return int(rows[int(np.argmax(self._loss()[rows]))])
+        order = self.epsilons(delta) if self.has_responses else self._loss()
+        return int(rows[int(np.argmax(order[rows]))])
 
     def epsilon(self, row: int, delta: float, plus: ReleaseSetting | None = None) -> float:
         """The composed ε of record ``row`` at ``delta`` (after one more release under
         ``plus``)."""
-        return composed_epsilon_mixed(self.releases_of(row, plus), delta)
+        return composed_epsilon_with_responses(self.releases_of(row, plus),
+                                               self.responses_of(row, plus), delta)
 
     def epsilons(self, delta: float) -> npt.NDArray[np.float64]:
         """The composed ε of every record at ``delta`` (one accountant call per distinct
@@ -387,15 +422,23 @@ class ReleaseBudget:
         eps = np.empty(len(histories))
         for h, counts in enumerate(histories):
             merged: dict[float, int] = {}
+            responses: dict[tuple[int, float], int] = {}
             for s, m in zip(self.settings, counts):
-                merged[s.sigma] = merged.get(s.sigma, 0) + int(m)
-            eps[h] = composed_epsilon_mixed(tuple(sorted(merged.items())), delta)
+                if s.response:
+                    key = (int(s.buckets), float(s.epsilon or 0.0))
+                    responses[key] = responses.get(key, 0) + int(m)
+                else:
+                    merged[s.sigma] = merged.get(s.sigma, 0) + int(m)
+            eps[h] = composed_epsilon_with_responses(
+                tuple(sorted(merged.items())), tuple(sorted(responses.items())), delta)
         return eps[np.asarray(inverse).reshape(-1)]
 
     def max_epsilon(self, delta: float) -> float:
         """The largest composed ε of any record at ``delta``."""
         if not self.settings or not self.counts.any():
             return 0.0
+        if self.has_responses:
+            return float(self.epsilons(delta).max(initial=0.0))
         return self.epsilon(int(np.argmax(self._loss())), delta)
 
     def max_failure(self) -> float:

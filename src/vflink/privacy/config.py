@@ -17,6 +17,7 @@
     rescale_sigmas = 3.0   # Eq. 5: Δ̃ = μh + 3σh, p2 = Φ(3) ≈ 0.9987
     rescale_cap = false    # true: cap Δ̃ at 2t so rescaling never shrinks (not in the paper)
     secure_rng = false     # noise from the operating system's secure source
+    code_bits = 7          # randomized-response: k = 2^code_bits codes (default 7)
     seed = 0               # noise seed (the secondary's own; never sent to the primary)
     budget = 50.0          # optional: total ε of any record over the run (= total_epsilon when
                            # that is set)
@@ -39,7 +40,8 @@ from typing import Any
 
 from vflink._checks import check_choice, check_float, check_int, raise_if
 
-__all__ = ["DEFAULT_EPSILON", "MODES", "PUBLIC_SETTINGS", "PrivacyConfig"]
+__all__ = ["DEFAULT_CODE_BITS", "DEFAULT_EPSILON", "MAX_CODE_BITS", "MODES", "PUBLIC_SETTINGS",
+           "PrivacyConfig"]
 
 #: Table 2 of VFL-AFE: vanilla (§3.1), +R (§3.2), +D (§3.3), both (VFL-AFE); and the
 #: departures of issue 20 (:data:`vflink.privacy.afe.VARIANTS`): ``normalized`` scales every
@@ -47,8 +49,20 @@ __all__ = ["DEFAULT_EPSILON", "MODES", "PUBLIC_SETTINGS", "PrivacyConfig"]
 #: first step; ``release-once`` releases each record's (normalized) embedding once and answers
 #: every later request with that same release (post-processing: no further privacy cost),
 #: its bottom model left untrained (a seeded random projection), so each record costs one
-#: Gaussian release for the whole run.
-MODES = ("off", "vanilla", "rescale", "adjust", "afe", "normalized", "release-once")
+#: Gaussian release for the whole run; ``randomized-response`` quantises each record's
+#: (preprocessed) feature row with a seeded, data-independent SimHash into one of
+#: k = 2^``code_bits`` codes and releases the code once by k-ary randomized response at the
+#: run's ``total_epsilon`` (pure ε-DP; :mod:`vflink.privacy.randomized_response`), the primary
+#: receiving its one-hot.
+MODES = ("off", "vanilla", "rescale", "adjust", "afe", "normalized", "release-once",
+         "randomized-response")
+
+#: b of ``randomized-response`` when ``code_bits`` is not given: chosen by measurement on the
+#: Adult curve (docs/how-to/privacy.md).
+DEFAULT_CODE_BITS = 7
+#: k = 2^b codes: the one-hot the primary receives has k columns per record, so b is bounded
+#: (2^12 = 4096 columns of float32 is 16 KiB per record per release already).
+MAX_CODE_BITS = 12
 
 #: Per-release ε when neither ``epsilon`` nor ``total_epsilon`` is given.
 DEFAULT_EPSILON = 2.0
@@ -56,7 +70,7 @@ DEFAULT_EPSILON = 2.0
 #: Settings the primary may know and must agree on (never the noise seed or generator).
 PUBLIC_SETTINGS = ("embeddings", "epsilon", "total_epsilon", "reserve_releases", "delta",
                    "clip", "alpha", "beta", "fcm_clusters", "fcm_threshold", "rescale_sigmas",
-                   "rescale_cap", "budget")
+                   "rescale_cap", "budget", "code_bits")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -82,6 +96,8 @@ class PrivacyConfig:
     secure_rng: bool = False
     seed: int | None = None
     budget: float | None = None
+    #: ``randomized-response`` only: k = 2^code_bits codes (``None``: DEFAULT_CODE_BITS)
+    code_bits: int | None = None
 
     def __post_init__(self) -> None:
         problems: list[str] = []
@@ -130,6 +146,20 @@ class PrivacyConfig:
             problems.append(f"`privacy.budget` ({self.budget}) is below the ε of a single release "
                             f"(`privacy.epsilon` = {self.release_epsilon}): nothing could be "
                             "released")
+        if self.code_bits is not None:
+            check_int(problems, "privacy.code_bits", self.code_bits, min=1, max=MAX_CODE_BITS)
+            if self.embeddings != "randomized-response":
+                problems.append(f"`privacy.code_bits` only applies to `privacy.embeddings = "
+                                f"\"randomized-response\"`, got {self.embeddings!r}: remove it")
+        if self.embeddings == "randomized-response":
+            if self.total_epsilon is None:
+                problems.append("`privacy.embeddings = \"randomized-response\"` releases each "
+                                "record once at the run's total ε: give "
+                                "`privacy.total_epsilon` (not `privacy.epsilon`)")
+            if self.reserve_releases != 0:
+                problems.append("`privacy.reserve_releases` has no effect with "
+                                "`privacy.embeddings = \"randomized-response\"` (every later "
+                                "request gets the one release back): remove it")
         raise_if(problems, "[privacy] section")
 
     @property
@@ -156,6 +186,22 @@ class PrivacyConfig:
     def release_once(self) -> bool:
         """One release per record for the run, repeated from a cache (issue 20)."""
         return self.embeddings == "release-once"
+
+    @property
+    def randomized_response(self) -> bool:
+        """Each record's SimHash code released once by k-ary randomized response (issue 20)."""
+        return self.embeddings == "randomized-response"
+
+    @property
+    def codes(self) -> int:
+        """k, the number of codes (``randomized-response``)."""
+        bits = self.code_bits if self.code_bits is not None else DEFAULT_CODE_BITS
+        return 2 ** min(int(bits), MAX_CODE_BITS)
+
+    def cut_width(self, cut_dim: int) -> int:
+        """The width of what each secondary sends: k (the code's one-hot) with
+        ``randomized-response``, the model's ``cut_dim`` otherwise."""
+        return self.codes if self.randomized_response else int(cut_dim)
 
     @property
     def enabled(self) -> bool:

@@ -26,6 +26,7 @@ from dp_accounting import gaussian_mechanism
 
 from vflink.errors import ConfigError, PrivacyBudgetExceeded
 from vflink.privacy import afe
+from vflink.privacy import randomized_response as rr
 from vflink.privacy.accounting import (
     ACCOUNTANT,
     Calibration,
@@ -35,6 +36,7 @@ from vflink.privacy.accounting import (
     composed_epsilon_mixed,
     delta_prime,
     max_releases_within,
+    max_responses_within,
     planned_releases,
     rescale_p2,
     rescale_sigmas_for,
@@ -55,6 +57,9 @@ log = logging.getLogger(__name__)
 #: The run's plan a primary announces for budget-first calibration (issue 20), and bounds on it.
 PLAN_KEYS = ("epochs", "train_batches", "train_chunks", "validation_chunks", "test_chunks")
 _PLAN_MAX = 10**7
+
+#: How the ledger and the budget name a randomized-response release's calibration.
+RESPONSE_CALIBRATION = "randomized-response (closed form)"
 
 #: p1 of Theorem 3.6 (local sensitivity of the whole data equals that of the batch's support);
 #: the paper lets p1 → 1 for large N and gives no estimate, so the ledger assumes 1.
@@ -169,6 +174,12 @@ class EmbeddingDP:
         self.observer: Observer | None = None
         self._cache: torch.Tensor | None = None  # release-once: each record's release
         self._cached = np.zeros(0, dtype=bool)
+        #: randomized-response: each record's released code (−1: not released in this run),
+        #: and the seed of the quantiser's hyperplanes (data-independent; kept on resume)
+        self._codes = np.full(n_rows if config.randomized_response else 0, -1, dtype=np.int64)
+        self._plane_seed = int(np.random.SeedSequence([seed, 0x51A5]).generate_state(
+            1, np.uint64)[0] >> 1)
+        self._planes: torch.Tensor | None = None
 
     # --- calibration ----------------------------------------------------------------------------
 
@@ -208,6 +219,9 @@ class EmbeddingDP:
                 "release plan (epochs, batches, evaluations), which the primary did not "
                 "announce; nothing is released without it")
         p = self.plan
+        if cfg.randomized_response:
+            self._calibrate_response(total)
+            return
         if cfg.release_once:  # one release per linked record, then its cached copy
             planned = np.where(self.links > 0, 1 + cfg.reserve_releases, 0).astype(np.int64)
         else:
@@ -243,6 +257,63 @@ class EmbeddingDP:
         }
         log.info("party %r: total ε = %g at δ = %g over at most %d releases per record: "
                  "σ = %.4g", self.party, total, cfg.delta, m_max, sigma)
+
+    def _response_setting(self, epsilon: float) -> ReleaseSetting:
+        return ReleaseSetting(sigma=0.0, failure=0.0, epsilon=float(epsilon), delta=0.0,
+                              calibration=RESPONSE_CALIBRATION, mode=self.config.embeddings,
+                              buckets=self.config.codes)
+
+    def _set_response(self, epsilon: float) -> None:
+        """Randomized response at ``epsilon`` (pure ε-DP: δ = 0 for the release)."""
+        cfg = self.config
+        self.calibration = Calibration(0.0, RESPONSE_CALIBRATION, float(epsilon), 0.0)
+        self.setting = self._response_setting(epsilon)
+        limit = cfg.spending_limit
+        self._allowed = (max_responses_within(cfg.codes, float(epsilon), self.delta, limit)
+                         if limit is not None else None)
+
+    def _calibrate_response(self, total: float) -> None:
+        """``randomized-response``: one release per linked record at the run's total ε, or,
+        for data released before (an earlier run), the largest ε that keeps the worst-case
+        record within the total."""
+        cfg = self.config
+        budget = self.budget
+        planned = self.links > 0
+        rows = np.flatnonzero(planned)
+        eps = float(total)
+        # one record per distinct release history among the planned ones (all alike when the
+        # data were never released before)
+        probes = (rows[np.unique(budget.counts[:, rows].T, axis=0, return_index=True)[1]]
+                  if budget.settings else rows[:1])
+
+        def worst(e: float) -> float:
+            plus = self._response_setting(e)
+            return max((budget.epsilon(int(r), self.delta, plus=plus) for r in probes),
+                       default=0.0)
+
+        if rows.size and budget.settings and budget.counts[:, rows].any():
+            if worst(1e-6) > total:
+                raise PrivacyBudgetExceeded(
+                    f"party {self.party!r}: privacy budget ε = {total:g} "
+                    "(`privacy.total_epsilon`) cannot cover this run: earlier releases of its "
+                    "records already spend it; nothing is released")
+            if worst(eps) > total:
+                lo, hi = 1e-6, eps
+                while hi - lo > 1e-6 * max(1.0, hi):
+                    mid = 0.5 * (lo + hi)
+                    lo, hi = (mid, hi) if worst(mid) <= total else (lo, mid)
+                eps = lo
+        self._set_response(eps)
+        p = self.plan or {}
+        self.planned = {
+            "epsilon_target": total, "delta_target": cfg.delta, "plan": dict(p),
+            "reserve_releases": 0, "max_releases": 1 if rows.size else 0,
+            "epsilon": worst(eps),
+            "records_planned": int(rows.size),
+        }
+        log.info("party %r: total ε = %g: each of %d records' code released once by "
+                 "%d-ary randomized response at ε = %.4g", self.party, total, rows.size,
+                 cfg.codes, eps)
 
     def _ready(self) -> None:
         if self.calibration is None:
@@ -281,7 +352,7 @@ class EmbeddingDP:
         if self._allowed is None or limit is None or rows.size == 0 or self.setting is None:
             return
         budget, delta = self.budget, self.delta
-        if not budget.others_released(self.setting, rows):
+        if not budget.others_released(self.setting, rows) and not self.setting.response:
             # one noise setting only: the release count decides (the figures of one setting)
             i = budget.find(self.setting)
             worst = (int(budget.counts[i, rows].max()) if i is not None else 0) + 1
@@ -293,7 +364,7 @@ class EmbeddingDP:
         else:
             # releases under other settings too: compose them all (PLD), for the record that
             # spent the most
-            row = budget.worst(rows)
+            row = budget.worst(rows, delta)
             would = budget.epsilon(row, delta, plus=self.setting)
             if would <= limit:
                 return
@@ -318,9 +389,12 @@ class EmbeddingDP:
             seq = np.random.SeedSequence([self._seed, 0x5EED, k])
             self._noise.manual_seed(int(seq.generate_state(1, np.uint64)[0] >> 1))
 
-    def release(self, out: torch.Tensor, rows: npt.NDArray[np.int64]
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+    def release(self, out: torch.Tensor, rows: npt.NDArray[np.int64],
+                inputs: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Protect the embeddings ``out`` of the (unique) records ``rows``.
+
+        ``inputs``: the records' preprocessed feature rows (the bottom model's input), which
+        ``randomized-response`` quantises instead of using ``out``.
 
         Returns ``(z, released)``: ``z`` = clipped and rescaled embeddings (keeps ``out``'s
         graph, for the backward pass) and ``released = z + noise`` (detached), what may be sent.
@@ -336,6 +410,8 @@ class EmbeddingDP:
         setting = self.setting
         if setting is None:  # pragma: no cover  (_ready sets it or raises)
             raise ConfigError(f"party {self.party!r}: no noise calibration")
+        if self.config.randomized_response:
+            return self._release_response(out, rows, inputs)
         if self.config.release_once:
             return self._release_once(out, rows)
         self._check_budget(rows)
@@ -408,6 +484,37 @@ class EmbeddingDP:
         released = self._cache[torch.from_numpy(rows)].clone()
         return out.detach(), released
 
+    def _release_response(self, out: torch.Tensor, rows: npt.NDArray[np.int64],
+                          inputs: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``randomized-response``: each record's SimHash code, released once by k-ary
+        randomized response; repeats get the same code back (post-processing). What is sent
+        is the code's one-hot (width k); ``out`` is not used (nothing flows back)."""
+        if inputs is None or inputs.shape[0] != len(rows):
+            raise ConfigError(f"party {self.party!r}: randomized response needs the records' "
+                              "feature rows (the bottom model's input)")
+        k = self.config.codes
+        new = self._codes[rows] < 0
+        if new.any():
+            fresh = rows[new]
+            self._check_budget(fresh)
+            if self._planes is None or self._planes.shape[0] != max(inputs.shape[1], 1):
+                self._planes = rr.simhash_planes(inputs.shape[1], k.bit_length() - 1,
+                                                 self._plane_seed)
+            codes = rr.simhash_codes(inputs[torch.from_numpy(np.flatnonzero(new))],
+                                     self._planes)
+            epsilon = self.calibration.epsilon if self.calibration is not None else 0.0
+            if self.config.secure_rng:
+                released = rr.secure_randomized_response(codes, k, epsilon)
+            else:
+                if not self._stream_claimed:
+                    self._claim_stream()
+                released = rr.randomized_response(codes, k, epsilon, self._noise)
+            if self.setting is not None:  # write-ahead, as every release
+                self.budget.record(self.setting, fresh)
+            self.counts[fresh] += 1
+            self._codes[fresh] = released
+        return out.detach(), rr.one_hot(self._codes[rows], k)
+
     # --- Algorithm 1, lines 16-18 -------------------------------------------------------------
 
     def local_loss(self, z: torch.Tensor, grad: torch.Tensor) -> torch.Tensor | None:
@@ -445,6 +552,8 @@ class EmbeddingDP:
     def report(self) -> dict[str, Any]:
         """This party's ledger entry (keyword arguments of ``Ledger.add_protection``)."""
         cfg = self.config
+        if cfg.randomized_response:
+            return self._report_response()
         budget = self.budget
         sigma = self.sigma  # budget first: calibrates now if nothing was released yet
         calibration = self.calibration
@@ -507,7 +616,72 @@ class EmbeddingDP:
         return {"kind": "embedding-dp", "party": self.party, "applies_to": "embeddings",
                 "params": params, "guarantee": guarantee, "explanation": explanation}
 
+    def _report_response(self) -> dict[str, Any]:
+        """The ledger entry of ``randomized-response``: the mechanism, k, ε, the release count
+        and the plan; pure ε-DP unless the data also had Gaussian releases."""
+        cfg = self.config
+        self._ready()
+        budget = self.budget
+        k = cfg.codes
+        eps = self.calibration.epsilon if self.calibration is not None else 0.0
+        keep = rr.keep_probability(eps, k) if eps > 0 else 1.0 / k
+        totals = budget.totals
+        m = int(totals.max(initial=0))
+        gaussian = any(not s.response and bool(budget.counts[j].any())
+                       for j, s in enumerate(budget.settings))
+        eps_total = budget.max_epsilon(self.delta)
+        delta_total = (self.delta + budget.max_failure()) if gaussian else 0.0
+        params = {
+            "mode": cfg.embeddings, "calibration": RESPONSE_CALIBRATION,
+            "mechanism": "k-ary randomized response", "code_bits": k.bit_length() - 1,
+            "k": k, "keep_probability": keep,
+            "quantiser": "SimHash: signs of the preprocessed features' projections onto "
+                         f"{k.bit_length() - 1} seeded Gaussian directions (data-independent)",
+            "sigma": 0.0, "noise_std": 0.0,
+            "secure_rng": cfg.secure_rng, "budget": cfg.spending_limit,
+            "total_epsilon": cfg.total_epsilon,
+        }
+        guarantee: dict[str, Any] = {
+            "epsilon_per_release": eps, "delta_per_release": 0.0, "delta": self.delta,
+            "max_releases": m, "max_links_per_record": self.max_links,
+            "records_released": int((totals > 0).sum()), "releases_total": int(totals.sum()),
+            "run_max_releases": self.max_releases, "run_releases_total": int(self.counts.sum()),
+            "settings_used": sum(1 for j in range(len(budget.settings))
+                                 if budget.counts[j].any()),
+            "epsilon_total": eps_total, "delta_total": delta_total,
+            "accountant": "closed form ln((k−1)p/(1−p)); dp-accounting PLD "
+                          "(randomized response, Gaussian) with basic composition for "
+                          "several releases",
+            "scope": "per record of this party's data, over every release of it since its "
+                     "operator last reset the budget (all runs and sessions; composition of "
+                     "every release)",
+        }
+        if self.planned is not None:
+            guarantee["planned"] = dict(self.planned)
+            guarantee["spent"] = {"epsilon": eps_total, "delta": delta_total,
+                                  "max_releases": m}
+        explanation = (f"{explain_epsilon(eps_total, delta_total)}. Party {self.party!r} "
+                       f"sent, for each record, one code of {k} (SimHash of its features on "
+                       "seeded hyperplanes), released once by randomized response: the true "
+                       f"code with probability {keep:.4g}, else one of the other {k - 1} "
+                       f"uniformly (ε = {eps:.4g}, δ = 0); every later request got the same "
+                       f"release back, and its most-released record was released {m} "
+                       "times" + (" (counting earlier runs on the same data)."
+                                  if int(totals.sum()) > int(self.counts.sum()) else "."))
+        return {"kind": "embedding-dp", "party": self.party, "applies_to": "embeddings",
+                "params": params, "guarantee": guarantee, "explanation": explanation}
+
     def state_dict(self) -> dict[str, Any]:
+        if self.config.randomized_response:
+            # the released codes travel with the state: a resumed run answers from them
+            return {"settings": self.config.public_settings(), "counts": self.counts.copy(),
+                    "classes": self.classes, "max_links": self.max_links, "plan": self.plan,
+                    "calibration": None,
+                    "response": None if self.calibration is None else {
+                        "epsilon": self.calibration.epsilon, "planned": self.planned,
+                        "plane_seed": self._plane_seed},
+                    "codes": self._codes.copy(),
+                    "noise": self._noise.get_state(), "aux": self._aux.get_state()}
         return {"settings": self.config.public_settings(), "counts": self.counts.copy(),
                 "classes": self.classes, "max_links": self.max_links, "plan": self.plan,
                 "calibration": None if self.calibration is None or not self.config.budget_first
@@ -525,7 +699,17 @@ class EmbeddingDP:
         # too: a checkpoint written before the budget file existed still counts)
         self.counts = np.maximum(self.counts, counts)
         saved = state.get("calibration")
-        if self.config.budget_first and saved is not None:
+        response = state.get("response")
+        if self.config.randomized_response and response is not None:
+            if state.get("plan") is not None:
+                self.plan = check_plan(state["plan"], self.party)
+            self._plane_seed = int(response["plane_seed"])
+            self.planned = response.get("planned")
+            self._set_response(float(response["epsilon"]))
+            codes = np.asarray(state["codes"], dtype=np.int64)
+            if codes.shape == self._codes.shape:
+                self._codes = codes.copy()
+        elif self.config.budget_first and saved is not None:
             # a resumed run keeps the σ it was calibrated with (its own releases since are
             # this run's plan being spent, not an earlier run's)
             if state.get("plan") is not None:

@@ -73,7 +73,9 @@ def training_plan(config: RunConfig, algorithm: Algorithm, *, learn_missing: boo
                   ) -> TrainingPlan:
     """The public hyperparameters every party builds its part of the model from."""
     m, t = config.model, config.training
-    bottom = BottomSpec(hidden=m.hidden, out_dim=m.cut_dim, activation=m.activation,
+    # randomized-response: each secondary sends the one-hot of a code (width k, issue 20)
+    bottom = BottomSpec(hidden=m.hidden, out_dim=config.privacy.cut_width(m.cut_dim),
+                        activation=m.activation,
                         dropout=m.dropout, optimizer=t.optimizer, lr=t.lr,
                         weight_decay=t.weight_decay, seed=config.seed,
                         standardize=m.standardize, bottom=m.bottom, channels=m.channels,

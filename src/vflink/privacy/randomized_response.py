@@ -1,0 +1,143 @@
+"""Randomized response on a data-independent code (issue 20, a departure from VFL-AFE).
+
+The Gaussian mechanism on a learned embedding spends its budget on every coordinate of every
+release: at a run's total ε = 8 (δ = 1e-5) one release already needs σ ≈ 0.6 times the
+ball's diameter per coordinate, so the per-record signal-to-noise ratio is far too low for the
+primary's head (docs/how-to/privacy.md, "Budget-first DP"). This mode spends the whole budget
+on *one* discrete release per record instead:
+
+1. a **fixed, data-independent quantiser** maps the secondary's preprocessed feature row to
+   one of k = 2^b codes: SimHash (Charikar 2002), the signs of b projections onto seeded
+   Gaussian directions (hyperplanes through the origin of the standardised features). Nothing
+   about it is fit on the data, so it costs no privacy (the standardisation statistics are fit
+   on the party's rows as for every other mode: the same caveat applies);
+2. each record's code is released **once** with k-ary randomized response (Warner 1965; the
+   k-ary form of Kairouz, Oh & Viswanath 2014/2016): the true code with probability
+   p = e^ε/(e^ε + k − 1), otherwise one of the other k − 1 codes uniformly. Two inputs change
+   any output's probability by at most the factor p / ((1 − p)/(k − 1)) = e^ε: pure ε-DP,
+   δ = 0, for any pair of records (replace-one);
+3. every later request for the record gets that same release back (post-processing: no further
+   cost), so the worst-case record's ε is exactly the release's ε whatever the epochs.
+
+The primary receives the one-hot of the released code (width k); the first layer of its head
+is then the code's embedding. Pure functions here; the stateful wrapper is
+:class:`vflink.privacy.embedding_dp.EmbeddingDP` (mode ``randomized-response``).
+
+dp-accounting's parametrisation (``RandomizedResponseDpEvent``) is the *noise parameter*
+q = probability of replacing the input by a uniform draw over all k codes (the input
+included): keep probability p = 1 − q + q/k, so q = k / (e^ε + k − 1).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from vflink.privacy.config import MAX_CODE_BITS
+
+__all__ = [
+    "MAX_CODE_BITS",
+    "code_epsilon",
+    "keep_probability",
+    "noise_parameter",
+    "one_hot",
+    "randomized_response",
+    "secure_randomized_response",
+    "simhash_codes",
+    "simhash_planes",
+]
+
+
+
+def keep_probability(epsilon: float, k: int) -> float:
+    """p = e^ε / (e^ε + k − 1): the probability that k-ary randomized response keeps the true
+    code, the largest for which the mechanism is ε-DP."""
+    if not (epsilon > 0 and k >= 2):
+        raise ValueError(f"need ε > 0 and k ≥ 2, got ε = {epsilon}, k = {k}")
+    # 1 / (1 + (k − 1) e^−ε): no overflow at large ε
+    return 1.0 / (1.0 + (k - 1) * math.exp(-epsilon))
+
+
+def code_epsilon(keep: float, k: int) -> float:
+    """ε of k-ary randomized response with keep probability ``keep`` (closed form):
+    ln((k − 1)·p / (1 − p)), the log of the largest ratio of one output's probabilities under
+    two inputs (p for the true code against (1 − p)/(k − 1) for any other)."""
+    if not (1.0 / k < keep < 1.0 and k >= 2):
+        raise ValueError(f"need 1/k < keep < 1 and k ≥ 2, got keep = {keep}, k = {k}")
+    return math.log((k - 1) * keep / (1.0 - keep))
+
+
+def noise_parameter(epsilon: float, k: int) -> float:
+    """dp-accounting's noise parameter q (replace by a uniform draw over all k codes) of the
+    ε-DP mechanism: q = k / (e^ε + k − 1)."""
+    if not (epsilon > 0 and k >= 2):
+        raise ValueError(f"need ε > 0 and k ≥ 2, got ε = {epsilon}, k = {k}")
+    return k / (math.exp(epsilon) + k - 1) if epsilon < 700 else k * math.exp(-epsilon)
+
+
+def simhash_planes(n_features: int, bits: int, seed: int) -> torch.Tensor:
+    """b seeded Gaussian directions in feature space (columns of a ``n_features × bits``
+    matrix): the normals of SimHash's hyperplanes. They depend on the seed and the shape only,
+    never on the data."""
+    if not (1 <= bits <= MAX_CODE_BITS):
+        raise ValueError(f"bits must be in [1, {MAX_CODE_BITS}], got {bits}")
+    rng = np.random.default_rng(np.random.SeedSequence([int(seed), 0x51A5, n_features, bits]))
+    return torch.from_numpy(rng.standard_normal((max(int(n_features), 1), bits))
+                            .astype(np.float32))
+
+
+def simhash_codes(x: torch.Tensor, planes: torch.Tensor) -> npt.NDArray[np.int64]:
+    """The code of each row of ``x``: bit j set when the row lies on the positive side of
+    hyperplane j (⟨x, w_j⟩ ≥ 0), bit 0 the least significant."""
+    if x.ndim != 2 or x.shape[1] != planes.shape[0]:
+        raise ValueError(f"features of shape {tuple(x.shape)} for {planes.shape[0]} inputs")
+    side = (x.detach().float() @ planes) >= 0
+    weights = 2 ** np.arange(planes.shape[1], dtype=np.int64)
+    return np.asarray(side.numpy().astype(np.int64) @ weights, dtype=np.int64)
+
+
+def _respond(codes: npt.NDArray[np.int64], k: int, keep: float,
+             u: npt.NDArray[np.float64], pick: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    # ``pick`` is uniform on {0, ..., k−2}; skipping the true code makes it uniform on the
+    # other k − 1 codes
+    other = pick + (pick >= codes)
+    return np.where(u < keep, codes, other).astype(np.int64)
+
+
+def randomized_response(codes: npt.NDArray[np.int64], k: int, epsilon: float,
+                        generator: torch.Generator) -> npt.NDArray[np.int64]:
+    """k-ary randomized response at ε of each code (one independent draw per code)."""
+    codes = np.asarray(codes, dtype=np.int64)
+    if codes.size and (codes.min() < 0 or codes.max() >= k):
+        raise ValueError(f"codes outside [0, {k})")
+    n = codes.shape[0]
+    u = torch.rand(n, generator=generator, dtype=torch.float64).numpy()
+    pick = torch.randint(0, k - 1, (n,), generator=generator).numpy().astype(np.int64)
+    return _respond(codes, k, keep_probability(epsilon, k), u, pick)
+
+
+def secure_randomized_response(codes: npt.NDArray[np.int64], k: int, epsilon: float
+                               ) -> npt.NDArray[np.int64]:
+    """:func:`randomized_response` with the operating system's secure random source
+    (``os.urandom``): 53-bit uniforms, and the other code by rejection-free scaling of a
+    64-bit draw (bias below 2^-50 for k ≤ 2^12)."""
+    codes = np.asarray(codes, dtype=np.int64)
+    if codes.size and (codes.min() < 0 or codes.max() >= k):
+        raise ValueError(f"codes outside [0, {k})")
+    n = codes.shape[0]
+    raw = np.frombuffer(os.urandom(16 * n), dtype=np.uint64).reshape(2, n)
+    u = (raw[0] >> np.uint64(11)).astype(np.float64) * 2.0**-53
+    pick = ((raw[1] >> np.uint64(11)).astype(np.float64) * 2.0**-53 * (k - 1)).astype(np.int64)
+    return _respond(codes, k, keep_probability(epsilon, k), u, np.minimum(pick, k - 2))
+
+
+def one_hot(codes: npt.NDArray[np.int64], k: int) -> torch.Tensor:
+    """Rows of width k with a single 1 at each code (what the primary receives)."""
+    out = torch.zeros(len(codes), k)
+    if len(codes):
+        out[torch.arange(len(codes)), torch.from_numpy(np.asarray(codes, dtype=np.int64))] = 1.0
+    return out
