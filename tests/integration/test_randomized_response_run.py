@@ -16,18 +16,19 @@ from tests.helpers.network import served_in_threads, write_party_files
 from tests.integration.test_privacy import write_run
 from vflink.cli.main import main
 from vflink.protocol.messages import Embeddings
-from vflink.runner.config import (
+from vflink.runfiles.config import (
     AlignmentConfig,
     DataConfig,
     PrivacyConfig,
     RunConfig,
     TrainingConfig,
 )
+from vflink.runfiles.inputs import Inputs, load_inputs
+from vflink.runfiles.party import load_party_config
+from vflink.runfiles.results import RunResult
 from vflink.runner.federation import noise_seed
-from vflink.runner.inputs import Inputs, load_inputs
 from vflink.runner.network import network_federation
-from vflink.runner.party_config import load_party_config
-from vflink.runner.train import RunResult, run_training
+from vflink.runner.train import run_training
 from vflink.transport import Transcript
 
 OPTIONS = {"n_samples": 600, "sigma_cf": 0.1, "seed": 3}
