@@ -40,8 +40,7 @@ from vflink.runfiles.config import AlignmentConfig, RunConfig
 from vflink.runfiles.inputs import Inputs, identifier_features, load_inputs
 from vflink.runner.compute import current_compute
 from vflink.runner.context import AlignmentMethod, Prepared, RunContext
-from vflink.runner.federation import Federation, in_process
-from vflink.runner.link import (
+from vflink.runner.encoding import (
     describe_fields,
     encoding_for,
     encoding_summary,
@@ -49,6 +48,7 @@ from vflink.runner.link import (
     fields_encoder,
     link_fields,
 )
+from vflink.runner.federation import Federation, in_process
 from vflink.runner.pools import link_by_split, run_splits
 from vflink.runner.setalign import prepare_psi, prepare_psu
 from vflink.runner.union import union_fractions
