@@ -117,10 +117,11 @@ def run_training(config: RunConfig, out_dir: Path | None = None, *, overwrite: b
 
 def _run(config: RunConfig, out_dir: Path | None, resume: bool, options: Mapping[str, Any]
          ) -> RunResult:
-    method, plan, stages = build_pipeline(config)
-    ctx = RunContext(config=config, method=method, plan=plan, out_dir=out_dir, resume=resume,
+    pipeline = build_pipeline(config)
+    ctx = RunContext(config=config, method=pipeline.method, plan=pipeline.plan,
+                     protections=pipeline.protections, out_dir=out_dir, resume=resume,
                      **options)
-    ctx = run_pipeline(ctx, (*stages, write))
+    ctx = run_pipeline(ctx, (*pipeline.stages, write))
     if ctx.result is None:  # pragma: no cover - the evaluate stage ran
         raise ConfigError("the run produced no result")
     return ctx.result
