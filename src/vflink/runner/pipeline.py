@@ -13,7 +13,7 @@ runs (so an unknown name fails first):
 * the **protections** (``PROTECTIONS`` in :mod:`vflink.runner.protections`: similarity noise,
   embedding DP) the config turns on; the align and plan stages add their settings to what
   they send the parties, and the evaluate stage collects their reports;
-* the **writers** of a run directory (``WRITERS`` in :mod:`vflink.runner.train`).
+* the **writers** of a run directory (``WRITERS`` in :mod:`vflink.runner.writers`).
 
 The pipeline calls parties through the plan's trainee; it never checks a protocol's state
 itself. Stage modules call down (plans, loop, parties), never back up into this module.
@@ -33,6 +33,7 @@ from vflink.runner.plans import PLANS, plan_name
 from vflink.runner.prepare import ALIGNMENTS, method_name
 from vflink.runner.protections import Protection, chosen
 from vflink.runner.resume import check_resume, run_fingerprint
+from vflink.runner.writers import write
 
 __all__ = ["STAGES", "Pipeline", "Stage", "build_pipeline", "run_pipeline"]
 
@@ -107,8 +108,8 @@ def build_pipeline(config: RunConfig) -> Pipeline:
     return Pipeline(method, training, chosen(config), STAGES)
 
 
-#: The stages of every run, in order (the write stage wraps them: :mod:`vflink.runner.train`).
-STAGES: tuple[Stage, ...] = (load, align, plan, train, evaluate)
+#: The stages of every run, in order
+STAGES: tuple[Stage, ...] = (load, align, plan, train, evaluate, write)
 
 
 def run_pipeline(ctx: RunContext, stages: Sequence[Stage]) -> RunContext:
