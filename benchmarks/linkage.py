@@ -308,7 +308,8 @@ def case_fields(scale: float) -> None:
     import pandas as pd
 
     from vflink.linkage.fields import Blocking, FieldSpec
-    from vflink.runner.link import run_field_linkage, run_linkage
+    from vflink.runner.field_link import run_field_linkage
+    from vflink.runner.link import run_linkage
 
     def read(name: str) -> pd.DataFrame:
         from importlib.resources import files

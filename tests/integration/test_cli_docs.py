@@ -179,10 +179,10 @@ def test_link_help_marks_required_options(capsys: pytest.CaptureFixture[str]) ->
 
 def test_cli_constants_agree_with_the_runner() -> None:
     from vflink.runfiles.config import LINK_METRICS as CONFIG_METRICS
-    from vflink.runner.link import LINK_METRICS
+    from vflink.runner.encoding import LINK_METRICS
 
     assert set(link_cli.LINK_METRICS) == set(LINK_METRICS) == set(CONFIG_METRICS)
-    from vflink.runner.link import PRIVACY
+    from vflink.runner.encoding import PRIVACY
 
     assert link_cli.PRIVACY == PRIVACY
     assert tuple(train_cli.ALGORITHMS) == algorithm_names()

@@ -32,7 +32,7 @@ from vflink.runfiles.inputs import Inputs, load_inputs
 from vflink.runfiles.party import load_party_config
 from vflink.runfiles.results import RunResult
 from vflink.runner.federation import in_process
-from vflink.runner.link import run_field_linkage
+from vflink.runner.field_link import run_field_linkage
 from vflink.runner.network import network_federation
 from vflink.runner.predict import predict_records
 from vflink.runner.prepare import prepare

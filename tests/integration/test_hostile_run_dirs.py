@@ -16,9 +16,9 @@ import pytest
 from tests.helpers.imbalanced import imbalanced_inputs
 from vflink.cli.main import main
 from vflink.errors import DataError, RunError
-from vflink.experiments.grid import plot_results
 from vflink.models.statefile import StateFileError, read_state_header, save_state
 from vflink.privacy.ledger import Ledger
+from vflink.reporting.experiment import plot_results
 from vflink.reporting.link_quality import read_link_quality
 from vflink.runfiles.config import (
     AlignmentConfig,

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from vflink.cli.main import main
-from vflink.experiments.grid import markdown_table, plot_results
+from vflink.reporting.experiment import markdown_table, plot_results
 from vflink.runfiles.config import (
     AlignmentConfig,
     DataConfig,

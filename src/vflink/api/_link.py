@@ -1,7 +1,7 @@
 """``vflink.link``: private fuzzy top-K soft linkage of two tables (FedSim §4.1), from Python.
 
 A thin layer over :func:`vflink.runner.link.run_linkage` and
-:func:`vflink.runner.link.run_field_linkage`, the functions ``vflink link`` runs: the same
+:func:`vflink.runner.field_link.run_field_linkage`, the functions ``vflink link`` runs: the same
 tables and options give the same links. Imports neither torch nor scikit-learn.
 """
 
@@ -270,7 +270,8 @@ def link(primary: TableLike, secondary: TableLike, *,
     """
     from vflink.linkage import BloomConfig, GeoBloomConfig, SearchOptions
     from vflink.linkage.fields import Blocking, FieldSpec
-    from vflink.runner.link import linkage_columns, run_field_linkage, run_linkage
+    from vflink.runner.field_link import run_field_linkage
+    from vflink.runner.link import linkage_columns, run_linkage
 
     on_cols = columns_arg("on", on)
     secondary_cols = columns_arg("secondary_on", secondary_on) or on_cols

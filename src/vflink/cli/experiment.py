@@ -38,7 +38,8 @@ def run(args: argparse.Namespace) -> int:
         TimeElapsedColumn,
     )
 
-    from vflink.experiments.grid import markdown_table, run_experiment
+    from vflink.experiments.grid import run_experiment
+    from vflink.reporting.experiment import markdown_table
     from vflink.runfiles.experiment import load_experiment
 
     exp = load_experiment(args.config)

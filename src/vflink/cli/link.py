@@ -14,10 +14,10 @@ from vflink.errors import ConfigError, LinkageError
 
 __all__ = ["register", "run"]
 
-#: ``vflink.runner.link.LINK_METRICS``, spelt out so that `--help` does not import the linkage
+#: ``vflink.runner.encoding.LINK_METRICS``, spelt out so that `--help` does not import the linkage
 #: stack (tests/integration/test_cli_docs.py checks that they agree).
 LINK_METRICS = ("euclidean", "haversine", "hamming", "levenshtein")
-#: ``vflink.runner.link.PRIVACY``, spelt out for the same reason.
+#: ``vflink.runner.encoding.PRIVACY``, spelt out for the same reason.
 PRIVACY = ("bloom", "off")
 #: ``vflink.linkage.privacy.DEFAULT_TAU``, spelt out for the same reason (a test checks).
 DEFAULT_TAU = 0.05
@@ -354,7 +354,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from vflink.api import link
-    from vflink.runner.link import resolve_privacy
+    from vflink.runner.encoding import resolve_privacy
 
     opts = resolve(args)
     from vflink.cli._outputs import refuse_existing

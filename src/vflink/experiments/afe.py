@@ -1,6 +1,6 @@
 """Train a run in this process and attack what one secondary released (VFL-AFE §4.3).
 
-:func:`train_and_attack` is what the reproduction script (``scripts/reproduce_afe.py``) and
+:func:`train_and_attack` is what the reproduction (:mod:`vflink.experiments.afe_reproduction`) and
 experiments call: it trains ``config`` with every party in this process, then, on the trained
 parties,
 

@@ -26,7 +26,6 @@ algorithm trains on the same alignment and the same split.
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -34,14 +33,15 @@ from typing import Any
 
 import numpy as np
 
-from vflink._files import atomic_open, atomic_write_text
+from vflink._files import atomic_write_text
+from vflink.reporting.experiment import markdown_table, plot_results
 from vflink.runfiles.config import config_to_dict
 from vflink.runfiles.experiment import Experiment
 from vflink.runfiles.rundir import atomic_run_dir, write_json
 from vflink.runner.prepare import prepare
 from vflink.runner.train import run_training
 
-__all__ = ["markdown_table", "plot_results", "run_experiment"]
+__all__ = ["run_experiment"]
 
 log = logging.getLogger(__name__)
 
@@ -108,61 +108,3 @@ def run_experiment(exp: Experiment, out_dir: Path, *, overwrite: bool = False,
         atomic_write_text(staging / "results.md", markdown_table(results))
         plot_results(results, staging / "plot.png")
     return results
-
-
-def _fmt(stat: dict[str, float], metric: str) -> str:
-    scale = 100.0 if metric == "accuracy" else 1.0
-    unit = "%" if metric == "accuracy" else ""
-    if math.isnan(stat["mean"]):
-        return "n/a"
-    return f"{stat['mean'] * scale:.2f} ± {stat['std'] * scale:.2f}{unit}"
-
-
-def markdown_table(results: dict[str, Any]) -> str:
-    """One table per metric: algorithms as rows, sweep values as columns, mean ± std."""
-    sweep = results["sweep"]
-    values = [str(v) for v in sweep["values"]]
-    first = results["summary"][values[0]][results["algorithms"][0]]
-    lines = [f"# {results['name']}", "",
-             f"Test metrics over seeds {results['seeds']} (mean ± std).", ""]
-    if results.get("encodings"):
-        lines += ["Identifiers reached the coordinator as: "
-                  + ", ".join(results["encodings"]) + ".", ""]
-    for metric in first:
-        head = [sweep["key"] + " =" + f" {v}" if sweep["key"] else metric for v in values]
-        lines += [f"## {metric}", "", "| algorithm | " + " | ".join(head) + " |",
-                  "|---|" + "---|" * len(values)]
-        for alg in results["algorithms"]:
-            cells = [_fmt(results["summary"][v][alg][metric], metric) for v in values]
-            lines.append(f"| {alg} | " + " | ".join(cells) + " |")
-        lines.append("")
-    return "\n".join(lines)
-
-
-def plot_results(results: dict[str, Any], path: Path) -> None:
-    from matplotlib.figure import Figure
-
-    metric = results["headline_metric"]
-    values = results["sweep"]["values"]
-    fig = Figure(figsize=(6.5, 4.0), dpi=110)
-    ax = fig.add_subplot()
-    xs = np.arange(len(values))
-    for i, alg in enumerate(results["algorithms"]):
-        stats = [results["summary"][str(v)][alg][metric] for v in values]
-        means = [s["mean"] for s in stats]
-        stds = [s["std"] for s in stats]
-        if len(values) > 1:
-            ax.errorbar(xs, means, yerr=stds, marker="o", capsize=3, label=alg)
-        else:
-            ax.bar(i, means[0], yerr=stds[0], capsize=3, label=alg)
-    if len(values) > 1:
-        ax.set_xticks(xs, [str(v) for v in values])
-        ax.set_xlabel(results["sweep"]["key"])
-    else:
-        ax.set_xticks([])
-    ax.set_ylabel(f"test {metric}")
-    ax.set_title(results["name"])
-    ax.legend(fontsize="small")
-    fig.tight_layout()
-    with atomic_open(path, "wb") as fh:
-        fig.savefig(fh, format="png")

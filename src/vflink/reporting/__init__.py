@@ -8,6 +8,7 @@ What it holds:
   run's plain :class:`~vflink.runfiles.results.RunResult`;
 * ``plots``: the learning curve of a run;
 * ``link_quality``: the link-quality file of a training run (read back by ``vflink predict``).
+* ``experiment``: an experiment's table and plot, from its ``results.json``.
 
 It reads run directories and plain records (``vflink.runfiles.results``, ``vflink.runfiles.
 rundir``, ``vflink.privacy.ledger``) and imports no party, protocol or transport code: an

@@ -2,9 +2,10 @@
 
 What it holds: the run pipeline (``train.run_training`` → ``pipeline``: load → align → plan →
 train → evaluate → write), its registries (``prepare.ALIGNMENTS``, ``plans.PLANS``,
-``evaluation.EVALUATIONS``, ``train.WRITERS``), the one training loop (``loop``), where the
-parties live (``federation``, ``network``, ``local``), and the orchestration of ``vflink link``,
-``align``, ``predict`` and ``attack``. A new alignment method or training plan is a registry
+``protections.PROTECTIONS``, ``evaluation.EVALUATIONS``, ``writers.WRITERS``), the one
+training loop (``loop``), where the parties live (``federation``, ``network``, ``local``), and
+the orchestration of ``vflink link`` (``link``, ``field_link``, ``encoding``), ``align``,
+``predict`` and ``attack``. A new alignment method, training plan or protection is a registry
 entry plus a party-side hook (docs/architecture.md), never a branch here.
 
 What it may import: run files (``vflink.runfiles``), reporting (``vflink.reporting``), the

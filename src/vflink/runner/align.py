@@ -28,7 +28,7 @@ from vflink.protocol.channel import Channel
 from vflink.protocol.sessions import new_session_name
 from vflink.runfiles.party import PartyConfig
 from vflink.runfiles.rundir import write_json
-from vflink.runner.link import encoding_summary
+from vflink.runner.encoding import encoding_summary
 from vflink.runner.local import COORDINATOR, local_roles, secret_with_source
 from vflink.transport import InProcessHub, TrafficCounter, Transcript
 from vflink.types import Alignment, Compute

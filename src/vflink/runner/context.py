@@ -22,6 +22,7 @@ from vflink.runfiles.inputs import Inputs
 from vflink.runfiles.results import EpochRecord, RunResult
 from vflink.runner.federation import Federation
 from vflink.runner.loop import Progress, Trainee
+from vflink.runner.protections import Protection
 from vflink.transport import TrafficCounter, Transcript
 from vflink.types import Alignment
 
@@ -69,6 +70,8 @@ class RunContext:
     prepared: Prepared | None = None
     resume: bool = False
     after_training: AfterTraining | None = None
+    #: the protections the config turns on (``PROTECTIONS``, chosen by the pipeline)
+    protections: tuple[Protection, ...] = ()
     start: float = field(default_factory=time.perf_counter)
     # load
     inputs: Inputs | None = None

@@ -119,7 +119,7 @@ def _bloom_truth(config: RunConfig, prepared: Prepared, alignments: dict[str, Al
     if (a_cfg.method != "soft" or a_cfg.privacy != "bloom" or secret is None or not alignments
             or a_cfg.fields):  # several fields: no single filter per record to attack
         return None
-    from vflink.runner.link import encoding_for
+    from vflink.runner.encoding import encoding_for
 
     p = inputs.primary
     sides = [(p.frame, p.schema.identifiers)]

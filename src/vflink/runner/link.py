@@ -2,7 +2,8 @@
 
 The primary and the secondary encode their own identifiers and send only the encodings to the
 coordinator; the coordinator searches the top-K, normalises and noises the similarities and
-returns indices to both and similarities to the primary only.
+returns indices to both and similarities to the primary only. The encodings are chosen in
+:mod:`vflink.runner.encoding`; multi-field linkage is :mod:`vflink.runner.field_link`.
 """
 
 from __future__ import annotations
@@ -24,40 +25,30 @@ from vflink.data.parts import write_columns
 from vflink.data.schema import PartySchema
 from vflink.data.table import PartyTable, report, show_value
 from vflink.errors import ConfigError, DataError
-from vflink.linkage import (
-    BloomConfig,
-    GeoBloomConfig,
-    NumericRange,
-    SearchOptions,
-    SoftLinkage,
-)
-from vflink.linkage.fields import Blocking, FieldSpec
+from vflink.linkage import BloomConfig, GeoBloomConfig, SearchOptions, SoftLinkage
 from vflink.linkage.improvement import improvement_estimates
-from vflink.linkage.privacy import DEFAULT_FALLBACK_SIGMA, DEFAULT_TAU, describe_protection
+from vflink.linkage.privacy import describe_protection
 from vflink.linkage.validation import validate_identifiers
 from vflink.parties.coordinator import CoordinatorParty
 from vflink.parties.link_peer import LinkingPeer
-from vflink.parties.linking import (
-    AlignmentInitiator,
-    LinkField,
-    field_raw_values,
-    identifier_values,
-)
+from vflink.parties.linking import AlignmentInitiator, identifier_values
 from vflink.parties.policy import PartyPolicy
-from vflink.protocol import EncodingSpec, FieldComparison, FieldEncoding
+from vflink.runner.encoding import (
+    default_noise,
+    encoding_for,
+    encoding_summary,
+    identifier_kind,
+    resolve_privacy,
+)
 from vflink.runner.local import local_roles, secret_with_source
 from vflink.transport import InProcessHub, Transcript
 from vflink.types import MISSING, Alignment, Compute
 
-__all__ = ["LINK_METRICS", "PRIVACY", "LinkOutcome", "default_noise", "describe_fields",
-           "encoding_for", "encoding_summary", "field_encodings", "fields_encoder", "link_fields",
-           "linkage_columns", "linkage_table", "resolve_privacy", "run_field_linkage",
-           "run_linkage", "write_links"]
+__all__ = ["COORDINATOR", "LinkOutcome", "linkage_columns", "linkage_table", "run_linkage",
+           "write_links"]
 
 log = logging.getLogger(__name__)
 
-#: Metrics a user may ask for; ``hamming`` means Bloom filters (FedSim App. I).
-LINK_METRICS = ("euclidean", "haversine", "hamming", "levenshtein")
 COORDINATOR = "coordinator"
 
 
@@ -99,107 +90,6 @@ class LinkOutcome:
         return describe_protection(lk.sigma, lk.tau, lk.epsilon, lk.delta)
 
 
-def default_noise(tau: float | None, sigma: float | None, *, private: bool,
-                  mode: str) -> tuple[float | None, float | None]:
-    """The (tau, sigma) of a link: the given ones, or the private default when identifiers
-    are private and neither is given: τ = :data:`~vflink.linkage.privacy.DEFAULT_TAU` (FedSim
-    Theorem 2), with σ = ``DEFAULT_FALLBACK_SIGMA`` where the data cannot reach it (both are
-    sent; :func:`~vflink.linkage.soft.soft_linkage` picks). Exact-mode links carry no
-    distances and get no noise; ``tau = 1`` / ``sigma = 0`` is the explicit opt-out."""
-    if private and mode != "exact" and tau is None and sigma is None:
-        return DEFAULT_TAU, DEFAULT_FALLBACK_SIGMA
-    return tau, sigma
-
-
-#: What reaches the coordinator under each encoding (for summaries).
-ENCODINGS = {
-    "hmac-sha256": "keyed hashes (HMAC-SHA256) of the exact keys",
-    "bloom": "keyed Bloom filters of the identifiers (FedSim App. I)",
-    "raw": "RAW identifier values (privacy off)",
-    "string": "RAW identifier strings (privacy off)",
-}
-
-
-PRIVACY = ("bloom", "off")
-
-
-def resolve_privacy(privacy: str | None, bloom: bool | None = None) -> str:
-    """``"bloom"`` unless raw identifiers were asked for explicitly (``privacy="off"`` or
-    ``bloom=False``): private by default."""
-    if privacy is not None and privacy not in PRIVACY:
-        raise ConfigError(f"`privacy` must be one of {', '.join(PRIVACY)}, got {privacy!r}")
-    if privacy is not None and bloom is not None and (privacy == "bloom") != bool(bloom):
-        raise ConfigError(f"--bloom contradicts --privacy {privacy}; give one of them")
-    if privacy is not None:
-        return privacy
-    return "off" if bloom is False else "bloom"
-
-
-def encoding_summary(encoder: str, secret_source: str = "") -> dict[str, str]:
-    """Which encoding reached the coordinator, for a run's or a linkage's summary."""
-    out = {"encoding": encoder, "sent_to_coordinator": ENCODINGS.get(encoder, encoder)}
-    if encoder in ("hmac-sha256", "bloom") and secret_source:
-        out["secret"] = secret_source
-    return out
-
-
-def _kind(frame: pd.DataFrame, columns: Sequence[str], metric: str) -> str:
-    if metric in ("euclidean", "haversine"):
-        return "numeric"
-    if metric == "levenshtein":
-        return "string"
-    numeric = all(pd.api.types.is_numeric_dtype(frame[c]) for c in columns)
-    return "numeric" if numeric else "string"
-
-
-def encoding_for(metric: str, *, bloom: bool,
-                 sides: Sequence[tuple[pd.DataFrame, Sequence[str]]],
-                 bloom_config: BloomConfig | None = None,
-                 margin: float = 0.01, sources: Sequence[str] = (),
-                 geo_config: GeoBloomConfig | None = None) -> tuple[EncodingSpec, str]:
-    """The encoding spec every data party uses, and the metric the coordinator searches with.
-
-    ``sides`` are the (table, identifier columns) the value range is fitted on, primary first.
-    ``hamming`` (or ``bloom=True``) means FEDERAL Bloom filters; ``haversine`` with
-    ``bloom=True`` means geographic Bloom filters on the whole globe (:func:`bloom_geo`, no
-    fitted range); other numeric Bloom filters need an
-    agreed value range: the min/max over ``sides`` widened by ``margin`` × range (values outside
-    it still encode, with fewer bits set), which every party then uses.
-    """
-    if metric not in LINK_METRICS:
-        raise ConfigError(f"`metric` must be one of {', '.join(LINK_METRICS)}, got {metric!r}")
-    bloom = bloom or metric == "hamming"
-    kind = _kind(sides[0][0], sides[0][1], metric)
-    if not bloom:
-        return EncodingSpec(encoder="raw" if kind == "numeric" else "string", kind=kind), metric
-    cfg = bloom_config or BloomConfig()
-    if kind == "string":
-        return EncodingSpec(encoder="bloom", kind="string", params=cfg.params()), "hamming"
-    if metric == "haversine":
-        # Places on the globe: the range is the whole sphere, fixed and public, so no party's
-        # bounding box is revealed, and the encoding resolves ~1 km anywhere (issue 14).
-        geo = geo_config or GeoBloomConfig()
-        return EncodingSpec(encoder="bloom", kind="geo", params=geo.params()), "hamming"
-    sided = [(frame, columns, sources[i] if i < len(sources) else f"party {i}")
-             for i, (frame, columns) in enumerate(sides)]
-    return federal_spec(cfg, sided, margin=margin), "hamming"
-
-
-def federal_spec(cfg: BloomConfig, sides: Sequence[tuple[pd.DataFrame, Sequence[str], str]], *,
-                 margin: float) -> EncodingSpec:
-    """FEDERAL numeric filters (App. I) on the agreed range: the min/max of the finite values of
-    every (table, columns, source) in ``sides``, widened by ``margin`` × range. A resolution
-    too fine for that range fails here, once, before anything is encoded."""
-    tables = []
-    for frame, columns, source in sides:
-        values = np.asarray(identifier_values(frame, columns, "numeric", source=source))
-        tables.append(values[np.isfinite(values).all(axis=1)])
-    ranges = NumericRange.fit(*tables, margin=margin)
-    cfg.centres_per_dimension(ranges)
-    return EncodingSpec(encoder="bloom", kind="numeric", params=cfg.params(), low=ranges.low,
-                        high=ranges.high)
-
-
 def run_linkage(primary: pd.DataFrame, secondary: pd.DataFrame, *, on: Sequence[str],
                 secondary_on: Sequence[str] | None = None, metric: str, top_k: int,
                 bloom: bool | None = None, mode: str = "soft", tau: float | None = None,
@@ -236,7 +126,8 @@ def run_linkage(primary: pd.DataFrame, secondary: pd.DataFrame, *, on: Sequence[
     if empty not in ("error", "skip"):
         raise ConfigError(f"`empty` must be one of error, skip, got {empty!r}")
     kind = "string" if metric == "levenshtein" else (
-        "numeric" if metric in ("euclidean", "haversine") else _kind(primary, on, metric))
+        "numeric" if metric in ("euclidean", "haversine")
+        else identifier_kind(primary, on, metric))
     keep_p = _check_empty(primary, on, kind, primary_source, empty)
     keep_s = _check_empty(secondary, secondary_on, kind, secondary_source, empty)
     if not (keep_p.all() and keep_s.all()):
@@ -462,171 +353,3 @@ def write_links(columns: dict[str, npt.NDArray[Any]], out: Path, *,
             pd.DataFrame(columns).to_csv(fh, index=False, float_format="%.6g")
 
 
-def _field_kind(spec: FieldSpec, frame: pd.DataFrame, columns: Sequence[str]) -> str:
-    """``"string"`` or ``"numeric"``: by the metric, and for ``hamming`` (Bloom filters of
-    whatever the columns hold) by the columns' type, as for one field."""
-    if spec.kind == "string":
-        return "string"
-    if spec.metric in ("euclidean", "haversine"):
-        return "numeric"
-    missing = [c for c in columns if c not in frame.columns]
-    return "string" if missing else _kind(frame, columns, "hamming")
-
-
-def field_encodings(fields: Sequence[FieldSpec], *, private: bool, primary: pd.DataFrame,
-                    secondary: pd.DataFrame | None = None, margin: float = 0.01,
-                    bloom_config: BloomConfig | None = None,
-                    geo_config: GeoBloomConfig | None = None,
-                    sources: Sequence[str] = ()) -> tuple[EncodingSpec, ...]:
-    """The encoding every data party applies to each field (issue 14), the analogue of
-    :func:`encoding_for` for several fields.
-
-    Private (the default): keyed Bloom filters for every field, q-gram filters for strings,
-    geographic filters on the whole globe for ``haversine`` (no party's bounding box), and
-    FEDERAL filters (App. I) for other numbers on a range fitted on ``primary`` (and
-    ``secondary`` when both tables are at hand, as in ``vflink link``) widened by ``margin``.
-    With ``private=False`` the normalised strings or raw numbers, except for ``hamming``
-    fields, which always mean Bloom filters as for one field.
-    """
-    cfg = bloom_config or BloomConfig()
-    out: list[EncodingSpec] = []
-    for spec in fields:
-        kind = _field_kind(spec, primary, spec.on)
-        bloom = private or spec.metric == "hamming"
-        if kind == "string":
-            out.append(EncodingSpec(encoder="bloom", kind="string", params=cfg.params())
-                       if bloom else EncodingSpec(encoder="string", kind="string",
-                                                  params={"normalize": True}))
-        elif not bloom:
-            out.append(EncodingSpec(encoder="raw", kind="numeric",
-                                    params={"geo": True} if spec.metric == "haversine" else {}))
-        elif spec.metric == "haversine":
-            # Places on the globe: the range is the whole sphere, fixed and public.
-            geo = geo_config or GeoBloomConfig()
-            out.append(EncodingSpec(encoder="bloom", kind="geo", params=geo.params()))
-        else:
-            sides = [(primary, spec.on, sources[0] if sources else "primary")]
-            if secondary is not None:
-                sides.append((secondary, spec.columns_s,
-                              sources[1] if len(sources) > 1 else "secondary"))
-            out.append(federal_spec(cfg, sides, margin=margin))
-    return tuple(out)
-
-
-def link_fields(fields: Sequence[FieldSpec], encodings: Sequence[EncodingSpec]
-                ) -> tuple[LinkField, ...]:
-    """The primary's plan of a multi-field link: columns on each side, encoding, and how the
-    coordinator compares it (Dice distance of Bloom filters, or the field's own raw metric
-    and scale when privacy is off)."""
-    if len(fields) != len(encodings):
-        raise ConfigError(f"{len(fields)} field(s) but {len(encodings)} encoding(s)")
-    out = []
-    for spec, enc in zip(fields, encodings, strict=True):
-        bloom = enc.encoder == "bloom"
-        out.append(LinkField(
-            on=spec.on, secondary_on=spec.columns_s, spec=enc,
-            comparison=FieldComparison(metric="hamming" if bloom else spec.metric,
-                                       weight=float(spec.weight),
-                                       scale=None if bloom else spec.scale)))
-    return tuple(out)
-
-
-def describe_fields(fields: Sequence[FieldSpec], blocking: Sequence[Blocking] = ()) -> str:
-    """``1·token-set(name) + 0.5·haversine(lat,lon) | blocking: postcode, surname[:2]``."""
-    described = " + ".join(f.describe() for f in fields)
-    if blocking:
-        described += " | blocking: " + ", ".join(
-            f"{b.on}" + (f"[:{b.prefix}]" if b.prefix else "") for b in blocking)
-    return described
-
-
-def _unique(columns: Sequence[str]) -> tuple[str, ...]:
-    return tuple(dict.fromkeys(columns))
-
-
-def run_field_linkage(primary: pd.DataFrame, secondary: pd.DataFrame, *,
-                      fields: Sequence[FieldSpec], blocking: Sequence[Blocking] = (),
-                      top_k: int, bloom: bool | None = None, mode: str = "soft",
-                      tau: float | None = None, sigma: float | None = None,
-                      delta: float = 1e-5, secret: bytes | None = None, seed: int | None = None,
-                      primary_source: str = "primary",
-                      secondary_source: str = "secondary",
-                      privacy: str | None = None, transcript: Transcript | None = None,
-                      bloom_config: BloomConfig | None = None,
-                      geo_config: GeoBloomConfig | None = None) -> LinkOutcome:
-    """Multi-field linkage (:mod:`vflink.linkage.fields`): each field with its own metric and
-    weight, optional blocking keys; the weighted distance goes through Eq. 1-2 unchanged.
-
-    Run as parties in this process, as :func:`run_linkage`: each data party encodes its own
-    fields and sends them to the coordinator (:meth:`AlignmentInitiator.align_fields`), which
-    searches the top-K (:func:`search_fields`) and adds the noise. Private by default: every
-    field is encoded as keyed Bloom filters (q-gram filters for strings, geographic filters
-    for coordinates, FEDERAL filters on the range of both tables for other numbers) and
-    compared by Dice distance; raw values only with ``privacy="off"`` (or ``bloom=False``).
-    Blocking keys reach the coordinator as keyed digests (HMAC), never as text.
-    """
-    start = time.perf_counter()
-    private = resolve_privacy(privacy, bloom) == "bloom"
-    tau, sigma = default_noise(tau, sigma, private=private, mode=mode)
-    fields, blocking = tuple(fields), tuple(blocking)
-    if not fields:
-        raise ConfigError("linkage needs at least one field")
-    encodings = field_encodings(fields, private=private, primary=primary, secondary=secondary,
-                                margin=0.01, bloom_config=bloom_config, geo_config=geo_config,
-                                sources=(primary_source, secondary_source))
-    plan = link_fields(fields, encodings)
-    # Checked here, where both tables are at hand, so that an error names the file (in a
-    # deployment each data party runs the same checks on its own side).
-    for frame, source, theirs in ((primary, primary_source, False),
-                                  (secondary, secondary_source, True)):
-        own = [FieldEncoding(columns=f.secondary_on if theirs else f.on, spec=f.spec)
-               for f in plan]
-        field_raw_values(frame, own, source=source)
-        columns = [(b.secondary_on or b.on) if theirs else b.on for b in blocking]
-        missing = [c for c in columns if c not in frame.columns]
-        if missing:
-            raise DataError(f"{source}: unknown blocking column(s) {missing}; the table has: "
-                            f"{', '.join(map(str, frame.columns[:20]))}")
-    keyed = bool(blocking) or any(e.encoder == "bloom" for e in encodings)
-    secret_source = "given" if secret is not None else ""
-    if keyed and secret is None:
-        # derived from the seed when unset (and said so), random without a seed: both data
-        # parties are in this process
-        secret, secret_source = secret_with_source("VFLINK_SECRET", seed=seed)
-    hub = InProcessHub(transcript=transcript)
-    # Both tables are this user's: the arguments are the explicit release choice.
-    policy = PartyPolicy.permissive(
-        identifiers="bloom" if all(e.encoder == "bloom" for e in encodings) else "any")
-    roles = local_roles("primary", ["secondary"])
-    coordinator = CoordinatorParty(COORDINATOR, seed=seed, roles=roles, policy=policy)
-    hub.register(COORDINATOR, coordinator)
-    sec_schema = PartySchema(name="secondary", role="secondary", identifiers=_unique(
-        [*(c for f in plan for c in f.secondary_on), *(b.secondary_on or b.on for b in blocking)]))
-    sec_party = LinkingPeer(PartyTable(sec_schema, secondary, secondary_source),
-                            hub.channel("secondary"), secret=secret, roles=roles, policy=policy)
-    hub.register("secondary", sec_party)
-    initiator = AlignmentInitiator(
-        "primary", primary, hub.channel("primary"), secondaries=("secondary",),
-        identifiers=_unique([*(c for f in plan for c in f.on), *(b.on for b in blocking)]),
-        secret=secret, source=primary_source, policy=policy)
-    alignment = initiator.align_fields(COORDINATOR, plan, blocking=blocking, top_k=top_k,
-                                       mode=mode, tau=tau, sigma=sigma, delta=delta,
-                                       session="link")["secondary"]
-    linkage = coordinator.linkage("link", "secondary")
-    improvement = improvement_estimates(linkage) if mode == "soft" else {}
-    sizes = {"primary_rows": len(primary), "secondary_rows": len(secondary), "top_k": top_k,
-             "links": int((linkage.indices >= 0).sum())}
-    return LinkOutcome(linkage=linkage, alignment=alignment,
-                       seconds=time.perf_counter() - start, sizes=sizes,
-                       privacy="bloom" if private else "off",
-                       search_metric=describe_fields(fields, blocking),
-                       improvement=improvement,
-                       encoding=fields_encoder(encodings),
-                       secret_source=secret_source if keyed else "",
-                       communication=hub.counter.snapshot())
-
-
-def fields_encoder(encodings: Sequence[EncodingSpec]) -> str:
-    """The summary's ``encoding`` of a multi-field link: ``bloom`` when every field is a keyed
-    Bloom filter, else ``raw`` (some field's raw values reached the coordinator)."""
-    return "bloom" if all(e.encoder == "bloom" for e in encodings) else "raw"

@@ -10,7 +10,10 @@ runs (so an unknown name fails first):
 * the **training plan** (``PLANS`` in :mod:`vflink.runner.plans`: the SplitNN family, the
   FedSim family, Solo / Combine at the primary, FLORIST union training) by the plan the
   alignment method fixes (psu: ``union``) or else the algorithm's kind;
-* the **writers** of a run directory (``WRITERS`` in :mod:`vflink.runner.train`).
+* the **protections** (``PROTECTIONS`` in :mod:`vflink.runner.protections`: similarity noise,
+  embedding DP) the config turns on; the align and plan stages add their settings to what
+  they send the parties, and the evaluate stage collects their reports;
+* the **writers** of a run directory (``WRITERS`` in :mod:`vflink.runner.writers`).
 
 The pipeline calls parties through the plan's trainee; it never checks a protocol's state
 itself. Stage modules call down (plans, loop, parties), never back up into this module.
@@ -19,6 +22,7 @@ itself. Stage modules call down (plans, loop, parties), never back up into this 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from vflink.runfiles.config import RunConfig
@@ -27,9 +31,11 @@ from vflink.runner.context import AlignmentMethod, Plan, RunContext
 from vflink.runner.loop import CHECKPOINT, train_and_evaluate
 from vflink.runner.plans import PLANS, plan_name
 from vflink.runner.prepare import ALIGNMENTS, method_name
+from vflink.runner.protections import Protection, chosen
 from vflink.runner.resume import check_resume, run_fingerprint
+from vflink.runner.writers import write
 
-__all__ = ["STAGES", "Stage", "build_pipeline", "run_pipeline"]
+__all__ = ["STAGES", "Pipeline", "Stage", "build_pipeline", "run_pipeline"]
 
 class Stage(Protocol):
     def __call__(self, ctx: RunContext) -> RunContext: ...
@@ -83,16 +89,27 @@ def evaluate(ctx: RunContext) -> RunContext:
     return ctx
 
 
-def build_pipeline(config: RunConfig) -> tuple[AlignmentMethod, Plan, Sequence[Stage]]:
-    """The alignment method, the training plan and the stages of a run of ``config``."""
+@dataclass(frozen=True)
+class Pipeline:
+    """What :func:`build_pipeline` chose for a run: one entry of each registry, the stages."""
+
+    method: AlignmentMethod
+    plan: Plan
+    protections: tuple[Protection, ...]
+    stages: Sequence[Stage]
+
+
+def build_pipeline(config: RunConfig) -> Pipeline:
+    """The alignment method, the training plan, the protections and the stages of a run of
+    ``config``."""
     method = ALIGNMENTS.get(method_name(config.alignment))
-    chosen = PLANS.get(method.plan or plan_name(config))
-    chosen.check(config)
-    return method, chosen, STAGES
+    training = PLANS.get(method.plan or plan_name(config))
+    training.check(config)
+    return Pipeline(method, training, chosen(config), STAGES)
 
 
-#: The stages of every run, in order (the write stage wraps them: :mod:`vflink.runner.train`).
-STAGES: tuple[Stage, ...] = (load, align, plan, train, evaluate)
+#: The stages of every run, in order
+STAGES: tuple[Stage, ...] = (load, align, plan, train, evaluate, write)
 
 
 def run_pipeline(ctx: RunContext, stages: Sequence[Stage]) -> RunContext:

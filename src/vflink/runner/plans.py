@@ -51,7 +51,7 @@ from vflink.runner.evaluation import EVALUATIONS, linkage_figures, write_truth
 from vflink.runner.federation import recorder_for
 from vflink.runner.loop import BEST, CHECKPOINT, FINAL
 from vflink.runner.pools import run_splits
-from vflink.runner.privacy import check_privacy_task, privacy_extra
+from vflink.runner.protections import TRAINING, Protection, chosen, request_settings
 from vflink.runner.union import UnionPlan
 from vflink.transport import InProcessHub, TrafficCounter
 from vflink.types import MISSING, Alignment
@@ -69,9 +69,11 @@ def plan_name(config: RunConfig) -> str:
     return get_algorithm(config.algorithm).kind
 
 
-def training_plan(config: RunConfig, algorithm: Algorithm, *, learn_missing: bool, k: int
-                  ) -> TrainingPlan:
-    """The public hyperparameters every party builds its part of the model from."""
+def training_plan(config: RunConfig, algorithm: Algorithm, *, learn_missing: bool, k: int,
+                  protections: Sequence[Protection] | None = None) -> TrainingPlan:
+    """The public hyperparameters every party builds its part of the model from, with the
+    settings of the training ``protections`` (default: those the config turns on; embedding
+    DP adds its public ``privacy`` settings)."""
     m, t = config.model, config.training
     # randomized-response: each secondary sends the one-hot of a code (width k, issue 20)
     bottom = BottomSpec(hidden=m.hidden, out_dim=config.privacy.cut_width(m.cut_dim),
@@ -81,10 +83,11 @@ def training_plan(config: RunConfig, algorithm: Algorithm, *, learn_missing: boo
                         standardize=m.standardize, bottom=m.bottom, channels=m.channels,
                         kernels=m.kernels, image_shape=m.image_shape)
     agg = AggregatorConfig(**{**m.aggregator.__dict__, "seed": config.seed})
-    privacy = config.privacy.public_settings() if config.privacy.enabled else None
+    chosen_ = chosen(config, TRAINING) if protections is None else protections
+    settings: dict[str, Any] = {"privacy": None, **request_settings(chosen_, config)}
     return TrainingPlan(bottom=bottom, top_hidden=m.top_hidden, learn_missing=learn_missing,
                         aggregator=algorithm.aggregator, k=k, aggregator_config=agg,
-                        pair_dim=m.pair_dim, privacy=privacy)
+                        pair_dim=m.pair_dim, **settings)
 
 
 def release_plan(plan: TrainingPlan, splits: tuple[Rows, ...], epochs: int,
@@ -246,11 +249,14 @@ def _linkage_figures(ctx: RunContext) -> dict[str, Any]:
     return {"linkage_figures": linkage_figures(primary.similarity, primary.model)}
 
 
-@EVALUATIONS.register("embedding-privacy")
-def _embedding_privacy(ctx: RunContext) -> dict[str, Any]:
-    """Each secondary's ledger entries for its embedding protection (VFL-AFE)."""
-    plan: TrainingPlan = ctx.state["training_plan"]
-    return privacy_extra(ctx.state["primary"]) if plan.privacy is not None else {}
+@EVALUATIONS.register("protections")
+def _protections(ctx: RunContext) -> dict[str, Any]:
+    """What each training protection of the run reports (``PROTECTIONS``; embedding DP:
+    each secondary's ledger entries, VFL-AFE)."""
+    out: dict[str, Any] = {}
+    for protection in ctx.state.get("protections", ()):
+        out.update(protection.report(ctx.state["primary"]))
+    return out
 
 
 # -- plans -----------------------------------------------------------------------------------
@@ -281,14 +287,19 @@ class PrimaryPlan:
         models_dir = ctx.models_dir
         primary_dir = None if models_dir is None else models_dir / inputs.primary.name
         primary, k, learn_missing = self._primary(ctx, algorithm, primary_dir)
-        plan = training_plan(config, algorithm, learn_missing=learn_missing, k=k)
-        if algorithm.kind != "vfl":
-            plan = dataclasses.replace(plan, privacy=None)  # nothing leaves the primary
-        check_privacy_task(config.privacy, primary.task)
+        for protection in ctx.protections:
+            protection.check(config, primary.task)
+        # the training protections act on what crosses the boundary: nothing leaves the
+        # primary of a centralised plan
+        training = tuple(p for p in ctx.protections
+                         if p.acts_on == TRAINING and algorithm.kind == "vfl")
+        plan = training_plan(config, algorithm, learn_missing=learn_missing, k=k,
+                             protections=training)
         if ctx.resume and plan.k != k:
             raise ConfigError("cannot resume: the alignment changed")
         ctx.trainee = PrimaryTrainee(primary, plan)
-        ctx.state.update(primary=primary, training_plan=plan, algorithm=algorithm, k=k)
+        ctx.state.update(primary=primary, training_plan=plan, algorithm=algorithm, k=k,
+                         protections=training)
         if ctx.counter is None:  # pragma: no cover - _primary set it
             raise ConfigError("no traffic counter")
         ctx.state["kinds"] = ctx.counter.kinds()
@@ -363,9 +374,9 @@ class PrimaryPlan:
 
 
 PLANS: Registry[Plan] = Registry("training plan")
-_CENTRAL = ("alignment", "messages", "linkage-figures", "embedding-privacy")
+_CENTRAL = ("alignment", "messages", "linkage-figures", "protections")
 PLANS.add("vfl", PrimaryPlan("vfl", ("alignment", "link-quality", "messages",
-                                     "linkage-figures", "embedding-privacy")))
+                                     "linkage-figures", "protections")))
 PLANS.add("solo", PrimaryPlan("solo", _CENTRAL))
 PLANS.add("combine", PrimaryPlan("combine", _CENTRAL))
 # a FLORIST strategy's name outside a PSU union trains at the primary alone, as Solo does

@@ -36,6 +36,7 @@ from vflink.protocol import EncodingSpec
 from vflink.runfiles.config import RunConfig
 from vflink.runfiles.inputs import Inputs
 from vflink.runner.federation import COORDINATOR, Federation, local_roles
+from vflink.runner.protections import Protection, request_settings
 from vflink.transport import InProcessHub
 from vflink.types import MISSING, Alignment
 
@@ -62,12 +63,14 @@ def _subset(table: PartyTable, rows: npt.NDArray[np.int64]) -> PartyTable:
 def link_by_split(config: RunConfig, inputs: Inputs, federation: Federation,
                   splits: Sequence[npt.NDArray[np.int64]], spec: EncodingSpec | None, *,
                   metric: str, top_k: int, mode: str = "soft",
-                  session: str, fields: Sequence[LinkField] = ()) -> dict[str, Alignment]:
+                  session: str, fields: Sequence[LinkField] = (),
+                  protections: Sequence[Protection] = ()) -> dict[str, Alignment]:
     """Soft-link each split's primary rows against the same split's secondary rows only.
 
     ``fields`` (with ``config.alignment.blocking``) links on several fields instead of one
     encoded identifier (``spec``, ``metric``). Returns one alignment per secondary over all
     primary rows (global row numbers), and gives it to the run's coordinator under ``session``.
+    ``protections`` (similarity noise) add their settings to every split's request.
     """
     if inputs.truth is None:
         raise ConfigError("alignment.pool = \"split\" needs a dataset with ground truth (it "
@@ -101,15 +104,16 @@ def link_by_split(config: RunConfig, inputs: Inputs, federation: Federation,
         primary = PrimaryParty(_subset(inputs.primary, prim_rows),
                                hub.channel(inputs.primary.name), secondaries=names,
                                secret=federation.secret, policy=policy)
-        tau, sigma = a.noise(mode)  # the private default τ unless given (or exact mode)
+        # the private default τ unless given (or exact mode): the similarity-noise protection
+        protect = request_settings(protections, config, mode=mode)
         if fields:
             got = primary.initiator().align_fields(
-                COORDINATOR, fields, blocking=a.blocking, top_k=top_k, mode=mode, tau=tau,
-                sigma=sigma, delta=a.delta, session=session, scale=scale)
+                COORDINATOR, fields, blocking=a.blocking, top_k=top_k, mode=mode,
+                session=session, scale=scale, **protect)
         elif spec is not None:
             got = primary.initiator().align_soft(
-                COORDINATOR, spec, metric=metric, top_k=top_k, mode=mode, tau=tau,
-                sigma=sigma, delta=a.delta, session=session, scale=scale)
+                COORDINATOR, spec, metric=metric, top_k=top_k, mode=mode, session=session,
+                scale=scale, **protect)
         else:
             raise ConfigError("a split linkage needs an encoding or fields")
         if scale is None and mode == "soft":  # the training split fixes Eq. 1's (μ0, σ0)

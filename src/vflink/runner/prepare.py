@@ -22,14 +22,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
 from vflink.data.table import PartyTable
 from vflink.errors import ConfigError
-from vflink.linkage.privacy import describe_protection
 from vflink.parties import PrimaryParty
 from vflink.parties.linking import LinkField
 from vflink.protocol import EncodingSpec
@@ -40,8 +39,7 @@ from vflink.runfiles.config import AlignmentConfig, RunConfig
 from vflink.runfiles.inputs import Inputs, identifier_features, load_inputs
 from vflink.runner.compute import current_compute
 from vflink.runner.context import AlignmentMethod, Prepared, RunContext
-from vflink.runner.federation import Federation, in_process
-from vflink.runner.link import (
+from vflink.runner.encoding import (
     describe_fields,
     encoding_for,
     encoding_summary,
@@ -49,7 +47,9 @@ from vflink.runner.link import (
     fields_encoder,
     link_fields,
 )
+from vflink.runner.federation import Federation, in_process
 from vflink.runner.pools import link_by_split, run_splits
+from vflink.runner.protections import ALIGNMENT, Protection, chosen, request_settings
 from vflink.runner.setalign import prepare_psi, prepare_psu
 from vflink.runner.union import union_fractions
 from vflink.transport import TrafficCounter, Transcript
@@ -97,121 +97,173 @@ def prepare(config: RunConfig, tables: Inputs | tuple[PartyTable, Sequence[Party
         return Prepared(inputs, {}, {}, rows, {}, federation)
     method = ALIGNMENTS.get(method_name(config.alignment))
     return method.prepare(config, inputs, federation, needs=needs, scale=scale,
-                          encoding=encoding)
+                          encoding=encoding, protections=chosen(config, ALIGNMENT))
 
 
-def _through_coordinator(config: RunConfig, inputs: Inputs, federation: Federation, *,
-                         needs: set[str], scale: tuple[float, float] | None = None,
-                         encoding: EncodingSpec | tuple[EncodingSpec, ...] | None = None,
-                         **_: Any) -> Prepared:
-    """``exact``, ``soft`` and ``fields``: the primary asks the coordinator to link (keyed
-    hashes, or soft linkage of encoded identifiers: top-K with noised similarities)."""
-    a_cfg = config.alignment
-    names = federation.secondaries
-    if a_cfg.method == "exact" and "topk" in needs:
+class _Opened:
+    """What every method through the coordinator starts from: the primary's alignment hook
+    and the traffic counters before it ran."""
+
+    def __init__(self, inputs: Inputs, federation: Federation) -> None:
+        primary = PrimaryParty(inputs.primary, federation.channel,
+                               secondaries=federation.secondaries, secret=federation.secret,
+                               policy=federation.policy)
+        primary.compute = current_compute()
+        self.initiator = primary.initiator()
+        self.before = federation.counter.snapshot()
+        self.before_kinds = federation.counter.kinds()
+
+    def close(self, config: RunConfig, inputs: Inputs, federation: Federation,
+              alignments: dict[str, dict[str, Alignment]], sessions: dict[str, str],
+              summary: dict[str, Any], *, drop_unmatched: bool = False) -> Prepared:
+        """The rows every algorithm trains on, the matched fractions and the traffic."""
+        a_cfg = config.alignment
+        n = len(inputs.primary)
+        rows = np.arange(n, dtype=np.int64)
+        if drop_unmatched:
+            for a in alignments["base"].values():
+                rows = rows[a.for_primary_rows(n)[rows, 0] != MISSING]
+        summary["matched_fraction"] = {k: float(np.mean(a.matched))
+                                       for k, a in alignments["base"].items()}
+        summary["unmatched"] = a_cfg.unmatched
+        crossing = identifier_features(inputs)
+        if crossing:  # for the ledger: these identifiers also crossed as features (issue 14)
+            summary["identifiers_as_features"] = crossing
+        log.info("aligned: %d of %d primary rows kept (%s)", len(rows), n,
+                 summary["matched_fraction"])
+        communication = TrafficCounter.delta(federation.counter.snapshot(), self.before)
+        summary["messages"] = TrafficCounter.kinds_delta(federation.counter.kinds(),
+                                                         self.before_kinds)
+        return Prepared(inputs, alignments, sessions, rows, communication, federation, summary)
+
+
+def prepare_exact(config: RunConfig, inputs: Inputs, federation: Federation, *,
+                  needs: set[str], **_: Any) -> Prepared:
+    """``exact``: keyed hashes (HMAC-SHA256) of the identifiers, matched by the coordinator."""
+    if "topk" in needs:
         raise ConfigError("algorithms that use K links (fedsim, avgsim, featuresim...) need "
                           "soft linkage: set alignment.method = \"soft\"")
-    primary = PrimaryParty(inputs.primary, federation.channel, secondaries=names,
-                           secret=federation.secret, policy=federation.policy)
-    primary.compute = current_compute()
-    initiator = primary.initiator()
-    coordinator = federation.coordinator
-    alignments: dict[str, dict[str, Alignment]] = {}
-    sessions: dict[str, str] = {}
-    summary: dict[str, Any] = {"method": a_cfg.method}
-    before = federation.counter.snapshot()
-    before_kinds = federation.counter.kinds()
+    opened = _Opened(inputs, federation)
+    # every run opens its sessions under new names: a finished session is immutable (issue 19)
+    session = new_session_name("exact")
+    base = opened.initiator.align_exact(federation.coordinator, session=session)
+    alignments = {"base": base, "top1": base, "exact": base}
+    summary: dict[str, Any] = {"method": config.alignment.method,
+                               **encoding_summary("hmac-sha256", federation.secret_source)}
+    return opened.close(config, inputs, federation, alignments,
+                        dict.fromkeys(alignments, session), summary,
+                        drop_unmatched=config.alignment.unmatched == "drop")
+
+
+#: ``align(top_k=..., mode=..., tau=..., sigma=..., delta=..., session=..., scale=...)``: one
+#: soft linkage through the primary's hook (one identifier, or several fields)
+_Align = Callable[..., dict[str, Alignment]]
+
+
+def _top_k_linkage(config: RunConfig, inputs: Inputs, federation: Federation, *,
+                   needs: set[str], protections: Sequence[Protection], align: _Align,
+                   spec: EncodingSpec | None, fields: tuple[LinkField, ...],
+                   search_metric: str, scale: tuple[float, float] | None
+                   ) -> tuple[dict[str, dict[str, Alignment]], dict[str, str], dict[str, Any]]:
+    """What ``soft`` and ``fields`` share: the top-K linkage with the alignment protections'
+    settings (similarity noise), its top-1 view, exact matches when an algorithm needs them,
+    and the summary of the linkage's parameters and protections."""
+    a_cfg = config.alignment
+    names = federation.secondaries
+    top_k = a_cfg.top_k if "topk" in needs else 1
     # every run opens its sessions under new names: a finished session is immutable (issue 19)
     soft_session, exact_session = new_session_name("soft"), new_session_name("exact")
-    if a_cfg.method == "exact":
-        base = initiator.align_exact(coordinator, session=exact_session)
-        alignments = {"base": base, "top1": base, "exact": base}
-        sessions = dict.fromkeys(alignments, exact_session)
-        summary.update(encoding_summary("hmac-sha256", federation.secret_source))
+    if a_cfg.pool == "split":  # the FedSim authors' protocol (vflink.runner.pools)
+        splits = run_splits(config, inputs, np.arange(len(inputs.primary), dtype=np.int64))
+        soft = link_by_split(config, inputs, federation, splits, spec, metric=search_metric,
+                             top_k=top_k, session=soft_session, fields=fields,
+                             protections=protections)
     else:
-        top_k = a_cfg.top_k if "topk" in needs else 1
-        fields: tuple[LinkField, ...] = ()
-        spec: EncodingSpec | None = None
-        if a_cfg.fields:  # several fields, each with its own metric and weight (issue 14)
-            encodings = field_encodings_for(inputs, a_cfg, encoding)
-            fields = link_fields(a_cfg.fields, encodings)
-            search_metric = describe_fields(a_cfg.fields, a_cfg.blocking)
+        soft = align(top_k=top_k, session=soft_session, scale=scale,
+                     **request_settings(protections, config))
+    top1 = {k: Alignment(a.primary_index, a.secondary_index[:, :1],
+                         None if a.similarity is None else a.similarity[:, :1], k,
+                         dict(a.meta)) for k, a in soft.items()}
+    alignments = {"base": top1, "top1": top1, "topk": soft}
+    sessions = dict.fromkeys(("base", "top1", "topk"), soft_session)
+    if "exact" in needs and a_cfg.pool == "split":
+        alignments["exact"] = link_by_split(config, inputs, federation, splits, spec,
+                                            metric=search_metric, top_k=1, mode="exact",
+                                            session=exact_session, fields=fields,
+                                            protections=protections)
+    elif "exact" in needs:
+        alignments["exact"] = align(top_k=1, mode="exact", session=exact_session)
+    if "exact" in needs:
+        sessions["exact"] = exact_session
+    first = soft[names[0]].meta
+    summary: dict[str, Any] = {"method": a_cfg.method, "mu0": first.get("mu0"),
+                               "sigma0": first.get("sigma0")}
+    for protection in protections:  # what the coordinator applied (similarity noise)
+        summary.update(protection.report(first))
+    summary.update({"metric": a_cfg.metric if spec is not None else search_metric,
+                    "top_k": top_k, "privacy": a_cfg.privacy, "pool": a_cfg.pool})
+    return alignments, sessions, summary
 
-            def align(**kw: Any) -> dict[str, Alignment]:
-                return initiator.align_fields(coordinator, fields, blocking=a_cfg.blocking,
-                                              **kw)
-        else:
-            # The primary proposes the encoding; a numeric Bloom range comes from its own
-            # identifiers (widened by 10 %), as it must when the secondaries' data are
-            # elsewhere.
-            sides = [(inputs.primary.frame, inputs.primary.schema.identifiers)]
-            spec, search_metric = encoding_for(a_cfg.metric, bloom=a_cfg.privacy == "bloom",
-                                               sides=sides, margin=0.1)
-            if isinstance(encoding, EncodingSpec):  # the training's: same centres
-                spec = encoding
-            one: EncodingSpec = spec
 
-            def align(**kw: Any) -> dict[str, Alignment]:
-                return initiator.align_soft(coordinator, one, metric=search_metric, **kw)
-        if a_cfg.pool == "split":  # the FedSim authors' protocol (vflink.runner.pools)
-            splits = run_splits(config, inputs, np.arange(len(inputs.primary), dtype=np.int64))
-            soft = link_by_split(config, inputs, federation, splits, spec, metric=search_metric,
-                                 top_k=top_k, session=soft_session, fields=fields)
-        else:
-            tau, sigma = a_cfg.noise()  # the private default τ unless given
-            soft = align(top_k=top_k, tau=tau, sigma=sigma, delta=a_cfg.delta,
-                         session=soft_session, scale=scale)
-        top1 = {k: Alignment(a.primary_index, a.secondary_index[:, :1],
-                             None if a.similarity is None else a.similarity[:, :1], k,
-                             dict(a.meta)) for k, a in soft.items()}
-        alignments = {"base": top1, "top1": top1, "topk": soft}
-        sessions = dict.fromkeys(("base", "top1", "topk"), soft_session)
-        if "exact" in needs and a_cfg.pool == "split":
-            alignments["exact"] = link_by_split(config, inputs, federation, splits, spec,
-                                                metric=search_metric, top_k=1, mode="exact",
-                                                session=exact_session, fields=fields)
-        elif "exact" in needs:
-            alignments["exact"] = align(top_k=1, mode="exact", session=exact_session)
-        if "exact" in needs:
-            sessions["exact"] = exact_session
-        first = soft[names[0]]
-        summary.update({k: first.meta.get(k) for k in ("mu0", "sigma0", "sigma", "tau",
-                                                       "epsilon", "delta")})
-        if "resolution" in first.meta:  # Theorem 2's distance step of a multi-field link
-            summary["resolution"] = first.meta["resolution"]
-        summary["similarity_protection"] = describe_protection(
-            first.meta.get("sigma"), first.meta.get("tau"), first.meta.get("epsilon"),
-            first.meta.get("delta"))
-        summary.update({"metric": a_cfg.metric if spec is not None else search_metric,
-                        "top_k": top_k, "privacy": a_cfg.privacy, "pool": a_cfg.pool})
-        if spec is not None:
-            summary.update(encoding_summary(spec.encoder, federation.secret_source))
-            summary["encoding_spec"] = dataclasses.asdict(spec)  # public; reused by predict
-        else:
-            encoder = fields_encoder([f.spec for f in fields])
-            summary.update(encoding_summary(encoder, federation.secret_source))
-            # public, per field; reused by predict (same centres, so similarities compare)
-            summary["fields"] = [f.describe() for f in a_cfg.fields]
-            summary["field_encoding_specs"] = [dataclasses.asdict(f.spec) for f in fields]
-            if a_cfg.blocking:
-                summary["blocking"] = "keyed digests (HMAC-SHA256) of " + ", ".join(
-                    b.on + (f"[:{b.prefix}]" if b.prefix else "") for b in a_cfg.blocking)
-    n = len(inputs.primary)
-    rows = np.arange(n, dtype=np.int64)
-    if a_cfg.method == "exact" and a_cfg.unmatched == "drop":
-        for a in alignments["base"].values():
-            rows = rows[a.for_primary_rows(n)[rows, 0] != MISSING]
-    summary["matched_fraction"] = {k: float(np.mean(a.matched))
-                                   for k, a in alignments["base"].items()}
-    summary["unmatched"] = a_cfg.unmatched
-    crossing = identifier_features(inputs)
-    if crossing:  # for the ledger: these identifiers also crossed as features (issue 14)
-        summary["identifiers_as_features"] = crossing
-    log.info("aligned: %d of %d primary rows kept (%s)", len(rows), n,
-             summary["matched_fraction"])
-    communication = TrafficCounter.delta(federation.counter.snapshot(), before)
-    summary["messages"] = TrafficCounter.kinds_delta(federation.counter.kinds(), before_kinds)
-    return Prepared(inputs, alignments, sessions, rows, communication, federation, summary)
+def prepare_soft(config: RunConfig, inputs: Inputs, federation: Federation, *,
+                 needs: set[str], protections: Sequence[Protection] = (),
+                 scale: tuple[float, float] | None = None,
+                 encoding: EncodingSpec | tuple[EncodingSpec, ...] | None = None,
+                 **_: Any) -> Prepared:
+    """``soft``: FedSim soft linkage of one identifier's encodings (Bloom filters by
+    default): top-K at the coordinator, normalised and protected similarities to the primary."""
+    a_cfg = config.alignment
+    opened = _Opened(inputs, federation)
+    # The primary proposes the encoding; a numeric Bloom range comes from its own identifiers
+    # (widened by 10 %), as it must when the secondaries' data are elsewhere.
+    sides = [(inputs.primary.frame, inputs.primary.schema.identifiers)]
+    spec, search_metric = encoding_for(a_cfg.metric, bloom=a_cfg.privacy == "bloom",
+                                       sides=sides, margin=0.1)
+    if isinstance(encoding, EncodingSpec):  # the training's: same centres
+        spec = encoding
+    one: EncodingSpec = spec
+    coordinator = federation.coordinator
+
+    def align(**kw: Any) -> dict[str, Alignment]:
+        return opened.initiator.align_soft(coordinator, one, metric=search_metric, **kw)
+
+    alignments, sessions, summary = _top_k_linkage(
+        config, inputs, federation, needs=needs, protections=protections, align=align,
+        spec=spec, fields=(), search_metric=search_metric, scale=scale)
+    summary.update(encoding_summary(spec.encoder, federation.secret_source))
+    summary["encoding_spec"] = dataclasses.asdict(spec)  # public; reused by predict
+    return opened.close(config, inputs, federation, alignments, sessions, summary)
+
+
+def prepare_fields(config: RunConfig, inputs: Inputs, federation: Federation, *,
+                   needs: set[str], protections: Sequence[Protection] = (),
+                   scale: tuple[float, float] | None = None,
+                   encoding: EncodingSpec | tuple[EncodingSpec, ...] | None = None,
+                   **_: Any) -> Prepared:
+    """``fields``: soft linkage on several fields, each with its own metric and weight
+    (``[[alignment.fields]]``, issue 14), with optional blocking keys."""
+    a_cfg = config.alignment
+    opened = _Opened(inputs, federation)
+    encodings = field_encodings_for(inputs, a_cfg, encoding)
+    fields = link_fields(a_cfg.fields, encodings)
+    search_metric = describe_fields(a_cfg.fields, a_cfg.blocking)
+    coordinator = federation.coordinator
+
+    def align(**kw: Any) -> dict[str, Alignment]:
+        return opened.initiator.align_fields(coordinator, fields, blocking=a_cfg.blocking, **kw)
+
+    alignments, sessions, summary = _top_k_linkage(
+        config, inputs, federation, needs=needs, protections=protections, align=align,
+        spec=None, fields=fields, search_metric=search_metric, scale=scale)
+    encoder = fields_encoder([f.spec for f in fields])
+    summary.update(encoding_summary(encoder, federation.secret_source))
+    # public, per field; reused by predict (same centres, so similarities compare)
+    summary["fields"] = [f.describe() for f in a_cfg.fields]
+    summary["field_encoding_specs"] = [dataclasses.asdict(f.spec) for f in fields]
+    if a_cfg.blocking:
+        summary["blocking"] = "keyed digests (HMAC-SHA256) of " + ", ".join(
+            b.on + (f"[:{b.prefix}]" if b.prefix else "") for b in a_cfg.blocking)
+    return opened.close(config, inputs, federation, alignments, sessions, summary)
 
 
 def field_encodings_for(inputs: Inputs, alignment: AlignmentConfig,
@@ -262,7 +314,8 @@ def _psu_stage(ctx: RunContext) -> Prepared:
 
 
 ALIGNMENTS: Registry[AlignmentMethod] = Registry("alignment method")
-for _name in ("exact", "soft", "fields"):
-    ALIGNMENTS.add(_name, AlignmentMethod(_name, _through_coordinator, _run_stage))
+ALIGNMENTS.add("exact", AlignmentMethod("exact", prepare_exact, _run_stage))
+ALIGNMENTS.add("soft", AlignmentMethod("soft", prepare_soft, _run_stage))
+ALIGNMENTS.add("fields", AlignmentMethod("fields", prepare_fields, _run_stage))
 ALIGNMENTS.add("psi", AlignmentMethod("psi", prepare_psi, _run_stage))
 ALIGNMENTS.add("psu", AlignmentMethod("psu", prepare_psu, _psu_stage, plan="union"))

@@ -1,18 +1,18 @@
 """The training entry point: :func:`run_training` builds a run's pipeline from its config,
 runs it, and writes the run directory.
 
-The stages (:mod:`vflink.runner.pipeline`: load → align → plan → train → evaluate) are chosen
-from registries by the config; this module adds the last one, write, whose writers
-(``WRITERS``) each put one part of a run directory in place: the resolved config, the metrics,
-the privacy ledger, the link-quality file and the learning curve. An experiment reuses one
-alignment (``prepared``, from :func:`vflink.runner.prepare.prepare`) for every algorithm of a
-seed, since linkage does not depend on the algorithm.
+The stages (:mod:`vflink.runner.pipeline`: load → align → plan → train → evaluate → write)
+are chosen from registries by the config; the write stage's writers (``WRITERS``,
+:mod:`vflink.runner.writers`) put the run directory in place, which this module stages and
+renames atomically. An experiment reuses one alignment (``prepared``, from
+:func:`vflink.runner.prepare.prepare`) for every algorithm of a seed, since linkage does not
+depend on the algorithm.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,13 +20,10 @@ import torch
 
 from vflink.data.table import PartyTable
 from vflink.errors import ConfigError
-from vflink.registry import Registry
-from vflink.reporting.ledger import write_run_ledger
-from vflink.reporting.link_quality import write_link_quality
-from vflink.runfiles.config import RunConfig, config_to_dict
+from vflink.runfiles.config import RunConfig
 from vflink.runfiles.inputs import Inputs
 from vflink.runfiles.results import RunResult
-from vflink.runfiles.rundir import atomic_run_dir, write_json
+from vflink.runfiles.rundir import atomic_run_dir
 from vflink.runner.compute import run_compute
 from vflink.runner.context import AfterTraining, Prepared, RunContext
 from vflink.runner.federation import Federation
@@ -35,54 +32,9 @@ from vflink.runner.pipeline import build_pipeline, run_pipeline
 from vflink.runner.prepare import as_inputs
 from vflink.transport import Transcript
 
-__all__ = ["WRITERS", "run_training"]
+__all__ = ["run_training"]
 
 log = logging.getLogger(__name__)
-
-#: ``writer(run_dir, config, result)``: one part of a run directory
-Writer = Callable[[Path, RunConfig, RunResult], None]
-WRITERS: Registry[Writer] = Registry("run-directory writer")
-
-
-@WRITERS.register("config")
-def _write_config(run_dir: Path, config: RunConfig, result: RunResult) -> None:
-    write_json(run_dir / "config.json", config_to_dict(config))
-
-
-@WRITERS.register("metrics")
-def _write_metrics(run_dir: Path, config: RunConfig, result: RunResult) -> None:
-    write_json(run_dir / "metrics.json", result.to_json())
-
-
-@WRITERS.register("ledger")
-def _write_ledger(run_dir: Path, config: RunConfig, result: RunResult) -> None:
-    write_run_ledger(run_dir, result)
-
-
-@WRITERS.register("link-quality")
-def _write_link_quality(run_dir: Path, config: RunConfig, result: RunResult) -> None:
-    if "link_quality" in result.extra:  # read by `vflink predict`
-        write_link_quality(run_dir, result.extra["link_quality"])
-
-
-@WRITERS.register("learning-curve")
-def _write_learning_curve(run_dir: Path, config: RunConfig, result: RunResult) -> None:
-    from vflink.reporting.plots import learning_curve  # matplotlib only when writing
-
-    learning_curve(result, run_dir / "learning_curve.png")
-
-
-#: what a run directory gets, in order
-RUN_DIRECTORY = ("config", "metrics", "ledger", "link-quality", "learning-curve")
-
-
-def write(ctx: RunContext) -> RunContext:
-    """The write stage: every writer of ``RUN_DIRECTORY`` into the (staging) run directory."""
-    if ctx.out_dir is not None and ctx.result is not None:
-        for name in RUN_DIRECTORY:
-            WRITERS.get(name)(ctx.out_dir, ctx.config, ctx.result)
-    return ctx
-
 
 def run_training(config: RunConfig, out_dir: Path | None = None, *, overwrite: bool = False,
                  progress: Progress | None = None, transcript: Transcript | None = None,
@@ -117,10 +69,11 @@ def run_training(config: RunConfig, out_dir: Path | None = None, *, overwrite: b
 
 def _run(config: RunConfig, out_dir: Path | None, resume: bool, options: Mapping[str, Any]
          ) -> RunResult:
-    method, plan, stages = build_pipeline(config)
-    ctx = RunContext(config=config, method=method, plan=plan, out_dir=out_dir, resume=resume,
+    pipeline = build_pipeline(config)
+    ctx = RunContext(config=config, method=pipeline.method, plan=pipeline.plan,
+                     protections=pipeline.protections, out_dir=out_dir, resume=resume,
                      **options)
-    ctx = run_pipeline(ctx, (*stages, write))
+    ctx = run_pipeline(ctx, pipeline.stages)
     if ctx.result is None:  # pragma: no cover - the evaluate stage ran
         raise ConfigError("the run produced no result")
     return ctx.result

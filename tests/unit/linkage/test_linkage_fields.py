@@ -22,7 +22,8 @@ from vflink.linkage import (
     soft_linkage,
 )
 from vflink.linkage.fields import Blocking, FieldSpec, FieldValues, brute_fields, search_fields
-from vflink.runner.link import run_field_linkage, run_linkage
+from vflink.runner.field_link import run_field_linkage
+from vflink.runner.link import run_linkage
 
 SECRET = b"fields-test-secret-0123456789"
 FIRST = ["anna", "bob", "carl", "dora", "emil", "fay", "gus", "hana", "ivan", "jo"]

@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 from vflink.errors import DataError
 from vflink.linkage import GeoBloomConfig, bloom_geo, brute_hamming, brute_haversine
 from vflink.linkage.distances import hamming_distances
-from vflink.runner.link import encoding_for, run_linkage
+from vflink.runner.encoding import encoding_for
+from vflink.runner.link import run_linkage
 
 SECRET = b"geo-test-secret-0123456789"
 

@@ -8,7 +8,7 @@ import pytest
 
 from vflink.errors import ConfigError
 from vflink.runfiles.config import PrivacyConfig, parse_config
-from vflink.runner.privacy import check_privacy_task
+from vflink.runner.protections import check_privacy_task
 from vflink.types import Task
 
 
