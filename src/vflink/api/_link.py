@@ -189,7 +189,7 @@ def link(primary: TableLike, secondary: TableLike, *,
          secondary_delimiter: str | None = None, secondary_encoding: str | None = None,
          out: str | Path | None = None, overwrite: bool = False,
          compute: Compute | None = None, parts: bool | None = None,
-         stream: bool | None = None) -> Links:
+         stream: bool | None = None, chunk_rows: int | None = None) -> Links:
     """Link every record of ``primary`` to its ``top_k`` most similar records of ``secondary``.
 
     Runs FedSim's soft linkage (§4.1) with the three parties in this process: each data party
@@ -266,6 +266,9 @@ def link(primary: TableLike, secondary: TableLike, *,
         field, ``mode`` soft or top1, ``empty="error"``, no ids, not ``search="approximate"``,
         tables given as paths, ``out`` given). A streamed result holds no links in memory:
         ``.frame`` reads them back from ``out``.
+    chunk_rows : int, optional
+        Rows per chunk of a streamed link (default: ``compute.chunk_rows``, else 100,000):
+        each process holds about one chunk and one secondary partition of this many rows.
 
     Returns
     -------
@@ -329,7 +332,7 @@ def link(primary: TableLike, secondary: TableLike, *,
                                     {"delimiter": secondary_delimiter or delimiter,
                                      "encoding": secondary_encoding or encoding,
                                      "decimal": decimal}),
-                              compute=compute, parts=parts)
+                              compute=compute, parts=parts, chunk_rows=chunk_rows)
     clock = time.perf_counter()
     # String identifiers and record ids are read as text: "19151111" stays a string and the
     # country code "NA" is not read as missing.
@@ -403,7 +406,7 @@ def _streamed(stream: bool | None, primary: Any, secondary: Any, *, out: Path | 
 
 def _link_streamed(primary: Any, secondary: Any, out: Path, *, search: str,
                    bloom_cfg: Any, geo_cfg: Any, compute: Compute | None,
-                   parts: bool | None, **options: Any) -> Links:
+                   parts: bool | None, chunk_rows: int | None, **options: Any) -> Links:
     """``link`` streamed (:func:`vflink.runner.link_stream.streamed_linkage`)."""
     from vflink._files import atomic_write_json
     from vflink.engine.base import DEFAULT_CHUNK_ROWS
@@ -413,7 +416,8 @@ def _link_streamed(primary: Any, secondary: Any, out: Path, *, search: str,
     outcome = streamed_linkage(
         Path(primary), Path(secondary), out=out, search=SearchOptions(mode=search),  # type: ignore[arg-type]
         bloom_config=bloom_cfg, geo_config=geo_cfg, compute=compute,
-        chunk_rows=compute.chunk_rows if compute is not None else DEFAULT_CHUNK_ROWS,
+        chunk_rows=chunk_rows or (compute.chunk_rows if compute is not None
+                                  else DEFAULT_CHUNK_ROWS),
         parts=parts, figure=_outputs(out)[2], **options)
     summary = outcome.summary()
     summary["phase_seconds"] = {"link": round(outcome.seconds, 3)}

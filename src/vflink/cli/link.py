@@ -374,7 +374,7 @@ def run(args: argparse.Namespace) -> int:
     metric = opts.get("metric") or "fields"
     with console.status(f"linking {opts['primary']} with {opts['secondary']} "
                         f"({metric}, K = {opts['top_k']})"), \
-            open_compute(compute_from_args(args, _file_compute(args))) as compute:
+            open_compute(config := compute_from_args(args, _file_compute(args))) as compute:
         try:
             links = link(
                 Path(opts["primary"]), Path(opts["secondary"]), on=on,
@@ -392,7 +392,8 @@ def run(args: argparse.Namespace) -> int:
                 encoding=opts.get("encoding"), decimal=opts.get("decimal"),
                 secondary_delimiter=opts.get("secondary_delimiter"),
                 secondary_encoding=opts.get("secondary_encoding"), out=out, overwrite=True,
-                compute=compute, parts=opts.get("parts"), stream=opts.get("stream"))
+                compute=compute, parts=opts.get("parts"), stream=opts.get("stream"),
+                chunk_rows=config.chunk_rows)
         except LinkageError as exc:
             if "unreachable" not in str(exc) or opts.get("tau") is None:
                 raise
