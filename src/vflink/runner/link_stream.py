@@ -203,9 +203,9 @@ def streamed_linkage(primary: Path, secondary: Path, *, on: Sequence[str],
             margin=0.01)
         search_metric = "hamming"
     else:
-        sample = pd.DataFrame({c: pd.Series([], dtype=float if kind == "numeric" else object)
-                               for c in on})
-        spec, search_metric = encoding_for(metric, bloom=private, sides=((sample, on),),
+        typed = pd.DataFrame({c: pd.Series([], dtype=float if kind == "numeric" else object)
+                              for c in on})
+        spec, search_metric = encoding_for(metric, bloom=private, sides=((typed, on),),
                                            bloom_config=bloom_config, geo_config=geo_config)
     secret_source = "given" if secret is not None else ""
     if spec.encoder == "bloom" and secret is None:
@@ -326,8 +326,10 @@ def streamed_linkage(primary: Path, secondary: Path, *, on: Sequence[str],
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     improvement = {name: value / max(1, n_primary) for name, value in delta_sums.items()}
-    rows_of = [np.concatenate([s[i] for s in sample]) for i in range(3)]
-    shown = _figures(*rows_of, mu0, sigma0, noise, search_metric, mode, n_secondary)
+    shown = _figures(np.concatenate([r[0] for r in sample]),
+                     np.concatenate([r[1] for r in sample]),
+                     np.concatenate([r[2] for r in sample]), mu0, sigma0, noise, search_metric,
+                     mode, n_secondary)
     if figure is not None and mode == "soft" and top_k > 1:
         plot_similarity_curve(shown, figure, delta=improvement.get("avgsim"))
     empty = np.empty((0, top_k))
