@@ -22,6 +22,13 @@ run on a sample.
 
 (``PYTHONPATH=src``: Ray's workers import vflink from the checkout, as the driver does.)
 
+``--cli bloom off`` instead times ``vflink link --stream`` itself (issue 22): the command as a
+user runs it, one subprocess per case, with the default privacy (keyed FEDERAL Bloom filters,
+Hamming distance, exact search) and/or privacy off, sampling the peak RSS of every process in
+its tree (the CLI, and the Ray services and workers with ``--engine ray``):
+
+    PYTHONPATH=src python benchmarks/search_memory.py --cli bloom off --sizes 10000 100000
+
 Tables are generated (seeded, in row groups, never whole in memory) under ``--workdir``
 (default: a temporary directory, removed afterwards). Prints JSON.
 """
@@ -124,6 +131,57 @@ def run_case(n: int, workdir: Path, engine_name: str, chunk_rows: int, partition
             **rss.table()}
 
 
+def run_cli_case(n: int, workdir: Path, engine_name: str, chunk_rows: int, privacy: str
+                 ) -> dict[str, Any]:
+    """``vflink link --stream`` as a subprocess on n × 10n points, its process tree sampled."""
+    PeakRss = _peak_rss()
+    p_path, s_path = workdir / f"p{n}.parquet", workdir / f"s{n}.parquet"
+    if not p_path.exists():
+        write_table(p_path, n, seed=1)
+        write_table(s_path, 10 * n, seed=2)
+    out = workdir / f"links{n}-{privacy}.parquet"
+    config = workdir / "link.toml"
+    config.write_text(f"[link]\ntop_k = {K}\n\n[compute]\nchunk_rows = {chunk_rows}\n")
+    engine = (["--engine", "ray", "--address", "local"] if engine_name == "ray"
+              else ["--engine", "local"])
+    env = {**os.environ, "VFLINK_SECRET": "benchmark-secret-not-secret",
+           "PYTHONPATH": str(ROOT / "src")}
+    with PeakRss() as rss:
+        t = time.perf_counter()
+        done = subprocess.run(
+            [sys.executable, "-m", "vflink.cli.main", "link", "--config", str(config),
+             "--primary", str(p_path), "--secondary", str(s_path), "--on", "x,y",
+             "--metric", "euclidean", "--privacy", privacy, "--seed", "0", "--stream",
+             "--out", str(out), "--overwrite", *engine],
+            capture_output=True, text=True, check=False, env=env)
+        seconds = time.perf_counter() - t
+    if done.returncode != 0:
+        raise SystemExit(f"vflink link failed:\n{done.stderr[-4000:]}")
+    summary = json.loads(Path(f"{out}.summary.json").read_text())
+    table = rss.table()
+    table.pop("processes_seen", None)
+    return {"privacy": privacy, "primary_rows": n, "secondary_rows": 10 * n, "k": K,
+            "links": summary["sizes"]["links"], "encoding": summary["encoding"],
+            "seconds": round(seconds, 1), **table}
+
+
+def main_cli(args: argparse.Namespace) -> None:
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="vflink-link-memory-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    rows = []
+    try:
+        for n in args.sizes:
+            for privacy in args.cli:
+                rows.append(run_cli_case(n, workdir, args.engine, args.chunk_rows, privacy))
+                print(json.dumps(rows[-1]), file=sys.stderr)
+    finally:
+        if args.workdir is None:
+            shutil.rmtree(workdir, ignore_errors=True)
+    print(json.dumps({"benchmark": "vflink link --stream, peak RSS per process (issue 22)",
+                      "engine": args.engine, "chunk_rows": args.chunk_rows, "cases": rows},
+                     indent=2))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", type=int, nargs="+", default=[100_000, 1_000_000],
@@ -135,7 +193,12 @@ def main() -> None:
                     help="secondary rows per partition a task scans (fixed across sizes)")
     ap.add_argument("--workdir", type=Path, default=None)
     ap.add_argument("--case", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--cli", nargs="+", choices=("bloom", "off"), default=None,
+                    help="time `vflink link --stream` itself with these privacy settings")
     args = ap.parse_args()
+    if args.cli:
+        main_cli(args)
+        return
     if args.case is not None:
         result = run_case(args.case, args.workdir, args.engine, args.chunk_rows,
                           args.partition_rows)

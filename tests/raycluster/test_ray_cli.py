@@ -109,3 +109,21 @@ def test_train_cli_equal(ray_cluster: str, tmp_path: Path) -> None:
     got = [_strip(json.loads((tmp_path / f"run-{n}" / "metrics.json").read_text()))
            for n in ("local", "ray")]
     assert got[0] == got[1]
+
+
+def test_link_cli_streamed_equal(ray_cluster: str, tmp_path: Path) -> None:
+    """``vflink link --stream`` (issue 22) with Bloom filters: on Ray with small chunks (tasks
+    over chunks × spilled partitions) the file of the in-memory local link, byte for byte."""
+    p, s = _tables(tmp_path)
+    runs = {"memory": ["--engine", "local", "--no-stream"],
+            "local": ["--engine", "local", "--stream"],
+            "ray": [*_engines(ray_cluster)["ray"], "--stream"]}
+    for name, flags in runs.items():
+        config = tmp_path / f"{name}.toml"
+        config.write_text("[link]\ntop_k = 5\n\n[compute]\nchunk_rows = 64\n")
+        _vflink("link", "--config", str(config), "--primary", str(p), "--secondary", str(s),
+                "--on", "lat,lon", "--metric", "euclidean", "--top-k", "5", "--seed", "3",
+                "--out", str(tmp_path / f"links-{name}.parquet"), *flags, cwd=tmp_path)
+    want = (tmp_path / "links-memory.parquet").read_bytes()
+    for name in ("local", "ray"):
+        assert (tmp_path / f"links-{name}.parquet").read_bytes() == want

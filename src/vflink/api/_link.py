@@ -58,6 +58,7 @@ class Links:
     summary: dict[str, Any]
     outcome: LinkOutcome = field(repr=False)
     path: Path | None = None
+    streamed: bool = False
 
     @functools.cached_property
     def frame(self) -> pd.DataFrame:
@@ -69,6 +70,12 @@ class Links:
         """
         import pandas as pd
 
+        if self.streamed and self.path is not None:  # the links are in the file only
+            if self.path.suffix.lower() == ".csv":
+                return pd.read_csv(self.path)
+            from vflink.data.parts import read_parts
+
+            return read_parts(self.path).to_pandas()
         return pd.DataFrame(dict(self.columns))
 
     @property
@@ -77,6 +84,8 @@ class Links:
         return self.outcome.alignment
 
     def __len__(self) -> int:
+        if self.streamed:
+            return int(self.summary["sizes"]["links"])
         return len(self.columns["rank"])
 
     def __repr__(self) -> str:
@@ -179,7 +188,8 @@ def link(primary: TableLike, secondary: TableLike, *,
          encoding: str | None = None, decimal: str | None = None,
          secondary_delimiter: str | None = None, secondary_encoding: str | None = None,
          out: str | Path | None = None, overwrite: bool = False,
-         compute: Compute | None = None, parts: bool | None = None) -> Links:
+         compute: Compute | None = None, parts: bool | None = None,
+         stream: bool | None = None, chunk_rows: int | None = None) -> Links:
     """Link every record of ``primary`` to its ``top_k`` most similar records of ``secondary``.
 
     Runs FedSim's soft linkage (§4.1) with the three parties in this process: each data party
@@ -247,6 +257,18 @@ def link(primary: TableLike, secondary: TableLike, *,
     parts : bool, optional
         Write a ``.parquet`` ``out`` as a partitioned dataset (a directory of Parquet parts,
         ``vflink.data.parts``); default: only above 10^7 links.
+    stream : bool, optional
+        Stream the link (``vflink.runner.link_stream``): the tables read in batches of the
+        engine's ``chunk_rows``, encoded batch by batch, searched as primary chunks ×
+        secondary partitions and the links written chunk by chunk to ``out``, so memory stays
+        flat in the tables' size; the same file byte for byte. Default: when either table
+        file has more than ``STREAM_ROWS`` (10^6) rows and the link can be streamed (one
+        field, ``mode`` soft or top1, ``empty="error"``, no ids, not ``search="approximate"``,
+        tables given as paths, ``out`` given). A streamed result holds no links in memory:
+        ``.frame`` reads them back from ``out``.
+    chunk_rows : int, optional
+        Rows per chunk of a streamed link (default: ``compute.chunk_rows``, else 100,000):
+        each process holds about one chunk and one secondary partition of this many rows.
 
     Returns
     -------
@@ -298,6 +320,20 @@ def link(primary: TableLike, secondary: TableLike, *,
                     raise ConfigError(f"{path}: output already exists; choose another `out` "
                                       "or pass overwrite=True to replace it")
     phases: dict[str, float] = {}
+    streamed = _streamed(stream, primary, secondary, out=target, compute=compute,
+                         mode=mode, empty=empty, ids=bool(id or secondary_id),
+                         fields=bool(field_specs), search=search)
+    if streamed and target is not None:
+        return _link_streamed(primary, secondary, target, on=on_cols or (),
+                              secondary_on=secondary_cols, metric=str(metric), top_k=int(top_k),
+                              privacy=privacy, mode=mode, tau=tau, sigma=sigma, delta=delta,
+                              seed=seed, search=search, bloom_cfg=bloom_cfg, geo_cfg=geo_cfg,
+                              read=({"delimiter": delimiter, "encoding": encoding,
+                                     "decimal": decimal},
+                                    {"delimiter": secondary_delimiter or delimiter,
+                                     "encoding": secondary_encoding or encoding,
+                                     "decimal": decimal}),
+                              compute=compute, parts=parts, chunk_rows=chunk_rows)
     clock = time.perf_counter()
     # String identifiers and record ids are read as text: "19151111" stays a string and the
     # country code "NA" is not read as missing.
@@ -344,6 +380,50 @@ def link(primary: TableLike, secondary: TableLike, *,
 
         atomic_write_json(_outputs(target)[1], summary, indent=2, default=str)
     return Links(columns=columns, summary=summary, outcome=outcome, path=target)
+
+
+#: Above this many rows in either table file, ``link`` streams when it can (``stream=None``).
+STREAM_ROWS = 1_000_000
+
+
+def _streamed(stream: bool | None, primary: Any, secondary: Any, *, out: Path | None,
+              compute: Compute | None, **options: Any) -> bool:
+    """Whether to stream (see ``link``'s ``stream``): a refusal is an error only when asked."""
+    import os
+
+    from vflink.runner.link_stream import stream_refusal, stream_wanted
+
+    if stream is False:
+        return False
+    paths = all(isinstance(t, (str, os.PathLike)) for t in (primary, secondary))
+    reason = stream_refusal(tables=paths, **options) or (
+        None if out is not None else "a streamed link needs `out` (its links go to a file)")
+    if reason is not None:
+        if stream:
+            raise ConfigError(f"`stream`: {reason}")
+        return False
+    return stream_wanted(stream, Path(primary), Path(secondary), threshold=STREAM_ROWS)
+
+
+def _link_streamed(primary: Any, secondary: Any, out: Path, *, search: str,
+                   bloom_cfg: Any, geo_cfg: Any, compute: Compute | None,
+                   parts: bool | None, chunk_rows: int | None, **options: Any) -> Links:
+    """``link`` streamed (:func:`vflink.runner.link_stream.streamed_linkage`)."""
+    from vflink._files import atomic_write_json
+    from vflink.engine.base import DEFAULT_CHUNK_ROWS
+    from vflink.linkage import SearchOptions
+    from vflink.runner.link_stream import streamed_linkage
+
+    outcome = streamed_linkage(
+        Path(primary), Path(secondary), out=out, search=SearchOptions(mode=search),  # type: ignore[arg-type]
+        bloom_config=bloom_cfg, geo_config=geo_cfg, compute=compute,
+        chunk_rows=chunk_rows or (compute.chunk_rows if compute is not None
+                                  else DEFAULT_CHUNK_ROWS),
+        parts=parts, figure=_outputs(out)[2], **options)
+    summary = outcome.summary()
+    summary["phase_seconds"] = {"link": round(outcome.seconds, 3)}
+    atomic_write_json(_outputs(out)[1], summary, indent=2, default=str)
+    return Links(columns={}, summary=summary, outcome=outcome, path=out, streamed=True)
 
 
 def _outputs(out: Path) -> tuple[Path, Path, Path]:

@@ -118,6 +118,11 @@ def register(sub: Any) -> None:
     p.add_argument("--parts", action="store_true", default=None,
                    help="write a .parquet output as a partitioned dataset: a directory of "
                    "Parquet parts, written part by part (default: only above 10^7 links)")
+    p.add_argument("--stream", action=argparse.BooleanOptionalAction, default=None,
+                   help="stream the link: tables read, encoded and searched in chunks of "
+                   "[compute] chunk_rows, links written chunk by chunk, memory flat in the "
+                   "tables' size, the same output byte for byte (default: when a table has "
+                   "more than 10^6 rows and the link can be streamed; --no-stream: never)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace an existing output (and its .summary.json and .similarity.png)")
     p.usage = ("%(prog)s --primary P --secondary S --on COLS --metric M --top-k K --out F "
@@ -135,14 +140,14 @@ _REQUIRED = ("primary", "secondary", "on", "metric", "top_k", "out")
 _KEYS = ("primary", "secondary", "on", "secondary_on", "metric", "bloom", "top_k", "mode", "tau",
          "sigma", "delta", "approximate", "search", "seed", "out", "privacy", "empty", "id",
          "secondary_id", "fields", "blocking", "geo", "bloom_filters", "resolution", "delimiter",
-         "encoding", "secondary_delimiter", "secondary_encoding", "decimal", "parts")
+         "encoding", "secondary_delimiter", "secondary_encoding", "decimal", "parts", "stream")
 
 
 #: What each [link] key must be, checked when it comes from a file (argparse checks flags).
 _CHOICES = {"metric": LINK_METRICS, "privacy": PRIVACY, "mode": ("soft", "top1", "exact"),
             "search": ("auto", "exact", "approximate"), "empty": ("error", "skip")}
 _TEXT = ("primary", "secondary", "out", "id", "secondary_id")
-_FLAGS = ("bloom", "approximate", "parts")
+_FLAGS = ("bloom", "approximate", "parts", "stream")
 
 
 def _check_value(key: str, value: Any, problems: list[str]) -> None:
@@ -369,7 +374,7 @@ def run(args: argparse.Namespace) -> int:
     metric = opts.get("metric") or "fields"
     with console.status(f"linking {opts['primary']} with {opts['secondary']} "
                         f"({metric}, K = {opts['top_k']})"), \
-            open_compute(compute_from_args(args, _file_compute(args))) as compute:
+            open_compute(config := compute_from_args(args, _file_compute(args))) as compute:
         try:
             links = link(
                 Path(opts["primary"]), Path(opts["secondary"]), on=on,
@@ -387,7 +392,8 @@ def run(args: argparse.Namespace) -> int:
                 encoding=opts.get("encoding"), decimal=opts.get("decimal"),
                 secondary_delimiter=opts.get("secondary_delimiter"),
                 secondary_encoding=opts.get("secondary_encoding"), out=out, overwrite=True,
-                compute=compute, parts=opts.get("parts"))
+                compute=compute, parts=opts.get("parts"), stream=opts.get("stream"),
+                chunk_rows=config.chunk_rows)
         except LinkageError as exc:
             if "unreachable" not in str(exc) or opts.get("tau") is None:
                 raise

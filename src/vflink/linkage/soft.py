@@ -24,6 +24,7 @@ import numpy as np
 import numpy.typing as npt
 
 from vflink.errors import ConfigError
+from vflink.linkage.moments import exact_moments
 from vflink.linkage.privacy import (
     dp_epsilon,
     sigma_for_tau,
@@ -34,8 +35,8 @@ from vflink.linkage.privacy import (
 from vflink.linkage.search import Neighbours
 from vflink.types import MISSING, Alignment
 
-__all__ = ["LinkMode", "SoftLinkage", "normalize_similarities", "perturb_similarities",
-           "soft_linkage"]
+__all__ = ["LinkMode", "SoftLinkage", "noise_scale", "normalize_similarities",
+           "perturb_similarities", "soft_linkage"]
 
 log = logging.getLogger(__name__)
 
@@ -61,14 +62,11 @@ def normalize_similarities(distances: npt.ArrayLike, *,
     elif not valid.any():
         return np.full_like(d, np.nan), 0.0, 0.0
     elif all_valid:
-        # No masked copies of the n × K distances when every link is present (the usual case):
-        # the std of −d is the std of d, computed with one temporary instead of numpy's two.
-        mean = float(d.mean())
-        dev = d - mean
+        # No masked copies of the n × K distances when every link is present (the usual case).
+        # The std of −d is the std of d; both moments come from exact sums, so a linkage
+        # streamed chunk by chunk gets the very same μ0 and σ0 (issue 22, .moments).
+        mean, sigma0 = exact_moments(d)
         mu0 = -mean
-        sigma0 = math.sqrt(float(np.einsum("ij,ij->", dev, dev)) / d.size) if d.ndim == 2 \
-            else float(d.std())
-        del dev
     else:
         mu0 = -float(d[valid].mean())
         sigma0 = float(d[valid].std())
@@ -79,6 +77,25 @@ def normalize_similarities(distances: npt.ArrayLike, *,
     else:
         rho = np.where(valid, 0.0, np.nan)
     return rho, mu0, sigma0
+
+
+def noise_scale(tau: float | None, sigma: float | None, sigma0: float, *,
+                resolution: float = 1.0) -> float:
+    """σ of Eq. 2 from the target ``tau`` (Theorem 2) or the given ``sigma`` (see
+    :func:`soft_linkage`), for a linkage whose Eq. 1 deviation is ``sigma0``."""
+    # Theorem 2 on the distance's own step (1 bit for Hamming; a multi-field distance in
+    # [0, 1] moves by far less per bit, and its σ0 is measured on that scale too).
+    if tau is not None and sigma is not None and tau < 1.0 and tau <= tau_min(
+            sigma0, resolution=resolution):
+        # Both given: τ is the target and σ the noise where τ is out of reach (the private
+        # default of the runners, DEFAULT_TAU / DEFAULT_FALLBACK_SIGMA).
+        log.warning("soft linkage: the target τ = %.3g is below this linkage's floor τ_min = "
+                    "%.3g (σ0 = %.3g); adding the fallback noise σ = %.3g instead", tau,
+                    tau_min(sigma0, resolution=resolution), sigma0, float(sigma))
+        return float(sigma)
+    if tau is not None:
+        return sigma_for_tau(tau, sigma0, resolution=resolution)
+    return 0.0 if sigma is None else float(sigma)
 
 
 def perturb_similarities(rho: npt.ArrayLike, sigma: float,
@@ -206,21 +223,8 @@ def soft_linkage(
         distances[miss] = np.nan
 
     rho, mu0, sigma0 = normalize_similarities(distances, scale=scale)
-    # Theorem 2 on the distance's own step (1 bit for Hamming; a multi-field distance in
-    # [0, 1] moves by far less per bit, and its σ0 is measured on that scale too).
     step = neighbours.resolution
-    if tau is not None and sigma is not None and tau < 1.0 and tau <= tau_min(
-            sigma0, resolution=step):
-        # Both given: τ is the target and σ the noise where τ is out of reach (the private
-        # default of the runners, DEFAULT_TAU / DEFAULT_FALLBACK_SIGMA).
-        noise = float(sigma)
-        log.warning("soft linkage: the target τ = %.3g is below this linkage's floor τ_min = "
-                    "%.3g (σ0 = %.3g); adding the fallback noise σ = %.3g instead", tau,
-                    tau_min(sigma0, resolution=step), sigma0, noise)
-    elif tau is not None:
-        noise = sigma_for_tau(tau, sigma0, resolution=step)
-    else:
-        noise = 0.0 if sigma is None else float(sigma)
+    noise = noise_scale(tau, sigma, sigma0, resolution=step)
     achieved_tau = tau_for_sigma(noise, sigma0, resolution=step)
     n_primary = int(indices.shape[0])
     epsilon = dp_epsilon(noise, n_primary, mu0, sigma0)

@@ -52,7 +52,8 @@ from vflink.linkage.privacy import dp_epsilon, sigma_for_tau, tau_for_sigma
 from vflink.linkage.search import METRICS, SearchOptions
 from vflink.types import Compute
 
-__all__ = ["STREAM_METRICS", "link_streamed", "search_chunk_against_file"]
+__all__ = ["STREAM_METRICS", "link_streamed", "search_chunk_against_file",
+           "search_chunk_against_parts"]
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +105,28 @@ def search_chunk_against_file(shared: tuple[str, tuple[str, ...], str, int, Sear
             best = merge_topk([best, partial], min(k, best[0].shape[1] + partial[0].shape[1]))
     if best is None:
         raise DataError(f"{path}: the secondary table is empty")
+    return best
+
+
+def search_chunk_against_parts(
+        shared: tuple[str, tuple[tuple[int, str], ...], int, SearchOptions],
+        chunk: Any) -> tuple[FloatArray, IntArray]:
+    """One task of the streamed ``vflink link`` (issue 22): the exact top-K of ``chunk`` (a
+    primary chunk's encodings) over the secondary's encodings, spilled as ``.npy`` partitions
+    ``(first row, path)`` in the coordinator's scratch directory, with a running
+    :func:`merge_topk`. Equal, row by row, to one search over the whole secondary ordered by
+    (distance, index). Module-level (an engine pickles it)."""
+    metric, partitions, k, options = shared
+    search = METRICS.get(metric).search
+    best: tuple[FloatArray, IntArray] | None = None
+    for offset, path in partitions:
+        part = np.load(path, allow_pickle=False)
+        found = search(chunk, part, min(k, len(part)), options=options)
+        partial = (found.distances, found.indices + offset)
+        best = partial if best is None else merge_topk(
+            [best, partial], min(k, best[0].shape[1] + partial[0].shape[1]))
+    if best is None:
+        raise DataError("the secondary table is empty")
     return best
 
 

@@ -1,0 +1,122 @@
+"""Write a table chunk by chunk into the very file :func:`vflink.data.parts.write_columns` (or
+a CSV ``to_csv``) writes from the whole table (issue 22: the streamed ``vflink link``).
+
+The output is byte for byte the one the whole table gives: a single Parquet file gets the row
+groups ``pyarrow.parquet.write_table`` cuts (the chunks are re-cut to that length before each
+``write_table`` of one ``ParquetWriter``); a partitioned dataset gets parts of ``PART_ROWS``
+rows; a CSV gets one header and each row formatted on its own. Memory: one row group (or
+part) of columns, whatever the table's length. Atomic, as every output (:mod:`vflink._files`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import ExitStack
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import numpy as np
+
+from vflink._files import atomic_open
+from vflink.data.parts import AUTO_PARTS_ROWS, PART_ROWS, PartitionedWriter, is_partitioned
+
+__all__ = ["ROW_GROUP_ROWS", "ColumnSink"]
+
+#: pyarrow's default ``row_group_size`` of ``write_table`` (1024 × 1024 rows, pyarrow ≥ 15).
+ROW_GROUP_ROWS = 1024 * 1024
+
+
+class _Recut:
+    """Collects chunks of columns and hands them on in pieces of exactly ``size`` rows."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._held: list[dict[str, Any]] = []
+        self._rows = 0
+
+    def push(self, columns: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        self._held.append(columns)
+        self._rows += len(next(iter(columns.values())))
+        while self._rows >= self.size:
+            yield self._take(self.size)
+
+    def rest(self) -> Iterator[dict[str, Any]]:
+        if self._rows:
+            yield self._take(self._rows)
+
+    def _take(self, n: int) -> dict[str, Any]:
+        keys = list(self._held[0])
+        joined = {k: np.concatenate([np.asarray(c[k]) for c in self._held]) for k in keys}
+        self._held = [{k: v[n:] for k, v in joined.items()}] if self._rows > n else []
+        self._rows -= n
+        return {k: v[:n] for k, v in joined.items()}
+
+
+class ColumnSink:
+    """``with ColumnSink(out, rows=n) as sink: sink.write(columns)`` for each chunk, in order.
+
+    ``rows``: the table's total length, known beforehand (it decides, as in
+    :func:`~vflink.data.parts.write_columns`, whether ``parts=None`` means parts); ``out``
+    ending in ``.csv`` is written as ``DataFrame.to_csv(index=False, float_format="%.6g")``.
+    """
+
+    def __init__(self, out: Path | str, *, rows: int, parts: bool | None = None,
+                 compression: str = "lz4") -> None:
+        self.out = Path(out)
+        self.csv = self.out.suffix.lower() != ".parquet"
+        if parts is None:
+            parts = rows > AUTO_PARTS_ROWS or is_partitioned(self.out)
+        self.parts = bool(parts) and not self.csv
+        self.compression = compression
+        self._stack = ExitStack()
+        self._recut = _Recut(PART_ROWS if self.parts else ROW_GROUP_ROWS)
+        self._target: Any = None
+        self._writer: Any = None
+        self._header = True
+
+    def __enter__(self) -> ColumnSink:
+        self.out.parent.mkdir(parents=True, exist_ok=True)
+        if self.parts:
+            self._target = self._stack.enter_context(
+                PartitionedWriter(self.out, compression=self.compression))
+        elif self.csv:
+            self._target = self._stack.enter_context(atomic_open(self.out, "w", newline=""))
+        else:
+            self._target = self._stack.enter_context(atomic_open(self.out, "wb"))
+        return self
+
+    def write(self, columns: dict[str, Any]) -> None:
+        if self.csv:
+            import pandas as pd
+
+            pd.DataFrame(columns).to_csv(self._target, index=False, header=self._header,
+                                         float_format="%.6g")
+            self._header = False
+            return
+        for piece in self._recut.push(columns):
+            self._emit(piece)
+
+    def _emit(self, columns: dict[str, Any]) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        if self.parts:
+            self._target.write(columns)
+            return
+        table = pa.table(columns)
+        if self._writer is None:
+            self._writer = pq.ParquetWriter(self._target, table.schema,
+                                            compression=self.compression)
+        self._writer.write_table(table)
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        try:
+            if kind is None and not self.csv:
+                for piece in self._recut.rest():
+                    self._emit(piece)
+                if self._writer is not None:
+                    self._writer.close()
+        finally:
+            self._stack.__exit__(kind, exc, tb)
