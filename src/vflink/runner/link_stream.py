@@ -51,13 +51,8 @@ from vflink.linkage.soft import noise_scale
 from vflink.linkage.streamed import search_chunk_against_parts
 from vflink.parties.linking import build_encoder
 from vflink.protocol.sessions import purpose_of
-from vflink.runner.link import (
-    LinkOutcome,
-    default_noise,
-    encoding_for,
-    federal_spec,
-    resolve_privacy,
-)
+from vflink.runner.encoding import default_noise, encoding_for, federal_spec, resolve_privacy
+from vflink.runner.link import LinkOutcome
 from vflink.runner.local import secret_with_source
 from vflink.types import Compute
 
