@@ -148,7 +148,8 @@ class LinkingPeer(Party):
         if self._secret is None:
             raise ProtocolError(f"party {self.name!r} has no alignment secret configured")
         self._require_confirmed(message.session)
-        digests = key_digests(self.table.frame, self.table.schema.key, self._secret)
+        digests = key_digests(self.table.select(self.table.schema.key), self.table.schema.key,
+                              self._secret)  # key columns only (read per batch if so)
         self.channel.request(message.coordinator, KeyDigests(session=message.session,
                                                              digests=digests), Ack)
         return Ack(info={"rows": float(len(digests))})
