@@ -53,6 +53,11 @@ log = logging.getLogger(__name__)
 #: (about 10^6 rows) divided by ten, as the engine's default chunk.
 DEFAULT_BATCH_ROWS = 100_000
 
+#: Batches read ahead of the consumer: pyarrow's defaults (16 batches, 4 files) hold up to
+#: 16 x ``batch_rows`` rows per file; two keep the scan's memory at a few batches whatever the
+#: table's size (issue 22: a table larger than memory), while the reader still overlaps I/O.
+_READAHEAD = {"batch_readahead": 2, "fragment_readahead": 1}
+
 _NA = frozenset(STR_NA_VALUES) | {""}
 _INT = re.compile(r"^[+-]?\d+$")
 _BOOL = {"True": True, "TRUE": True, "true": True, "False": False, "FALSE": False,
@@ -122,6 +127,7 @@ def _scan_parquet(path: Path, columns: Sequence[str] | None, batch_rows: int
                   ) -> Iterator[TableBatch]:
     import pyarrow as pa
     import pyarrow.dataset as ds
+    import pyarrow.parquet as pq
 
     try:
         dataset = ds.dataset(str(path), format="parquet")
@@ -135,16 +141,24 @@ def _scan_parquet(path: Path, columns: Sequence[str] | None, batch_rows: int
     offset = 0
     number = 0
     try:
-        for batch in dataset.to_batches(columns=wanted, batch_size=batch_rows):
-            if batch.num_rows == 0:
-                continue
-            # pyarrow may hand over smaller batches (one per row group); split only larger ones
-            for start in range(0, batch.num_rows, batch_rows):
-                part = batch.slice(start, batch_rows)
-                frame = part.to_pandas()
-                yield TableBatch(offset, number, frame)
-                offset += len(frame)
-                number += 1
+        # File by file (the dataset's order), a row group at a time, without pre-buffering
+        # and without the dataset scanner: both read ahead of a slow consumer (the checks,
+        # the encoding) into memory that grows with the file (measured with 131,072-row
+        # batches: the scanner 102 MiB at 3 x 10^6 rows against 41 MiB at 10^6; this reader
+        # 33 MiB at both)
+        for file in dataset.files:
+            reader = pq.ParquetFile(file, pre_buffer=False)
+            for batch in reader.iter_batches(batch_size=batch_rows, columns=wanted,
+                                             use_threads=False):
+                if batch.num_rows == 0:
+                    continue
+                # a batch may be smaller (one per row group); split only larger ones
+                for start in range(0, batch.num_rows, batch_rows):
+                    part = batch.slice(start, batch_rows)
+                    frame = part.to_pandas()
+                    yield TableBatch(offset, number, frame)
+                    offset += len(frame)
+                    number += 1
     except (OSError, ValueError, pa.ArrowException) as exc:
         raise DataError(f"{path}: batch {number} (rows from {offset}): cannot be read as a "
                         f"parquet table: {exc}") from exc
@@ -291,7 +305,8 @@ def _scan_csv(path: Path, kind: str, columns: Sequence[str] | None, text: tuple[
     def text_batches() -> Iterator[tuple[int, int, pd.DataFrame]]:
         offset = number = 0
         try:
-            for batch in dataset.to_batches(columns=wanted, batch_size=batch_rows):
+            for batch in dataset.to_batches(columns=wanted, batch_size=batch_rows,
+                                            **_READAHEAD):
                 for start in range(0, batch.num_rows, batch_rows):
                     part = batch.slice(start, batch_rows)
                     frame = pd.DataFrame({c: part.column(c).to_numpy(zero_copy_only=False)

@@ -19,8 +19,9 @@ training secondary asks from its file, a record batch at a time
 * ``frame`` still works, for a stage that has no batched path yet: it reads the whole table
   (once, logged) exactly as :func:`~vflink.data.table.load_table` does.
 
-What still grows with the table is O(1) to 8 bytes per row: the duplicate check's key hashes
-while the table is opened, the linked-rows mask and the privacy counters of a secondary.
+What still grows with the table is 1 to 8 bytes per row: the duplicate check's key hashes
+while the table is opened (8 bytes, sorted in place), the linked-rows mask and the privacy
+counters of a secondary.
 """
 
 from __future__ import annotations
@@ -59,6 +60,11 @@ def _checked(schema: PartySchema, path: Path, batch_rows: int
                                            offset=batch.offset)
 
 
+def _key_hashes(frame: pd.DataFrame, key: Sequence[str]) -> npt.NDArray[Any]:
+    """A 64-bit hash of each row's key (equal keys, equal hashes)."""
+    return pd.util.hash_pandas_object(frame[list(key)], index=False).to_numpy(dtype=np.uint64)
+
+
 class StreamedTable(PartyTable):
     """A party's validated table on disk, read in record batches (see the module docstring).
 
@@ -91,14 +97,17 @@ class StreamedTable(PartyTable):
 
     @classmethod
     def open(cls, schema: PartySchema, path: Path | str | None = None, *,
-             batch_rows: int = WRITE_CHUNK_ROWS) -> StreamedTable:
+             batch_rows: int = WRITE_CHUNK_ROWS, expected_rows: int = 0) -> StreamedTable:
         """Check the table at ``path`` (default ``schema.path``) batch by batch, count its
-        rows and hash it; the same problems as :func:`~vflink.data.table.load_table` raise."""
+        rows and hash it; the same problems as :func:`~vflink.data.table.load_table` raise.
+        ``expected_rows``: about how many rows (sizes the key hashes' buffer once)."""
         path = Path(path) if path is not None else schema.path
         if path is None:
             raise DataError(f"party {schema.name!r}: no data file given")
         fingerprint = FingerprintBuilder()
-        hashes: list[npt.NDArray[Any]] = []
+        # one 8-byte hash per row's key, in one buffer (a list of per-batch arrays would need
+        # a second copy to concatenate): the only per-row memory of opening the table
+        hashes = np.empty(max(int(expected_rows), 1) if schema.key else 0, dtype=np.uint64)
         n = 0
         columns: tuple[str, ...] = ()
         # every column, as the whole read holds them (the fingerprint covers them all)
@@ -107,30 +116,37 @@ class StreamedTable(PartyTable):
                 columns = tuple(str(c) for c in frame.columns)
             fingerprint.update(frame)
             if schema.key:
-                hashes.append(pd.util.hash_pandas_object(frame[list(schema.key)], index=False)
-                              .to_numpy(dtype=np.uint64))
+                if n + len(frame) > len(hashes):
+                    hashes = np.resize(hashes, max(2 * len(hashes), n + len(frame)))
+                hashes[n:n + len(frame)] = _key_hashes(frame, schema.key)
             n += len(frame)
         if n == 0:
             raise DataError(f"{path} (party {schema.name!r}): the table is empty; it needs at "
                             "least one row")
         table = cls(schema, path, n_rows=n, column_names=columns,
                     fingerprint=fingerprint.hexdigest(), batch_rows=batch_rows)
-        if hashes:
-            table._check_unique_keys(np.concatenate(hashes))
+        if schema.key:
+            hashes = hashes[:n]
+            hashes.sort()  # in place
+            repeated = np.unique(hashes[1:][hashes[1:] == hashes[:-1]])
+            del hashes
+            if repeated.size:
+                table._check_unique_keys(repeated)
         log.info("%s: %d rows checked in batches of %d; read per batch from now on", path, n,
                  batch_rows)
         return table
 
-    def _check_unique_keys(self, hashes: npt.NDArray[Any]) -> None:
-        """Duplicate keys across batches (each batch's own were checked with it): equal row
-        hashes, confirmed on the key values (a hash collision is not a duplicate)."""
-        order = np.argsort(hashes, kind="stable")
-        same = np.flatnonzero(hashes[order][1:] == hashes[order][:-1])
-        del hashes
-        if same.size == 0:
-            return
-        candidates = np.unique(np.concatenate([order[same], order[same + 1]]))
+    def _check_unique_keys(self, repeated: npt.NDArray[Any]) -> None:
+        """Duplicate keys across batches (each batch's own were checked with it): the rows
+        whose key hash is ``repeated`` (a second pass over the key columns), confirmed on the
+        key values (a hash collision is not a duplicate)."""
         key = list(self.schema.key)
+        found: list[npt.NDArray[np.int64]] = []
+        offset = 0
+        for frame in self.batches(key):
+            found.append(offset + np.flatnonzero(np.isin(_key_hashes(frame, key), repeated)))
+            offset += len(frame)
+        candidates = np.concatenate(found)
         keys = self.take(candidates, key)
         dup_mask = keys.duplicated(keep=False).to_numpy()
         if not dup_mask.any():
@@ -249,7 +265,7 @@ def open_table(schema: PartySchema, path: Path | str | None = None, *, store: st
     bound = _row_bound(file)
     if bound is None or not use_mmap(store, bound):
         return load_table(schema, file)  # small: read whole, as always
-    table = StreamedTable.open(schema, file, batch_rows=batch_rows)
+    table = StreamedTable.open(schema, file, batch_rows=batch_rows, expected_rows=bound)
     if not use_mmap(store, len(table)):  # a CSV whose line breaks overstated its rows
         return load_table(schema, file)
     return table
