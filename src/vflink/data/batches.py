@@ -53,11 +53,6 @@ log = logging.getLogger(__name__)
 #: (about 10^6 rows) divided by ten, as the engine's default chunk.
 DEFAULT_BATCH_ROWS = 100_000
 
-#: Batches read ahead of the consumer: pyarrow's defaults (16 batches, 4 files) hold up to
-#: 16 x ``batch_rows`` rows per file; two keep the scan's memory at a few batches whatever the
-#: table's size (issue 22: a table larger than memory), while the reader still overlaps I/O.
-_READAHEAD = {"batch_readahead": 2, "fragment_readahead": 1}
-
 _NA = frozenset(STR_NA_VALUES) | {""}
 _INT = re.compile(r"^[+-]?\d+$")
 _BOOL = {"True": True, "TRUE": True, "true": True, "False": False, "FALSE": False,
@@ -305,8 +300,7 @@ def _scan_csv(path: Path, kind: str, columns: Sequence[str] | None, text: tuple[
     def text_batches() -> Iterator[tuple[int, int, pd.DataFrame]]:
         offset = number = 0
         try:
-            for batch in dataset.to_batches(columns=wanted, batch_size=batch_rows,
-                                            **_READAHEAD):
+            for batch in dataset.to_batches(columns=wanted, batch_size=batch_rows):
                 for start in range(0, batch.num_rows, batch_rows):
                     part = batch.slice(start, batch_rows)
                     frame = pd.DataFrame({c: part.column(c).to_numpy(zero_copy_only=False)

@@ -245,8 +245,7 @@ class SetAlignmentPeer:
 
 
     def _own_elements(self, group: Group) -> Elements:
-        keys = key_bytes(self.table.select(self.table.schema.key), self.table.schema.key,
-                         who=self.table.source)
+        keys = key_bytes(self.table.frame, self.table.schema.key, who=self.table.source)
         return group.hash_to_group(keys)
 
     def _set_state(self) -> _PeerSession:
