@@ -172,3 +172,78 @@ def test_cuda_matches_cpu_within_float_tolerance(scenario: str, tmp_path: Path) 
     mapped = run_training(dataclasses.replace(gpu_config, training=dataclasses.replace(
         gpu_config.training, feature_store="mmap")), tmp_path / "cuda-mmap")
     assert mapped.metrics["test"] == pytest.approx(gpu.metrics["test"], rel=1e-3, abs=1e-4)
+
+
+def _file_config(scenario: str, files: dict[str, Path], store: str) -> RunConfig:
+    """``_config`` with the dataset's tables as files (the secondary's read from its file)."""
+    from vflink.datasets import load_dataset
+
+    base = _config(scenario, feature_store=store)
+    ds = load_dataset("sklearn-small", **OPTIONS)
+    parties = tuple(dataclasses.replace(t.schema, path=files[t.name]) for t in ds.parties)
+    return dataclasses.replace(base, data=DataConfig(parties=parties))
+
+
+@pytest.mark.network
+@pytest.mark.parametrize("transport", ["inprocess", "grpc"])
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_streamed_table_trains_identically(scenario: str, transport: str, tmp_path: Path,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """A secondary whose table is read in record batches (issue 22: never a whole DataFrame,
+    ``vflink.data.streamed``) trains exactly as one that holds its table and features in
+    memory, and as the dataset's own in-memory run: the same metrics, losses and weights."""
+    from vflink.data import streamed
+    from vflink.datasets import load_dataset
+    from vflink.datasets.export import export_dataset
+
+    monkeypatch.setenv("VFLINK_SECRET", "a-test-secret-shared-by-data-parties")
+    files = export_dataset(load_dataset("sklearn-small", **OPTIONS), tmp_path / "tables",
+                           fmt="parquet")
+    reads: list[str] = []
+    monkeypatch.setattr(streamed, "load_table", lambda *a, **k: reads.append("whole") or
+                        __import__("vflink.data.table", fromlist=["load_table"]).load_table(
+                            *a, **k))
+    results = {}
+    whole_reads = {}
+    for store in ("memory", "mmap"):
+        reads.clear()
+        out = tmp_path / f"{scenario}-{transport}-{store}"
+        config = _file_config(scenario, files, store)
+        if transport == "inprocess":
+            results[store] = run_training(config, out)
+            whole_reads[store] = len(reads)
+            continue
+        ds = load_dataset("sklearn-small", **OPTIONS)
+        schema = next(t.schema for t in ds.parties if t.name == "secondary")
+        party_files = write_party_files(
+            tmp_path / f"party-{store}", dataset="sklearn-small", options=OPTIONS, seed=5,
+            secondary_table={"path": str(files["secondary"]), "key": list(schema.key),
+                             "identifiers": list(schema.identifiers),
+                             "numeric": list(schema.numeric)})
+        with party_files["secondary"].open("a") as fh:
+            fh.write(f'[training]\nfeature_store = "{store}"\n')
+        with served_in_threads(party_files["coordinator"], party_files["secondary"]):
+            federation = network_federation(load_party_config(party_files["primary"]),
+                                            run_id=out.name)
+            try:
+                primary = load_inputs(config).primary
+                results[store] = run_training(config, out, tables=Inputs(primary, ()),
+                                              federation=federation)
+            finally:
+                federation.close()
+        whole_reads[store] = len(reads)
+    # the memory run read the secondary's table whole; the mapped one never did (in-process
+    # nor served: load_table is the only whole read, StreamedTable.frame included)
+    assert whole_reads["memory"] >= 1 and whole_reads["mmap"] == 0, whole_reads
+    assert _arrow_files(tmp_path / f"{scenario}-{transport}-mmap") or \
+        _arrow_files(tmp_path / "party-mmap")
+    baseline = _run(scenario, "inprocess", "memory", tmp_path / "dataset")
+    for result in (results["mmap"], baseline):
+        assert result.metrics == results["memory"].metrics
+        assert [h.train_loss for h in result.history] == \
+            [h.train_loss for h in results["memory"].history]
+    weights = {s: _weights(tmp_path / f"{scenario}-{transport}-{s}" / "models")
+               for s in ("memory", "mmap")}
+    assert weights["memory"].keys() == weights["mmap"].keys() and weights["memory"]
+    for key, tensor in weights["memory"].items():
+        assert torch.equal(weights["mmap"][key], tensor), key

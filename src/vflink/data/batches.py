@@ -128,6 +128,7 @@ def _scan_parquet(path: Path, columns: Sequence[str] | None, batch_rows: int
                   ) -> Iterator[TableBatch]:
     import pyarrow as pa
     import pyarrow.dataset as ds
+    import pyarrow.parquet as pq
 
     try:
         dataset = ds.dataset(str(path), format="parquet")
@@ -141,16 +142,24 @@ def _scan_parquet(path: Path, columns: Sequence[str] | None, batch_rows: int
     offset = 0
     number = 0
     try:
-        for batch in dataset.to_batches(columns=wanted, batch_size=batch_rows, **READAHEAD):
-            if batch.num_rows == 0:
-                continue
-            # pyarrow may hand over smaller batches (one per row group); split only larger ones
-            for start in range(0, batch.num_rows, batch_rows):
-                part = batch.slice(start, batch_rows)
-                frame = part.to_pandas()
-                yield TableBatch(offset, number, frame)
-                offset += len(frame)
-                number += 1
+        # File by file (the dataset's order), a row group at a time, without pre-buffering
+        # and without the dataset scanner: both read ahead of a slow consumer (the checks,
+        # the encoding) into memory that grows with the file (measured with 131,072-row
+        # batches: the scanner 102 MiB at 3 x 10^6 rows against 41 MiB at 10^6; this reader
+        # 33 MiB at both)
+        for file in dataset.files:
+            reader = pq.ParquetFile(file, pre_buffer=False)
+            for batch in reader.iter_batches(batch_size=batch_rows, columns=wanted,
+                                             use_threads=False):
+                if batch.num_rows == 0:
+                    continue
+                # a batch may be smaller (one per row group); split only larger ones
+                for start in range(0, batch.num_rows, batch_rows):
+                    part = batch.slice(start, batch_rows)
+                    frame = part.to_pandas()
+                    yield TableBatch(offset, number, frame)
+                    offset += len(frame)
+                    number += 1
     except (OSError, ValueError, pa.ArrowException) as exc:
         raise DataError(f"{path}: batch {number} (rows from {offset}): cannot be read as a "
                         f"parquet table: {exc}") from exc

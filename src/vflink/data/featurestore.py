@@ -37,6 +37,7 @@ import torch
 
 from vflink._files import atomic_open
 from vflink.data.preprocess import Preprocessor
+from vflink.data.table import PartyTable
 from vflink.errors import ConfigError, DataError
 
 __all__ = ["FEATURE_STORES", "FORMAT", "FORMAT_VERSION", "MMAP_MIN_ROWS", "WRITE_CHUNK_ROWS",
@@ -130,9 +131,37 @@ def _schema(n_features: int, meta: dict[str, str]) -> Any:
                                                      "version": FORMAT_VERSION, **meta})})
 
 
-def write_features(path: Path, pre: Preprocessor, frame: pd.DataFrame, *,
+def _frames(data: pd.DataFrame | PartyTable, pre: Preprocessor, chunk_rows: int
+            ) -> Iterator[pd.DataFrame]:
+    """``data``'s rows in order, exactly ``chunk_rows`` at a time (the last chunk fewer).
+
+    A table read in record batches (:class:`~vflink.data.streamed.StreamedTable`) is scanned
+    for the preprocessing's columns only, its batches regrouped into chunks of the file's
+    size (:class:`MappedFeatures` needs equal record batches); nothing holds the whole table.
+    """
+    if isinstance(data, pd.DataFrame) or data.in_memory:
+        frame = data if isinstance(data, pd.DataFrame) else data.frame
+        for start in range(0, len(frame), chunk_rows):
+            yield frame.iloc[start:start + chunk_rows]
+        return
+    pending: list[pd.DataFrame] = []
+    held = 0
+    for batch in data.batches(pre.schema.features, batch_rows=chunk_rows):
+        pending.append(batch)
+        held += len(batch)
+        while held >= chunk_rows:
+            joined = pd.concat(pending, ignore_index=True) if len(pending) > 1 else pending[0]
+            yield joined.iloc[:chunk_rows]
+            rest = joined.iloc[chunk_rows:]
+            pending, held = ([rest], len(rest)) if len(rest) else ([], 0)
+    if held:
+        yield pd.concat(pending, ignore_index=True) if len(pending) > 1 else pending[0]
+
+
+def write_features(path: Path, pre: Preprocessor, frame: pd.DataFrame | PartyTable, *,
                    key: str = "", chunk_rows: int = WRITE_CHUNK_ROWS) -> None:
-    """Encode ``frame`` with the fitted ``pre`` a chunk at a time into an Arrow IPC file at
+    """Encode ``frame`` (a DataFrame, or a party's table: one read in record batches is
+    never held whole) with the fitted ``pre`` a chunk at a time into an Arrow IPC file at
     ``path`` (atomically, readable by this user only: it is the party's own data)."""
     import pyarrow as pa
 
@@ -141,8 +170,8 @@ def write_features(path: Path, pre: Preprocessor, frame: pd.DataFrame, *,
                          "chunk_rows": str(chunk_rows)})
     path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_open(path, "wb", perms=0o600) as fh, pa.ipc.new_file(fh, schema) as writer:
-        for start in range(0, len(frame), chunk_rows):
-            x = pre.transform(frame.iloc[start:start + chunk_rows])
+        for chunk in _frames(frame, pre, chunk_rows):
+            x = pre.transform(chunk)
             values = pa.array(x.reshape(-1), type=pa.float32())
             writer.write_batch(pa.record_batch(
                 [pa.FixedSizeListArray.from_arrays(values, d)], schema=schema))
@@ -218,10 +247,12 @@ def _key(fingerprint: str, pre: Preprocessor) -> str:
     return h.hexdigest()
 
 
-def encode_features(pre: Preprocessor, frame: pd.DataFrame, *, store: str = "memory",
+def encode_features(pre: Preprocessor, frame: pd.DataFrame | PartyTable, *,
+                    store: str = "memory",
                     directory: Path | None = None, fingerprint: str = "",
                     owner: str = "party") -> FeatureSource:
-    """The encoded features of ``frame`` under ``pre``, where ``store`` says.
+    """The encoded features of ``frame`` (a DataFrame or a party's table, see
+    :func:`write_features`) under ``pre``, where ``store`` says.
 
     Mapped: the file ``<directory>/features/<key>.arrow`` (the key names the data's
     ``fingerprint`` and the fitted preprocessing, so a resumed run or a prediction reuses the
@@ -229,7 +260,13 @@ def encode_features(pre: Preprocessor, frame: pd.DataFrame, *, store: str = "mem
     private temporary directory removed with the source.
     """
     if pre.n_features == 0 or not use_mmap(store, len(frame)):  # (n, 0): nothing to map
-        return InMemoryFeatures(torch.from_numpy(pre.transform(frame)))
+        if isinstance(frame, pd.DataFrame) or frame.in_memory:
+            whole = frame if isinstance(frame, pd.DataFrame) else frame.frame
+            return InMemoryFeatures(torch.from_numpy(pre.transform(whole)))
+        # a table read in batches, its features wanted in memory: encoded a chunk at a time
+        # (row-wise, so the same values), the table itself never held whole
+        parts = [pre.transform(chunk) for chunk in _frames(frame, pre, WRITE_CHUNK_ROWS)]
+        return InMemoryFeatures(torch.from_numpy(np.concatenate(parts)))
     temp: Path | None = None
     if directory is None:
         temp = Path(tempfile.mkdtemp(prefix="vflink-features-"))

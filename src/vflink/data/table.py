@@ -16,9 +16,11 @@ from pathlib import Path
 from typing import IO, cast
 
 import numpy as np
+import numpy.typing as npt
 import pandas as pd
 from pandas._libs.parsers import STR_NA_VALUES
 
+from vflink.data.fingerprint import frame_fingerprint
 from vflink.data.schema import (
     DELIMITERS,
     PartySchema,
@@ -49,12 +51,45 @@ class PartyTable:
     frame: pd.DataFrame
     source: str
 
+    #: the whole table is in memory (``frame``); a :class:`~vflink.data.streamed.StreamedTable`
+    #: reads its file in record batches instead (issue 22)
+    in_memory = True
+
     @property
     def name(self) -> str:
         return self.schema.name
 
     def __len__(self) -> int:
         return len(self.frame)
+
+    # The methods below are what a stage that can work on part of a table asks for; a table
+    # read in batches (vflink.data.streamed) answers them without holding the whole frame.
+
+    @property
+    def column_names(self) -> tuple[str, ...]:
+        """Every column of the table (the schema's and any other the file holds)."""
+        return tuple(str(c) for c in self.frame.columns)
+
+    def select(self, columns: Sequence[str]) -> pd.DataFrame:
+        """Only ``columns`` of every row (e.g. the key columns for alignment)."""
+        return self.frame[list(columns)]
+
+    def take(self, rows: npt.NDArray[np.int64], columns: Sequence[str] | None = None
+             ) -> pd.DataFrame:
+        """Rows ``rows`` (in that order) of ``columns`` (default: all), index 0..len-1."""
+        frame = self.frame if columns is None else self.frame[list(columns)]
+        return frame.iloc[np.asarray(rows, dtype=np.int64)].reset_index(drop=True)
+
+    def batches(self, columns: Sequence[str] | None = None, *, batch_rows: int = 1 << 17
+                ) -> Iterator[pd.DataFrame]:
+        """Every row in order, ``batch_rows`` at a time (only ``columns``, default all)."""
+        frame = self.frame if columns is None else self.frame[list(columns)]
+        for start in range(0, len(frame), batch_rows):
+            yield frame.iloc[start:start + batch_rows]
+
+    def fingerprint(self) -> str:
+        """The data fingerprint (:func:`vflink.data.fingerprint.frame_fingerprint`)."""
+        return frame_fingerprint(self.frame)
 
     @classmethod
     def from_frame(cls, schema: PartySchema, frame: pd.DataFrame, source: str, *,

@@ -148,7 +148,8 @@ class LinkingPeer(Party):
         if self._secret is None:
             raise ProtocolError(f"party {self.name!r} has no alignment secret configured")
         self._require_confirmed(message.session)
-        digests = key_digests(self.table.frame, self.table.schema.key, self._secret)
+        digests = key_digests(self.table.select(self.table.schema.key), self.table.schema.key,
+                              self._secret)  # key columns only (read per batch if so)
         self.channel.request(message.coordinator, KeyDigests(session=message.session,
                                                              digests=digests), Ack)
         return Ack(info={"rows": float(len(digests))})
@@ -160,7 +161,9 @@ class LinkingPeer(Party):
         check_coordinator(self.name, self.roles, message.coordinator)
         if uses_secret(message.spec):
             self._require_confirmed(message.session)
-        values = encode_identifiers(self.table.frame, self.table.schema.identifiers,
+        # the identifier columns only (a table read in batches is never read whole)
+        values = encode_identifiers(self.table.select(self.table.schema.identifiers),
+                                    self.table.schema.identifiers,
                                     message.spec, self._secret, source=self.table.source,
                                     compute=self.compute)
         self.channel.request(message.coordinator, IdentifierEncodings(
@@ -192,10 +195,10 @@ class LinkingPeer(Party):
             if self._secret is None:
                 raise ProtocolError(f"party {self.name!r} has no alignment secret configured")
             self._require_confirmed(message.session)  # before any use of the secret
-        encoders, values = encode_fields(self.table.frame, message.fields, self._secret,
+        ids = self.table.select(self.table.schema.identifiers)  # fields ⊆ identifiers: above
+        encoders, values = encode_fields(ids, message.fields, self._secret,
                                          source=self.table.source)
-        keys = blocking_digests(self.table.frame, message.blocking, self._secret,
-                                source=self.table.source)
+        keys = blocking_digests(ids, message.blocking, self._secret, source=self.table.source)
         self.channel.request(message.coordinator, FieldEncodings(
             session=message.session, encoders=encoders, values=values, keys=keys), Ack)
         return Ack(info={"rows": float(len(self.table))})

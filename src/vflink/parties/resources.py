@@ -29,7 +29,9 @@ class TrainingResources:
             tensors live. What crosses to a peer stays CPU numpy as always.
         feature_store: ``"auto"`` (default: a table of at least 10^6 rows is read per batch
             from a memory-mapped Arrow copy of its encoded features, a smaller one is held in
-            memory), ``"memory"`` or ``"mmap"``. Results are identical either way.
+            memory), ``"memory"`` or ``"mmap"``. Results are identical either way. A
+            secondary whose features are mapped also reads its table file in record batches,
+            never whole (:func:`vflink.data.streamed.open_table`).
     """
 
     device: str = DEFAULT_DEVICE

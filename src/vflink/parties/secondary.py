@@ -25,7 +25,6 @@ from vflink.data.featurestore import (
     encode_features,
     use_mmap,
 )
-from vflink.data.fingerprint import frame_fingerprint
 from vflink.data.preprocess import Preprocessor
 from vflink.data.table import PartyTable
 from vflink.errors import PolicyViolation, ProtocolError, VflinkError
@@ -143,7 +142,7 @@ class SecondaryParty(SetAlignmentPeer, UnionPeer, LinkingPeer):
     def data_fingerprint(self) -> str:
         """Hash of this party's own table (computed here; only comparisons leave)."""
         if self._fingerprint is None:
-            self._fingerprint = frame_fingerprint(self.table.frame)
+            self._fingerprint = self.table.fingerprint()  # per batch if read so
         return self._fingerprint
 
     # --- alignment: LinkingPeer (key confirmation, keys, encodings, the alignment view) -----
@@ -154,7 +153,7 @@ class SecondaryParty(SetAlignmentPeer, UnionPeer, LinkingPeer):
     def on_setup_bottom(self, sender: str, message: SetupBottom) -> Ack:
         # a CNN views the party's numeric features as an image; an MLP's bound counts columns
         n_inputs = (len(self.table.schema.numeric) if message.spec.bottom == "cnn"
-                    else len(self.table.frame.columns))
+                    else len(self.table.column_names))
         check_bottom_spec(message.spec, n_inputs, party=self.name, policy=self.policy)
         self.spec = message.spec
         # a new training run; the data's release counts carry over (a primary must not be able
@@ -206,8 +205,9 @@ class SecondaryParty(SetAlignmentPeer, UnionPeer, LinkingPeer):
             raise ProtocolError(f"party {self.name!r}: FitPreprocessing before SetupBottom")
         rows = np.unique(self._check_rows(message.rows, "preprocessing", sender))
         self.protection.note_train_rows(rows)
+        # fitted on just the training rows, gathered (a table read in batches is never whole)
         pre = Preprocessor(self.table.schema, standardize=self.spec.standardize).fit(
-            self.table.frame, rows)
+            self.table.take(rows, self.table.schema.features), np.arange(len(rows)))
         self._build(self.spec, pre)
         return Ack(info={"n_features": float(pre.n_features)})
 
@@ -220,7 +220,7 @@ class SecondaryParty(SetAlignmentPeer, UnionPeer, LinkingPeer):
         store = self.resources.feature_store
         # a party with no features still answers with an embedding (one zero feature)
         self.features = ConstantFeatures(len(self.table)) if pre.n_features == 0 else \
-            encode_features(pre, self.table.frame, store=store, directory=self.out_dir,
+            encode_features(pre, self.table, store=store, directory=self.out_dir,
                             owner=self.name, fingerprint=self.data_fingerprint
                             if use_mmap(store, len(self.table)) else "")
         with seeded_init(spec.seed):  # built on the CPU: the same weights on every device

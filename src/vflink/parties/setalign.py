@@ -454,13 +454,13 @@ class SetAlignmentPeer:
     def _own_hashed(self, group: Group, size: int
                     ) -> Iterator[tuple[npt.NDArray[np.int64], Elements]]:
         """(rows, H(key)) of own records, one batch of ``size`` at a time."""
-        frame = self.table.frame
-        n = len(frame)
-        for start in range(0, n, max(1, size)):
-            stop = min(n, start + size)
-            keys = key_bytes(frame.iloc[start:stop], self.table.schema.key,
-                             who=self.table.source)
+        # the key columns only, a batch at a time: a streamed (large) table is never read whole
+        start = 0
+        for batch in self.table.batches(self.table.schema.key, batch_rows=max(1, size)):
+            stop = start + len(batch)
+            keys = key_bytes(batch, self.table.schema.key, who=self.table.source)
             yield np.arange(start, stop, dtype=np.int64), group.hash_to_group(keys)
+            start = stop
 
     def _set_state(self) -> _PeerSession:
         state: _PeerSession | None = self.session.data.get("set")

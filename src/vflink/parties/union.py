@@ -150,7 +150,7 @@ class UnionPeer:
 
     def on_union_setup(self, sender: str, message: UnionSetup) -> Ack:
         # our own limits and protections decide, not the primary's request (as SetupBottom)
-        check_bottom_spec(message.spec, len(self.table.frame.columns), party=self.name,
+        check_bottom_spec(message.spec, len(self.table.column_names), party=self.name,
                           policy=self.policy)
         if message.features not in self.policy.union_features:
             # one answer whatever the UIDs: it depends on the request and our policy only
@@ -189,7 +189,8 @@ class UnionPeer:
         if own.size == 0:
             raise ProtocolError(f"party {self.name!r}: PSU session {message.session!r} has "
                                 "none of our records")
-        pre = Preprocessor(self.table.schema).fit(self.table.frame, own)
+        pre = Preprocessor(self.table.schema).fit(  # own rows only, gathered
+            self.table.take(own, self.table.schema.features), np.arange(len(own)))
         self._build(message.spec, pre)
         if self.features is None:
             raise ProtocolError(f"party {self.name!r}: no encoded features after setup")

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from vflink.data.streamed import open_table
 from vflink.data.table import PartyTable, load_table, report
 from vflink.datasets import load_dataset
 from vflink.errors import DataError
@@ -42,7 +43,9 @@ def load_inputs(config: RunConfig) -> Inputs:
     problems: list[str] = []
     for schema in data.parties:  # every table's problems at once, not the first table's only
         try:
-            tables.append(load_table(schema))
+            # a secondary's large table is read in record batches (issue 22); see open_table
+            tables.append(open_table(schema, store=config.training.feature_store)
+                          if schema.role == "secondary" else load_table(schema))
         except DataError as exc:
             problems.extend(exc.problems)
     if problems:

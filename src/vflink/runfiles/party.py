@@ -62,6 +62,7 @@ from typing import Any
 from vflink._checks import check_choice, check_float, check_int, raise_if
 from vflink.config import read_toml
 from vflink.data.schema import PartySchema
+from vflink.data.streamed import open_table
 from vflink.data.table import PartyTable, load_table
 from vflink.datasets import load_dataset
 from vflink.engine import ComputeConfig
@@ -297,6 +298,11 @@ def party_roles(config: PartyConfig) -> dict[str, str]:
 def party_table(config: PartyConfig) -> PartyTable:
     """This party's own table: from its file, or its part of a built-in dataset."""
     if config.table is not None:
+        if config.role == "secondary":
+            # a large table (or feature_store = "mmap") is read in record batches, never whole
+            # (issue 22): its training reads it per batch into its mapped feature file
+            store = config.training.feature_store if config.training is not None else "auto"
+            return open_table(config.table, store=store)
         return load_table(config.table)
     if config.dataset is None:
         raise ConfigError(f"party {config.name!r} has no data")
