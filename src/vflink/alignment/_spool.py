@@ -33,7 +33,7 @@ import numpy.typing as npt
 
 from vflink.alignment.groups import Elements
 
-__all__ = ["Buckets", "Spool", "Workdir", "shuffle"]
+__all__ = ["Buckets", "RowOrder", "Spool", "Workdir", "shuffle"]
 
 #: Most leading bits used to bucket (2^16 buckets; every element has at least two bytes).
 _MAX_BITS = 16
@@ -178,3 +178,49 @@ def shuffle(source: Buckets, out: Spool) -> Spool:
         out.append(e[perm], r[perm] if out.has_rows else None)
     source.drop()
     return out
+
+
+class RowOrder:
+    """(row, element) pairs arriving in any order, read back in ascending row order (an
+    external sort by row ranges): a party's alignment output is written row by row without
+    ever holding all of it (issue 22). Rows are in ``[0, n)``, each at most once."""
+
+    #: most row-range files (a tiny ``span`` on a large table would open too many)
+    MAX_PARTS = 4096
+
+    def __init__(self, path: Path, width: int, n: int, span: int) -> None:
+        self.path, self.width = path, width
+        self.span = max(1, span, -(-n // self.MAX_PARTS))
+        self.count = np.zeros(max(1, -(-n // self.span)), dtype=np.int64)
+        path.mkdir(parents=True, exist_ok=True)
+
+    def __len__(self) -> int:
+        return int(self.count.sum())
+
+    def add(self, rows: npt.NDArray[np.int64], elements: Elements) -> None:
+        if len(rows) == 0:
+            return
+        rows = np.asarray(rows, dtype=np.int64)
+        elements = np.ascontiguousarray(elements, dtype=np.uint8)
+        ids = rows // self.span
+        order = np.argsort(ids, kind="stable")
+        ids, rows, elements = ids[order], rows[order], elements[order]
+        cuts = np.flatnonzero(np.diff(ids)) + 1
+        for lo, hi in zip(np.r_[0, cuts], np.r_[cuts, len(ids)], strict=True):
+            b = int(ids[lo])
+            with open(self.path / f"{b:05d}.e", "ab") as fh:
+                fh.write(elements[lo:hi].tobytes())
+            with open(self.path / f"{b:05d}.r", "ab") as fh:
+                fh.write(np.ascontiguousarray(rows[lo:hi], dtype="<i8").tobytes())
+            self.count[b] += hi - lo
+
+    def __iter__(self) -> Iterator[tuple[npt.NDArray[np.int64], Elements]]:
+        """(rows ascending, their elements), one row range at a time."""
+        for b in range(len(self.count)):
+            n = int(self.count[b])
+            if n == 0:
+                continue
+            e = np.fromfile(self.path / f"{b:05d}.e", dtype=np.uint8).reshape(n, self.width)
+            r = np.fromfile(self.path / f"{b:05d}.r", dtype="<i8").astype(np.int64)
+            order = np.argsort(r, kind="stable")
+            yield r[order], e[order]

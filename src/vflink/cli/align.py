@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,10 @@ in the input, and `uid`, hex; for psi only the intersection rows) and OUT/summar
 group, seconds, payload bytes per direction). With --party the secondary is not read here: it
 is served elsewhere by `vflink serve` (its party file's [party.table] names its key columns) and
 writes its own output into its state directory.
+
+Keys are read from the files in batches of --chunk-rows (default: [compute] chunk_rows of the
+party file, else 100,000), which is also the protocol's elements per message, and the outputs
+are written as they are computed: memory does not grow with the tables.
 """
 
 
@@ -60,6 +65,9 @@ def register(sub: Any) -> None:
     p.add_argument("--party", type=Path, help="the primary's party file: reach the secondary "
                    "served with `vflink serve` instead of reading --secondary here")
     p.add_argument("--peer", help="with --party: the secondary's name (default: the only one)")
+    p.add_argument("--chunk-rows", type=int, help="keys per batch read and elements per "
+                   "protocol message (default: [compute] chunk_rows of --party, else 100000; "
+                   "at most 1048576)")
     add_compute_args(p)
     p.set_defaults(func=run)
 
@@ -71,12 +79,8 @@ def run(args: argparse.Namespace) -> int:
 
     from vflink.cli._outputs import refuse_existing
     from vflink.errors import ConfigError
-    from vflink.runner.align import (
-        align_in_process,
-        align_over_network,
-        key_table,
-        write_outcome,
-    )
+    from vflink.protocol.messages import MAX_CHUNK_ROWS
+    from vflink.runner.align import KeyFile, align_in_process, align_over_network, write_outcome
     from vflink.runner.compute import open_compute
 
     console = Console(stderr=True)
@@ -88,14 +92,21 @@ def run(args: argparse.Namespace) -> int:
     written = ["primary.parquet", "summary.json"] + (
         ["secondary.parquet"] if args.party is None else [])
     refuse_existing(*(args.out / name for name in written), overwrite=args.overwrite)
-    primary = key_table(args.primary, on, name="primary", delimiter=args.delimiter,
-                        encoding=args.encoding)
+    if args.chunk_rows is not None and not 1 <= args.chunk_rows <= MAX_CHUNK_ROWS:
+        raise ConfigError(f"--chunk-rows must be in [1, {MAX_CHUNK_ROWS}], got "
+                          f"{args.chunk_rows}")
+    # read in batches while aligning (issue 22), not here as whole tables
+    primary = KeyFile(args.primary, on, "primary", args.delimiter, args.encoding)
     config = None
     if args.party is not None:
         from vflink.runfiles.party import load_party_config
 
         config = load_party_config(args.party)
-    with open_compute(compute_from_args(args, config.compute if config else None)) as compute, \
+    compute_config = compute_from_args(args, config.compute if config else None)
+    if args.chunk_rows is not None:  # the engine's tasks too
+        compute_config = dataclasses.replace(compute_config, chunk_rows=args.chunk_rows)
+    chunk_rows = compute_config.chunk_rows
+    with open_compute(compute_config) as compute, \
             Progress(TextColumn("[bold]{task.description}"), BarColumn(),
                   TextColumn("{task.fields[stage]}"), TimeElapsedColumn(), console=console,
                   transient=True) as bar:
@@ -106,7 +117,8 @@ def run(args: argparse.Namespace) -> int:
 
         kwargs: dict[str, Any] = {"method": args.method, "group": args.group,
                                   "reveal": args.reveal, "workers": args.workers,
-                                  "progress": progress, "compute": compute}
+                                  "progress": progress, "compute": compute,
+                                  "chunk_rows": chunk_rows, "out": args.out}
         if config is not None:
             peers = config.secondaries
             peer = args.peer or (peers[0] if len(peers) == 1 else None)
@@ -117,9 +129,9 @@ def run(args: argparse.Namespace) -> int:
         else:
             if args.secondary is None:
                 raise ConfigError("give --secondary (in-process) or --party (served secondary)")
-            secondary = key_table(args.secondary, sec_on, name="secondary",
-                                  delimiter=args.secondary_delimiter or args.delimiter,
-                                  encoding=args.secondary_encoding or args.encoding)
+            secondary = KeyFile(args.secondary, sec_on, "secondary",
+                                args.secondary_delimiter or args.delimiter,
+                                args.secondary_encoding or args.encoding)
             outcome = align_in_process(primary, secondary, **kwargs)
     summary = write_outcome(outcome, args.out)
     sizes = summary["sizes"]

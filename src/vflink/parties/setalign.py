@@ -25,10 +25,10 @@ from vflink._cancel import remaining_s
 from vflink._files import atomic_open
 from vflink.alignment import psi, psu
 from vflink.alignment._dh import as_rows, key_bytes, lookup, sorted_unique, to_hex
-from vflink.alignment._spool import Buckets, Spool, Workdir, bucket_bits, shuffle
+from vflink.alignment._spool import Buckets, RowOrder, Spool, Workdir, bucket_bits, shuffle
 from vflink.alignment.groups import Elements, Group, get_group
 from vflink.data.table import PartyTable
-from vflink.errors import PolicyViolation, ProtocolError
+from vflink.errors import DataError, PolicyViolation, ProtocolError
 from vflink.parties.policy import PartyPolicy
 from vflink.protocol.boundary import refuse
 from vflink.protocol.channel import Channel
@@ -87,6 +87,9 @@ class SetAlignment:
     known: bool = True
     sizes: dict[str, int] = field(default_factory=dict)
     session: str = ""  # the protocol session that produced it
+    #: set when the output was streamed to this Parquet file instead of being held: then
+    #: ``rows``/``uids`` are empty and ``union``/``uid_index`` None (issue 22)
+    path: Path | None = None
 
     def frame(self) -> pd.DataFrame:
         return pd.DataFrame({"row": self.rows.astype(np.int64), "uid": to_hex(self.uids)})
@@ -99,6 +102,17 @@ WRITE_BATCH_ROWS = 65_536
 def write_set_alignment(result: SetAlignment, path: Path) -> None:
     """``row``/``uid`` Parquet of a party's output (atomically), written in record batches
     so the hex text of the UIDs never exists for all rows at once (issue 22)."""
+    n = len(result.rows)
+    write_alignment_rows(path, ((result.rows[lo:lo + WRITE_BATCH_ROWS],
+                                 result.uids[lo:lo + WRITE_BATCH_ROWS])
+                                for lo in range(0, n, WRITE_BATCH_ROWS)))
+
+
+def write_alignment_rows(path: Path, batches: Iterable[tuple[npt.NDArray[np.int64], Elements]]
+                         ) -> None:
+    """``row``/``uid`` Parquet (atomically) from (rows, UIDs) batches in row order, each cut
+    to at most :data:`WRITE_BATCH_ROWS` rows: what :func:`write_set_alignment` writes, from a
+    stream (issue 22). No batch at all writes the empty table."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -108,13 +122,57 @@ def write_set_alignment(result: SetAlignment, path: Path) -> None:
         1, pa.field("uid", pa.string()))
     with atomic_open(path, "wb") as fh:  # never through a link planted at ``path``
         with pq.ParquetWriter(fh, schema) as writer:
-            n = len(result.rows)
-            for lo in range(0, max(n, 1), WRITE_BATCH_ROWS):
-                hi = min(n, lo + WRITE_BATCH_ROWS)
-                writer.write_table(pa.table({
-                    "row": pa.array(result.rows[lo:hi].astype(np.int64), pa.int64()),
-                    "uid": pa.array(to_hex(result.uids[lo:hi]), pa.string())},
-                    schema=schema))
+            wrote = False
+            for rows, uids in batches:
+                for lo in range(0, len(rows), WRITE_BATCH_ROWS):
+                    hi = lo + WRITE_BATCH_ROWS
+                    writer.write_table(pa.table({
+                        "row": pa.array(np.asarray(rows[lo:hi], dtype=np.int64), pa.int64()),
+                        "uid": pa.array(to_hex(uids[lo:hi]), pa.string())}, schema=schema))
+                    wrote = True
+            if not wrote:
+                writer.write_table(pa.table({"row": pa.array([], pa.int64()),
+                                             "uid": pa.array([], pa.string())}, schema=schema))
+
+
+def _psu_rows(pairs: Iterable[tuple[tuple[Elements, npt.NDArray[np.int64]],
+                                    tuple[Elements, npt.NDArray[np.int64]]]],
+              n_own: int, order: RowOrder) -> int:
+    """:func:`~vflink.alignment.psu.locate_buckets` streamed: the same checks, each own
+    record's UID (its own final element, which U holds) to ``order``; returns |U|."""
+    n_u = 0
+    for (union, _), (mine, rows) in pairs:
+        uids = sorted_unique(union)
+        if len(uids) != len(union):
+            raise ProtocolError("the union list holds repeated elements")
+        if len(sorted_unique(mine)) != len(mine):
+            raise DataError("our own list holds repeated elements: set alignment needs unique "
+                            "keys")
+        lookup(uids, mine, "own records in U")  # every record's element is in U
+        order.add(rows, mine)
+        n_u += len(uids)
+    if len(order) != n_own:
+        raise ProtocolError(f"expected {n_own} elements for our records, got {len(order)}")
+    return n_u
+
+
+def _psi_rows(pairs: Iterable[tuple[tuple[Elements, npt.NDArray[np.int64]],
+                                    tuple[Elements, npt.NDArray[np.int64]]]],
+              order: RowOrder) -> int:
+    """:func:`~vflink.alignment.psi.intersect_buckets` streamed (one pass): each own row that
+    hits, with its UID, to ``order``; returns the intersection's size."""
+    size = 0
+    for (mine, mine_rows), (theirs, _) in pairs:
+        ref = sorted_unique(theirs)
+        if len(ref) != len(theirs):
+            raise ProtocolError("the peer's list holds repeated elements")
+        if len(sorted_unique(mine)) != len(mine):
+            raise DataError("our own list holds repeated elements: set alignment needs unique "
+                            "keys")
+        hit = lookup(ref, mine, "own elements", missing_ok=True) >= 0
+        size += int(hit.sum())
+        order.add(mine_rows[hit], mine[hit])
+    return size
 
 
 def _psu_output(group: Group, r: psu.PsuResult, sizes: dict[str, int]) -> SetAlignment:
@@ -193,11 +251,14 @@ class SetAlignmentDriver:
         group: the group object (its workers decide the parallelism).
         chunk_rows: elements per chunk (default: the group's engine's ``chunk_rows``).
         tmp_dir: where the on-disk buckets go (default: the system's temporary directory).
+        out: stream this party's output to this ``row``/``uid`` Parquet file (written
+            atomically when the protocol ends) instead of holding it: the returned
+            :class:`SetAlignment` then has ``path`` set and no rows or UIDs.
     """
 
     def __init__(self, keys: Sequence[bytes] | KeyBatches, channel: Channel, group: Group, *,
                  progress: StepProgress | None = None, chunk_rows: int | None = None,
-                 tmp_dir: Path | None = None) -> None:
+                 tmp_dir: Path | None = None, out: Path | None = None) -> None:
         self.keys = key_batches(keys)
         self.channel = channel
         self.group = group
@@ -207,6 +268,7 @@ class SetAlignmentDriver:
             raise ProtocolError(f"chunk_rows must be in [1, {MAX_CHUNK_ROWS}], got "
                                 f"{self.chunk_rows}")
         self.tmp_dir = tmp_dir
+        self.out = out
 
     def _step(self, stage: str, done: int, total: int) -> None:
         if self.progress is not None:
@@ -320,17 +382,28 @@ class SetAlignmentDriver:
                 z = g.power(g.validate(el, "x^{s2 t1 t2 t3} / x^{s1 s2 s3 t2}"), f13)
                 mine.add(z, np.arange(lo, lo + len(z), dtype=np.int64))
                 lo += len(z)
-            result = psu.locate_buckets(zip(final, mine, strict=True), n_a, g.element_bytes)
+            if self.out is None:
+                result = psu.locate_buckets(zip(final, mine, strict=True), n_a,
+                                            g.element_bytes)
+            else:  # each record's UID to disk, in row order
+                order = RowOrder(work.new("rows"), g.element_bytes, n_a, c)
+                _psu_rows(zip(final, mine, strict=True), n_a, order)
             back = Spool(work.new("p_s123t2"), g.element_bytes)
             for el in self._fetch(peer, PsuFetch, session, "p_t2", n_p):
                 back.append(psu.raise_for_peer(g, el, e))  # line 12, in the order received
             self._upload(peer, PsuChunk, session, "p_s123t2", (x for x, _ in back.chunks(c)),
                          n_p)
+            if self.out is not None:
+                write_alignment_rows(self.out, order)
         finally:
             work.close()
         self._step("done", steps, steps)
         sizes = {"primary": n_a, "secondary": n_p, "union": n_u,
                  "intersection": n_a + n_p - n_u}
+        if self.out is not None:
+            return SetAlignment(method="psu", group=g.name, rows=np.empty(0, dtype=np.int64),
+                                uids=g.empty(), size=n_u, sizes=sizes, session=session,
+                                path=self.out)
         return dataclasses.replace(_psu_output(g, result, sizes), session=session)
 
     def psi(self, peer: str, session: str = "psi", reveal: str = "both") -> SetAlignment:
@@ -366,16 +439,28 @@ class SetAlignmentDriver:
                 theirs.add(p_ts)
                 if how in ("both", "secondary"):
                     back.append(p_ts)
-            found = psi.intersect_buckets(lambda: zip(mine, theirs, strict=True), n_rows=n_a,
-                                          ordered=ordered)
+            order = None
+            if self.out is not None and ordered:  # the intersection rows to disk, in row order
+                order = RowOrder(work.new("rows"), g.element_bytes, n_a, c)
+                found = psi.PsiResult(rows=None, uids=None, size=_psi_rows(
+                    zip(mine, theirs, strict=True), order))
+            else:
+                found = psi.intersect_buckets(lambda: zip(mine, theirs, strict=True),
+                                              n_rows=n_a, ordered=ordered and self.out is None)
             if how in ("both", "secondary"):
                 self._step("round 2", 2, 3)
                 self._upload(peer, PsiChunk, session, "p_ts", (x for x, _ in back.chunks(c)),
                              n_p)
+            if self.out is not None:  # a party that learns only the size writes no rows
+                write_alignment_rows(self.out, order if order is not None else ())
         finally:
             work.close()
         self._step("done", 3, 3)
         sizes = {"primary": n_a, "secondary": n_p, "intersection": found.size}
+        if self.out is not None:
+            return SetAlignment(method="psi", group=g.name, rows=np.empty(0, dtype=np.int64),
+                                uids=g.empty(), size=found.size, known=ordered, sizes=sizes,
+                                session=session, path=self.out)
         return dataclasses.replace(_psi_output(g, found, sizes), session=session)
 
     def fetch_rows(self, peer: str, session: str) -> AlignmentView:
@@ -396,7 +481,8 @@ class _PeerSession:
     group: Group
     work: Workdir
     n_own: int
-    chunk: int
+    chunk: int  # elements per message, as the driver announced
+    local: int  # elements per batch of this party's own work (its own chunk_rows)
     psu_e: psu.PsuExponents | None = None
     psi_e: int | None = None
     reveal: str = "both"
@@ -419,6 +505,12 @@ class SetAlignmentPeer:
     optionally ``out_dir``, where results are written as ``alignments/<session>.parquet`` and
     the on-disk buckets of running sessions go, under ``.set-tmp``).
 
+    Optional attributes (issue 22): ``set_keys``, own keys read in batches (e.g. from the
+    table's file) instead of from ``table``; ``set_chunk_rows``, this party's own batch size
+    (its ``[compute] chunk_rows``; the messages keep the driver's); ``set_out``, a path for
+    each session's output, which is then streamed there instead of held (the result has
+    ``path`` set and no rows: it cannot serve :class:`FetchAlignment` or training).
+
     What may arrive when, from whom and of which sizes is declared in
     :data:`vflink.protocol.sessions.PSU` and :data:`~vflink.protocol.sessions.PSI` and checked
     before these handlers run, chunk by chunk (issue 22); a finished session is immutable
@@ -430,6 +522,9 @@ class SetAlignmentPeer:
     out_dir: Path | None
     sessions: SessionTable
     compute: Compute | None
+    set_keys: KeyBatches | None = None
+    set_chunk_rows: int | None = None
+    set_out: Callable[[str], Path] | None = None
     if TYPE_CHECKING:
         @property
         def session(self) -> Session: ...  # from Party
@@ -454,6 +549,9 @@ class SetAlignmentPeer:
     def _own_hashed(self, group: Group, size: int
                     ) -> Iterator[tuple[npt.NDArray[np.int64], Elements]]:
         """(rows, H(key)) of own records, one batch of ``size`` at a time."""
+        if self.set_keys is not None:
+            yield from _hashed(group, self.set_keys, size)
+            return
         # the key columns only, a batch at a time: a streamed (large) table is never read whole
         start = 0
         for batch in self.table.batches(self.table.schema.key, batch_rows=max(1, size)):
@@ -495,11 +593,16 @@ class SetAlignmentPeer:
         r = self.set_alignment_with(session, peer)
         return None if r is None or r.method != "psi" else r.rows
 
+    def _streamed_to(self, session: str) -> Path | None:
+        """Where ``session``'s output is streamed (``set_out``; whoever sets it owns that
+        path and replaces it atomically), or None to hold it."""
+        return None if self.set_out is None else Path(self.set_out(session))
+
     def _finish(self, session: str, result: SetAlignment) -> None:
         result = dataclasses.replace(result, session=session)
         state = self._set_state()
         out_dir = getattr(self, "out_dir", None)
-        if out_dir is not None and result.known:
+        if out_dir is not None and result.known and result.path is None:
             path = Path(out_dir) / "alignments" / f"{session}.parquet"
             if path.exists() or path.is_symlink():
                 # nothing finished is rewritten by a peer (issue 19): a session name is used
@@ -522,10 +625,13 @@ class SetAlignmentPeer:
                                           f"{MAX_CHUNK_ROWS}], got {chunk_rows}",
                          code="limit.chunk")
         group = get_group(group_name, compute=self.compute)
-        self._afford(group, len(self.table), kind)  # our own set, once
+        n_own = len(self.set_keys) if self.set_keys is not None else len(self.table)
+        self._afford(group, n_own, kind)  # our own set, once
         out_dir = getattr(self, "out_dir", None)
         work = Workdir(None if out_dir is None else Path(out_dir) / ".set-tmp")
-        return _PeerSession(group=group, work=work, n_own=len(self.table), chunk=chunk_rows)
+        local = max(1, min(int(self.set_chunk_rows or chunk_rows), MAX_CHUNK_ROWS))
+        return _PeerSession(group=group, work=work, n_own=n_own, chunk=chunk_rows,
+                            local=local)
 
     def _shuffle_own(self, s: _PeerSession, name: str, exponent: int, *, rows: bool,
                      keep: bool = False) -> None:
@@ -533,9 +639,9 @@ class SetAlignmentPeer:
         ``keep``, the hashed records are also kept on disk in record order (list ``own``)."""
         g = s.group
         draw = Buckets(s.work.new(name + "-draw"), g.element_bytes,
-                       bits=bucket_bits(s.n_own, s.chunk), random=True)
+                       bits=bucket_bits(s.n_own, s.local), random=True)
         own = Spool(s.work.new("own"), g.element_bytes) if keep else None
-        for r, h in self._own_hashed(g, s.chunk):
+        for r, h in self._own_hashed(g, s.local):
             if own is not None:
                 own.append(h)
             draw.add(g.power(h, exponent), r)
@@ -546,13 +652,13 @@ class SetAlignmentPeer:
     def _draw(self, s: _PeerSession, name: str, expected: int) -> Buckets:
         if name not in s.draws:
             s.draws[name] = Buckets(s.work.new(name + "-draw"), s.group.element_bytes,
-                                    bits=bucket_bits(expected, s.chunk), random=True)
+                                    bits=bucket_bits(expected, s.local), random=True)
         return s.draws[name]
 
     def _bucketed(self, s: _PeerSession, name: str, expected: int) -> Buckets:
         if name not in s.buckets:
             s.buckets[name] = Buckets(s.work.new(name), s.group.element_bytes,
-                                      bits=bucket_bits(expected, s.chunk))
+                                      bits=bucket_bits(expected, s.local))
         return s.buckets[name]
 
     def _received(self, s: _PeerSession, message: PsuChunk | PsiChunk) -> tuple[int, bool]:
@@ -629,10 +735,20 @@ class SetAlignmentPeer:
             self._bucketed(s, "mine", len(union)).add(
                 z, np.arange(lo, lo + len(z), dtype=np.int64))
             if closed:
-                mine = psu.locate_buckets(zip(union, s.buckets["mine"], strict=True),
-                                          s.n_own, g.element_bytes)
-                sizes = {"secondary": s.n_own, "union": len(mine.uids)}
-                self._finish(message.session, _psu_output(g, mine, sizes))
+                out = self._streamed_to(message.session)
+                if out is None:
+                    mine = psu.locate_buckets(zip(union, s.buckets["mine"], strict=True),
+                                              s.n_own, g.element_bytes)
+                    sizes = {"secondary": s.n_own, "union": len(mine.uids)}
+                    self._finish(message.session, _psu_output(g, mine, sizes))
+                    return Ack()
+                order = RowOrder(s.work.new("rows"), g.element_bytes, s.n_own, s.local)
+                n_u = _psu_rows(zip(union, s.buckets["mine"], strict=True), s.n_own, order)
+                write_alignment_rows(out, order)
+                self._finish(message.session, SetAlignment(
+                    method="psu", group=g.name, rows=np.empty(0, dtype=np.int64),
+                    uids=g.empty(), size=n_u, sizes={"secondary": s.n_own, "union": n_u},
+                    path=out))
         return Ack()
 
     def on_psu_fetch(self, sender: str, message: PsuFetch) -> SetChunk:
@@ -694,8 +810,18 @@ class SetAlignmentPeer:
             self._bucketed(s, "mine", expected).add(p_ts, rows)
             if closed:
                 theirs = self._bucketed(s, "theirs", expected)
-                for el, _ in s.lists["a_st"].chunks(s.chunk):
+                for el, _ in s.lists["a_st"].chunks(s.local):
                     theirs.add(el)
+                out = self._streamed_to(message.session)
+                if out is not None:
+                    order = RowOrder(s.work.new("rows"), g.element_bytes, s.n_own, s.local)
+                    size = _psi_rows(zip(s.buckets["mine"], theirs, strict=True), order)
+                    write_alignment_rows(out, order)
+                    self._finish(message.session, SetAlignment(
+                        method="psi", group=g.name, rows=np.empty(0, dtype=np.int64),
+                        uids=g.empty(), size=size,
+                        sizes={"secondary": s.n_own, "intersection": size}, path=out))
+                    return Ack()
                 mine = psi.intersect_buckets(
                     lambda: zip(s.buckets["mine"], theirs, strict=True), n_rows=s.n_own,
                     ordered=True)
@@ -722,7 +848,7 @@ class SetAlignmentPeer:
         """Our intersection rows of a finished PSI session, ordered by UID, to the party that
         ran it with us only (the declaration: the session's opener, ``reveal = "both"``)."""
         r = self._set_state().result
-        if r is None or r.method != "psi" or not r.known:
+        if r is None or r.method != "psi" or not r.known or r.path is not None:
             raise refuse(ProtocolError, f"party {self.name!r}: no PSI intersection for session "
                                         f"{message.session!r}", code="session.no-alignment")
         by_uid = np.argsort(_uid_keys(r.uids), kind="stable")

@@ -3,15 +3,19 @@ and write each party's ``row``/``uid`` table and a summary (``vflink align``).""
 
 from __future__ import annotations
 
+import hashlib
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
-from vflink.alignment._dh import key_bytes
+from vflink.alignment._dh import as_rows, key_bytes
+from vflink.alignment._spool import Buckets, Workdir, bucket_bits
+from vflink.alignment.exact import normalise_key
 from vflink.alignment.groups import get_group
 from vflink.alignment.psi import check_reveal
 from vflink.data.batches import read_frame_header, scan_frame
@@ -23,7 +27,12 @@ from vflink.parties.coordinator import CoordinatorParty
 from vflink.parties.link_peer import LinkingPeer
 from vflink.parties.linking import AlignmentInitiator
 from vflink.parties.policy import PartyPolicy
-from vflink.parties.setalign import SetAlignment, SetAlignmentDriver, write_set_alignment
+from vflink.parties.setalign import (
+    KeyBatches,
+    SetAlignment,
+    SetAlignmentDriver,
+    write_set_alignment,
+)
 from vflink.protocol.channel import Channel
 from vflink.protocol.sessions import new_session_name
 from vflink.runfiles.party import PartyConfig
@@ -33,9 +42,9 @@ from vflink.runner.local import COORDINATOR, local_roles, secret_with_source
 from vflink.transport import InProcessHub, TrafficCounter, Transcript
 from vflink.types import Alignment, Compute
 
-__all__ = ["METHODS", "AlignOutcome", "ExactOutcome", "align_exact_in_process",
-           "align_in_process", "align_over_network", "key_frame", "key_table", "run_set_alignment",
-           "write_outcome"]
+__all__ = ["METHODS", "AlignOutcome", "ExactOutcome", "KeyFile", "align_exact_in_process",
+           "align_in_process", "align_over_network", "file_key_batches", "key_frame",
+           "key_table", "run_set_alignment", "write_outcome"]
 
 METHODS = ("psu", "psi")
 
@@ -75,9 +84,12 @@ def key_table(path: Path, on: Sequence[str], *, name: str, delimiter: str | None
                  else pd.DataFrame({c: pd.Series(dtype="string") for c in on}))
     else:  # a CSV in record batches too (issue 22), the key columns alone, as text
         header = read_frame_header(Path(path), delimiter=delimiter, encoding=encoding)
-        frame = (pd.concat([b.frame for b in scan_frame(
-            path, columns=on, text_columns=on, delimiter=delimiter, encoding=encoding)],
-            ignore_index=True) if set(on) <= set(header) else pd.DataFrame(columns=header))
+        frame = pd.DataFrame(columns=header)
+        if set(on) <= set(header):
+            batches = [b.frame for b in scan_frame(
+                path, columns=on, text_columns=on, delimiter=delimiter, encoding=encoding)]
+            if batches:  # a header alone is an empty table
+                frame = pd.concat(batches, ignore_index=True)
     return key_frame(frame, on, name=name, source=str(path))
 
 
@@ -93,58 +105,182 @@ def key_frame(frame: pd.DataFrame, on: Sequence[str], *, name: str, source: str)
     return PartyTable(schema, frame.reset_index(drop=True), source)
 
 
+@dataclass(frozen=True)
+class KeyFile:
+    """A party's key column(s) in a table file (CSV/TSV/.csv.gz, Parquet file or directory),
+    read in batches while aligning instead of as a whole table (issue 22)."""
+
+    path: Path
+    on: tuple[str, ...]
+    name: str
+    delimiter: str | None = None
+    encoding: str | None = None
+
+    def empty_table(self) -> PartyTable:
+        """A key-only table of no rows: the party's schema without its data."""
+        return key_frame(pd.DataFrame({c: pd.Series(dtype="string") for c in self.on}),
+                         self.on, name=self.name, source=str(self.path))
+
+
+def _key_text(kf: KeyFile, batch_rows: int) -> Iterator[pd.DataFrame]:
+    """The key columns as text, ``batch_rows`` rows at a time (as :func:`key_table` reads
+    them: Arrow/CSV text, missing values as empty text)."""
+    path = Path(kf.path)
+    if path.suffix.lower() == ".parquet" or path.is_dir():
+        for b in iter_parquet_columns(path, kf.on, batch_rows=batch_rows):
+            yield b.astype("string").fillna("")
+        return
+    header = read_frame_header(path, delimiter=kf.delimiter, encoding=kf.encoding)
+    missing = [c for c in kf.on if c not in header]
+    if missing:
+        raise DataError(f"{path}: key column(s) {missing} not found; columns: {header[:20]}")
+    for batch in scan_frame(path, columns=kf.on, text_columns=kf.on, delimiter=kf.delimiter,
+                            encoding=kf.encoding, batch_rows=batch_rows):
+        yield batch.frame
+
+
+def _key_lists(kf: KeyFile, batch_rows: int) -> Iterator[list[bytes]]:
+    """Canonical key bytes (as :func:`~vflink.alignment._dh.key_bytes`), one batch at a time."""
+    for frame in _key_text(kf, batch_rows):
+        text = frame[list(kf.on)].astype("string").fillna("")
+        yield [normalise_key(row).encode() for row in text.itertuples(index=False, name=None)]
+
+
+def file_key_batches(kf: KeyFile, *, chunk_rows: int, tmp_dir: Path | None = None
+                     ) -> KeyBatches:
+    """:class:`KeyBatches` reading ``kf`` from its file in batches of at most ``chunk_rows``.
+
+    A first pass counts the keys and refuses duplicates as :func:`key_bytes` does (the same
+    error, naming the first repeated row) without holding them: a 16-byte digest of each key
+    goes to on-disk hash buckets of about ``chunk_rows``, checked one bucket at a time. Each
+    protocol pass then reads the file again; nothing of the table stays in memory."""
+    if not kf.on:
+        raise DataError(f"{kf.path}: no key column(s) to align on")
+    chunk_rows = max(1, int(chunk_rows))
+    path = Path(kf.path)
+    # the buckets are sized before the count is known: from the file's size (≥ 2 bytes a row)
+    size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() \
+        else path.stat().st_size
+    work = Workdir(tmp_dir, prefix="vflink-keys-")
+    try:
+        digests = Buckets(work.new("keys"), 16, bits=bucket_bits(max(1, size // 2), chunk_rows))
+        n = 0
+        for batch in _key_lists(kf, chunk_rows):
+            d = np.frombuffer(b"".join(hashlib.blake2b(k, digest_size=16).digest()
+                                       for k in batch), dtype=np.uint8).reshape(-1, 16)
+            digests.add(d, np.arange(n, n + len(batch), dtype=np.int64))
+            n += len(batch)
+        first = -1  # the first row whose key an earlier row holds
+        for e, rows in digests:
+            if len(e) < 2:
+                continue
+            keys = as_rows(e)
+            order = np.argsort(keys, kind="stable")  # rows were added ascending
+            same = keys[order][1:] == keys[order][:-1]
+            if same.any():
+                later = rows[order][1:][same]
+                first = int(later.min()) if first < 0 else min(first, int(later.min()))
+    finally:
+        work.close()
+    if first >= 0:
+        seen = 0
+        for batch in _key_lists(kf, chunk_rows):
+            if first < seen + len(batch):
+                raise DataError(f"{kf.path}: duplicate key at row {first} "
+                                f"({batch[first - seen][:40]!r}...); set alignment needs "
+                                "unique keys")
+            seen += len(batch)
+    return KeyBatches(n, lambda size: _key_lists(kf, size))
+
+
 def _check(method: str, reveal: str) -> None:
     if method not in METHODS:
         raise ConfigError(f"`method` must be one of {', '.join(METHODS)}, got {method!r}")
     check_reveal(reveal)
 
 
-def run_set_alignment(keys: Sequence[bytes], channel: Channel, peer: str, *, method: str,
-                      group: str, reveal: str = "both", session: str | None = None,
+def run_set_alignment(keys: Sequence[bytes] | KeyBatches, channel: Channel, peer: str, *,
+                      method: str, group: str, reveal: str = "both", session: str | None = None,
                       workers: int | None = None, progress: StepProgress | None = None,
-                      compute: Compute | None = None) -> tuple[SetAlignment, int]:
+                      compute: Compute | None = None, chunk_rows: int | None = None,
+                      out: Path | None = None) -> tuple[SetAlignment, int]:
     """Drive PSU/PSI with ``peer`` over ``channel``; (own output, own group operations).
-    With ``compute``, the group operations run in buckets on that engine (issue 22)."""
+    With ``compute``, the group operations run in buckets on that engine (issue 22).
+    ``chunk_rows``: elements per message (default: ``compute``'s, else 100,000); ``out``:
+    stream the own output to that Parquet file instead of holding it."""
     _check(method, reveal)
     g = get_group(group, workers=workers, compute=compute)
-    driver = SetAlignmentDriver(keys, channel, g, progress=progress)
+    driver = SetAlignmentDriver(keys, channel, g, progress=progress, chunk_rows=chunk_rows,
+                                out=out)
     # a finished session is immutable: every run opens a new one (issue 19)
     name = session or new_session_name(method)
-    out = driver.psu(peer, name) if method == "psu" else driver.psi(peer, name, reveal=reveal)
-    return out, g.operations
+    mine = driver.psu(peer, name) if method == "psu" else driver.psi(peer, name, reveal=reveal)
+    return mine, g.operations
 
 
-def align_in_process(primary: PartyTable, secondary: PartyTable, *, method: str,
-                     group: str = "ristretto255", reveal: str = "both",
+def _chunk(chunk_rows: int | None, compute: Compute | None) -> int:
+    from vflink.engine.base import DEFAULT_CHUNK_ROWS
+
+    if chunk_rows is not None:
+        return int(chunk_rows)
+    return int(compute.chunk_rows) if compute is not None else DEFAULT_CHUNK_ROWS
+
+
+def _own_keys(source: PartyTable | KeyFile, chunk_rows: int) -> Sequence[bytes] | KeyBatches:
+    if isinstance(source, KeyFile):
+        return file_key_batches(source, chunk_rows=chunk_rows)
+    return key_bytes(source.frame, source.schema.key, who=source.source)
+
+
+def align_in_process(primary: PartyTable | KeyFile, secondary: PartyTable | KeyFile, *,
+                     method: str, group: str = "ristretto255", reveal: str = "both",
                      workers: int | None = None, progress: StepProgress | None = None,
-                     transcript: Transcript | None = None, compute: Compute | None = None
-                     ) -> AlignOutcome:
+                     transcript: Transcript | None = None, compute: Compute | None = None,
+                     chunk_rows: int | None = None, out: Path | None = None) -> AlignOutcome:
     """Both parties in this process, talking through an in-process channel (both on
-    ``compute``, this process's engine, when given)."""
+    ``compute``, this process's engine, when given).
+
+    Issue 22: a :class:`KeyFile` is read in batches of ``chunk_rows`` (default: ``compute``'s,
+    else 100,000; also the protocol's elements per message), and with ``out`` (a directory)
+    both outputs are streamed to ``out/primary.parquet`` and ``out/secondary.parquet``
+    instead of held: with both, this process's memory does not grow with the tables."""
     _check(method, reveal)
-    keys = key_bytes(primary.frame, primary.schema.key, who=primary.source)
+    chunk = _chunk(chunk_rows, compute)
+    keys = _own_keys(primary, chunk)
     counter = TrafficCounter()
     hub = InProcessHub(transcript=transcript, counter=counter)
-    peer = SecondaryParty(secondary, hub.channel(secondary.name))
+    table = secondary.empty_table() if isinstance(secondary, KeyFile) else secondary
+    peer = SecondaryParty(table, hub.channel(secondary.name))
     peer.compute = compute
+    peer.set_chunk_rows = chunk
+    if isinstance(secondary, KeyFile):
+        peer.set_keys = file_key_batches(secondary, chunk_rows=chunk)
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        peer.set_out = lambda session: out / "secondary.parquet"
     hub.register(secondary.name, peer)
     start = time.perf_counter()
     mine, ops = run_set_alignment(keys, hub.channel(primary.name), secondary.name,
                                   method=method, group=group, reveal=reveal, workers=workers,
-                                  progress=progress, compute=compute)
+                                  progress=progress, compute=compute, chunk_rows=chunk,
+                                  out=None if out is None else out / "primary.parquet")
     seconds = time.perf_counter() - start
     theirs = peer.set_alignment(mine.session)
     return AlignOutcome(method, group, mine, theirs, seconds,
                         TrafficCounter.delta(counter.snapshot(), {}), ops)
 
 
-def align_over_network(primary: PartyTable, config: PartyConfig, peer: str, *, method: str,
-                       group: str = "ristretto255", reveal: str = "both",
+def align_over_network(primary: PartyTable | KeyFile, config: PartyConfig, peer: str, *,
+                       method: str, group: str = "ristretto255", reveal: str = "both",
                        workers: int | None = None, progress: StepProgress | None = None,
-                       transcript: Transcript | None = None, compute: Compute | None = None
+                       transcript: Transcript | None = None, compute: Compute | None = None,
+                       chunk_rows: int | None = None, out: Path | None = None
                        ) -> AlignOutcome:
     """The secondary ``peer`` is served elsewhere (``vflink serve``); we are the primary of
-    ``config``. The secondary writes its own output into its state directory."""
+    ``config``. The secondary writes its own output into its state directory.
+
+    ``chunk_rows`` (default: ``config``'s ``[compute] chunk_rows``) and ``out`` (a directory:
+    the own output streamed to ``out/primary.parquet``) as for :func:`align_in_process`."""
     from vflink.transport.grpc import GrpcChannel, TlsConfig
 
     _check(method, reveal)
@@ -159,12 +295,16 @@ def align_over_network(primary: PartyTable, config: PartyConfig, peer: str, *, m
     counter = TrafficCounter()
     channel = GrpcChannel(config.name, config.addresses, tls, insecure=config.insecure,
                           deadline_s=config.deadline_s, counter=counter, transcript=transcript)
-    keys = key_bytes(primary.frame, primary.schema.key, who=primary.source)
+    chunk = int(chunk_rows) if chunk_rows is not None else int(config.compute.chunk_rows)
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     try:
+        keys = _own_keys(primary, chunk)
         mine, ops = run_set_alignment(keys, channel, peer, method=method, group=group,
                                       reveal=reveal, workers=workers, progress=progress,
-                                      compute=compute)
+                                      compute=compute, chunk_rows=chunk,
+                                      out=None if out is None else out / "primary.parquet")
     finally:
         channel.close()
     return AlignOutcome(method, group, mine, None, time.perf_counter() - start,
@@ -221,10 +361,11 @@ def align_exact_in_process(primary: PartyTable, secondary: PartyTable, *,
 
 
 def write_outcome(outcome: AlignOutcome, out: Path) -> dict[str, Any]:
-    """``out/primary.parquet``, ``out/secondary.parquet`` (when held here), ``summary.json``."""
+    """``out/primary.parquet``, ``out/secondary.parquet`` (when held here), ``summary.json``
+    (an output already streamed to its file is left as it is)."""
     out.mkdir(parents=True, exist_ok=True)
     for name, result in (("primary", outcome.primary), ("secondary", outcome.secondary)):
-        if result is None:
+        if result is None or result.path is not None:
             continue
         # a party that learns only the size writes an empty table
         write_set_alignment(result, out / f"{name}.parquet")

@@ -76,6 +76,8 @@ def build_handler(config: PartyConfig, *, compute: Compute | None = None) -> Mes
                           "coordinator; the primary drives runs with `vflink train --party`")
     # the party's own compute engine runs its chunked stages; it is never named to a peer
     party.compute = compute
+    if isinstance(party, SecondaryParty):  # its own batches in PSU/PSI (issue 22)
+        party.set_chunk_rows = config.compute.chunk_rows
     log.info("%s: policy %s; roles %s", config.name, config.policy, config.roles)
     return party
 

@@ -5,12 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vflink.alignment import psi, psu
 from vflink.alignment._dh import secure_permutation, sorted_unique
-from vflink.alignment._spool import Buckets, Spool, Workdir, bucket_bits, shuffle
+from vflink.alignment._spool import Buckets, RowOrder, Spool, Workdir, bucket_bits, shuffle
 from vflink.alignment.groups import get_group
 
 G = get_group("ristretto255", workers=1)
@@ -78,3 +79,19 @@ def test_bucketed_intersection_and_union_ranks_equal_whole_lists(
         assert np.array_equal(union[located.record_uid], a)
     finally:
         work.close()
+
+
+@pytest.mark.parametrize(("n", "span"), [(0, 3), (1, 1), (50, 7), (10_000, 1)])
+def test_row_order_reads_back_in_row_order(n: int, span: int, tmp_path: Path) -> None:
+    rng = np.random.default_rng(n)
+    rows = rng.permutation(n).astype(np.int64)
+    elements = rng.integers(0, 256, size=(n, 4), dtype=np.uint8)
+    order = RowOrder(tmp_path / "r", 4, n, span)
+    for lo in range(0, n, 13):  # in any order, in pieces
+        order.add(rows[lo:lo + 13], elements[lo:lo + 13])
+    got = list(order)
+    assert len(order) == n and len(got) <= RowOrder.MAX_PARTS
+    back_rows = np.concatenate([r for r, _ in got]) if got else np.empty(0, np.int64)
+    back = np.concatenate([e for _, e in got]) if got else np.empty((0, 4), np.uint8)
+    assert (back_rows == np.arange(n)).all()
+    assert (back[rows] == elements).all()
