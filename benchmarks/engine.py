@@ -296,6 +296,7 @@ def memory_case(case: str, chunk_rows: int) -> dict[str, Any]:
             from vflink.alignment.groups import get_group
             from vflink.data.table import iter_parquet_columns
             from vflink.parties import SecondaryParty
+            from vflink.parties.policy import PartyPolicy
             from vflink.parties.setalign import KeyBatches, SetAlignmentDriver
             from vflink.protocol.sessions import new_session_name
             from vflink.transport import InProcessHub
@@ -320,7 +321,10 @@ def memory_case(case: str, chunk_rows: int) -> dict[str, Any]:
                                   for lo in range(n // 2, n // 2 + n, 10**6)])))})
             b = PartyTable(PartySchema(name="b", role="secondary", key=("id",)), ids, "b")
             hub = InProcessHub()
-            peer = SecondaryParty(b, hub.channel("b"), out_dir=tmp / "b")
+            # the default policy.max_set_elements (2 * 10^6) refuses larger lists: a party
+            # that expects them raises it (docs/how-to/scale-out.md)
+            peer = SecondaryParty(b, hub.channel("b"), out_dir=tmp / "b",
+                                  policy=PartyPolicy(max_set_elements=max(2 * n, 2_000_000)))
             peer.compute = engine
             hub.register("b", peer)
             driver = SetAlignmentDriver(KeyBatches(n, read), hub.channel("a"),
@@ -346,12 +350,25 @@ def memory_case(case: str, chunk_rows: int) -> dict[str, Any]:
 def memory_table(cases: list[str], chunk_rows: int) -> dict[str, Any]:
     import subprocess
 
+    cost = libsodium_cost()  # this run's per-operation cost: the bound of each set case
     rows = []
     for case in cases:
         out = subprocess.run([sys.executable, __file__, "--memory-case", case, "--chunk-rows",
-                              str(chunk_rows)], capture_output=True, text=True, check=True)
-        rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
-    return {"chunk_rows": chunk_rows, "engine": "ray, 2 CPUs, started here", "cases": rows}
+                              str(chunk_rows)], capture_output=True, text=True, check=False)
+        if out.returncode != 0:
+            sys.stderr.write(out.stderr)
+            raise SystemExit(f"memory case {case} failed (exit {out.returncode})")
+        row = json.loads(out.stdout.strip().splitlines()[-1])
+        kind, n = case.split(":")[0], int(case.split(":")[1])
+        if kind in ("psi", "psu"):  # keys [0, n) against [n/2, 3n/2): 50 % shared
+            mults, hashes = set_ops(kind, n, n, n + n // 2)
+            one_core = (mults * cost["scalarmult_us"] + hashes * cost["hash_to_group_us"]) / 1e6
+            row.update(scalar_mults=mults, hashes_to_group=hashes,
+                       bound_2_cores_s=round(one_core / 2, 1),
+                       ratio_to_2_core_bound=round(row["seconds"] / (one_core / 2), 2))
+        rows.append(row)
+    return {"chunk_rows": chunk_rows, "engine": "ray, 2 CPUs, started here",
+            "libsodium": {k: round(v, 2) for k, v in cost.items()}, "cases": rows}
 
 
 def projection(result: dict[str, Any], cost: dict[str, float]) -> dict[str, Any]:
