@@ -6,10 +6,14 @@ all of its problems at once; :func:`raise_if` raises one :class:`ConfigError` ca
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Collection, Sequence
+from typing import Any, TypeVar
 
 from vflink.errors import ConfigError
+
+T = TypeVar("T")
 
 __all__ = [
     "check_choice",
@@ -76,3 +80,24 @@ def raise_if(problems: Sequence[str], what: str) -> None:
             raise ConfigError(f"invalid {what}: {problems[0]}", problems)
         listing = "\n  - ".join(problems)
         raise ConfigError(f"invalid {what} ({len(problems)} problems):\n  - {listing}", problems)
+
+
+def from_table(cls: type[T], raw: Any, where: str) -> T:
+    """The frozen config dataclass ``cls`` built from a TOML table (``where`` names it, e.g.
+    ``[compute]``), with every problem at once: unknown keys (listing the known ones) and the
+    dataclass's own validation."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where} must be a table, got {type(raw).__name__}")
+    known = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    unknown = sorted(set(raw) - known)
+    problems = [f"{where} has unknown key(s) {unknown}; known keys: {sorted(known)}"] \
+        if unknown else []
+    try:
+        config = cls(**{k: v for k, v in raw.items() if k in known})
+    except ConfigError as exc:
+        problems.extend(exc.problems)
+    else:
+        if not problems:
+            return config
+    raise_if(problems, f"{where} section")
+    raise ConfigError(f"invalid {where} section", problems)  # pragma: no cover - raise_if did

@@ -8,8 +8,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from vflink._checks import check_choice, check_int, raise_if
-from vflink.errors import ConfigError
+from vflink._checks import check_choice, check_int, from_table, raise_if
 
 __all__ = ["ENGINES", "ComputeConfig", "Engine", "chunk_bounds"]
 
@@ -65,21 +64,7 @@ class ComputeConfig:
     @classmethod
     def from_dict(cls, raw: Any, where: str = "[compute]") -> ComputeConfig:
         """From a TOML table, every problem (unknown keys included) reported at once."""
-        if not isinstance(raw, dict):
-            raise ConfigError(f"{where} must be a table, got {type(raw).__name__}")
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(raw) - known)
-        problems = [f"{where} has unknown key(s) {unknown}; known keys: {sorted(known)}"] \
-            if unknown else []
-        try:
-            config = cls(**{k: v for k, v in raw.items() if k in known})
-        except ConfigError as exc:
-            problems.extend(exc.problems)
-            config = None
-        if problems or config is None:
-            raise_if(problems, f"{where} section")
-            raise ConfigError(f"invalid {where} section", problems)  # pragma: no cover
-        return config
+        return from_table(cls, raw, where)
 
     def override(self, *, engine: str | None = None, address: str | None = None
                  ) -> ComputeConfig:

@@ -7,13 +7,11 @@ are the party's business only: nothing of them is sent to a peer.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from vflink._checks import check_choice, raise_if
+from vflink._checks import check_choice, from_table, raise_if
 from vflink.data.featurestore import FEATURE_STORES
-from vflink.errors import ConfigError
 from vflink.models.device import DEFAULT_DEVICE, DEVICES
 
 __all__ = ["TrainingResources"]
@@ -46,17 +44,4 @@ class TrainingResources:
     @classmethod
     def from_dict(cls, raw: Any, where: str = "[training]") -> TrainingResources:
         """From a party file's TOML table, every problem (unknown keys included) at once."""
-        if not isinstance(raw, dict):
-            raise ConfigError(f"{where} must be a table, got {type(raw).__name__}")
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(raw) - known)
-        problems = [f"{where} has unknown key(s) {unknown}; known keys: {sorted(known)}"] \
-            if unknown else []
-        try:
-            config = cls(**{k: v for k, v in raw.items() if k in known})
-        except ConfigError as exc:
-            problems.extend(exc.problems)
-            config = None
-        if problems or config is None:
-            raise_if(problems, f"{where} section")
-        return config  # type: ignore[return-value]
+        return from_table(cls, raw, where)
