@@ -85,6 +85,18 @@ def intersect(mine_double: Elements, order: npt.NDArray[np.int64], theirs_double
 Bucket = tuple[Elements, npt.NDArray[np.int64]]
 
 
+def bucket_hits(mine: Elements, theirs: Elements) -> npt.NDArray[np.bool_]:
+    """Which of our doubly blinded elements in one bucket the peer's bucket holds; either list
+    holding an element twice is refused (keys must be unique, and a peer's repeat is a
+    protocol fault)."""
+    ref = sorted_unique(theirs)
+    if len(ref) != len(theirs):
+        raise ProtocolError("the peer's list holds repeated elements")
+    if len(sorted_unique(mine)) != len(mine):
+        raise DataError("our own list holds repeated elements: set alignment needs unique keys")
+    return lookup(ref, mine, "own elements", missing_ok=True) >= 0
+
+
 def intersect_buckets(pairs: Callable[[], Iterable[tuple[Bucket, Bucket]]], *, n_rows: int,
                       ordered: bool) -> PsiResult:
     """:func:`intersect` one hash bucket at a time (issue 22).
@@ -100,13 +112,7 @@ def intersect_buckets(pairs: Callable[[], Iterable[tuple[Bucket, Bucket]]], *, n
     width = 0
     for (mine, mine_rows), (theirs, _) in pairs():
         width = mine.shape[1]
-        ref = sorted_unique(theirs)
-        if len(ref) != len(theirs):
-            raise ProtocolError("the peer's list holds repeated elements")
-        if len(sorted_unique(mine)) != len(mine):
-            raise DataError("our own list holds repeated elements: set alignment needs unique "
-                            "keys")
-        hit = lookup(ref, mine, "own elements", missing_ok=True) >= 0
+        hit = bucket_hits(mine, theirs)
         size += int(hit.sum())
         if ordered:
             hit_rows[mine_rows[hit]] = True

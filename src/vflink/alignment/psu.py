@@ -131,6 +131,17 @@ def finish_own(group: Group, received: Elements, e: PsuExponents, uids: Elements
     return PsuResult(uids=uids, record_uid=lookup(uids, final, "own records in U"))
 
 
+def bucket_union(union: Elements, mine: Elements) -> tuple[Elements, npt.NDArray[np.int64]]:
+    """One bucket's sorted union elements and each of our elements' rank in them; a repeated
+    element in either list, or one of ours missing from the union, is refused."""
+    uids = sorted_unique(union)
+    if len(uids) != len(union):
+        raise ProtocolError("the union list holds repeated elements")
+    if len(sorted_unique(mine)) != len(mine):
+        raise DataError("our own list holds repeated elements: set alignment needs unique keys")
+    return uids, lookup(uids, mine, "own records in U")
+
+
 def locate_buckets(pairs: Iterable[tuple[tuple[Elements, npt.NDArray[np.int64]],
                                           tuple[Elements, npt.NDArray[np.int64]]]],
                    n_own: int, width: int) -> PsuResult:
@@ -143,13 +154,8 @@ def locate_buckets(pairs: Iterable[tuple[tuple[Elements, npt.NDArray[np.int64]],
     record_uid = np.full(n_own, -1, dtype=np.int64)
     offset = 0
     for (union, _), (mine, rows) in pairs:
-        uids = sorted_unique(union)
-        if len(uids) != len(union):
-            raise ProtocolError("the union list holds repeated elements")
-        if len(sorted_unique(mine)) != len(mine):
-            raise DataError("our own list holds repeated elements: set alignment needs unique "
-                            "keys")
-        record_uid[rows] = lookup(uids, mine, "own records in U") + offset
+        uids, rank = bucket_union(union, mine)
+        record_uid[rows] = rank + offset
         offset += len(uids)
         parts.append(uids)
     if (record_uid < 0).any():

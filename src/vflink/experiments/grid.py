@@ -1,23 +1,7 @@
 """Reproduction runs: algorithms × seeds (× one swept parameter), tables of mean ± std.
 
-An experiment file (:mod:`vflink.runfiles.experiment`) is a run file plus an ``[experiment]``
-table::
-
-    [experiment]
-    name = "sklearn-noise"
-    algorithms = ["solo", "top1sim", "fedsim", "combine"]
-    seeds = [0, 1, 2, 3, 4]
-    sweep = { "data.options.sigma_cf" = [0.0, 0.1, 0.2, 0.3] }   # optional
-
-    [experiment.overrides.top1sim]     # optional: per-algorithm training settings
-    batch_size = 4096
-    lr = 0.003
-    [experiment.overrides.combine.model]   # ... and model settings
-    hidden = [200]
-
-A sweep over several keys runs their grid (every combination). Overrides take the keys of
-``[training]`` (and a ``model`` table with the keys of ``[model]``); they are validated with the
-rest of the file and recorded with each run.
+An experiment file is a run file plus an ``[experiment]`` table (its schema, an example and
+its validation: :mod:`vflink.runfiles.experiment`).
 
 Linkage does not depend on the algorithm, so each (sweep value, seed) is aligned once and every
 algorithm trains on the same alignment and the same split.

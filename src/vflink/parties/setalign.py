@@ -28,7 +28,7 @@ from vflink.alignment._dh import as_rows, key_bytes, lookup, sorted_unique, to_h
 from vflink.alignment._spool import Buckets, RowOrder, Spool, Workdir, bucket_bits, shuffle
 from vflink.alignment.groups import Elements, Group, get_group
 from vflink.data.table import PartyTable
-from vflink.errors import DataError, PolicyViolation, ProtocolError
+from vflink.errors import PolicyViolation, ProtocolError
 from vflink.parties.policy import PartyPolicy
 from vflink.protocol.boundary import refuse
 from vflink.protocol.channel import Channel
@@ -142,13 +142,7 @@ def _psu_rows(pairs: Iterable[tuple[tuple[Elements, npt.NDArray[np.int64]],
     record's UID (its own final element, which U holds) to ``order``; returns |U|."""
     n_u = 0
     for (union, _), (mine, rows) in pairs:
-        uids = sorted_unique(union)
-        if len(uids) != len(union):
-            raise ProtocolError("the union list holds repeated elements")
-        if len(sorted_unique(mine)) != len(mine):
-            raise DataError("our own list holds repeated elements: set alignment needs unique "
-                            "keys")
-        lookup(uids, mine, "own records in U")  # every record's element is in U
+        uids, _ = psu.bucket_union(union, mine)  # every record's element is in U
         order.add(rows, mine)
         n_u += len(uids)
     if len(order) != n_own:
@@ -163,13 +157,7 @@ def _psi_rows(pairs: Iterable[tuple[tuple[Elements, npt.NDArray[np.int64]],
     hits, with its UID, to ``order``; returns the intersection's size."""
     size = 0
     for (mine, mine_rows), (theirs, _) in pairs:
-        ref = sorted_unique(theirs)
-        if len(ref) != len(theirs):
-            raise ProtocolError("the peer's list holds repeated elements")
-        if len(sorted_unique(mine)) != len(mine):
-            raise DataError("our own list holds repeated elements: set alignment needs unique "
-                            "keys")
-        hit = lookup(ref, mine, "own elements", missing_ok=True) >= 0
+        hit = psi.bucket_hits(mine, theirs)
         size += int(hit.sum())
         order.add(mine_rows[hit], mine[hit])
     return size
