@@ -57,6 +57,8 @@ _STRING = ("levenshtein", "jaro-winkler", "token-set", "exact")
 FloatArray = npt.NDArray[np.float64]
 #: Bytes budget of one chunk of a (primary rows × secondary rows) matrix per field.
 _BUDGET = 64 * 2**20
+#: Pairs one work package of a blocked search compares at most (a larger block is split).
+BLOCK_COMPARISONS = 10**7
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -356,9 +358,9 @@ def search_fields(specs: Sequence[FieldSpec], primary: FieldValues, secondary: F
     _check(specs, primary, secondary, k)
     scales = tuple(scales) if scales is not None else field_scales(specs, primary, secondary)
     n, m = len(primary), len(secondary)
-    if not blocking:
-        from vflink.linkage.search import _topk_from_matrix
+    from vflink.linkage.search import _topk_from_matrix
 
+    if not blocking:
         dist = np.empty((n, k), dtype=np.float64)
         idx = np.empty((n, k), dtype=np.int64)
         step = max(1, _BUDGET // (16 * len(specs) * m))
@@ -389,10 +391,27 @@ def search_fields(specs: Sequence[FieldSpec], primary: FieldValues, secondary: F
             cols = order_s[bounds[code]:bounds[code + 1]].astype(np.int64)
             if rows.size == 0 or cols.size == 0:
                 continue
-            d = _combined(specs, scales, primary, secondary, rows, cols, workers)
-            found_r.append(np.repeat(rows, cols.size))
-            found_c.append(np.tile(cols, rows.size))
-            found_d.append(d.astype(np.float64).ravel())
+            # A skewed block (one common surname, say) is split into work packages of at
+            # most BLOCK_COMPARISONS pairs (anonlink's and Splink's lesson, issue 22), and each
+            # package keeps only its rows' top-K: the K best pairs of a row over all its
+            # blocks are among the union of its per-block top-Ks (ties: lower secondary
+            # index, as `cols` ascends), so the result is the one of keeping every pair,
+            # in memory of rows x K instead of rows x block size.
+            kk = min(k, cols.size)
+            step = max(1, BLOCK_COMPARISONS // cols.size)
+            for start in range(0, rows.size, step):
+                piece = rows[start:start + step]
+                pair_d = _combined(specs, scales, primary, secondary, piece, cols, workers
+                                   ).astype(np.float64)
+                if kk < cols.size:
+                    best, pos = _topk_from_matrix(pair_d, kk)
+                    found_r.append(np.repeat(piece, kk))
+                    found_c.append(cols[pos].ravel())
+                    found_d.append(best.ravel())
+                else:
+                    found_r.append(np.repeat(piece, cols.size))
+                    found_c.append(np.tile(cols, piece.size))
+                    found_d.append(pair_d.ravel())
     resolution = field_resolution(specs, scales, primary, secondary)
     if not found_r:
         return _rows_topk(np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0), n, k,

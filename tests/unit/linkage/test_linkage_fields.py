@@ -75,6 +75,37 @@ def test_search_equals_brute_force(blocked: bool) -> None:
                 assert p["last"][i][0] == s["last"][j][0] or p["first"][i] == s["first"][j]
 
 
+@pytest.mark.parametrize("cap", [1, 7, 40])
+def test_skewed_blocks_split_into_packages_give_the_same_links(
+        cap: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A block larger than BLOCK_COMPARISONS pairs is searched in packages, each keeping its
+    rows' top-K: the links equal brute force (every pair of every block kept)."""
+    import vflink.linkage.fields as fields_module
+
+    p, s = people(40, 2), people(60, 3)
+    s.loc[:45, "last"] = "smith"  # one skewed block
+    p.loc[:30, "last"] = "smith"
+    keys = [Blocking(on="last"), Blocking(on="first", prefix=2)]
+    pv, sv = values(p, SPECS, keys), values(s, SPECS, keys)
+    slow = brute_fields(SPECS, pv, sv, 3, blocking=keys)
+    calls: list[int] = []
+    real = fields_module._combined
+
+    def counting(*args: object, **kwargs: object) -> np.ndarray:
+        out = real(*args, **kwargs)  # type: ignore[arg-type]
+        calls.append(out.size)
+        return out
+
+    monkeypatch.setattr(fields_module, "BLOCK_COMPARISONS", cap)
+    monkeypatch.setattr(fields_module, "_combined", counting)
+    fast = search_fields(SPECS, pv, sv, 3, blocking=keys)
+    np.testing.assert_allclose(fast.distances, slow.distances, rtol=1e-5, atol=1e-6)
+    same = (fast.indices == slow.indices) | np.isclose(fast.distances, slow.distances, atol=1e-6)
+    assert same.all()
+    biggest_block = 46  # secondary rows in the "smith" block
+    assert max(calls) <= max(cap, biggest_block)  # one row against a block at the least
+
+
 @settings(max_examples=20, deadline=None)
 @given(st.lists(st.text("abc ", max_size=6), min_size=1, max_size=8),
        st.lists(st.text("abc ", max_size=6), min_size=2, max_size=8))
