@@ -268,6 +268,9 @@ class CoordinatorParty(Party):
         if isinstance(message.values, np.ndarray) and message.values.ndim != 2:
             raise refuse(ProtocolError, "encoded identifiers must be one row per record",
                          code="encodings.shape")
+        if len(message.values) == 0:  # nothing to link; refused here, not deep in linkage
+            raise refuse(ProtocolError, "no encoded identifiers: a party links at least one "
+                         "record", code="encodings.empty")
         s = self._session(message.session, sender)
         s.encodings[sender] = (message.encoder, message.values)
         log.info("coordinator: %d %s encodings from %s", len(message.values), message.encoder,
