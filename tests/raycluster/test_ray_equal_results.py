@@ -176,7 +176,7 @@ def test_align_over_grpc_equal(engine: RayEngine, ray_cluster: str, method: str,
     assert load_party_config(sec).compute.engine == "ray"
     with served_in_threads(sec):  # the secondary's group operations on its own engine
         out = align_over_network(tp, load_party_config(pri), "bank", method=method,
-                                 compute=engine)
+                                 compute=engine, chunk_rows=1500)
     assert out.primary.sizes == local.primary.sizes
     if method == "psu":
         theirs = pd.read_parquet(tmp_path / "state" / "alignments" /
