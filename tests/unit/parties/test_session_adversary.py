@@ -764,6 +764,12 @@ class UnionMachine(RuleBasedStateMachine):
         if isinstance(reply, VflinkError):
             return f"refused {getattr(reply, 'code', '')}", ()
         assert isinstance(reply, Embeddings)
+        if train:
+            # answer the batch at once, so that the twin request meets the same number of
+            # batches waiting for their gradient (policy.max_pending_batches counts them)
+            done = self.world.send("primary", "bank", Backward(
+                batch_id=self.batch, grad=torch.zeros(reply.embeddings.shape)))
+            assert not isinstance(done, VflinkError), done
         return "answered", tuple(reply.embeddings[reply.inverse].shape)
 
     @rule(n=st.integers(1, 8), train=st.booleans(), data=st.data())
