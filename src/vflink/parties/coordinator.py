@@ -237,6 +237,13 @@ class CoordinatorParty(Party):
             # The linkage package's errors concern parameters and sizes (an unreachable τ and
             # its τ_min, K against the table size), never identifier values: safe to tell.
             raise refuse(LinkageError, str(exc), code="link.parameters") from None
+        except DataError as exc:
+            # Encodings that do not fit the metric or each other (raw numbers for a string
+            # metric, widths that differ): what peers sent, so a protocol fault here. The
+            # message may quote identifier values, so it stays in this party's log.
+            log.warning("coordinator: encodings refused: %s", exc)
+            raise refuse(ProtocolError, "the encoded identifiers do not fit the requested "
+                         "metric or each other", code="encodings.metric") from None
 
     def _check_released(self, linkage: SoftLinkage, mode: str) -> None:
         policy = self.policy
