@@ -39,6 +39,22 @@ __all__ = ["Buckets", "RowOrder", "Spool", "Workdir", "shuffle"]
 _MAX_BITS = 16
 
 
+
+def _append_by_bucket(path: Path, count: npt.NDArray[np.int64], ids: npt.NDArray[np.int64],
+                      elements: Elements, rows: npt.NDArray[np.int64]) -> None:
+    """Append each (element, row) to the files of its bucket ``ids[i]`` (``NNNNN.e`` / ``.r``
+    under ``path``), keeping their order within a bucket; ``count`` counts per bucket."""
+    order = np.argsort(ids, kind="stable")
+    ids, elements, rows = ids[order], elements[order], rows[order]
+    cuts = np.flatnonzero(np.diff(ids)) + 1
+    for lo, hi in zip(np.r_[0, cuts], np.r_[cuts, len(ids)], strict=True):
+        b = int(ids[lo])
+        with open(path / f"{b:05d}.e", "ab") as fh:
+            fh.write(elements[lo:hi].tobytes())
+        with open(path / f"{b:05d}.r", "ab") as fh:
+            fh.write(np.ascontiguousarray(rows[lo:hi], dtype="<i8").tobytes())
+        count[b] += hi - lo
+
 class Workdir:
     """A private temporary directory (mode 0700) removed by :meth:`close`, or at collection."""
 
@@ -140,17 +156,8 @@ class Buckets:
             return
         elements = np.ascontiguousarray(elements, dtype=np.uint8)
         rows = np.full(len(elements), -1, dtype=np.int64) if rows is None else rows
-        ids = self._ids(elements)
-        order = np.argsort(ids, kind="stable")
-        ids, elements, rows = ids[order], elements[order], np.asarray(rows)[order]
-        cuts = np.flatnonzero(np.diff(ids)) + 1
-        for lo, hi in zip(np.r_[0, cuts], np.r_[cuts, len(ids)], strict=True):
-            b = int(ids[lo])
-            with open(self.path / f"{b:05d}.e", "ab") as fh:
-                fh.write(elements[lo:hi].tobytes())
-            with open(self.path / f"{b:05d}.r", "ab") as fh:
-                fh.write(np.ascontiguousarray(rows[lo:hi], dtype="<i8").tobytes())
-            self.count[b] += hi - lo
+        _append_by_bucket(self.path, self.count, self._ids(elements), elements,
+                          np.asarray(rows))
 
     def bucket(self, b: int) -> tuple[Elements, npt.NDArray[np.int64]]:
         n = int(self.count[b])
@@ -202,17 +209,7 @@ class RowOrder:
             return
         rows = np.asarray(rows, dtype=np.int64)
         elements = np.ascontiguousarray(elements, dtype=np.uint8)
-        ids = rows // self.span
-        order = np.argsort(ids, kind="stable")
-        ids, rows, elements = ids[order], rows[order], elements[order]
-        cuts = np.flatnonzero(np.diff(ids)) + 1
-        for lo, hi in zip(np.r_[0, cuts], np.r_[cuts, len(ids)], strict=True):
-            b = int(ids[lo])
-            with open(self.path / f"{b:05d}.e", "ab") as fh:
-                fh.write(elements[lo:hi].tobytes())
-            with open(self.path / f"{b:05d}.r", "ab") as fh:
-                fh.write(np.ascontiguousarray(rows[lo:hi], dtype="<i8").tobytes())
-            self.count[b] += hi - lo
+        _append_by_bucket(self.path, self.count, rows // self.span, elements, rows)
 
     def __iter__(self) -> Iterator[tuple[npt.NDArray[np.int64], Elements]]:
         """(rows ascending, their elements), one row range at a time."""
