@@ -17,7 +17,6 @@ from vflink.data.table import PartyTable
 from vflink.errors import ConfigError, DataError
 from vflink.linkage import BloomConfig, GeoBloomConfig
 from vflink.linkage.fields import Blocking, FieldSpec
-from vflink.linkage.improvement import improvement_estimates
 from vflink.parties.coordinator import CoordinatorParty
 from vflink.parties.link_peer import LinkingPeer
 from vflink.parties.linking import AlignmentInitiator, field_raw_values
@@ -31,7 +30,7 @@ from vflink.runner.encoding import (
     link_fields,
     resolve_privacy,
 )
-from vflink.runner.link import COORDINATOR, LinkOutcome
+from vflink.runner.link import COORDINATOR, LinkOutcome, link_outcome
 from vflink.runner.local import local_roles, secret_with_source
 from vflink.transport import InProcessHub, Transcript
 
@@ -110,15 +109,9 @@ def run_field_linkage(primary: pd.DataFrame, secondary: pd.DataFrame, *,
     alignment = initiator.align_fields(COORDINATOR, plan, blocking=blocking, top_k=top_k,
                                        mode=mode, tau=tau, sigma=sigma, delta=delta,
                                        session="link")["secondary"]
-    linkage = coordinator.linkage("link", "secondary")
-    improvement = improvement_estimates(linkage) if mode == "soft" else {}
-    sizes = {"primary_rows": len(primary), "secondary_rows": len(secondary), "top_k": top_k,
-             "links": int((linkage.indices >= 0).sum())}
-    return LinkOutcome(linkage=linkage, alignment=alignment,
-                       seconds=time.perf_counter() - start, sizes=sizes,
-                       privacy="bloom" if private else "off",
-                       search_metric=describe_fields(fields, blocking),
-                       improvement=improvement,
-                       encoding=fields_encoder(encodings),
-                       secret_source=secret_source if keyed else "",
-                       communication=hub.counter.snapshot())
+    return link_outcome(coordinator, alignment, hub, start=start, mode=mode, top_k=top_k,
+                        rows=(len(primary), len(secondary)),
+                        privacy="bloom" if private else "off",
+                        search_metric=describe_fields(fields, blocking),
+                        encoding=fields_encoder(encodings),
+                        secret_source=secret_source if keyed else "")

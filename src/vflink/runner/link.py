@@ -290,16 +290,28 @@ def _run_linkage(primary: pd.DataFrame, secondary: pd.DataFrame, *, on: tuple[st
     alignment = initiator.align_soft(COORDINATOR, spec, metric=search_metric, top_k=top_k,
                                      mode=mode, tau=tau, sigma=sigma, delta=delta,
                                      session="link")["secondary"]
+    return link_outcome(coordinator, alignment, hub, start=start, mode=mode, top_k=top_k,
+                        rows=(len(primary), len(secondary)),
+                        privacy="bloom" if spec.encoder == "bloom" else "off",
+                        search_metric=search_metric, encoding=spec.encoder,
+                        secret_source=secret_source)
+
+
+def link_outcome(coordinator: Any, alignment: Alignment, hub: Any, *, start: float, mode: str,
+                 top_k: int, rows: tuple[int, int], privacy: str, search_metric: str,
+                 encoding: str, secret_source: str) -> LinkOutcome:
+    """What an in-process link returns, once its coordinator holds session ``"link"`` with
+    ``"secondary"``: the linkage, sizes, the improvement estimate (§4.3, soft mode), the
+    traffic, and how it was made (privacy, search metric, encoding, secret source)."""
     linkage = coordinator.linkage("link", "secondary")
     improvement = improvement_estimates(linkage) if mode == "soft" else {}
-    sizes = {"primary_rows": len(primary), "secondary_rows": len(secondary), "top_k": top_k,
+    sizes = {"primary_rows": rows[0], "secondary_rows": rows[1], "top_k": top_k,
              "links": int((linkage.indices >= 0).sum())}
     return LinkOutcome(linkage=linkage, alignment=alignment,
                        seconds=time.perf_counter() - start, sizes=sizes,
-                       privacy="bloom" if spec.encoder == "bloom" else "off",
-                       search_metric=search_metric, improvement=improvement,
-                       encoding=spec.encoder, secret_source=secret_source,
-                       communication=hub.counter.snapshot())
+                       improvement=improvement, communication=hub.counter.snapshot(),
+                       privacy=privacy, search_metric=search_metric, encoding=encoding,
+                       secret_source=secret_source)
 
 
 def linkage_columns(linkage: SoftLinkage) -> dict[str, npt.NDArray[Any]]:
