@@ -39,6 +39,10 @@ def main() -> None:
     parser.add_argument("--methods", nargs="*", default=list(METHODS))
     parser.add_argument("--attacks", action="store_true")
     parser.add_argument("--aux-rows", type=int, default=5000)
+    parser.add_argument("--total-epsilon", type=float, default=None,
+                        help="the run's total ε (budget first, issue 20) instead of the "
+                        "file's per-release ε")
+    parser.add_argument("--delta", type=float, default=None, help="δ instead of the file's")
     parser.add_argument("--merge", type=Path, nargs="*", default=None,
                         help="only summarise the results.json of these output folders (runs "
                         "split over several processes, e.g. one per seed) into --out")
@@ -49,7 +53,8 @@ def main() -> None:
     torch.set_num_threads(1)
     logging.basicConfig(level=logging.WARNING)
     print(reproduce_afe(args.config, args.out, seeds=args.seeds, methods=args.methods,
-                        attacks=args.attacks, aux_rows=args.aux_rows, on_run=_print_run))
+                        attacks=args.attacks, aux_rows=args.aux_rows, on_run=_print_run,
+                        total_epsilon=args.total_epsilon, delta=args.delta))
 
 
 if __name__ == "__main__":

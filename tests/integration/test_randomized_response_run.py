@@ -56,17 +56,17 @@ def test_a_run_at_total_epsilon_4_spends_at_most_4_once_per_record(tmp_path: Pat
     assert metrics["privacy"]["bank"]["epsilon_total"] == g["epsilon_total"]
 
 
-def _config(epochs: int = 2) -> RunConfig:
+def _config(epochs: int = 2, quantiser: str = "simhash") -> RunConfig:
     return RunConfig(seed=3, algorithm="splitnn",
                      data=DataConfig(dataset="sklearn-small", options=dict(OPTIONS)),
                      alignment=AlignmentConfig(method="exact"),
                      training=TrainingConfig(epochs=epochs, patience=epochs),
                      privacy=PrivacyConfig(embeddings="randomized-response", total_epsilon=8.0,
-                                           delta=1e-5, code_bits=4))
+                                           delta=1e-5, code_bits=4, quantiser=quantiser))
 
 
-def _run(transport: str, tmp_path: Path, transcript: Transcript) -> RunResult:
-    config = _config()
+def _run(transport: str, tmp_path: Path, transcript: Transcript, quantiser: str) -> RunResult:
+    config = _config(quantiser=quantiser)
     out = tmp_path / transport
     if transport == "inprocess":
         return run_training(config, out, transcript=transcript)
@@ -74,7 +74,8 @@ def _run(transport: str, tmp_path: Path, transcript: Transcript) -> RunResult:
                               seed=3)
     with files["secondary"].open("a") as f:  # the secondary's own settings, same noise seed
         f.write('[privacy]\nembeddings = "randomized-response"\ntotal_epsilon = 8.0\n'
-                f'delta = 1e-5\ncode_bits = 4\nseed = {noise_seed(config, 0)}\n')
+                f'delta = 1e-5\ncode_bits = 4\nquantiser = "{quantiser}"\n'
+                f'seed = {noise_seed(config, 0)}\n')
     with served_in_threads(files["coordinator"], files["secondary"]):
         federation = network_federation(load_party_config(files["primary"]), run_id=out.name,
                                         transcript=transcript)
@@ -86,13 +87,14 @@ def _run(transport: str, tmp_path: Path, transcript: Transcript) -> RunResult:
 
 
 @pytest.mark.network
+@pytest.mark.parametrize("quantiser", ["simhash", "fields"])
 def test_both_transports_give_the_same_metrics_and_only_one_hot_codes_cross(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, quantiser: str) -> None:
     monkeypatch.setenv("VFLINK_SECRET", "a-test-secret-shared-by-data-parties")
     results = {}
     for transport in ("inprocess", "grpc"):
         transcript = Transcript()
-        results[transport] = _run(transport, tmp_path, transcript)
+        results[transport] = _run(transport, tmp_path, transcript, quantiser)
         received = [r.message.embeddings for r in transcript.records
                     if isinstance(r.message, Embeddings) and r.receiver == "primary"]
         assert received
@@ -102,6 +104,7 @@ def test_both_transports_give_the_same_metrics_and_only_one_hot_codes_cross(
             assert set(torch.unique(emb).tolist()) <= {0.0, 1.0}
         (entry,) = results[transport].extra["protections"]
         assert entry["guarantee"]["max_releases"] == 1
+        assert entry["params"]["quantiser"] == quantiser
     local, remote = results["inprocess"], results["grpc"]
     for split in ("train", "validation", "test"):
         assert remote.metrics[split] == pytest.approx(local.metrics[split], rel=1e-6)

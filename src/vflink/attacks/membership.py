@@ -18,8 +18,10 @@ tests show). Without ``posteriors`` the attack falls back to raw embeddings.
 View: ``embeddings`` (n, d) released for the candidates; ``extra``: ``labels`` (n,) of the
 candidates, ``posteriors`` (n, C) of the primary's model on them, ``shadow_features`` (m, p)
 and ``shadow_labels`` (m,) auxiliary records, ``classes`` (C), optional ``mechanism``
-{clip, noise_std, rescale}. Truth: ``{"membership": 0/1 per candidate}``. Reported as attack
-accuracy (Table 1) and AUC.
+{clip, noise_std, rescale, normalize, response_k, response_epsilon} and ``shadow_bottom`` (a
+fixed :class:`vflink.attacks._shadow.CodeBottom` for ``randomized-response``: the shadows then
+train only their heads, on the victim's preprocessed features). Truth: ``{"membership": 0/1
+per candidate}``. Reported as attack accuracy (Table 1) and AUC.
 """
 
 from __future__ import annotations
@@ -92,7 +94,8 @@ class ShadowMembershipInference:
             inside, outside = order[:half], order[half:2 * half]
             model = train_split_model(x[inside], y[inside], classes=classes, release=release,
                                       hidden=self.hidden, cut_dim=cut, epochs=self.epochs,
-                                      batch_size=self.batch_size, seed=self.seed * 1000 + k)
+                                      batch_size=self.batch_size, seed=self.seed * 1000 + k,
+                                      bottom=extra.get("shadow_bottom"))
             gen = torch.Generator().manual_seed(self.seed * 1000 + k + 500)
             both = np.concatenate([inside, outside])
             make = released_posteriors if posteriors else released_embeddings

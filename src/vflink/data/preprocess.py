@@ -136,6 +136,23 @@ class Preprocessor:
                      for c, i in zip(fitted.categories, fitted.infrequent, strict=True))
         self.n_features = len(fitted.mean) + onehot
 
+    def columns(self) -> list[tuple[int, int, bool]]:
+        """The encoded row's layout, one entry per input column in schema order (numeric
+        columns, then their missing-value indicators, then the categorical columns):
+        ``(start, width, categorical)``, width 1 for a numeric column or an indicator and the
+        one-hot block's width for a categorical column."""
+        fitted = self._fitted
+        if fitted is None:
+            return []
+        out = [(i, 1, False) for i in range(len(fitted.mean))]
+        start = len(fitted.mean)
+        for cats, inf in zip(fitted.categories, fitted.infrequent, strict=True):
+            width = len(cats) - len(inf or ()) + (inf is not None)
+            if width:
+                out.append((start, width, True))
+            start += width
+        return out
+
     def transform(self, frame: pd.DataFrame) -> npt.NDArray[np.float32]:
         fitted = self._fitted
         if fitted is None:

@@ -31,7 +31,7 @@ import numpy.typing as npt
 import torch
 
 from vflink.attacks import AttackView, DecoderInversion, ShadowMembershipInference
-from vflink.attacks._shadow import Release
+from vflink.attacks._shadow import CodeBottom, Release
 from vflink.data.table import PartyTable
 from vflink.errors import ConfigError
 from vflink.parties import PrimaryParty, SecondaryParty
@@ -94,8 +94,20 @@ def _mechanism(config: RunConfig, victim: SecondaryParty) -> dict[str, Any]:
     dp = victim.protection.dp
     if dp is None:
         return {}
+    if config.privacy.randomized_response:
+        eps = dp.calibration.epsilon if dp.calibration is not None else 0.0
+        return {"response_k": config.privacy.codes, "response_epsilon": eps}
     return {"clip": config.privacy.clip, "noise_std": dp.noise_std,
-            "rescale": config.privacy.rescale}
+            "rescale": config.privacy.rescale, "normalize": config.privacy.normalize}
+
+
+def _code_bottom(victim: SecondaryParty) -> CodeBottom | None:
+    """``randomized-response``: the victim's fixed quantiser as a bottom model (public: the
+    attacker is given its layout and seed, a worst case)."""
+    dp = victim.protection.dp
+    if dp is None or not dp.config.randomized_response:
+        return None
+    return CodeBottom(lambda x: dp.quantise(x), dp.config.codes)
 
 
 def train_and_attack(config: RunConfig, aux: Inputs, *, victim: str | None = None,
@@ -146,6 +158,10 @@ def train_and_attack(config: RunConfig, aux: Inputs, *, victim: str | None = Non
         blocks.append(table.frame[list(table.schema.numeric)].to_numpy(np.float32)[idx])
     shadow_x = np.concatenate(blocks, axis=1)
     mechanism = _mechanism(config, target)
+    code_bottom = _code_bottom(target)
+    model, pre = target.model, target.preprocessor
+    if code_bottom is not None:  # the shadows code the victim's (preprocessed) part
+        shadow_x = pre.transform(aux_frame)
     emb = _release(target, primary.name, links[cand])
     membership = None
     if primary.task.is_classification:
@@ -155,7 +171,8 @@ def train_and_attack(config: RunConfig, aux: Inputs, *, victim: str | None = Non
         view = AttackView(party=primary.name, role="primary", embeddings=emb,
                           extra={"labels": labels, "posteriors": posteriors,
                                  "shadow_features": shadow_x, "shadow_labels": aux_y,
-                                 "classes": posteriors.shape[1], "mechanism": mechanism})
+                                 "classes": posteriors.shape[1], "mechanism": mechanism,
+                                 "shadow_bottom": code_bottom})
         attack = ShadowMembershipInference(
             shadow_models=shadow_models, epochs=shadow_epochs or config.training.epochs,
             batch_size=config.training.batch_size, seed=config.seed)
@@ -163,14 +180,13 @@ def train_and_attack(config: RunConfig, aux: Inputs, *, victim: str | None = Non
                                      ).to_json()
     # inversion: queries of the victim's bottom model on the auxiliary records, through its
     # public release mechanism; targets: the embeddings it released for test records
-    model, pre = target.model, target.preprocessor
     if model is None:
         raise ConfigError(f"{name!r} has no trained model")
     with torch.no_grad():
         model.eval()
-        raw = model(torch.from_numpy(pre.transform(aux_frame)))
-    release = Release(clip=mechanism.get("clip"), noise_std=mechanism.get("noise_std", 0.0),
-                      rescale=bool(mechanism.get("rescale", False)))
+        bottom = code_bottom if code_bottom is not None else model
+        raw = bottom(torch.from_numpy(pre.transform(aux_frame)))
+    release = Release.from_extra({"mechanism": mechanism})
     aux_emb = release(raw, torch.Generator().manual_seed(config.seed)).double().numpy()
     truth_x = target.table.frame.iloc[links[others]][list(target.table.schema.numeric)
                                                      ].to_numpy(dtype=np.float64)

@@ -34,17 +34,33 @@ __all__ = ["ATTACKED", "METHODS", "merge_results", "method_config", "reproduce_a
 #: method → (algorithm, ``privacy.embeddings``)
 METHODS = {"centralised": ("combine", "off"), "unprotected": ("splitnn", "off"),
            "vanilla": ("splitnn", "vanilla"), "+R": ("splitnn", "rescale"),
-           "+D": ("splitnn", "adjust"), "AFE": ("splitnn", "afe")}
-ATTACKED = ("unprotected", "vanilla", "AFE")
+           "+D": ("splitnn", "adjust"), "AFE": ("splitnn", "afe"),
+           # issue 20's variants (docs/how-to/privacy.md), not in the paper
+           "normalized": ("splitnn", "normalized"),
+           "randomized-response": ("splitnn", "randomized-response")}
+ATTACKED = ("unprotected", "vanilla", "AFE", "normalized", "randomized-response")
 
 #: ``on_run(record)``: one finished run's figures (seed, method, test, seconds, ...)
 OnRun = Callable[[dict[str, Any]], None]
 
 
-def method_config(base: RunConfig, method: str, seed: int) -> RunConfig:
-    """The run of one method of :data:`METHODS` and one seed."""
+def method_config(base: RunConfig, method: str, seed: int,
+                  total_epsilon: float | None = None, delta: float | None = None,
+                  attacked: bool = False) -> RunConfig:
+    """The run of one method of :data:`METHODS` and one seed; with ``total_epsilon`` the run's
+    total ε (budget first, issue 20) replaces the file's per-release ε, and an ``attacked``
+    run keeps two releases per record in its budget for the attack's queries after training
+    (the candidates' embeddings, and the primary's posteriors on them: ``reserve_releases =
+    2``; ``randomized-response`` answers them from its one release)."""
     algorithm, mode = METHODS[method]
-    privacy = PrivacyConfig(**{**base.privacy.__dict__, "embeddings": mode})
+    settings = {**base.privacy.__dict__, "embeddings": mode}
+    if total_epsilon is not None:
+        settings.update(epsilon=None, total_epsilon=total_epsilon)
+        if attacked and mode not in ("off", "randomized-response", "release-once"):
+            settings["reserve_releases"] = 2
+    if delta is not None:
+        settings["delta"] = delta
+    privacy = PrivacyConfig(**settings)
     return base.replace(seed=seed, algorithm=algorithm, privacy=privacy)
 
 
@@ -67,9 +83,11 @@ def merge_results(config: Path, folders: Sequence[Path], out: Path) -> str:
 
 def reproduce_afe(config: Path, out: Path, *, seeds: Sequence[int] | None = None,
                   methods: Sequence[str] = tuple(METHODS), attacks: bool = False,
-                  aux_rows: int = 5000, on_run: OnRun | None = None) -> str:
+                  aux_rows: int = 5000, on_run: OnRun | None = None,
+                  total_epsilon: float | None = None, delta: float | None = None) -> str:
     """Run every (seed, method) of the experiment file ``config``; write ``out``'s results;
-    return the summary table (results.md)."""
+    return the summary table (results.md). ``total_epsilon``/``delta``: see
+    :func:`method_config`."""
     exp = parse_experiment(read_toml(config), base_dir=config.parent.resolve())
     base = exp.configs[0]
     chosen_seeds = list(seeds) if seeds is not None else list(exp.seeds)
@@ -83,7 +101,8 @@ def reproduce_afe(config: Path, out: Path, *, seeds: Sequence[int] | None = None
             aux = load_inputs(base.replace(data=DataConfig(dataset=base.data.dataset,
                                                            options=options), seed=seed))
         for method in methods:
-            run = method_config(base, method, seed)
+            run = method_config(base, method, seed, total_epsilon, delta,
+                                attacked=aux is not None and method in ATTACKED)
             start = time.perf_counter()
             record: dict[str, Any] = {"seed": seed, "method": method}
             if aux is not None and method in ATTACKED:

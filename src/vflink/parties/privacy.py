@@ -31,6 +31,7 @@ from vflink.errors import ConfigError, PrivacyBudgetExceeded
 from vflink.privacy.budget import ReleaseBudget
 from vflink.privacy.config import PrivacyConfig
 from vflink.privacy.embedding_dp import EmbeddingDP, Observer, agree_settings
+from vflink.privacy.randomized_response import CodeField
 from vflink.protocol.boundary import refuse
 
 __all__ = ["EmbeddingProtection"]
@@ -59,6 +60,7 @@ class EmbeddingProtection:
         self._observer: Observer | None = None
         self._links = np.zeros(n_rows, dtype=np.int64)
         self._train_rows = np.zeros(0, dtype=np.int64)
+        self._code_fields: tuple[CodeField, ...] | None = None
         self._budget_dir = budget_dir
         self._fingerprint = fingerprint
         self._budget: ReleaseBudget | None = None
@@ -92,6 +94,7 @@ class EmbeddingProtection:
                          classes=classes, budget=self.budget)
         dp.note_links(self._links)
         dp.note_train_rows(self._train_rows)
+        dp.code_fields = self._code_fields
         dp.observer = self._observer
         return dp
 
@@ -130,6 +133,17 @@ class EmbeddingProtection:
         self._train_rows = np.asarray(rows, dtype=np.int64).copy()
         if self.dp is not None:
             self.dp.note_train_rows(self._train_rows)
+
+    @property
+    def wants_code_fields(self) -> bool:
+        """This run quantises rows with ``randomized-response`` (the layout is then needed)."""
+        return self.dp is not None and self.dp.config.randomized_response
+
+    def note_code_fields(self, fields: tuple[CodeField, ...] | None) -> None:
+        """The preprocessed row's layout for the ``fields`` quantiser (after the fit)."""
+        self._code_fields = fields
+        if self.dp is not None:
+            self.dp.code_fields = fields
 
     def note_links(self, secondary_index: npt.NDArray[np.int64]) -> None:
         """Links per record from the alignment (soft linkage: a row may serve many records)."""

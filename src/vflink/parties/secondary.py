@@ -50,6 +50,7 @@ from vflink.parties.setalign import SetAlignmentPeer
 from vflink.parties.union import UnionPeer
 from vflink.privacy.budget import BUDGET_DIR
 from vflink.privacy.config import PrivacyConfig
+from vflink.privacy.randomized_response import CodeField
 from vflink.protocol.boundary import refuse
 from vflink.protocol.channel import Channel
 from vflink.protocol.messages import (
@@ -74,6 +75,8 @@ log = logging.getLogger(__name__)
 
 #: Most classes a SetupPrivacy may announce: C of VFL-AFE Eq. 7 sizes the fuzzy c-means state.
 MAX_CLASSES = 100_000
+#: rows per read when counting the training rows' categories (``fields`` quantiser)
+_COUNT_CHUNK = 65_536
 
 _EPOCH_CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 
@@ -209,7 +212,28 @@ class SecondaryParty(SetAlignmentPeer, UnionPeer, LinkingPeer):
         pre = Preprocessor(self.table.schema, standardize=self.spec.standardize).fit(
             self.table.take(rows, self.table.schema.features), np.arange(len(rows)))
         self._build(self.spec, pre)
+        if self.protection.wants_code_fields:
+            self.protection.note_code_fields(self._code_fields(pre, rows))
         return Ack(info={"n_features": float(pre.n_features)})
+
+    def _code_fields(self, pre: Preprocessor, rows: npt.NDArray[np.int64]
+                     ) -> tuple[CodeField, ...] | None:
+        """The ``fields`` quantiser's view of the encoded row: its columns, and each category's
+        rank by frequency among the training ``rows`` (counted a chunk of rows at a time)."""
+        columns = pre.columns()
+        if not columns or self.features is None:
+            return None
+        sums = np.zeros(self.features.n_features, dtype=np.float64)
+        for start in range(0, len(rows), _COUNT_CHUNK):
+            sums += self.features.rows(rows[start:start + _COUNT_CHUNK]).double().sum(0).numpy()
+        fields = []
+        for start, width, categorical in columns:
+            ranks = None
+            if categorical:  # most frequent first; ties in the block's (sorted) order
+                order = np.argsort(-sums[start:start + width], kind="stable")
+                ranks = tuple(int(r) for r in np.argsort(order, kind="stable"))
+            fields.append(CodeField(start, width, ranks))
+        return tuple(fields)
 
     def _build(self, spec: BottomSpec, pre: Preprocessor) -> None:
         """Encode our rows with ``pre`` and build a fresh bottom model and optimiser."""

@@ -17,7 +17,8 @@
     rescale_sigmas = 3.0   # Eq. 5: Δ̃ = μh + 3σh, p2 = Φ(3) ≈ 0.9987
     rescale_cap = false    # true: cap Δ̃ at 2t so rescaling never shrinks (not in the paper)
     secure_rng = false     # noise from the operating system's secure source
-    code_bits = 7          # randomized-response: k = 2^code_bits codes (default 7)
+    code_bits = 8          # randomized-response: k = 2^code_bits codes (default 8)
+    quantiser = "auto"     # randomized-response: auto | fields | simhash
     seed = 0               # noise seed (the secondary's own; never sent to the primary)
     budget = 50.0          # optional: total ε of any record over the run (= total_epsilon when
                            # that is set)
@@ -41,7 +42,7 @@ from typing import Any
 from vflink._checks import check_choice, check_float, check_int, raise_if
 
 __all__ = ["DEFAULT_CODE_BITS", "DEFAULT_EPSILON", "MAX_CODE_BITS", "MODES", "PUBLIC_SETTINGS",
-           "PrivacyConfig"]
+           "QUANTISERS", "PrivacyConfig"]
 
 #: Table 2 of VFL-AFE: vanilla (§3.1), +R (§3.2), +D (§3.3), both (VFL-AFE); and the
 #: departures of issue 20 (:data:`vflink.privacy.afe.VARIANTS`): ``normalized`` scales every
@@ -57,9 +58,15 @@ __all__ = ["DEFAULT_CODE_BITS", "DEFAULT_EPSILON", "MAX_CODE_BITS", "MODES", "PU
 MODES = ("off", "vanilla", "rescale", "adjust", "afe", "normalized", "release-once",
          "randomized-response")
 
+#: The quantisers of ``randomized-response`` (:mod:`vflink.privacy.randomized_response`):
+#: ``fields`` codes each column of the row, ``simhash`` projects the whole row on seeded
+#: hyperplanes; ``auto`` (the default) takes ``fields`` when the row has at most 2·b columns
+#: (so at least half of them get a bit) and ``simhash`` for wider rows such as images.
+QUANTISERS = ("auto", "fields", "simhash")
+
 #: b of ``randomized-response`` when ``code_bits`` is not given: chosen by measurement on the
 #: Adult curve (docs/how-to/privacy.md).
-DEFAULT_CODE_BITS = 7
+DEFAULT_CODE_BITS = 8
 #: k = 2^b codes: the one-hot the primary receives has k columns per record, so b is bounded
 #: (2^12 = 4096 columns of float32 is 16 KiB per record per release already).
 MAX_CODE_BITS = 12
@@ -70,7 +77,7 @@ DEFAULT_EPSILON = 2.0
 #: Settings the primary may know and must agree on (never the noise seed or generator).
 PUBLIC_SETTINGS = ("embeddings", "epsilon", "total_epsilon", "reserve_releases", "delta",
                    "clip", "alpha", "beta", "fcm_clusters", "fcm_threshold", "rescale_sigmas",
-                   "rescale_cap", "budget", "code_bits")
+                   "rescale_cap", "budget", "code_bits", "quantiser")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -98,6 +105,8 @@ class PrivacyConfig:
     budget: float | None = None
     #: ``randomized-response`` only: k = 2^code_bits codes (``None``: DEFAULT_CODE_BITS)
     code_bits: int | None = None
+    #: ``randomized-response`` only: the quantiser (``None``: ``auto``, see QUANTISERS)
+    quantiser: str | None = None
 
     def __post_init__(self) -> None:
         problems: list[str] = []
@@ -151,6 +160,11 @@ class PrivacyConfig:
             if self.embeddings != "randomized-response":
                 problems.append(f"`privacy.code_bits` only applies to `privacy.embeddings = "
                                 f"\"randomized-response\"`, got {self.embeddings!r}: remove it")
+        if self.quantiser is not None:
+            check_choice(problems, "privacy.quantiser", self.quantiser, QUANTISERS)
+            if self.embeddings != "randomized-response":
+                problems.append(f"`privacy.quantiser` only applies to `privacy.embeddings = "
+                                f"\"randomized-response\"`, got {self.embeddings!r}: remove it")
         if self.embeddings == "randomized-response":
             if self.total_epsilon is None:
                 problems.append("`privacy.embeddings = \"randomized-response\"` releases each "
@@ -197,6 +211,14 @@ class PrivacyConfig:
         """k, the number of codes (``randomized-response``)."""
         bits = self.code_bits if self.code_bits is not None else DEFAULT_CODE_BITS
         return 2 ** min(int(bits), MAX_CODE_BITS)
+
+    def quantiser_for(self, n_columns: int | None) -> str:
+        """The quantiser used on rows of ``n_columns`` columns (``None``: unknown layout)."""
+        choice = self.quantiser or "auto"
+        if choice != "auto":
+            return choice
+        bits = self.codes.bit_length() - 1
+        return "fields" if n_columns is not None and 1 <= n_columns <= 2 * bits else "simhash"
 
     def cut_width(self, cut_dim: int) -> int:
         """The width of what each secondary sends: k (the code's one-hot) with

@@ -180,6 +180,9 @@ class EmbeddingDP:
         self._plane_seed = int(np.random.SeedSequence([seed, 0x51A5]).generate_state(
             1, np.uint64)[0] >> 1)
         self._planes: torch.Tensor | None = None
+        #: the ``fields`` quantiser's view of the preprocessed row (set by the party once its
+        #: preprocessing is fit; ``None``: unknown, the quantiser is ``simhash``)
+        self.code_fields: tuple[rr.CodeField, ...] | None = None
 
     # --- calibration ----------------------------------------------------------------------------
 
@@ -484,9 +487,30 @@ class EmbeddingDP:
         released = self._cache[torch.from_numpy(rows)].clone()
         return out.detach(), released
 
+    @property
+    def quantiser(self) -> str:
+        """The quantiser of ``randomized-response`` for this party's rows."""
+        fields = self.code_fields
+        return self.config.quantiser_for(len(fields) if fields is not None else None)
+
+    def quantise(self, inputs: torch.Tensor) -> npt.NDArray[np.int64]:
+        """The code of each preprocessed row (before randomized response): a pure function of
+        the row, the public settings and the layout (the attacks of §4.3 simulate the release
+        with it)."""
+        k = self.config.codes
+        bits = k.bit_length() - 1
+        if self.quantiser == "fields":
+            if not self.code_fields:
+                raise ConfigError(f"party {self.party!r}: the fields quantiser needs the "
+                                  "preprocessed row's layout (fit the preprocessing first)")
+            return rr.field_codes(inputs, self.code_fields, bits)
+        if self._planes is None or self._planes.shape[0] != max(inputs.shape[1], 1):
+            self._planes = rr.simhash_planes(inputs.shape[1], bits, self._plane_seed)
+        return rr.simhash_codes(inputs, self._planes)
+
     def _release_response(self, out: torch.Tensor, rows: npt.NDArray[np.int64],
                           inputs: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """``randomized-response``: each record's SimHash code, released once by k-ary
+        """``randomized-response``: each record's code (:meth:`quantise`), released once by k-ary
         randomized response; repeats get the same code back (post-processing). What is sent
         is the code's one-hot (width k); ``out`` is not used (nothing flows back)."""
         if inputs is None or inputs.shape[0] != len(rows):
@@ -497,11 +521,7 @@ class EmbeddingDP:
         if new.any():
             fresh = rows[new]
             self._check_budget(fresh)
-            if self._planes is None or self._planes.shape[0] != max(inputs.shape[1], 1):
-                self._planes = rr.simhash_planes(inputs.shape[1], k.bit_length() - 1,
-                                                 self._plane_seed)
-            codes = rr.simhash_codes(inputs[torch.from_numpy(np.flatnonzero(new))],
-                                     self._planes)
+            codes = self.quantise(inputs[torch.from_numpy(np.flatnonzero(new))])
             epsilon = self.calibration.epsilon if self.calibration is not None else 0.0
             if self.config.secure_rng:
                 released = rr.secure_randomized_response(codes, k, epsilon)
@@ -635,8 +655,7 @@ class EmbeddingDP:
             "mode": cfg.embeddings, "calibration": RESPONSE_CALIBRATION,
             "mechanism": "k-ary randomized response", "code_bits": k.bit_length() - 1,
             "k": k, "keep_probability": keep,
-            "quantiser": "SimHash: signs of the preprocessed features' projections onto "
-                         f"{k.bit_length() - 1} seeded Gaussian directions (data-independent)",
+            "quantiser": self.quantiser, "quantiser_detail": self._quantiser_detail(),
             "sigma": 0.0, "noise_std": 0.0,
             "secure_rng": cfg.secure_rng, "budget": cfg.spending_limit,
             "total_epsilon": cfg.total_epsilon,
@@ -661,8 +680,8 @@ class EmbeddingDP:
             guarantee["spent"] = {"epsilon": eps_total, "delta": delta_total,
                                   "max_releases": m}
         explanation = (f"{explain_epsilon(eps_total, delta_total)}. Party {self.party!r} "
-                       f"sent, for each record, one code of {k} (SimHash of its features on "
-                       "seeded hyperplanes), released once by randomized response: the true "
+                       f"sent, for each record, one code of {k} ({self._quantiser_detail()}), "
+                       "released once by randomized response: the true "
                        f"code with probability {keep:.4g}, else one of the other {k - 1} "
                        f"uniformly (ε = {eps:.4g}, δ = 0); every later request got the same "
                        f"release back, and its most-released record was released {m} "
@@ -670,6 +689,17 @@ class EmbeddingDP:
                                   if int(totals.sum()) > int(self.counts.sum()) else "."))
         return {"kind": "embedding-dp", "party": self.party, "applies_to": "embeddings",
                 "params": params, "guarantee": guarantee, "explanation": explanation}
+
+    def _quantiser_detail(self) -> str:
+        bits = self.config.codes.bit_length() - 1
+        if self.quantiser == "fields":
+            fields = self.code_fields or ()
+            share = rr.field_bits(len(fields), bits) if fields else ()
+            return (f"fields: {bits} bits shared between its {len(fields)} columns as "
+                    f"{list(share)}; numeric values cut at N(0, 1) quantiles, categories "
+                    "by training frequency")
+        return (f"SimHash: signs of the preprocessed features' projections onto {bits} "
+                "seeded Gaussian directions (data-independent)")
 
     def state_dict(self) -> dict[str, Any]:
         if self.config.randomized_response:
@@ -679,7 +709,10 @@ class EmbeddingDP:
                     "calibration": None,
                     "response": None if self.calibration is None else {
                         "epsilon": self.calibration.epsilon, "planned": self.planned,
-                        "plane_seed": self._plane_seed},
+                        "plane_seed": self._plane_seed,
+                        "code_fields": None if self.code_fields is None else [
+                            [f.start, f.width, None if f.ranks is None else list(f.ranks)]
+                            for f in self.code_fields]},
                     "codes": self._codes.copy(),
                     "noise": self._noise.get_state(), "aux": self._aux.get_state()}
         return {"settings": self.config.public_settings(), "counts": self.counts.copy(),
@@ -704,6 +737,11 @@ class EmbeddingDP:
             if state.get("plan") is not None:
                 self.plan = check_plan(state["plan"], self.party)
             self._plane_seed = int(response["plane_seed"])
+            saved_fields = response.get("code_fields")
+            if saved_fields is not None:  # a resumed run codes new records the same way
+                self.code_fields = tuple(
+                    rr.CodeField(int(a), int(w), None if r is None else tuple(int(v) for v in r))
+                    for a, w, r in saved_fields)
             self.planned = response.get("planned")
             self._set_response(float(response["epsilon"]))
             codes = np.asarray(state["codes"], dtype=np.int64)

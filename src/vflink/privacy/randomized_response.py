@@ -6,11 +6,20 @@ ball's diameter per coordinate, so the per-record signal-to-noise ratio is far t
 primary's head (docs/how-to/privacy.md, "Budget-first DP"). This mode spends the whole budget
 on *one* discrete release per record instead:
 
-1. a **fixed, data-independent quantiser** maps the secondary's preprocessed feature row to
-   one of k = 2^b codes: SimHash (Charikar 2002), the signs of b projections onto seeded
-   Gaussian directions (hyperplanes through the origin of the standardised features). Nothing
-   about it is fit on the data, so it costs no privacy (the standardisation statistics are fit
-   on the party's rows as for every other mode: the same caveat applies);
+1. a **fixed quantiser** maps the secondary's preprocessed feature row to one of k = 2^b
+   codes, either
+   - ``fields``: the b bits are shared out between the party's columns in their schema order
+     (:func:`field_bits`); a numeric column's standardised value is cut at the quantiles of
+     N(0, 1) into 2^a levels, a categorical column keeps its 2^a − 1 most frequent training
+     categories and puts the others together (:func:`field_codes`). It uses the schema and the
+     statistics the preprocessing already fits (means, scales, category lists; here also the
+     categories' frequency order), nothing else; or
+   - ``simhash`` (Charikar 2002): the signs of b projections onto seeded Gaussian directions
+     (hyperplanes through the origin of the standardised features), for wide rows such as
+     images, where the columns outnumber the bits. It depends on the seed and the shape only.
+   Neither is fit on the records beyond the preprocessing's statistics, so the code costs no
+   privacy of its own (those statistics are fit on the party's rows as for every other mode:
+   the same caveat applies);
 2. each record's code is released **once** with k-ary randomized response (Warner 1965; the
    k-ary form of Kairouz, Oh & Viswanath 2014/2016): the true code with probability
    p = e^ε/(e^ε + k − 1), otherwise one of the other k − 1 codes uniformly. Two inputs change
@@ -32,6 +41,8 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import dataclass
+from statistics import NormalDist
 
 import numpy as np
 import numpy.typing as npt
@@ -41,7 +52,10 @@ from vflink.privacy.config import MAX_CODE_BITS
 
 __all__ = [
     "MAX_CODE_BITS",
+    "CodeField",
     "code_epsilon",
+    "field_bits",
+    "field_codes",
     "keep_probability",
     "noise_parameter",
     "one_hot",
@@ -141,3 +155,81 @@ def one_hot(codes: npt.NDArray[np.int64], k: int) -> torch.Tensor:
     if len(codes):
         out[torch.arange(len(codes)), torch.from_numpy(np.asarray(codes, dtype=np.int64))] = 1.0
     return out
+
+
+# --- the ``fields`` quantiser ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CodeField:
+    """One column of the preprocessed row, as the ``fields`` quantiser sees it.
+
+    Attributes:
+        start: its first column in the preprocessed row.
+        width: 1 for a numeric column (its standardised value, or a missing-value indicator);
+            the one-hot block's width for a categorical column.
+        ranks: categorical only: the rank of each block column by its training frequency
+            (0: the most frequent), ``None`` for a numeric column.
+    """
+
+    start: int
+    width: int = 1
+    ranks: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.start < 0 or self.width < 1:
+            raise ValueError(f"a field needs start ≥ 0 and width ≥ 1, got {self}")
+        if self.ranks is not None and sorted(self.ranks) != list(range(self.width)):
+            raise ValueError(f"ranks must order the field's {self.width} columns, got "
+                             f"{self.ranks}")
+
+
+def field_bits(n_fields: int, bits: int) -> tuple[int, ...]:
+    """How ``bits`` are shared between ``n_fields`` columns: equally, the remainder to the first
+    columns in schema order (a column gets none when the columns outnumber the bits)."""
+    if n_fields < 1 or bits < 1:
+        raise ValueError(f"need n_fields ≥ 1 and bits ≥ 1, got {n_fields}, {bits}")
+    return tuple(bits // n_fields + (1 if i < bits % n_fields else 0) for i in range(n_fields))
+
+
+def _normal_cuts(levels: int) -> npt.NDArray[np.float64]:
+    """The levels − 1 quantiles of N(0, 1) that cut a standardised value into equally likely
+    levels (for a normal column)."""
+    unit = NormalDist()
+    return np.array([unit.inv_cdf(i / levels) for i in range(1, levels)], dtype=np.float64)
+
+
+def field_codes(x: torch.Tensor | npt.NDArray[np.floating], fields: tuple[CodeField, ...],
+                bits: int) -> npt.NDArray[np.int64]:
+    """The ``fields`` code of each preprocessed row of ``x`` (k = 2^bits codes).
+
+    Field i gets a_i bits (:func:`field_bits`) and its own digits of the code, the first field
+    the least significant: a numeric value z is cut at the 2^a − 1 quantiles of N(0, 1)
+    (level = how many cuts lie at or below z), a categorical block gives its active column's
+    frequency rank, capped at 2^a − 1 (so the 2^a − 1 most frequent categories keep a level of
+    their own and the rest, and an all-zero row of unknown values, share the last).
+    """
+    arr = x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
+    if arr.ndim != 2:
+        raise ValueError(f"features must be a matrix, got shape {arr.shape}")
+    if not fields:
+        raise ValueError("the fields quantiser needs at least one field")
+    end = max(f.start + f.width for f in fields)
+    if arr.shape[1] < end:
+        raise ValueError(f"features of width {arr.shape[1]} for fields up to column {end}")
+    codes = np.zeros(arr.shape[0], dtype=np.int64)
+    shift = 0
+    for field, a in zip(fields, field_bits(len(fields), bits), strict=True):
+        if a == 0:
+            continue
+        top = (1 << a) - 1
+        block = arr[:, field.start:field.start + field.width]
+        if field.ranks is None:
+            level = np.searchsorted(_normal_cuts(1 << a), block[:, 0].astype(np.float64),
+                                    side="right")
+        else:
+            rank = np.asarray(field.ranks, dtype=np.int64)[np.argmax(block, axis=1)]
+            level = np.where(block.max(axis=1) > 0, np.minimum(rank, top), top)
+        codes |= np.asarray(level, dtype=np.int64) << shift
+        shift += a
+    return codes

@@ -4,6 +4,7 @@ exactly and nothing through overwhelming noise."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +13,7 @@ import torch
 
 from vflink.attacks import ATTACKS, AttackView, DecoderInversion, ShadowMembershipInference
 from vflink.attacks._shadow import (
+    CodeBottom,
     Release,
     released_embeddings,
     released_posteriors,
@@ -19,6 +21,9 @@ from vflink.attacks._shadow import (
 )
 from vflink.attacks.base import Attack
 from vflink.attacks.inversion import inversion_grid_png
+from vflink.privacy import randomized_response as rr
+from vflink.privacy.config import PrivacyConfig
+from vflink.privacy.embedding_dp import EmbeddingDP
 
 P, C = 20, 4
 
@@ -121,3 +126,30 @@ def test_inversion_grid_png(tmp_path: Path) -> None:
     path = inversion_grid_png([("truth", images), ("unprotected", images)], (28, 14),
                               tmp_path / "grid.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_response_release_keeps_codes_at_the_formula_rate() -> None:
+    # randomized-response (issue 20): what a shadow's release does to a one-hot code
+    k, eps, n = 16, 3.0, 20_000
+    codes = np.random.default_rng(0).integers(0, k, n)
+    release = Release.from_extra({"mechanism": {"response_k": k, "response_epsilon": eps}})
+    out = release(rr.one_hot(codes, k), torch.Generator().manual_seed(1))
+    assert out.shape == (n, k) and torch.equal(out.sum(dim=1), torch.ones(n))
+    kept = float((out.argmax(dim=1).numpy() == codes).mean())
+    p = rr.keep_probability(eps, k)
+    assert abs(kept - p) < 5 * math.sqrt(p * (1 - p) / n)
+
+
+def test_the_attackers_simulation_is_the_victims_release() -> None:
+    # at a huge ε the shadow's fixed bottom + release give exactly what the victim sent
+    dp = EmbeddingDP(PrivacyConfig(embeddings="randomized-response", total_epsilon=60.0,
+                                   delta=1e-5, code_bits=4), party="v", n_rows=40, seed=2)
+    dp.note_links(np.ones(40, dtype=np.int64))
+    dp.set_plan({"epochs": 1, "train_batches": 1, "train_chunks": 1, "validation_chunks": 1,
+                 "test_chunks": 1})
+    x = torch.randn(40, 6, generator=torch.Generator().manual_seed(3))
+    _, sent = dp.release(torch.zeros(40, 2), np.arange(40), x)
+    bottom = CodeBottom(dp.quantise, dp.config.codes)
+    release = Release(response_k=16, response_epsilon=60.0)
+    simulated = release(bottom(x), torch.Generator().manual_seed(0))
+    assert torch.equal(simulated, sent)

@@ -222,5 +222,5 @@ def test_config_errors_name_the_key(kw: dict[str, object], key: str) -> None:
 def test_the_cut_width_is_the_number_of_codes() -> None:
     cfg = PrivacyConfig(embeddings="randomized-response", total_epsilon=8.0, code_bits=5)
     assert cfg.codes == 32 and cfg.cut_width(16) == 32
-    assert PrivacyConfig(embeddings="randomized-response", total_epsilon=8.0).codes == 2**7
+    assert PrivacyConfig(embeddings="randomized-response", total_epsilon=8.0).codes == 2**8
     assert PrivacyConfig(embeddings="vanilla", epsilon=1.0).cut_width(16) == 16
