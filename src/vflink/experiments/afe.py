@@ -107,7 +107,7 @@ def _code_bottom(victim: SecondaryParty) -> CodeBottom | None:
     dp = victim.protection.dp
     if dp is None or not dp.config.randomized_response:
         return None
-    return CodeBottom(lambda x: dp.quantise(x), dp.config.codes)
+    return CodeBottom(dp.quantise, dp.config.codes)
 
 
 def train_and_attack(config: RunConfig, aux: Inputs, *, victim: str | None = None,

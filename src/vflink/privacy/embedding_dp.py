@@ -605,22 +605,8 @@ class EmbeddingDP:
         guarantee: dict[str, Any] = {
             "epsilon_per_release": per_release, "delta": self.delta, "delta_prime": d_prime,
             "p1": P1 if cfg.rescale else None, "p2": p2 if cfg.rescale else None,
-            "max_releases": m, "max_links_per_record": self.max_links,
-            "records_released": int((totals > 0).sum()),
-            "releases_total": int(totals.sum()),
-            "run_max_releases": self.max_releases, "run_releases_total": int(self.counts.sum()),
-            "settings_used": sum(1 for j in range(len(budget.settings))
-                                 if budget.counts[j].any()),
-            "epsilon_total": eps_total, "delta_total": delta_total, "accountant": ACCOUNTANT,
-            "scope": "per record of this party's data, over every release of it since its "
-                     "operator last reset the budget (all runs and sessions; composition of "
-                     "every release)",
+            **self._counted(eps_total, delta_total), "accountant": ACCOUNTANT,
         }
-        if self.planned is not None:
-            # budget first: what the calibration planned against what the run spent
-            guarantee["planned"] = dict(self.planned)
-            guarantee["spent"] = {"epsilon": eps_total, "delta": delta_total,
-                                  "max_releases": m}
         earlier = int(totals.sum()) - int(self.counts.sum())
         how = (f"σ was calibrated so that the worst-case record ends at ε = "
                f"{cfg.total_epsilon:g} (δ = {cfg.delta:g}) after at most "
@@ -636,6 +622,28 @@ class EmbeddingDP:
         return {"kind": "embedding-dp", "party": self.party, "applies_to": "embeddings",
                 "params": params, "guarantee": guarantee, "explanation": explanation}
 
+    def _counted(self, eps_total: float, delta_total: float) -> dict[str, Any]:
+        """The ledger's release counts and composed total, the same for every mode (budget
+        first: also what the calibration planned against what the run spent)."""
+        budget = self.budget
+        totals = budget.totals
+        m = int(totals.max(initial=0))
+        out: dict[str, Any] = {
+            "max_releases": m, "max_links_per_record": self.max_links,
+            "records_released": int((totals > 0).sum()), "releases_total": int(totals.sum()),
+            "run_max_releases": self.max_releases, "run_releases_total": int(self.counts.sum()),
+            "settings_used": sum(1 for j in range(len(budget.settings))
+                                 if budget.counts[j].any()),
+            "epsilon_total": eps_total, "delta_total": delta_total,
+            "scope": "per record of this party's data, over every release of it since its "
+                     "operator last reset the budget (all runs and sessions; composition of "
+                     "every release)",
+        }
+        if self.planned is not None:
+            out["planned"] = dict(self.planned)
+            out["spent"] = {"epsilon": eps_total, "delta": delta_total, "max_releases": m}
+        return out
+
     def _report_response(self) -> dict[str, Any]:
         """The ledger entry of ``randomized-response``: the mechanism, k, ε, the release count
         and the plan; pure ε-DP unless the data also had Gaussian releases."""
@@ -645,6 +653,7 @@ class EmbeddingDP:
         k = cfg.codes
         eps = self.calibration.epsilon if self.calibration is not None else 0.0
         keep = rr.keep_probability(eps, k) if eps > 0 else 1.0 / k
+        detail = self._quantiser_detail()
         totals = budget.totals
         m = int(totals.max(initial=0))
         gaussian = any(not s.response and bool(budget.counts[j].any())
@@ -655,32 +664,20 @@ class EmbeddingDP:
             "mode": cfg.embeddings, "calibration": RESPONSE_CALIBRATION,
             "mechanism": "k-ary randomized response", "code_bits": k.bit_length() - 1,
             "k": k, "keep_probability": keep,
-            "quantiser": self.quantiser, "quantiser_detail": self._quantiser_detail(),
+            "quantiser": self.quantiser, "quantiser_detail": detail,
             "sigma": 0.0, "noise_std": 0.0,
             "secure_rng": cfg.secure_rng, "budget": cfg.spending_limit,
             "total_epsilon": cfg.total_epsilon,
         }
         guarantee: dict[str, Any] = {
             "epsilon_per_release": eps, "delta_per_release": 0.0, "delta": self.delta,
-            "max_releases": m, "max_links_per_record": self.max_links,
-            "records_released": int((totals > 0).sum()), "releases_total": int(totals.sum()),
-            "run_max_releases": self.max_releases, "run_releases_total": int(self.counts.sum()),
-            "settings_used": sum(1 for j in range(len(budget.settings))
-                                 if budget.counts[j].any()),
-            "epsilon_total": eps_total, "delta_total": delta_total,
+            **self._counted(eps_total, delta_total),
             "accountant": "closed form ln((k−1)p/(1−p)); dp-accounting PLD "
                           "(randomized response, Gaussian) with basic composition for "
                           "several releases",
-            "scope": "per record of this party's data, over every release of it since its "
-                     "operator last reset the budget (all runs and sessions; composition of "
-                     "every release)",
         }
-        if self.planned is not None:
-            guarantee["planned"] = dict(self.planned)
-            guarantee["spent"] = {"epsilon": eps_total, "delta": delta_total,
-                                  "max_releases": m}
         explanation = (f"{explain_epsilon(eps_total, delta_total)}. Party {self.party!r} "
-                       f"sent, for each record, one code of {k} ({self._quantiser_detail()}), "
+                       f"sent, for each record, one code of {k} ({detail}), "
                        "released once by randomized response: the true "
                        f"code with probability {keep:.4g}, else one of the other {k - 1} "
                        f"uniformly (ε = {eps:.4g}, δ = 0); every later request got the same "
