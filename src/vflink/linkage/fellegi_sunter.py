@@ -25,11 +25,14 @@ a missing field (level −1) adding nothing. Training, as Splink does (and Winkl
   slide to the trivial solution m = u.
 
 **Term-frequency adjustment** (Winkler 1989; Splink's ``tf_adjustment``): agreeing on a rare
-surname is stronger evidence than agreeing on "smith". For the exact level of a field, u_f is
-replaced by the frequency of the agreeing value among both tables' records,
-tf(v) = (n_P(v) + n_S(v)) / (n_P + n_S) (floored at one record), which the coordinator counts
-from equal keyed hashes without reading a value (:func:`term_frequencies`). The adjustment
-``log2(u_f(exact) / tf(v))`` is added to the pair's weight after EM.
+surname is stronger evidence than agreeing on "smith". With tf(v) = (n_P(v) + n_S(v)) /
+(n_P + n_S) the frequency of the agreeing value among both tables' records, which the
+coordinator counts from equal keyed hashes without reading a value (:func:`term_frequencies`),
+two random records agree on v with probability tf(v)², on any value with u⁰ = Σ_v tf(v)² (the
+random pairs' u of ``exact``), and a matching pair shows v with probability tf(v); so among
+exact agreements, v multiplies the odds of a match by u⁰ / tf(v). The adjustment
+``log2(u⁰_f(exact) / tf(v))`` is added to the exact level's weight after EM (u⁰ from random
+pairs even when EM re-estimated u among the candidates).
 """
 
 from __future__ import annotations
@@ -51,6 +54,10 @@ FloatArray = npt.NDArray[np.float64]
 Int8Array = npt.NDArray[np.int8]
 #: The smallest m or u a level may take: keeps every weight finite.
 _FLOOR = 1e-12
+#: Pseudo-pairs of the priors of the M-step (see :func:`fit_em`): u's prior is the random
+#: pairs' u, m's the initial ramp.
+U_PRIOR_PAIRS = 100.0
+M_PRIOR_PAIRS = 10.0
 
 
 @dataclass(frozen=True, eq=False)
@@ -145,11 +152,22 @@ def fit_em(levels: Int8Array, n_levels: Sequence[int], u: Sequence[FloatArray], 
            names: Sequence[str] = (), level_names: Sequence[Sequence[str]] = (),
            lam: float | None = None, m: Sequence[FloatArray] | None = None,
            expected_matches: float | None = None, max_iter: int = 200,
-           tol: float = 1e-7, fix_u: bool = False) -> FSModel:
+           tol: float = 1e-7, fix_u: bool = False, prior_u: float = U_PRIOR_PAIRS,
+           prior_m: float = M_PRIOR_PAIRS, total_pairs: float | None = None) -> FSModel:
     """m and λ by EM over the candidate pairs' ``levels`` with u fixed (module docstring).
 
     λ starts at ``lam``, else at ``expected_matches`` / pairs (clipped to [1e-4, 0.5]), else
     0.1; m at ``m``, else :func:`initial_m`. Stops when no m or λ moves by more than ``tol``.
+    Unless ``fix_u``, u is re-estimated too, among the candidates' non-matches (module
+    docstring), each M-step adding ``prior_u`` pseudo-pairs distributed as the given ``u``
+    and ``prior_m`` pseudo-pairs distributed as :func:`initial_m` (MAP estimates under
+    Dirichlet priors): a level seen in few candidates then keeps a finite, moderate weight.
+
+    ``total_pairs``: the candidates were drawn from this many pairs (all pairs of the two
+    tables, n_P·n_S), and every pair outside them counts as a non-match: λ is then the prior
+    over all pairs, λ = Σ_candidates p / total_pairs (EM over all pairs, the pairs that
+    blocking left out having posterior 0), and its starting value ``expected_matches`` /
+    total_pairs.
     """
     n_fields = len(n_levels)
     levels = np.asarray(levels, dtype=np.int8)
@@ -158,12 +176,17 @@ def fit_em(levels: Int8Array, n_levels: Sequence[int], u: Sequence[FloatArray], 
     if len(levels) == 0:
         raise LinkageError("the Fellegi–Sunter model needs at least one candidate pair")
     patterns, counts, _ = _patterns(levels)
-    total = counts.sum()
+    total = counts.sum() if total_pairs is None else float(total_pairs)
+    if total < counts.sum():
+        raise LinkageError(f"total_pairs = {total_pairs} is below the {int(counts.sum())} "
+                           "candidate pairs")
     if lam is None:
         lam = 0.1 if expected_matches is None else float(
-            np.clip(expected_matches / total, 1e-4, 0.5))
+            np.clip(expected_matches / total, min(1e-4, 0.5 / total), 0.5))
     m_cur = [np.asarray(x, dtype=np.float64).copy() for x in (m or initial_m(n_levels))]
     u_arr = [np.asarray(x, dtype=np.float64) for x in u]
+    u_prior = [prior_u * x for x in u_arr]
+    m_prior = [prior_m * x for x in initial_m(n_levels)]
     log_u = _log_factors(patterns, u_arr)
     present = [patterns[:, f] >= 0 for f in range(n_fields)]
     converged = False
@@ -176,11 +199,11 @@ def fit_em(levels: Int8Array, n_levels: Sequence[int], u: Sequence[FloatArray], 
         post = 0.5 * (1.0 + np.tanh(0.5 * log_odds))
         weighted = counts * post
         new_lam = float(weighted.sum() / total)
-        new_m = _m_step(patterns, weighted, present, n_levels, m_cur)
+        new_m = _m_step(patterns, weighted, present, n_levels, m_prior)
         change = max([abs(new_lam - lam)]
                      + [float(np.abs(a - b).max()) for a, b in zip(new_m, m_cur, strict=True)])
         if not fix_u:
-            new_u = _m_step(patterns, counts - weighted, present, n_levels, u_arr)
+            new_u = _m_step(patterns, counts - weighted, present, n_levels, u_prior)
             change = max([change] + [float(np.abs(a - b).max())
                                      for a, b in zip(new_u, u_arr, strict=True)])
             u_arr = new_u
@@ -194,50 +217,63 @@ def fit_em(levels: Int8Array, n_levels: Sequence[int], u: Sequence[FloatArray], 
                    levels=tuple(tuple(x) for x in level_names) or tuple(
                        tuple(str(i) for i in range(n)) for n in n_levels),
                    m=tuple(m_cur), u=tuple(u_arr), lam=float(lam), iterations=iteration,
-                   converged=converged)
+                   converged=converged,
+                   extra={"u_random": tuple(np.asarray(x, dtype=np.float64) for x in u)})
 
 
 def _m_step(patterns: npt.NDArray[np.int8], weighted: FloatArray,
             present: Sequence[npt.NDArray[np.bool_]], n_levels: Sequence[int],
-            previous: Sequence[FloatArray]) -> list[FloatArray]:
-    """Each field's level shares of ``weighted`` pattern counts, where the field is present."""
+            prior: Sequence[FloatArray]) -> list[FloatArray]:
+    """Each field's level shares of ``weighted`` pattern counts where the field is present,
+    plus the ``prior`` pseudo-counts of each level."""
     out = []
     for f, n in enumerate(n_levels):
         col = patterns[:, f].astype(np.int64)
         mass = np.bincount(col[present[f]], weights=weighted[present[f]], minlength=n)[:n]
+        mass = mass + prior[f]
         s = mass.sum()
-        out.append(np.maximum(mass / s, _FLOOR) if s > 0 else previous[f])
+        out.append(np.maximum(mass / s, _FLOOR) if s > 0 else np.full(n, 1.0 / n))
     return out
 
 
 def fit_em_reference(levels: Int8Array, n_levels: Sequence[int], u: Sequence[FloatArray], *,
-                     lam: float, m: Sequence[FloatArray], iterations: int) -> FSModel:
+                     lam: float, m: Sequence[FloatArray], iterations: int,
+                     fix_u: bool = False, prior_u: float = U_PRIOR_PAIRS,
+                     prior_m: float = M_PRIOR_PAIRS) -> FSModel:
     """Plain reference of :func:`fit_em`: the same EM, pair by pair, in Python floats, for a
     fixed number of iterations (tests compare the two)."""
+    rows = np.asarray(levels).tolist()
+    ramp = [list(map(float, x)) for x in initial_m(n_levels)]
+    u_given = [list(map(float, x)) for x in u]
     m_cur = [list(map(float, x)) for x in m]
+    u_cur = [list(x) for x in u_given]
+
+    def shares(weights: list[float], f: int, prior: list[float]) -> list[float]:
+        mass = list(prior)
+        for row, p in zip(rows, weights, strict=True):
+            if row[f] >= 0:
+                mass[row[f]] += p
+        total = sum(mass)
+        return [max(x / total, _FLOOR) for x in mass]
+
     for _ in range(iterations):
         posts = []
-        for row in np.asarray(levels).tolist():
+        for row in rows:
             pm, pu = lam, 1.0 - lam
             for f, level in enumerate(row):
                 if level >= 0:
                     pm *= m_cur[f][level]
-                    pu *= float(u[f][level])
+                    pu *= u_cur[f][level]
             posts.append(pm / (pm + pu))
         lam = sum(posts) / len(posts)
-        new = []
-        for f, n in enumerate(n_levels):
-            mass = [0.0] * n
-            for row, p in zip(np.asarray(levels).tolist(), posts, strict=True):
-                if row[f] >= 0:
-                    mass[row[f]] += p
-            s = sum(mass)
-            new.append([max(x / s, _FLOOR) for x in mass] if s > 0 else m_cur[f])
-        m_cur = new
+        m_cur = [shares(posts, f, [prior_m * x for x in ramp[f]]) for f in range(len(n_levels))]
+        if not fix_u:
+            u_cur = [shares([1.0 - p for p in posts], f, [prior_u * x for x in u_given[f]])
+                     for f in range(len(n_levels))]
     return FSModel(names=tuple(f"field{f}" for f in range(len(n_levels))),
                    levels=tuple(tuple(str(i) for i in range(n)) for n in n_levels),
                    m=tuple(np.asarray(x) for x in m_cur),
-                   u=tuple(np.asarray(x, dtype=float) for x in u), lam=lam,
+                   u=tuple(np.asarray(x, dtype=float) for x in u_cur), lam=lam,
                    iterations=iterations)
 
 
@@ -261,7 +297,8 @@ def match_weights(model: FSModel, levels: Int8Array, *,
     """Each pair's match weight and each field's contribution to it (``(pairs, fields)``).
 
     ``tf[f]`` (optional, per pair): the frequency of the agreeing value where field f agrees
-    exactly; the exact level's log2(m/u) becomes log2(m / tf) there (module docstring).
+    exactly; log2(u⁰/tf) is added to the exact level's log2(m/u) there (module docstring; u⁰
+    is ``model.extra["u_random"]``, else the model's u).
     """
     levels = np.asarray(levels, dtype=np.int8)
     if levels.ndim != 2 or levels.shape[1] != len(model.m):
@@ -276,8 +313,9 @@ def match_weights(model: FSModel, levels: Int8Array, *,
         if freq is not None:
             top = len(w) - 1
             at = (col == top) & (np.asarray(freq) > 0)
-            contrib[at, f] = np.log2(np.maximum(model.m[f][top], _FLOOR)
-                                     / np.maximum(np.asarray(freq)[at], _FLOOR))
+            base = model.extra.get("u_random", model.u)[f][top]
+            contrib[at, f] += np.log2(np.maximum(base, _FLOOR)
+                                      / np.maximum(np.asarray(freq)[at], _FLOOR))
     return model.prior_weight + contrib.sum(axis=1), contrib
 
 

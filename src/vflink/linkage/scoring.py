@@ -145,8 +145,8 @@ def pair_similarities(encoder: str, metric: str, a: Any, b: Any, rows: IntArray,
     if encoder == "bloom":
         arr = np.asarray(a)
         brr = np.asarray(b)
-        present_a = arr.any(axis=1)
-        present_b = brr.any(axis=1)
+        present_a = np.asarray(arr.any(axis=1), dtype=bool)
+        present_b = np.asarray(brr.any(axis=1), dtype=bool)
         return bloom_dice(arr, brr, rows, cols), ~(present_a[rows] & present_b[cols])
     if encoder == "string":
         la = [a[int(i)] for i in rows]
@@ -177,7 +177,8 @@ def pair_similarities(encoder: str, metric: str, a: Any, b: Any, rows: IntArray,
             d = 2 * 6371.0088 * np.arcsin(np.sqrt(np.clip(h, 0.0, 1.0)))
         else:
             d = np.sqrt(((x - y) ** 2).sum(axis=1))
-        missing = ~(np.isfinite(x).all(axis=1) & np.isfinite(y).all(axis=1))
+        missing = np.asarray(~(np.isfinite(x).all(axis=1) & np.isfinite(y).all(axis=1)),
+                             dtype=bool)
         return np.where(missing, 0.0, 1.0 - d / (d + scale)), missing
     raise ConfigError(f"unknown field encoder {encoder!r}; valid: bloom, raw, string")
 
@@ -227,10 +228,17 @@ def score(comparators: Sequence[FieldComparator], fields: Sequence[tuple[str, st
 
     rr, rc = random_pairs(n_p, n_s, n_random, rng)
     u = estimate_u(_levels(comparators, sims_for(rr, rc), rr, rc, codes), n_levels)
-    levels = _levels(comparators, sims_for(rows, cols), rows, cols, codes)
+    candidate_sims = sims_for(rows, cols)
+    levels = _levels(comparators, candidate_sims, rows, cols, codes)
+    # EM over all n_P·n_S pairs, those outside the candidates counting as non-matches: u
+    # stays the random pairs' (the pairs are overwhelmingly non-matches), λ is the prior of
+    # any pair, and a candidate that agrees only on its blocking rule's fields keeps the
+    # weight those agreements have between random records (Splink's model, without its
+    # per-rule training sessions: blocking that keeps nearly every match loses little)
     model = fit_em(levels, n_levels, u, names=[c.name for c in comparators],
                    level_names=[level_names(c.thresholds) for c in comparators],
-                   expected_matches=float(min(n_p, n_s)))
+                   expected_matches=float(min(n_p, n_s)), fix_u=True,
+                   total_pairs=float(n_p) * float(n_s))
     if not model.converged:
         log.warning("Fellegi–Sunter EM stopped after %d iterations without converging",
                     model.iterations)
@@ -245,4 +253,6 @@ def score(comparators: Sequence[FieldComparator], fields: Sequence[tuple[str, st
     weights, contrib = match_weights(model, levels, tf=tf)
     return Scored(rows=rows, cols=cols, weights=weights, probabilities=match_probability(weights),
                   posterior=one_to_one_posterior(rows, cols, weights), contributions=contrib,
-                  levels=levels, model=model)
+                  levels=levels, model=model,
+                  extra={"similarities": np.stack([s[0] for s in candidate_sims], axis=1
+                                                  ).astype(np.float32)})

@@ -262,7 +262,7 @@ def prepare_fields(config: RunConfig, inputs: Inputs, federation: Federation, *,
     summary["field_encoding_specs"] = [dataclasses.asdict(f.spec) for f in fields]
     if a_cfg.blocking:
         summary["blocking"] = "keyed digests (HMAC-SHA256) of " + ", ".join(
-            b.on + (f"[:{b.prefix}]" if b.prefix else "") for b in a_cfg.blocking)
+            b.describe() for b in a_cfg.blocking)
     return opened.close(config, inputs, federation, alignments, sessions, summary)
 
 
@@ -272,7 +272,8 @@ def field_encodings_for(inputs: Inputs, alignment: AlignmentConfig,
     """Each field's encoding, proposed by the primary from its own table (a numeric range from
     its own values widened by 10 %, as for one field), or the training's when predicting."""
     p = inputs.primary
-    own = [c for f in alignment.fields for c in f.on] + [b.on for b in alignment.blocking]
+    own = [c for f in alignment.fields for c in f.on] + [c for b in alignment.blocking
+                                                          for c in b.columns]
     undeclared = sorted({c for c in own if c not in p.schema.identifiers})
     if undeclared:
         raise ConfigError(f"[[alignment.fields]] / [[alignment.blocking]] name {undeclared}, "
