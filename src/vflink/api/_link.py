@@ -148,11 +148,12 @@ def _truth_pairs(truth: Any, links: pd.DataFrame) -> tuple[Any, Any]:
         p = dict(zip(links["primary_id"].astype(str), links["primary_index"], strict=False))
         s = dict(zip(links["secondary_id"].astype(str), links["secondary_index"], strict=False))
         rows, cols = [], []
-        for a, b in zip(truth["primary_id"].astype(str), truth["secondary_id"].astype(str),
-                        strict=True):
-            # a true pair whose record has no link at all counts as missed (−1 never matches)
-            rows.append(p.get(a, -1))
-            cols.append(s.get(b, -1))
+        for k, (a, b) in enumerate(zip(truth["primary_id"].astype(str),
+                                       truth["secondary_id"].astype(str), strict=True)):
+            # a true pair whose record has no link at all counts as missed: a negative row
+            # of its own never equals a link's
+            rows.append(p.get(a, -1 - k))
+            cols.append(s.get(b, -1 - k))
         return np.asarray(rows, dtype=np.int64), np.asarray(cols, dtype=np.int64)
     raise DataError("truth needs columns primary_index and secondary_index, or primary_id and "
                     f"secondary_id; it has: {', '.join(map(str, truth.columns[:20]))}")
@@ -477,6 +478,11 @@ def link(primary: TableLike, secondary: TableLike, *,
     summary = outcome.summary()
     summary["view"] = view
     summary["columns"] = {c: LINK_COLUMNS_MODEL[c] for c in columns if c in LINK_COLUMNS_MODEL}
+    if "primary_id" in columns or "secondary_id" in columns:
+        summary["columns"].update({c: text for c, text in (
+            ("primary_id", "primary: its own record id"),
+            ("secondary_id", "operator only: the secondary's record id, read from its table"))
+            if c in columns})
     if target is not None:
         _write(outcome, columns, target, phases, parts=parts, view=view)
     summary["phase_seconds"] = {k: round(v, 3) for k, v in phases.items()}

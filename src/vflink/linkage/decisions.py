@@ -201,7 +201,7 @@ def threshold_curve(rows: IntArray, cols: IntArray, weights: FloatArray, posteri
 def _pair_codes(rows: npt.ArrayLike, cols: npt.ArrayLike) -> npt.NDArray[np.int64]:
     r = np.asarray(rows, dtype=np.int64)
     c = np.asarray(cols, dtype=np.int64)
-    return (r << 32) | c
+    return r * (1 << 32) + c  # one code per pair for |row|, |col| < 2^31
 
 
 def measure(rows: IntArray, cols: IntArray, truth_rows: npt.ArrayLike,

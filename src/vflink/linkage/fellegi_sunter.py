@@ -229,8 +229,8 @@ def _m_step(patterns: npt.NDArray[np.int8], weighted: FloatArray,
     out = []
     for f, n in enumerate(n_levels):
         col = patterns[:, f].astype(np.int64)
-        mass = np.bincount(col[present[f]], weights=weighted[present[f]], minlength=n)[:n]
-        mass = mass + prior[f]
+        mass = np.asarray(np.bincount(col[present[f]], weights=weighted[present[f]],
+                                      minlength=n)[:n], dtype=np.float64) + prior[f]
         s = mass.sum()
         out.append(np.maximum(mass / s, _FLOOR) if s > 0 else np.full(n, 1.0 / n))
     return out

@@ -27,6 +27,7 @@ party (``vflink link``).
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -41,6 +42,8 @@ from vflink.linkage.search import Neighbours
 from vflink.linkage.soft import LinkMode, SoftLinkage, soft_linkage
 
 __all__ = ["ALL_PAIRS", "MODELS", "model_linkage", "weight_resolution"]
+
+log = logging.getLogger(__name__)
 
 MODELS = ("fellegi-sunter",)
 #: Without blocking rules every pair is a candidate up to this many pairs; above it, each
@@ -106,6 +109,11 @@ def model_linkage(comparators: Sequence[FieldComparator],
     ``noise_rng`` (default ``rng``) the Eq. 2 noise."""
     rows, cols = candidates
     n_p, n_s = len(codes[0][0]), len(codes[0][1])
+    if len(comparators) < 2:
+        # one field's levels are a mixture that no label-free method can split into matches
+        # and non-matches: EM needs independent fields to tell them apart
+        log.warning("a Fellegi–Sunter model of one field cannot tell matches from non-matches "
+                    "without labels; give at least two fields (it may find no match)")
     if n_s < 1 or n_p < 1:
         raise LinkageError("a model link needs records on both sides")
     scored = score(comparators, fields, codes, rows, cols, rng=rng, scales=scales)

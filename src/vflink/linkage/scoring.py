@@ -37,6 +37,7 @@ from vflink.linkage.fellegi_sunter import (
     FSModel,
     estimate_u,
     fit_em,
+    initial_m,
     match_probability,
     match_weights,
     term_frequencies,
@@ -199,6 +200,43 @@ class Scored:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+#: Term-frequency adjustment applies where the values' frequencies are this skewed at least
+#: (:func:`frequency_skew`): common surnames, cities, dates of birth, not near-unique codes.
+TF_SKEW = 2.0
+
+
+def frequency_skew(codes_p: IntArray, codes_s: IntArray) -> float:
+    """D·Σ_v f(v)²: how much more often two random records agree than if the D distinct
+    values were equally frequent (1 for equal frequencies; large when a few values are
+    common). Where it is near 1, a value's frequency says nothing the level's u does not, and
+    adjusting by it only adds the noise of small counts."""
+    both = np.concatenate([codes_p, codes_s])
+    both = both[both >= 0]
+    if not len(both):
+        return 1.0
+    counts = np.unique(both, return_counts=True)[1].astype(np.float64)
+    f = counts / counts.sum()
+    return float(len(counts) * (f * f).sum())
+
+
+#: Rounds of u's correction for the matches among the random pairs (:func:`unmix_u`).
+U_ROUNDS = 2
+
+
+def unmix_u(u_random: Sequence[FloatArray], lam: float, m: Sequence[FloatArray]
+            ) -> list[FloatArray]:
+    """u with the matches among random pairs taken out: a random pair is a match with
+    probability λ (the prior over all pairs), so the random pairs' level shares are
+    (1 − λ)·u + λ·m and u = (shares − λ·m) / (1 − λ), floored at a tenth of the shares and
+    renormalised."""
+    lam = min(max(float(lam), 0.0), 0.5)
+    out = []
+    for shares, m_f in zip(u_random, m, strict=True):
+        u = np.maximum((shares - lam * m_f) / (1.0 - lam), 0.1 * shares)
+        out.append(u / u.sum())
+    return out
+
+
 def _levels(comparators: Sequence[FieldComparator], sims: Sequence[Any],
             rows: IntArray, cols: IntArray, codes: Sequence[tuple[IntArray, IntArray]]
             ) -> npt.NDArray[np.int8]:
@@ -235,21 +273,36 @@ def score(comparators: Sequence[FieldComparator], fields: Sequence[tuple[str, st
     # any pair, and a candidate that agrees only on its blocking rule's fields keeps the
     # weight those agreements have between random records (Splink's model, without its
     # per-rule training sessions: blocking that keeps nearly every match loses little)
-    model = fit_em(levels, n_levels, u, names=[c.name for c in comparators],
-                   level_names=[level_names(c.thresholds) for c in comparators],
-                   expected_matches=float(min(n_p, n_s)), fix_u=True,
-                   total_pairs=float(n_p) * float(n_s))
+    names = [c.name for c in comparators]
+    labels = [level_names(c.thresholds) for c in comparators]
+    total = float(n_p) * float(n_s)
+    # A share λ of the random pairs are matches, which inflate u where matches agree (exact
+    # agreement on a near-unique field most): u = (u_random − λ·m) / (1 − λ). Left in, they
+    # let u alone explain the pairs of a small link (matches are 4 % of 20 × 25 pairs) and
+    # EM slides to λ = 0; so u starts unmixed with the largest λ a one-to-one link allows
+    # and EM's starting m, then with EM's own λ and m (from the random pairs' shares each
+    # time, so the first guess leaves no trace)
+    lam0 = float(min(n_p, n_s)) / total
+    m0 = list(initial_m(n_levels))
+    model = fit_em(levels, n_levels, unmix_u(u, lam0, m0), names=names, level_names=labels,
+                   lam=lam0, m=m0, fix_u=True, total_pairs=total)
+    for _ in range(U_ROUNDS):
+        model = fit_em(levels, n_levels, unmix_u(u, model.lam, model.m), names=names,
+                       level_names=labels, lam=model.lam, m=model.m, fix_u=True,
+                       total_pairs=total)
     if not model.converged:
         log.warning("Fellegi–Sunter EM stopped after %d iterations without converging",
                     model.iterations)
     tf: list[FloatArray | None] = []
     for comp, (cp, cs) in zip(comparators, codes, strict=True):
-        if not comp.tf:
+        if not comp.tf or frequency_skew(cp, cs) < TF_SKEW:
             tf.append(None)
             continue
         tf_p, _ = term_frequencies(cp, cs)
         # the agreeing value's frequency (on an exact agreement the two codes are equal)
         tf.append(np.asarray(tf_p[rows]))
+    model.extra["tf_fields"] = [c.name for c, t in zip(comparators, tf, strict=True)
+                                if t is not None]
     weights, contrib = match_weights(model, levels, tf=tf)
     return Scored(rows=rows, cols=cols, weights=weights, probabilities=match_probability(weights),
                   posterior=one_to_one_posterior(rows, cols, weights), contributions=contrib,

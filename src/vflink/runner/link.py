@@ -45,7 +45,8 @@ from vflink.transport import InProcessHub, Transcript
 from vflink.types import MISSING, Alignment, Compute
 
 __all__ = ["COORDINATOR", "LINK_COLUMNS", "LINK_COLUMNS_MODEL", "VIEWS", "LinkOutcome",
-           "linkage_columns", "linkage_table", "primary_probability", "run_linkage",
+           "linkage_columns", "linkage_table", "links_metadata", "primary_probability",
+           "run_linkage",
            "write_links"]
 
 log = logging.getLogger(__name__)
@@ -78,6 +79,9 @@ class LinkOutcome:
             extra["fields_compared"] = self.fields_compared
         if lk.model:
             extra["model"] = {k: v for k, v in lk.model.items() if k != "released"}
+        described = LINK_COLUMNS_MODEL if lk.matches is not None else LINK_COLUMNS
+        extra["view"] = "operator"
+        extra["columns"] = dict(described)
         return {
             "sizes": self.sizes, "seconds": round(self.seconds, 3), "metric": lk.metric,
             "privacy": self.privacy, "top_k": lk.k, "mode": lk.mode, "mu0": lk.mu0,
@@ -346,6 +350,14 @@ LINK_COLUMNS_MODEL = {
 VIEWS = ("operator", "primary")
 
 
+def links_metadata(columns: Sequence[str], view: str = "operator") -> dict[str, str]:
+    """The Parquet metadata of a links file: whose view it is and who holds each column."""
+    import json
+
+    return {"vflink.view": view, "vflink.columns": json.dumps(
+        {c: LINK_COLUMNS_MODEL.get(c, "") for c in columns}, ensure_ascii=False)}
+
+
 def primary_probability(linkage: SoftLinkage) -> npt.NDArray[np.float64]:
     """The match probability a primary derives from what it receives: 2^w̃ / (1 + 2^w̃) with
     w̃ = μ0 + σ0·s the de-normalised noised similarity (a post-processing of s)."""
@@ -421,11 +433,7 @@ def write_links(columns: dict[str, npt.NDArray[Any]], out: Path, *,
     if out.suffix.lower() == ".parquet":
         # one file, or part by part above a size (issue 22; vflink.data.parts); the file says
         # whose view it is and who holds each column
-        import json
-
-        meta = {"vflink.view": view, "vflink.columns": json.dumps(
-            {c: LINK_COLUMNS_MODEL.get(c, "") for c in columns})}
-        write_columns(columns, out, parts=parts, metadata=meta)
+        write_columns(columns, out, parts=parts, metadata=links_metadata(list(columns), view))
     else:
         with atomic_open(out, "w", newline="") as fh:
             pd.DataFrame(columns).to_csv(fh, index=False, float_format="%.6g")

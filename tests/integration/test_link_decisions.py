@@ -1,0 +1,236 @@
+"""Linkage decisions end to end: a Fellegi–Sunter model trained by the coordinator on private
+encodings, its matches, its label-free quality estimate against the measured one, what the
+primary receives, and the same link over both transports."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+
+import vflink
+from tests.helpers.network import served_in_threads, write_party_files
+from tests.helpers.tables import places_frames
+from vflink.data.schema import PartySchema
+from vflink.datasets._base import read_shipped
+from vflink.errors import ConfigError
+from vflink.protocol import FieldEncodings, FieldLink
+from vflink.runfiles.config import AlignmentConfig, DataConfig, RunConfig, TrainingConfig
+from vflink.runfiles.inputs import Inputs, load_inputs
+from vflink.runfiles.party import load_party_config
+from vflink.runner.network import network_federation
+from vflink.runner.prepare import prepare
+from vflink.transport import Transcript
+from vflink.types import MISSING
+
+SECRET = "a-test-secret-shared-by-the-data-parties"
+FIELDS = ("given_name", "surname", "street_number", "address_1", "suburb", "postcode",
+          "state", "date_of_birth")
+RULES = (["given_name", "surname"], ["surname", "date_of_birth"],
+         ["given_name", "date_of_birth"], ["postcode", "street_number"])
+
+
+@pytest.fixture(scope="module")
+def febrl() -> tuple[pd.DataFrame, pd.DataFrame, np.ndarray]:
+    """600 FEBRL4 originals and the duplicates of 300 of them plus 100 others' (whose
+    originals are left out): half the primary records and a quarter of the secondary ones
+    have no counterpart."""
+    a = read_shipped("febrl4a.csv.gz", dtype=str, keep_default_na=False)
+    b = read_shipped("febrl4b.csv.gz", dtype=str, keep_default_na=False)
+    ea = a["rec_id"].str.extract(r"rec-(\d+)-org")[0].astype(int)
+    eb = b["rec_id"].str.extract(r"rec-(\d+)-dup")[0].astype(int)
+    rng = np.random.default_rng(11)
+    people = rng.permutation(ea.to_numpy())
+    kept_a = set(people[:600].tolist())
+    kept_b = set(people[:300].tolist()) | set(people[600:700].tolist())
+    primary = a[ea.isin(kept_a)].reset_index(drop=True)
+    secondary = b[eb.isin(kept_b)].sample(frac=1.0, random_state=1).reset_index(drop=True)
+    row_of = {e: i for i, e in enumerate(primary["rec_id"].str.extract(r"(\d+)")[0].astype(int))}
+    sec_e = secondary["rec_id"].str.extract(r"(\d+)")[0].astype(int)
+    truth = np.array([(row_of[e], j) for j, e in enumerate(sec_e) if e in row_of])
+    return primary.drop(columns=["soc_sec_id"]), secondary.drop(columns=["soc_sec_id"]), truth
+
+
+def test_a_model_link_decides_matches_without_labels(
+        febrl: tuple[pd.DataFrame, pd.DataFrame, np.ndarray], tmp_path: Path) -> None:
+    primary, secondary, truth = febrl
+    out = tmp_path / "links.parquet"
+    links = vflink.link(primary, secondary, fields=[{"on": [c]} for c in FIELDS],
+                        blocking=[{"on": r} for r in RULES], model="fellegi-sunter",
+                        one_to_one=True, top_k=3, seed=0, out=out, id="rec_id")
+    quality = links.evaluate(truth)
+    measured, estimated = quality["measured"], quality["estimated"]
+    assert measured["precision"] >= 0.98 and measured["recall"] >= 0.92  # blocking: ~0.95
+    assert abs(estimated["f1"] - measured["f1"]) <= 0.05  # known without labels
+    frame = links.frame
+    # one-to-one: no secondary record matched twice; a match is its record's rank 0
+    matched = frame[frame["match"]]
+    assert matched["secondary_index"].is_unique and matched["primary_index"].is_unique
+    assert (matched["rank"] == 0).all()
+    assert (frame.loc[frame["match"], "match_probability"] >= 0.5).all()
+    # ids name the same pairs as indices
+    by_id = links.evaluate(pd.DataFrame({
+        "primary_id": primary["rec_id"].to_numpy()[truth[:, 0]],
+        "secondary_id": secondary["rec_id"].to_numpy()[truth[:, 1]]}))
+    assert by_id["measured"] == measured
+    summary = json.loads(out.with_name(out.name + ".summary.json").read_text())
+    model = summary["model"]
+    assert {r["field"] for r in model["m_u"]} == set(FIELDS)  # named by column
+    assert model["lambda"] < 0.01 and model["em_converged"]
+    assert [r["rule"] for r in model["blocking_rules"]] == [" & ".join(r) for r in RULES]
+    assert all(r["comparisons"] >= r["new_pairs"] for r in model["blocking_rules"])
+    assert sum(r["new_pairs"] for r in model["blocking_rules"]) == model["candidate_pairs"]
+    assert "date-token" in summary["fields_compared"][-1]
+    assert summary["columns"]["distance"].startswith("coordinator only")
+    assert out.with_name(out.name + ".model.png").stat().st_size > 0
+    meta = pq.read_schema(out).metadata
+    assert meta[b"vflink.view"] == b"operator"
+    assert "coordinator only" in json.loads(meta[b"vflink.columns"])["match_weight"]
+
+
+def test_the_primary_view_holds_only_what_the_primary_receives(
+        febrl: tuple[pd.DataFrame, pd.DataFrame, np.ndarray]) -> None:
+    primary, secondary, _ = febrl
+    kw = dict(fields=[{"on": [c]} for c in FIELDS], blocking=[{"on": r} for r in RULES],
+              model="fellegi-sunter", one_to_one="greedy", top_k=2, seed=0)
+    operator = vflink.link(primary, secondary, **kw).frame  # type: ignore[arg-type]
+    seen = vflink.link(primary, secondary, view="primary", **kw).frame  # type: ignore[arg-type]
+    assert "distance" not in seen and "match_weight" not in seen
+    pd.testing.assert_series_equal(seen["match"], operator["match"])
+    pd.testing.assert_series_equal(seen["similarity"], operator["similarity"])
+    # the primary's probability is a post-processing of the noised similarity: noisier than
+    # the coordinator's, on the same side of 1/2 for most links
+    agree = (seen["match_probability"] >= 0.5) == (operator["match_probability"] >= 0.5)
+    assert agree.mean() > 0.8
+    assert not np.allclose(seen["match_probability"], operator["match_probability"])
+
+
+def test_what_reaches_the_coordinator_in_a_model_link(
+        febrl: tuple[pd.DataFrame, pd.DataFrame, np.ndarray]) -> None:
+    """Keyed Bloom filters, keyed exact-agreement hashes and blocking digests: no value."""
+    from vflink.runner.field_link import run_field_linkage
+    from vflink.linkage.fields import Blocking, FieldSpec
+
+    primary, secondary, _ = febrl
+    transcript = Transcript()
+    run_field_linkage(primary, secondary, fields=[FieldSpec(on=(c,)) for c in FIELDS],
+                      blocking=[Blocking(on=tuple(r)) for r in RULES], top_k=1,
+                      model="fellegi-sunter", secret=SECRET.encode(), seed=0,
+                      transcript=transcript)
+    sent = [r.message for r in transcript.records if isinstance(r.message, FieldEncodings)]
+    assert len(sent) == 2
+    for m in sent:
+        assert all(v.dtype == np.uint8 for v in m.values)
+        assert len(m.exact) == len(FIELDS) and all(h.shape[1] == 16 for h in m.exact)
+    texts = {str(v) for c in FIELDS for v in primary[c]} - {""}
+    for r in transcript.records:
+        if r.receiver == "coordinator":
+            for value in vars(r.message).values():
+                assert not (isinstance(value, str) and value in texts)
+    (request,) = [r.message for r in transcript.records if isinstance(r.message, FieldLink)]
+    assert request.model == "fellegi-sunter" and request.blocking == len(RULES)
+    # equal values, equal hashes across the parties (and only equal values)
+    own, theirs = sent[0].exact[FIELDS.index("surname")], sent[1].exact[FIELDS.index("surname")]
+    i = 0
+    same = [j for j in range(len(secondary))
+            if secondary["surname"][j].strip().lower() == primary["surname"][i].strip().lower()
+            and primary["surname"][i].strip()]
+    assert np.flatnonzero((theirs == own[i]).all(axis=1)).tolist() == same
+
+
+def test_model_needs_fields_or_a_metric_and_checks_its_options(
+        caplog: pytest.LogCaptureFixture) -> None:
+    p, s, truth = places_frames(20, extra=5, seed=2)
+    with pytest.raises(ConfigError, match="one_to_one"):
+        vflink.link(p, s, on="name", secondary_on="title", metric="levenshtein", top_k=1,
+                    one_to_one=True)  # a decision without a model
+    with pytest.raises(ConfigError, match="threshold"):
+        vflink.link(p, s, fields=[{"on": ["name"], "secondary_on": ["title"]}],
+                    model="fellegi-sunter", threshold=1.5, top_k=1)
+    with pytest.raises(ConfigError, match="metric"):
+        vflink.link(p, s, fields=[{"on": ["name"], "secondary_on": ["title"]}], top_k=1)
+    # one identifier: a one-field model link, which EM cannot split without labels (said)
+    links = vflink.link(p, s, on="name", secondary_on="title", model="fellegi-sunter",
+                        top_k=2, seed=1, one_to_one=True)
+    assert "at least two fields" in caplog.text
+    assert list(links.frame.columns[-3:]) == ["match_weight", "match_probability", "match"]
+    # two fields of the same small tables: every true pair found, none else
+    links = vflink.link(p, s, fields=[{"on": ["name"], "secondary_on": ["title"]},
+                                      {"on": ["lat", "lon"], "metric": "haversine"}],
+                        model="fellegi-sunter", top_k=2, seed=1, one_to_one=True)
+    assert links.evaluate(np.stack([np.arange(20), truth], axis=1))["measured"]["f1"] == 1.0
+
+
+# --- the same model link over both transports (a training run's alignment) --------------------
+
+PLACES_FIELDS = ({"on": ["name"], "secondary_on": ["title"]},
+                 {"on": ["lat", "lon"], "metric": "haversine"})
+PRIMARY = {"path": "primary.csv", "identifiers": ["name", "lat", "lon", "region"],
+           "numeric": ["p0", "p1"], "label": "y", "task": "binary"}
+BANK = {"path": "bank.csv", "identifiers": ["title", "lat", "lon", "area"],
+        "numeric": ["s0", "s1", "s2", "s3"]}
+
+
+def _config(tmp: Path) -> RunConfig:
+    parties = (PartySchema(name="primary", role="primary",
+                           **{**PRIMARY, "path": tmp / "primary.csv"}),  # type: ignore[arg-type]
+               PartySchema(name="bank", role="secondary",
+                           **{**BANK, "path": tmp / "bank.csv"}))  # type: ignore[arg-type]
+    return RunConfig(seed=4, algorithm="top1sim", data=DataConfig(parties=parties),
+                     alignment=AlignmentConfig(
+                         method="soft", top_k=3, sigma=0.05, fields=PLACES_FIELDS,
+                         blocking=({"on": "region", "secondary_on": "area"},),
+                         model="fellegi-sunter", one_to_one=True),
+                     training=TrainingConfig(epochs=1, patience=1))
+
+
+def _aligned(tmp: Path, transport: str) -> tuple[object, dict[str, object]]:
+    cfg = _config(tmp)
+    if transport == "inprocess":
+        prepared = prepare(cfg, algorithms=["top1sim", "exact", "fedsim"])
+        return prepared.alignments, prepared.summary
+    tables = {"primary": {**PRIMARY, "path": str(tmp / "primary.csv")},
+              "bank": {**BANK, "path": str(tmp / "bank.csv")}}
+    files = write_party_files(tmp / transport, seed=cfg.seed, secondary="bank", tables=tables)
+    with files["coordinator"].open("a") as fh:
+        fh.write("[policy]\nmax_tau = 1.0\n")
+    with served_in_threads(files["coordinator"], files["bank"]):
+        federation = network_federation(load_party_config(files["primary"]), run_id="t")
+        try:
+            prepared = prepare(cfg, Inputs(load_inputs(cfg).primary, ()),
+                               algorithms=["top1sim", "exact", "fedsim"],
+                               federation=federation)
+        finally:
+            federation.close()
+    return prepared.alignments, prepared.summary
+
+
+@pytest.mark.network
+def test_a_model_link_is_the_same_over_both_transports(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VFLINK_SECRET", SECRET)
+    primary, bank, truth = places_frames(seed=3)
+    primary.to_csv(tmp_path / "primary.csv", index=False)
+    bank.to_csv(tmp_path / "bank.csv", index=False)
+    local, summary = _aligned(tmp_path, "inprocess")
+    remote, _ = _aligned(tmp_path, "grpc")
+    for kind in ("topk", "top1", "exact"):
+        a, b = local[kind]["bank"], remote[kind]["bank"]  # type: ignore[index]
+        np.testing.assert_array_equal(a.secondary_index, b.secondary_index)
+        if a.similarity is not None:
+            np.testing.assert_array_equal(a.similarity, b.similarity)
+        np.testing.assert_array_equal(a.match, b.match)
+    topk = local["topk"]["bank"]  # type: ignore[index]
+    exact = local["exact"]["bank"]  # type: ignore[index]
+    # the exact-style links are the one-to-one matches, MISSING where there is none
+    np.testing.assert_array_equal(exact.secondary_index[:, 0],
+                                  np.where(topk.match[:, 0], topk.secondary_index[:, 0],
+                                           MISSING))
+    found = exact.secondary_index[:, 0]
+    assert float(np.mean(found == truth)) >= 0.9
+    assert summary["model"]["one_to_one"] == "optimal"  # type: ignore[index]
+    assert 0.9 <= summary["model"]["estimated_f1"] <= 1.0  # type: ignore[index]
