@@ -234,3 +234,44 @@ def test_a_model_link_is_the_same_over_both_transports(
     assert float(np.mean(found == truth)) >= 0.9
     assert summary["model"]["one_to_one"] == "optimal"  # type: ignore[index]
     assert 0.9 <= summary["model"]["estimated_f1"] <= 1.0  # type: ignore[index]
+
+
+def test_link_command_with_a_model_and_truth(
+        febrl: tuple[pd.DataFrame, pd.DataFrame, np.ndarray], tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from vflink.cli.main import main
+
+    primary, secondary, truth = febrl
+    primary.to_csv(tmp_path / "a.csv", index=False)
+    secondary.to_csv(tmp_path / "b.csv", index=False)
+    pd.DataFrame({"primary_id": primary["rec_id"].to_numpy()[truth[:, 0]],
+                  "secondary_id": secondary["rec_id"].to_numpy()[truth[:, 1]]}).to_csv(
+        tmp_path / "truth.csv", index=False)
+    fields = "\n".join(f'[[link.fields]]\non = ["{c}"]' for c in FIELDS)
+    rules = "\n".join(f"[[link.blocking]]\non = {json.dumps(r)}" for r in RULES)
+    (tmp_path / "link.toml").write_text(
+        f'[link]\nprimary = "a.csv"\nsecondary = "b.csv"\nout = "links.csv"\ntop_k = 1\n'
+        f'model = "fellegi-sunter"\none_to_one = "optimal"\nid = "rec_id"\nseed = 0\n'
+        f'{fields}\n{rules}\n')
+    code = main(["link", "--config", str(tmp_path / "link.toml"), "--truth",
+                 str(tmp_path / "truth.csv")])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "estimated (no labels)" in out and "measured (--truth)" in out
+    assert "m/u table" in out and "given_name & surname" in out
+    summary = json.loads((tmp_path / "links.csv.summary.json").read_text())
+    measured, estimated = summary["quality"]["measured"], summary["model"]["estimated"]
+    assert abs(measured["f1"] - estimated["f1"]) <= 0.05
+    links = pd.read_csv(tmp_path / "links.csv")
+    assert list(links.columns) == ["primary_index", "secondary_index", "rank", "distance",
+                                   "similarity", "match_weight", "match_probability", "match",
+                                   "primary_id", "secondary_id"]
+    # a bad value in the file is named with the others, before any work
+    (tmp_path / "bad.toml").write_text(
+        '[link]\nprimary = "a.csv"\nsecondary = "b.csv"\nout = "x.csv"\ntop_k = 1\n'
+        'model = "splink"\nthreshold = 2\none_to_one = "best"\n[[link.fields]]\non = ["surname"]\n')
+    code = main(["link", "--config", str(tmp_path / "bad.toml")])
+    err = " ".join(capsys.readouterr().err.split())
+    assert code != 0
+    assert "model" in err and "threshold" in err and "one_to_one" in err
+    assert not (tmp_path / "x.csv").exists()
