@@ -20,6 +20,7 @@ label-free estimates.
 
 Usage: python benchmarks/linkage_decisions_training.py [--task febrl|unmatched|all]
            [--algorithms fedsim,top1sim,exact] [--seeds 0] [--epochs 10]
+           [--linkages distance,model]
 """
 
 from __future__ import annotations
@@ -66,13 +67,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--algorithms", default="fedsim,top1sim,exact")
     parser.add_argument("--seeds", default="0")
     parser.add_argument("--epochs", type=int, default=10)
+    parser.add_argument("--linkages", default="distance,model")
     args = parser.parse_args(argv)
     tasks = list(TASKS) if args.task == "all" else [args.task]
     with tempfile.TemporaryDirectory() as tmp:
         for task in tasks:
             for seed in map(int, args.seeds.split(",")):
                 for algorithm in args.algorithms.split(","):
-                    for linkage in ("distance", "model"):
+                    for linkage in args.linkages.split(","):
                         clock = time.perf_counter()
                         run = vflink.train(config(task, linkage, algorithm, seed, args.epochs),
                                            out=Path(tmp) / f"{task}-{algorithm}-{linkage}-{seed}")
