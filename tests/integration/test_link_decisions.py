@@ -275,3 +275,50 @@ def test_link_command_with_a_model_and_truth(
     assert code != 0
     assert "model" in err and "threshold" in err and "one_to_one" in err
     assert not (tmp_path / "x.csv").exists()
+
+
+def test_three_parties_matches_chain_into_clusters(
+        febrl: tuple[pd.DataFrame, pd.DataFrame, np.ndarray]) -> None:
+    """FedSim App. C's chain with decisions: primary → first secondary (model, top-K) →
+    second secondary (model, one link); a chain is a match when both links are, and the
+    coordinator's summary counts the clusters of matched records across the three."""
+    from vflink.data.table import PartyTable
+    from vflink.linkage.fields import Blocking, FieldSpec
+    from vflink.parties.coordinator import CoordinatorParty
+    from vflink.parties.link_peer import LinkingPeer
+    from vflink.parties.linking import AlignmentInitiator
+    from vflink.parties.policy import PartyPolicy
+    from vflink.runner.encoding import field_encodings, link_fields, resolve_fields
+    from vflink.runner.local import local_roles
+    from vflink.transport import InProcessHub
+
+    primary, secondary, truth = febrl
+    third = primary.sample(frac=0.8, random_state=2).reset_index(drop=True)  # a copy of A
+    specs = resolve_fields([FieldSpec(on=(c,)) for c in FIELDS], primary)
+    plan = link_fields(specs, field_encodings(specs, private=True, primary=primary))
+    rules = [Blocking(on=tuple(r)) for r in RULES]
+    hub = InProcessHub()
+    roles = local_roles("primary", ["b", "c"])
+    policy = PartyPolicy.permissive(identifiers="bloom")
+    coordinator = CoordinatorParty("coordinator", seed=0, roles=roles, policy=policy)
+    hub.register("coordinator", coordinator)
+    for name, frame in (("b", secondary), ("c", third)):
+        schema = PartySchema(name=name, role="secondary", identifiers=FIELDS)
+        hub.register(name, LinkingPeer(PartyTable(schema, frame, name), hub.channel(name),
+                                       secret=SECRET.encode(), roles=roles, policy=policy))
+    initiator = AlignmentInitiator("primary", primary, hub.channel("primary"),
+                                   secondaries=("b", "c"), identifiers=FIELDS,
+                                   secret=SECRET.encode(), policy=policy)
+    views = initiator.align_fields("coordinator", plan, blocking=rules, top_k=2, sigma=0.1,
+                                   model="fellegi-sunter", one_to_one="optimal")
+    b, c = views["b"], views["c"]
+    assert b.match is not None and c.match is not None
+    assert not (c.match & ~b.match).any()  # a chain needs its first link to be a match
+    # the matched chains put each primary record with its own copy in c
+    rows = np.flatnonzero(c.match[:, 0])
+    ids = third["rec_id"].to_numpy()[c.secondary_index[rows, 0]]
+    assert (ids == primary["rec_id"].to_numpy()[rows]).mean() >= 0.98
+    clusters = coordinator.linkage("soft", "b").model["clusters"]
+    assert clusters["parties"] == 3
+    assert clusters["all_parties"] == len(rows)
+    assert clusters["all_parties"] >= 0.7 * len(truth)

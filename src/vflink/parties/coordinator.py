@@ -6,6 +6,7 @@ alignment indices out — similarities go to the primary only.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import zlib
@@ -20,7 +21,7 @@ from vflink.alignment.exact import exact_alignment
 from vflink.errors import ConfigError, DataError, LinkageError, PolicyViolation, ProtocolError
 from vflink.linkage import SearchOptions, SoftLinkage, link, soft_linkage
 from vflink.linkage.comparison import DEFAULT_LEVELS, FieldComparator
-from vflink.linkage.decisions import ONE_TO_ONE
+from vflink.linkage.decisions import ONE_TO_ONE, match_clusters
 from vflink.linkage.fields import Blocking, FieldSpec, FieldValues, field_scales, search_fields
 from vflink.linkage.model_link import MODELS, all_or_none, model_linkage
 from vflink.linkage.scoring import candidate_pairs, value_codes
@@ -325,17 +326,37 @@ class CoordinatorParty(Party):
         first = linkage.to_alignment(anchor)
         s.alignments[anchor] = first
         views = [view_of(session, first, with_similarity=True, primary=s.primary or "")]
-        for sec in others:
+        hops: list[tuple[int, int, Any, Any]] = []
+        for number, sec in enumerate(others, start=2):
             one = hop_to(sec)
             s.linkages[sec] = one
             hop = one.indices[:, 0]
             chained = np.where(first.secondary_index >= 0,
                                hop[np.maximum(first.secondary_index, 0)], -1)
+            match = first.match
+            if match is not None and one.matches is not None:
+                # a chain is a match when both of its links are (a model link's decisions)
+                hop_match = one.matches[:, 0]
+                match = match & np.where(first.secondary_index >= 0,
+                                         hop_match[np.maximum(first.secondary_index, 0)], False)
+                rows = np.flatnonzero(hop_match)
+                hops.append((1, number, rows, hop[rows]))
             alignment = Alignment(first.primary_index, chained, first.similarity, sec,
-                                  dict(first.meta), first.match)
+                                  dict(first.meta), match)
             s.alignments[sec] = alignment
             views.append(view_of(session, alignment, with_similarity=True,
                                  primary=s.primary or ""))
+        if hops and linkage.matches is not None:
+            # records of every party joined by matched pairs: the clusters of a model link
+            sizes = [len(linkage), linkage.n_secondary,
+                     *(s.linkages[sec].n_secondary for sec in others)]
+            r, c = np.nonzero(linkage.matches)
+            labels = match_clusters(sizes, [(0, 1, r, linkage.indices[r, c]), *hops])
+            counts = np.bincount(np.concatenate(labels))
+            linkage.model["clusters"] = {"parties": len(sizes),
+                                         "clusters": int((counts >= 2).sum()),
+                                         "records_in_clusters": int(counts[counts >= 2].sum()),
+                                         "all_parties": int((counts == len(sizes)).sum())}
         return AlignmentViews(views=tuple(views))
 
     # --- several fields (issue 14) ---------------------------------------------------------------
@@ -514,6 +535,11 @@ class CoordinatorParty(Party):
         if message.model:
             linkage = self._model_link(message, specs, s, sender, anchor,
                                        self._noise_rng(session))
+            hop = dataclasses.replace(message, top_k=1, mode="top1")
+            return self._release(session, s, message.secondaries, message.mode, linkage,
+                                 lambda sec: self._model_link(
+                                     hop, specs, s, anchor, sec,
+                                     self._noise_rng(f"{session}/{sec}")))
         else:
             linkage = self._link_fields(specs, s.fields[sender], s.fields[anchor],
                                         top_k=message.top_k, mode=message.mode, tau=message.tau,
