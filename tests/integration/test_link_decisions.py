@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import vflink
-from tests.helpers.network import served_in_threads, write_party_files
+from tests.helpers.network import bank_federation
 from tests.helpers.tables import places_frames
 from vflink.data.schema import PartySchema
 from vflink.datasets._base import read_shipped
@@ -21,8 +21,6 @@ from vflink.errors import ConfigError
 from vflink.protocol import FieldEncodings, FieldLink
 from vflink.runfiles.config import AlignmentConfig, DataConfig, RunConfig, TrainingConfig
 from vflink.runfiles.inputs import Inputs, load_inputs
-from vflink.runfiles.party import load_party_config
-from vflink.runner.network import network_federation
 from vflink.runner.prepare import prepare
 from vflink.transport import Transcript
 from vflink.types import MISSING
@@ -112,8 +110,8 @@ def test_the_primary_view_holds_only_what_the_primary_receives(
 def test_what_reaches_the_coordinator_in_a_model_link(
         febrl: tuple[pd.DataFrame, pd.DataFrame, np.ndarray]) -> None:
     """Keyed Bloom filters, keyed exact-agreement hashes and blocking digests: no value."""
-    from vflink.runner.field_link import run_field_linkage
     from vflink.linkage.fields import Blocking, FieldSpec
+    from vflink.runner.field_link import run_field_linkage
 
     primary, secondary, _ = febrl
     transcript = Transcript()
@@ -195,17 +193,11 @@ def _aligned(tmp: Path, transport: str) -> tuple[object, dict[str, object]]:
         return prepared.alignments, prepared.summary
     tables = {"primary": {**PRIMARY, "path": str(tmp / "primary.csv")},
               "bank": {**BANK, "path": str(tmp / "bank.csv")}}
-    files = write_party_files(tmp / transport, seed=cfg.seed, secondary="bank", tables=tables)
-    with files["coordinator"].open("a") as fh:
-        fh.write("[policy]\nmax_tau = 1.0\n")
-    with served_in_threads(files["coordinator"], files["bank"]):
-        federation = network_federation(load_party_config(files["primary"]), run_id="t")
-        try:
-            prepared = prepare(cfg, Inputs(load_inputs(cfg).primary, ()),
-                               algorithms=["top1sim", "exact", "fedsim"],
-                               federation=federation)
-        finally:
-            federation.close()
+    with bank_federation(tmp / transport, seed=cfg.seed, tables=tables,
+                         run_id="t") as federation:
+        prepared = prepare(cfg, Inputs(load_inputs(cfg).primary, ()),
+                           algorithms=["top1sim", "exact", "fedsim"],
+                           federation=federation)  # type: ignore[arg-type]
     return prepared.alignments, prepared.summary
 
 
