@@ -314,3 +314,21 @@ def test_three_parties_matches_chain_into_clusters(
     assert clusters["parties"] == 3
     assert clusters["all_parties"] == len(rows)
     assert clusters["all_parties"] >= 0.7 * len(truth)
+
+
+def test_a_training_run_on_decisions_reports_them(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VFLINK_SECRET", SECRET)
+    primary, bank, _ = places_frames(seed=5)
+    primary.to_csv(tmp_path / "primary.csv", index=False)
+    bank.to_csv(tmp_path / "bank.csv", index=False)
+    cfg = _config(tmp_path).replace(algorithm="fedsim")
+    run = vflink.train(cfg, out=tmp_path / "run")
+    alignment = run.result.extra["alignment"]
+    assert alignment["model"]["one_to_one"] == "optimal"
+    assert alignment["model"]["estimated_f1"] > 0.9
+    ledger = json.loads((tmp_path / "run" / "privacy.json").read_text())
+    kinds = {p["kind"] for p in ledger["protections"]}
+    assert {"bloom-filter", "similarity-noise", "linkage-model"} <= kinds
+    page = run.report(tmp_path / "report.html").read_text()
+    assert "Linkage decisions" in page and "estimated F1" in page
