@@ -9,23 +9,15 @@
 * **Clusters** for more than two parties: connected components of the matched pairs over all
   parties' records (:func:`match_clusters`).
 
-**Quality without labels.** The model's probabilities say how many true matches there are and
-how many of the chosen pairs are right, if they are calibrated. Pairwise probabilities ignore
-that a record has at most one true counterpart (two near-identical candidates of one record
-both get p ≈ 1), so the estimates use the one-to-one posterior
-
-    q_ij = o_ij / (1 + Σ_k o_ik + Σ_k o_kj − o_ij),        o_ij = 2^{w_ij} (posterior odds),
-
-the probability that (i, j) is the match when i and j each have at most one (exact when only
-one pair competes). Then, for a set S of chosen pairs, with M = Σ q over all candidates the
-expected number of true matches:
+**Quality without labels.** The match probabilities are the one-to-one posterior q of the
+trained model (:func:`vflink.linkage.fellegi_sunter.one_to_one_posterior`): the probability
+that (i, j) is the match when i and j each have at most one. If they are calibrated, then for a
+set S of chosen pairs, with M = Σ q over all candidates the expected number of true matches,
 
     TP̂ = Σ_S q,  precision̂ = TP̂ / |S|,  recall̂ = TP̂ / M,  F1̂ = 2·TP̂ / (|S| + M).
 
 Matches outside the candidates (missed by blocking) are not counted: the estimated recall is
-relative to the candidate pairs. :func:`threshold_curve` gives the estimates at every threshold
-for the greedy one-to-one decision (greedy on a prefix of the pairs sorted by weight is the
-prefix of the greedy solution, so one pass gives every threshold).
+relative to the candidate pairs. :func:`threshold_curve` gives the estimates at every threshold.
 
 **Quality with labels**: :func:`measure` (precision, recall, F1 of chosen pairs against true
 pairs) and :func:`pr_curve`.
@@ -44,10 +36,11 @@ from scipy.optimize import linear_sum_assignment
 from scipy.sparse.csgraph import connected_components
 
 from vflink.errors import ConfigError
+from vflink.linkage.fellegi_sunter import one_to_one_posterior
 
-__all__ = ["ONE_TO_ONE", "decide", "estimate_quality", "greedy_one_to_one", "match_clusters",
-           "measure", "one_to_one_posterior", "optimal_one_to_one", "pr_curve",
-           "threshold_curve", "threshold_weight"]
+__all__ = ["ONE_TO_ONE", "check_threshold", "decide", "estimate_quality", "greedy_one_to_one",
+           "match_clusters", "measure", "one_to_one_posterior", "optimal_one_to_one", "pr_curve",
+           "threshold_curve"]
 
 log = logging.getLogger(__name__)
 
@@ -59,11 +52,11 @@ FloatArray = npt.NDArray[np.float64]
 _DENSE_LIMIT = 4 * 10**7
 
 
-def threshold_weight(threshold: float) -> float:
-    """The match weight w with 2^w / (1 + 2^w) = ``threshold``."""
-    if not 0.0 < threshold < 1.0:
+def check_threshold(threshold: float) -> float:
+    """``threshold`` if it is a probability in (0, 1), else a ConfigError."""
+    if not isinstance(threshold, (int, float)) or not 0.0 < threshold < 1.0:
         raise ConfigError(f"`threshold` must be a probability in (0, 1), got {threshold!r}")
-    return float(np.log2(threshold / (1.0 - threshold)))
+    return float(threshold)
 
 
 def greedy_one_to_one(rows: IntArray, cols: IntArray, weights: FloatArray) -> BoolArray:
@@ -122,39 +115,25 @@ def optimal_one_to_one(rows: IntArray, cols: IntArray, weights: FloatArray, *,
     return keep
 
 
-def decide(rows: IntArray, cols: IntArray, weights: FloatArray, *, threshold: float = 0.5,
-           one_to_one: str | None = None) -> BoolArray:
-    """The ``match`` decision of every pair: probability ≥ ``threshold``, then, if asked, the
-    one-to-one subset of those (``"optimal"`` or ``"greedy"``)."""
+def decide(rows: IntArray, cols: IntArray, probabilities: FloatArray, weights: FloatArray, *,
+           threshold: float = 0.5, one_to_one: str | None = None) -> BoolArray:
+    """The ``match`` decision of every pair: match probability ≥ ``threshold``, then, if
+    asked, the one-to-one subset of those with the largest total ``weights`` (``"optimal"``)
+    or taken by decreasing weight (``"greedy"``). With the one-to-one posterior as the
+    probability, a threshold ≥ 1/2 already keeps at most one pair per record."""
     if one_to_one is not None and one_to_one not in ONE_TO_ONE:
         raise ConfigError(f"`one_to_one` must be one of {', '.join(ONE_TO_ONE)}, got "
                           f"{one_to_one!r}")
-    w = np.asarray(weights, dtype=np.float64)
-    above = w >= threshold_weight(threshold)
+    check_threshold(threshold)
+    above = np.asarray(probabilities, dtype=np.float64) >= threshold
     if one_to_one is None:
         return above
+    w = np.asarray(weights, dtype=np.float64)
     idx = np.flatnonzero(above)
     solve = optimal_one_to_one if one_to_one == "optimal" else greedy_one_to_one
     out = np.zeros(len(w), dtype=bool)
     out[idx[solve(rows[idx], cols[idx], w[idx])]] = True
     return out
-
-
-def one_to_one_posterior(rows: IntArray, cols: IntArray, weights: FloatArray) -> FloatArray:
-    """q_ij = o_ij / (1 + Σ_k o_ik + Σ_k o_kj − o_ij) (module docstring), computed in a
-    shifted log scale so that no odds overflow."""
-    w = np.asarray(weights, dtype=np.float64)
-    if not len(w):
-        return np.zeros(0)
-    # o = 2^w; divide numerator and denominator by 2^c for large weights
-    c = max(0.0, float(w.max()))
-    o = np.exp2(w - c)
-    n_r = int(rows.max()) + 1
-    n_c = int(cols.max()) + 1
-    by_row = np.bincount(rows, weights=o, minlength=n_r)
-    by_col = np.bincount(cols, weights=o, minlength=n_c)
-    denom = np.exp2(-c) + by_row[rows] + by_col[cols] - o
-    return np.asarray(np.clip(o / np.maximum(denom, np.finfo(float).tiny), 0.0, 1.0))
 
 
 def estimate_quality(posterior: FloatArray, chosen: BoolArray) -> dict[str, float]:
@@ -170,24 +149,25 @@ def estimate_quality(posterior: FloatArray, chosen: BoolArray) -> dict[str, floa
             "f1": 2.0 * tp / (n + expected) if n + expected > 0 else 1.0}
 
 
-def threshold_curve(rows: IntArray, cols: IntArray, weights: FloatArray, posterior: FloatArray,
+def threshold_curve(rows: IntArray, cols: IntArray, probabilities: FloatArray,
                     thresholds: Sequence[float] | None = None) -> dict[str, list[float]]:
     """Estimated precision, recall and F1 of "probability ≥ t, then greedy one-to-one" at
-    each threshold t (default 0.01 … 0.99)."""
+    each threshold t (default 0.01 … 0.99), the probabilities being the one-to-one posterior
+    (module docstring). Greedy on a prefix of the pairs sorted by probability is the prefix of
+    the greedy solution, so one pass gives every threshold."""
     ts = np.asarray(thresholds if thresholds is not None else np.linspace(0.01, 0.99, 99))
-    w = np.asarray(weights, dtype=np.float64)
-    q = np.asarray(posterior, dtype=np.float64)
+    q = np.asarray(probabilities, dtype=np.float64)
     expected = float(q.sum())
-    order = np.argsort(-w, kind="stable")
-    kept = greedy_one_to_one(rows[order], cols[order], w[order])
-    sorted_w = w[order]
+    order = np.argsort(-q, kind="stable")
+    kept = greedy_one_to_one(rows[order], cols[order], q[order])
+    sorted_q = q[order]
     n_cum = np.cumsum(kept)
-    tp_cum = np.cumsum(np.where(kept, q[order], 0.0))
+    tp_cum = np.cumsum(np.where(kept, sorted_q, 0.0))
     out: dict[str, list[float]] = {"threshold": [], "precision": [], "recall": [], "f1": [],
                                    "chosen": []}
     for t in ts:
-        # pairs with w ≥ w_t are the prefix of the descending order
-        end = int(np.searchsorted(-sorted_w, -threshold_weight(float(t)), side="right"))
+        # pairs with q ≥ t are the prefix of the descending order
+        end = int(np.searchsorted(-sorted_q, -check_threshold(float(t)), side="right"))
         n = int(n_cum[end - 1]) if end else 0
         tp = float(tp_cum[end - 1]) if end else 0.0
         out["threshold"].append(float(t))

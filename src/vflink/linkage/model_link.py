@@ -10,8 +10,9 @@ similarities, so every training plan consumes it unchanged:
   weight's own step: the largest gap between two adjacent values one field's contribution can
   take (a greedy attacker who rounds a noised weight can at best recover the pair's comparison
   levels; a Bloom filter cannot be recovered from levels at all). The match probability the
-  primary shows is 2^w̃/(1 + 2^w̃) of the de-normalised noised weight w̃ = μ0 + σ0·s: a
-  post-processing of s, protected as s is (Theorem 1's ε and Theorem 2's τ are unchanged by it);
+  primary shows is the one-to-one posterior (:mod:`.fellegi_sunter`) of the de-normalised
+  noised weights w̃ = μ0 + σ0·s of the links it received: a post-processing of s, protected as
+  s is (Theorem 1's ε and Theorem 2's τ are unchanged by it);
 * the decision ``match`` of each link, made by the coordinator on the exact weights: one bit per
   link (whether its exact probability reached the threshold and the one-to-one assignment kept
   it);
@@ -117,7 +118,8 @@ def model_linkage(comparators: Sequence[FieldComparator],
     if n_s < 1 or n_p < 1:
         raise LinkageError("a model link needs records on both sides")
     scored = score(comparators, fields, codes, rows, cols, rng=rng, scales=scales)
-    matches = decide(rows, cols, scored.weights, threshold=threshold, one_to_one=one_to_one)
+    matches = decide(rows, cols, scored.probabilities, scored.weights, threshold=threshold,
+                     one_to_one=one_to_one)
     k = top_k
     pos, _ = _top_links(scored, matches, n_p, k)
     has = pos >= 0
@@ -137,8 +139,8 @@ def model_linkage(comparators: Sequence[FieldComparator],
     den = (present * w).sum(axis=1)
     pair_distance = np.where(den > 0, num / np.maximum(den, 1e-12), 1.0)
     distances = np.where(has, pair_distance[safe], np.nan)
-    chosen = estimate_quality(scored.posterior, matches)
-    curve = threshold_curve(rows, cols, scored.weights, scored.posterior)
+    chosen = estimate_quality(scored.probabilities, matches)
+    curve = threshold_curve(rows, cols, scored.probabilities)
     probable = np.flatnonzero(matches)
     example = (int(probable[np.argmin(scored.probabilities[probable])]) if len(probable)
                else int(np.argmax(scored.weights)))

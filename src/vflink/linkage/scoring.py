@@ -12,10 +12,10 @@ on the encodings it holds (no party, no protocol):
 3. :func:`value_codes`: per field, an integer code per record, equal exactly when the keyed
    hashes of the normalised values are equal (−1: missing); exact agreement and term
    frequencies come from these codes.
-4. :func:`score`: levels (:mod:`.comparison`), u from random pairs, m and λ by EM over the
-   candidates (:mod:`.fellegi_sunter`), term-frequency adjustment, then each pair's weight,
-   probability and per-field contributions, and the one-to-one posterior of
-   :mod:`.decisions` for the label-free estimates.
+4. :func:`score`: levels (:mod:`.comparison`), u from random pairs, m and λ by EM under the
+   one-to-one constraint (:mod:`.fellegi_sunter`), term-frequency adjustment, then each
+   pair's match weight, per-field contributions and match probability (the one-to-one
+   posterior, which the decisions and the label-free estimates use).
 """
 
 from __future__ import annotations
@@ -31,15 +31,13 @@ from rapidfuzz import process
 
 from vflink.errors import ConfigError, LinkageError
 from vflink.linkage.comparison import FieldComparator, bloom_dice, level_names, pair_levels
-from vflink.linkage.decisions import one_to_one_posterior
 from vflink.linkage.encoding.dates import token_dice
 from vflink.linkage.fellegi_sunter import (
     FSModel,
     estimate_u,
     fit_em,
-    initial_m,
-    match_probability,
     match_weights,
+    one_to_one_posterior,
     term_frequencies,
 )
 
@@ -186,14 +184,15 @@ def pair_similarities(encoder: str, metric: str, a: Any, b: Any, rows: IntArray,
 
 @dataclass(frozen=True, eq=False)
 class Scored:
-    """Every candidate pair scored: rows and columns, the weight, probability, one-to-one
-    posterior and per-field contributions, the levels, and the trained model."""
+    """Every candidate pair scored: rows and columns, the match weight, the match probability
+    (the one-to-one posterior) and per-field contributions, the levels, and the trained
+    model."""
 
     rows: IntArray
     cols: IntArray
     weights: FloatArray
+    #: the one-to-one posterior of each pair (:func:`~.fellegi_sunter.one_to_one_posterior`)
     probabilities: FloatArray
-    posterior: FloatArray
     contributions: FloatArray
     levels: npt.NDArray[np.int8]
     model: FSModel
@@ -217,24 +216,6 @@ def frequency_skew(codes_p: IntArray, codes_s: IntArray) -> float:
     counts = np.unique(both, return_counts=True)[1].astype(np.float64)
     f = counts / counts.sum()
     return float(len(counts) * (f * f).sum())
-
-
-#: Rounds of u's correction for the matches among the random pairs (:func:`unmix_u`).
-U_ROUNDS = 2
-
-
-def unmix_u(u_random: Sequence[FloatArray], lam: float, m: Sequence[FloatArray]
-            ) -> list[FloatArray]:
-    """u with the matches among random pairs taken out: a random pair is a match with
-    probability λ (the prior over all pairs), so the random pairs' level shares are
-    (1 − λ)·u + λ·m and u = (shares − λ·m) / (1 − λ), floored at a tenth of the shares and
-    renormalised."""
-    lam = min(max(float(lam), 0.0), 0.5)
-    out = []
-    for shares, m_f in zip(u_random, m, strict=True):
-        u = np.maximum((shares - lam * m_f) / (1.0 - lam), 0.1 * shares)
-        out.append(u / u.sum())
-    return out
 
 
 def _levels(comparators: Sequence[FieldComparator], sims: Sequence[Any],
@@ -268,28 +249,15 @@ def score(comparators: Sequence[FieldComparator], fields: Sequence[tuple[str, st
     u = estimate_u(_levels(comparators, sims_for(rr, rc), rr, rc, codes), n_levels)
     candidate_sims = sims_for(rows, cols)
     levels = _levels(comparators, candidate_sims, rows, cols, codes)
-    # EM over all n_P·n_S pairs, those outside the candidates counting as non-matches: u
-    # stays the random pairs' (the pairs are overwhelmingly non-matches), λ is the prior of
-    # any pair, and a candidate that agrees only on its blocking rule's fields keeps the
-    # weight those agreements have between random records (Splink's model, without its
-    # per-rule training sessions: blocking that keeps nearly every match loses little)
+    # EM over all n_P·n_S pairs under the one-to-one constraint (fit_em), those outside the
+    # candidates counting as non-matches: λ is the prior of any pair, and a candidate that
+    # agrees only on its blocking rule's fields keeps the weight those agreements have
+    # between random records (blocking that keeps nearly every match loses little)
     names = [c.name for c in comparators]
     labels = [level_names(c.thresholds) for c in comparators]
-    total = float(n_p) * float(n_s)
-    # A share λ of the random pairs are matches, which inflate u where matches agree (exact
-    # agreement on a near-unique field most): u = (u_random − λ·m) / (1 − λ). Left in, they
-    # let u alone explain the pairs of a small link (matches are 4 % of 20 × 25 pairs) and
-    # EM slides to λ = 0; so u starts unmixed with the largest λ a one-to-one link allows
-    # and EM's starting m, then with EM's own λ and m (from the random pairs' shares each
-    # time, so the first guess leaves no trace)
-    lam0 = float(min(n_p, n_s)) / total
-    m0 = list(initial_m(n_levels))
-    model = fit_em(levels, n_levels, unmix_u(u, lam0, m0), names=names, level_names=labels,
-                   lam=lam0, m=m0, fix_u=True, total_pairs=total)
-    for _ in range(U_ROUNDS):
-        model = fit_em(levels, n_levels, unmix_u(u, model.lam, model.m), names=names,
-                       level_names=labels, lam=model.lam, m=model.m, fix_u=True,
-                       total_pairs=total)
+    model = fit_em(levels, n_levels, u, rows, cols, total_pairs=float(n_p) * float(n_s),
+                   lam=float(min(n_p, n_s)) / (float(n_p) * float(n_s)), names=names,
+                   level_names=labels)
     if not model.converged:
         log.warning("Fellegi–Sunter EM stopped after %d iterations without converging",
                     model.iterations)
@@ -304,8 +272,8 @@ def score(comparators: Sequence[FieldComparator], fields: Sequence[tuple[str, st
     model.extra["tf_fields"] = [c.name for c, t in zip(comparators, tf, strict=True)
                                 if t is not None]
     weights, contrib = match_weights(model, levels, tf=tf)
-    return Scored(rows=rows, cols=cols, weights=weights, probabilities=match_probability(weights),
-                  posterior=one_to_one_posterior(rows, cols, weights), contributions=contrib,
+    return Scored(rows=rows, cols=cols, weights=weights,
+                  probabilities=one_to_one_posterior(rows, cols, weights), contributions=contrib,
                   levels=levels, model=model,
                   extra={"similarities": np.stack([s[0] for s in candidate_sims], axis=1
                                                   ).astype(np.float32)})

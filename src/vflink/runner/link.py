@@ -343,8 +343,9 @@ LINK_COLUMNS = {
 LINK_COLUMNS_MODEL = {
     **LINK_COLUMNS,
     "match_weight": "coordinator only: the exact Fellegi-Sunter match weight (bits)",
-    "match_probability": "operator view: the coordinator's exact probability; primary view: "
-                         "2^w/(1+2^w) of the de-normalised noised similarity",
+    "match_probability": "operator view: the coordinator's exact probability (the one-to-one "
+                         "posterior); primary view: the same posterior of the de-normalised "
+                         "noised similarities it received",
     "match": "primary: the decision (probability >= threshold, then one-to-one)",
 }
 VIEWS = ("operator", "primary")
@@ -359,12 +360,19 @@ def links_metadata(columns: Sequence[str], view: str = "operator") -> dict[str, 
 
 
 def primary_probability(linkage: SoftLinkage) -> npt.NDArray[np.float64]:
-    """The match probability a primary derives from what it receives: 2^w̃ / (1 + 2^w̃) with
-    w̃ = μ0 + σ0·s the de-normalised noised similarity (a post-processing of s)."""
-    from vflink.linkage.fellegi_sunter import match_probability
+    """The match probability a primary derives from what it receives: the one-to-one
+    posterior of its links' de-normalised noised weights w̃ = μ0 + σ0·s (a post-processing of
+    s; :func:`vflink.linkage.fellegi_sunter.one_to_one_posterior` over every link it holds)."""
+    from vflink.linkage.fellegi_sunter import one_to_one_posterior
 
     noised = linkage.mu0 + linkage.sigma0 * linkage.similarities
-    return np.where(np.isfinite(noised), match_probability(np.nan_to_num(noised)), np.nan)
+    valid = (linkage.indices >= 0) & np.isfinite(noised)
+    out = np.full(noised.shape, np.nan)
+    if valid.any():
+        rows = np.nonzero(valid)[0].astype(np.int64)
+        out[valid] = one_to_one_posterior(rows, linkage.indices[valid].astype(np.int64),
+                                          noised[valid])
+    return out
 
 
 def linkage_columns(linkage: SoftLinkage, *, view: str = "operator"
