@@ -13,7 +13,7 @@ similarities, so every training plan consumes it unchanged:
   primary shows is the one-to-one posterior (:mod:`.fellegi_sunter`) of the de-normalised
   noised weights w̃ = μ0 + σ0·s of the links it received: a post-processing of s, protected as
   s is (Theorem 1's ε and Theorem 2's τ are unchanged by it);
-* the decision ``match`` of each link, made by the coordinator on the exact weights: one bit per
+* the decision ``match`` of each link, made by the coordinator on the exact model: one bit per
   link (whether its exact probability reached the threshold and the one-to-one assignment kept
   it);
 * aggregate estimates of the link's quality (expected matches, precision, recall, F1 at the
