@@ -293,7 +293,9 @@ class PrimaryParty(Party):
                     emb[mask_t] = rows_emb
             embeddings.append(emb)
         if self.similarity is not None:
-            sim = torch.from_numpy(self.similarity[rows]).to(dev)
+            # a missing link (fewer candidates than K, e.g. after blocking) has NaN similarity;
+            # its slot is masked by `valid`, and NaN·0 would still poison the gates
+            sim = torch.nan_to_num(torch.from_numpy(self.similarity[rows]), nan=0.0).to(dev)
         else:
             sim = torch.ones(b, k, device=dev)
         return embeddings, leaves, sim, torch.from_numpy(valid).to(dev)

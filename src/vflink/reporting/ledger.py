@@ -36,7 +36,8 @@ _CARRIES: dict[str, str] = {
     "soft_link": "control: linkage parameters (metric, K, τ or σ)",
     "share_field_encodings": "control: each field's columns and encoding parameters, and the "
                              "blocking keys' columns",
-    "field_link": "control: linkage parameters (each field's metric and weight, K, τ or σ)",
+    "field_link": "control: linkage parameters (each field's metric and weight, K, τ or σ; "
+                  "a model link's levels, threshold and one-to-one rule)",
     "alignment_ready": "control: a request to fetch an alignment",
     "fetch_alignment": "control: a request for this party's view of an alignment",
     "alignment_view": "alignment indices only: the receiver learns which of its rows are linked "
@@ -116,13 +117,15 @@ def _protections(result: RunResult) -> list[dict[str, Any]]:
             enc = {"encoder": a.get("encoding"), "fields": len(fields),
                    "kinds": ",".join(str(f.get("kind")) for f in fields)}
         applies_to = "field_encodings" if isinstance(fields, list) else "identifier_encodings"
+        model = a.get("model")
         if enc.get("encoder") == "bloom":
             out.append({"kind": "bloom-filter", "party": "data parties",
                         "applies_to": applies_to, "params": enc, "guarantee": {},
                         "explanation": "identifiers are sent as keyed Bloom filters (FedSim App. "
                                        "I): the coordinator sees bit patterns and their Hamming "
                                        "distances, not the identifiers; this is no formal "
-                                       "guarantee, similar records still look similar"})
+                                       "guarantee, similar records still look similar"
+                                       + (_MODEL_HASHES if model else "")})
         sigma = a.get("sigma")
         eps = a.get("epsilon")
         delta = a.get("delta")
@@ -143,7 +146,29 @@ def _protections(result: RunResult) -> list[dict[str, Any]]:
                         "guarantee": {"tau": tau, "epsilon": eps_f, "delta": delta,
                                       "theorem": "FedSim Theorem 1 (ε), Theorem 2 (τ)"},
                         "explanation": sentence})
+        if model:
+            out.append({"kind": "linkage-model", "party": "coordinator",
+                        "applies_to": "field_link", "params": dict(model), "guarantee": {},
+                        "explanation": _MODEL_RELEASE})
     return out
+
+
+#: What a Fellegi–Sunter link adds to what reaches the coordinator (the ledger's sentence).
+_MODEL_HASHES = (
+    "; for the Fellegi-Sunter model each field also travels as a keyed hash (HMAC-SHA256, "
+    "16 bytes) of its normalised value: the coordinator sees which values are equal and how "
+    "often each occurs (equal Bloom filters already show it for strings), never a value")
+#: What the primary receives from a Fellegi-Sunter link, and how it is protected.
+_MODEL_RELEASE = (
+    "the coordinator trains the model and scores the candidate pairs on the encodings it "
+    "holds; the primary receives the K best links per record, their similarities (the "
+    "Eq. 1-normalised match weights with the Eq. 2 noise above, Theorem 2 on the weight's "
+    "largest one-level step), the match probabilities it derives from them (a "
+    "post-processing: no further loss), one decision bit per link (its exact probability "
+    "reached the threshold and the one-to-one assignment kept it: it tells on which side "
+    "of the threshold the exact weight lies) and aggregate estimates (expected matches, "
+    "estimated precision, recall and F1, the prior); the m/u table stays with the "
+    "coordinator")
 
 
 def _message_protection(kind: str, sender: str, protections: list[dict[str, Any]],

@@ -139,7 +139,8 @@ _ALIGNMENT_KEYS: dict[str, tuple[str, ...]] = {
     "psi": ("method", "group", "unmatched"),
     "psu": ("method", "group", "alpha", "beta"),
     "soft": ("method", "unmatched", "metric", "top_k", "tau", "sigma", "delta", "privacy",
-             "search", "pool", "fields", "blocking", "secret_env"),
+             "search", "pool", "fields", "blocking", "model", "threshold", "one_to_one",
+             "secret_env"),
 }
 
 
@@ -250,6 +251,28 @@ def _linkage(figures: dict[str, Any] | None, alignment: dict[str, Any]) -> str:
         ("ε", alignment.get("epsilon"), "FedSim Theorem 1: " + explain_epsilon(
             float(eps) if eps is not None else None, alignment.get("delta"))),
     ])]
+    model = alignment.get("model")
+    if model:
+        parts.append("<h3>Linkage decisions (Fellegi–Sunter, trained without labels)</h3>")
+        parts.append(_table(("figure", "value", "meaning"), [
+            ("threshold", model.get("threshold"), "match probability of a match"),
+            ("one-to-one", model.get("one_to_one") or "none", "each record matched at most "
+                                                              "once"),
+            ("λ", model.get("lambda"), "prior probability that two records match"),
+            ("expected matches", model.get("expected_matches"), "Σ of the one-to-one "
+                                                                "posteriors"),
+            ("estimated precision", model.get("estimated_precision"), "no labels used"),
+            ("estimated recall", model.get("estimated_recall"), "relative to the candidate "
+                                                                "pairs"),
+            ("estimated F1", model.get("estimated_f1"), "no labels used"),
+            ("matched fraction", model.get("matched_fraction"), "primary records with a "
+                                                                 "match"),
+        ]))
+        parts.append('<p class="explain">The coordinator trained the model on the encodings '
+                     "and kept its m/u table; the primary received each link's decision, its "
+                     "noised similarity (the normalised match weight) and these aggregates. "
+                     "<code>vflink link --model fellegi-sunter</code> shows the m/u table, the "
+                     "match-weight chart and one pair's waterfall.</p>")
     if not figures:
         parts.append('<p class="note">This run kept one link per record (K = 1): no curve.</p>')
         return "".join(parts)
