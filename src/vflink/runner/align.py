@@ -44,9 +44,9 @@ from vflink.transport import InProcessHub, TrafficCounter, Transcript
 from vflink.types import Alignment, Compute
 
 __all__ = ["METHODS", "AlignOutcome", "CostProbe", "ExactOutcome", "KeyFile",
-           "align_exact_in_process", "align_in_process", "align_over_network",
-           "bound_line", "file_key_batches", "key_frame", "key_table", "run_cores", "run_set_alignment",
-           "write_outcome"]
+           "align_exact_in_process", "align_in_process", "align_over_network", "bound_line",
+           "file_key_batches", "key_frame", "key_table", "run_cores", "run_set_alignment",
+           "text_key_bytes", "write_outcome"]
 
 METHODS = ("psu", "psi")
 

@@ -297,10 +297,11 @@ class Group(ABC):
         parts = self._map(_power_task, (type(self), e, check is not None),
                           [elements[lo:hi] for lo, hi in ranges], where, check=valid,
                           progress=step)
-        out = np.concatenate(parts) if len(parts) > 1 else parts[0]
+        done = [p for p in parts if p is not None]  # all of them: ``valid`` refused None
+        out = np.concatenate(done) if len(done) > 1 else done[0]
         self.operations += n
         self.counts["power_checked" if check is not None else "power"] += n
-        return out  # type: ignore[return-value]
+        return out
 
     def check(self, elements: object, what: str) -> Elements:
         """``elements`` as an ``(n, element_bytes)`` uint8 array, or ProtocolError."""
