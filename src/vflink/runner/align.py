@@ -117,7 +117,7 @@ class CostProbe:
                                   reveal=outcome.reveal) for role in ("primary", "secondary")}
         bound = crypto_bound_s(ops.values(), costs, cores)
         out: dict[str, Any] = {
-            "seconds": round(bound, 3), "cores": cores, "wall_seconds": round(wall_s, 3),
+            "seconds": round(bound, 6), "cores": cores, "wall_seconds": round(wall_s, 3),
             "ratio": round(wall_s / bound, 3) if bound > 0 else None,
             "us_per_operation": {"before": self.before.as_us(), "after": after.as_us(),
                                  "mean": costs.as_us()},
@@ -131,7 +131,9 @@ def bound_line(bound: dict[str, Any]) -> str:
     """A :meth:`CostProbe.bound` in a few words, for the command's last line."""
     us, cores, ratio = bound["us_per_operation"]["mean"], bound["cores"], bound["ratio"]
     head = f"{ratio:.2f}× its crypto bound" if ratio is not None else "crypto bound"
-    return (f"{head} of {bound['seconds']:.1f} s on {cores} core{'s' if cores != 1 else ''} "
+    seconds = bound["seconds"]
+    shown = f"{seconds:.1f}" if seconds >= 1 else f"{seconds:.2g}"
+    return (f"{head} of {shown} s on {cores} core{'s' if cores != 1 else ''} "
             f"(µs per operation: exponentiation {us['power']:.1f}, checked "
             f"{us['power_checked']:.1f}, hash {us['hash']:.1f}, check {us['validate']:.1f})")
 
