@@ -49,11 +49,11 @@ class Dropout(nn.Dropout):
     """
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.device.type == "cpu" or not self.training or self.p == 0.0 or self.inplace:
+        if x.device.type == "cpu" or not self.training or self.p == 0.0:
             return super().forward(x)
-        if self.p == 1.0:
-            return x * torch.zeros((), dtype=x.dtype, device=x.device)
-        return x * dropout_noise(x, self.p).to(x.device)
+        noise = (torch.zeros((), dtype=x.dtype, device=x.device) if self.p == 1.0  # as ATen
+                 else dropout_noise(x, self.p).to(x.device))
+        return x.mul_(noise) if self.inplace else x * noise
 
 
 def build_mlp(in_dim: int, hidden: Sequence[int], out_dim: int, *, activation: str = "relu",

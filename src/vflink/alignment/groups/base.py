@@ -169,12 +169,6 @@ class Group(ABC):
             return "engine"
         return "pool" if self.workers > 1 else "here"
 
-    def _buckets(self, n: int) -> list[tuple[int, int]] | None:
-        """Row ranges for the compute engine's tasks, or None to work in this process."""
-        if self._where(n) != "engine":
-            return None
-        return self._ranges(n, self.chunk_rows, "engine")
-
     def _ranges(self, n: int, unit: int, where: Where) -> list[tuple[int, int]]:
         """``[lo, hi)`` pieces of a batch of ``n``: about :data:`PIECES_PER_WORKER` per worker,
         at least ``unit`` rows (a piece's fixed cost), at most the engine's ``chunk_rows``
