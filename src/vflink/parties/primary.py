@@ -324,7 +324,7 @@ class PrimaryParty(Party):
         plan = self._plan
         if plan is not None and plan.bottom.dropout > 0:
             # dropout masks depend on (seed, batch id) only, as on the secondaries
-            with seeded_init(plan.bottom.seed * 1_000_003 + batch_id, self.device):
+            with seeded_init(plan.bottom.seed * 1_000_003 + batch_id):
                 logits = model(x, sec, sim, mask)
         else:
             logits = model(x, sec, sim, mask)

@@ -270,13 +270,18 @@ class UnionPrimary:
         spec: public hyperparameters of the peer's bottom model (also used for ours).
         fit_uids: the training UIDs (positions in U).
         policy: this party's limits on what it accepts (values of received embeddings).
+        device: where this party's own models run (``training.device``; default the CPU).
+            What crosses to the peer stays on the CPU, and so do the synthetic labels (drawn
+            from CPU generators, as on the CPU).
     """
 
     def __init__(self, table: PartyTable, channel: Channel, peer: str, result: SetAlignment,
                  *, strategy: syn.Strategy, calibration: syn.Calibration, spec: BottomSpec,
                  top_hidden: tuple[int, ...], fit_uids: npt.NDArray[np.int64],
-                 session: str | None = None, policy: PartyPolicy | None = None) -> None:
+                 session: str | None = None, policy: PartyPolicy | None = None,
+                 device: torch.device | None = None) -> None:
         schema = table.schema
+        self.device = device if device is not None else torch.device("cpu")
         if schema.label is None:
             raise ProtocolError("the active party needs a label column")
         self.channel, self.peer, self.strategy = channel, peer, strategy
@@ -310,19 +315,20 @@ class UnionPrimary:
                                             activation=spec.activation)
                 width += spec.out_dim
             parts["top"] = build_mlp(width, top_hidden, 1, activation=spec.activation)
-        self.model = torch.nn.ModuleDict(parts)
+        self.model = torch.nn.ModuleDict(parts).to(self.device)  # built on the CPU, as always
         self.optimizer = build_optimizer(self.model.parameters(), spec)
         self.next_batch_id = 1
         self.records: list[BatchRecord] = []
 
     def _logits(self, uids: npt.NDArray[np.int64], emb: torch.Tensor) -> torch.Tensor:
-        inputs = [emb]
+        inputs = [emb.to(self.device)]  # a differentiable copy: the gradient reaches ``emb``
         if self.x is not None:
             rows = self.rows[uids].copy()
             missing = rows < 0
             if missing.any():  # our own gaps: a random own record (fea-sampling, locally)
                 rows[missing] = syn.sampled_rows(self.own_rows, int(missing.sum()), self.rng)
-            inputs.insert(0, self.model["bottom"](self.x[torch.from_numpy(rows)]))
+            inputs.insert(0, self.model["bottom"](self.x[torch.from_numpy(rows)].to(
+                self.device)))
         return self.model["top"](torch.cat(inputs, dim=1)).reshape(-1)
 
     def _forward(self, uids: npt.NDArray[np.int64], train: bool) -> torch.Tensor:
@@ -353,15 +359,16 @@ class UnionPrimary:
             real_idx = torch.from_numpy(np.flatnonzero(held))
             ctx = syn.LabelContext(
                 n=int(fake.sum()), positive_rate=self.positive_rate, generator=self.generator,
-                probabilities=torch.sigmoid(logits.detach()[idx]),
+                probabilities=torch.sigmoid(logits.detach().cpu()[idx]),
                 embeddings=emb.detach()[idx], real_embeddings=emb.detach()[real_idx],
                 real_labels=y[real_idx], samples=self.strategy.label_samples)
             y[idx] = syn.LABEL_STRATEGIES.get(self.strategy.labels)(ctx)
         if self.strategy.calibration == "tr":
             p = syn.shift_for_training(torch.sigmoid(logits), self.calibration)
-            loss = torch.nn.functional.binary_cross_entropy(p, y)
+            loss = torch.nn.functional.binary_cross_entropy(p, y.to(self.device))
         else:
-            loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, y)
+            loss = torch.nn.functional.binary_cross_entropy_with_logits(logits,
+                                                                        y.to(self.device))
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         grad = emb.grad if emb.grad is not None else torch.zeros_like(emb)
@@ -382,7 +389,7 @@ class UnionPrimary:
             part = uids[start:start + batch_size]
             with torch.no_grad():
                 logits = self._logits(part, self._forward(part, False))
-            out.append(torch.sigmoid(logits).double().numpy())
+            out.append(torch.sigmoid(logits).double().cpu().numpy())
         p = np.concatenate(out) if out else np.empty(0)
         if self.strategy.calibration == "te":
             p = syn.shift_for_test(p, self.calibration)

@@ -35,6 +35,7 @@ from vflink.attacks.spectral import SpectralAttack
 from vflink.errors import ConfigError
 from vflink.metrics.calibration import adaptive_calibration_error
 from vflink.metrics.functional import accuracy, auc
+from vflink.models.device import resolve_device
 from vflink.models.spec import BottomSpec
 from vflink.parties.setalign import SetAlignmentDriver
 from vflink.parties.union import UnionPrimary
@@ -121,7 +122,9 @@ class UnionTrainee:
                           lr=t_cfg.lr, weight_decay=t_cfg.weight_decay, seed=config.seed)
         self._active = UnionPrimary(sim.p_table, sim.channel, sim.peer, sim.mine,
                                     strategy=strategy, calibration=self.calibration, spec=spec,
-                                    top_hidden=m_cfg.top_hidden, fit_uids=train_uids)
+                                    top_hidden=m_cfg.top_hidden, fit_uids=train_uids,
+                                    device=resolve_device(t_cfg.resources().device,
+                                                          party=sim.p_table.name))
         return train_uids
 
     def batches(self, rows: Rows, batch_size: int, rng: np.random.Generator) -> Iterator[Rows]:
