@@ -51,7 +51,13 @@ from vflink.runner.evaluation import EVALUATIONS, linkage_figures, write_truth
 from vflink.runner.federation import recorder_for
 from vflink.runner.loop import BEST, CHECKPOINT, FINAL
 from vflink.runner.pools import run_splits
-from vflink.runner.protections import TRAINING, Protection, chosen, request_settings
+from vflink.runner.protections import (
+    TRAINING,
+    Protection,
+    chosen,
+    merge_reports,
+    request_settings,
+)
 from vflink.runner.union import UnionPlan
 from vflink.transport import InProcessHub, TrafficCounter
 from vflink.types import MISSING, Alignment
@@ -84,7 +90,8 @@ def training_plan(config: RunConfig, algorithm: Algorithm, *, learn_missing: boo
                         kernels=m.kernels, image_shape=m.image_shape)
     agg = AggregatorConfig(**{**m.aggregator.__dict__, "seed": config.seed})
     chosen_ = chosen(config, TRAINING) if protections is None else protections
-    settings: dict[str, Any] = {"privacy": None, **request_settings(chosen_, config)}
+    settings: dict[str, Any] = {"privacy": None, "labels": None,
+                                **request_settings(chosen_, config)}
     return TrainingPlan(bottom=bottom, top_hidden=m.top_hidden, learn_missing=learn_missing,
                         aggregator=algorithm.aggregator, k=k, aggregator_config=agg,
                         pair_dim=m.pair_dim, **settings)
@@ -120,7 +127,8 @@ class PrimaryTrainee:
 
     def setup(self, splits: tuple[Rows, ...], epochs: int, batch_size: int) -> Rows:
         self.primary.setup(self.plan, splits[0],
-                           release_plan=release_plan(self.plan, splits, epochs, batch_size))
+                           release_plan=release_plan(self.plan, splits, epochs, batch_size),
+                           epochs=epochs)
         return splits[0]
 
     def batches(self, rows: Rows, batch_size: int, rng: np.random.Generator) -> Iterator[Rows]:
@@ -253,10 +261,8 @@ def _linkage_figures(ctx: RunContext) -> dict[str, Any]:
 def _protections(ctx: RunContext) -> dict[str, Any]:
     """What each training protection of the run reports (``PROTECTIONS``; embedding DP:
     each secondary's ledger entries, VFL-AFE)."""
-    out: dict[str, Any] = {}
-    for protection in ctx.state.get("protections", ()):
-        out.update(protection.report(ctx.state["primary"]))
-    return out
+    return merge_reports([protection.report(ctx.state["primary"])
+                          for protection in ctx.state.get("protections", ())])
 
 
 # -- plans -----------------------------------------------------------------------------------
