@@ -20,10 +20,11 @@ import numpy.typing as npt
 
 from vflink._files import atomic_write_json, check_regular_file, open_data_bytes, read_json_file
 from vflink.attacks import ATTACKS, AttackResult, AttackView, get_attack
-from vflink.errors import ConfigError, DataError, RunError
+from vflink.errors import ConfigError, DataError, VflinkError
 from vflink.parties.recording import RECORDING_DIR, Recording, read_recording
 from vflink.privacy.label_protection import DEFEATED_WITHIN
 from vflink.privacy.ledger import LEDGER_FILE, Ledger
+from vflink.runfiles.inputs import Inputs
 from vflink.runner.evaluation import OWN_ENCODINGS, read_truth
 
 __all__ = ["attack_lines", "label_protection_in_force", "load_view", "recorded_parties",
@@ -154,12 +155,14 @@ def truth_for(arrays: dict[str, npt.NDArray[Any]], peer: str | None
 
 def run_attack(run_dir: Path, name: str, *, party: str | None = None,
                params: dict[str, Any] | None = None, out: Path | None = None,
-               truth_dir: Path | None = None, overwrite: bool = False) -> AttackResult:
+               truth_dir: Path | None = None, overwrite: bool = False,
+               tables: Inputs | None = None) -> AttackResult:
     """Run attack ``name`` on ``run_dir``; append the result to the run's ledger (and to
     ``out``). ``truth_dir``: the run directory with the ground truth and the ledger, when
     ``run_dir`` is one party's own state directory (runs across hosts). An existing result
     file in ``out`` is refused (before the attack runs or the ledger changes) unless
-    ``overwrite``."""
+    ``overwrite``. ``tables``: the parties' tables of a run trained on tables given in memory
+    (an attack that uses the attacker's own data, e.g. model completion, reads them)."""
     run_dir = Path(run_dir)
     home = Path(truth_dir) if truth_dir is not None else run_dir
     attack = get_attack(name, **(params or {}))
@@ -170,7 +173,7 @@ def run_attack(run_dir: Path, name: str, *, party: str | None = None,
                           f"{view.party!r} never received in this run: "
                           + "; ".join(_WHY[n] for n in missing))
     if "features" in attack.needs and view.features is None and view.role == "secondary":
-        view = _with_bottom_outputs(view, home)
+        view = _with_bottom_outputs(view, home, tables)
     view.require(attack.needs, attack.name)
     target = Path(out) / f"{name}-{view.party}.json" if out is not None else None
     if target is not None and target.exists() and not overwrite:
@@ -234,7 +237,8 @@ def with_label_verdict(result: AttackResult, ledger: Ledger) -> AttackResult:
                                details=details)
 
 
-def _with_bottom_outputs(view: AttackView, run_dir: Path) -> AttackView:
+def _with_bottom_outputs(view: AttackView, run_dir: Path, tables: Inputs | None
+                         ) -> AttackView:
     """The secondary's own trained bottom model's outputs for every one of its rows, and its
     preprocessed rows (what passive model completion builds on): from its saved final model
     and its own table, as the secondary itself would compute them."""
@@ -248,12 +252,16 @@ def _with_bottom_outputs(view: AttackView, run_dir: Path) -> AttackView:
     from vflink.transport import InProcessHub
 
     state_dir = Path(run_dir) / "models" / view.party
-    try:
-        config = load_run_config(Path(run_dir))
-    except RunError as exc:
-        raise ConfigError(f"the attack needs the secondary's own model and table: {exc}") \
-            from None
-    table = next((t for t in load_inputs(config).secondaries if t.name == view.party), None)
+    if tables is None:
+        try:
+            config = load_run_config(Path(run_dir))
+            tables = load_inputs(config)
+        except VflinkError as exc:
+            raise ConfigError(f"the attack needs party {view.party!r}'s own table and saved "
+                              f"model, and the run's tables could not be read again ({exc}); "
+                              "for a run trained on tables in memory, attack it with "
+                              "`Run.attack` (or pass `tables`)") from None
+    table = next((t for t in tables.secondaries if t.name == view.party), None)
     if table is None or not state_dir.is_dir():
         raise ConfigError(f"the attack needs party {view.party!r}'s own table and saved model "
                           f"({state_dir}); across hosts, run it where that party keeps them")
