@@ -4,6 +4,7 @@ and the attacks; `off` leaves every run as it was."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,9 @@ from vflink.runner.train import run_training
 from vflink.transport import Transcript
 
 OPTIONS = {"n_samples": 900, "sigma_cf": 0.1, "seed": 3}
+#: SHA-256 of every gradient the unprotected run of `config()` sends, recorded before label
+#: protection existed (main at 8a045c6)
+PINNED_GRADIENTS = "6792da4db1c57cc89fe1866eae78247262139830b5ad6fbf42d6e86cf9c041bf"
 MODES = ("dp", "marvell", "max-norm", "rr-prior")
 
 
@@ -156,6 +160,13 @@ def test_off_is_bit_identical_to_a_run_without_the_setting() -> None:
     (a, grads_a), (b, grads_b) = runs
     assert a.metrics == b.metrics
     assert all(torch.equal(x, y) for x, y in zip(grads_a, grads_b, strict=True))
+    # and as the code before label protection existed (main at 8a045c6, torch 2.13.0 CPU)
+    assert b.metrics["test"] == {"accuracy": 0.5303867403314917, "auc": 0.6160430423086329}
+    assert [e.train_loss for e in b.history] == [0.6934886574745178, 0.6879523515701294]
+    digest = hashlib.sha256()
+    for grad in grads_b:
+        digest.update(grad.numpy().tobytes())
+    assert digest.hexdigest() == PINNED_GRADIENTS
 
 
 def test_fedsim_k_links_go_through_the_protection() -> None:
@@ -236,3 +247,69 @@ def test_the_attacks_and_the_report_read_the_protection(tmp_path: Path) -> None:
     assert "labels (primary): dp ε = 4" in page
     metrics = json.loads((tmp_path / "dp" / "metrics.json").read_text())
     assert metrics["privacy"]["primary"]["kind"] == "label-dp"
+
+
+def test_both_directions_in_one_run(tmp_path: Path) -> None:
+    """A total ε for the secondaries' embeddings and one for the primary's labels: the ledger,
+    the CLI's line and the report's summary show both parties' guarantees."""
+    from vflink.reporting.ledger import privacy_summary
+    from vflink.reporting.report import write_report
+
+    cfg = config("dp", labels_total_epsilon=2.0).replace(privacy=PrivacyConfig(
+        embeddings="vanilla", total_epsilon=8.0, delta=1e-5, labels="dp",
+        labels_total_epsilon=2.0))
+    result = run_training(cfg, tmp_path / "both")
+    kinds = {p["kind"]: p for p in result.extra["protections"]}
+    assert set(kinds) == {"embedding-dp", "label-dp"}
+    assert kinds["embedding-dp"]["guarantee"]["epsilon_total"] <= 8.0 + 1e-9
+    assert kinds["label-dp"]["guarantee"]["epsilon"] <= 2.0 + 1e-9
+    line = privacy_summary(result)
+    assert "embeddings of secondary: ε = " in line and "labels of primary: dp, ε = " in line
+    ledger = Ledger.read(tmp_path / "both" / "privacy.json")
+    protection = {m["kind"]: m["protection"] for m in ledger.messages}
+    assert protection["embeddings"] == "embedding-dp" and protection["backward"] == "label-dp"
+    summary = write_report(tmp_path / "both").read_text()
+    assert "embeddings (secondaries): secondary ε = " in summary
+    assert "labels (primary): dp ε = " in summary
+    # unprotected labels: the CLI's line warns, pointing at the measurements
+    plain = run_training(config(), tmp_path / "plain")
+    assert "WARNING" in privacy_summary(plain) and "label-protection.md" in \
+        privacy_summary(plain)
+
+
+@pytest.mark.network
+def test_across_hosts_the_primary_keeps_its_label_budget_in_its_own_state_dir(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Its party file's `state_dir` holds the counts of its labels: a second run pays for the
+    first (more noise, the same total), and `vflink privacy-budget` shows them."""
+    from vflink.cli.main import main
+
+    monkeypatch.setenv("VFLINK_SECRET", "a-test-secret-shared-by-data-parties")
+    files = write_party_files(tmp_path / "net", dataset="sklearn-small", options=OPTIONS, seed=3)
+    state = tmp_path / "primary-state"
+    text = files["primary"].read_text()
+    files["primary"].write_text(text.replace('role = "primary"\n',
+                                             f'role = "primary"\nstate_dir = "{state}"\n', 1))
+    cfg = config("dp", labels_total_epsilon=1.0)
+    guarantees = []
+    with served_in_threads(files["coordinator"], files["secondary"]):
+        for i in range(2):
+            federation = network_federation(load_party_config(files["primary"]),
+                                            run_id=f"run{i}")
+            try:
+                result = run_training(cfg, tmp_path / f"run{i}",
+                                      tables=Inputs(load_inputs(cfg).primary, ()),
+                                      federation=federation)
+            finally:
+                federation.close()
+            guarantees.append(next(p for p in result.extra["protections"]
+                                   if p["kind"] == "label-dp")["guarantee"])
+    first, second = guarantees
+    assert first["max_releases"] == 2 and second["max_releases"] == 4
+    assert second["sigma"] > first["sigma"] and second["epsilon"] <= 1.0 + 1e-9
+    assert len(second["releases_of_worst_record"]) == 2  # both runs' settings, composed
+    assert list((state / "_privacy-budget").glob("*.json"))
+    assert main(["privacy-budget", "--party-file", str(files["primary"])]) == 0
+    out = capsys.readouterr().out
+    assert "releases (at most 4 of one record" in out and "labels-dp" in out

@@ -184,7 +184,7 @@ def plot_curve(runs: Sequence[dict[str, Any]], path: Path, *, title: str,
                 label = mode if len(getters) == 1 else f"{mode}: {name}"
                 ax.errorbar(eps, [np.nanmean(v) for v in vals], yerr=[np.nanstd(v) for v in vals],
                             marker="o", capsize=3, label=label)
-        for name, get in getters:
+        for _, get in getters:
             if off:
                 ax.axhline(float(np.nanmean(_values(off, get))), linestyle="--", color="grey",
                            linewidth=1)

@@ -126,6 +126,9 @@ class PrimaryParty(Party):
         recorder: records what this party receives (``[evaluation] record``), for attacks.
         resources: this party's own device and feature store (``training.device``,
             ``training.feature_store``); embeddings and gradients cross as CPU tensors.
+        budget_dir: where the release counts of its labels are kept (``[privacy] labels``),
+            keyed by its data's fingerprint; default ``out_dir/_privacy-budget``, ``None``
+            without ``out_dir``: in memory for this object's life.
     """
 
     role = "primary"
@@ -134,7 +137,8 @@ class PrimaryParty(Party):
                  secret: bytes | None = None, out_dir: Path | None = None,
                  recorder: Recorder | None = None, roles: Mapping[str, str] | None = None,
                  policy: PartyPolicy | None = None,
-                 resources: TrainingResources | None = None) -> None:
+                 resources: TrainingResources | None = None,
+                 budget_dir: Path | None = None) -> None:
         super().__init__(table.name, roles=roles, policy=policy)
         self.resources = resources or TrainingResources()
         self.device = resolve_device(self.resources.device, party=table.name)
@@ -165,6 +169,8 @@ class PrimaryParty(Party):
         #: the protection of the labels on the gradients sent (``[privacy] labels``)
         self.label_protection: LabelProtection | None = None
         self._label_budget: ReleaseBudget | None = None
+        self._budget_dir = budget_dir if budget_dir is not None else (
+            None if out_dir is None else out_dir / BUDGET_DIR)
 
     @property
     def labels(self) -> Any:
@@ -262,8 +268,8 @@ class PrimaryParty(Party):
         if self._label_budget is None:  # kept with the data, in our own directory
             n = len(self.table)
             self._label_budget = (
-                ReleaseBudget.open(self.out_dir / BUDGET_DIR, self.table.fingerprint(), n,
-                                   party=self.name) if self.out_dir is not None
+                ReleaseBudget.open(self._budget_dir, self.table.fingerprint(), n,
+                                   party=self.name) if self._budget_dir is not None
                 else ReleaseBudget(n, party=self.name))
         classes = len(self.codec.classes) if self.task.is_classification else 0
         self.label_protection = LabelProtection(plan.labels, task=self.task, party=self.name,

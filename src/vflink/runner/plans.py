@@ -39,6 +39,7 @@ from vflink.metrics.functional import evaluate, primary_metric
 from vflink.models.merge import AggregatorConfig
 from vflink.models.spec import BottomSpec
 from vflink.parties import PrimaryParty, TrainingPlan
+from vflink.privacy.budget import BUDGET_DIR
 from vflink.protocol import Ack, AlignmentReady
 from vflink.registry import Registry
 from vflink.reporting.link_quality import training_link_quality
@@ -325,10 +326,14 @@ class PrimaryPlan:
             alignments = prepared.alignments[algorithm.links]
             if algorithm.links == "exact" and config.alignment.method == "soft":
                 learn_missing = True  # records without an exact match keep a "missing" embedding
+            # the label release counts live with the primary's data: its own state directory
+            # across hosts, else its directory of this run
+            own = federation.state_dir if federation.state_dir is not None else primary_dir
             primary = PrimaryParty(inputs.primary, federation.channel,
                                    secondaries=federation.secondaries, out_dir=primary_dir,
                                    recorder=recorder_for(config), policy=federation.policy,
-                                   resources=config.training.resources())
+                                   resources=config.training.resources(),
+                                   budget_dir=None if own is None else own / BUDGET_DIR)
             # every secondary fetches the view of the alignment this algorithm uses
             for name in federation.secondaries:
                 federation.channel.request(name, AlignmentReady(
