@@ -46,6 +46,7 @@ from vflink.models.splitnn import SplitNNPrimary  # noqa: E402
 from vflink.runfiles.config import (  # noqa: E402
     AlignmentConfig,
     DataConfig,
+    PrivacyConfig,
     RunConfig,
     TrainingConfig,
 )
@@ -60,6 +61,7 @@ def config(algorithm: str, k: int, samples: int, batch: int) -> RunConfig:
         alignment=AlignmentConfig(method="soft", metric="euclidean", top_k=k, privacy="off"),
         training=TrainingConfig(epochs=1, patience=1, batch_size=128, knn_batch_size=batch,
                                 optimizer="lamb", lr=3e-3, threads=1),
+        privacy=PrivacyConfig(labels="off"),  # the step as measured: gradients sent in clear
     )
 
 
@@ -171,7 +173,8 @@ def pass_times(samples: int, k: int, batch: int, repeats: int,
         model=ModelConfig(cut_dim=50, pair_dim=1,
                           aggregator=AggregatorConfig(merge=merge, sim_hidden=(10, 10))),
         training=TrainingConfig(epochs=1, knn_batch_size=batch, optimizer="lamb", lr=1e-3,
-                                weight_decay=1e-4))
+                                weight_decay=1e-4),
+        privacy=PrivacyConfig(labels="off"))
     prepared = prepare(cfg, algorithms=["fedsim"])
     fed = prepared.federation
     assert fed is not None

@@ -31,6 +31,7 @@ import torch
 import vflink
 from vflink.experiments.label_protection import (
     ATTACK_COLUMNS,
+    adjusting_table,
     curve_table,
     load_runs,
     plot_curve,
@@ -102,6 +103,9 @@ def run(args: argparse.Namespace) -> None:
 
 def table(args: argparse.Namespace) -> None:
     runs = load_runs(args.runs)
+    if len({r.get("embeddings") for r in runs}) > 1:  # VFL-AFE's +D under label protection
+        print(adjusting_table(runs))
+        return
     names = {name for r in runs for name in (r.get("attacks") or {})}
     columns = tuple((n, h) for n, h in ATTACK_COLUMNS if n in names)
     if any(r.get("labels") not in ("dp", "rr-prior") or r.get("epsilon") == args.epsilon

@@ -146,21 +146,17 @@ def test_sent_gradients_are_post_processing_of_the_noisy_logit_gradients(
                             and r.message.train)  # one noisy release per training batch
 
 
-def test_off_is_bit_identical_to_a_run_without_the_setting() -> None:
-    """`labels = "off"` draws nothing and reorders nothing: the same model, metrics and
-    messages as a config that never names it (every existing figure stays)."""
-    base = RunConfig(seed=3, algorithm="splitnn",
-                     data=DataConfig(dataset="sklearn-small", options=dict(OPTIONS)),
-                     alignment=AlignmentConfig(method="exact"),
-                     training=TrainingConfig(epochs=2, patience=2))
+def test_off_is_bit_identical_to_the_code_before_label_protection() -> None:
+    """`labels = "off"` draws nothing and reorders nothing: the same metrics and messages as
+    before label protection existed (every existing figure stays); the default protects."""
     runs = []
-    for cfg in (base, config("off")):
+    for cfg in (config("off"), config("off")):
         transcript = Transcript()
         runs.append((run_training(cfg, transcript=transcript), sent_gradients(transcript)))
     (a, grads_a), (b, grads_b) = runs
     assert a.metrics == b.metrics
     assert all(torch.equal(x, y) for x, y in zip(grads_a, grads_b, strict=True))
-    # and as the code before label protection existed (main at 8a045c6, torch 2.13.0 CPU)
+    # as the code before label protection existed (main at 8a045c6, torch 2.13.0 CPU)
     assert b.metrics["test"] == {"accuracy": 0.5303867403314917, "auc": 0.6160430423086329}
     assert [e.train_loss for e in b.history] == [0.6934886574745178, 0.6879523515701294]
     digest = hashlib.sha256()
@@ -313,3 +309,20 @@ def test_across_hosts_the_primary_keeps_its_label_budget_in_its_own_state_dir(
     assert main(["privacy-budget", "--party-file", str(files["primary"])]) == 0
     out = capsys.readouterr().out
     assert "releases (at most 4 of one record" in out and "labels-dp" in out
+
+
+def test_the_default_protects_a_binary_task_and_leaves_others_off() -> None:
+    base = RunConfig(seed=3, algorithm="splitnn",
+                     data=DataConfig(dataset="sklearn-small", options=dict(OPTIONS)),
+                     alignment=AlignmentConfig(method="exact"),
+                     training=TrainingConfig(epochs=1, patience=1))
+    assert base.privacy.labels is None
+    binary = run_training(base)
+    (entry,) = [p for p in binary.extra["protections"] if p["applies_to"] == "backward"]
+    assert entry["kind"] == "label-marvell" and entry["params"]["power"] == 4.0
+    multi = run_training(base.replace(data=DataConfig(
+        dataset="sklearn-small", options={**OPTIONS, "n_classes": 3})))
+    assert not [p for p in multi.extra.get("protections", []) if p["applies_to"] == "backward"]
+    from vflink.reporting.ledger import privacy_summary
+
+    assert "WARNING" in privacy_summary(multi)

@@ -25,8 +25,8 @@ import numpy as np
 
 from vflink.errors import ConfigError
 
-__all__ = ["ATTACK_COLUMNS", "curve_table", "load_runs", "plot_curve", "protection_table",
-           "run_key"]
+__all__ = ["ATTACK_COLUMNS", "adjusting_table", "curve_table", "load_runs", "plot_curve",
+           "protection_table", "run_key"]
 
 #: the attacks of the tables, in column order, with their short headings
 ATTACK_COLUMNS = (("label-norm", "norm"), ("label-direction", "direction"),
@@ -107,28 +107,65 @@ def _guarantee(runs: Sequence[dict[str, Any]]) -> str:
 def protection_table(runs: Sequence[dict[str, Any]], *, epsilon: float = 4.0,
                      attacks: Sequence[tuple[str, str]] = ATTACK_COLUMNS) -> str:
     """Markdown: one row per protection (dp and rr-prior at ``epsilon``), columns test
-    accuracy (%), test AUC and each attack's AUC (mean ± std over seeds), and the guarantee."""
+    accuracy (%), its change against the unprotected run of the same seed, test AUC and each
+    attack's AUC (mean ± std over seeds), and the guarantee."""
     points: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for run in runs:
         mode = str(run.get("labels"))
         if mode in ("dp", "rr-prior") and run.get("epsilon") != epsilon:
             continue
         points[mode].append(run)
-    head = ["protection", "test accuracy (%)", "test AUC", *(h for _, h in attacks),
-            "guarantee"]
+    head = ["protection", "test accuracy (%)", "Δ accuracy (points)", "test AUC",
+            *(h for _, h in attacks), "guarantee"]
     lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+    off = {int(r["seed"]): r for r in points.get("off", [])}
     for mode in [m for m in MODES if m in points]:
         rs = points[mode]
+        paired = [r for r in rs if int(r["seed"]) in off]
+        delta = _values(paired, lambda r: r["test"]["accuracy"]) - _values(
+            [off[int(r["seed"])] for r in paired], lambda r: r["test"]["accuracy"])
         cells = [mode, _cell(_values(rs, lambda r: r["test"]["accuracy"]), percent=True),
+                 _cell(delta, percent=True) if mode != "off" else "",
                  _cell(_values(rs, lambda r: r["test"].get("auc")))]
         cells += [_cell(_values(rs, lambda r, n=name: _attack_value(r, n)))
                   for name, _ in attacks]
         cells.append(_guarantee(rs))
         lines.append("| " + " | ".join(cells) + " |")
     seeds = sorted({int(r["seed"]) for r in runs})
-    lines += ["", f"Mean ± std over seeds {seeds}; dp and rr-prior at labels_total_epsilon = "
-                  f"{epsilon:g}. Attack columns: AUC (0.5 = chance; read by the distance from "
-                  "0.5, either way)."]
+    lines += ["", f"Mean ± std over seeds {seeds}; Δ accuracy: against the unprotected run of "
+                  f"the same seed; dp and rr-prior at labels_total_epsilon = {epsilon:g}. "
+                  "Attack columns: AUC (0.5 = chance; read by the distance from 0.5, either "
+                  "way)."]
+    return "\n".join(lines)
+
+
+def adjusting_table(runs: Sequence[dict[str, Any]]) -> str:
+    """Markdown: what label protection does to VFL-AFE's distribution adjusting (+D): per label
+    protection, test accuracy (%) with the embeddings' ``vanilla`` DP and with +D
+    (``adjust``), +D's gain against vanilla on the same seed, and the fuzzy c-means attack's
+    AUC with +D (how well +D's own clustering of the gradients finds the classes)."""
+    def acc(run: dict[str, Any]) -> float:
+        return float(run["test"]["accuracy"])
+
+    def pick(mode: str, embeddings: str) -> dict[int, dict[str, Any]]:
+        return {int(r["seed"]): r for r in runs
+                if r.get("labels") == mode and r.get("embeddings") == embeddings}
+
+    head = ["labels", "vanilla accuracy (%)", "+D accuracy (%)", "+D − vanilla (points)",
+            "FCM attack AUC (+D)", "norm attack AUC (+D)"]
+    lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+    for mode in [m for m in MODES if any(r.get("labels") == m for r in runs)]:
+        vanilla, adjust = pick(mode, "vanilla"), pick(mode, "adjust")
+        seeds = sorted(set(vanilla) & set(adjust))
+        gain = _values([adjust[s] for s in seeds], acc) - _values([vanilla[s] for s in seeds],
+                                                                   acc)
+        lines.append("| " + " | ".join([
+            mode, _cell(_values(list(vanilla.values()), acc), percent=True),
+            _cell(_values(list(adjust.values()), acc), percent=True),
+            _cell(gain, percent=True),
+            _cell(_values(list(adjust.values()), lambda r: _attack_value(r, "label-fcm"))),
+            _cell(_values(list(adjust.values()), lambda r: _attack_value(r, "label-norm")))])
+            + " |")
     return "\n".join(lines)
 
 

@@ -45,7 +45,7 @@ from vflink.parties.policy import PartyPolicy
 from vflink.parties.recording import Recorder
 from vflink.parties.resources import TrainingResources
 from vflink.privacy.budget import BUDGET_DIR, ReleaseBudget
-from vflink.privacy.label_protection import LabelProtection
+from vflink.privacy.label_protection import LabelProtection, resolve_settings
 from vflink.protocol.channel import Channel
 from vflink.protocol.messages import (
     Ack,
@@ -262,7 +262,8 @@ class PrimaryParty(Party):
 
     def _start_labels(self, plan: TrainingPlan) -> None:
         """A new training run's label protection, counting on the data's one budget."""
-        if plan.labels is None or plan.labels.get("mode", "off") == "off":
+        settings = resolve_settings(plan.labels, self.task)  # the default: by the task
+        if settings is None:
             self.label_protection = None
             return
         if self._label_budget is None:  # kept with the data, in our own directory
@@ -272,7 +273,7 @@ class PrimaryParty(Party):
                                    party=self.name) if self._budget_dir is not None
                 else ReleaseBudget(n, party=self.name))
         classes = len(self.codec.classes) if self.task.is_classification else 0
-        self.label_protection = LabelProtection(plan.labels, task=self.task, party=self.name,
+        self.label_protection = LabelProtection(settings, task=self.task, party=self.name,
                                                 n_rows=len(self.table), classes=classes,
                                                 budget=self._label_budget)
 

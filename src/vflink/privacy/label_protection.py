@@ -42,6 +42,7 @@ from vflink.privacy.accounting import ACCOUNTANT, calibrate_total, max_releases_
 from vflink.privacy.afe import secure_gaussian_noise
 from vflink.privacy.budget import ReleaseBudget, ReleaseSetting, check_within
 from vflink.privacy.config import (
+    DEFAULT_LABELS,
     DEFAULT_LABELS_EPSILON,
     DEFAULT_MARVELL_POWER,
     LABEL_MODES,
@@ -50,7 +51,7 @@ from vflink.privacy.ledger import explain_epsilon
 from vflink.privacy.randomized_response import keep_probability
 from vflink.types import Task
 
-__all__ = ["LabelProtection", "LabelSettings", "check_label_task"]
+__all__ = ["LabelProtection", "LabelSettings", "check_label_task", "resolve_settings"]
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +82,18 @@ class LabelSettings:
             raise ConfigError(f"label protection settings: unknown key(s) {unknown} or mode "
                               f"{data.get('mode')!r}; modes: {', '.join(LABEL_MODES)}")
         return cls(**dict(data))
+
+
+def resolve_settings(settings: Mapping[str, Any] | None, task: Task
+                     ) -> dict[str, Any] | None:
+    """``settings`` with the task's mode when they name none (the default: Marvell on a binary
+    task, off on others), or ``None`` when the labels go unprotected."""
+    if settings is None:
+        return None
+    mode = settings.get("mode")
+    if mode is None:
+        mode = DEFAULT_LABELS if task is Task.BINARY else "off"
+    return None if mode == "off" else {**settings, "mode": mode}
 
 
 def check_label_task(mode: str, task: Task) -> None:

@@ -194,4 +194,4 @@ PROTECTIONS.add("label-protection", Protection(
     enabled=lambda config: config.privacy.protects_labels,
     settings=lambda config, mode: {"labels": label_settings(config)},
     report=_label_report,
-    check=lambda config, task: check_label_task(config.privacy.labels, task)))
+    check=lambda config, task: check_label_task(config.privacy.label_mode(task), task)))

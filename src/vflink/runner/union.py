@@ -38,7 +38,11 @@ from vflink.metrics.functional import accuracy, auc
 from vflink.models.spec import BottomSpec
 from vflink.parties.setalign import SetAlignmentDriver
 from vflink.parties.union import UnionPrimary
-from vflink.privacy.label_protection import LabelProtection, check_label_task
+from vflink.privacy.label_protection import (
+    LabelProtection,
+    check_label_task,
+    resolve_settings,
+)
 from vflink.protocol.sessions import new_session_name
 from vflink.runfiles.config import RunConfig
 from vflink.runfiles.results import EpochRecord, FloristResult, RunResult
@@ -132,10 +136,11 @@ class UnionTrainee:
         """``[privacy] labels``: the active party protects its labels (and the synthetic ones)
         on the gradients it sends, as a SplitNN primary does."""
         config, table = self.config, self.sim.p_table
-        if not config.privacy.protects_labels:
+        settings = resolve_settings(label_settings(config), Task.BINARY)
+        if settings is None:
             return None
-        check_label_task(config.privacy.labels, Task.BINARY)
-        return LabelProtection(label_settings(config), task=Task.BINARY, party=table.name,
+        check_label_task(settings["mode"], Task.BINARY)
+        return LabelProtection(settings, task=Task.BINARY, party=table.name,
                                n_rows=len(table), classes=2)
 
     def batches(self, rows: Rows, batch_size: int, rng: np.random.Generator) -> Iterator[Rows]:
