@@ -35,6 +35,7 @@ from vflink.experiments.label_protection import (
     curve_table,
     load_runs,
     plot_curve,
+    power_table,
     protection_table,
     run_key,
 )
@@ -105,6 +106,9 @@ def table(args: argparse.Namespace) -> None:
     runs = load_runs(args.runs)
     if len({r.get("embeddings") for r in runs}) > 1:  # VFL-AFE's +D under label protection
         print(adjusting_table(runs))
+        return
+    if len({r.get("power") for r in runs if r.get("labels") == "marvell"}) > 1:
+        print(power_table(runs))  # Marvell's power (with the unprotected runs to pair with)
         return
     names = {name for r in runs for name in (r.get("attacks") or {})}
     columns = tuple((n, h) for n, h in ATTACK_COLUMNS if n in names)

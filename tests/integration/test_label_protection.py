@@ -326,3 +326,35 @@ def test_the_default_protects_a_binary_task_and_leaves_others_off() -> None:
     from vflink.reporting.ledger import privacy_summary
 
     assert "WARNING" in privacy_summary(multi)
+
+
+@pytest.mark.parametrize("mode", ["dp", "rr-prior"])
+def test_an_interrupted_run_resumes_to_the_same_model_and_the_same_releases(
+        mode: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The checkpoint keeps the label noise stream, the calibration and rr-prior's randomised
+    labels; the budget keeps the releases: no release is counted twice or forgotten."""
+    from vflink.errors import PeerUnavailable
+    from vflink.parties import SecondaryParty
+
+    cfg = config(mode, epochs=4)
+    whole = run_training(cfg, tmp_path / "whole")
+    calls = {"n": 0}
+    original = SecondaryParty.on_forward
+
+    def dying(self: SecondaryParty, sender: str, message: Forward):  # type: ignore[no-untyped-def]
+        calls["n"] += 1
+        if calls["n"] == 12:  # in epoch 2
+            raise PeerUnavailable(self.name, "simulated crash")
+        return original(self, sender, message)
+
+    monkeypatch.setattr(SecondaryParty, "on_forward", dying)
+    with pytest.raises(PeerUnavailable):
+        run_training(cfg, tmp_path / "cut")
+    monkeypatch.setattr(SecondaryParty, "on_forward", original)
+    resumed = run_training(cfg, tmp_path / "cut", resume=True)
+    assert resumed.metrics == whole.metrics
+    assert [h.train_loss for h in resumed.history] == [h.train_loss for h in whole.history]
+    (a,) = [p for p in whole.extra["protections"] if p["applies_to"] == "backward"]
+    (b,) = [p for p in resumed.extra["protections"] if p["applies_to"] == "backward"]
+    assert b["guarantee"]["max_releases"] == a["guarantee"]["max_releases"]
+    assert b["guarantee"]["epsilon"] == pytest.approx(a["guarantee"]["epsilon"])

@@ -26,7 +26,7 @@ import numpy as np
 from vflink.errors import ConfigError
 
 __all__ = ["ATTACK_COLUMNS", "adjusting_table", "curve_table", "load_runs", "plot_curve",
-           "protection_table", "run_key"]
+           "power_table", "protection_table", "run_key"]
 
 #: the attacks of the tables, in column order, with their short headings
 ATTACK_COLUMNS = (("label-norm", "norm"), ("label-direction", "direction"),
@@ -166,6 +166,31 @@ def adjusting_table(runs: Sequence[dict[str, Any]]) -> str:
             _cell(_values(list(adjust.values()), lambda r: _attack_value(r, "label-fcm"))),
             _cell(_values(list(adjust.values()), lambda r: _attack_value(r, "label-norm")))])
             + " |")
+    return "\n".join(lines)
+
+
+def power_table(runs: Sequence[dict[str, Any]]) -> str:
+    """Markdown: one row per Marvell power s (the ``marvell`` runs), test accuracy (%), its
+    change against the unprotected run of the same seed (the ``off`` runs among ``runs``), test
+    AUC, the norm and direction attacks' AUC and the largest per-batch leak-AUC bound."""
+    off = {int(r["seed"]): r for r in runs if r.get("labels") == "off"}
+    powers = sorted({float(r["power"]) for r in runs
+                     if r.get("labels") == "marvell" and r.get("power") is not None})
+    head = ["s", "test accuracy (%)", "Δ accuracy (points)", "test AUC", "norm", "direction",
+            "leak-AUC bound (max)"]
+    lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+    for power in powers:
+        rs = [r for r in runs if r.get("labels") == "marvell" and r.get("power") == power]
+        paired = [r for r in rs if int(r["seed"]) in off]
+        delta = _values(paired, lambda r: r["test"]["accuracy"]) - _values(
+            [off[int(r["seed"])] for r in paired], lambda r: r["test"]["accuracy"])
+        bound = _values(rs, lambda r: r["guarantee"]["leak_auc_bound_max"])
+        lines.append("| " + " | ".join([
+            f"{power:g}", _cell(_values(rs, lambda r: r["test"]["accuracy"]), percent=True),
+            _cell(delta, percent=True), _cell(_values(rs, lambda r: r["test"].get("auc"))),
+            _cell(_values(rs, lambda r: _attack_value(r, "label-norm"))),
+            _cell(_values(rs, lambda r: _attack_value(r, "label-direction"))),
+            f"{np.nanmax(bound):.3f}" if np.isfinite(bound).any() else "—"]) + " |")
     return "\n".join(lines)
 
 

@@ -148,6 +148,8 @@ class LabelProtection:
         self.planned: dict[str, Any] | None = None
         self._allowed: int | None = None
         self.max_sensitivity = 0.0
+        #: releases a resumed run replays (see :meth:`load_state_dict`), per record
+        self._replay = np.zeros(self.n_rows, dtype=np.int64)
         # marvell: per (batch, secondary) figures; the last solution for one-class batches
         self.kl: list[float] = []
         self.kl_before: list[float] = []
@@ -237,7 +239,11 @@ class LabelProtection:
             raise ConfigError(f"party {self.party!r}: label DP is not calibrated (call plan)")
         rows = np.unique(np.asarray(rows, dtype=np.int64))
         s = self.settings
-        check_within(self.budget, self.setting, rows, limit=s.epsilon, delta=s.delta,
+        replayed = self._replay[rows] > 0
+        if replayed.any():  # the same release again (see load_state_dict): not a new one
+            self._replay[rows[replayed]] -= 1
+        fresh = rows[~replayed]
+        check_within(self.budget, self.setting, fresh, limit=s.epsilon, delta=s.delta,
                      allowed=self._allowed, who=f"party {self.party!r} (labels)",
                      key="privacy.labels_total_epsilon")
         if loss is None:
@@ -253,7 +259,7 @@ class LabelProtection:
         noisy = g.double() + noise * (delta.double() if isinstance(delta, torch.Tensor)
                                       else float(delta))
         # write-ahead: counted (and on disk, with a state directory) before it can be sent
-        self.budget.record(self.setting, rows)
+        self.budget.record(self.setting, fresh)
         self.counts[rows] += 1
         return noisy.to(g.dtype)
 
@@ -432,10 +438,19 @@ class LabelProtection:
                 "subsampling amplification)")}
 
     def state_dict(self) -> dict[str, Any]:
+        i = self.budget.find(self.setting) if self.setting is not None else None
         return {"mode": self.mode, "counts": self.counts.copy(), "sigma": self.sigma,
+                # the data's releases under this run's setting at this checkpoint: a resumed
+                # run tells from them which releases it replays (load_state_dict)
+                "budget_counts": None if i is None else self.budget.counts[i].copy(),
                 "planned": self.planned, "noise": self._noise.get_state(),
                 "kl": list(self.kl), "kl_before": list(self.kl_before),
                 "one_class_batches": self.one_class_batches,
+                # a one-class batch after a resume reuses these, as the uninterrupted run would
+                "last": None if self._last is None else {
+                    "lambdas": [self._last[0].lam10, self._last[0].lam20, self._last[0].lam11,
+                                self._last[0].lam21, self._last[0].sum_kl],
+                    "difference": self._last[1].clone()},
                 "randomized": None if self.randomized is None else {
                     "rows": np.asarray(self.randomized["rows"], dtype=np.int64),
                     "labels": np.asarray(self.randomized["labels"], dtype=np.int64),
@@ -452,6 +467,15 @@ class LabelProtection:
             self.counts = np.maximum(self.counts, counts)
         if state.get("sigma") is not None:
             self._set_sigma(float(state["sigma"]))
+            saved = state.get("budget_counts")
+            i = self.budget.find(self.setting) if self.setting is not None else None
+            if saved is not None and i is not None:
+                # Releases after the checkpoint (the interrupted epoch's first batches) were
+                # sent and counted. Resuming replays them bit for bit: the same model, batches,
+                # embeddings and noise stream (restored below), so the same values are sent
+                # again, which releases nothing new; they are not counted twice.
+                self._replay = np.maximum(
+                    self.budget.counts[i] - np.asarray(saved, dtype=np.int64), 0)
             if self.setting is not None:
                 self.budget.merge(self.setting, self.counts)
         self.planned = state.get("planned")
@@ -461,4 +485,8 @@ class LabelProtection:
         self.kl = [float(v) for v in state.get("kl", [])]
         self.kl_before = [float(v) for v in state.get("kl_before", [])]
         self.one_class_batches = int(state.get("one_class_batches", 0))
+        last = state.get("last")
+        if last is not None:
+            self._last = (marvell.MarvellSolution(*(float(v) for v in last["lambdas"])),
+                          torch.as_tensor(last["difference"], dtype=torch.float64))
         self.randomized = state.get("randomized")

@@ -194,7 +194,8 @@ def _config_rows(config: dict[str, Any], run_dir: Path) -> list[tuple[str, Any]]
     sections.append(("evaluation", evaluation,
                      ("record", "record_rows") if evaluation.get("record") else ("record",)))
     privacy = dict(config.get("privacy") or {})
-    if privacy.get("embeddings", "off") != "off" or privacy.get("labels", "off") != "off":
+    # the labels' default (no `labels` key) is said in the summary, by what the run applied
+    if privacy.get("embeddings", "off") != "off" or privacy.get("labels") not in (None, "off"):
         sections.append(("privacy", privacy, None))
     if config.get("policy"):
         sections.append(("policy", dict(config["policy"]), None))

@@ -13,6 +13,7 @@ from vflink.experiments.label_protection import (
     curve_table,
     load_runs,
     plot_curve,
+    power_table,
     protection_table,
 )
 
@@ -59,3 +60,15 @@ def test_runs_files_keep_the_first_run_of_a_point(tmp_path: Path) -> None:
     assert len(runs) == len(RUNS) and runs[0]["test"]["accuracy"] == 0.86
     with pytest.raises(ConfigError, match="no such runs file"):
         load_runs([tmp_path / "missing.jsonl"])
+
+
+def test_power_table_pairs_marvell_runs_with_the_unprotected_ones() -> None:
+    runs = [_run("off", s, 0.90) for s in range(2)]
+    for power in (1.0, 4.0):
+        for s in range(2):
+            run = _run("marvell", s, 0.90 - 0.01 * power, auc=0.5 + 0.01 / power)
+            run.update(power=power, guarantee={"leak_auc_bound_max": 0.6 + 0.01 * power})
+            runs.append(run)
+    lines = power_table(runs).splitlines()
+    assert lines[2].startswith("| 1 | 89.0 ± 0.0 | -1.0 ± 0.0 |") and lines[2].endswith("0.610 |")
+    assert lines[3].startswith("| 4 | 86.0 ± 0.0 | -4.0 ± 0.0 |")
