@@ -52,8 +52,8 @@ def per_step(batch: int, steps: int, in_dim: int, classes: int) -> dict[str, obj
     times: dict[str, float] = {}
     for mode in ("off", "vanilla", "rescale", "adjust"):
         dp = None if mode == "off" else EmbeddingDP(
-            PrivacyConfig(embeddings=mode, epsilon=8.0, fcm_threshold=0.3, labels="off"), party="s",
-            n_rows=batch, seed=0, classes=classes)
+            PrivacyConfig(embeddings=mode, epsilon=8.0, fcm_threshold=0.3, labels="off"),
+            party="s", n_rows=batch, seed=0, classes=classes)
         start = time.perf_counter()
         for i in range(steps):
             out = model(x[i])

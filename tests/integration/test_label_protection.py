@@ -358,3 +358,19 @@ def test_an_interrupted_run_resumes_to_the_same_model_and_the_same_releases(
     (b,) = [p for p in resumed.extra["protections"] if p["applies_to"] == "backward"]
     assert b["guarantee"]["max_releases"] == a["guarantee"]["max_releases"]
     assert b["guarantee"]["epsilon"] == pytest.approx(a["guarantee"]["epsilon"])
+
+
+def test_the_python_api_takes_the_same_names(tmp_path: Path) -> None:
+    import vflink
+
+    run = vflink.train({"seed": 3, "algorithm": "splitnn",
+                        "data": {"dataset": "sklearn-small", "options": dict(OPTIONS)},
+                        "training": {"epochs": 1, "patience": 1},
+                        "privacy": {"labels": "dp", "labels_total_epsilon": 2.0,
+                                    "labels_delta": 1e-6}},
+                       out=tmp_path / "api")
+    (entry,) = [p for p in run.privacy["protections"] if p["kind"] == "label-dp"]
+    assert entry["guarantee"]["delta"] == 1e-6 and entry["guarantee"]["epsilon"] <= 2.0
+    with pytest.raises(ConfigError, match="privacy.labels"):
+        vflink.train({"data": {"dataset": "sklearn-small"}, "privacy": {"labels": "nope"}},
+                     out=tmp_path / "bad")

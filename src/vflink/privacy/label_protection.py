@@ -84,6 +84,10 @@ class LabelSettings:
         return cls(**dict(data))
 
 
+def _finite(value: float) -> float | None:
+    return float(value) if math.isfinite(float(value)) else None
+
+
 def resolve_settings(settings: Mapping[str, Any] | None, task: Task
                      ) -> dict[str, Any] | None:
     """``settings`` with the task's mode when they name none (the default: Marvell on a binary
@@ -366,8 +370,9 @@ class LabelProtection:
                     "batches": len(self.kl), "one_class_batches": self.one_class_batches,
                     "sum_kl_max": max(self.kl, default=None),
                     "sum_kl_mean": float(np.mean(self.kl)) if self.kl else None,
-                    # before: infinite for a batch whose one class has a single row
-                    "sum_kl_before_median": float(np.median(self.kl_before))
+                    # before the noise; None when infinite (most batches hold one row of a
+                    # class: its rows then differ in distribution with certainty)
+                    "sum_kl_before_median": _finite(np.median(self.kl_before))
                     if self.kl_before else None,
                     "leak_auc_bound_max": max(bounds, default=None),
                     "leak_auc_bound_mean": float(np.mean(bounds)) if bounds else None,
