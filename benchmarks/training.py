@@ -54,6 +54,7 @@ from vflink.models.splitnn import SplitNNPrimary  # noqa: E402
 from vflink.runfiles.config import (  # noqa: E402
     AlignmentConfig,
     DataConfig,
+    PrivacyConfig,
     RunConfig,
     TrainingConfig,
 )
@@ -70,6 +71,7 @@ def config(algorithm: str, k: int, samples: int, batch: int, *, epochs: int = 1,
         training=TrainingConfig(epochs=epochs, patience=epochs, batch_size=128,
                                 knn_batch_size=batch, optimizer="lamb", lr=3e-3,
                                 threads=threads, device=device),
+        privacy=PrivacyConfig(labels="off"),  # the step as measured: gradients sent in clear
     )
 
 
@@ -181,7 +183,8 @@ def pass_times(samples: int, k: int, batch: int, repeats: int,
         model=ModelConfig(cut_dim=50, pair_dim=1,
                           aggregator=AggregatorConfig(merge=merge, sim_hidden=(10, 10))),
         training=TrainingConfig(epochs=1, knn_batch_size=batch, optimizer="lamb", lr=1e-3,
-                                weight_decay=1e-4))
+                                weight_decay=1e-4),
+        privacy=PrivacyConfig(labels="off"))
     prepared = prepare(cfg, algorithms=["fedsim"])
     fed = prepared.federation
     assert fed is not None

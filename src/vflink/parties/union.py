@@ -34,6 +34,7 @@ from vflink.parties.guard import admit_forward, check_bottom_spec, check_embeddi
 from vflink.parties.policy import PartyPolicy
 from vflink.parties.privacy import EmbeddingProtection
 from vflink.parties.setalign import SetAlignment
+from vflink.privacy.label_protection import LabelProtection
 from vflink.protocol.boundary import refuse
 from vflink.protocol.channel import Channel
 from vflink.protocol.messages import (
@@ -270,6 +271,9 @@ class UnionPrimary:
         spec: public hyperparameters of the peer's bottom model (also used for ours).
         fit_uids: the training UIDs (positions in U).
         policy: this party's limits on what it accepts (values of received embeddings).
+        labels: the protection of our labels on the gradients we send (``[privacy] labels``),
+            planned for ``epochs``; a synthetic label goes through it like a real one, and
+            only our own records' releases are counted.
         device: where this party's own models run (``training.device``; default the CPU).
             What crosses to the peer stays on the CPU, and so do the synthetic labels (drawn
             from CPU generators, as on the CPU).
@@ -279,6 +283,7 @@ class UnionPrimary:
                  *, strategy: syn.Strategy, calibration: syn.Calibration, spec: BottomSpec,
                  top_hidden: tuple[int, ...], fit_uids: npt.NDArray[np.int64],
                  session: str | None = None, policy: PartyPolicy | None = None,
+                 labels: LabelProtection | None = None, epochs: int = 1,
                  device: torch.device | None = None) -> None:
         schema = table.schema
         self.device = device if device is not None else torch.device("cpu")
@@ -295,6 +300,13 @@ class UnionPrimary:
         self.positive_rate = float(y[own_fit].mean()) if own_fit.size else 0.0
         self.y = torch.from_numpy(y)
         self.own_rows = own_fit.astype(np.int64)
+        self.labels = labels
+        #: the labels we train on (rr-prior: randomised once; ``y`` stays for evaluation)
+        self.y_train = self.y
+        if labels is not None:
+            labels.plan(self.own_rows, epochs)
+            if labels.mode == "rr-prior":
+                self.y_train = labels.randomize(self.y, self.own_rows)
         self.pre = Preprocessor(schema).fit(table.frame, own_fit) if schema.features else None
         self.x = torch.from_numpy(self.pre.transform(table.frame)) if self.pre else None
         self.rng = np.random.default_rng([spec.seed, 202])
@@ -352,7 +364,7 @@ class UnionPrimary:
         rows = self.rows[uids]
         held = rows >= 0
         y = torch.zeros(len(uids))
-        y[torch.from_numpy(np.flatnonzero(held))] = self.y[torch.from_numpy(rows[held])]
+        y[torch.from_numpy(np.flatnonzero(held))] = self.y_train[torch.from_numpy(rows[held])]
         fake = ~held
         if fake.any():
             idx = torch.from_numpy(np.flatnonzero(fake))
@@ -363,15 +375,25 @@ class UnionPrimary:
                 embeddings=emb.detach()[idx], real_embeddings=emb.detach()[real_idx],
                 real_labels=y[real_idx], samples=self.strategy.label_samples)
             y[idx] = syn.LABEL_STRATEGIES.get(self.strategy.labels)(ctx)
-        if self.strategy.calibration == "tr":
-            p = syn.shift_for_training(torch.sigmoid(logits), self.calibration)
-            loss = torch.nn.functional.binary_cross_entropy(p, y.to(self.device))
-        else:
-            loss = torch.nn.functional.binary_cross_entropy_with_logits(logits,
-                                                                        y.to(self.device))
+        shift = self.strategy.calibration == "tr"
+        loss_fn = self._shifted_loss if shift else \
+            torch.nn.functional.binary_cross_entropy_with_logits
+        protection = self.labels
+        target = y.to(self.device)
         self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        if protection is not None and protection.mode == "dp":
+            # noisy per-record logit gradients (a synthetic label's too), our own records'
+            # releases counted; the shifted loss has no closed form: its sensitivity is measured
+            noisy = protection.noisy_logit_gradient(logits, target, rows[held],
+                                                    loss=self._shifted_loss if shift else None)
+            loss = loss_fn(logits.detach(), target)
+            logits.backward(noisy / len(uids))
+        else:
+            loss = loss_fn(logits, target)
+            loss.backward()
         grad = emb.grad if emb.grad is not None else torch.zeros_like(emb)
+        if protection is not None and protection.mode in ("marvell", "max-norm"):
+            grad = protection.perturb(grad, y)
         self.channel.request(self.peer, Backward(batch_id=batch_id, grad=grad.detach()), Ack)
         self.optimizer.step()
         if record:
@@ -379,6 +401,11 @@ class UnionPrimary:
                 gradients=grad.detach().numpy().copy(), embeddings=emb.detach().numpy().copy(),
                 labels=y.numpy().copy(), synthetic_labels=fake.copy(), uids=uids.copy()))
         return float(loss.detach())
+
+    def _shifted_loss(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """``-tr``: binary cross-entropy on the shifted probability a·σ(z) + b (App. E)."""
+        p = syn.shift_for_training(torch.sigmoid(logits), self.calibration)
+        return torch.nn.functional.binary_cross_entropy(p, y)
 
     def predict(self, uids: npt.NDArray[np.int64], *, batch_size: int = 4096
                 ) -> npt.NDArray[np.float64]:

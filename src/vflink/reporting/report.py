@@ -195,7 +195,8 @@ def _config_rows(config: dict[str, Any], run_dir: Path) -> list[tuple[str, Any]]
     sections.append(("evaluation", evaluation,
                      ("record", "record_rows") if evaluation.get("record") else ("record",)))
     privacy = dict(config.get("privacy") or {})
-    if privacy.get("embeddings", "off") != "off":
+    # the labels' default (no `labels` key) is said in the summary, by what the run applied
+    if privacy.get("embeddings", "off") != "off" or privacy.get("labels") not in (None, "off"):
         sections.append(("privacy", privacy, None))
     if config.get("policy"):
         sections.append(("policy", dict(config["policy"]), None))
@@ -460,14 +461,52 @@ def _privacy_line(ledger: Ledger | None) -> str:
         parts.append("protected: " + ", ".join(protected))
     if clear:
         parts.append("in clear: " + ", ".join(clear))
+    parts.extend(_directions(ledger, data))
     dp = []
     for p in ledger.protections:
+        if p.get("kind") == "embedding-dp" or str(p.get("kind", "")).startswith("label-"):
+            continue  # said per direction above
         eps = (p.get("guarantee") or {}).get("epsilon")
         if isinstance(eps, (int, float)) and not isinstance(eps, bool):
             words = explain_epsilon(float(eps), (p.get("guarantee") or {}).get("delta"))
             dp.append(f"{p['kind']} {words.split(';')[0]}")
-    parts.append("differential privacy: " + ("; ".join(dp) if dp else "none"))
+    if dp:
+        parts.append("differential privacy: " + "; ".join(dp))
     return "; ".join(parts) if data or dp else "nothing but control messages crossed"
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) \
+        else None
+
+
+def _directions(ledger: Ledger, data: list[dict[str, Any]]) -> list[str]:
+    """Both directions' guarantees: the secondaries' embeddings, the primary's labels."""
+    out = []
+    emb = [p for p in ledger.protections if p.get("kind") == "embedding-dp"]
+    if emb:
+        out.append("embeddings (secondaries): " + ", ".join(
+            f"{p['party']} ε = {_fmt(_number((p.get('guarantee') or {}).get('epsilon_total')))}"
+            f" (δ = {_fmt(_number((p.get('guarantee') or {}).get('delta_total')))})"
+            for p in emb))
+    label = next((p for p in ledger.protections
+                  if str(p.get("kind", "")).startswith("label-")), None)
+    if label is not None:
+        g = label.get("guarantee") or {}
+        mode = str(label["kind"]).removeprefix("label-")
+        if mode == "dp":
+            what = f"dp ε = {_fmt(_number(g.get('epsilon')))} (δ = {_fmt(_number(g.get('delta')))})"
+        elif mode == "rr-prior":
+            what = f"rr-prior ε = {_fmt(_number(g.get('epsilon')))}"
+        elif mode == "marvell":
+            what = f"marvell, leak AUC ≤ {_fmt(_number(g.get('leak_auc_bound_max')))} per batch"
+        else:
+            what = f"{mode} (no formal guarantee)"
+        out.append(f"labels ({label['party']}): {what}")
+    elif any(m.get("kind") == "backward" for m in data):
+        out.append("labels: NOT protected, the gradients sent back reveal them "
+                   "(docs/how-to/label-protection.md)")
+    return out
 
 
 def _summary(metrics: dict[str, Any], ledger: Ledger | None,
