@@ -25,7 +25,7 @@ from vflink._cancel import checkpoint
 from vflink.errors import ProtocolError
 from vflink.types import Compute
 
-__all__ = ["Elements", "Group", "default_workers", "hash_input"]
+__all__ = ["Elements", "Group", "default_workers", "hash_input", "scalar_width"]
 
 #: A list of group elements, one encoded element per row.
 Elements = npt.NDArray[np.uint8]
@@ -60,6 +60,11 @@ def _hash_task(shared: type[Group], keys: list[bytes]) -> Elements:
 
 def _valid_task(shared: type[Group], chunk: Elements) -> bool:
     return shared(workers=1)._valid_chunk(chunk)
+
+
+def scalar_width(order: int) -> int:
+    """Bytes of a scalar modulo ``order`` (a proof's fixed-width encoding)."""
+    return (order.bit_length() + 7) // 8
 
 
 class Group(ABC):
@@ -110,6 +115,27 @@ class Group(ABC):
     def _valid_chunk(self, elements: Elements) -> bool:
         """Do all rows encode elements of the group (and not the identity)?"""
 
+    @abstractmethod
+    def _generator(self) -> bytes:
+        """The encoding of the group's fixed generator (a proof's base, never secret)."""
+
+    @abstractmethod
+    def _identity(self) -> bytes:
+        """The encoding of the identity element (the neutral element of :meth:`combine_elements`)."""
+
+    @abstractmethod
+    def _operate(self, a: bytes, b: bytes) -> bytes:
+        """The group operation on two encoded elements (``a·b``; ``a + b`` on a curve)."""
+
+    @abstractmethod
+    def _combination_chunk(self, elements: Elements, scalars: Sequence[int]) -> bytes:
+        """``prod_i x_i^{c_i}`` over the rows of ``elements`` (scalars in ``[0, order)``; run
+        in a worker)."""
+
+    def _combination_worker(self) -> Callable[[Elements, Sequence[int]], bytes]:
+        """What the pool runs per chunk of a combination (a process pool pickles it)."""
+        return self._combination_chunk
+
     def _new_executor(self) -> Executor:
         return ThreadPoolExecutor(self.workers)
 
@@ -149,6 +175,71 @@ class Group(ABC):
 
     def empty(self) -> Elements:
         return np.empty((0, self.element_bytes), dtype=np.uint8)
+
+    @property
+    def scalar_bytes(self) -> int:
+        """Bytes of a scalar modulo the group order, as proofs encode it."""
+        return scalar_width(self.order)
+
+    def generator(self) -> Elements:
+        """The group's fixed generator, as a one-row list."""
+        return np.frombuffer(self._generator(), dtype=np.uint8).reshape(1, -1).copy()
+
+    def identity(self) -> Elements:
+        """The identity element, as a one-row list (never a valid element of a peer's list)."""
+        return np.frombuffer(self._identity(), dtype=np.uint8).reshape(1, -1).copy()
+
+    def operate(self, a: Elements, b: Elements) -> Elements:
+        """The group operation on two one-row lists (libsodium's point addition for
+        ristretto255, a product modulo p for modp2048)."""
+        a, b = self.check(a, "operand"), self.check(b, "operand")
+        if len(a) != 1 or len(b) != 1:
+            raise ValueError("operate() takes one element on each side")
+        out = self._operate(a[0].tobytes(), b[0].tobytes())
+        return np.frombuffer(out, dtype=np.uint8).reshape(1, -1).copy()
+
+    def combine_elements(self, elements: Elements, scalars: Sequence[int]) -> Elements:
+        """``prod_i x_i^{c_i}`` (a multi-exponentiation: ``sum c_i·x_i`` on a curve), as a
+        one-row list, with every worker on large batches.
+
+        The batched proofs of :mod:`vflink.alignment.proofs` combine a whole chunk this way;
+        the group library does every multiplication and addition (libsodium has no
+        multi-scalar multiplication, so this is one scalar multiplication per row).
+        """
+        elements = self.check(elements, "elements")
+        if len(elements) != len(scalars):
+            raise ValueError(f"{len(elements)} elements but {len(scalars)} scalars")
+        cs = [int(c) % self.order for c in scalars]
+        n = len(cs)
+        if n < self.parallel_threshold or self.workers == 1:
+            parts = []
+            for i in range(0, n, self.chunk_rows):
+                checkpoint()
+                parts.append(self._combination_chunk(elements[i:i + self.chunk_rows],
+                                                     cs[i:i + self.chunk_rows]))
+        else:
+            size = min(max(self.chunk_rows, -(-n // (self.workers * 8))), 4 * self.chunk_rows)
+            pool = self._executor()
+            worker = self._combination_worker()
+            pending: deque[Future[bytes]] = deque()
+            parts = []
+            try:
+                for i in range(0, n, size):
+                    checkpoint()
+                    pending.append(pool.submit(worker, elements[i:i + size], cs[i:i + size]))
+                    if len(pending) >= 2 * self.workers:
+                        parts.append(pending.popleft().result())
+                while pending:
+                    checkpoint()
+                    parts.append(pending.popleft().result())
+            finally:
+                for future in pending:
+                    future.cancel()
+        acc = self._identity()
+        for part in parts:
+            acc = self._operate(acc, part)
+        self.operations += n
+        return np.frombuffer(acc, dtype=np.uint8).reshape(1, -1).copy()
 
     def _buckets(self, n: int) -> list[tuple[int, int]] | None:
         """Row ranges for the compute engine's tasks, or None to work in this process."""
