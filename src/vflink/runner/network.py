@@ -96,9 +96,14 @@ def serve(config: PartyConfig, *, ready: threading.Event | None = None,
 def _serve(config: PartyConfig, handler: MessageHandler, listen: str, *,
            ready: threading.Event | None, stop: threading.Event | None,
            on_ready: Callable[[str], None] | None) -> None:
+    policy = config.policy
+    # every limit per authenticated peer: its share of the calls, a minimum arrival rate
     server = GrpcServer(config.name, handler, listen, _tls(config),
                         allowed_peers=set(config.allowed), insecure=config.insecure,
-                        max_workers=config.policy.max_concurrent_calls)
+                        max_workers=policy.max_concurrent_calls,
+                        peer_calls=policy.max_calls_per_peer or None,
+                        receive_timeout_s=policy.receive_timeout_s,
+                        min_receive_bytes_per_s=policy.min_receive_bytes_per_s)
     server.start()
     log.info("%s (%s) serving on %s; allowed peers: %s", config.name, config.role,
              server.address, ", ".join(config.allowed) or "none")
