@@ -141,7 +141,7 @@ def test_health_is_answered_while_maximal_rounds_run_and_extra_calls_are_busy(
     # the legitimate maximal chunks both completed
     for name in ("max1", "max2"):
         assert isinstance(results[f"psu-{name}"], Ack), results[f"psu-{name}"]
-    assert "is busy" in served.log()
+    assert "calls in progress (its share)" in served.log()
 
 
 def test_work_for_a_caller_who_gave_up_is_stopped(served: Served) -> None:
@@ -154,8 +154,8 @@ def test_work_for_a_caller_who_gave_up_is_stopped(served: Served) -> None:
     with served.channel(deadline_s=60) as ch:
         reply = ch.request("secondary", PsuRound1(session="abandoned", group="modp2048",
                                                   n_a=1500, chunk_rows=1500), Ack)
-    n = int(reply.info["chunk_rows"])
-    assert n >= 500, n  # at least a second of modp2048 work on two workers
+    n = int(reply.info["chunk_rows"])  # about 1.3 s of the party's measured work
+    assert 50 <= n < 1000, n  # ... which the upfront check for 0.5 s lets through
     big = PsuChunk(session="abandoned", stream="a_s1", index=0, total=1500,
                    elements=np.tile(some, (30, 1))[:n])
     with served.channel(deadline_s=0.5) as impatient:
