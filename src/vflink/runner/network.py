@@ -12,6 +12,7 @@ from types import FrameType
 from vflink.errors import ConfigError
 from vflink.parties import CoordinatorParty, SecondaryParty
 from vflink.parties.recording import Recorder
+from vflink.privacy.budget import BUDGET_DIR, BudgetLock
 from vflink.protocol import MessageHandler
 from vflink.runfiles.party import PartyConfig, party_table
 from vflink.runner.compute import open_compute
@@ -88,9 +89,17 @@ def serve(config: PartyConfig, *, ready: threading.Event | None = None,
     """Serve this party until SIGINT/SIGTERM (or ``stop`` is set); ``on_ready(address)``."""
     if config.listen is None:
         raise ConfigError(f"{config.source}: `party.listen` is required to serve")
-    with open_compute(config.compute) as compute:
-        _serve(config, build_handler(config, compute=compute), config.listen, ready=ready,
-               stop=stop, on_ready=on_ready)
+    # a secondary's release counts live in memory while it serves: its operator's reset is
+    # refused until it stops (vflink.privacy.budget.BudgetLock)
+    lock = BudgetLock(config.state_dir / BUDGET_DIR).acquire() \
+        if config.role == "secondary" and config.state_dir is not None else None
+    try:
+        with open_compute(config.compute) as compute:
+            _serve(config, build_handler(config, compute=compute), config.listen, ready=ready,
+                   stop=stop, on_ready=on_ready)
+    finally:
+        if lock is not None:
+            lock.release()
 
 
 def _serve(config: PartyConfig, handler: MessageHandler, listen: str, *,
