@@ -36,6 +36,7 @@ from vflink.errors import DataError
 
 __all__ = [
     "ANY",
+    "NUMERIC",
     "Arr",
     "Bool",
     "Int",
@@ -289,15 +290,20 @@ def _header(zf: zipfile.ZipFile, member: str) -> tuple[tuple[int, ...], np.dtype
     return tuple(int(n) for n in shape), dtype
 
 
+#: what an array of a run directory may hold when its reader names no kind: numbers
+NUMERIC = Arr("biuf")
+
+
 def load_arrays(root: Path | str, relative: Path | str,
                 spec: Mapping[str, Arr] | None = None, *, required: Iterable[str] = (),
-                max_bytes: int = MAX_FILE_BYTES, error: ErrorType = DataError
-                ) -> dict[str, npt.NDArray[Any]]:
+                default: Arr | None = NUMERIC, max_bytes: int = MAX_FILE_BYTES,
+                error: ErrorType = DataError) -> dict[str, npt.NDArray[Any]]:
     """The arrays of the ``.npz`` file ``root/relative``, each checked before it is loaded.
 
     Every member's header is read first: an object (pickled) array is refused without being
     unpickled, naming its key, and so is one whose dtype kind or number of dimensions is not
-    what ``spec`` says for that key. ``required`` keys must be present.
+    what ``spec`` says for that key (``default`` for keys it does not name: numbers).
+    ``required`` keys must be present.
     """
     source = str(Path(root) / relative)
     data = read_data_file(root, relative, max_bytes=max_bytes, error=error)
@@ -316,7 +322,7 @@ def load_arrays(root: Path | str, relative: Path | str,
             if dtype.hasobject:
                 raise error(f"{source}: key {key!r}: holds Python objects (dtype {dtype}); "
                             "only numeric arrays are read, and nothing is unpickled")
-            want = (spec or {}).get(key)
+            want = (spec or {}).get(key, default)
             if want is not None and not want.accepts(dtype, len(shape)):
                 raise error(f"{source}: key {key!r}: expected {want.what}, got {dtype} of "
                             f"shape {shape}")

@@ -121,7 +121,7 @@ class Group(ABC):
 
     @abstractmethod
     def _identity(self) -> bytes:
-        """The encoding of the identity element (the neutral element of :meth:`combine_elements`)."""
+        """The encoding of the identity (the neutral element of :meth:`combine_elements`)."""
 
     @abstractmethod
     def _operate(self, a: bytes, b: bytes) -> bytes:
