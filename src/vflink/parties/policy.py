@@ -140,8 +140,9 @@ class PartyPolicy:
             against ``max_pending_batches`` like any training forward.
         max_calls_per_peer: calls one peer may have in progress at once (0: an equal share of
             ``max_concurrent_calls`` among the peers allowed to call).
-        receive_timeout_s: a peer's streamed request must send its first chunk within this,
-        min_receive_bytes_per_s: ... and the rest at this rate at least, or it is cancelled.
+        receive_timeout_s: a peer's streamed request must send each chunk (its first one
+            included) within this of the one before,
+        min_receive_bytes_per_s: ... and all of it at this rate at least, or it is cancelled.
         max_saved_states: distinct state files (``SaveState`` names) a secondary keeps in its
             own directory; a peer names them, so their number is bounded (disk).
         union_features: the synthetic-feature strategies this secondary accepts in FLORIST
@@ -173,7 +174,7 @@ class PartyPolicy:
     max_concurrent_calls: int = 8
     max_calls_per_peer: int = 0
     receive_timeout_s: float = 10.0
-    min_receive_bytes_per_s: float = 65536.0
+    min_receive_bytes_per_s: float = 262144.0
     max_saved_states: int = 1000
     union_features: tuple[str, ...] = SAFE_UNION_FEATURES
 

@@ -15,9 +15,10 @@ among the peers allowed to call), counted from the moment its call arrives, so o
 opens streams and sends nothing fills only its own share. A further call is refused at once with
 RESOURCE_EXHAUSTED (the caller sees :class:`~vflink.errors.PeerUnavailable`, "busy") instead of
 queueing without end. A streamed request takes a handler slot only once its first chunk has
-arrived, and must then arrive at a minimum rate: its first chunk within ``receive_timeout_s``,
-the rest at ``min_receive_bytes_per_s`` of its announced size (plus the same grace); a request
-that trickles is cancelled and its thread freed.
+arrived, and must then arrive at a minimum rate: no gap between its chunks (the first
+included) longer than ``receive_timeout_s``, and all of it within that grace plus its announced
+size at ``min_receive_bytes_per_s``; a request that trickles is cancelled and its thread
+freed.
 
 Calls to the serialised handler are handed over between peers in turn (:class:`FairLock`): a
 peer with many calls waiting does not get the handler before a peer with one. A handler whose
@@ -198,8 +199,9 @@ class GrpcServer:
             ``concurrent(message)`` names, one per peer at a time).
         peer_calls: calls one peer may have in progress at once (arriving, waiting or worked
             on); ``None``: an equal share of ``max_workers`` among ``allowed_peers``.
-        receive_timeout_s: a streamed request's first chunk must arrive within this.
-        min_receive_bytes_per_s: ... and the rest of it at this rate at least.
+        receive_timeout_s: a streamed request's chunks (its first one included) must each
+            arrive within this of the one before.
+        min_receive_bytes_per_s: ... and the whole request at this rate at least.
     """
 
     def __init__(self, name: str, handler: MessageHandler, listen: str, tls: TlsConfig | None,
@@ -208,7 +210,7 @@ class GrpcServer:
                  chunk_bytes: int = DEFAULT_CHUNK_BYTES, max_workers: int = 4,
                  thread_safe: bool | None = None, peer_calls: int | None = None,
                  receive_timeout_s: float = 10.0,
-                 min_receive_bytes_per_s: float = 64 * 1024) -> None:
+                 min_receive_bytes_per_s: float = 256 * 1024) -> None:
         if not isinstance(name, str) or not name:
             raise ConfigError(f"server `name` must be a non-empty party name, got {name!r}")
         if not callable(getattr(handler, "handle", None)):
@@ -490,13 +492,13 @@ class GrpcServer:
 
     def _receive_failed(self, context: grpc.ServicerContext, watch: _ReceiveWatch) -> NoReturn:
         log.warning("party %r: a request from %s (%s) did not arrive at the minimum rate "
-                    "(first chunk within %g s, then %g bytes/s): cancelled", self.name,
+                    "(each chunk within %g s, all at %g bytes/s): cancelled", self.name,
                     watch.peer, context.peer(), self.receive_timeout_s,
                     self.min_receive_bytes_per_s)
         context.abort(grpc.StatusCode.DEADLINE_EXCEEDED,
-                      f"party {self.name!r}: the request did not arrive in time (its first "
-                      f"chunk within {self.receive_timeout_s:g} s, then at least "
-                      f"{self.min_receive_bytes_per_s:g} bytes/s)")
+                      f"party {self.name!r}: the request did not arrive in time (each "
+                      f"chunk within {self.receive_timeout_s:g} s, all of it at "
+                      f"{self.min_receive_bytes_per_s:g} bytes/s at least)")
         raise TransportError("grpc's context.abort returned")  # it raises  # pragma: no cover
 
     def _receive(self, chunks: Iterator[bytes], identity: str | None,
@@ -629,22 +631,27 @@ def _prepend(first: bytes, rest: Iterator[bytes]) -> Iterator[bytes]:
 
 
 class _ReceiveWatch:
-    """The minimum rate of one streamed request: a timer cancels the call when its first chunk
-    has not arrived within the server's ``receive_timeout_s``, or the whole request within that
-    grace plus its announced size at ``min_receive_bytes_per_s``."""
+    """The minimum rate of one streamed request: a timer cancels the call when no chunk has
+    arrived for the server's ``receive_timeout_s`` (the first one included), or the whole
+    request has not arrived within that grace plus its announced size at
+    ``min_receive_bytes_per_s``."""
 
     def __init__(self, server: GrpcServer, context: grpc.ServicerContext, peer: str) -> None:
         self.server, self.context, self.peer = server, context, peer
         self.expired = False
         self._lock = threading.Lock()
         self._timer: threading.Timer | None = None
-        self._arm(server.receive_timeout_s)
+        self._deadline = time.monotonic() + server.receive_timeout_s
+        self._arm()
 
-    def _arm(self, seconds: float) -> None:
+    def _arm(self) -> None:
+        """Cancel the call at the earlier of the idle limit and the whole request's limit."""
+        seconds = min(self._deadline, time.monotonic() + self.server.receive_timeout_s) \
+            - time.monotonic()
         with self._lock:
             if self._timer is not None:
                 self._timer.cancel()
-            self._timer = threading.Timer(seconds, self._expire)
+            self._timer = threading.Timer(max(0.0, seconds), self._expire)
             self._timer.daemon = True
             self._timer.start()
 
@@ -659,13 +666,15 @@ class _ReceiveWatch:
                 self._timer = None
 
     def chunks(self, chunks: Iterator[bytes]) -> Iterator[bytes]:
-        """``chunks``, re-arming the timer for the whole announced size after the first."""
+        """``chunks``, the timer re-armed after each one (the first fixes the whole
+        request's limit from its announced size)."""
         for index, raw in enumerate(chunks):
             if index == 0:
                 try:
                     total = int(pb.Chunk.FromString(raw).total_size)
                 except Exception:  # read_chunks refuses it with its own message
                     total = 0
-                self._arm(self.server.receive_timeout_s
-                          + total / self.server.min_receive_bytes_per_s)
+                self._deadline = time.monotonic() + self.server.receive_timeout_s \
+                    + total / self.server.min_receive_bytes_per_s
+            self._arm()
             yield raw
