@@ -531,7 +531,8 @@ def _matched_positions(mine: Buckets, theirs: Buckets, n: int) -> npt.NDArray[np
         if len(t) == 0 or len(m) == 0:
             continue
         if len(sorted_unique(t)) != len(t):
-            raise ProtocolError("the peer's list holds repeated elements")
+            raise refuse(ProtocolError, "the peer's list holds repeated elements",
+                         code="set.repeated")
         hit = lookup(sorted_unique(m), t, "matches", missing_ok=True) >= 0
         mask[rows[hit]] = True
     return np.flatnonzero(mask).astype(np.int64)
