@@ -96,14 +96,14 @@ class Tenancy:
         return int(found.group(1)) * 1024 if found else 0
 
     def spool_bytes(self) -> int:
-        root = self.state / ".set-tmp"
+        """Bytes under the secondary's spool now (files come and go while we walk)."""
         total = 0
-        for path in root.rglob("*") if root.exists() else ():
-            try:
-                if path.is_file():
-                    total += path.stat().st_size
-            except OSError:  # removed while we walk
-                continue
+        for folder, _, files in os.walk(self.state / ".set-tmp"):
+            for name in files:
+                try:
+                    total += os.lstat(os.path.join(folder, name)).st_size
+                except OSError:  # removed while we walk
+                    continue
         return total
 
     def alive(self, name: str = "primary2", within: float = 5.0) -> float:

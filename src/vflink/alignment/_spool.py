@@ -30,6 +30,7 @@ import os
 import secrets
 import shutil
 import tempfile
+import time
 import weakref
 from collections.abc import Iterator
 from pathlib import Path
@@ -76,10 +77,15 @@ def _alive(owner: str) -> bool:
     return started is not None and (started == parts[1] or started == "" or parts[1] == "-")
 
 
+#: A workdir without its owner file is being created (or predates them): left alone this long.
+_UNOWNED_GRACE_S = 600.0
+
+
 def sweep_stale(parent: Path | None = None) -> int:
     """Remove the workdirs under ``parent`` (default: the system's temporary directory) whose
     owning process is gone (a killed party's spool); returns how many. Only workdirs this user
-    owns are touched."""
+    owns are touched, and one without an owner file only once it is old (another process may
+    be creating it this very moment)."""
     root = Path(tempfile.gettempdir()) if parent is None else Path(parent)
     removed = 0
     try:
@@ -97,6 +103,8 @@ def sweep_stale(parent: Path | None = None) -> int:
         except OSError:
             continue
         if owner and _alive(owner):
+            continue
+        if not owner and time.time() - st.st_mtime < _UNOWNED_GRACE_S:
             continue
         shutil.rmtree(path, ignore_errors=True)
         removed += 1
