@@ -689,6 +689,8 @@ class _PeerSession:
     got: dict[str, int] = field(default_factory=dict)
     result: SetAlignment | None = None
     release: Callable[[], None] | None = None  # the peer's spool reservation
+    #: our records' hashes, a chunk at a time, for line 12 (in memory only)
+    own: Iterator[tuple[npt.NDArray[np.int64], Elements]] | None = None
 
     @property
     def failed(self) -> bool:
@@ -697,6 +699,7 @@ class _PeerSession:
     def close(self) -> None:
         if self.work is not None:
             self.work.close()
+        self.own = None
         self.lists.clear()
         self.draws.clear()
         self.buckets.clear()
@@ -813,7 +816,7 @@ class SetAlignmentPeer:
 
     def _finished(self, session: str, peer: str | None = None) -> SetAlignment | None:
         for protocol in (PSU_PROTOCOL.name, PSI_PROTOCOL.name):
-            s = self.sessions.get(protocol, session)
+            s = self.sessions.get(protocol, session, peer)
             if s is not None and (peer is None or s.opener == peer):
                 state: _PeerSession | None = s.data.get("set")
                 return None if state is None else state.result
@@ -871,10 +874,13 @@ class SetAlignmentPeer:
         log.info("%s: %s session %r finished (%s)", self.name, result.method, session,
                  result.sizes)
 
-    def _restore_session(self, protocol: ProtocolSpec, name: str) -> Session | None:
+    def _restore_session(self, protocol: ProtocolSpec, name: str, peer: str | None = None
+                         ) -> Session | None:
         """A finished session of ours kept on disk (``alignments/<name>.json`` beside its
         result), back as a finished session of the peer that ran it: a result evicted from
-        memory, or from before a restart, is served again (and its name stays used)."""
+        memory, or from before a restart, is served again (and its name stays used). With
+        ``peer``, only a session that peer ran is loaded: no other peer can make this party
+        read results back (or push the owner's others out of memory)."""
         folder = self._result_dir()
         if folder is None or protocol.space != PSU_PROTOCOL.space or \
                 not (folder / f"{name}.json").is_file():
@@ -884,6 +890,8 @@ class SetAlignmentPeer:
             if doc["session"] != name or doc["method"] not in (PSU_PROTOCOL.name,
                                                                PSI_PROTOCOL.name):
                 raise DataError(f"{folder / (name + '.json')}: it describes another session")
+            if peer is not None and doc["opener"] != peer:
+                return None
             result = _read_result(folder, name, doc)
         except VflinkError as exc:
             log.warning("%s: finished session %r cannot be reloaded: %s", self.name, name, exc)
@@ -990,13 +998,11 @@ class SetAlignmentPeer:
         def run() -> Ack:
             g = s.group
             e = s.psu_e = psu.PsuExponents.draw(g)  # line 2
-            # line 5's I_p^{t1}, shuffled, and line 12's x^{t2} in record order (computed now,
-            # so no unblinded hash of our records is kept for later)
+            # line 5's I_p^{t1}, shuffled; our records' hashes are not kept (line 12 hashes
+            # them again, chunk by chunk), so nothing unblinded is ever spooled
             draw = self._draw(s, "p_t1", s.n_own)
-            p_t2 = self._spool(s, "p_t2")
             for _, h in self._own_hashed(g, s.local):
                 draw.add(g.power(h, e.first))
-                p_t2.append(psu.blind_own(g, h, e))
             self._shuffled_draw(s, "p_t1")
             self.session.commit("n_p", s.n_own)  # later lists are bound to both set sizes
             return Ack(info={"n_p": float(s.n_own), "chunk_rows": float(s.chunk)})
@@ -1068,6 +1074,16 @@ class SetAlignmentPeer:
             x, _ = kept.read(lo, lo + s.chunk)
             return SetChunk(stream="a_s1t123", index=message.index,
                             elements=psu.line11_peer(g, x, e))
+        if message.stream == "p_t2":  # line 12: x^{t2} for our records, in record order
+            lo = message.index * s.chunk
+            self._afford(g, min(s.chunk, s.n_own - lo), "PsuFetch p_t2")
+            if s.own is None:  # chunks are fetched in order, each once (the session table)
+                s.own = self._own_hashed(g, s.chunk)
+            _, h = next(s.own, (None, g.empty()))
+            if len(h) != min(s.chunk, s.n_own - lo):  # pragma: no cover - our own records
+                raise ProtocolError(f"party {self.name!r}: our records changed during PSU")
+            return SetChunk(stream="p_t2", index=message.index,
+                            elements=psu.blind_own(g, h, e))
         return self._serve(s, message)
 
     # --- PSI (passive side) -----------------------------------------------------------------

@@ -567,8 +567,9 @@ class SessionTable:
         #: called with each session the table drops (expired, evicted, failed): the party
         #: frees what it held for it; never under the table's lock
         self.on_drop: Callable[[Session], None] | None = None
-        #: ``restore(protocol, name)``: a finished session the party kept on disk, or None
-        self.restore: Callable[[ProtocolSpec, str], Session | None] | None = None
+        #: ``restore(protocol, name, peer)``: a finished session the party kept on disk, or
+        #: None; with ``peer``, only one that peer ran (nobody else can make it reload one)
+        self.restore: Callable[[ProtocolSpec, str, str | None], Session | None] | None = None
         self.party = party
         self.role = role
         self.limits = limits or SessionLimits()
@@ -588,16 +589,17 @@ class SessionTable:
     def governs(self, kind: str) -> bool:
         return kind in self._by_kind
 
-    def get(self, protocol: str, name: str) -> Session | None:
+    def get(self, protocol: str, name: str, peer: str | None = None) -> Session | None:
         """The session ``name`` of ``protocol`` (None if there is none of that protocol); a
-        finished one the party keeps on disk is reloaded (its ``restore`` hook)."""
+        finished one the party keeps on disk is reloaded (its ``restore`` hook; with ``peer``,
+        only one that peer ran)."""
         dropped: list[Session] = []
         try:
             with self._lock:
                 spec = next((p for p in self.protocols if p.name == protocol), None)
                 s = None if spec is None else self._sessions.get((spec.space, name))
                 if s is None and spec is not None:
-                    s = self._restore(spec, name, dropped)
+                    s = self._restore(spec, name, peer, dropped)
                 return s if s is not None and s.protocol.name == protocol else None
         finally:
             self._dropped(dropped)
@@ -631,12 +633,12 @@ class SessionTable:
             except Exception:  # a failing hook must not fail the message being admitted
                 log.exception("party %r: freeing dropped session %r failed", self.party, s.name)
 
-    def _restore(self, protocol: ProtocolSpec, name: str, dropped: list[Session]
-                 ) -> Session | None:
+    def _restore(self, protocol: ProtocolSpec, name: str, peer: str | None,
+                 dropped: list[Session]) -> Session | None:
         """A finished session the party keeps on disk, back in the table (or None)."""
         if self.restore is None:
             return None
-        s = self.restore(protocol, name)
+        s = self.restore(protocol, name, peer)
         if s is None or not s.finished:
             return None
         self._sessions[(s.protocol.space, name)] = s
@@ -734,7 +736,7 @@ class SessionTable:
             now = self._expire(dropped)
             s = self._sessions.get((protocol.space, name))
             if s is None:
-                s = self._restore(protocol, name, dropped)
+                s = self._restore(protocol, name, sender, dropped)
             if s is not None and s.protocol is not protocol:
                 raise self._refuse(protocol, s.state, message.kind,
                                    f"session {name!r} is a {s.protocol.name} session",

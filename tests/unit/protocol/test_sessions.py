@@ -361,10 +361,15 @@ def test_a_finished_session_kept_on_disk_is_restored() -> None:
 
     t = table(max_finished_per_peer=1)
     kept = {"old": Session(TOY, "old", "p", "done", 0.0, 0.0)}
-    t.restore = lambda spec, name: kept.get(name)
+    t.restore = lambda spec, name, peer: kept.get(name) if peer in (None, "p") else None
     s = t.get("toy", "old")
     assert s is kept["old"] and s.finished
     with pytest.raises(ProtocolError, match="immutable"):  # a restored name stays used
         t.admit("p", "primary", Open(session="old"))
-    with pytest.raises(PolicyViolation, match="other parties"):
+    with pytest.raises(PolicyViolation, match="other parties"):  # it is in memory now
         t.admit("q", "primary", Next(session="old", items=()))
+    t2 = table()
+    t2.restore = lambda spec, name, peer: kept.get(name) if peer in (None, "p") else None
+    with pytest.raises(ProtocolError, match="no session 'old' is open|allowed in this state"):
+        t2.admit("q", "primary", Next(session="old", items=()))  # another peer: not reloaded
+    assert t2.sessions() == []
