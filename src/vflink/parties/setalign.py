@@ -538,17 +538,23 @@ def _matched_positions(mine: Buckets, theirs: Buckets, n: int) -> npt.NDArray[np
     return np.flatnonzero(mask).astype(np.int64)
 
 
+def _windows(n: int, positions: npt.NDArray[np.int64], chunk: int
+             ) -> Iterator[tuple[int, int, npt.NDArray[np.int64]]]:
+    """``(lo, hi, offsets)``: the windows of ``[0, n)``, a chunk long, that hold some of the
+    ascending ``positions``, with their offsets in the window (a list is read once, in order)."""
+    for lo in range(0, n, max(1, chunk)):
+        hi = min(n, lo + chunk)
+        a, b = np.searchsorted(positions, [lo, hi])
+        if a < b:
+            yield lo, hi, positions[a:b] - lo
+
+
 def _gathered(xs: Spool, ys: Spool, positions: npt.NDArray[np.int64], chunk: int
               ) -> proofs.Pairs:
     """The pairs ``(xs[i], ys[i])`` at ``positions`` (ascending), streamed a chunk of each
     list at a time: what a proof over the matched elements covers."""
     def pairs() -> Iterator[tuple[Elements, Elements]]:
-        for lo in range(0, len(xs), max(1, chunk)):
-            hi = min(len(xs), lo + chunk)
-            a, b = np.searchsorted(positions, [lo, hi])
-            if a == b:
-                continue
-            sel = positions[a:b] - lo
+        for lo, hi, sel in _windows(len(xs), positions, chunk):
             x, _ = xs.read(lo, hi)
             y, _ = ys.read(lo, hi)
             yield x[sel], y[sel]
@@ -1213,12 +1219,7 @@ class SetAlignmentPeer:
 def _gathered_rows(p_t: Spool, p_ts: Spool, positions: npt.NDArray[np.int64], chunk: int
                    ) -> Iterator[tuple[npt.NDArray[np.int64], Elements]]:
     """(record rows, UIDs) of the matched positions: p_t's spool holds each position's row."""
-    for lo in range(0, len(p_t), max(1, chunk)):
-        hi = min(len(p_t), lo + chunk)
-        a, b = np.searchsorted(positions, [lo, hi])
-        if a == b:
-            continue
-        sel = positions[a:b] - lo
+    for lo, hi, sel in _windows(len(p_t), positions, chunk):
         _, rows = p_t.read(lo, hi)
         uids, _ = p_ts.read(lo, hi)
         if rows is None:  # pragma: no cover - p_t is spooled with rows
