@@ -346,6 +346,15 @@ class SetAlignmentDriver:
         return Buckets(work.new(name), self.group.element_bytes,
                        bits=bucket_bits(expected, self.chunk_rows))
 
+    def _own_size(self) -> int:
+        """Our record count: a peer refuses a set size that is not positive, so an empty
+        table is refused here, before any message, naming what is wrong."""
+        n = len(self.keys)
+        if n < 1:
+            raise DataError("the aligning party's table has no records: there is nothing to "
+                            "align (a peer refuses a set of size 0)")
+        return n
+
     def _agreed_chunk(self, reply: Ack, peer: str) -> int:
         """The chunk size the peer accepted in round 1 (at most ours: its work limit)."""
         value = reply.info.get("chunk_rows")
@@ -366,7 +375,7 @@ class SetAlignmentDriver:
         """
         g = self.group
         steps = 5
-        n_a = len(self.keys)
+        n_a = self._own_size()
         sweep_stale(self.tmp_dir)
         work = Workdir(self.tmp_dir)
         try:
@@ -447,7 +456,7 @@ class SetAlignmentDriver:
         """
         how = psi.check_reveal(reveal)
         g = self.group
-        n_a = len(self.keys)
+        n_a = self._own_size()
         ordered = how in ("both", "primary")
         told = how in ("both", "secondary")
         sweep_stale(self.tmp_dir)
