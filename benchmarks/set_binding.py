@@ -20,6 +20,7 @@ import argparse
 import json
 import multiprocessing
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -37,9 +38,14 @@ def psu_seconds(tree: Path, n: int, workers: int | None) -> dict[str, Any]:
            "--methods", "psu", "--modp-sample", "8"]
     if workers is not None:
         cmd += ["--workers", str(workers)]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=tree)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     case = json.loads(out.stdout)["cases"][0]["ristretto255"]
-    return {"seconds": case["seconds"], "sizes": case["sizes"],
+    # CPU seconds of the run (both parties, every thread and child): the work done, which a
+    # loaded machine stretches far less than the wall time
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return {"seconds": case["seconds"], "cpu_seconds": round(cpu, 1), "sizes": case["sizes"],
             "peak_rss_mb": case["peak_rss_mb"]}
 
 
@@ -108,12 +114,16 @@ def main() -> None:
             assert all(r["sizes"] == base[0]["sizes"] for r in ours + base), "sizes differ"
             mo = statistics.median(r["seconds"] for r in ours)
             mb = statistics.median(r["seconds"] for r in base)
+            co = statistics.median(r["cpu_seconds"] for r in ours)
+            cb = statistics.median(r["cpu_seconds"] for r in base)
             results["cases"].append({
                 "method": "psu", "n_per_side": n, "overlap": 0.5, "sizes": ours[0]["sizes"],
                 "seconds": [r["seconds"] for r in ours],
                 "baseline_seconds": [r["seconds"] for r in base],
+                "cpu_seconds": [r["cpu_seconds"] for r in ours],
+                "baseline_cpu_seconds": [r["cpu_seconds"] for r in base],
                 "median_seconds": mo, "baseline_median_seconds": mb,
-                "ratio": round(mo / mb, 3),
+                "ratio": round(mo / mb, 3), "cpu_ratio": round(co / cb, 3),
                 "peak_rss_mb": max(r["peak_rss_mb"] for r in ours),
                 "baseline_peak_rss_mb": max(r["peak_rss_mb"] for r in base)})
             print(json.dumps(results["cases"][-1]), file=sys.stderr, flush=True)

@@ -154,8 +154,10 @@ def test_work_for_a_caller_who_gave_up_is_stopped(served: Served) -> None:
     with served.channel(deadline_s=60) as ch:
         reply = ch.request("secondary", PsuRound1(session="abandoned", group="modp2048",
                                                   n_a=1500, chunk_rows=1500), Ack)
-    n = int(reply.info["chunk_rows"])  # about 1.3 s of the party's measured work
-    assert 50 <= n < 1000, n  # ... which the upfront check for 0.5 s lets through
+    # about 1.3 s of the party's measured work, and at most 900 elements, which the upfront
+    # check for a 0.5 s deadline lets through (0.45 s at the declared fastest rate)
+    n = min(int(reply.info["chunk_rows"]), 900)
+    assert n >= 50, n
     big = PsuChunk(session="abandoned", stream="a_s1", index=0, total=1500,
                    elements=np.tile(some, (30, 1))[:n])
     with served.channel(deadline_s=0.5) as impatient:
