@@ -471,7 +471,12 @@ class GrpcServer:
             watch = _ReceiveWatch(self, context, peer)
             try:
                 stream = watch.chunks(chunks)
-                first = next(stream, None)
+                try:
+                    first = next(stream, None)
+                except grpc.RpcError:  # cancelled while waiting (by the watchdog or caller)
+                    first = None
+                    if not watch.expired:
+                        raise
                 if watch.expired:
                     self._receive_failed(context, watch)
                 self._enter(context, repr(peer))
@@ -517,6 +522,12 @@ class GrpcServer:
                 self._refuse(context, repr(sender),
                              f"party {sender!r} is not allowed to call {self.name!r}")
             message = self._decode(envelope)
+        except grpc.RpcError:
+            # the request stream was cancelled under us: by the watchdog (say why) or by the
+            # caller (nothing to answer)
+            if watch is not None and watch.expired:
+                self._receive_failed(context, watch)
+            raise
         except ProtocolError as exc:
             if watch is not None and watch.expired:
                 self._receive_failed(context, watch)
