@@ -133,7 +133,10 @@ def set_bound(method: str, n_a: int, n_p: int, n_union: int, costs: Any,
     by :func:`vflink.alignment.cost.protocol_ops`) and its operation counts."""
     from vflink.alignment.cost import ROLES, OpCounts, crypto_bound_s, protocol_ops
 
-    ops = [protocol_ops(method, role, n_a=n_a, n_p=n_p, n_union=n_union) for role in ROLES]
+    # PSI's intersection follows from the same sizes: |A ∩ B| = |A| + |B| − |A ∪ B|
+    ops = [protocol_ops(method, role, n_a=n_a, n_p=n_p, n_union=n_union,
+                        n_both=n_a + n_p - n_union if method == "psi" else 0)
+           for role in ROLES]
     return crypto_bound_s(ops, costs, cores), sum(ops, OpCounts()).as_dict()
 
 

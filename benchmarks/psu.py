@@ -4,7 +4,8 @@ modp2048 (the paper's QR(Z_p*) with the RFC 3526 2048-bit prime).
 Each side holds ``n`` keys with 50 % overlap (|A ∩ B| = n/2, |A ∪ B| = 1.5 n). ristretto255 runs
 the whole protocol; modp2048 is timed on a sample of exponentiations (same worker count) and
 extrapolated to the protocol's exponentiation count, which does not depend on the group
-(PSU: 5|A| + 5|B| + 2|A ∪ B|; PSI: 2|A| + 2|B|, plus the hashes). Each case runs in a fresh
+(PSU: 4|A| + 5|B| + 2|A ∪ B|, line 11 raising the round-1 list; PSI: 2|A| + 2|B| plus the
+proof over the matching elements, plus the hashes). Each case runs in a fresh
 process so its peak resident memory is its own. Prints JSON.
 
     python benchmarks/psu.py                          # n = 100,000 per side
@@ -29,7 +30,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 def exponentiations(method: str, n_a: int, n_p: int, n_union: int) -> int:
     """Group exponentiations of the protocol, both parties together (hashes excluded), as
-    :func:`vflink.alignment.cost.protocol_ops` counts them (PSU: 5|A| + 5|B| + 2|U|)."""
+    :func:`vflink.alignment.cost.protocol_ops` counts them (PSU: 4|A| + 5|B| + 2|U|)."""
     from vflink.alignment.cost import ROLES, OpCounts, protocol_ops
 
     ops = sum((protocol_ops(method, role, n_a=n_a, n_p=n_p, n_union=n_union)

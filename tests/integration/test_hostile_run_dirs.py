@@ -10,7 +10,9 @@ import logging
 import re
 import shutil
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 
 from tests.helpers.imbalanced import imbalanced_inputs
@@ -219,3 +221,44 @@ def test_state_files_refuse_links_and_deep_json(tmp_path: Path, victim: Path) ->
     (tmp_path / "primary.json").write_text(DEEP)
     with pytest.raises(StateFileError, match="primary.json: JSON nested more than 100"):
         read_state_header(tmp_path, "primary")
+
+
+def test_metrics_with_wrong_value_types_is_exit_2_naming_the_file_and_the_key(
+        run: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    metrics = json.loads((run / "metrics.json").read_text())
+    good = json.dumps(metrics)
+    for key, bad in (("metrics.test.auc", "high"), ("epochs[1].train_loss", [1]),
+                     ("sizes.train", {"n": 1}), ("algorithm", 7)):
+        doc = json.loads(good)
+        target: Any = doc
+        parts = key.replace("[", ".").replace("]", "").split(".")
+        for part in parts[:-1]:
+            target = target[int(part)] if part.isdigit() else target[part]
+        target[int(parts[-1]) if parts[-1].isdigit() else parts[-1]] = bad
+        (run / "metrics.json").write_text(json.dumps(doc))
+        assert main(["report", str(run), "--overwrite"]) == 2, key
+        said = _said(capsys)
+        assert _bare(f"{run / 'metrics.json'}: key \"{key}\"") in said, (key, said)
+        assert "unexpectederror" not in said.lower()
+    (run / "metrics.json").write_text(good)
+    assert main(["report", str(run), "--overwrite"]) == 0
+
+
+def test_an_object_array_in_a_recording_is_exit_2_naming_the_file_and_the_key(
+        run: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    npz = run / "models" / "bank" / "evaluation" / "received.npz"
+    with np.load(npz) as data:
+        arrays = {k: data[k] for k in data.files}
+    key = sorted(arrays)[0]
+    arrays[key] = np.array([{"pickled": SECRET}, None], dtype=object)
+    np.savez(npz, **arrays)  # numpy pickles the object array
+    assert main(["attack", "--run", str(run), "--attack", "label-norm"]) == 2
+    said = _said(capsys)
+    assert _bare(f"{npz}: key '{key}': holds Python objects") in said, said
+    assert SECRET not in said and "unexpectederror" not in said.lower()
+    # and a wrong dtype kind (text) is named too
+    arrays[key] = np.array(["a", "b"])
+    np.savez(npz, **arrays)
+    assert main(["attack", "--run", str(run), "--attack", "label-norm"]) == 2
+    assert _bare(f"{npz}: key '{key}': expected a boolean or signed integer or unsigned "
+                 "integer or float array") in _said(capsys)

@@ -65,9 +65,13 @@ def serve(files: dict[str, Path], tmp_path: Path) -> Iterator[Callable[[], GrpcC
         return GrpcChannel("primary", config.addresses, TlsConfig.for_party(
             tmp_path / "certs", "primary"), deadline_s=30)
 
+    def stop_all() -> None:
+        for proc in procs:
+            stop(proc)
+
+    start.stop_all = stop_all  # type: ignore[attr-defined]
     yield start
-    for proc in procs:
-        stop(proc)
+    stop_all()
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
@@ -131,6 +135,13 @@ def test_budget_survives_setups_and_restarts_and_only_the_operator_resets_it(
     assert shown["epsilon_max"] <= 5.0  # type: ignore[operator]
     assert shown["epsilon_max"] == pytest.approx(shown["epsilon_mean"])
 
+    # a reset while the service runs is refused (it holds the counts and would write them
+    # back): exit 2, nothing deleted
+    assert main(["privacy-budget", "--party-file", str(files["secondary"]), "--reset",
+                 "--yes-i-understand"]) == 2
+    assert "running `vflink serve`" in " ".join(capsys.readouterr().err.split())
+    assert budget_json(files, capsys)["max_releases"] == ALLOWED
+    start.stop_all()  # type: ignore[attr-defined]
     # a reset needs the explicit flag (exit 2, nothing deleted)
     assert main(["privacy-budget", "--party-file", str(files["secondary"]), "--reset"]) == 2
     assert "--yes-i-understand" in capsys.readouterr().err

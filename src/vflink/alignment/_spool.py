@@ -15,15 +15,22 @@ chunks, each party keeps what it must remember between chunks on disk instead:
   ``sum over bucket sizes of B^-n * prod(1/n_i!)`` = ``1/n!`` (the multinomial theorem).
 
 Every file lives in a :class:`Workdir` removed when the protocol finishes, fails, or its owner
-is collected.
+is collected. A process killed before that leaves its workdir behind; each workdir names its
+owning process (``.owner``: pid and start time), and :func:`sweep_stale` removes those whose
+owner is gone (a party runs it when it starts and before each protocol). What a workdir holds is
+keyed: the parties spool only elements blinded with the session's secret exponents, which live
+in memory and die with the process, never the unblinded hash of a record's key.
 """
 
 from __future__ import annotations
 
+import logging
 import math
+import os
 import secrets
 import shutil
 import tempfile
+import time
 import weakref
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,7 +40,77 @@ import numpy.typing as npt
 
 from vflink.alignment.groups import Elements
 
-__all__ = ["Buckets", "RowOrder", "Spool", "Workdir", "shuffle"]
+__all__ = ["Buckets", "RowOrder", "Spool", "Workdir", "shuffle", "sweep_stale"]
+
+log = logging.getLogger(__name__)
+
+#: Prefix of every workdir (what :func:`sweep_stale` looks for).
+PREFIX = "vflink-set-"
+_OWNER = ".owner"
+
+
+def _started(pid: int) -> str | None:
+    """A token of process ``pid``'s identity: its start time on Linux (pid numbers are
+    reused), "" where the system does not tell; None if no such process runs."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read().decode("ascii", "replace")
+        return stat.rsplit(")", 1)[1].split()[19]  # field 22, after the command name
+    except FileNotFoundError:
+        return None
+    except (OSError, IndexError):
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except OSError:
+        pass
+    return ""
+
+
+def _alive(owner: str) -> bool:
+    parts = owner.split()
+    if len(parts) != 2 or not parts[0].isdigit():
+        return False
+    started = _started(int(parts[0]))
+    return started is not None and (started == parts[1] or started == "" or parts[1] == "-")
+
+
+#: A workdir without its owner file is being created (or predates them): left alone this long.
+_UNOWNED_GRACE_S = 600.0
+
+
+def sweep_stale(parent: Path | None = None) -> int:
+    """Remove the workdirs under ``parent`` (default: the system's temporary directory) whose
+    owning process is gone (a killed party's spool); returns how many. Only workdirs this user
+    owns are touched, and one without an owner file only once it is old (another process may
+    be creating it this very moment)."""
+    root = Path(tempfile.gettempdir()) if parent is None else Path(parent)
+    removed = 0
+    try:
+        entries = list(root.glob(PREFIX + "*"))
+    except OSError:
+        return 0
+    uid = os.getuid() if hasattr(os, "getuid") else None
+    for path in entries:
+        try:
+            st = path.lstat()
+            if not path.is_dir() or path.is_symlink() or (uid is not None and st.st_uid != uid):
+                continue
+            owner = (path / _OWNER).read_text(encoding="ascii", errors="replace") \
+                if (path / _OWNER).is_file() else ""
+        except OSError:
+            continue
+        if owner and _alive(owner):
+            continue
+        if not owner and time.time() - st.st_mtime < _UNOWNED_GRACE_S:
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed += 1
+    if removed:
+        log.info("removed %d spool folder(s) of stopped processes under %s", removed, root)
+    return removed
 
 #: Most leading bits used to bucket (2^16 buckets; every element has at least two bytes).
 _MAX_BITS = 16
@@ -58,12 +135,14 @@ def _append_by_bucket(path: Path, count: npt.NDArray[np.int64], ids: npt.NDArray
 class Workdir:
     """A private temporary directory (mode 0700) removed by :meth:`close`, or at collection."""
 
-    def __init__(self, parent: Path | None = None, prefix: str = "vflink-set-") -> None:
+    def __init__(self, parent: Path | None = None, prefix: str = PREFIX) -> None:
         if parent is not None:
             parent.mkdir(parents=True, exist_ok=True)
         self.path = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
         self._count = 0
         self._finalizer = weakref.finalize(self, shutil.rmtree, self.path, True)
+        pid = os.getpid()
+        (self.path / _OWNER).write_text(f"{pid} {_started(pid) or '-'}", encoding="ascii")
 
     def new(self, name: str) -> Path:
         """A fresh sub-path for one list."""

@@ -14,7 +14,9 @@ The operations (:data:`OPERATIONS`):
 * ``power``: an own element raised to a secret exponent;
 * ``power_checked``: a peer's element validated and raised to a secret exponent (one pass:
   :meth:`~vflink.alignment.groups.Group.power` with ``check``);
-* ``validate``: a peer's element checked without being exponentiated.
+* ``validate``: a peer's element checked without being exponentiated;
+* ``combine``: one term of a multi-exponentiation ``prod x_i^{c_i}`` (a scalar multiplication
+  and an addition; the batched Chaum–Pedersen proofs of :mod:`vflink.alignment.proofs`).
 
 Counts follow the code of :mod:`vflink.parties.setalign` (a test runs both protocols and
 compares the groups' own counters with these formulas).
@@ -35,7 +37,7 @@ __all__ = ["OPERATIONS", "ROLES", "OpCosts", "OpCounts", "crypto_bound_s", "prot
            "sample_costs"]
 
 #: the group operations a set protocol is made of (see the module docstring)
-OPERATIONS = ("hash", "power", "power_checked", "validate")
+OPERATIONS = ("hash", "power", "power_checked", "validate", "combine")
 #: the driving party (the primary, FLORIST's active P_a) and the answering one (a secondary,
 #: the passive P_p)
 ROLES = ("primary", "secondary")
@@ -49,6 +51,7 @@ class OpCounts:
     power: int = 0
     power_checked: int = 0
     validate: int = 0
+    combine: int = 0
 
     def __add__(self, other: OpCounts) -> OpCounts:
         return OpCounts(**{f: getattr(self, f) + getattr(other, f) for f in OPERATIONS})
@@ -69,6 +72,8 @@ class OpCosts:
     power: float
     power_checked: float
     validate: float
+    #: a proof's term (sampled since proofs exist; 0 in a record made before)
+    combine: float = 0.0
 
     @classmethod
     def mean(cls, *samples: OpCosts) -> OpCosts:
@@ -83,42 +88,55 @@ class OpCosts:
 
 
 def protocol_ops(method: str, role: str, *, n_a: int, n_p: int, n_union: int | None = None,
-                 reveal: str = "both") -> OpCounts:
+                 n_both: int = 0, reveal: str = "both") -> OpCounts:
     """The group operations ``role`` does in one run of ``method`` with |I_a| = ``n_a`` (the
-    primary's set), |I_p| = ``n_p`` and, for PSU, |I_a ∪ I_p| = ``n_union``.
+    primary's set), |I_p| = ``n_p``, for PSU |I_a ∪ I_p| = ``n_union`` and for PSI
+    |I_a ∩ I_p| = ``n_both``.
 
     PSU (FLORIST Algorithm 1 as :mod:`vflink.parties.setalign` runs it), P_a: hashes its keys
-    (line 3), raises them to s1 (line 3) and s2 (line 11) and the merged union to s2·s3
-    (line 8); raises the peer's I_p^{t1} (line 6), x^{s2 t1 t2 t3} (line 12) and x^{t2}
-    (line 11, for the peer) after checking them; checks I_a^{s1 t1} (line 7) and the final
-    list U (line 10). P_p: hashes its keys, raises them to t1 (line 5) and t2 (line 11);
-    raises I_a^{s1} (line 4), the blinded union (line 9), x^{s2} (line 11) and x^{s1 s2 s3
-    t2} (line 12) after checking them; checks I_p^{s1 t1} (line 6). Together: 5|I_a| +
-    5|I_p| + 2|U| exponentiations.
+    and raises them to s1 (line 3), raises the merged union to s2·s3 (line 8); raises the
+    peer's I_p^{t1} (line 6), x^{s1 t1 t2 t3} (line 11) and x^{t2} (line 12, for the peer)
+    after checking them; checks I_a^{s1 t1} (line 7) and the final list U (line 10). P_p:
+    hashes its keys and raises them to t1 (line 5), hashes them again and raises them to t2
+    (line 12: nothing unblinded is spooled), raises the round-1 list it kept (line 11, its own
+    values, so unchecked); raises I_a^{s1} (line 4), the blinded union (line 9) and
+    x^{s1 s2 s3 t2} (line 12) after checking them; checks I_p^{s1 t1} (line 6). Together:
+    4|I_a| + 5|I_p| + 2|U| exponentiations (the paper's line 11 had P_a raise its records
+    once more).
 
-    ECDH PSI, P_a: hashes and blinds its keys, checks H(x)^{ab}, raises the peer's H(y)^b;
-    P_p: hashes and blinds its keys, raises the peer's H(x)^a, and checks H(y)^{ba} when it
-    learns the intersection (``reveal`` both or secondary).
+    ECDH PSI, P_a: hashes and blinds its keys, commits to its exponent (G^a), checks
+    H(x)^{ab}, raises the peer's H(y)^b; P_p: hashes and blinds its keys, raises the peer's
+    H(x)^a, checks the commitment. When P_p learns the intersection (``reveal`` both or
+    secondary) P_a proves that the matched H(y)^{ba} are its H(y)^b raised to the committed a
+    (:mod:`vflink.alignment.proofs`: one term per matched element and three more, and the
+    Chaum-Pedersen nonce's power) and P_p checks every H(y)^{ba} and verifies (two terms per
+    matched element and four more).
     """
     if role not in ROLES:
         raise ConfigError(f"`role` must be one of {', '.join(ROLES)}, got {role!r}")
-    if min(n_a, n_p) < 0:
-        raise ConfigError(f"set sizes must be ≥ 0, got n_a={n_a}, n_p={n_p}")
+    if min(n_a, n_p, n_both) < 0:
+        raise ConfigError(f"set sizes must be ≥ 0, got n_a={n_a}, n_p={n_p}, "
+                          f"n_both={n_both}")
     if method == "psu":
         if n_union is None or not max(n_a, n_p) <= n_union <= n_a + n_p:
             raise ConfigError(f"PSU's union size must be in [max(n_a, n_p), n_a + n_p], got "
                               f"{n_union} for n_a={n_a}, n_p={n_p}")
         if role == "primary":
-            return OpCounts(hash=n_a, power=2 * n_a + n_union, power_checked=n_a + 2 * n_p,
+            return OpCounts(hash=n_a, power=n_a + n_union, power_checked=n_a + 2 * n_p,
                             validate=n_a + n_union)
-        return OpCounts(hash=n_p, power=2 * n_p, power_checked=2 * n_a + n_p + n_union,
+        return OpCounts(hash=2 * n_p, power=n_a + 2 * n_p, power_checked=n_a + n_p + n_union,
                         validate=n_p)
     if method == "psi":
-        how = check_reveal(reveal)
+        proof = check_reveal(reveal) in ("both", "secondary")
+        if n_both > min(n_a, n_p):
+            raise ConfigError(f"PSI's intersection cannot exceed the smaller set, got "
+                              f"n_both={n_both} for n_a={n_a}, n_p={n_p}")
         if role == "primary":
-            return OpCounts(hash=n_a, power=n_a, power_checked=n_p, validate=n_a)
+            return OpCounts(hash=n_a, power=n_a + 1 + int(proof), power_checked=n_p,
+                            validate=n_a, combine=n_both + 3 if proof else 0)
         return OpCounts(hash=n_p, power=n_p, power_checked=n_a,
-                        validate=n_p if how in ("both", "secondary") else 0)
+                        validate=1 + (n_p if proof else 0),
+                        combine=2 * n_both + 4 if proof else 0)
     raise ConfigError(f"`method` must be psu or psi, got {method!r}")
 
 
@@ -172,5 +190,12 @@ def sample_costs(group: Group, *, budget_s: float = 0.05) -> OpCosts:
         group._valid_chunk(big)
         return len(big)
 
+    scalars = [secrets.randbelow(group.order) for _ in range(len(elements))]
+
+    def combined() -> int:
+        group._combination_chunk(elements, scalars)
+        return len(elements)
+
     return OpCosts(hash=_per_op(hashes, budget_s), power=_per_op(powers, budget_s),
-                   power_checked=_per_op(checked, budget_s), validate=_per_op(valid, budget_s))
+                   power_checked=_per_op(checked, budget_s), validate=_per_op(valid, budget_s),
+                   combine=_per_op(combined, budget_s))

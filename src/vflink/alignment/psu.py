@@ -6,11 +6,25 @@ record-ID sets I_a and I_p hashed into a prime-order group. Each draws three sec
 separately each party learns the final blinded value of each of its own records (lines 11-12),
 which is its position in the sorted UID list U. Every list that leaves a party is shuffled, so
 neither party learns which of its records the other holds; each learns only |I_a|, |I_p| and
-|I_a ∪ I_p| (Theorem 1).
+|I_a ∪ I_p| (Theorem 1, for parties that follow the protocol: App. A's simulators are for
+honest-but-curious parties).
 
-The party that *owns* a record in lines 11-12 follows the same three steps whichever side it is:
-blind with its second exponent, the peer raises to the product of all three of its exponents,
-the owner finishes with its first and third — :func:`blind_own`, :func:`raise_for_peer`,
+**Line 11 as vflink runs it.** In the paper P_a sends x^{s2} for its records in line 11, a list
+the passive party cannot relate to anything it has seen: a primary that sent guessed IDs there
+(or swapped its own records between lines 3 and 11) learned from U which guesses the secondary
+holds. vflink's P_p instead raises the round-1 list it already received, ``I_a^{s1}`` in P_a's
+(secret) order, to t1·t2·t3 and returns it in that order (:func:`line11_peer`); P_a, who knows
+its order, finishes with s2·s3 (:func:`line11_finish`). Each record's final value is
+x^{s1 s2 s3 t1 t2 t3} as in the paper, so honest results are unchanged; what P_a can learn
+about is only what it committed to in line 3. P_p's view loses the list x^{s2} (S_p's line 13)
+and gains nothing; P_a receives x^{s1 t1 t2 t3} instead of x^{s2 t1 t2 t3}, a value it maps to
+the other with its own exponents, so S_a simulates it as k_i^{s1} instead of k_i^{s2} (line 16).
+It also saves P_a |I_a| exponentiations. What a primary that deviates elsewhere can still learn
+is in docs/security.md ("Threat model of the set protocols").
+
+Line 12 (P_p's own records) keeps the paper's steps: the party that *owns* a record blinds it
+with its second exponent, the peer raises it to the product of all three of its exponents, the
+owner finishes with its first and third — :func:`blind_own`, :func:`raise_for_peer`,
 :func:`finish_own`.
 """
 
@@ -36,6 +50,8 @@ __all__ = [
     "lines6_8",
     "line9",
     "line10",
+    "line11_finish",
+    "line11_peer",
     "locate_buckets",
     "raise_for_peer",
     "simulate_active_view",
@@ -109,25 +125,36 @@ def line10(final: Elements, *, group: Group) -> Elements:
     return uids
 
 
+def line11_peer(group: Group, a_s1t1: Elements, e: PsuExponents) -> Elements:
+    """Line 11, P_p: the round-1 list it received, already raised to t1 (line 4) and kept in
+    the order received, raised to t2·t3: x^{s1 t1 t2 t3}, in P_a's order of line 3."""
+    return group.power(a_s1t1, group.combine(e.second, e.third))
+
+
+def line11_finish(group: Group, received: Elements, e: PsuExponents) -> Elements:
+    """Line 11, P_a: x^{s1 t1 t2 t3} raised to s2·s3, each record's final value (in the order
+    of its line-3 list)."""
+    return group.power(received, group.combine(e.second, e.third), check="x^{s1 t1 t2 t3}")
+
+
 def blind_own(group: Group, own: Elements, e: PsuExponents) -> Elements:
-    """Lines 11-12, owner: x^{second} for each own record, in own order."""
+    """Line 12, owner: x^{second} for each own record, in own order."""
     return group.power(own, e.second)
 
 
 def raise_for_peer(group: Group, received: Elements, e: PsuExponents) -> Elements:
-    """Lines 11-12, peer: y^{first·second·third}, in the order received."""
-    return group.power(received, group.combine(e.first, e.second, e.third),
-                       check="x^{s2} / x^{t2}")
+    """Line 12, peer: y^{first·second·third}, in the order received (validated in the same
+    pass, :meth:`~vflink.alignment.groups.base.Group.power` with ``check``)."""
+    return group.power(received, group.combine(e.first, e.second, e.third), check="x^{t2}")
 
 
 def finish_own(group: Group, received: Elements, e: PsuExponents, uids: Elements,
                *, expected: int) -> PsuResult:
-    """Lines 11-12, owner: z^{first·third} per own record, located in U."""
-    z = group.check(received, "x^{s2 t1 t2 t3} / x^{s1 s2 s3 t2}")
+    """Line 12, owner: z^{first·third} per own record, located in U."""
+    z = group.check(received, "x^{s1 s2 s3 t2}")
     if len(z) != expected:
         raise ProtocolError(f"expected {expected} elements for our records, got {len(z)}")
-    final = group.power(z, group.combine(e.first, e.third),
-                        check="x^{s2 t1 t2 t3} / x^{s1 s2 s3 t2}")
+    final = group.power(z, group.combine(e.first, e.third), check="x^{s1 s2 s3 t2}")
     return PsuResult(uids=uids, record_uid=lookup(uids, final, "own records in U"))
 
 
@@ -172,8 +199,8 @@ def simulate_active_view(group: Group, n_a: int, n_p: int, n_both: int) -> dict[
     """What S_a (Algorithm 2) outputs as P_a's received messages, from |I_a|, |I_p|, |I_a ∩ I_p|.
 
     Keys name the received lists: ``a_s1t1`` (line 4), ``p_t1`` (line 5: n_both of the g_i
-    and n_p - n_both fresh elements), ``union`` (line 11's K: |I_a ∪ I_p|), ``a_s2t123``
-    (line 16) and ``p_t2`` (line 18).
+    and n_p - n_both fresh elements), ``union`` (line 11's K: |I_a ∪ I_p|), ``a_s1t123``
+    (line 16, x^{s1 t1 t2 t3} as vflink runs line 11) and ``p_t2`` (line 18).
     """
     s1 = group.random_exponent()
     g = group.random_elements(n_a)
@@ -184,7 +211,7 @@ def simulate_active_view(group: Group, n_a: int, n_p: int, n_both: int) -> dict[
         "a_s1t1": _shuffle(group.power(g, s1)) if n_a else group.empty(),
         "p_t1": _shuffle(np.concatenate([g[:n_both], h])),
         "union": line10(k, group=group) if m else group.empty(),
-        "a_s2t123": group.random_elements(n_a),
+        "a_s1t123": group.random_elements(n_a),
         "p_t2": group.random_elements(n_p),
     }
 
@@ -193,8 +220,9 @@ def simulate_passive_view(group: Group, n_a: int, n_p: int, n_both: int
                           ) -> dict[str, Elements]:
     """What S_p (Algorithm 3) outputs as P_p's received messages.
 
-    Keys: ``a_s1`` (line 3), ``p_s1t1`` (line 7), ``union_s123t1`` (line 9), ``a_s2``
-    (line 13) and ``p_s123t2`` (line 17).
+    Keys: ``a_s1`` (line 3), ``p_s1t1`` (line 7), ``union_s123t1`` (line 9) and
+    ``p_s123t2`` (line 17). As vflink runs line 11, P_p receives no x^{s2} (S_p's line 13):
+    it raises the ``a_s1`` it already holds.
     """
     t1 = group.random_exponent()
     g = group.random_elements(n_a)
@@ -206,6 +234,5 @@ def simulate_passive_view(group: Group, n_a: int, n_p: int, n_both: int
         "a_s1": _shuffle(g),
         "p_s1t1": _shuffle(np.concatenate([both, h])),
         "union_s123t1": _shuffle(group.power(k, t1)) if m else group.empty(),
-        "a_s2": group.random_elements(n_a),
         "p_s123t2": group.random_elements(n_p),
     }

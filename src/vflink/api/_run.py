@@ -104,10 +104,14 @@ class Run:
     @property
     def summary(self) -> dict[str, Any]:
         """The whole of ``metrics.json``: metrics, epochs, communication, sizes, alignment."""
+        from vflink._typed import typed
+        from vflink.runfiles.results import METRICS_SCHEMA
+
         data = _read_json(self.path, "metrics.json")
         if not isinstance(data, dict):
             raise RunError(f"{self.path / 'metrics.json'}: expected a JSON object")
-        return data
+        return typed(data, METRICS_SCHEMA, source=str(self.path / "metrics.json"),  # type: ignore[no-any-return]
+                     error=RunError)
 
     @property
     def metrics(self) -> dict[str, dict[str, float]]:

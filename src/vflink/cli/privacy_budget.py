@@ -30,8 +30,9 @@ section or `--delta`), computed with the same accountant as the run ledger.
 --reset deletes the counts of the current data. The privacy already lost is NOT restored: a
 reset only lets the party release its records again as if they had never been released. It
 therefore needs --yes-i-understand, is logged as a WARNING (fingerprint, counts, operator,
-time) and is appended to _privacy-budget/resets.jsonl. Stop `vflink serve` for this party
-first: a running service keeps the counts in memory and writes them back at its next release.
+time) and is appended to _privacy-budget/resets.jsonl. It is refused while `vflink serve` runs
+for this party (a running service holds the budget and keeps the counts in memory): stop it
+first.
 """
 
 

@@ -69,6 +69,7 @@ class Party:
         self.name = name
         self.roles = roles
         self.sessions = SessionTable(name, self.role)
+        self.sessions.on_drop = self._session_dropped
         self.policy = policy if policy is not None else PartyPolicy()
 
     @property
@@ -79,8 +80,17 @@ class Party:
     @policy.setter
     def policy(self, policy: PartyPolicy) -> None:
         self._policy = policy
-        self.sessions.limits = SessionLimits(max_sessions=policy.max_sessions,
-                                             ttl_s=policy.session_ttl_s)
+        self.sessions.limits = SessionLimits(
+            max_sessions=policy.max_sessions, ttl_s=policy.session_ttl_s,
+            max_finished_per_peer=policy.max_finished_sessions)
+
+    def _session_dropped(self, session: Session) -> None:
+        """A session left the table (expired, evicted, failed): free what its handlers kept
+        (each object of ``session.data`` with a ``close()``)."""
+        for value in list(session.data.values()):
+            close = getattr(value, "close", None)
+            if callable(close):
+                close()
 
     @property
     def session(self) -> Session:

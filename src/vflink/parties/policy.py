@@ -101,24 +101,48 @@ class PartyPolicy:
         max_pending_batches: training forwards kept waiting for their Backward.
         pending_ttl_s: a pending forward older than this is dropped.
         max_snapshots: distinct snapshot tags kept.
-        max_sessions: coordinator sessions kept at once.
-        session_ttl_s: a session not used for this long is dropped.
+        max_sessions: unfinished protocol sessions one peer may hold open at once (each peer
+            has its own share: one peer's abandoned sessions never lock another out).
+        session_ttl_s: an unfinished session that makes no progress for this long is dropped
+            (minutes: an honest driver sends its next message well within it).
+        max_finished_sessions: finished sessions of one peer kept in memory; its least
+            recently used make room (a finished alignment is reloaded from
+            ``alignments/<session>.parquet`` when asked for again, so nothing is lost).
         max_top_k: largest K a soft-linkage request may ask for.
         max_model_parameters: largest bottom model a SetupBottom may ask this party to build.
         max_set_elements: most group elements in one list a peer sends in a PSU or PSI round
             (FLORIST Alg. 1; ECDH PSI); each costs this party a validity check and an
             exponentiation (~80 µs with ristretto255, ~3.5 ms with modp2048). A PSU union
             may hold this many plus this party's own records.
+        min_set_elements: fewest records a peer may align with (its ``n_a``); a non-positive
+            size is always refused. PSU reveals |I_a ∩ I_p| and PSI the intersection itself,
+            so a one-record set tests one guess: this and ``max_set_sessions`` bound how much
+            a peer can test (docs/security.md, "Threat model of the set protocols").
+        max_set_sessions: PSU and PSI sessions one peer may open within
+            ``set_session_window_s`` (counted in the party's state directory, across
+            restarts); each session's answer is information about this party's set.
+        set_session_window_s: the window of ``max_set_sessions`` (a day by default).
+        max_message_work_s: the work one message of a peer may cause this party, in seconds
+            of its own measured speed: the chunk size of PSU/PSI lists is derived from it and
+            announced to the peer in round 1 (a longer chunk is refused), so no peer's chunk
+            holds the party for long, whatever deadline that peer gives.
+        max_spool_bytes: disk one peer's running PSU/PSI sessions may hold in this party's
+            spool (reserved when a session opens, from its set sizes).
         max_bloom_bits: longest Bloom filter a peer's encoding request may ask for (string
             and geographic ``filter_bits``; numeric filters: all dimensions' centres).
         max_bloom_hashes: most bits an encoding request may set per q-gram (string
             ``num_hashes``) or per record (geographic: grid tokens × ``num_hashes``).
         max_bloom_centres: most FEDERAL centres of a numeric filter, all dimensions together.
         max_concurrent_calls: calls a served party works on at once (handler calls are
-            serialised, the others wait their turn within their deadline); a further call is
-            refused at once as busy. Health requests are always answered besides. Union
-            training forwards waiting for their Backward count against
-            ``max_pending_batches`` like any training forward.
+            serialised and handed to the peers in turn, the others wait their turn within
+            their deadline); a further call is refused at once as busy. Health requests are
+            always answered besides. Union training forwards waiting for their Backward count
+            against ``max_pending_batches`` like any training forward.
+        max_calls_per_peer: calls one peer may have in progress at once (0: an equal share of
+            ``max_concurrent_calls`` among the peers allowed to call).
+        receive_timeout_s: a peer's streamed request must send each chunk (its first one
+            included) within this of the one before,
+        min_receive_bytes_per_s: ... and all of it at this rate at least, or it is cancelled.
         max_saved_states: distinct state files (``SaveState`` names) a secondary keeps in its
             own directory; a peer names them, so their number is bounded (disk).
         union_features: the synthetic-feature strategies this secondary accepts in FLORIST
@@ -134,14 +158,23 @@ class PartyPolicy:
     pending_ttl_s: float = 600.0
     max_snapshots: int = 8
     max_sessions: int = 16
-    session_ttl_s: float = 86400.0
+    session_ttl_s: float = 600.0
+    max_finished_sessions: int = 64
     max_top_k: int = 1000
     max_model_parameters: int = 50_000_000
     max_set_elements: int = 2_000_000
+    min_set_elements: int = 1
+    max_set_sessions: int = 200
+    set_session_window_s: float = 86400.0
+    max_message_work_s: float = 2.0
+    max_spool_bytes: int = 8 << 30
     max_bloom_bits: int = 16384
     max_bloom_hashes: int = 4096
     max_bloom_centres: int = 16384
     max_concurrent_calls: int = 8
+    max_calls_per_peer: int = 0
+    receive_timeout_s: float = 10.0
+    min_receive_bytes_per_s: float = 262144.0
     max_saved_states: int = 1000
     union_features: tuple[str, ...] = SAFE_UNION_FEATURES
 
@@ -157,9 +190,12 @@ class PartyPolicy:
         for name in ("max_pending_batches", "max_snapshots", "max_sessions", "max_top_k",
                      "max_model_parameters", "max_set_elements", "max_bloom_bits",
                      "max_bloom_hashes", "max_bloom_centres", "max_concurrent_calls",
-                     "max_saved_states"):
+                     "max_saved_states", "max_finished_sessions", "min_set_elements",
+                     "max_set_sessions", "max_spool_bytes"):
             check_int(problems, f"policy.{name}", getattr(self, name), min=1)
-        for name in ("pending_ttl_s", "session_ttl_s"):
+        check_int(problems, "policy.max_calls_per_peer", self.max_calls_per_peer, min=0)
+        for name in ("pending_ttl_s", "session_ttl_s", "set_session_window_s",
+                     "max_message_work_s", "receive_timeout_s", "min_receive_bytes_per_s"):
             check_float(problems, f"policy.{name}", getattr(self, name), min=0.0,
                         min_exclusive=True)
         if isinstance(self.union_features, list):  # from a TOML array
@@ -196,6 +232,9 @@ class PartyPolicy:
     def check_set_size(self, party: str, what: str, n: int, *, own: int | None = None) -> None:
         """Refuse a PSU/PSI list of ``n`` group elements above ``max_set_elements`` (plus
         ``own``, this party's record count, for a union), before any work on it."""
+        if isinstance(n, bool) or not isinstance(n, int):
+            raise refuse(ProtocolError, f"party {party!r}: {what} must be a whole number of "
+                                        f"elements, got {type(n).__name__}", code="set.size")
         limit = self.max_set_elements + (own or 0)
         if n > limit:
             plus = " plus its own records" if own else ""
@@ -203,6 +242,19 @@ class PartyPolicy:
                          f"party {party!r} accepts at most {self.max_set_elements}{plus} group "
                          f"elements per list (policy.max_set_elements); {what} has {n}",
                          code="limit.set-elements")
+
+    def check_peer_set_size(self, party: str, what: str, n: int) -> None:
+        """Refuse a peer's set size (its ``n_a``) that is not positive or outside
+        [``min_set_elements``, ``max_set_elements``], before any work."""
+        self.check_set_size(party, what, n)
+        if n < 1:
+            raise refuse(ProtocolError, f"party {party!r}: {what} must be a positive number "
+                                        f"of records, got {n}", code="set.size")
+        if n < self.min_set_elements:
+            raise refuse(PolicyViolation,
+                         f"party {party!r} aligns with sets of at least "
+                         f"{self.min_set_elements} records (policy.min_set_elements); {what} "
+                         f"is {n}", code="limit.set-elements")
 
     def check_encoding(self, party: str, spec: EncodingSpec) -> None:
         """Refuse a peer's Bloom encoding request before any work: malformed or unknown

@@ -34,7 +34,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from vflink._files import atomic_open, atomic_write_json, open_data_bytes, read_json_file
+from vflink._files import atomic_open, atomic_write_json
+from vflink._typed import ANY, Int, MapOf, Obj, Str, load_arrays, read_typed_json
 from vflink.errors import ConfigError, DataError
 
 __all__ = ["RECORDING_DIR", "RECORDING_VERSION", "Recorder", "Recording", "read_recording"]
@@ -199,15 +200,18 @@ def read_recording(state_dir: Path) -> Recording:
         raise DataError(f"{base}: nothing recorded (run with [evaluation] record = true)")
     # regular files inside the recording's own folder, read once (no swap between a check
     # and the read), JSON within depth and size limits (issue 19)
-    manifest = read_json_file(base, _MANIFEST)
-    if not isinstance(manifest, dict):
-        raise DataError(f"{base / _MANIFEST}: expected a JSON object")
+    manifest = read_typed_json(base, _MANIFEST, _MANIFEST_SCHEMA)
     if manifest.get("version") != RECORDING_VERSION:
         raise DataError(f"{base / _MANIFEST}: recording version {manifest.get('version')!r}, "
                         f"expected {RECORDING_VERSION}")
-    with np.load(open_data_bytes(base, _NPZ), allow_pickle=False) as data:
-        arrays = {k: data[k] for k in data.files}
+    # numeric arrays only, each checked from its header (an object array is never unpickled)
+    arrays = load_arrays(base, _NPZ)
     return Recording(str(manifest["party"]), str(manifest["role"]), manifest, arrays)
+
+
+#: what a recording's manifest must hold before any of it is used
+_MANIFEST_SCHEMA = Obj(required={"version": Int(), "party": Str(), "role": Str()},
+                       optional={"meta": MapOf(MapOf(ANY))})
 
 
 def _numpy(values: Any) -> npt.NDArray[Any]:

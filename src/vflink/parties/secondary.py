@@ -19,6 +19,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from vflink.alignment._spool import sweep_stale
 from vflink.data.featurestore import (
     ConstantFeatures,
     FeatureSource,
@@ -46,7 +47,7 @@ from vflink.parties.policy import PartyPolicy
 from vflink.parties.privacy import EmbeddingProtection
 from vflink.parties.recording import Recorder
 from vflink.parties.resources import TrainingResources
-from vflink.parties.setalign import SetAlignmentPeer
+from vflink.parties.setalign import SPOOL_DIR, SetAlignmentPeer
 from vflink.parties.union import UnionPeer
 from vflink.privacy.budget import BUDGET_DIR
 from vflink.privacy.config import PrivacyConfig
@@ -121,6 +122,11 @@ class SecondaryParty(SetAlignmentPeer, UnionPeer, LinkingPeer):
         super().__init__(table, channel, secret=secret, roles=roles, policy=policy,
                          recorder=recorder)
         self.out_dir = out_dir
+        # finished set alignments are reloaded from disk when evicted or after a restart, and
+        # a killed process's spools (blinded lists of a session) are removed when we start
+        self.sessions.restore = self._restore_session
+        if out_dir is not None:
+            sweep_stale(Path(out_dir) / SPOOL_DIR)
         self.resources = resources or TrainingResources()
         # resolved here: "cuda" on a machine without CUDA fails when the party starts
         self.device = resolve_device(self.resources.device, party=table.name)

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,13 +24,28 @@ import numpy.typing as npt
 import pandas as pd
 
 from vflink._cancel import remaining_s
-from vflink._files import atomic_open
-from vflink.alignment import psi, psu
+from vflink._files import (
+    atomic_open,
+    atomic_write_bytes,
+    atomic_write_json,
+    open_data_bytes,
+    read_data_file,
+)
+from vflink._typed import Bool, Int, ListOf, MapOf, Num, Obj, Opt, Str, read_typed_json
+from vflink.alignment import proofs, psi, psu
 from vflink.alignment._dh import as_rows, key_bytes, lookup, sorted_unique, to_hex
-from vflink.alignment._spool import Buckets, RowOrder, Spool, Workdir, bucket_bits, shuffle
+from vflink.alignment._spool import (
+    Buckets,
+    RowOrder,
+    Spool,
+    Workdir,
+    bucket_bits,
+    shuffle,
+    sweep_stale,
+)
 from vflink.alignment.groups import Elements, Group, get_group
 from vflink.data.table import PartyTable
-from vflink.errors import PolicyViolation, ProtocolError
+from vflink.errors import DataError, PolicyViolation, ProtocolError, VflinkError
 from vflink.parties.policy import PartyPolicy
 from vflink.protocol.boundary import refuse
 from vflink.protocol.channel import Channel
@@ -48,19 +65,27 @@ from vflink.protocol.messages import (
 )
 from vflink.protocol.sessions import PSI as PSI_PROTOCOL
 from vflink.protocol.sessions import PSU as PSU_PROTOCOL
-from vflink.protocol.sessions import Session, SessionTable
+from vflink.protocol.sessions import ProtocolSpec, Session, SessionTable
 from vflink.types import Compute
 
 __all__ = [
+    "SET_KINDS",
+    "SPOOL_DIR",
     "KeyBatches",
     "SetAlignment",
     "SetAlignmentDriver",
     "SetAlignmentPeer",
+    "chunk_cap",
+    "exponentiation_seconds",
     "pair_by_uid",
+    "spool_bytes",
     "write_set_alignment",
 ]
 
 log = logging.getLogger(__name__)
+
+#: Where a passive party's running sessions spool, under its state directory.
+SPOOL_DIR = ".set-tmp"
 
 #: ``progress(stage, done, total)`` over the protocol's steps
 StepProgress = Callable[[str, int, int], None]
@@ -265,26 +290,34 @@ class SetAlignmentDriver:
     # --- streaming -------------------------------------------------------------------------
 
     def _upload(self, peer: str, kind: type[PsuChunk] | type[PsiChunk], session: str,
-                stream: str, chunks: Iterable[Elements], total: int) -> None:
+                stream: str, chunks: Iterable[Elements], total: int,
+                last: Callable[[], dict[str, Any]] | None = None) -> None:
+        """``chunks`` as messages of ``stream``; ``last()`` gives extra fields of the last one
+        (a proof over the whole list)."""
+        parts = [el for el in chunks if len(el)] if last is not None else None
+        source: Iterable[Elements] = parts if parts is not None else chunks
         sent = index = 0
-        for el in chunks:
+        count = len(parts) if parts is not None else -1
+        for el in source:
             if len(el) == 0:
                 continue
+            extra = last() if last is not None and index == count - 1 else {}
             self.channel.request(peer, kind(session=session, stream=stream, index=index,
-                                            total=total, elements=el), Ack)
+                                            total=total, elements=el, **extra), Ack)
             sent += len(el)
             index += 1
         if total == 0:  # an empty list is one empty chunk, so its round still closes
+            extra = last() if last is not None else {}
             self.channel.request(peer, kind(session=session, stream=stream, index=0, total=0,
-                                            elements=self.group.empty()), Ack)
+                                            elements=self.group.empty(), **extra), Ack)
         if sent != total:  # pragma: no cover - our own lists
             raise ProtocolError(f"{stream}: sent {sent} elements of {total}")
 
     def _fetch(self, peer: str, kind: type[PsuFetch] | type[PsiFetch], session: str,
-               stream: str, total: int) -> Iterator[Elements]:
+               stream: str, total: int, chunk: int) -> Iterator[Elements]:
         got = index = 0
         while got < total or index == 0:
-            want = min(self.chunk_rows, total - got)
+            want = min(chunk, total - got)
             reply = self.channel.request(peer, kind(session=session, stream=stream,
                                                     index=index), SetChunk)
             el = self.group.check(reply.elements, stream)
@@ -313,39 +346,59 @@ class SetAlignmentDriver:
         return Buckets(work.new(name), self.group.element_bytes,
                        bits=bucket_bits(expected, self.chunk_rows))
 
+    def _own_size(self) -> int:
+        """Our record count: a peer refuses a set size that is not positive, so an empty
+        table is refused here, before any message, naming what is wrong."""
+        n = len(self.keys)
+        if n < 1:
+            raise DataError("the aligning party's table has no records: there is nothing to "
+                            "align (a peer refuses a set of size 0)")
+        return n
+
+    def _agreed_chunk(self, reply: Ack, peer: str) -> int:
+        """The chunk size the peer accepted in round 1 (at most ours: its work limit)."""
+        value = reply.info.get("chunk_rows")
+        if value is None:
+            return self.chunk_rows
+        if value != int(value) or not 1 <= value <= self.chunk_rows:
+            raise ProtocolError(f"{peer!r} answered chunk_rows = {value}; expected an int in "
+                                f"[1, {self.chunk_rows}]")
+        return int(value)
+
     # --- the protocols ---------------------------------------------------------------------
 
     def psu(self, peer: str, session: str = "psu") -> SetAlignment:
-        """Run Algorithm 1 with ``peer`` (P_p); return this party's output."""
-        g, c = self.group, self.chunk_rows
+        """Run Algorithm 1 with ``peer`` (P_p); return this party's output.
+
+        Line 11 as vflink runs it (:mod:`vflink.alignment.psu`): P_p raises the list of line
+        3 it already holds, in our order, which the list ``a_s1`` maps back to our records.
+        """
+        g = self.group
         steps = 5
-        n_a = len(self.keys)
+        n_a = self._own_size()
+        sweep_stale(self.tmp_dir)
         work = Workdir(self.tmp_dir)
         try:
             e = psu.PsuExponents.draw(g)  # line 1
             self._step("round 1", 1, steps)
             opened = self.channel.request(peer, PsuRound1(session=session, group=g.name,
-                                                          n_a=n_a, chunk_rows=c), Ack)
+                                                          n_a=n_a, chunk_rows=self.chunk_rows),
+                                          Ack)
             n_p = _count(opened, peer, "n_p")
-            # line 3: I_a^{s1}, shuffled; the hashed records are kept on disk in record order
-            # for line 11 (hashed once, as with whole lists)
-            own = Spool(work.new("own"), g.element_bytes)
-
-            def hashed_once() -> Iterator[tuple[Elements, None]]:
-                for _, h in _hashed(g, self.keys, c):
-                    own.append(h)
-                    yield g.power(h, e.first), None
-
-            a_s1 = self._shuffled(work, "a_s1", hashed_once(), n_a)
+            c = self._agreed_chunk(opened, peer)
+            # line 3: I_a^{s1} in a secret order; the spool keeps each position's record row,
+            # by which line 11's answer (in this order) comes back to our records
+            a_s1 = self._shuffled(work, "a_s1", ((g.power(h, e.first), rows) for rows, h in
+                                                 _hashed(g, self.keys, c)), n_a, rows=True)
             self._upload(peer, PsuChunk, session, "a_s1", (x for x, _ in a_s1.chunks(c)), n_a)
             self._step("round 2", 2, steps)
             # line 7: the union of I_a^{s1 t1} and I_p^{s1 t1}, merged bucket by bucket
             merged = self._buckets(work, "merge", n_a + n_p)
-            for el in self._fetch(peer, PsuFetch, session, "a_s1t1", n_a):
+            for el in self._fetch(peer, PsuFetch, session, "a_s1t1", n_a, c):
                 merged.add(g.validate(el, "I_a^{s1 t1}"))
             p_st = self._shuffled(work, "p_s1t1", (
                 (g.power(el, e.first, check="I_p^{t1}"), None)
-                for el in self._fetch(peer, PsuFetch, session, "p_t1", n_p)), n_p)
+                for el in self._fetch(peer, PsuFetch, session, "p_t1", n_p, c)), n_p)
             for el, _ in p_st.chunks(c):
                 merged.add(el)
             self._upload(peer, PsuChunk, session, "p_s1t1", (x for x, _ in p_st.chunks(c)),
@@ -357,18 +410,16 @@ class SetAlignmentDriver:
             n_u = len(union)
             self._upload(peer, PsuChunk, session, "union_s123t1",
                          (x for x, _ in union.chunks(c)), n_u)
-            self._upload(peer, PsuChunk, session, "a_s2",  # line 11, own order
-                         (psu.blind_own(g, h, e) for h, _ in own.chunks(c)), n_a)
             self._step("mapping", 3, steps)
             final = self._buckets(work, "U", n_u)  # line 10: U, bucket by bucket
-            for el in self._fetch(peer, PsuFetch, session, "union", n_u):
+            for el in self._fetch(peer, PsuFetch, session, "union", n_u, c):
                 final.add(g.validate(el, "U"))
             mine = self._buckets(work, "mine", n_u)
-            f13 = g.combine(e.first, e.third)
             lo = 0
-            for el in self._fetch(peer, PsuFetch, session, "a_s2t123", n_a):
-                z = g.power(el, f13, check="x^{s2 t1 t2 t3} / x^{s1 s2 s3 t2}")
-                mine.add(z, np.arange(lo, lo + len(z), dtype=np.int64))
+            for el in self._fetch(peer, PsuFetch, session, "a_s1t123", n_a, c):  # line 11
+                z = psu.line11_finish(g, el, e)
+                _, rows = a_s1.read(lo, lo + len(z))
+                mine.add(z, rows)
                 lo += len(z)
             if self.out is None:
                 result = psu.locate_buckets(zip(final, mine, strict=True), n_a,
@@ -377,7 +428,7 @@ class SetAlignmentDriver:
                 order = RowOrder(work.new("rows"), g.element_bytes, n_a, c)
                 _psu_rows(zip(final, mine, strict=True), n_a, order)
             back = Spool(work.new("p_s123t2"), g.element_bytes)
-            for el in self._fetch(peer, PsuFetch, session, "p_t2", n_p):
+            for el in self._fetch(peer, PsuFetch, session, "p_t2", n_p, c):
                 back.append(psu.raise_for_peer(g, el, e))  # line 12, in the order received
             self._upload(peer, PsuChunk, session, "p_s123t2", (x for x, _ in back.chunks(c)),
                          n_p)
@@ -396,36 +447,50 @@ class SetAlignmentDriver:
 
     def psi(self, peer: str, session: str = "psi", reveal: str = "both") -> SetAlignment:
         """ECDH PSI with ``peer``; this party learns the intersection unless ``reveal`` is
-        ``secondary`` or ``cardinality`` (then only its size)."""
+        ``secondary`` or ``cardinality`` (then only its size).
+
+        When the peer is to learn the intersection, its part (our exponent applied to its
+        list, ``p_ts``) carries a batched Chaum–Pedersen proof (:mod:`vflink.alignment.proofs`)
+        over the elements that match, against the exponent committed in round 1: the peer
+        accepts no row we did not raise with that exponent.
+        """
         how = psi.check_reveal(reveal)
-        g, c = self.group, self.chunk_rows
-        n_a = len(self.keys)
+        g = self.group
+        n_a = self._own_size()
         ordered = how in ("both", "primary")
+        told = how in ("both", "secondary")
+        sweep_stale(self.tmp_dir)
         work = Workdir(self.tmp_dir)
         try:
             a = g.random_exponent()
             self._step("round 1", 1, 3)
-            opened = self.channel.request(peer, PsiRound1(session=session, group=g.name,
-                                                          reveal=how, n_a=n_a, chunk_rows=c),
-                                          Ack)
+            opened = self.channel.request(peer, PsiRound1(
+                session=session, group=g.name, reveal=how, n_a=n_a, chunk_rows=self.chunk_rows,
+                commitment=proofs.commit(g, a)[0].tobytes()), Ack)
             n_p = _count(opened, peer, "n_p")
+            c = self._agreed_chunk(opened, peer)
             # H(x)^a in a secret order; ``sent`` remembers each position's record row
             sent = self._shuffled(work, "a_s", ((g.power(h, a), rows) for rows, h in
                                                 _hashed(g, self.keys, c)), n_a, rows=True)
             self._upload(peer, PsiChunk, session, "a_s", (x for x, _ in sent.chunks(c)), n_a)
             mine = self._buckets(work, "mine", n_a + n_p)
             lo = 0
-            for el in self._fetch(peer, PsiFetch, session, "a_st", n_a):
+            for el in self._fetch(peer, PsiFetch, session, "a_st", n_a, c):
                 el = g.validate(el, "H(x)^ab")
                 _, rows = sent.read(lo, lo + len(el))
                 lo += len(el)
                 mine.add(el, rows if ordered else None)
             theirs = self._buckets(work, "theirs", n_a + n_p)
+            p_t = Spool(work.new("p_t"), g.element_bytes) if told else None
             back = Spool(work.new("p_ts"), g.element_bytes)
-            for el in self._fetch(peer, PsiFetch, session, "p_t", n_p):
+            at = 0
+            for el in self._fetch(peer, PsiFetch, session, "p_t", n_p, c):
                 p_ts = psi.reblind(g, el, a, keep_order=True)
-                theirs.add(p_ts)
-                if how in ("both", "secondary"):
+                # positions in p_t's order: the proof covers those that match
+                theirs.add(p_ts, np.arange(at, at + len(p_ts), dtype=np.int64))
+                at += len(p_ts)
+                if p_t is not None:
+                    p_t.append(g.check(el, "H(y)^b"))
                     back.append(p_ts)
             order = None
             if self.out is not None and ordered:  # the intersection rows to disk, in row order
@@ -435,10 +500,13 @@ class SetAlignmentDriver:
             else:
                 found = psi.intersect_buckets(lambda: zip(mine, theirs, strict=True),
                                               n_rows=n_a, ordered=ordered and self.out is None)
-            if how in ("both", "secondary"):
+            if told and p_t is not None:
                 self._step("round 2", 2, 3)
+                matched = _matched_positions(mine, theirs, n_p)
+                pairs = _gathered(p_t, back, matched, c)
                 self._upload(peer, PsiChunk, session, "p_ts", (x for x, _ in back.chunks(c)),
-                             n_p)
+                             n_p, last=lambda: {"proof": proofs.prove_batches(
+                                 g, a, pairs, ctx=proofs.context(session, "p_ts", -1))})
             if self.out is not None:  # a party that learns only the size writes no rows
                 write_alignment_rows(self.out, order if order is not None else ())
         finally:
@@ -464,27 +532,206 @@ def _count(reply: Ack, peer: str, name: str) -> int:
     return int(value)
 
 
+def _matched_positions(mine: Buckets, theirs: Buckets, n: int) -> npt.NDArray[np.int64]:
+    """Ascending positions (the rows stored with ``theirs``) of ``theirs``'s elements that
+    ``mine`` holds, bucket by bucket; a repeated element of ``theirs`` is refused."""
+    mask = np.zeros(n, dtype=bool)
+    for (m, _), (t, rows) in zip(mine, theirs, strict=True):
+        if len(t) == 0 or len(m) == 0:
+            continue
+        if len(sorted_unique(t)) != len(t):
+            raise refuse(ProtocolError, "the peer's list holds repeated elements",
+                         code="set.repeated")
+        hit = lookup(sorted_unique(m), t, "matches", missing_ok=True) >= 0
+        mask[rows[hit]] = True
+    return np.flatnonzero(mask).astype(np.int64)
+
+
+def _windows(n: int, positions: npt.NDArray[np.int64], chunk: int
+             ) -> Iterator[tuple[int, int, npt.NDArray[np.int64]]]:
+    """``(lo, hi, offsets)``: the windows of ``[0, n)``, a chunk long, that hold some of the
+    ascending ``positions``, with their offsets in the window (a list is read once, in order)."""
+    for lo in range(0, n, max(1, chunk)):
+        hi = min(n, lo + chunk)
+        a, b = np.searchsorted(positions, [lo, hi])
+        if a < b:
+            yield lo, hi, positions[a:b] - lo
+
+
+def _gathered(xs: Spool, ys: Spool, positions: npt.NDArray[np.int64], chunk: int
+              ) -> proofs.Pairs:
+    """The pairs ``(xs[i], ys[i])`` at ``positions`` (ascending), streamed a chunk of each
+    list at a time: what a proof over the matched elements covers."""
+    def pairs() -> Iterator[tuple[Elements, Elements]]:
+        for lo, hi, sel in _windows(len(xs), positions, chunk):
+            x, _ = xs.read(lo, hi)
+            y, _ = ys.read(lo, hi)
+            yield x[sel], y[sel]
+    return pairs
+
+
+#: measured seconds of one exponentiation on one core, per group (see exponentiation_seconds)
+_RATES: dict[str, float] = {}
+_RATE_LOCK = threading.Lock()
+
+
+def exponentiation_seconds(group: Group) -> float:
+    """Seconds one exponentiation of ``group`` takes on one core of this machine, measured
+    once per process (about 20 ms of work) and never below the group's declared fastest rate:
+    what a party's work limit per message (``policy.max_message_work_s``) is converted with."""
+    with _RATE_LOCK:
+        known = _RATES.get(group.name)
+        if known is not None:
+            return known
+        probe = type(group)(workers=1)
+        n = max(8, int(0.02 / probe.min_power_s))
+        elements = probe.hash_to_group([b"vflink-rate-probe-%d" % i for i in range(n)])
+        started = time.perf_counter()
+        probe.power(elements, probe.random_exponent())
+        rate = max((time.perf_counter() - started) / n, group.min_power_s)
+        probe.close()
+        _RATES[group.name] = rate
+        return rate
+
+
+def chunk_cap(group: Group, max_work_s: float) -> int:
+    """The most elements per chunk whose work (a validity check, an exponentiation and the
+    spooling of each, about 1.5 exponentiations) fits ``max_work_s`` on the group's workers."""
+    per = 1.5 * exponentiation_seconds(group) / max(1, group.workers)
+    return max(1, min(MAX_CHUNK_ROWS, int(max_work_s / per)))
+
+
+def spool_bytes(method: str, width: int, n_a: int, n_p: int) -> int:
+    """An upper bound on the disk a passive party's PSU/PSI session spools (every list it
+    keeps, each bucket file with its 8-byte rows, and the union at its largest, |I_a| + |I_p|),
+    reserved against the peer's ``policy.max_spool_bytes`` when the session opens."""
+    n_u = n_a + n_p
+    r = width + 8  # a bucketed element with its row
+    if method == "psu":
+        need = n_p * (3 * r + 2 * width) + n_a * (r + 2 * width) + n_u * (2 * r + width)
+    else:
+        need = n_p * (5 * r + width) + n_a * (r + 2 * width)
+    return int(need * 1.25) + (4 << 20)
+
+
+class _SetSessionLog:
+    """PSU/PSI sessions each peer opened within the policy's window: every session's answer is
+    information about this party's set (PSU reveals |I_a ∩ I_p|), so their number is bounded
+    per peer and kept across restarts (``<state_dir>/_set-sessions.json``)."""
+
+    FILE = "_set-sessions.json"
+    SCHEMA = Obj({"version": Int(), "peers": MapOf(ListOf(Num(finite=True)))})
+
+    def __init__(self, directory: Path | None) -> None:
+        self.path = None if directory is None else Path(directory) / self.FILE
+        self._lock = threading.Lock()
+        self._peers: dict[str, list[float]] | None = None
+
+    def _load(self) -> dict[str, list[float]]:
+        if self._peers is None:
+            self._peers = {}
+            if self.path is not None and self.path.is_file():
+                try:
+                    doc = read_typed_json(self.path.parent, self.path.name, self.SCHEMA)
+                    self._peers = {str(k): list(v) for k, v in doc["peers"].items()}
+                except VflinkError as exc:  # never fail open: an unreadable log is full
+                    log.warning("%s unreadable (%s); counting from now", self.path, exc)
+        return self._peers
+
+    def admit(self, party: str, peer: str, policy: PartyPolicy, what: str) -> None:
+        now = time.time()
+        with self._lock:
+            peers = self._load()
+            recent = [t for t in peers.get(peer, []) if now - t < policy.set_session_window_s]
+            if len(recent) >= policy.max_set_sessions:
+                raise refuse(PolicyViolation,
+                             f"party {party!r}: {peer!r} opened {len(recent)} set-alignment "
+                             f"sessions in the last {policy.set_session_window_s:g} s (its "
+                             "limit, policy.max_set_sessions); each one is information about "
+                             f"this party's set, so {what} waits for the window to pass",
+                             code="limit.set-sessions")
+            peers[peer] = [*recent, now]
+            if self.path is not None:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                atomic_write_json(self.path, {"version": 1, "peers": peers}, indent=None)
+
+
+class _SpoolQuota:
+    """Disk reserved by each peer's running set sessions (``policy.max_spool_bytes`` each)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.reserved: dict[str, int] = {}
+
+    def reserve(self, party: str, peer: str, n: int, limit: int) -> Callable[[], None]:
+        with self._lock:
+            held = self.reserved.get(peer, 0)
+            if held + n > limit:
+                raise refuse(PolicyViolation,
+                             f"party {party!r}: this session would spool about {n:,} bytes "
+                             f"and {peer!r}'s running sessions hold {held:,}; its limit is "
+                             f"{limit:,} (policy.max_spool_bytes): finish or abandon them "
+                             "first", code="limit.spool")
+            self.reserved[peer] = held + n
+        done = [False]
+
+        def release() -> None:
+            with self._lock:
+                if not done[0]:
+                    done[0] = True
+                    left = self.reserved.get(peer, 0) - n
+                    if left > 0:
+                        self.reserved[peer] = left
+                    else:
+                        self.reserved.pop(peer, None)
+        return release
+
+
 @dataclass
 class _PeerSession:
     group: Group
-    work: Workdir
+    work: Workdir | None
     n_own: int
-    chunk: int  # elements per message, as the driver announced
+    chunk: int  # elements per message, as agreed in round 1 (≤ this party's work cap)
     local: int  # elements per batch of this party's own work (its own chunk_rows)
     psu_e: psu.PsuExponents | None = None
     psi_e: int | None = None
     reveal: str = "both"
+    commitment: Elements | None = None  # PSI: G^a, the primary's committed exponent
     lists: dict[str, Spool] = field(default_factory=dict)
     draws: dict[str, Buckets] = field(default_factory=dict)
     buckets: dict[str, Buckets] = field(default_factory=dict)
     got: dict[str, int] = field(default_factory=dict)
     result: SetAlignment | None = None
+    release: Callable[[], None] | None = None  # the peer's spool reservation
+    #: our records' hashes, a chunk at a time, for line 12 (in memory only)
+    own: Iterator[tuple[npt.NDArray[np.int64], Elements]] | None = None
+
+    @property
+    def failed(self) -> bool:
+        return self.result is None and (self.work is None or self.work.closed)
 
     def close(self) -> None:
-        self.work.close()
+        if self.work is not None:
+            self.work.close()
+        self.own = None
         self.lists.clear()
         self.draws.clear()
         self.buckets.clear()
+        if self.release is not None:
+            self.release()
+            self.release = None
+
+
+#: the messages of the set protocols: their handlers touch only their own session's state, so a
+#: served party runs them beside its other calls (one per peer at a time; the gRPC server)
+SET_KINDS = frozenset({"psu_round1", "psu_chunk", "psu_fetch", "psi_round1", "psi_chunk",
+                       "psi_fetch"})
+
+#: the record of a finished set session beside its ``alignments/<session>.parquet``
+_SIDECAR = Obj({"format": Str(), "version": Int(), "session": Str(), "method": Str(),
+                "group": Str(), "opener": Str(), "known": Bool(), "size": Int(),
+                "sizes": MapOf(Int()), "reveal": Opt(Str())})
 
 
 class SetAlignmentPeer:
@@ -503,6 +750,14 @@ class SetAlignmentPeer:
     :data:`vflink.protocol.sessions.PSU` and :data:`~vflink.protocol.sessions.PSI` and checked
     before these handlers run, chunk by chunk (issue 22); a finished session is immutable
     (issue 19). A handler that fails removes the session's files and ends it.
+
+    What a peer can make this party do is bounded per peer (docs/security.md): its set size
+    (``policy.min_set_elements`` .. ``max_set_elements``), its sessions in a window
+    (``max_set_sessions``), the disk its running sessions spool (``max_spool_bytes``,
+    reserved at round 1), and the work of one message (``max_message_work_s``: the chunk size
+    announced in round 1). Nothing on disk is an unkeyed hash of this party's IDs: every
+    spooled list is blinded with the session's secret exponents, which live only in memory,
+    and a restarted party sweeps the spools a killed process left (:func:`sweep_stale`).
     """
 
     name: str
@@ -518,13 +773,27 @@ class SetAlignmentPeer:
         def session(self) -> Session: ...  # from Party
     policy: PartyPolicy
 
+    def concurrent(self, message: Message) -> bool:
+        """Set-protocol handlers run beside the serialised ones (see :data:`SET_KINDS`)."""
+        return message.kind in SET_KINDS
+
+    def _set_resources(self) -> tuple[_SetSessionLog, _SpoolQuota]:
+        res = self.__dict__.get("_set_res")
+        if res is None:
+            out_dir = getattr(self, "out_dir", None)
+            res = (_SetSessionLog(None if out_dir is None else Path(out_dir)), _SpoolQuota())
+            self.__dict__["_set_res"] = res
+        return res  # type: ignore[no-any-return]
+
     def _cap(self, what: str, n: int, *, own: int | None = None) -> None:
         """Refuse a peer's list above policy.max_set_elements before any work on it."""
         self.policy.check_set_size(self.name, what, int(n), own=own)
 
     def _afford(self, group: Group, exponentiations: int, kind: str) -> None:
         """Refuse, before any work, a chunk whose exponentiations cannot finish within the
-        caller's deadline even at the group's fastest rate (its work limit, issue 19)."""
+        caller's deadline even at the group's fastest rate (work the caller would not wait
+        for). The work one message may cause is the party's own limit: the chunk size agreed
+        in round 1 (:func:`chunk_cap`)."""
         left = remaining_s()
         need = group.min_seconds(exponentiations)
         if left is not None and need > left:
@@ -536,7 +805,8 @@ class SetAlignmentPeer:
 
     def _own_hashed(self, group: Group, size: int
                     ) -> Iterator[tuple[npt.NDArray[np.int64], Elements]]:
-        """(rows, H(key)) of own records, one batch of ``size`` at a time."""
+        """(rows, H(key)) of own records, one batch of ``size`` at a time (in memory only:
+        an unkeyed hash of our IDs is never written to disk)."""
         if self.set_keys is not None:
             yield from _hashed(group, self.set_keys, size)
             return
@@ -553,7 +823,7 @@ class SetAlignmentPeer:
         if state is None:  # pragma: no cover - round 1 creates it, the table orders rounds
             raise ProtocolError(f"party {self.name!r}: session {self.session.name!r} has no "
                                 "state")
-        if state.work.closed and state.result is None:
+        if state.failed:
             raise refuse(ProtocolError, f"party {self.name!r}: session "
                                         f"{self.session.name!r} failed earlier; a new run "
                                         "opens a new session", code="session.failed")
@@ -561,7 +831,7 @@ class SetAlignmentPeer:
 
     def _finished(self, session: str, peer: str | None = None) -> SetAlignment | None:
         for protocol in (PSU_PROTOCOL.name, PSI_PROTOCOL.name):
-            s = self.sessions.get(protocol, session)
+            s = self.sessions.get(protocol, session, peer)
             if s is not None and (peer is None or s.opener == peer):
                 state: _PeerSession | None = s.data.get("set")
                 return None if state is None else state.result
@@ -586,12 +856,18 @@ class SetAlignmentPeer:
         path and replaces it atomically), or None to hold it."""
         return None if self.set_out is None else Path(self.set_out(session))
 
+    # --- finished results: on disk, owned by their peer, reloadable -------------------------
+
+    def _result_dir(self) -> Path | None:
+        out_dir = getattr(self, "out_dir", None)
+        return None if out_dir is None else Path(out_dir) / "alignments"
+
     def _finish(self, session: str, result: SetAlignment) -> None:
         result = dataclasses.replace(result, session=session)
         state = self._set_state()
-        out_dir = getattr(self, "out_dir", None)
-        if out_dir is not None and result.known and result.path is None:
-            path = Path(out_dir) / "alignments" / f"{session}.parquet"
+        folder = self._result_dir()
+        if folder is not None and result.known and result.path is None:
+            path = folder / f"{session}.parquet"
             if path.exists() or path.is_symlink():
                 # nothing finished is rewritten by a peer (issue 19): a session name is used
                 # once, also across restarts of this party
@@ -599,55 +875,112 @@ class SetAlignmentPeer:
                                             "before; a new run opens a new session",
                              code="session.finished")
             write_set_alignment(result, path)
+            if result.union is not None:  # union training needs U itself
+                atomic_write_bytes(folder / f"{session}.union", result.union.tobytes())
+            s = self.session
+            atomic_write_json(folder / f"{session}.json", {
+                "format": "vflink-set-alignment", "version": 1, "session": session,
+                "method": result.method, "group": result.group, "opener": s.opener,
+                "known": result.known, "size": int(result.size),
+                "sizes": {k: int(v) for k, v in result.sizes.items()},
+                "reveal": s.commits.get("reveal")})
         state.result = result
         state.close()
         log.info("%s: %s session %r finished (%s)", self.name, result.method, session,
                  result.sizes)
 
-    def _open(self, group_name: str, n_a: int, chunk_rows: int, kind: str) -> _PeerSession:
-        self._cap(f"{kind}: n_a", n_a)
+    def _restore_session(self, protocol: ProtocolSpec, name: str, peer: str | None = None
+                         ) -> Session | None:
+        """A finished session of ours kept on disk (``alignments/<name>.json`` beside its
+        result), back as a finished session of the peer that ran it: a result evicted from
+        memory, or from before a restart, is served again (and its name stays used). With
+        ``peer``, only a session that peer ran is loaded: no other peer can make this party
+        read results back (or push the owner's others out of memory)."""
+        folder = self._result_dir()
+        if folder is None or protocol.space != PSU_PROTOCOL.space or \
+                not (folder / f"{name}.json").is_file():
+            return None
+        try:
+            doc = read_typed_json(folder, f"{name}.json", _SIDECAR)
+            if doc["session"] != name or doc["method"] not in (PSU_PROTOCOL.name,
+                                                               PSI_PROTOCOL.name):
+                raise DataError(f"{folder / (name + '.json')}: it describes another session")
+            if peer is not None and doc["opener"] != peer:
+                return None
+            result = _read_result(folder, name, doc)
+        except VflinkError as exc:
+            log.warning("%s: finished session %r cannot be reloaded: %s", self.name, name, exc)
+            return None
+        spec = PSU_PROTOCOL if doc["method"] == PSU_PROTOCOL.name else PSI_PROTOCOL
+        now = time.monotonic()
+        s = Session(spec, name, doc["opener"], spec.final[0], now, now)
+        if doc["reveal"] is not None:
+            s.commits["reveal"] = doc["reveal"]
+        s.data["set"] = _PeerSession(group=get_group(doc["group"], workers=1), work=None,
+                                     n_own=len(result.rows), chunk=1, local=1, result=result)
+        log.info("%s: reloaded finished %s session %r of %r from %s", self.name,
+                 doc["method"], name, doc["opener"], folder)
+        return s
+
+    # --- opening a session ------------------------------------------------------------------
+
+    def _open(self, sender: str, group_name: str, n_a: int, chunk_rows: int, kind: str,
+              method: str) -> _PeerSession:
+        self.policy.check_peer_set_size(self.name, f"{kind}: n_a", n_a)
         # one chunk's work and size: ≤ MAX_CHUNK_ROWS elements, and never more than the list
         # (whose total policy.max_set_elements caps)
-        if not 1 <= chunk_rows <= MAX_CHUNK_ROWS:
+        if isinstance(chunk_rows, bool) or not isinstance(chunk_rows, int) or \
+                not 1 <= chunk_rows <= MAX_CHUNK_ROWS:
             raise refuse(PolicyViolation, f"party {self.name!r}: chunk_rows must be in [1, "
                                           f"{MAX_CHUNK_ROWS}], got {chunk_rows}",
                          code="limit.chunk")
         group = get_group(group_name, compute=self.compute)
         n_own = len(self.set_keys) if self.set_keys is not None else len(self.table)
-        self._afford(group, n_own, kind)  # our own set, once
-        out_dir = getattr(self, "out_dir", None)
-        work = Workdir(None if out_dir is None else Path(out_dir) / ".set-tmp")
-        local = max(1, min(int(self.set_chunk_rows or chunk_rows), MAX_CHUNK_ROWS))
-        return _PeerSession(group=group, work=work, n_own=n_own, chunk=chunk_rows,
-                            local=local)
+        own_work = 2 * n_own if method == "psu" else n_own
+        self._afford(group, own_work, kind)  # our own set, once
+        chunk = min(chunk_rows, chunk_cap(group, self.policy.max_message_work_s))
+        sessions_log, quota = self._set_resources()
+        release = quota.reserve(self.name, sender,
+                                spool_bytes(method, group.element_bytes, n_a, n_own),
+                                self.policy.max_spool_bytes)
+        try:
+            sessions_log.admit(self.name, sender, self.policy, kind)
+            out_dir = getattr(self, "out_dir", None)
+            work = Workdir(None if out_dir is None else Path(out_dir) / SPOOL_DIR)
+        except BaseException:
+            release()
+            raise
+        local = max(1, min(int(self.set_chunk_rows or chunk), MAX_CHUNK_ROWS))
+        self.session.commit("chunk", chunk)  # what the session table bounds chunks with
+        return _PeerSession(group=group, work=work, n_own=n_own, chunk=chunk, local=local,
+                            release=release)
 
-    def _shuffle_own(self, s: _PeerSession, name: str, exponent: int, *, rows: bool,
-                     keep: bool = False) -> None:
-        """Own records to ``exponent``, in a secret random order, as list ``name``; with
-        ``keep``, the hashed records are also kept on disk in record order (list ``own``)."""
-        g = s.group
-        draw = Buckets(s.work.new(name + "-draw"), g.element_bytes,
-                       bits=bucket_bits(s.n_own, s.local), random=True)
-        own = Spool(s.work.new("own"), g.element_bytes) if keep else None
-        for r, h in self._own_hashed(g, s.local):
-            if own is not None:
-                own.append(h)
-            draw.add(g.power(h, exponent), r)
-        if own is not None:
-            s.lists["own"] = own
-        s.lists[name] = shuffle(draw, Spool(s.work.new(name), g.element_bytes, rows=rows))
+    def _new_path(self, s: _PeerSession, name: str) -> Path:
+        if s.work is None:  # pragma: no cover - a reloaded session takes no more messages
+            raise ProtocolError(f"party {self.name!r}: session {self.session.name!r} is over")
+        return s.work.new(name)
 
     def _draw(self, s: _PeerSession, name: str, expected: int) -> Buckets:
         if name not in s.draws:
-            s.draws[name] = Buckets(s.work.new(name + "-draw"), s.group.element_bytes,
+            s.draws[name] = Buckets(self._new_path(s, name + "-draw"), s.group.element_bytes,
                                     bits=bucket_bits(expected, s.local), random=True)
         return s.draws[name]
 
     def _bucketed(self, s: _PeerSession, name: str, expected: int) -> Buckets:
         if name not in s.buckets:
-            s.buckets[name] = Buckets(s.work.new(name), s.group.element_bytes,
+            s.buckets[name] = Buckets(self._new_path(s, name), s.group.element_bytes,
                                       bits=bucket_bits(expected, s.local))
         return s.buckets[name]
+
+    def _spool(self, s: _PeerSession, name: str, *, rows: bool = False) -> Spool:
+        if name not in s.lists:
+            s.lists[name] = Spool(self._new_path(s, name), s.group.element_bytes, rows=rows)
+        return s.lists[name]
+
+    def _shuffled_draw(self, s: _PeerSession, name: str, *, rows: bool = False) -> None:
+        """The list drawn into random buckets as ``name``, shuffled into its spool."""
+        s.lists[name] = shuffle(s.draws.pop(name), Spool(self._new_path(s, name),
+                                                         s.group.element_bytes, rows=rows))
 
     def _received(self, s: _PeerSession, message: PsuChunk | PsiChunk) -> tuple[int, bool]:
         """(offset of this chunk in its list, whether it completes the list)."""
@@ -673,14 +1006,21 @@ class SetAlignmentPeer:
     # --- PSU (passive side of Algorithm 1) ------------------------------------------------
 
     def on_psu_round1(self, sender: str, message: PsuRound1) -> Ack:
-        s = self._open(message.group, message.n_a, message.chunk_rows, "PsuRound1")
+        s = self._open(sender, message.group, message.n_a, message.chunk_rows, "PsuRound1",
+                       "psu")
         self.session.data["set"] = s
 
         def run() -> Ack:
-            s.psu_e = psu.PsuExponents.draw(s.group)  # line 2
-            self._shuffle_own(s, "p_t1", s.psu_e.first, rows=False, keep=True)  # line 5
+            g = s.group
+            e = s.psu_e = psu.PsuExponents.draw(g)  # line 2
+            # line 5's I_p^{t1}, shuffled; our records' hashes are not kept (line 12 hashes
+            # them again, chunk by chunk), so nothing unblinded is ever spooled
+            draw = self._draw(s, "p_t1", s.n_own)
+            for _, h in self._own_hashed(g, s.local):
+                draw.add(g.power(h, e.first))
+            self._shuffled_draw(s, "p_t1")
             self.session.commit("n_p", s.n_own)  # later lists are bound to both set sizes
-            return Ack(info={"n_p": float(s.n_own)})
+            return Ack(info={"n_p": float(s.n_own), "chunk_rows": float(s.chunk)})
         return self._guarded(run)  # type: ignore[return-value]
 
     def on_psu_chunk(self, sender: str, message: PsuChunk) -> Ack:
@@ -694,15 +1034,15 @@ class SetAlignmentPeer:
         stream = message.stream
         if stream == "union_s123t1":
             self._cap("the blinded union", message.total, own=s.n_own)
-        if stream in ("a_s1", "union_s123t1", "a_s2", "p_s123t2"):
+        if stream in ("a_s1", "union_s123t1", "p_s123t2"):
             self._afford(g, n, f"PsuChunk {stream}")
         lo, closed = self._received(s, message)
-        if stream == "a_s1":  # line 4: I_a^{s1 t1}, shuffled
-            self._draw(s, "a_s1t1", message.total).add(
-                g.power(message.elements, e.first, check="I_a^s1"))
+        if stream == "a_s1":  # line 4: I_a^{s1 t1}, shuffled; kept in P_a's order for line 11
+            a1 = g.power(message.elements, e.first, check="I_a^s1")
+            self._draw(s, "a_s1t1", message.total).add(a1)
+            self._spool(s, "a_s1t1-ordered").append(a1)
             if closed:
-                s.lists["a_s1t1"] = shuffle(s.draws.pop("a_s1t1"), Spool(
-                    s.work.new("a_s1t1"), g.element_bytes))
+                self._shuffled_draw(s, "a_s1t1")
         elif stream == "p_s1t1":  # line 6: checked, though P_p needs no more of it
             g.validate(message.elements, "I_p^{s1 t1}")
         elif stream == "union_s123t1":  # line 9, and line 10 on our side
@@ -710,15 +1050,9 @@ class SetAlignmentPeer:
             self._draw(s, "union", message.total).add(final)
             self._bucketed(s, "U", message.total).add(final)
             if closed:
-                s.lists["union"] = shuffle(s.draws.pop("union"), Spool(
-                    s.work.new("union"), g.element_bytes))
-        elif stream == "a_s2":  # line 11, in the order received
-            if "a_s2t123" not in s.lists:
-                s.lists["a_s2t123"] = Spool(s.work.new("a_s2t123"), g.element_bytes)
-            s.lists["a_s2t123"].append(psu.raise_for_peer(g, message.elements, e))
+                self._shuffled_draw(s, "union")
         elif stream == "p_s123t2":  # line 12: our records located in U
-            z = g.power(message.elements, g.combine(e.first, e.third),
-                        check="x^{s2 t1 t2 t3} / x^{s1 s2 s3 t2}")
+            z = g.power(message.elements, g.combine(e.first, e.third), check="x^{s1 s2 s3 t2}")
             union = s.buckets["U"]
             self._bucketed(s, "mine", len(union)).add(
                 z, np.arange(lo, lo + len(z), dtype=np.int64))
@@ -730,7 +1064,7 @@ class SetAlignmentPeer:
                     sizes = {"secondary": s.n_own, "union": len(mine.uids)}
                     self._finish(message.session, _psu_output(g, mine, sizes))
                     return Ack()
-                order = RowOrder(s.work.new("rows"), g.element_bytes, s.n_own, s.local)
+                order = RowOrder(self._new_path(s, "rows"), g.element_bytes, s.n_own, s.local)
                 n_u = _psu_rows(zip(union, s.buckets["mine"], strict=True), s.n_own, order)
                 write_alignment_rows(out, order)
                 self._finish(message.session, SetAlignment(
@@ -747,10 +1081,21 @@ class SetAlignmentPeer:
         g, e = s.group, s.psu_e
         if e is None:  # pragma: no cover - the declaration orders the rounds
             raise ProtocolError(f"party {self.name!r}: session {message.session!r} is not PSU")
-        if message.stream == "p_t2":  # line 12: x^{t2} for our records, in our order
+        if message.stream == "a_s1t123":  # line 11: the round-1 list, in P_a's order
+            lo = message.index * s.chunk
+            kept = s.lists["a_s1t1-ordered"]
+            self._afford(g, min(s.chunk, len(kept) - lo), "PsuFetch a_s1t123")
+            x, _ = kept.read(lo, lo + s.chunk)
+            return SetChunk(stream="a_s1t123", index=message.index,
+                            elements=psu.line11_peer(g, x, e))
+        if message.stream == "p_t2":  # line 12: x^{t2} for our records, in record order
             lo = message.index * s.chunk
             self._afford(g, min(s.chunk, s.n_own - lo), "PsuFetch p_t2")
-            h, _ = s.lists["own"].read(lo, lo + s.chunk)
+            if s.own is None:  # chunks are fetched in order, each once (the session table)
+                s.own = self._own_hashed(g, s.chunk)
+            _, h = next(s.own, (None, g.empty()))
+            if len(h) != min(s.chunk, s.n_own - lo):  # pragma: no cover - our own records
+                raise ProtocolError(f"party {self.name!r}: our records changed during PSU")
             return SetChunk(stream="p_t2", index=message.index,
                             elements=psu.blind_own(g, h, e))
         return self._serve(s, message)
@@ -759,15 +1104,29 @@ class SetAlignmentPeer:
 
     def on_psi_round1(self, sender: str, message: PsiRound1) -> Ack:
         how = psi.check_reveal(message.reveal)
-        s = self._open(message.group, message.n_a, message.chunk_rows, "PsiRound1")
+        s = self._open(sender, message.group, message.n_a, message.chunk_rows, "PsiRound1",
+                       "psi")
         s.reveal = how
         self.session.data["set"] = s
 
         def run() -> Ack:
-            s.psi_e = s.group.random_exponent()
-            self._shuffle_own(s, "p_t", s.psi_e, rows=True)  # H(y)^b, secret order
+            g = s.group
+            raw = message.commitment
+            committed = np.frombuffer(raw, dtype=np.uint8).reshape(1, -1) \
+                if isinstance(raw, bytes) and len(raw) == g.element_bytes else None
+            if committed is None:
+                raise refuse(ProtocolError, f"party {self.name!r}: PsiRound1 must commit to "
+                                            f"its exponent as one {g.name} element "
+                                            f"({g.element_bytes} bytes)",
+                             code="proof.commitment")
+            s.commitment = g.validate(committed.copy(), "the exponent's commitment")
+            s.psi_e = g.random_exponent()
+            draw = self._draw(s, "p_t", s.n_own)  # H(y)^b, secret order, rows kept
+            for r, h in self._own_hashed(g, s.local):
+                draw.add(g.power(h, s.psi_e), r)
+            self._shuffled_draw(s, "p_t", rows=True)
             self.session.commit("n_p", s.n_own)
-            return Ack(info={"n_p": float(s.n_own)})
+            return Ack(info={"n_p": float(s.n_own), "chunk_rows": float(s.chunk)})
         return self._guarded(run)  # type: ignore[return-value]
 
     def on_psi_chunk(self, sender: str, message: PsiChunk) -> Ack:
@@ -779,43 +1138,63 @@ class SetAlignmentPeer:
         if b is None:  # pragma: no cover - the declaration orders the rounds
             raise ProtocolError(f"party {self.name!r}: session {message.session!r} is not PSI")
         lo, closed = self._received(s, message)
+        if message.proof and not (closed and message.stream == "p_ts"):
+            raise refuse(ProtocolError, f"party {self.name!r}: a proof travels with the last "
+                                        "chunk of p_ts only", code="proof.misplaced")
         if message.stream == "a_s":
             self._afford(g, len(message.elements), "PsiChunk a_s")
             a_st = g.power(message.elements, b, check="blinded elements")
             if s.reveal in ("both", "primary"):  # in the order received
-                if "a_st" not in s.lists:
-                    s.lists["a_st"] = Spool(s.work.new("a_st"), g.element_bytes)
-                s.lists["a_st"].append(a_st)
+                self._spool(s, "a_st").append(a_st)
             else:  # shuffled: the primary learns only the size
                 self._draw(s, "a_st", message.total).add(a_st)
             if closed and "a_st" not in s.lists:
-                s.lists["a_st"] = shuffle(s.draws.pop("a_st"), Spool(
-                    s.work.new("a_st"), g.element_bytes))
+                self._shuffled_draw(s, "a_st")
         elif message.stream == "p_ts":
             p_ts = g.validate(message.elements, "H(y)^ba")
-            _, rows = s.lists["p_t"].read(lo, lo + len(p_ts))
+            self._spool(s, "p_ts").append(p_ts)  # in p_t's order, for the proof
             expected = len(s.lists["a_st"]) + s.n_own
-            self._bucketed(s, "mine", expected).add(p_ts, rows)
+            self._bucketed(s, "mine", expected).add(
+                p_ts, np.arange(lo, lo + len(p_ts), dtype=np.int64))
             if closed:
-                theirs = self._bucketed(s, "theirs", expected)
-                for el, _ in s.lists["a_st"].chunks(s.local):
-                    theirs.add(el)
-                out = self._streamed_to(message.session)
-                if out is not None:
-                    order = RowOrder(s.work.new("rows"), g.element_bytes, s.n_own, s.local)
-                    size = _psi_rows(zip(s.buckets["mine"], theirs, strict=True), order)
-                    write_alignment_rows(out, order)
-                    self._finish(message.session, SetAlignment(
-                        method="psi", group=g.name, rows=np.empty(0, dtype=np.int64),
-                        uids=g.empty(), size=size,
-                        sizes={"secondary": s.n_own, "intersection": size}, path=out))
-                    return Ack()
-                mine = psi.intersect_buckets(
-                    lambda: zip(s.buckets["mine"], theirs, strict=True), n_rows=s.n_own,
-                    ordered=True)
-                self._finish(message.session, _psi_output(
-                    g, mine, {"secondary": s.n_own, "intersection": mine.size}))
+                self._psi_close(s, message)
         return Ack()
+
+    def _psi_close(self, s: _PeerSession, message: PsiChunk) -> None:
+        """All of p_ts is here: the rows whose element is in the intersection, accepted only
+        if the proof shows the primary raised exactly those with its committed exponent."""
+        g = s.group
+        theirs = self._bucketed(s, "theirs", len(s.lists["a_st"]) + s.n_own)
+        for el, _ in s.lists["a_st"].chunks(s.local):
+            theirs.add(el)
+        matched = _matched_positions(theirs, s.buckets["mine"], s.n_own)
+        p_t, p_ts = s.lists["p_t"], s.lists["p_ts"]
+        if s.commitment is None or not proofs.verify_batches(
+                g, s.commitment, _gathered(p_t, p_ts, matched, s.local), message.proof,
+                ctx=proofs.context(message.session, "p_ts", -1)):
+            raise refuse(ProtocolError,
+                         f"party {self.name!r}: PSI session {message.session!r}: the proof that "
+                         "p_ts is our list raised to the exponent committed in round 1 does not "
+                         "verify; no row is accepted", code="proof.invalid")
+        size = len(matched)
+        sizes = {"secondary": s.n_own, "intersection": size}
+        out = self._streamed_to(message.session)
+        if out is not None:
+            order = RowOrder(self._new_path(s, "rows"), g.element_bytes, s.n_own, s.local)
+            for rows, uids in _gathered_rows(p_t, p_ts, matched, s.local):
+                order.add(rows, uids)
+            write_alignment_rows(out, order)
+            self._finish(message.session, SetAlignment(
+                method="psi", group=g.name, rows=np.empty(0, dtype=np.int64),
+                uids=g.empty(), size=size, sizes=sizes, path=out))
+            return
+        parts = list(_gathered_rows(p_t, p_ts, matched, s.local))
+        rows = np.concatenate([r for r, _ in parts]) if parts else np.empty(0, dtype=np.int64)
+        uids = np.concatenate([u for _, u in parts]) if parts else g.empty()
+        by_row = np.argsort(rows, kind="stable")
+        self._finish(message.session, SetAlignment(
+            method="psi", group=g.name, rows=rows[by_row].astype(np.int64),
+            uids=np.ascontiguousarray(uids[by_row]), size=size, sizes=sizes))
 
     def on_psi_fetch(self, sender: str, message: PsiFetch) -> SetChunk:
         s = self._set_state()
@@ -843,6 +1222,58 @@ class SetAlignmentPeer:
         return AlignmentView(session=message.session, secondary=self.name,
                              primary_index=np.empty(0, dtype=np.int64),
                              secondary_index=r.rows[by_uid].astype(np.int64), primary=sender)
+
+
+def _gathered_rows(p_t: Spool, p_ts: Spool, positions: npt.NDArray[np.int64], chunk: int
+                   ) -> Iterator[tuple[npt.NDArray[np.int64], Elements]]:
+    """(record rows, UIDs) of the matched positions: p_t's spool holds each position's row."""
+    for lo, hi, sel in _windows(len(p_t), positions, chunk):
+        _, rows = p_t.read(lo, hi)
+        uids, _ = p_ts.read(lo, hi)
+        if rows is None:  # pragma: no cover - p_t is spooled with rows
+            raise ProtocolError("p_t lost its rows")
+        yield rows[sel], uids[sel]
+
+
+def _read_result(folder: Path, name: str, doc: dict[str, Any]) -> SetAlignment:
+    """A finished session's result from its files (every value checked before use)."""
+    import pyarrow.parquet as pq
+
+    group = get_group(doc["group"], workers=1)
+    known = bool(doc["known"])
+    rows = np.empty(0, dtype=np.int64)
+    uids = group.empty()
+    source = folder / f"{name}.parquet"
+    if known:
+        try:
+            table = pq.read_table(open_data_bytes(folder, f"{name}.parquet"))
+        except VflinkError:
+            raise
+        except Exception as exc:  # pyarrow's own errors: the file is not ours
+            raise DataError(f"{source}: not a readable Parquet file ({exc})") from None
+        if table.column_names != ["row", "uid"] or str(table.schema.field("row").type) != \
+                "int64" or str(table.schema.field("uid").type) != "string":
+            raise DataError(f"{source}: expected columns row (int64) and uid (string), got "
+                            f"{table.schema}")
+        rows = table.column("row").to_numpy().astype(np.int64)
+        try:
+            raw = b"".join(bytes.fromhex(h) for h in table.column("uid").to_pylist())
+        except (TypeError, ValueError):
+            raise DataError(f"{source}: key 'uid': expected hex text") from None
+        if len(raw) != len(rows) * group.element_bytes:
+            raise DataError(f"{source}: key 'uid': expected {group.element_bytes}-byte UIDs")
+        uids = np.frombuffer(raw, dtype=np.uint8).reshape(len(rows), -1).copy()
+    union = uid_index = None
+    if doc["method"] == "psu" and (folder / f"{name}.union").is_file():
+        raw = read_data_file(folder, f"{name}.union")
+        if len(raw) % group.element_bytes:
+            raise DataError(f"{folder / (name + '.union')}: not a list of "
+                            f"{group.element_bytes}-byte elements")
+        union = np.frombuffer(raw, dtype=np.uint8).reshape(-1, group.element_bytes).copy()
+        uid_index = lookup(union, uids, "own UIDs in U")
+    return SetAlignment(method=doc["method"], group=group.name, rows=rows, uids=uids,
+                        size=int(doc["size"]), union=union, uid_index=uid_index, known=known,
+                        sizes=dict(doc["sizes"]), session=name)
 
 
 def _uid_keys(uids: Elements) -> npt.NDArray[Any]:

@@ -27,6 +27,11 @@ On disk (``<state_dir>/_privacy-budget/<fingerprint>.json``, version 1)::
 The folder's name starts with ``_``, which a peer's state file name never may
 (:func:`vflink.parties.base.state_path`), so no ``SaveState`` from a peer can overwrite it.
 
+A service that may release records holds the folder's lock (:class:`BudgetLock`, an exclusive
+``flock`` on ``.service.lock`` that the system drops when the process ends, even by ``kill -9``):
+it keeps the counts in memory and writes them back, so :func:`reset_budget` refuses while the
+lock is held instead of being silently undone by the service's next write.
+
 Write-ahead, and cheap: rewriting the whole file per batch costs O(records) (9 ms for 20,000
 records on the shared test disk, more than a small training step), so each release batch is
 *appended* to a journal ``<fingerprint>.<generation>.journal`` (its rows as uint32, with a
@@ -57,10 +62,16 @@ import numpy as np
 import numpy.typing as npt
 
 from vflink.errors import ConfigError, DataError, PrivacyBudgetExceeded
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not POSIX
+    fcntl = None  # type: ignore[assignment]
 from vflink.privacy.accounting import composed_epsilon, composed_epsilon_with_responses
 
 __all__ = [
     "BUDGET_DIR",
+    "BudgetLock",
     "BUDGET_FORMAT",
     "BUDGET_VERSION",
     "ReleaseBudget",
@@ -498,14 +509,71 @@ def check_within(budget: ReleaseBudget, setting: ReleaseSetting, rows: npt.NDArr
         "before that release")
 
 
+class BudgetLock:
+    """The lock a running service holds on a budget folder for its lifetime (see above)."""
+
+    FILE = ".service.lock"
+
+    def __init__(self, directory: Path) -> None:
+        self.path = Path(directory) / self.FILE
+        self._fh: Any = None
+
+    def acquire(self) -> BudgetLock:
+        """Take the lock, or raise ConfigError naming the process that holds it."""
+        if fcntl is None:  # pragma: no cover - no flock on this system
+            return self
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fh = open(self.path, "a+", encoding="ascii")  # noqa: SIM115 - held for the lifetime
+        try:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            fh.seek(0)
+            holder = fh.read().strip() or "another process"
+            fh.close()
+            raise ConfigError(f"{self.path.parent}: the privacy budget is held by a running "
+                              f"service (pid {holder}); one service per state directory"
+                              ) from None
+        fh.seek(0)
+        fh.truncate()
+        fh.write(str(os.getpid()))
+        fh.flush()
+        self._fh = fh
+        return self
+
+    def release(self) -> None:
+        if self._fh is not None:
+            self._fh.close()  # closing drops the flock
+            self._fh = None
+
+    @classmethod
+    def holder(cls, directory: Path) -> str | None:
+        """Who holds the lock of ``directory`` (a pid as text), or None when nobody does."""
+        path = Path(directory) / cls.FILE
+        if fcntl is None or not path.is_file():
+            return None
+        with open(path, "r+", encoding="ascii") as fh:
+            try:
+                fcntl.flock(fh.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except OSError:
+                return fh.read().strip() or "another process"
+            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+        return None
+
+
 def reset_budget(directory: Path, fingerprint: str, *, party: str, operator: str,
                  reason: str | None = None) -> dict[str, Any] | None:
     """Delete the release counts of the data ``fingerprint`` (the party operator's decision).
 
-    Logged as a WARNING (fingerprint, counts, who and when) and appended to
-    ``<directory>/resets.jsonl``, so a reset is never silent. Returns what was deleted (``None``
-    when there were no counts).
+    Refused (ConfigError) while a service holds the folder's :class:`BudgetLock`: it keeps the
+    counts in memory and would write them back. Logged as a WARNING (fingerprint, counts, who
+    and when) and appended to ``<directory>/resets.jsonl``, so a reset is never silent. Returns
+    what was deleted (``None`` when there were no counts).
     """
+    holder = BudgetLock.holder(directory)
+    if holder is not None:
+        raise ConfigError(f"party {party!r}: a running `vflink serve` (pid {holder}) holds its "
+                          "privacy budget and would write the counts back; stop it, then "
+                          "reset")
     path = budget_file(directory, fingerprint)
     if not path.exists():
         return None

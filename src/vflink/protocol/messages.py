@@ -81,7 +81,9 @@ __all__ = [
 ]
 
 #: Bumped whenever a message changes shape; peers refuse a different major version.
-PROTOCOL_VERSION = 3  # 2: sessions (issue 19), AlignmentView.primary; 3: chunked PSU/PSI
+#: 2: sessions, AlignmentView.primary; 3: chunked PSU/PSI; 4: PSU's line 11 raises the round-1
+#: list, PSI's p_ts carries a proof, round 1 answers the chunk size
+PROTOCOL_VERSION = 4
 
 
 @dataclass(frozen=True)
@@ -559,14 +561,17 @@ MAX_CHUNK_ROWS = 1 << 20
 
 @dataclass(frozen=True)
 class PsuRound1(Message):
-    """Primary (P_a) → secondary (P_p): open PSU (Algorithm 1) over ``n_a`` records, every
-    list in chunks of at most ``chunk_rows`` elements (issue 22).
+    """Primary (P_a) → secondary (P_p): open PSU (Algorithm 1) over ``n_a`` records (a
+    positive number the secondary's policy allows), every list in chunks of at most
+    ``chunk_rows`` elements (issue 22).
 
-    The reply is an :class:`Ack` with ``info["n_p"]``, the secondary's record count. The
-    lists then travel in the order of Algorithm 1 as :class:`PsuChunk` (P_a → P_p: I_a^{s1},
-    line 3; I_p^{s1 t1}, line 6; (I_a ∪ I_p)^{s1 s2 s3 t1}, line 8; x^{s2}, line 11;
-    x^{s1 s2 s3 t2}, line 12) and :class:`PsuFetch` (P_p → P_a: I_a^{s1 t1}, line 4; I_p^{t1},
-    line 5; the final union, line 9; x^{s2 t1 t2 t3}, line 11; x^{t2}, line 12).
+    The reply is an :class:`Ack` with ``info["n_p"]``, the secondary's record count, and
+    ``info["chunk_rows"]``, the chunk size it accepts (at most the one asked for: its own work
+    limit per message). The lists then travel in the order of Algorithm 1 as
+    :class:`PsuChunk` (P_a → P_p: I_a^{s1}, line 3; I_p^{s1 t1}, line 6;
+    (I_a ∪ I_p)^{s1 s2 s3 t1}, line 8; x^{s1 s2 s3 t2}, line 12) and :class:`PsuFetch`
+    (P_p → P_a: I_a^{s1 t1}, line 4; I_p^{t1}, line 5; the final union, line 9;
+    x^{s1 t1 t2 t3}, line 11 (the line-3 list raised, in its order); x^{t2}, line 12).
     """
 
     kind: ClassVar[str] = "psu_round1"
@@ -606,12 +611,15 @@ class PsiRound1(Message):
     most ``chunk_rows`` elements (issue 22).
 
     ``reveal`` says who learns the intersection (``both``, ``primary``, ``secondary``) or that
-    only its size is to be known (``cardinality``). The reply is an :class:`Ack` with
-    ``info["n_p"]``. Then: :class:`PsiChunk` ``a_s`` (H(x)^a for the primary's records in its
-    secret order); :class:`PsiFetch` ``a_st`` (H(x)^{ab}, in the order received if the primary
-    is to learn the intersection, shuffled otherwise) and ``p_t`` (H(y)^b for the secondary's
-    records, shuffled); and, when the secondary is to learn it, :class:`PsiChunk` ``p_ts``
-    (H(y)^{ba} in the order received).
+    only its size is to be known (``cardinality``). ``commitment`` is G^a, the primary's
+    commitment to its exponent (:func:`vflink.alignment.proofs.commit`). The reply is an
+    :class:`Ack` with ``info["n_p"]`` and ``info["chunk_rows"]`` (as for :class:`PsuRound1`).
+    Then: :class:`PsiChunk` ``a_s`` (H(x)^a for the primary's records in its secret order);
+    :class:`PsiFetch` ``a_st`` (H(x)^{ab}, in the order received if the primary is to learn the
+    intersection, shuffled otherwise) and ``p_t`` (H(y)^b for the secondary's records,
+    shuffled); and, when the secondary is to learn it, :class:`PsiChunk` ``p_ts`` (H(y)^{ba}
+    in the order received), whose last chunk carries the proof that the elements matching
+    ``a_st`` were raised with the committed exponent.
     """
 
     kind: ClassVar[str] = "psi_round1"
@@ -620,11 +628,14 @@ class PsiRound1(Message):
     reveal: str
     n_a: int
     chunk_rows: int
+    commitment: bytes = b""
 
 
 @dataclass(frozen=True)
 class PsiChunk(Message):
-    """Primary → secondary: chunk ``index`` of the list ``stream``; the reply is an Ack."""
+    """Primary → secondary: chunk ``index`` of the list ``stream``; the reply is an Ack.
+    ``proof``: on the last chunk of ``p_ts`` only, a batched Chaum–Pedersen proof
+    (:mod:`vflink.alignment.proofs`)."""
 
     kind: ClassVar[str] = "psi_chunk"
     session: str
@@ -632,6 +643,7 @@ class PsiChunk(Message):
     index: int
     total: int
     elements: npt.NDArray[np.uint8]
+    proof: bytes = b""
 
 
 @dataclass(frozen=True)

@@ -22,9 +22,16 @@ the same rules to every message a party receives, *before* its handler runs:
   :func:`new_session_name`).
 
 A refusal is a :class:`~vflink.errors.ProtocolError` naming the protocol, the state and the
-message, raised before any work is done. Sessions have a count limit, a name-length limit and an
-expiry. Budgets that protect data (DP release counts) are not session state: they live with the
-party's data (:mod:`vflink.privacy.budget`).
+message, raised before any work is done. Budgets that protect data (DP release counts) are not
+session state: they live with the party's data (:mod:`vflink.privacy.budget`).
+
+Every limit is per authenticated peer, so one peer can use up only its own share: the unfinished
+sessions a peer has opened (``max_sessions`` each), and the finished ones kept in memory
+(``max_finished_per_peer``; only the peer's own are ever evicted, and a party that keeps its
+results on disk reloads an evicted one through its ``restore`` hook, so a finished result is
+never lost to another peer's runs). An unfinished session that makes no progress for ``ttl_s``
+(minutes) is dropped, and a two-party session whose handler failed is dropped at once; the
+party's ``on_drop`` hook frees what it held (its spool files, its disk reservation).
 
 :func:`describe` renders every declaration as Markdown; the docs' security page renders its
 protocol tables from that output at every build (a test keeps them equal).
@@ -32,6 +39,7 @@ protocol tables from that output at every build (a test keeps them equal).
 
 from __future__ import annotations
 
+import logging
 import re
 import secrets
 import threading
@@ -44,6 +52,8 @@ from typing import Any
 from vflink.errors import PolicyViolation, ProtocolError
 from vflink.protocol.boundary import refuse
 from vflink.protocol.messages import Message
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "ANY_DATA",
@@ -298,6 +308,9 @@ class ProtocolSpec:
     paper: str = ""
     #: protocols sharing a namespace share session names (PSU and PSI: one result file each)
     namespace: str = ""
+    #: a handler that fails ends the session at once (its handlers keep nothing a retry could
+    #: use: PSU and PSI discard their files), instead of leaving it to expire
+    ends_on_failure: bool = False
 
     @property
     def space(self) -> str:
@@ -330,29 +343,34 @@ def _down(kind: str, state: str, target: str, total: str,
 
 
 #: FLORIST Algorithm 1 as the passive party P_p (a secondary) enforces it. P_a commits to its
-#: set size n_a and the chunk size in round 1; every list then travels in chunks (issue 22),
-#: one list after the other in the order of Algorithm 1, and each list's total must agree with
-#: the sizes committed (lines 6, 8, 11, 12). The state is the list being streamed.
+#: set size n_a (positive, within P_p's policy) in round 1 and P_p answers the chunk size it
+#: accepts; every list then travels in chunks (issue 22), one list after the other in the order
+#: of Algorithm 1, and each list's total must agree with the sizes committed (lines 6, 8, 12).
+#: Line 11 takes no list from P_a: P_p raises the line-3 list it holds (vflink.alignment.psu),
+#: so what P_a learns about is what it committed to in line 3. The state is the list being
+#: streamed.
 PSU = ProtocolSpec(
     name="psu", title="Private set union (FLORIST Alg. 1), at the secondary",
     receiver="secondary", key="session", paper="FLORIST Algorithm 1", namespace="set",
-    states=("new", "a_s1", "a_s1t1", "p_t1", "p_s1t1", "union_s123t1", "a_s2", "union",
-            "a_s2t123", "p_t2", "p_s123t2", "done"), initial="new", final=("done",),
+    ends_on_failure=True,
+    states=("new", "a_s1", "a_s1t1", "p_t1", "p_s1t1", "union_s123t1", "union", "a_s1t123",
+            "p_t2", "p_s123t2", "done"), initial="new", final=("done",),
     steps=(
         # lines 3-5 announced; n_p (own records) is committed here too
         Step("psu_round1", _P, ("new",), "a_s1", opens=True,
              commits=(("n_a", "n_a"), ("chunk", "chunk_rows")),
-             note="n_a ≤ policy.max_set_elements; chunk_rows ≤ MAX_CHUNK_ROWS (2^20)"),
+             note="policy.min_set_elements ≤ n_a ≤ policy.max_set_elements; chunk ≤ "
+                  "chunk_rows and ≤ this party's work limit per message "
+                  "(policy.max_message_work_s), answered in the reply"),
         _up("psu_chunk", "a_s1", "a_s1t1", equal("total", "n_a")),  # line 3
         _down("psu_fetch", "a_s1t1", "p_t1", "n_a"),  # line 4
         _down("psu_fetch", "p_t1", "p_s1t1", "n_p"),  # line 5
         _up("psu_chunk", "p_s1t1", "union_s123t1", equal("total", "n_p")),  # line 6
-        _up("psu_chunk", "union_s123t1", "a_s2",  # line 8: the union
+        _up("psu_chunk", "union_s123t1", "union",  # line 8: the union
             at_least("total", "n_a", "n_p", largest=True), at_most("total", "n_a", "n_p"),
             commit="n_u"),
-        _up("psu_chunk", "a_s2", "union", equal("total", "n_a")),  # line 11, no more (issue 19)
-        _down("psu_fetch", "union", "a_s2t123", "n_u"),  # line 9
-        _down("psu_fetch", "a_s2t123", "p_t2", "n_a"),  # line 11
+        _down("psu_fetch", "union", "a_s1t123", "n_u"),  # line 9
+        _down("psu_fetch", "a_s1t123", "p_t2", "n_a"),  # line 11: the line-3 list raised
         _down("psu_fetch", "p_t2", "p_s123t2", "n_p"),  # line 12
         _up("psu_chunk", "p_s123t2", "done", equal("total", "n_p")),  # line 12
     ))
@@ -365,17 +383,21 @@ _HIDDEN = ("reveal", ("primary", "cardinality"))
 PSI = ProtocolSpec(
     name="psi", title="ECDH private set intersection, at the secondary",
     receiver="secondary", key="session", paper="ECDH PSI (FLORIST §2.2 baseline)",
-    namespace="set",
+    namespace="set", ends_on_failure=True,
     states=("new", "a_s", "a_st", "p_t", "p_ts", "done"), initial="new", final=("done",),
     steps=(
         Step("psi_round1", _P, ("new",), "a_s", opens=True,
              commits=(("n_a", "n_a"), ("reveal", "reveal"), ("chunk", "chunk_rows")),
-             note="n_a ≤ policy.max_set_elements; chunk_rows ≤ MAX_CHUNK_ROWS (2^20)"),
+             note="policy.min_set_elements ≤ n_a ≤ policy.max_set_elements; commitment = "
+                  "G^a, a valid element; chunk as for psu_round1"),
         _up("psi_chunk", "a_s", "a_st", equal("total", "n_a")),
         _down("psi_fetch", "a_st", "p_t", "n_a"),
         _down("psi_fetch", "p_t", "p_ts", "n_p", requires=_REVEALED),
         _down("psi_fetch", "p_t", "done", "n_p", requires=_HIDDEN),
-        _up("psi_chunk", "p_ts", "done", equal("total", "n_p")),
+        Step("psi_chunk", _P, ("p_ts",), "done", times=None, when=("stream", ("p_ts",)),
+             chunk=Chunked("p_ts"), bounds=(equal("total", "n_p"),),
+             note="the last chunk's proof: the elements matching a_st are p_t raised to the "
+                  "committed exponent (batched Chaum–Pedersen), else no row is accepted"),
         # the intersection rows, to the party that ran the PSI only, when it is to learn them
         Step("fetch_alignment", _P, ("done",), None, times=None,
              requires=("reveal", ("both",))),
@@ -505,11 +527,18 @@ class Session:
 
 @dataclass(frozen=True)
 class SessionLimits:
-    """Limits on the sessions one party keeps (from its policy)."""
+    """Limits on the sessions one party keeps (from its policy), each per peer.
+
+    ``max_sessions``: unfinished sessions one peer may hold open; ``ttl_s``: an unfinished
+    session untouched for this long is dropped; ``max_finished_per_peer``: finished sessions of
+    one peer kept in memory (its least recently used make room); ``max_finished_names``:
+    finished names remembered so they can never open a new session.
+    """
 
     max_sessions: int = 16
-    ttl_s: float = 86400.0
+    ttl_s: float = 600.0
     max_finished_names: int = 100_000
+    max_finished_per_peer: int = 64
 
 
 @dataclass(frozen=True)
@@ -535,6 +564,12 @@ class SessionTable:
     def __init__(self, party: str, role: str, limits: SessionLimits | None = None,
                  protocols: Iterable[ProtocolSpec] | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
+        #: called with each session the table drops (expired, evicted, failed): the party
+        #: frees what it held for it; never under the table's lock
+        self.on_drop: Callable[[Session], None] | None = None
+        #: ``restore(protocol, name, peer)``: a finished session the party kept on disk, or
+        #: None; with ``peer``, only one that peer ran (nobody else can make it reload one)
+        self.restore: Callable[[ProtocolSpec, str, str | None], Session | None] | None = None
         self.party = party
         self.role = role
         self.limits = limits or SessionLimits()
@@ -554,12 +589,20 @@ class SessionTable:
     def governs(self, kind: str) -> bool:
         return kind in self._by_kind
 
-    def get(self, protocol: str, name: str) -> Session | None:
-        """The session ``name`` of ``protocol`` (None if there is none of that protocol)."""
-        with self._lock:
-            spec = next((p for p in self.protocols if p.name == protocol), None)
-            s = None if spec is None else self._sessions.get((spec.space, name))
-            return s if s is not None and s.protocol.name == protocol else None
+    def get(self, protocol: str, name: str, peer: str | None = None) -> Session | None:
+        """The session ``name`` of ``protocol`` (None if there is none of that protocol); a
+        finished one the party keeps on disk is reloaded (its ``restore`` hook; with ``peer``,
+        only one that peer ran)."""
+        dropped: list[Session] = []
+        try:
+            with self._lock:
+                spec = next((p for p in self.protocols if p.name == protocol), None)
+                s = None if spec is None else self._sessions.get((spec.space, name))
+                if s is None and spec is not None:
+                    s = self._restore(spec, name, peer, dropped)
+                return s if s is not None and s.protocol.name == protocol else None
+        finally:
+            self._dropped(dropped)
 
     def sessions(self, protocol: str | None = None) -> list[Session]:
         with self._lock:
@@ -567,14 +610,40 @@ class SessionTable:
 
     def open(self, protocol: ProtocolSpec, name: str, opener: str, state: str) -> Session:
         """A session created by the party itself (e.g. an alignment adopted in-process)."""
-        with self._lock:
-            now = self._expire()
-            self._check_name(protocol, name)
-            self._check_room(protocol, name, now)
-            s = Session(protocol, name, opener, state, now, now)
-            self._sessions[(protocol.space, name)] = s
-            self._note_finished(s)
-            return s
+        dropped: list[Session] = []
+        try:
+            with self._lock:
+                now = self._expire(dropped)
+                self._check_name(protocol, name)
+                self._check_room(protocol, name, opener, now, dropped)
+                s = Session(protocol, name, opener, state, now, now)
+                self._sessions[(protocol.space, name)] = s
+                self._note_finished(s, dropped)
+                return s
+        finally:
+            self._dropped(dropped)
+
+    def _dropped(self, sessions: list[Session]) -> None:
+        """Let the party free what dropped sessions held (outside the lock)."""
+        if self.on_drop is None:
+            return
+        for s in sessions:
+            try:
+                self.on_drop(s)
+            except Exception:  # a failing hook must not fail the message being admitted
+                log.exception("party %r: freeing dropped session %r failed", self.party, s.name)
+
+    def _restore(self, protocol: ProtocolSpec, name: str, peer: str | None,
+                 dropped: list[Session]) -> Session | None:
+        """A finished session the party keeps on disk, back in the table (or None)."""
+        if self.restore is None:
+            return None
+        s = self.restore(protocol, name, peer)
+        if s is None or not s.finished:
+            return None
+        self._sessions[(s.protocol.space, name)] = s
+        self._note_finished(s, dropped)
+        return s
 
     # -- admission ------------------------------------------------------------------------------
 
@@ -591,40 +660,54 @@ class SessionTable:
                                "digits and ._@:+=- starting with a letter or digit",
                                code="session.name")
 
-    def _expire(self) -> float:
+    def _expire(self, dropped: list[Session]) -> float:
+        """Drop unfinished named sessions idle for ``ttl_s`` (a peer's per-peer session, e.g.
+        its training, is one per peer and stays; finished ones stay within their peer's
+        share)."""
         now = self._clock()
         ttl = self.limits.ttl_s
         for key, s in list(self._sessions.items()):
-            if now - s.touched > ttl:
-                del self._sessions[key]  # a finished one keeps its name in _finished
+            if not s.finished and s.protocol.key == "session" and not s.busy \
+                    and now - s.touched > ttl:
+                del self._sessions[key]
+                dropped.append(s)
+                log.info("party %r: %s session %r of %r expired after %g s without progress",
+                         self.party, s.protocol.name, s.name, s.opener, ttl)
         return now
 
-    def _check_room(self, protocol: ProtocolSpec, name: str, now: float) -> None:
+    def _check_room(self, protocol: ProtocolSpec, name: str, opener: str, now: float,
+                    dropped: list[Session]) -> None:
         if (protocol.space, name) in self._finished:
             raise self._refuse(protocol, "done", "opening",
                                f"session {name!r} is finished and immutable; a new run opens a "
                                "new session", code="session.finished")
-        if len(self._sessions) >= self.limits.max_sessions:
-            # room is made by dropping the least recently used finished session first
-            done = [k for k, s in self._sessions.items() if s.finished]
-            if done:
-                oldest = min(done, key=lambda k: self._sessions[k].touched)
-                del self._sessions[oldest]
-            else:
-                raise refuse(PolicyViolation,
-                             f"party {self.party!r} already holds {len(self._sessions)} "
-                             "sessions, none finished (its limit, policy.max_sessions); finish "
-                             "them or wait "
-                             f"{self.limits.ttl_s:g} s for unused ones to expire",
-                             code="limit.sessions")
+        if protocol.key != "session":
+            return  # one per peer by construction
+        open_ = [s for s in self._sessions.values() if s.opener == opener
+                 and not s.finished and s.protocol.key == "session"]
+        if len(open_) >= self.limits.max_sessions:
+            raise refuse(PolicyViolation,
+                         f"party {self.party!r} already holds {len(open_)} sessions of "
+                         f"{opener!r}, none finished (its limit per peer, "
+                         f"policy.max_sessions); finish them or wait "
+                         f"{self.limits.ttl_s:g} s for idle ones to expire",
+                         code="limit.sessions")
 
-    def _note_finished(self, s: Session) -> None:
+    def _note_finished(self, s: Session, dropped: list[Session]) -> None:
         if s.finished:
             key = (s.protocol.space, s.name)
             self._finished[key] = None
             self._finished.move_to_end(key)
             while len(self._finished) > self.limits.max_finished_names:
                 self._finished.popitem(last=False)
+            # a peer's own finished sessions make room for each other, never another's
+            mine = [(k, x) for k, x in self._sessions.items()
+                    if x.finished and x.opener == s.opener and x.protocol.key == "session"]
+            for k, x in sorted(mine, key=lambda kx: kx[1].touched)[
+                    :max(0, len(mine) - self.limits.max_finished_per_peer)]:
+                if x is not s:
+                    del self._sessions[k]
+                    dropped.append(x)
 
     def admit(self, sender: str, sender_role: str | None, message: Message) -> Admission | None:
         """Check ``message`` against its protocol's declaration before any work.
@@ -641,9 +724,19 @@ class SessionTable:
             name = str(raw)
         else:
             name = sender
+        dropped: list[Session] = []
+        try:
+            return self._admit(protocol, name, sender, sender_role, message, dropped)
+        finally:
+            self._dropped(dropped)
+
+    def _admit(self, protocol: ProtocolSpec, name: str, sender: str, sender_role: str | None,
+               message: Message, dropped: list[Session]) -> Admission:
         with self._lock:
-            now = self._expire()
+            now = self._expire(dropped)
             s = self._sessions.get((protocol.space, name))
+            if s is None:
+                s = self._restore(protocol, name, sender, dropped)
             if s is not None and s.protocol is not protocol:
                 raise self._refuse(protocol, s.state, message.kind,
                                    f"session {name!r} is a {s.protocol.name} session",
@@ -703,7 +796,7 @@ class SessionTable:
                 n_chunks, n_rows, _ = progress or (0, 0, total)
                 stream = (n_chunks + 1, n_rows + n_el, total)
             if new:
-                self._check_room(protocol, name, now)
+                self._check_room(protocol, name, sender, now, dropped)
                 s = Session(protocol, name, sender, protocol.initial, now, now)
                 self._sessions[(protocol.space, name)] = s
             if s is None:  # pragma: no cover - set just above
@@ -753,18 +846,29 @@ class SessionTable:
             if step.target is not None and closed:
                 s.state = step.target
             s.touched = self._clock()
-            self._note_finished(s)
+            dropped: list[Session] = []
+            self._note_finished(s, dropped)
+        self._dropped(dropped)
 
     def failed(self, admission: Admission) -> None:
-        """The handler refused: a session the message had opened is dropped again."""
+        """The handler refused or failed: a session the message had opened is dropped again,
+        and so is an unfinished two-party session (only its opener can send to it, so only the
+        opener's own failure ends it) of a protocol whose failures end it: it frees its share
+        at once instead of at expiry."""
+        s = admission.session
+        dropped: list[Session] = []
         with self._lock:
             if admission.step.chunk is not None:
-                admission.session.busy.discard(admission.step.chunk.stream)
-            if admission.new and not admission.session.counts and \
-                    admission.session.state == admission.session.protocol.initial:
-                key = (admission.session.protocol.space, admission.session.name)
-                if self._sessions.get(key) is admission.session:
+                s.busy.discard(admission.step.chunk.stream)
+            p = s.protocol
+            fresh = admission.new and not s.counts and s.state == p.initial
+            ends = p.ends_on_failure and not s.finished and not s.busy
+            if fresh or ends:
+                key = (p.space, s.name)
+                if self._sessions.get(key) is s:
                     del self._sessions[key]
+                    dropped.append(s)
+        self._dropped(dropped)
 
 
 # --- documentation ------------------------------------------------------------------------------

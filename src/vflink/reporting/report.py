@@ -27,10 +27,12 @@ from pathlib import Path
 from typing import Any
 
 from vflink._files import atomic_write_text, read_data_file, read_json_file
+from vflink._typed import typed
 from vflink.errors import DataError
 from vflink.metrics.attacks import auc_verdict
 from vflink.privacy.ledger import LEDGER_FILE, Ledger, explain_epsilon
 from vflink.reporting.ledger import explain_tau
+from vflink.runfiles.results import METRICS_SCHEMA
 
 __all__ = ["build_report", "write_report"]
 
@@ -545,11 +547,14 @@ def _page(title: str, lead: str, sections: list[str]) -> str:
 
 def _read_json(directory: Path, name: str | Path) -> Any:
     """A JSON object from a file of ``directory``: a regular file inside it, within size and
-    nesting limits (issue 19: a directory from elsewhere is data)."""
+    nesting limits (issue 19: a directory from elsewhere is data); a ``metrics.json`` also with
+    the types the page uses (:data:`vflink.runfiles.results.METRICS_SCHEMA`)."""
     value = read_json_file(directory, name)
     if not isinstance(value, dict):
         raise DataError(f"{Path(directory) / name}: expected a JSON object, got "
                         f"{type(value).__name__}")
+    if Path(name).name == "metrics.json":
+        value = typed(value, METRICS_SCHEMA, source=str(Path(directory) / name))
     return value
 
 

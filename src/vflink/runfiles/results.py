@@ -12,10 +12,33 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vflink._typed import ANY, Int, ListOf, MapOf, Num, Obj, Opt, Str
 from vflink.metrics.functional import primary_metric
 from vflink.types import Task
 
-__all__ = ["EpochRecord", "FloristResult", "RunResult"]
+__all__ = ["METRICS_SCHEMA", "EpochRecord", "FloristResult", "RunResult"]
+
+_COUNTS = MapOf(MapOf(Num()))  # "bank->primary": {"messages": 3, "bytes": 1024}
+
+#: What readers of ``metrics.json`` (reports, the Python API, ``vflink predict``) rely on, as
+#: :meth:`RunResult.to_json` writes it: checked before use (:mod:`vflink._typed`), so a run
+#: directory from elsewhere with a wrong type is refused naming the file and the key. Keys
+#: not named here (a plan's extras) are left as they are.
+METRICS_SCHEMA = Obj(
+    required={"algorithm": Str()},
+    optional={
+        "task": Str(), "headline_metric": Str(),
+        "metrics": MapOf(MapOf(Opt(Num()))),
+        "best_epoch": Opt(Int()),
+        "epochs": ListOf(Obj(optional={
+            "epoch": Int(), "train_loss": Opt(Num()), "validation": MapOf(Opt(Num())),
+            "communication": _COUNTS, "seconds": Opt(Num())})),
+        "communication_total": _COUNTS,
+        "sizes": MapOf(Opt(Num())),
+        "seconds": Opt(Num()),
+        "alignment": Obj(optional={"method": Str(), "communication": _COUNTS}),
+        "linkage_figures": ANY,
+    })
 
 
 @dataclass(frozen=True)

@@ -113,8 +113,10 @@ class CostProbe:
         sizes = outcome.sizes
         n_a, n_p = int(sizes["primary"]), int(sizes["secondary"])
         union = int(sizes["union"]) if outcome.method == "psu" else None
+        both = int(sizes.get("intersection", 0)) if outcome.method == "psi" else 0
         ops = {role: protocol_ops(outcome.method, role, n_a=n_a, n_p=n_p, n_union=union,
-                                  reveal=outcome.reveal) for role in ("primary", "secondary")}
+                                  n_both=both, reveal=outcome.reveal)
+               for role in ("primary", "secondary")}
         bound = crypto_bound_s(ops.values(), costs, cores)
         out: dict[str, Any] = {
             "seconds": round(bound, 6), "cores": cores, "wall_seconds": round(wall_s, 3),

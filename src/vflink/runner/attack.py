@@ -18,7 +18,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from vflink._files import atomic_write_json, check_regular_file, open_data_bytes, read_json_file
+from vflink._files import atomic_write_json, check_regular_file, read_json_file
+from vflink._typed import Arr, load_arrays
 from vflink.attacks import ATTACKS, AttackResult, AttackView, get_attack
 from vflink.errors import ConfigError, DataError, VflinkError
 from vflink.parties.recording import RECORDING_DIR, Recording, read_recording
@@ -132,10 +133,10 @@ def load_view(run_dir: Path, role: str, party: str | None = None) -> AttackView:
         base = recorded_parties(Path(run_dir))[rec.party]
         own = base / RECORDING_DIR / OWN_ENCODINGS
         if os.path.lexists(own):  # the primary's own Bloom filters: its own data
-            with np.load(open_data_bytes(base, f"{RECORDING_DIR}/{OWN_ENCODINGS}"),
-                         allow_pickle=False) as data:
-                extra["own_filters"] = data["filters"]
-                extra["bits"] = int(data["filters"].shape[1] * 8)
+            data = load_arrays(base, f"{RECORDING_DIR}/{OWN_ENCODINGS}",
+                               {"filters": Arr("u", 2)}, required=("filters",))
+            extra["own_filters"] = data["filters"]
+            extra["bits"] = int(data["filters"].shape[1] * 8)
     return AttackView(party=rec.party, role=rec.role, extra=extra, **kw)
 
 

@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from vflink._files import atomic_open, atomic_write_json, open_data_bytes, read_json_file
+from vflink._files import atomic_open, atomic_write_json
+from vflink._typed import Obj, load_arrays, read_typed_json
 from vflink.parties.linking import encode_identifiers
 from vflink.parties.recording import RECORDING_DIR
 from vflink.registry import Registry
@@ -158,10 +159,9 @@ def read_truth(run_dir: Path) -> tuple[dict[str, Any], dict[str, npt.NDArray[Any
     if not os.path.lexists(base / "truth.json"):
         return {}, {}
     # files of a run directory are data: regular files inside it, within limits (issue 19)
-    manifest = read_json_file(run_dir, f"{TRUTH_DIR}/truth.json")
-    with np.load(open_data_bytes(run_dir, f"{TRUTH_DIR}/truth.npz"), allow_pickle=False) as data:
-        arrays = {k: data[k] for k in data.files}
-    return manifest, arrays
+    manifest = read_typed_json(run_dir, f"{TRUTH_DIR}/truth.json", Obj())
+    # numeric arrays only, each checked from its header (an object array is never unpickled)
+    return manifest, load_arrays(run_dir, f"{TRUTH_DIR}/truth.npz")
 
 
 def linkage_figures(similarity: npt.NDArray[np.floating[Any]] | None, model: Any = None

@@ -12,6 +12,7 @@ from types import FrameType
 from vflink.errors import ConfigError
 from vflink.parties import CoordinatorParty, SecondaryParty
 from vflink.parties.recording import Recorder
+from vflink.privacy.budget import BUDGET_DIR, BudgetLock
 from vflink.protocol import MessageHandler
 from vflink.runfiles.party import PartyConfig, party_table
 from vflink.runner.compute import open_compute
@@ -88,17 +89,30 @@ def serve(config: PartyConfig, *, ready: threading.Event | None = None,
     """Serve this party until SIGINT/SIGTERM (or ``stop`` is set); ``on_ready(address)``."""
     if config.listen is None:
         raise ConfigError(f"{config.source}: `party.listen` is required to serve")
-    with open_compute(config.compute) as compute:
-        _serve(config, build_handler(config, compute=compute), config.listen, ready=ready,
-               stop=stop, on_ready=on_ready)
+    # a secondary's release counts live in memory while it serves: its operator's reset is
+    # refused until it stops (vflink.privacy.budget.BudgetLock)
+    lock = BudgetLock(config.state_dir / BUDGET_DIR).acquire() \
+        if config.role == "secondary" and config.state_dir is not None else None
+    try:
+        with open_compute(config.compute) as compute:
+            _serve(config, build_handler(config, compute=compute), config.listen, ready=ready,
+                   stop=stop, on_ready=on_ready)
+    finally:
+        if lock is not None:
+            lock.release()
 
 
 def _serve(config: PartyConfig, handler: MessageHandler, listen: str, *,
            ready: threading.Event | None, stop: threading.Event | None,
            on_ready: Callable[[str], None] | None) -> None:
+    policy = config.policy
+    # every limit per authenticated peer: its share of the calls, a minimum arrival rate
     server = GrpcServer(config.name, handler, listen, _tls(config),
                         allowed_peers=set(config.allowed), insecure=config.insecure,
-                        max_workers=config.policy.max_concurrent_calls)
+                        max_workers=policy.max_concurrent_calls,
+                        peer_calls=policy.max_calls_per_peer or None,
+                        receive_timeout_s=policy.receive_timeout_s,
+                        min_receive_bytes_per_s=policy.min_receive_bytes_per_s)
     server.start()
     log.info("%s (%s) serving on %s; allowed peers: %s", config.name, config.role,
              server.address, ", ".join(config.allowed) or "none")

@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 from vflink._files import read_json_file
+from vflink._typed import typed
 from vflink.data.table import PartyTable, missing_columns
 from vflink.errors import ConfigError, DataError, RunError
 from vflink.metrics.functional import evaluate
@@ -28,6 +29,7 @@ from vflink.reporting.link_quality import link_columns, read_link_quality
 from vflink.runfiles.algorithms import get_algorithm
 from vflink.runfiles.config import RunConfig, parse_config
 from vflink.runfiles.inputs import Inputs, load_inputs
+from vflink.runfiles.results import METRICS_SCHEMA
 from vflink.runner.federation import local_roles, run_policy
 from vflink.runner.prepare import prepare
 from vflink.transport import InProcessHub
@@ -63,7 +65,8 @@ def _training_alignment(run_dir: Path) -> dict[str, Any]:
     path = run_dir / "metrics.json"
     if not os.path.lexists(path):
         raise RunError(f"{run_dir}: no metrics.json; is the run complete?")
-    raw = read_json_file(run_dir, "metrics.json", error=RunError)
+    raw = typed(read_json_file(run_dir, "metrics.json", error=RunError), METRICS_SCHEMA,
+                source=str(path), error=RunError)
     alignment = raw.get("alignment", {}) if isinstance(raw, dict) else None
     if not isinstance(alignment, dict):
         raise RunError(f"{path}: expected a JSON object with an \"alignment\" object")

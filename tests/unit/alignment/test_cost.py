@@ -61,14 +61,15 @@ def test_counts_equal_what_each_party_did(monkeypatch: pytest.MonkeyPatch, metho
     assert [len(v) for v in made.values()] == [1, 1]
     n_u = len(set(ka) | set(kp)) if method == "psu" else None
     for role, groups in made.items():
-        want = protocol_ops(method, role, n_a=40, n_p=30, n_union=n_u, reveal=reveal)
+        want = protocol_ops(method, role, n_a=40, n_p=30, n_union=n_u,
+                            n_both=15 if method == "psi" else 0, reveal=reveal)
         assert groups[0].counts == want.as_dict(), role
-    if method == "psu":  # FLORIST Algorithm 1: 5|I_a| + 5|I_p| + 2|U| exponentiations
+    if method == "psu":  # Algorithm 1 with line 11 from round 1: 4|I_a| + 5|I_p| + 2|U|
         total = protocol_ops("psu", "primary", n_a=40, n_p=30, n_union=55) + protocol_ops(
             "psu", "secondary", n_a=40, n_p=30, n_union=55)
-        assert total.power + total.power_checked == 5 * 40 + 5 * 30 + 2 * 55
-    assert out.operations == sum(made["primary"][0].counts[k] for k in ("hash", "power",
-                                                                         "power_checked"))
+        assert total.power + total.power_checked == 4 * 40 + 5 * 30 + 2 * 55
+    assert out.operations == sum(made["primary"][0].counts[k] for k in (
+        "hash", "power", "power_checked", "combine"))
 
 
 def test_counts_refuse_impossible_sizes() -> None:

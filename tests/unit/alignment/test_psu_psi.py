@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vflink.alignment import psi, psu
-from vflink.alignment._dh import to_hex
+from vflink.alignment._dh import lookup, to_hex
 from vflink.alignment.groups import Group, get_group
 
 GROUPS = {name: get_group(name, workers=1) for name in ("ristretto255", "modp2048")}
@@ -22,8 +22,12 @@ def run_psu(g: Group, ka: list[bytes], kp: list[bytes]) -> tuple[psu.PsuResult, 
     a_st, p_t = psu.lines4_5(g, psu.line3(g, xa, s), xp, t)
     _, union = psu.lines6_8(g, a_st, p_t, s)
     uids = psu.line10(psu.line9(g, union, t), group=g)
-    ra = psu.finish_own(g, psu.raise_for_peer(g, psu.blind_own(g, xa, s), t), s, uids,
-                        expected=len(ka))
+    # line 11 as vflink runs it: P_p raises the line-3 list it holds (in P_a's order)
+    a_s1, order = psi.blind(g, xa, s.first)
+    final = psu.line11_finish(g, psu.line11_peer(g, g.power(a_s1, t.first), t), s)
+    mine = np.empty_like(final)
+    mine[order] = final
+    ra = psu.PsuResult(uids=uids, record_uid=lookup(uids, mine, "own records"))
     rp = psu.finish_own(g, psu.raise_for_peer(g, psu.blind_own(g, xp, t), s), t, uids,
                         expected=len(kp))
     return ra, rp
@@ -93,9 +97,9 @@ def test_simulators_produce_the_protocol_sizes(name: str) -> None:
     va = psu.simulate_active_view(g, 5, 7, 3)
     vp = psu.simulate_passive_view(g, 5, 7, 3)
     assert {k: len(v) for k, v in va.items()} == {"a_s1t1": 5, "p_t1": 7, "union": 9,
-                                                  "a_s2t123": 5, "p_t2": 7}
+                                                  "a_s1t123": 5, "p_t2": 7}
     assert {k: len(v) for k, v in vp.items()} == {"a_s1": 5, "p_s1t1": 7, "union_s123t1": 9,
-                                                  "a_s2": 5, "p_s123t2": 7}
+                                                  "p_s123t2": 7}
     for v in (*va.values(), *vp.values()):
         g.validate(v, "simulated")
     # S_a's p_t1 shares exactly |I_a ∩ I_p| elements with the g_i behind a_s1t1 (line 6)

@@ -41,6 +41,7 @@ from hypothesis.stateful import (
     rule,
 )
 
+from vflink.alignment import proofs
 from vflink.alignment._dh import key_bytes
 from vflink.alignment.groups import get_group
 from vflink.data import PartySchema, PartyTable
@@ -222,12 +223,15 @@ def resize(honest: np.ndarray, how: str, seed: int) -> np.ndarray:
 #: the lists of each protocol in the order they travel: (name, uploaded by the primary?, total)
 #: where total names the model's committed size (issue 22: every list in chunks)
 _PSU_LISTS = (("a_s1", True, "n_a"), ("a_s1t1", False, "n_a"), ("p_t1", False, "n_p"),
-              ("p_s1t1", True, "n_p"), ("union_s123t1", True, "n_u"), ("a_s2", True, "n_a"),
-              ("union", False, "n_u"), ("a_s2t123", False, "n_a"), ("p_t2", False, "n_p"),
+              ("p_s1t1", True, "n_p"), ("union_s123t1", True, "n_u"),
+              ("union", False, "n_u"), ("a_s1t123", False, "n_a"), ("p_t2", False, "n_p"),
               ("p_s123t2", True, "n_p"))
 _PSI_LISTS = (("a_s", True, "n_a"), ("a_st", False, "n_a"), ("p_t", False, "n_p"),
               ("p_ts", True, "n_p"))
-_STREAMS = sorted({n for n, _, _ in _PSU_LISTS + _PSI_LISTS})
+#: streams a hostile primary may name although no protocol has them (PSU's old line 11)
+_STREAMS = sorted({n for n, _, _ in _PSU_LISTS + _PSI_LISTS} | {"a_s2", "a_s2t123"})
+#: the exponent every PSI round 1 of the machine commits to (so it can prove honestly)
+EXPONENT = GROUP.random_exponent()
 
 
 class SetProtocolMachine(RuleBasedStateMachine):
@@ -247,7 +251,7 @@ class SetProtocolMachine(RuleBasedStateMachine):
         self.counter = 0
         self.keys = primary_keys()
 
-    @initialize(n_a=st.integers(0, 8), chunk=st.integers(1, 5),
+    @initialize(n_a=st.integers(1, 8), chunk=st.integers(1, 5),
                 reveal=st.sampled_from(["both", "secondary"]))
     def open_sessions(self, n_a: int, chunk: int, reveal: str) -> None:
         """Every example starts with a PSU and a PSI session the primary opened honestly."""
@@ -255,15 +259,19 @@ class SetProtocolMachine(RuleBasedStateMachine):
             name = self._name(method)
             reply = self.world.send("primary", "bank", self._round1(method, name, n_a, chunk,
                                                                      reveal))
-            assert isinstance(reply, Ack) and reply.info == {"n_p": float(N_BANK)}
+            assert isinstance(reply, Ack)
+            assert reply.info == {"n_p": float(N_BANK), "chunk_rows": float(chunk)}
             self._open(name, method, n_a, chunk, reveal)
 
     @staticmethod
-    def _round1(method: str, name: str, n_a: int, chunk: int, reveal: str) -> Message:
+    def _round1(method: str, name: str, n_a: int, chunk: int, reveal: str,
+                commitment: bytes | None = None) -> Message:
         if method == "psu":
             return PsuRound1(session=name, group=GROUP.name, n_a=n_a, chunk_rows=chunk)
+        if commitment is None:
+            commitment = proofs.commit(GROUP, EXPONENT)[0].tobytes()
         return PsiRound1(session=name, group=GROUP.name, reveal=reveal, n_a=n_a,
-                         chunk_rows=chunk)
+                         chunk_rows=chunk, commitment=commitment)
 
     def _open(self, name: str, method: str, n_a: int, chunk: int, reveal: str) -> None:
         self.opened[name] = {"method": method, "reveal": reveal, "n_a": n_a, "n_p": N_BANK,
@@ -325,29 +333,39 @@ class SetProtocolMachine(RuleBasedStateMachine):
                          st.just(self._name("x")))
 
     @rule(data=st.data(), sender=st.sampled_from(["primary", "primary", "other", "bank"]),
-          method=st.sampled_from(["psu", "psi"]), n_a=st.integers(0, 6),
+          method=st.sampled_from(["psu", "psi"]), n_a=st.sampled_from([-5, 0, 1, 3, 6]),
           chunk=st.sampled_from([0, 1, 3, 2**20 + 1]),
-          reveal=st.sampled_from(["both", "primary", "secondary", "cardinality"]))
+          reveal=st.sampled_from(["both", "primary", "secondary", "cardinality"]),
+          commitment=st.sampled_from(["honest", "honest", "short", "not-an-element",
+                                      "identity"]))
     def round1(self, data: st.DataObject, sender: str, method: str, n_a: int, chunk: int,
-               reveal: str) -> None:
+               reveal: str, commitment: str) -> None:
         name = self._target(data)
-        reply = self.world.send(sender, "bank", self._round1(method, name, n_a, chunk, reveal))
+        committed = {"honest": None, "short": b"\x01" * 5, "not-an-element": b"\xff" * 32,
+                     "identity": bytes(32)}[commitment]
+        reply = self.world.send(sender, "bank", self._round1(method, name, n_a, chunk, reveal,
+                                                             committed))
         fresh = name not in self.finished and name not in self.opened
-        ok = sender == "primary" and fresh and 1 <= chunk <= 2**20
-        assert isinstance(reply, VflinkError) != ok, (reply, sender, fresh, chunk)
+        ok = (sender == "primary" and fresh and 1 <= chunk <= 2**20 and n_a >= 1
+              and (method == "psu" or commitment == "honest"))
+        assert isinstance(reply, VflinkError) != ok, (reply, sender, fresh, chunk, n_a)
         if ok:
-            assert reply.info == {"n_p": float(N_BANK)}  # type: ignore[union-attr]
+            assert reply.info == {  # type: ignore[union-attr]
+                "n_p": float(N_BANK), "chunk_rows": float(chunk)}
             self._open(name, method, n_a, chunk, reveal)
 
     @rule(data=st.data(), sender=st.sampled_from(["primary", "primary", "primary", "other"]),
           stream=st.sampled_from(["current", "current", "current", "other"]),
           index=st.sampled_from(["next", "next", "next", "repeat", "skip"]),
           size=st.sampled_from(["honest", "honest", "over-limit", "over-total", "empty"]),
-          total=st.sampled_from(["honest", "honest", "more", "fewer"]))
+          total=st.sampled_from(["honest", "honest", "more", "fewer"]),
+          proof=st.sampled_from(["valid", "valid", "none", "replayed", "garbage"]))
     def chunk(self, data: st.DataObject, sender: str, stream: str, index: str, size: str,
-              total: str) -> None:
+              total: str, proof: str) -> None:
         """One chunk of an uploaded list, honest or out of order, repeated, too large, too
-        many elements in all, of the wrong list, or after its list closed."""
+        many elements in all, of the wrong list, or after its list closed; the last chunk of
+        PSI's p_ts with a proof for the elements that match (none do: they are guesses), none,
+        one replayed from another session, or garbage."""
         name = self._target(data)
         m = self.opened.get(name)
         method = m["method"] if m else data.draw(st.sampled_from(["psu", "psi"]))
@@ -365,9 +383,19 @@ class SetProtocolMachine(RuleBasedStateMachine):
         left = max(0, honest_total - rows)
         n = {"honest": min(limit, left), "over-limit": limit + 1, "over-total": left + 1,
              "empty": 0}[size]
-        kind = PsuChunk if method == "psu" else PsiChunk
-        msg = kind(session=name, stream=name_, index=idx, total=n_total,
-                   elements=elements(n, 1000 * self.counter + rows))
+        last = name_ == "p_ts" and rows + n == n_total
+        if method == "psu":
+            msg: Message = PsuChunk(session=name, stream=name_, index=idx, total=n_total,
+                                    elements=elements(n, 1000 * self.counter + rows))
+        else:
+            ctx = proofs.context(name if proof != "replayed" else "other@1", "p_ts", -1)
+            sealed = {"valid": proofs.prove(GROUP, EXPONENT, GROUP.empty(), GROUP.empty(),
+                                            ctx=ctx),
+                      "replayed": proofs.prove(GROUP, EXPONENT, GROUP.empty(), GROUP.empty(),
+                                               ctx=ctx),
+                      "none": b"", "garbage": b"\x07" * 64}[proof] if last else b""
+            msg = PsiChunk(session=name, stream=name_, index=idx, total=n_total,
+                           elements=elements(n, 1000 * self.counter + rows), proof=sealed)
         reply = self.world.send(sender, "bank", msg)
         ok = (m is not None and not m["dead"] and sender == "primary" and cur[1]
               and name_ == cur[0] and idx == chunks and n <= limit and rows + n <= n_total
@@ -382,6 +410,8 @@ class SetProtocolMachine(RuleBasedStateMachine):
             assert isinstance(reply, VflinkError), (msg.stream, msg.index, n, m)
             return
         assert m is not None
+        if last and m["method"] == "psi":  # the proof decides: no proof, no rows
+            assert isinstance(reply, VflinkError) == (proof != "valid"), (proof, reply)
         if isinstance(reply, VflinkError):  # admitted, then the contents failed: it ended
             m["dead"] = True
             return
@@ -425,7 +455,7 @@ class SetProtocolMachine(RuleBasedStateMachine):
                              elements=elements(3, 7)),
                     PsiFetch(session=name, stream="a_st", index=0),
                     PsiRound1(session=name, group=GROUP.name, reveal="both", n_a=3,
-                              chunk_rows=3)):
+                              chunk_rows=3, commitment=proofs.commit(GROUP, 5)[0].tobytes())):
             reply = self.world.send("primary", "bank", msg)
             assert isinstance(reply, VflinkError), msg.kind  # a finished session is immutable
 

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from vflink.alignment import proofs
 from vflink.alignment._dh import key_bytes
 from vflink.alignment.groups import get_group
 from vflink.data import PartySchema, PartyTable
@@ -26,6 +27,7 @@ from vflink.transport.grpc import GrpcChannel, GrpcServer, TlsConfig, create_dev
 from vflink.transport.grpc.channel import PeerAddress
 
 GROUP = get_group("ristretto255", workers=1)
+COMMITMENT = proofs.commit(GROUP, GROUP.random_exponent())[0].tobytes()
 
 
 def table(ids: list[str]) -> PartyTable:
@@ -88,12 +90,16 @@ def pairs(mine: SetAlignment, theirs: SetAlignment | None) -> set[tuple[int, int
 
 
 ids = st.lists(st.integers(0, 40).map(lambda i: f"id{i}"), max_size=25, unique=True)
+#: a primary aligns at least one record (a peer's n_a must be positive)
+primary_ids = st.lists(st.integers(0, 40).map(lambda i: f"id{i}"), min_size=1, max_size=25,
+                       unique=True)
 
 
 @pytest.mark.network
 @pytest.mark.parametrize("transport", ["inprocess", "grpc"])
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(a=ids, p=ids, chunk=st.integers(1, 9), method=st.sampled_from(["psu", "psi"]))
+@given(a=primary_ids, p=ids, chunk=st.integers(1, 9),
+       method=st.sampled_from(["psu", "psi"]))
 def test_chunked_equals_one_chunk(grpc_bank: None, transport: str, a: list[str],
                                   p: list[str], chunk: int, method: str) -> None:
     whole, whole_p = run(a, p, method, 10**5, transport=transport)
@@ -161,7 +167,7 @@ def test_bucket_files_are_removed_when_a_session_finishes_or_fails(tmp_path: Pat
     hub.register("bank", peer)
     ch = hub.channel("primary")
     ch.call("bank", PsiRound1(session="f@1", group=GROUP.name, reveal="both", n_a=4,
-                              chunk_rows=2))
+                              chunk_rows=2, commitment=COMMITMENT))
     assert len(list((tmp_path / "b" / ".set-tmp").iterdir())) == 1
     ch.call("bank", PsiChunk(session="f@1", stream="a_s", index=0, total=4,
                              elements=GROUP.hash_to_group([b"a", b"b"])))
@@ -169,7 +175,9 @@ def test_bucket_files_are_removed_when_a_session_finishes_or_fails(tmp_path: Pat
     with pytest.raises(ProtocolError):
         ch.call("bank", PsiChunk(session="f@1", stream="a_s", index=1, total=4, elements=bad))
     assert list((tmp_path / "b" / ".set-tmp").iterdir()) == []
-    with pytest.raises(ProtocolError, match="failed earlier"):
+    # the failed session is gone at once (it holds none of the peer's share of sessions)
+    assert peer.sessions.get("psi", "f@1") is None
+    with pytest.raises(ProtocolError, match=r"state 'new': psi_chunk refused"):
         ch.call("bank", PsiChunk(session="f@1", stream="a_s", index=1, total=4,
                                  elements=GROUP.hash_to_group([b"c", b"d"])))
     # and the primary's files go when its peer fails it
@@ -178,7 +186,8 @@ def test_bucket_files_are_removed_when_a_session_finishes_or_fails(tmp_path: Pat
     driver = SetAlignmentDriver([b"y", b"z"], hub2.channel("primary"), GROUP, chunk_rows=1,
                                 tmp_dir=tmp_path / "d2")
     hub2.channel("primary").call("bank", PsiRound1(session="taken@1", group=GROUP.name,
-                                                   reveal="both", n_a=1, chunk_rows=1))
+                                                   reveal="both", n_a=1, chunk_rows=1,
+                                                   commitment=COMMITMENT))
     with pytest.raises(ProtocolError):
         driver.psi("bank", "taken@1")  # the name is another session's: refused mid-way
     assert list((tmp_path / "d2").iterdir()) == []

@@ -307,3 +307,69 @@ def test_a_chunk_while_another_of_its_list_is_handled_is_refused() -> None:
     step(t, "p", part(1, 2, 4))
     with pytest.raises(ProtocolError, match="refused"):
         t.admit("p", "primary", part(2, 1, 4))  # the list is closed (here: the session)
+
+
+def test_every_limit_is_per_peer() -> None:
+    """One peer's abandoned sessions fill its own share only; its finished sessions make room
+    for each other, never another peer's; idle unfinished ones expire in minutes."""
+    now = [0.0]
+    t = table(now, max_sessions=3, ttl_s=300, max_finished_per_peer=2)
+    dropped: list[str] = []
+    t.on_drop = lambda s: dropped.append(s.name)
+    for i in range(3):
+        step(t, "mallory", Open(session=f"m{i}", items=()))
+    with pytest.raises(PolicyViolation, match=r"holds 3 sessions of 'mallory'.*limit.sessions"):
+        t.admit("mallory", "primary", Open(session="m3"))
+    for i in range(3):  # another peer is not affected
+        step(t, "alice", Open(session=f"a{i}", items=()))
+        step(t, "alice", Close(session=f"a{i}"))
+    # alice's finished sessions: her own two most recent are kept, the oldest made room
+    assert dropped == ["a0"] and t.get("toy", "a0") is None
+    assert t.get("toy", "a1") is not None and t.get("toy", "a2") is not None
+    for i in range(3):  # mallory finishing sessions never evicts alice's
+        step(t, "mallory", Close(session=f"m{i}"))
+    assert t.get("toy", "a1") is not None and t.get("toy", "a2") is not None
+    step(t, "mallory", Open(session="idle", items=()))
+    now[0] = 299.0
+    step(t, "alice", Open(session="busy", items=()))  # touched: not idle
+    now[0] = 301.0
+    step(t, "alice", Next(session="busy", items=()))  # progress keeps it
+    assert t.get("toy", "idle") is None and "idle" in dropped  # no progress for 300 s
+    assert t.get("toy", "busy") is not None
+    assert t.get("toy", "a1") is not None  # finished ones do not expire
+
+
+def test_a_session_whose_handler_failed_ends_at_once_when_its_protocol_says_so() -> None:
+    ending = ProtocolSpec(
+        name="toy", title="toy", receiver="secondary", key="session",
+        states=("new", "one", "done"), initial="new", final=("done",), steps=TOY.steps,
+        ends_on_failure=True)
+    t = SessionTable("bank", "secondary", SessionLimits(max_sessions=1),
+                     protocols=(ending,))
+    dropped: list[str] = []
+    t.on_drop = lambda s: dropped.append(s.name)
+    step(t, "p", Open(session="s", items=(1,)))
+    admission = t.admit("p", "primary", Next(session="s", items=(1,)))
+    assert admission is not None
+    t.failed(admission)
+    assert t.get("toy", "s") is None and dropped == ["s"]
+    step(t, "p", Open(session="s2", items=(1,)))  # its share is free again at once
+
+
+def test_a_finished_session_kept_on_disk_is_restored() -> None:
+    from vflink.protocol.sessions import Session
+
+    t = table(max_finished_per_peer=1)
+    kept = {"old": Session(TOY, "old", "p", "done", 0.0, 0.0)}
+    t.restore = lambda spec, name, peer: kept.get(name) if peer in (None, "p") else None
+    s = t.get("toy", "old")
+    assert s is kept["old"] and s.finished
+    with pytest.raises(ProtocolError, match="immutable"):  # a restored name stays used
+        t.admit("p", "primary", Open(session="old"))
+    with pytest.raises(PolicyViolation, match="other parties"):  # it is in memory now
+        t.admit("q", "primary", Next(session="old", items=()))
+    t2 = table()
+    t2.restore = lambda spec, name, peer: kept.get(name) if peer in (None, "p") else None
+    with pytest.raises(ProtocolError, match="no session 'old' is open|allowed in this state"):
+        t2.admit("q", "primary", Next(session="old", items=()))  # another peer: not reloaded
+    assert t2.sessions() == []

@@ -92,6 +92,8 @@ def strategy_for(hint: Any) -> st.SearchStrategy[Any]:
         return st.floats()
     if hint is str:
         return st.text(max_size=12)
+    if hint is bytes:
+        return st.binary(max_size=96)
     if origin is tuple:
         assert len(args) == 2 and args[1] is Ellipsis, hint
         return st.lists(strategy_for(args[0]), max_size=3).map(tuple)

@@ -26,7 +26,7 @@ from vflink._cancel import checkpoint
 from vflink.errors import ProtocolError
 from vflink.types import Compute
 
-__all__ = ["Elements", "Group", "default_workers", "hash_input"]
+__all__ = ["Elements", "Group", "default_workers", "hash_input", "scalar_width"]
 
 R = TypeVar("R")
 
@@ -66,6 +66,17 @@ def _hash_task(shared: type[Group], keys: Sequence[bytes]) -> Elements:
 
 def _valid_task(shared: type[Group], chunk: Elements) -> bool:
     return shared(workers=1)._valid_chunk(chunk)
+
+
+def _combination_task(shared: type[Group], piece: tuple[Elements, list[int]]) -> bytes:
+    """One task: ``prod_i x_i^{c_i}`` over a piece of a combination (module-level: pickled)."""
+    elements, scalars = piece
+    return shared(workers=1)._combination_chunk(elements, scalars)
+
+
+def scalar_width(order: int) -> int:
+    """Bytes of a scalar modulo ``order`` (a proof's fixed-width encoding)."""
+    return (order.bit_length() + 7) // 8
 
 
 #: pieces of a large batch per worker: short pieces keep every worker busy until the batch's
@@ -115,7 +126,7 @@ class Group(ABC):
         self.operations = 0  # exponentiations and hashes done, for benchmarks and summaries
         #: operations done by kind (the kinds of :class:`vflink.alignment.cost.OpCounts`)
         self.counts: dict[str, int] = dict.fromkeys(
-            ("hash", "power", "power_checked", "validate"), 0)
+            ("hash", "power", "power_checked", "validate", "combine"), 0)
         self._pool: Executor | None = None
         self._finalizer: weakref.finalize | None = None
 
@@ -143,6 +154,23 @@ class Group(ABC):
         """Each key hashed to the group, in the calling thread."""
         raw = b"".join(self._hash_one(hash_input(key, self.name)) for key in keys)
         return np.frombuffer(raw, dtype=np.uint8).reshape(len(keys), self.element_bytes).copy()
+
+    @abstractmethod
+    def _generator(self) -> bytes:
+        """The encoding of the group's fixed generator (a proof's base, never secret)."""
+
+    @abstractmethod
+    def _identity(self) -> bytes:
+        """The encoding of the identity (the neutral element of :meth:`combine_elements`)."""
+
+    @abstractmethod
+    def _operate(self, a: bytes, b: bytes) -> bytes:
+        """The group operation on two encoded elements (``a·b``; ``a + b`` on a curve)."""
+
+    @abstractmethod
+    def _combination_chunk(self, elements: Elements, scalars: Sequence[int]) -> bytes:
+        """``prod_i x_i^{c_i}`` over the rows of ``elements`` (scalars in ``[0, order)``; run
+        in a worker)."""
 
     def _new_executor(self) -> Executor:
         return ThreadPoolExecutor(self.workers)
@@ -251,6 +279,52 @@ class Group(ABC):
 
     def empty(self) -> Elements:
         return np.empty((0, self.element_bytes), dtype=np.uint8)
+
+    @property
+    def scalar_bytes(self) -> int:
+        """Bytes of a scalar modulo the group order, as proofs encode it."""
+        return scalar_width(self.order)
+
+    def generator(self) -> Elements:
+        """The group's fixed generator, as a one-row list."""
+        return np.frombuffer(self._generator(), dtype=np.uint8).reshape(1, -1).copy()
+
+    def identity(self) -> Elements:
+        """The identity element, as a one-row list (never a valid element of a peer's list)."""
+        return np.frombuffer(self._identity(), dtype=np.uint8).reshape(1, -1).copy()
+
+    def operate(self, a: Elements, b: Elements) -> Elements:
+        """The group operation on two one-row lists (libsodium's point addition for
+        ristretto255, a product modulo p for modp2048)."""
+        a, b = self.check(a, "operand"), self.check(b, "operand")
+        if len(a) != 1 or len(b) != 1:
+            raise ValueError("operate() takes one element on each side")
+        out = self._operate(a[0].tobytes(), b[0].tobytes())
+        return np.frombuffer(out, dtype=np.uint8).reshape(1, -1).copy()
+
+    def combine_elements(self, elements: Elements, scalars: Sequence[int]) -> Elements:
+        """``prod_i x_i^{c_i}`` (a multi-exponentiation: ``sum c_i·x_i`` on a curve), as a
+        one-row list, with every worker on large batches.
+
+        The batched proofs of :mod:`vflink.alignment.proofs` combine a whole chunk this way;
+        the group library does every multiplication and addition (libsodium has no
+        multi-scalar multiplication, so this is one scalar multiplication per row).
+        """
+        elements = self.check(elements, "elements")
+        if len(elements) != len(scalars):
+            raise ValueError(f"{len(elements)} elements but {len(scalars)} scalars")
+        cs = [int(c) % self.order for c in scalars]
+        n = len(cs)
+        where = self._where(n)
+        ranges = self._ranges(n, self.chunk_rows, where)
+        parts = self._map(_combination_task, type(self),
+                          [(elements[lo:hi], cs[lo:hi]) for lo, hi in ranges], where)
+        acc = self._identity()
+        for part in parts:
+            acc = self._operate(acc, part)
+        self.operations += n
+        self.counts["combine"] += n
+        return np.frombuffer(acc, dtype=np.uint8).reshape(1, -1).copy()
 
     def hash_to_group(self, keys: Sequence[bytes]) -> Elements:
         """Each key hashed to a group element (random-oracle encoding of the record IDs)."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import multiprocessing
+from collections.abc import Sequence
 from concurrent.futures import Executor, ProcessPoolExecutor
 
 import gmpy2
@@ -51,6 +52,17 @@ def _power_array(elements: Elements, exponent: int) -> Elements:
     return np.frombuffer(raw, dtype=np.uint8).reshape(len(elements), _BYTES).copy()
 
 
+def _combination_rows(elements: Elements, scalars: Sequence[int]) -> bytes:
+    """Module-level so a process pool can run it: ``prod x_i^{c_i} mod p``."""
+    raw = elements.tobytes()
+    acc = gmpy2.mpz(1)
+    for i, c in enumerate(scalars):
+        if c:
+            x = gmpy2.mpz(int.from_bytes(raw[i * _BYTES:(i + 1) * _BYTES], "big"))
+            acc = acc * gmpy2.powmod(x, gmpy2.mpz(c), _P) % _P
+    return int(acc).to_bytes(_BYTES, "big")
+
+
 class Modp2048(Group):
     name = "modp2048"
     element_bytes = _BYTES
@@ -80,3 +92,17 @@ class Modp2048(Group):
             if not 1 < x < _P or gmpy2.legendre(x, _P) != 1:
                 return False
         return True
+
+    def _generator(self) -> bytes:
+        # 4 = 2^2 is a quadratic residue other than 1, so it generates QR(Z_p*) (prime order q)
+        return (4).to_bytes(_BYTES, "big")
+
+    def _identity(self) -> bytes:
+        return (1).to_bytes(_BYTES, "big")
+
+    def _operate(self, a: bytes, b: bytes) -> bytes:
+        x = gmpy2.mpz(int.from_bytes(a, "big")) * gmpy2.mpz(int.from_bytes(b, "big")) % _P
+        return int(x).to_bytes(_BYTES, "big")
+
+    def _combination_chunk(self, elements: Elements, scalars: Sequence[int]) -> bytes:
+        return _combination_rows(elements, scalars)

@@ -12,6 +12,8 @@ libsodium and exposes exactly these.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import rbcl
 
@@ -21,6 +23,8 @@ __all__ = ["Ristretto255"]
 
 #: The order of the ristretto255 group: 2^252 + 27742317777372353535851937790883648493.
 ORDER = 2**252 + 27742317777372353535851937790883648493
+#: The identity's canonical encoding (RFC 9496 §4.3.2: all zero bytes).
+_IDENTITY = bytes(32)
 
 
 class Ristretto255(Group):
@@ -53,3 +57,20 @@ class Ristretto255(Group):
         valid = rbcl.crypto_core_ristretto255_is_valid_point
         return all(valid(row.tobytes()) for row in elements) and bool(
             np.all(elements.any(axis=1)))
+
+    def _generator(self) -> bytes:
+        return bytes(rbcl.crypto_scalarmult_ristretto255_base((1).to_bytes(32, "little")))
+
+    def _identity(self) -> bytes:
+        return _IDENTITY
+
+    def _operate(self, a: bytes, b: bytes) -> bytes:
+        return bytes(rbcl.crypto_core_ristretto255_add(a, b))
+
+    def _combination_chunk(self, elements: Elements, scalars: Sequence[int]) -> bytes:
+        mult = rbcl.crypto_scalarmult_ristretto255_allow_scalar_zero
+        add = rbcl.crypto_core_ristretto255_add
+        acc = _IDENTITY
+        for row, c in zip(elements, scalars, strict=True):
+            acc = add(acc, mult(int(c).to_bytes(32, "little"), row.tobytes()))
+        return bytes(acc)
