@@ -24,6 +24,7 @@ import json
 import os
 import secrets
 import stat
+import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -42,6 +43,7 @@ __all__ = [
     "check_regular_file",
     "json_depth",
     "loads_json",
+    "log_dir",
     "open_data_bytes",
     "read_data_file",
     "read_json_file",
@@ -61,6 +63,13 @@ _O_BINARY = getattr(os, "O_BINARY", 0)  # Windows: no newline translation at the
 _O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)  # never hang opening a FIFO planted in a run
 
 ErrorType = Callable[[str], VflinkError]
+
+
+def log_dir() -> Path:
+    """Where vflink writes the log files it names in messages (an unexpected error's trace, a
+    party's internal-error incident): ``$VFLINK_LOG_DIR``, else the system's temporary folder
+    (docs/reference/exit-codes.md)."""
+    return Path(os.environ.get("VFLINK_LOG_DIR") or tempfile.gettempdir())
 
 
 # --- writing -----------------------------------------------------------------------------------

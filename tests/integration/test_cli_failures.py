@@ -167,6 +167,35 @@ def test_unexpected_error_names_a_log_file(tmp_path: Path, monkeypatch: pytest.M
     assert "Traceback" in logs[0].read_text() and "boom" in logs[0].read_text()
 
 
+def test_a_partys_internal_error_names_its_trace_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """An in-process party's internal error (the coordinator's, as a failing Ray task gave)
+    names a log file that exists and holds the trace, not only "that party's log"."""
+    import re
+
+    import vflink.parties.coordinator as coordinator
+
+    def boom(*args: object, **kwargs: object) -> None:
+        raise ZeroDivisionError("a planted bug in the search")
+
+    monkeypatch.setattr(coordinator, "link", boom)
+    monkeypatch.setenv("VFLINK_LOG_DIR", str(tmp_path / "logs"))
+    tour = Path(__file__).resolve().parents[2] / "examples" / "tour"
+    code, err = run_cli(["link", "--primary", str(tour / "houses.csv"), "--secondary",
+                         str(tour / "places.csv"), "--on", "latitude,longitude", "--metric",
+                         "haversine", "--top-k", "3", "--seed", "0", "--out",
+                         str(tmp_path / "links.csv")], capsys)
+    assert code == EXIT_FAILED
+    assert "internal error in party 'coordinator'" in err, err
+    logs = list((tmp_path / "logs").glob("vflink-incident-*.log"))
+    assert len(logs) == 1 and str(logs[0]) in err.replace(" ", ""), err
+    incident = re.search(r"incident ([0-9a-f]{12})", err)
+    assert incident is not None and incident.group(1) in logs[0].name
+    assert "Traceback" in logs[0].read_text() and "a planted bug" in logs[0].read_text()
+    assert not (tmp_path / "links.csv").exists()
+
+
 def test_sigterm_gives_a_message_and_143(tmp_path: Path) -> None:
     (tmp_path / "run.toml").write_text(SMALL.replace("n_samples = 300", "n_samples = 20000")
                                        .replace("epochs = 2", "epochs = 200"))

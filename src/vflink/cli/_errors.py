@@ -15,6 +15,7 @@ import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from vflink._files import log_dir
 from vflink.errors import (
     ConfigError,
     DataError,
@@ -101,7 +102,7 @@ def console_log_handler(console: Console) -> RichHandler:
 
 
 def _write_trace(exc: BaseException, command: str, handler: Any) -> Path:
-    directory = Path(os.environ.get("VFLINK_LOG_DIR") or tempfile.gettempdir())
+    directory = log_dir()
     directory.mkdir(parents=True, exist_ok=True)
     fd, name = tempfile.mkstemp(prefix=f"vflink-{command}-{time.strftime('%Y%m%d-%H%M%S')}-",
                                 suffix=".log", dir=directory)
@@ -129,6 +130,12 @@ def report_failure(exc: BaseException, console: Console, handler: Any = None,
         console.print("[yellow]interrupted[/]")
     elif isinstance(exc, Terminated):
         console.print(f"[yellow]terminated (SIGTERM): vflink {command} stopped[/]",
+                      highlight=False)
+    elif isinstance(exc, VflinkError) and "incident" in str(exc):
+        # an internal error of a party: name its trace file when that party ran here
+        from vflink.protocol.boundary import with_local_trace
+
+        console.print(f"[bold red]error:[/] {escape(str(with_local_trace(exc)))}",
                       highlight=False)
     elif isinstance(exc, (ConfigError, RunError)) and code == EXIT_USAGE:
         label = "configuration error" if isinstance(exc, ConfigError) else "error"
