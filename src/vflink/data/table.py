@@ -20,6 +20,7 @@ import numpy.typing as npt
 import pandas as pd
 from pandas._libs.parsers import STR_NA_VALUES
 
+from vflink._files import table_format
 from vflink.data.fingerprint import frame_fingerprint
 from vflink.data.schema import (
     DELIMITERS,
@@ -36,8 +37,6 @@ __all__ = ["PartyTable", "bad_cells", "decimal_hint", "load_table", "missing_col
            "read_frame", "report", "show_value", "validate_frame"]
 
 log = logging.getLogger(__name__)
-
-_READERS = {".csv": "csv", ".tsv": "tsv", ".gz": "csv", ".parquet": "parquet", ".pq": "parquet"}
 
 
 @dataclass(frozen=True, eq=False)
@@ -121,12 +120,7 @@ def read_frame(path: Path, *, text_columns: tuple[str, ...] = (), delimiter: str
         raise DataError(f"{path.absolute()}: file not found")
     if path.is_dir():
         raise DataError(f"{path}: is a directory, expected a CSV or Parquet file")
-    suffix = path.suffix.lower()
-    kind = _READERS.get(suffix)
-    if kind is None:
-        raise DataError(
-            f"{path}: unsupported file type {suffix!r}; expected .csv, .tsv, .csv.gz or .parquet"
-        )
+    kind = table_format(path)  # from the file's bytes, not its name
     problems: list[str] = []
     check_delimiter(problems, "delimiter", delimiter)
     check_encoding(problems, "encoding", encoding)

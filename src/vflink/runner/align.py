@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from vflink._files import table_format
 from vflink.alignment._dh import as_rows, key_bytes
 from vflink.alignment._spool import Buckets, Workdir, bucket_bits
 from vflink.alignment.exact import normalise_key
@@ -78,7 +79,7 @@ def key_table(path: Path, on: Sequence[str], *, name: str, delimiter: str | None
 
     Parquet is scanned for the key columns alone, in record batches (a wide table's other
     columns are never loaded), each batch converted to text as it arrives."""
-    if Path(path).suffix.lower() == ".parquet" or Path(path).is_dir():
+    if table_format(path) == "parquet":  # from the bytes, as every table reader decides
         parts = [b.astype("string").fillna("") for b in iter_parquet_columns(Path(path), on)]
         frame = (pd.concat(parts, ignore_index=True) if parts
                  else pd.DataFrame({c: pd.Series(dtype="string") for c in on}))
@@ -126,7 +127,7 @@ def _key_text(kf: KeyFile, batch_rows: int) -> Iterator[pd.DataFrame]:
     """The key columns as text, ``batch_rows`` rows at a time (as :func:`key_table` reads
     them: Arrow/CSV text, missing values as empty text)."""
     path = Path(kf.path)
-    if path.suffix.lower() == ".parquet" or path.is_dir():
+    if table_format(path) == "parquet":
         for b in iter_parquet_columns(path, kf.on, batch_rows=batch_rows):
             yield b.astype("string").fillna("")
         return
