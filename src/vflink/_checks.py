@@ -20,6 +20,7 @@ __all__ = [
     "check_float",
     "check_int",
     "check_str_tuple",
+    "column_order_warning",
     "raise_if",
 ]
 
@@ -101,3 +102,20 @@ def from_table(cls: type[T], raw: Any, where: str) -> T:
             return config
     raise_if(problems, f"{where} section")
     raise ConfigError(f"invalid {where} section", problems)  # pragma: no cover - raise_if did
+
+
+def column_order_warning(on: Sequence[str], secondary_on: Sequence[str], *,
+                         what: str = "identifier") -> str | None:
+    """A warning when the two sides name the same columns in another order (``lon,lat`` on
+    one side, ``lat,lon`` on the other): columns are paired by position, so the link would
+    compare one side's longitude with the other's latitude without a word. None otherwise."""
+    on, secondary_on = [str(c) for c in on], [str(c) for c in secondary_on]
+    moved = [c for i, c in enumerate(on)
+             if c in secondary_on and i < len(secondary_on) and secondary_on[i] != c]
+    if not moved:
+        return None
+    pairs = ", ".join(f"{a} ↔ {b}" for a, b in zip(on, secondary_on))
+    return (f"the primary's {what} columns {on} and the secondary's {secondary_on} name the "
+            f"same column(s) {moved} at other positions; columns are paired by position "
+            f"({pairs}), so each is compared with another column. If that is not meant, give "
+            f"both sides in the same order (e.g. --secondary-on {','.join(on)})")

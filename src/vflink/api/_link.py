@@ -319,6 +319,7 @@ def link(primary: TableLike, secondary: TableLike, *,
                 if path.exists():
                     raise ConfigError(f"{path}: output already exists; choose another `out` "
                                       "or pass overwrite=True to replace it")
+    _warn_column_order(on_cols, secondary_cols, field_specs, blocks)
     phases: dict[str, float] = {}
     streamed = _streamed(stream, primary, secondary, out=target, compute=compute,
                          mode=mode, empty=empty, ids=bool(id or secondary_id),
@@ -380,6 +381,26 @@ def link(primary: TableLike, secondary: TableLike, *,
 
         atomic_write_json(_outputs(target)[1], summary, indent=2, default=str)
     return Links(columns=columns, summary=summary, outcome=outcome, path=target)
+
+
+def _warn_column_order(on: Sequence[str] | None, secondary_on: Sequence[str] | None,
+                       fields: Sequence[Any], blocking: Sequence[Any]) -> None:
+    """Warn when the two sides name the same columns in another order (``--on lon,lat
+    --secondary-on lat,lon``): the link pairs columns by position and would compare longitude
+    with latitude without a word."""
+    import logging
+
+    from vflink._checks import column_order_warning
+
+    pairs = [(on or (), secondary_on or ())]
+    pairs += [(f.on, f.columns_s) for f in fields]
+    texts = [column_order_warning(a, b) for a, b in pairs]
+    on_b = [b.on for b in blocking]
+    texts.append(column_order_warning(on_b, [b.secondary_on or b.on for b in blocking],
+                                      what="blocking"))
+    for text in texts:
+        if text is not None:
+            logging.getLogger("vflink.api").warning("%s", text)
 
 
 #: Above this many rows in either table file, ``link`` streams when it can (``stream=None``).

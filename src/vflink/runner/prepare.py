@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from vflink._checks import column_order_warning
 from vflink.data.table import PartyTable
 from vflink.errors import ConfigError
 from vflink.parties import PrimaryParty
@@ -143,6 +144,7 @@ def prepare_exact(config: RunConfig, inputs: Inputs, federation: Federation, *,
     if "topk" in needs:
         raise ConfigError("algorithms that use K links (fedsim, avgsim, featuresim...) need "
                           "soft linkage: set alignment.method = \"soft\"")
+    _warn_column_order(inputs, "key")
     opened = _Opened(inputs, federation)
     # every run opens its sessions under new names: a finished session is immutable (issue 19)
     session = new_session_name("exact")
@@ -153,6 +155,20 @@ def prepare_exact(config: RunConfig, inputs: Inputs, federation: Federation, *,
     return opened.close(config, inputs, federation, alignments,
                         dict.fromkeys(alignments, session), summary,
                         drop_unmatched=config.alignment.unmatched == "drop")
+
+
+def _warn_column_order(inputs: Inputs, what: str) -> None:
+    """Warn when a secondary in this process names the primary's identifier (or key) columns
+    in another order: they are paired by position (a party file elsewhere is checked by that
+    party)."""
+    def columns(table: PartyTable) -> tuple[str, ...]:
+        return table.schema.key if what == "key" else table.schema.identifiers
+
+    for table in inputs.secondaries:
+        text = column_order_warning(columns(inputs.primary), columns(table), what=what)
+        if text is not None:
+            log.warning("party %r: %s", table.name, text.replace(
+                "(e.g. --secondary-on", f"(the {what} list of party {table.name!r}, e.g."))
 
 
 #: ``align(top_k=..., mode=..., tau=..., sigma=..., delta=..., session=..., scale=...)``: one
@@ -213,6 +229,7 @@ def prepare_soft(config: RunConfig, inputs: Inputs, federation: Federation, *,
     """``soft``: FedSim soft linkage of one identifier's encodings (Bloom filters by
     default): top-K at the coordinator, normalised and protected similarities to the primary."""
     a_cfg = config.alignment
+    _warn_column_order(inputs, "identifier")
     opened = _Opened(inputs, federation)
     # The primary proposes the encoding; a numeric Bloom range comes from its own identifiers
     # (widened by 10 %), as it must when the secondaries' data are elsewhere.
@@ -243,6 +260,11 @@ def prepare_fields(config: RunConfig, inputs: Inputs, federation: Federation, *,
     """``fields``: soft linkage on several fields, each with its own metric and weight
     (``[[alignment.fields]]``, issue 14), with optional blocking keys."""
     a_cfg = config.alignment
+    for i, spec in enumerate(a_cfg.fields):
+        text = column_order_warning(spec.on, spec.columns_s)
+        if text is not None:
+            log.warning("[[alignment.fields]] #%d: %s", i + 1, text.replace(
+                "(e.g. --secondary-on", "(e.g. secondary_on ="))
     opened = _Opened(inputs, federation)
     encodings = field_encodings_for(inputs, a_cfg, encoding)
     fields = link_fields(a_cfg.fields, encodings)
