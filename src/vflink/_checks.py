@@ -21,7 +21,9 @@ __all__ = [
     "check_int",
     "check_str_tuple",
     "column_order_warning",
+    "from_table",
     "raise_if",
+    "table_problems",
 ]
 
 
@@ -87,21 +89,46 @@ def from_table(cls: type[T], raw: Any, where: str) -> T:
     """The frozen config dataclass ``cls`` built from a TOML table (``where`` names it, e.g.
     ``[compute]``), with every problem at once: unknown keys (listing the known ones) and the
     dataclass's own validation."""
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{where} must be a table, got {type(raw).__name__}")
-    known = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    unknown = sorted(set(raw) - known)
-    problems = [f"{where} has unknown key(s) {unknown}; known keys: {sorted(known)}"] \
-        if unknown else []
-    try:
-        config = cls(**{k: v for k, v in raw.items() if k in known})
-    except ConfigError as exc:
-        problems.extend(exc.problems)
-    else:
-        if not problems:
-            return config
+    problems = table_problems(cls, raw, where)
+    if not problems:
+        try:
+            return cls(**raw)
+        except ConfigError as exc:
+            problems.extend(exc.problems)
+    elif isinstance(raw, dict) and not any("needs key" in p or "must be a table" in p
+                                           for p in problems):
+        known = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        try:  # the known keys' own problems too, in the same error
+            cls(**{k: v for k, v in raw.items() if k in known})
+        except ConfigError as exc:
+            problems.extend(exc.problems)
     raise_if(problems, f"{where} section")
     raise ConfigError(f"invalid {where} section", problems)  # pragma: no cover - raise_if did
+
+
+def table_problems(cls: type, raw: Any, where: str) -> list[str]:
+    """What keeps the table ``raw`` from building the config dataclass ``cls``: not a table,
+    unknown keys (the known ones listed, the likeliest named for a typo), required keys left
+    out. Empty when ``cls(**raw)`` may be called (its own validation then speaks)."""
+    import difflib
+
+    if not isinstance(raw, dict):
+        return [f"{where} must be a table, got {type(raw).__name__}"]
+    fields = [f for f in dataclasses.fields(cls) if f.init]  # type: ignore[arg-type]
+    known = sorted(f.name for f in fields)
+    problems = []
+    unknown = sorted(map(str, set(raw) - set(known)))
+    if unknown:
+        guesses = [f"{c[0]!r} for {k!r}" for k in unknown
+                   if (c := difflib.get_close_matches(k, known, n=1))]
+        hint = f" (did you mean {', '.join(guesses)}?)" if guesses else ""
+        problems.append(f"{where} has unknown key(s) {unknown}{hint}; known keys: {known}")
+    required = [f.name for f in fields if f.default is dataclasses.MISSING
+                and f.default_factory is dataclasses.MISSING]
+    missing = [k for k in required if k not in raw]
+    if missing:
+        problems.append(f"{where} needs key(s) {missing}; known keys: {known}")
+    return problems
 
 
 def column_order_warning(on: Sequence[str], secondary_on: Sequence[str], *,

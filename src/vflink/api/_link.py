@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from vflink._checks import check_choice, check_float, check_int
+from vflink._checks import check_choice, check_float, check_int, from_table
 from vflink.api._tables import TableLike, columns_arg, read_table
 from vflink.errors import ConfigError, DataError
 from vflink.types import Compute
@@ -101,10 +101,7 @@ def _config(cls: type, value: Any, argument: str) -> Any:
     if not isinstance(value, Mapping):
         raise ConfigError(f"`{argument}` must be a {cls.__name__} or a mapping of its fields, "
                           f"got {value!r}")
-    try:
-        return cls(**value)
-    except TypeError as exc:
-        raise ConfigError(f"`{argument}`: {exc}") from None
+    return from_table(cls, dict(value), f"`{argument}`")
 
 
 def _specs(cls: type, values: Any, argument: str) -> list[Any]:
@@ -130,9 +127,10 @@ def _specs(cls: type, values: Any, argument: str) -> list[Any]:
 
 def _check(*, metric: str | None, top_k: Any, privacy: Any, mode: Any, tau: Any, sigma: Any,
            delta: Any, seed: Any, search: Any, empty: Any, resolution: Any,
-           has_on: bool, has_fields: bool) -> None:
-    """Every problem of the arguments at once, in one :class:`ConfigError`."""
-    problems: list[str] = []
+           has_on: bool, has_fields: bool, problems: list[str] | None = None) -> None:
+    """Every problem of the arguments at once (with ``problems`` found before), in one
+    :class:`ConfigError`."""
+    problems = list(problems or [])
     if has_fields:
         if has_on or metric is not None:
             problems.append("give either `fields` or `on`/`metric`, not both")
@@ -150,8 +148,11 @@ def _check(*, metric: str | None, top_k: Any, privacy: Any, mode: Any, tau: Any,
     check_choice(problems, "mode", mode, MODES)
     check_choice(problems, "search", search, SEARCHES)
     check_choice(problems, "empty", empty, ("error", "skip"))
-    for name, value in (("tau", tau), ("sigma", sigma), ("resolution", resolution)):
-        check_float(problems, name, value, min=0.0, min_exclusive=True, allow_none=True)
+    # τ is a success rate in (0, 1] (1: no noise); σ ≥ 0 (0: no noise), FedSim Theorem 2
+    check_float(problems, "tau", tau, min=0.0, max=1.0, min_exclusive=True, allow_none=True)
+    check_float(problems, "sigma", sigma, min=0.0, allow_none=True)
+    check_float(problems, "resolution", resolution, min=0.0, min_exclusive=True,
+                allow_none=True)
     check_float(problems, "delta", delta, min=0.0, max=1.0, min_exclusive=True)
     if seed is not None:
         check_int(problems, "seed", seed, min=0)
@@ -295,15 +296,25 @@ def link(primary: TableLike, secondary: TableLike, *,
     from vflink.runner.field_link import run_field_linkage
     from vflink.runner.link import linkage_columns, run_linkage
 
-    on_cols = columns_arg("on", on)
-    secondary_cols = columns_arg("secondary_on", secondary_on) or on_cols
-    field_specs = _specs(FieldSpec, fields, "fields")
-    blocks = _specs(Blocking, blocking, "blocking")
+    found: list[str] = []  # every problem of the arguments, reported together
+
+    def collect(build: Any, *args: Any) -> Any:
+        try:
+            return build(*args)
+        except ConfigError as exc:
+            found.extend(exc.problems or [str(exc)])
+            return None
+
+    on_cols = collect(columns_arg, "on", on)
+    secondary_cols = collect(columns_arg, "secondary_on", secondary_on) or on_cols
+    field_specs = collect(_specs, FieldSpec, fields, "fields") or []
+    blocks = collect(_specs, Blocking, blocking, "blocking") or []
     if blocks and not field_specs:
-        raise ConfigError("`blocking` needs `fields` (blocking keys restrict a multi-field link)")
+        found.append("`blocking` needs `fields` (blocking keys restrict a multi-field link)")
     _check(metric=metric, top_k=top_k, privacy=privacy, mode=mode, tau=tau, sigma=sigma,
            delta=delta, seed=seed, search=search, empty=empty, resolution=resolution,
-           has_on=on_cols is not None, has_fields=bool(field_specs))
+           has_on=on_cols is not None or on is not None, has_fields=bool(field_specs),
+           problems=found)
     bloom_cfg = _config(BloomConfig, bloom_filters, "bloom_filters")
     if resolution is not None:
         bloom_cfg = (BloomConfig(resolution=resolution) if bloom_cfg is None

@@ -7,6 +7,7 @@ chosen in :mod:`vflink.runner.encoding`; the outcome is :class:`vflink.runner.li
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Sequence
 
@@ -30,7 +31,7 @@ from vflink.runner.encoding import (
     link_fields,
     resolve_privacy,
 )
-from vflink.runner.link import COORDINATOR, LinkOutcome, link_outcome
+from vflink.runner.link import COORDINATOR, LinkOutcome, check_top_k, link_outcome
 from vflink.runner.local import local_roles, secret_with_source
 from vflink.transport import InProcessHub, Transcript
 
@@ -68,6 +69,7 @@ def run_field_linkage(primary: pd.DataFrame, secondary: pd.DataFrame, *,
     fields, blocking = tuple(fields), tuple(blocking)
     if not fields:
         raise ConfigError("linkage needs at least one field")
+    check_top_k(top_k, len(secondary), secondary_source)
     encodings = field_encodings(fields, private=private, primary=primary, secondary=secondary,
                                 margin=0.01, bloom_config=bloom_config, geo_config=geo_config,
                                 sources=(primary_source, secondary_source))
@@ -94,6 +96,7 @@ def run_field_linkage(primary: pd.DataFrame, secondary: pd.DataFrame, *,
     # Both tables are this user's: the arguments are the explicit release choice.
     policy = PartyPolicy.permissive(
         identifiers="bloom" if all(e.encoder == "bloom" for e in encodings) else "any")
+    policy = dataclasses.replace(policy, max_top_k=max(policy.max_top_k, len(secondary)))
     roles = local_roles("primary", ["secondary"])
     coordinator = CoordinatorParty(COORDINATOR, seed=seed, roles=roles, policy=policy)
     hub.register(COORDINATOR, coordinator)

@@ -49,6 +49,7 @@ from vflink.runner.encoding import (
     link_fields,
 )
 from vflink.runner.federation import Federation, in_process
+from vflink.runner.link import check_top_k
 from vflink.runner.pools import link_by_split, run_splits
 from vflink.runner.protections import ALIGNMENT, Protection, chosen, request_settings
 from vflink.runner.setalign import prepare_psi, prepare_psu
@@ -157,6 +158,16 @@ def prepare_exact(config: RunConfig, inputs: Inputs, federation: Federation, *,
                         drop_unmatched=config.alignment.unmatched == "drop")
 
 
+def _check_top_k(config: RunConfig, inputs: Inputs, needs: set[str]) -> None:
+    """K against every secondary table in this process, before any alignment work (a
+    secondary elsewhere is checked by the coordinator)."""
+    if "topk" not in needs:
+        return  # the algorithm links one record each (top_k is not used)
+    for table in inputs.secondaries:
+        check_top_k(config.alignment.top_k, len(table), f"of party {table.name!r} "
+                    f"({table.source})", where="alignment.top_k")
+
+
 def _warn_column_order(inputs: Inputs, what: str) -> None:
     """Warn when a secondary in this process names the primary's identifier (or key) columns
     in another order: they are paired by position (a party file elsewhere is checked by that
@@ -230,6 +241,7 @@ def prepare_soft(config: RunConfig, inputs: Inputs, federation: Federation, *,
     default): top-K at the coordinator, normalised and protected similarities to the primary."""
     a_cfg = config.alignment
     _warn_column_order(inputs, "identifier")
+    _check_top_k(config, inputs, needs)
     opened = _Opened(inputs, federation)
     # The primary proposes the encoding; a numeric Bloom range comes from its own identifiers
     # (widened by 10 %), as it must when the secondaries' data are elsewhere.
@@ -260,6 +272,7 @@ def prepare_fields(config: RunConfig, inputs: Inputs, federation: Federation, *,
     """``fields``: soft linkage on several fields, each with its own metric and weight
     (``[[alignment.fields]]``, issue 14), with optional blocking keys."""
     a_cfg = config.alignment
+    _check_top_k(config, inputs, needs)
     for i, spec in enumerate(a_cfg.fields):
         text = column_order_warning(spec.on, spec.columns_s)
         if text is not None:
