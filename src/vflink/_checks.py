@@ -85,24 +85,23 @@ def raise_if(problems: Sequence[str], what: str) -> None:
         raise ConfigError(f"invalid {what} ({len(problems)} problems):\n  - {listing}", problems)
 
 
-def from_table(cls: type[T], raw: Any, where: str) -> T:
+def from_table(cls: type[T], raw: Any, where: str, *, what: str | None = None) -> T:
     """The frozen config dataclass ``cls`` built from a TOML table (``where`` names it, e.g.
     ``[compute]``), with every problem at once: unknown keys (listing the known ones) and the
     dataclass's own validation."""
     problems = table_problems(cls, raw, where)
-    if not problems:
-        try:
-            return cls(**raw)
-        except ConfigError as exc:
-            problems.extend(exc.problems)
-    elif isinstance(raw, dict) and not any("needs key" in p or "must be a table" in p
-                                           for p in problems):
+    if not any("needs key" in p or "must be a table" in p for p in problems):
         known = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
         try:  # the known keys' own problems too, in the same error
-            cls(**{k: v for k, v in raw.items() if k in known})
+            config = cls(**{k: v for k, v in raw.items() if k in known})
         except ConfigError as exc:
             problems.extend(exc.problems)
-    raise_if(problems, f"{where} section")
+        except (TypeError, ValueError) as exc:  # a value of a kind its checks did not expect
+            problems.append(f"{where}: a value of the wrong kind ({exc})")
+        else:
+            if not problems:
+                return config
+    raise_if(problems, what or f"{where} section")
     raise ConfigError(f"invalid {where} section", problems)  # pragma: no cover - raise_if did
 
 
@@ -122,7 +121,8 @@ def table_problems(cls: type, raw: Any, where: str) -> list[str]:
         guesses = [f"{c[0]!r} for {k!r}" for k in unknown
                    if (c := difflib.get_close_matches(k, known, n=1))]
         hint = f" (did you mean {', '.join(guesses)}?)" if guesses else ""
-        problems.append(f"{where} has unknown key(s) {unknown}{hint}; known keys: {known}")
+        problems.append(f"{where} has unknown key(s) {unknown}{hint}; known keys: "
+                        f"{known or 'none'}")
     required = [f.name for f in fields if f.default is dataclasses.MISSING
                 and f.default_factory is dataclasses.MISSING]
     missing = [k for k in required if k not in raw]

@@ -41,6 +41,7 @@ __all__ = [
     "atomic_write_bytes",
     "atomic_write_json",
     "atomic_write_text",
+    "check_directory",
     "check_regular_file",
     "json_depth",
     "loads_json",
@@ -171,6 +172,36 @@ def _check(path: Path, real_root: Path, st: os.stat_result, error: ErrorType) ->
     if real != real_root and real_root not in real.parents:
         raise _refuse(path, f"lies outside the directory {real_root} (through a linked "
                       "folder); a file in a run directory must be inside it", error)
+
+
+def check_directory(path: Path | str, what: str, *, error: ErrorType = DataError) -> Path:
+    """``path`` if it is a folder; otherwise ``error`` saying that it does not exist (with the
+    folders beside it whose names come closest, and the working folder for a relative path)
+    or that it is a file. ``what`` names what was expected, e.g. ``"a run directory"``."""
+    import difflib
+
+    path = Path(path)
+    if path.is_dir():
+        return path
+    if path.exists() or path.is_symlink():
+        raise error(f"{path}: is a file, not a folder; expected {what}")
+    parent = path.parent if str(path.parent) else Path(".")
+    where = "" if path.is_absolute() else f" (from the working folder {Path.cwd()})"
+    hint = ""
+    try:
+        beside = sorted(p.name for p in parent.iterdir() if p.is_dir()) if parent.is_dir() \
+            else []
+    except OSError:
+        beside = []
+    close = difflib.get_close_matches(path.name, beside, n=3, cutoff=0.5)
+    if close:
+        hint = f"; did you mean {', '.join(str(parent / c) for c in close)}?"
+    elif beside:
+        shown = ", ".join(beside[:8]) + (", ..." if len(beside) > 8 else "")
+        hint = f"; {parent} holds: {shown}"
+    elif not parent.is_dir():
+        hint = f"; its folder {parent} does not exist either"
+    raise error(f"{path}: no such folder{where}; expected {what}{hint}")
 
 
 def check_regular_file(root: Path | str, relative: Path | str, *,

@@ -186,6 +186,17 @@ def test_cli_constants_agree_with_the_runner() -> None:
 
     assert link_cli.PRIVACY == PRIVACY
     assert tuple(train_cli.ALGORITHMS) == algorithm_names()
+    from vflink.cli.attack import ATTACK_LINES
+    from vflink.runner.attack import attack_lines
+
+    assert list(ATTACK_LINES) == attack_lines()  # `vflink attack --list` spells them out
+
+
+def test_attack_list_imports_no_attack_library() -> None:
+    """`vflink attack --list` answers from its own table: importing every attack's libraries
+    (torch, scikit-learn, scipy) took 25 s on a busy 2-core machine."""
+    assert run_main_reporting_modules(["attack", "--list"], HEAVY + ("scipy", "sklearn")) \
+        == (0, [])
 
 
 def test_every_experiment_config_is_in_the_readme() -> None:

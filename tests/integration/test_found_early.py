@@ -124,3 +124,84 @@ def test_a_typo_in_a_link_table_names_the_known_keys(
     with pytest.raises(ConfigError, match="known keys"):
         vflink.link(tmp_path / "a.csv", tmp_path / "a.csv", top_k=1,
                     fields=[{"on": "name", "metric": "levenshtein", typo: 1}])
+
+
+def test_a_decimal_comma_in_link_identifiers_gets_the_hint(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "a.csv").write_text("lat;lon\n50,1;4,2\n51,3;5,5\n", encoding="utf-8")
+    out = str(tmp_path / "l.csv")
+    args = ["link", "--primary", str(tmp_path / "a.csv"), "--secondary",
+            str(tmp_path / "a.csv"), "--on", "lat,lon", "--metric", "haversine", "--top-k",
+            "1", "--seed", "0", "--out", out]
+    code, err = run_cli(args, capsys)
+    assert code == EXIT_USAGE
+    assert "identifier column 'lat' must be numeric" in err
+    assert 'decimal comma: set decimal = ","' in err and "--decimal ," in err, err
+    code, err = run_cli([*args, "--decimal", ","], capsys)  # and the hint works as given
+    assert code == 0, err
+
+
+def test_missing_inputs_are_exit_2_and_named_at_once(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, err = run_cli(["align", "--primary", str(tmp_path / "a.csv"), "--secondary",
+                         str(tmp_path / "b.csv"), "--on", "id", "--out", str(tmp_path / "o")],
+                        capsys)
+    assert code == EXIT_USAGE
+    assert f"{tmp_path / 'a.csv'}: file not found" in err
+    assert f"{tmp_path / 'b.csv'}: file not found" in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_missing_run_folder_is_said_with_what_is_there(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs" / "splitnn").mkdir(parents=True)
+    (tmp_path / "x.csv").write_text("a\n1\n", encoding="utf-8")
+    for args in (["report", "runs/nope"], ["attack", "--run", "runs/nope", "--attack",
+                                            "label-norm"],
+                 ["predict", "--run", "runs/nope", "--input", "x.csv", "--out", "p.csv"]):
+        code, err = run_cli(args, capsys)
+        assert code == EXIT_USAGE, (args, err)
+        assert "runs/nope: no such folder" in err and "runs holds: splitnn" in err, err
+    code, err = run_cli(["report", "runs/splitn"], capsys)
+    assert "did you mean runs/splitnn?" in err, err
+
+
+def test_an_unknown_attack_parameter_lists_the_known_ones(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from vflink.attacks import get_attack
+
+    with pytest.raises(ConfigError, match=r"did you mean 'enumerate_limit'.*known keys"):
+        get_attack("greedy-similarity", enumerate_limt=3)
+    with pytest.raises(ConfigError, match=r"`taus` must be numbers in \(0, 1\], got 'x'"):
+        get_attack("greedy-similarity", taus="x")
+    assert get_attack("greedy-similarity", taus=0.5).taus == (0.5,)  # type: ignore[attr-defined]
+
+
+def test_the_greedy_attack_names_the_condition_a_fields_run_misses(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A multi-field run meets every condition the refusal used to list (soft, Bloom filters,
+    recorded, in this process) but one: the refusal names that one."""
+    import dataclasses
+
+    from tests.integration.test_field_alignment import SECRET, config, write_tables
+    from vflink.runfiles.config import EvaluationConfig
+    from vflink.runner.attack import run_attack
+    from vflink.runner.evaluation import missing_bloom_truth
+    from vflink.runner.train import run_training
+
+    monkeypatch.setenv("VFLINK_SECRET", SECRET)
+    write_tables(tmp_path)
+    cfg = config(tmp_path, blocking=False)
+    cfg = cfg.replace(evaluation=EvaluationConfig(record=True),
+                      training=dataclasses.replace(cfg.training, epochs=1))
+    run_training(cfg, tmp_path / "run")
+    with pytest.raises(ConfigError) as info:
+        run_attack(tmp_path / "run", "greedy-similarity")
+    text = str(info.value)
+    assert "several fields ([[alignment.fields]])" in text, text
+    assert "record = true" not in text  # met already: not listed as if missing
+    assert "method = \"psu\"" in missing_bloom_truth("psu", "bloom", False, True, True)
+    assert "privacy = \"off\"" in missing_bloom_truth("soft", "off", False, True, True)
+    assert missing_bloom_truth("soft", "bloom", False, True, True) is None

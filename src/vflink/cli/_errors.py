@@ -76,6 +76,8 @@ def exit_code(exc: BaseException) -> int:
         return EXIT_TERMINATED
     if isinstance(exc, _USAGE_ERRORS):
         return EXIT_USAGE
+    if isinstance(exc, FileNotFoundError):  # a path given that does not exist: a missing
+        return EXIT_USAGE                   # input file, or an output's missing folder
     return EXIT_FAILED
 
 

@@ -26,7 +26,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from vflink._files import atomic_write_text, read_data_file, read_json_file
+from vflink._files import atomic_write_text, check_directory, read_data_file, read_json_file
 from vflink.errors import DataError
 from vflink.metrics.attacks import auc_verdict
 from vflink.privacy.ledger import LEDGER_FILE, Ledger, explain_epsilon
@@ -634,7 +634,7 @@ def _comparison_page(demo_dir: Path) -> str:
 
 def build_report(directory: Path) -> str:
     """The HTML page for a run directory, an experiment directory or a demo directory."""
-    directory = Path(directory)
+    directory = check_directory(directory, "a run, experiment or demo directory")
     if _exists(directory / "results.json"):
         return _experiment_page(directory)
     if _exists(directory / "comparison.json"):

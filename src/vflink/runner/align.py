@@ -167,6 +167,7 @@ def file_key_batches(kf: KeyFile, *, chunk_rows: int, tmp_dir: Path | None = Non
         raise DataError(f"{kf.path}: no key column(s) to align on")
     chunk_rows = max(1, int(chunk_rows))
     path = Path(kf.path)
+    table_format(path)  # a missing file, or one that is no table, named before any work
     # the buckets are sized before the count is known: from the file's size (≥ 2 bytes a row)
     size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() \
         else path.stat().st_size
