@@ -415,14 +415,63 @@ def _linkage_line(metrics: dict[str, Any]) -> str:
     else:
         what = str(method)
     primary, aligned = sizes.get("primary_rows"), sizes.get("aligned_rows")
-    if primary and aligned is not None:
-        what += f"; {_fmt(aligned)} of {_fmt(primary)} primary records aligned"
     matched = a.get("matched_fraction") or {}
-    if matched:
-        what += " (" + ", ".join(f"{v:.1%} matched in {k}" for k, v in matched.items()) + ")"
+    if method == "soft":
+        what += "; " + _soft_links_line(a, primary, matched)
+    else:
+        if primary and aligned is not None:
+            what += f"; {_fmt(aligned)} of {_fmt(primary)} primary records aligned"
+        if matched:
+            what += " (" + ", ".join(f"{v:.1%} matched in {k}" for k, v in matched.items()
+                                     ) + ")"
     if a.get("secret") and "not a secret" in str(a["secret"]):
         what += f"; secret {a['secret']}"
     return what
+
+
+#: Keys of a soft alignment's summary that estimate its true matches (a linkage model's, e.g.
+#: Fellegi-Sunter match probabilities): the expected number of primary records with a true
+#: match (a number, or one per secondary), and the links' estimated precision and recall.
+ESTIMATE_KEYS = ("estimated_matches", "estimated_precision", "estimated_recall")
+
+
+def _soft_links_line(a: dict[str, Any], primary: Any, linked: dict[str, Any]) -> str:
+    """What a soft linkage's counts mean: every record is linked to its K nearest records
+    whether or not it has a counterpart (FedSim §4.1), so "linked" says nothing of true
+    matches; those are known only from an estimate, when the linkage has one."""
+    k = _fmt(a.get("top_k"))
+    n = _fmt(primary) if primary else "the"
+    parts = []
+    full = [name for name, v in linked.items() if isinstance(v, (int, float)) and v >= 1.0]
+    if linked and len(full) == len(linked):
+        parts.append(f"every one of {n} primary records is linked to its {k} nearest "
+                     f"records in {', '.join(linked)} (a soft link gives each record K "
+                     f"neighbours, whether or not it has a counterpart there)")
+    else:
+        shown = ", ".join(f"{v:.1%} in {name}" for name, v in linked.items()
+                          if isinstance(v, (int, float)))
+        parts.append(f"primary records linked to their {k} nearest records: {shown or 'n/a'} "
+                     "(the others had an empty identifier or no candidate; a soft link "
+                     "gives every other record K neighbours, whether or not it has a "
+                     "counterpart)")
+    estimate = a.get("estimated_matches")
+    if isinstance(estimate, dict):
+        estimate = {name: v for name, v in estimate.items() if isinstance(v, (int, float))}
+    number = isinstance(estimate, (int, float)) and not isinstance(estimate, bool)
+    if number or (isinstance(estimate, dict) and estimate):
+        counts = (", ".join(f"≈ {round(v):,} in {name}" for name, v in estimate.items())
+                  if isinstance(estimate, dict) else f"≈ {round(estimate):,}")
+        model = a.get("model")
+        extra = [f"{word} {_fmt(a[key])}" for key, word in
+                 (("estimated_precision", "precision"), ("estimated_recall", "recall"))
+                 if isinstance(a.get(key), (int, float))]
+        parts.append(f"true matches, estimated{f' by the {model} model' if model else ''}: "
+                     f"{counts} of {n} primary records"
+                     + (f" ({', '.join(extra)} of the links, estimated)" if extra else ""))
+    else:
+        parts.append("how many of these links are true matches is not known (no linkage "
+                     "model estimated it; records without a counterpart are linked too)")
+    return "; ".join(parts)
 
 
 def _privacy_line(ledger: Ledger | None) -> str:
