@@ -16,6 +16,7 @@ import pandas as pd
 import pytest
 
 from tests.helpers.cli import run_cli
+from tests.helpers.network import stop_processes
 from tests.helpers.tables import two_party_tables
 from vflink.cli._errors import EXIT_FAILED, EXIT_TERMINATED, EXIT_USAGE
 from vflink.cli.main import main
@@ -206,11 +207,14 @@ def test_sigterm_gives_a_message_and_143(tmp_path: Path) -> None:
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     checkpoint = staging_dir(out) / "models" / "primary" / "checkpoint.json"
-    while not checkpoint.exists() and time.monotonic() < deadline and proc.poll() is None:
-        time.sleep(0.05)
-    assert checkpoint.exists()
-    proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=60)
+    try:
+        while not checkpoint.exists() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        assert checkpoint.exists()
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        stop_processes([proc])  # waited for on every path: no process outlives the test
     assert proc.returncode == EXIT_TERMINATED, err
     assert "terminated" in err and "Traceback" not in err, err
     assert staging_dir(out).is_dir() and not out.exists()  # kept for --resume

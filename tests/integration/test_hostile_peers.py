@@ -22,7 +22,7 @@ import pandas as pd
 import pytest
 import torch
 
-from tests.helpers.network import free_port, start_process
+from tests.helpers.network import free_port, start_process, stop_processes
 from vflink.alignment._dh import key_bytes
 from vflink.alignment.confirm import new_nonce
 from vflink.alignment.groups import get_group
@@ -138,13 +138,7 @@ def fed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Federation]:
         secrets = [str(v) for col in frame.columns for v in frame[col]]
         yield Federation(tmp, certs, state, csv, secondary, procs, addresses, secrets)
     finally:
-        for proc in procs.values():
-            proc.terminate()
-        for proc in procs.values():
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_processes(procs.values())
         if old is None:
             os.environ.pop("VFLINK_SECRET", None)
         else:
