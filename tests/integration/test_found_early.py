@@ -205,3 +205,12 @@ def test_the_greedy_attack_names_the_condition_a_fields_run_misses(
     assert "method = \"psu\"" in missing_bloom_truth("psu", "bloom", False, True, True)
     assert "privacy = \"off\"" in missing_bloom_truth("soft", "off", False, True, True)
     assert missing_bloom_truth("soft", "bloom", False, True, True) is None
+
+
+def test_align_reports_every_argument_problem_at_once() -> None:
+    table = pd.DataFrame({"id": ["a"]})
+    with pytest.raises(ConfigError) as info:
+        vflink.align(table, table, on="", method="pss", reveal="nobody")
+    text = " ".join(info.value.problems)
+    for name in ("`method`", "`reveal`", "`on`"):
+        assert name in text, (name, text)

@@ -454,13 +454,15 @@ def _soft_links_line(a: dict[str, Any], primary: Any, linked: dict[str, Any]) ->
                      "(the others had an empty identifier or no candidate; a soft link "
                      "gives every other record K neighbours, whether or not it has a "
                      "counterpart)")
-    estimate = a.get("estimated_matches")
-    if isinstance(estimate, dict):
-        estimate = {name: v for name, v in estimate.items() if isinstance(v, (int, float))}
-    number = isinstance(estimate, (int, float)) and not isinstance(estimate, bool)
-    if number or (isinstance(estimate, dict) and estimate):
-        counts = (", ".join(f"≈ {round(v):,} in {name}" for name, v in estimate.items())
-                  if isinstance(estimate, dict) else f"≈ {round(estimate):,}")
+    raw = a.get("estimated_matches")
+    # per secondary ({name: count}) or one count; booleans and other values are not counts
+    estimate: dict[str, float] = {
+        str(name): float(v) for name, v in (raw.items() if isinstance(raw, dict) else
+                                            [("", raw)])
+        if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    if estimate:
+        counts = ", ".join(f"≈ {round(v):,}" + (f" in {name}" if name else "")
+                           for name, v in estimate.items())
         model = a.get("model")
         extra = [f"{word} {_fmt(a[key])}" for key, word in
                  (("estimated_precision", "precision"), ("estimated_recall", "recall"))
