@@ -25,12 +25,13 @@ settings.register_profile("ci", max_examples=50, deadline=None,
 settings.load_profile("ci")
 
 
-# Every process a test starts is kept here until its module ends, then reaped. A process
+# Every process a test starts is kept here until the session ends, then reaped. A process
 # object collected while its process still runs warns (ResourceWarning: "subprocess N is still
 # running") wherever the collection happens: in a later test, which warnings-as-errors then
 # fails for a reason of another test's timing (on a busy machine a served party takes seconds
-# to stop). Holding every object until the module's fixtures are torn down, then killing and
-# waiting for what is left, keeps each module's processes inside the module.
+# to stop). Holding every object keeps that warning from ever firing; reaping at the end of the
+# session, after every fixture is torn down, never stops a process a longer-lived fixture still
+# uses (a Ray cluster started for the whole session).
 _STARTED: list[subprocess.Popen[Any]] = []
 _popen_init = subprocess.Popen.__init__
 
@@ -43,9 +44,9 @@ def _tracked_init(self: subprocess.Popen[Any], *args: Any, **kwargs: Any) -> Non
 subprocess.Popen.__init__ = _tracked_init  # type: ignore[method-assign]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _reap_module_processes() -> Iterator[None]:
-    yield  # set up before the module's other fixtures: torn down after them
+@pytest.fixture(scope="session", autouse=True)
+def _reap_processes() -> Iterator[None]:
+    yield  # set up before every other fixture: torn down after them
     left = [p for p in _STARTED if p.poll() is None]
     for proc in left:
         proc.kill()

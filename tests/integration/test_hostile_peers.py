@@ -399,3 +399,8 @@ def test_unexpected_errors_stay_in_the_servers_log(fed: Federation) -> None:
     if incident is not None:  # an internal error: its trace is in the server's log only
         log = (fed.tmp / "secondary.log").read_text()
         assert incident.group(1) in log and "Traceback" in log
+        # and in the incident file the message names (its name only: the path is local)
+        name = f"vflink-incident-{incident.group(1)}.log"
+        assert name in str(err) and str(fed.tmp) not in str(err)
+        trace = Path(os.environ["VFLINK_LOG_DIR"]) / name
+        assert trace.is_file() and "Traceback" in trace.read_text()
