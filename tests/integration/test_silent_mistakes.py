@@ -96,3 +96,27 @@ def test_the_align_command_names_an_empty_key_by_its_row_in_the_file(
                          "--out", str(tmp_path / "out")], capsys)
     assert code == EXIT_USAGE
     assert "b.csv: key column 'id' is empty at row 7 (line 9 of a CSV)" in err, err
+
+
+def test_a_run_warns_when_a_secondary_lists_the_identifiers_in_another_order(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    rng = np.random.default_rng(0)
+    pd.DataFrame({"lat": rng.uniform(48, 52, 60), "lon": rng.uniform(2, 8, 60),
+                  "x": rng.normal(size=60), "y": rng.integers(0, 2, 60)}).to_csv(
+        tmp_path / "p.csv", index=False)
+    pd.DataFrame({"lat": rng.uniform(48, 52, 50), "lon": rng.uniform(2, 8, 50),
+                  "z": rng.normal(size=50)}).to_csv(tmp_path / "s.csv", index=False)
+    config = {"version": 1, "algorithm": "fedsim",
+              "data": {"parties": [
+                  {"name": "primary", "role": "primary", "path": str(tmp_path / "p.csv"),
+                   "identifiers": ["lat", "lon"], "numeric": ["x"], "label": "y",
+                   "task": "binary"},
+                  {"name": "shop", "role": "secondary", "path": str(tmp_path / "s.csv"),
+                   "identifiers": ["lon", "lat"], "numeric": ["z"]}]},
+              "alignment": {"method": "soft", "metric": "haversine", "top_k": 2},
+              "training": {"epochs": 1}}
+    with caplog.at_level(logging.WARNING):
+        vflink.train(config, out=tmp_path / "run")
+    said = _said(caplog)
+    assert "party 'shop': the primary's identifier columns ['lat', 'lon']" in said, said
+    assert "the identifier list of party 'shop'" in said
