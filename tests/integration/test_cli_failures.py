@@ -195,6 +195,19 @@ def test_a_partys_internal_error_names_its_trace_file(
     assert incident is not None and incident.group(1) in logs[0].name
     assert "Traceback" in logs[0].read_text() and "a planted bug" in logs[0].read_text()
     assert not (tmp_path / "links.csv").exists()
+    # -vv shows the trace the party logged on the console too (a fresh process: the console
+    # handler is the first command's of a process)
+    planted = ("import sys\nimport vflink.parties.coordinator as c\n"
+               "def boom(*a, **k):\n    raise ZeroDivisionError('a planted bug')\n"
+               "c.link = boom\nfrom vflink.cli.main import main\nsys.exit(main(sys.argv[1:]))\n")
+    done = subprocess.run(
+        [sys.executable, "-c", planted, "-vv", "link", "--primary", str(tour / "houses.csv"),
+         "--secondary", str(tour / "places.csv"), "--on", "latitude,longitude", "--metric",
+         "haversine", "--top-k", "3", "--seed", "0", "--out", str(tmp_path / "links.csv")],
+        capture_output=True, text=True, timeout=300, check=False,
+        env={**os.environ, "PYTHONPATH": str(SRC), "COLUMNS": "200"})
+    assert done.returncode == EXIT_FAILED
+    assert "Traceback" in done.stderr and "a planted bug" in done.stderr, done.stderr[-2000:]
 
 
 def test_sigterm_gives_a_message_and_143(tmp_path: Path) -> None:

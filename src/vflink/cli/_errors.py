@@ -81,9 +81,10 @@ def exit_code(exc: BaseException) -> int:
     return EXIT_FAILED
 
 
-def console_log_handler(console: Console) -> RichHandler:
-    """A rich log handler that shows records without their tracebacks; the tracebacks are
-    kept (bounded) in ``handler.traces`` for an unexpected failure's log file."""
+def console_log_handler(console: Console, *, show_traces: bool = False) -> RichHandler:
+    """A rich log handler that shows records without their tracebacks (with them when
+    ``show_traces``: ``-vv``); the tracebacks are kept (bounded) in ``handler.traces`` for an
+    unexpected failure's log file."""
     from rich.logging import RichHandler
 
     class ConsoleLogHandler(RichHandler):
@@ -96,8 +97,9 @@ def console_log_handler(console: Console) -> RichHandler:
                 self.traces.append(f"{record.getMessage()}\n" + "".join(
                     traceback.format_exception(*record.exc_info)))
                 del self.traces[:-20]
-                record = logging.makeLogRecord({**record.__dict__, "exc_info": None,
-                                                "exc_text": None})
+                if not show_traces:
+                    record = logging.makeLogRecord({**record.__dict__, "exc_info": None,
+                                                    "exc_text": None})
             super().emit(record)
 
     return ConsoleLogHandler(console=console, show_path=False)
