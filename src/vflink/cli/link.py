@@ -195,7 +195,12 @@ def resolve(args: argparse.Namespace) -> dict[str, Any]:
             raise ConfigError(f"{args.config}: [link] must be a table, got {table!r}")
         unknown = sorted(set(table) - set(_KEYS) - {"version"})
         if unknown:
-            problems.append(f"unknown key(s) {unknown}; known: {list(_KEYS)}")
+            import difflib
+
+            guesses = [f"{c[0]!r} for {k!r}" for k in unknown
+                       if (c := difflib.get_close_matches(k, _KEYS, n=1))]
+            hint = f" (did you mean {', '.join(guesses)}?)" if guesses else ""
+            problems.append(f"unknown key(s) {unknown}{hint}; known: {list(_KEYS)}")
         for key in sorted(set(table) & set(_KEYS)):
             _check_value(key, table[key], problems)
         base = Path(args.config).parent.resolve()  # messages then show the resolved path
