@@ -43,12 +43,14 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 
-#: runs the CLI and writes its own peak RSS (KiB, getrusage) to $VFLINK_BENCH_RSS at exit
+#: runs the CLI and writes its own peak RSS (KiB) and CPU seconds (user + system, all its
+#: threads), from getrusage, to $VFLINK_BENCH_RSS at exit
 LAUNCHER = ("import os, resource, sys\n"
             "from vflink.cli.main import main\n"
             "rc = main(sys.argv[1:])\n"
+            "r = resource.getrusage(resource.RUSAGE_SELF)\n"
             "open(os.environ['VFLINK_BENCH_RSS'], 'w').write(\n"
-            "    str(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss))\n"
+            "    f'{r.ru_maxrss} {r.ru_utime + r.ru_stime}')\n"
             "sys.exit(rc)\n")
 
 
@@ -115,8 +117,10 @@ def run_cli(args: list[str], work: Path) -> dict[str, Any]:
     seconds = time.perf_counter() - start
     if proc.returncode != 0:
         raise RuntimeError(f"vflink {' '.join(args)} exited {proc.returncode}:\n{output[-3000:]}")
-    own = int(rss_file.read_text()) / 1024
+    rss, cpu = rss_file.read_text().split()
+    own = int(rss) / 1024
     return {"seconds": round(seconds, 1), "command_mib": round(own, 1),
+            "command_cpu_s": round(float(cpu), 1),
             "children_max_mib": round(max(children.values(), default=0.0), 1),
             "children_seen": len(children)}
 

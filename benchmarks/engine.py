@@ -3,9 +3,10 @@ set protocols against the crypto bound, peak memory per process, and a projectio
 
 Everything is measured in one run on this machine, with its own baselines:
 
-- ``libsodium_us``: one ristretto255 scalar multiplication through rbcl (libsodium), one
-  thread; the *crypto bound* of a protocol is its scalar multiplications (and hashes to the
-  group) × that cost ÷ cores.
+- ``us_per_operation``: each ristretto255 operation (hash to the group, exponentiation,
+  checked exponentiation of a peer's element, check) on one core, through rbcl (libsodium); the
+  *crypto bound* of a protocol is its operations (:mod:`vflink.alignment.cost`) × their costs
+  ÷ cores, as ``vflink align`` reports its own.
 - each stage runs in-process (the local engine: today's code) and as tasks on a Ray cluster
   started here with 1 and with 2 CPUs; ``scaling`` = time(1 worker) / time(2 workers) and
   ``vs_local`` = time(local) / time(ray, 2 workers).
@@ -116,31 +117,24 @@ class PeakRss:
                 "processes_seen": len(self.peaks)}
 
 
-def libsodium_cost(n: int = 4000) -> dict[str, float]:
-    """Seconds per ristretto255 scalar multiplication and per hash-to-group, one thread."""
-    import rbcl
-
+def op_costs() -> Any:
+    """Seconds per group operation on one core (ristretto255 through libsodium), sampled
+    through the group's own chunk functions as ``vflink align`` samples them
+    (:func:`vflink.alignment.cost.sample_costs`), on a larger budget."""
+    from vflink.alignment.cost import sample_costs
     from vflink.alignment.groups import get_group
 
-    g = get_group("ristretto255", workers=1)
-    keys = [f"{i}".encode() for i in range(n)]
-    t = time.perf_counter()
-    h = g.hash_to_group(keys)
-    hash_s = (time.perf_counter() - t) / n
-    scalar = g.random_exponent().to_bytes(32, "little")
-    rows = [bytes(r) for r in h]
-    t = time.perf_counter()
-    for r in rows:
-        rbcl.crypto_scalarmult_ristretto255(scalar, r)
-    mult_s = (time.perf_counter() - t) / n
-    return {"scalarmult_us": mult_s * 1e6, "hash_to_group_us": hash_s * 1e6}
+    return sample_costs(get_group("ristretto255", workers=1), budget_s=0.5)
 
 
-def set_ops(method: str, n_a: int, n_p: int, n_union: int) -> tuple[int, int]:
-    """(scalar multiplications, hashes to the group) of the protocol, both parties."""
-    if method == "psu":  # FLORIST Alg. 1 (benchmarks/psu.py counts the same)
-        return 5 * n_a + 5 * n_p + 2 * n_union, n_a + n_p
-    return 2 * n_a + 2 * n_p, n_a + n_p
+def set_bound(method: str, n_a: int, n_p: int, n_union: int, costs: Any,
+              cores: int = 1) -> tuple[float, dict[str, int]]:
+    """The protocol's crypto bound on ``cores`` (both parties' operations, counted per role
+    by :func:`vflink.alignment.cost.protocol_ops`) and its operation counts."""
+    from vflink.alignment.cost import ROLES, OpCounts, crypto_bound_s, protocol_ops
+
+    ops = [protocol_ops(method, role, n_a=n_a, n_p=n_p, n_union=n_union) for role in ROLES]
+    return crypto_bound_s(ops, costs, cores), sum(ops, OpCounts()).as_dict()
 
 
 @contextmanager
@@ -218,8 +212,8 @@ def main() -> None:
     rng = np.random.default_rng(0)
     result: dict[str, Any] = {"machine": {"cpus": os.cpu_count(),
                                           "affinity": len(os.sched_getaffinity(0))}}
-    cost = libsodium_cost()
-    result["libsodium"] = {k: round(v, 2) for k, v in cost.items()}
+    cost = op_costs()
+    result["us_per_operation"] = cost.as_us()
 
     with PeakRss() as rss:
         n_p, n_s = args.search
@@ -255,9 +249,9 @@ def main() -> None:
                                  workers=None if engine is not None else 2)
 
             row = {"keys_per_side": n, "shared": n // 2, **timed(run, args.chunk_rows)}
-            mults, hashes = set_ops(method, n, n, n + n // 2)
-            one_core = (mults * cost["scalarmult_us"] + hashes * cost["hash_to_group_us"]) / 1e6
-            row.update({"scalar_mults": mults, "hashes": hashes,
+            one_core, ops = set_bound(method, n, n, n + n // 2, cost)
+            mults = ops["power"] + ops["power_checked"]
+            row.update({"operations": ops,
                         "bound_1_core_s": round(one_core, 2),
                         "bound_2_cores_s": round(one_core / 2, 2),
                         "ratio_to_2_core_bound": round(row["ray_2_s"] / (one_core / 2), 2),
@@ -350,7 +344,7 @@ def memory_case(case: str, chunk_rows: int) -> dict[str, Any]:
 def memory_table(cases: list[str], chunk_rows: int) -> dict[str, Any]:
     import subprocess
 
-    cost = libsodium_cost()  # this run's per-operation cost: the bound of each set case
+    cost = op_costs()  # this run's per-operation costs: the bound of each set case
     rows = []
     for case in cases:
         out = subprocess.run([sys.executable, __file__, "--memory-case", case, "--chunk-rows",
@@ -361,17 +355,15 @@ def memory_table(cases: list[str], chunk_rows: int) -> dict[str, Any]:
         row = json.loads(out.stdout.strip().splitlines()[-1])
         kind, n = case.split(":")[0], int(case.split(":")[1])
         if kind in ("psi", "psu"):  # keys [0, n) against [n/2, 3n/2): 50 % shared
-            mults, hashes = set_ops(kind, n, n, n + n // 2)
-            one_core = (mults * cost["scalarmult_us"] + hashes * cost["hash_to_group_us"]) / 1e6
-            row.update(scalar_mults=mults, hashes_to_group=hashes,
-                       bound_2_cores_s=round(one_core / 2, 1),
+            one_core, ops = set_bound(kind, n, n, n + n // 2, cost)
+            row.update(operations=ops, bound_2_cores_s=round(one_core / 2, 1),
                        ratio_to_2_core_bound=round(row["seconds"] / (one_core / 2), 2))
         rows.append(row)
     return {"chunk_rows": chunk_rows, "engine": "ray, 2 CPUs, started here",
-            "libsodium": {k: round(v, 2) for k, v in cost.items()}, "cases": rows}
+            "us_per_operation": cost.as_us(), "cases": rows}
 
 
-def projection(result: dict[str, Any], cost: dict[str, float]) -> dict[str, Any]:
+def projection(result: dict[str, Any], cost: Any) -> dict[str, Any]:
     """Time on a 64-core cluster per party, from this run's per-core rates, assuming the
     measured 1→2 worker efficiency holds per doubling (a model, not a measurement)."""
     cores = 64
@@ -381,9 +373,8 @@ def projection(result: dict[str, Any], cost: dict[str, float]) -> dict[str, Any]
     doublings = np.log2(cores)
     for method, n_a, n_p, n_u in (("psi", 10**8, 10**8, int(1.5e8)),
                                   ("psu", 10**8, 10**8, int(1.5e8))):
-        mults, hashes = set_ops(method, n_a, n_p, n_u)
         # each party does half the work on its own cluster
-        one_core = (mults * cost["scalarmult_us"] + hashes * cost["hash_to_group_us"]) / 1e6 / 2
+        one_core = set_bound(method, n_a, n_p, n_u, cost)[0] / 2
         # measured overhead over the bound on 2 cores carries over
         overhead = result[method]["ratio_to_2_core_bound"]
         speed = cores * eff[method] ** (doublings - 1)

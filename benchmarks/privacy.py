@@ -52,8 +52,8 @@ def per_step(batch: int, steps: int, in_dim: int, classes: int) -> dict[str, obj
     times: dict[str, float] = {}
     for mode in ("off", "vanilla", "rescale", "adjust"):
         dp = None if mode == "off" else EmbeddingDP(
-            PrivacyConfig(embeddings=mode, epsilon=8.0, fcm_threshold=0.3), party="s",
-            n_rows=batch, seed=0, classes=classes)
+            PrivacyConfig(embeddings=mode, epsilon=8.0, fcm_threshold=0.3, labels="off"),
+            party="s", n_rows=batch, seed=0, classes=classes)
         start = time.perf_counter()
         for i in range(steps):
             out = model(x[i])
@@ -88,7 +88,7 @@ def end_to_end(rows: int, epochs: int) -> dict[str, object]:
                             "n_secondaries": 2, "label_only_primary": True, "max_rows": rows}),
                         model=ModelConfig(hidden=(64,), cut_dim=16, top_hidden=(32,)),
                         training=TrainingConfig(epochs=epochs, patience=epochs, threads=1),
-                        privacy=PrivacyConfig(embeddings=mode, epsilon=8.0))
+                        privacy=PrivacyConfig(embeddings=mode, epsilon=8.0, labels="off"))
         result = run_training(cfg)
         per_epoch = float(np.mean([h.seconds for h in result.history]))
         base = base if base is not None else per_epoch

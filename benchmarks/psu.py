@@ -28,10 +28,13 @@ sys.path.insert(0, str(ROOT / "src"))
 
 
 def exponentiations(method: str, n_a: int, n_p: int, n_union: int) -> int:
-    """Group exponentiations of the protocol, both parties together (hashes excluded)."""
-    if method == "psu":  # P_a: 3|A| + 2|B| + |U|; P_p: 2|A| + 3|B| + |U|
-        return 5 * n_a + 5 * n_p + 2 * n_union
-    return 2 * n_a + 2 * n_p  # PSI with both learning the intersection
+    """Group exponentiations of the protocol, both parties together (hashes excluded), as
+    :func:`vflink.alignment.cost.protocol_ops` counts them (PSU: 5|A| + 5|B| + 2|U|)."""
+    from vflink.alignment.cost import ROLES, OpCounts, protocol_ops
+
+    ops = sum((protocol_ops(method, role, n_a=n_a, n_p=n_p, n_union=n_union)
+               for role in ROLES), OpCounts())
+    return ops.power + ops.power_checked
 
 
 def run_case(method: str, n: int, workers: int | None, queue: Any) -> None:

@@ -13,6 +13,14 @@ Each case runs in its own subprocess so that peak memory is per case.
     python benchmarks/training.py --samples 10000 --ks 10
     python benchmarks/training.py --passes             # FedSim K = 10, passes timed apart
 
+``--device cuda`` trains FedSim on the CPU and on CUDA in one run, each (K, batch) case in its
+own subprocess per device, the same seed: seconds per epoch on each, their ratio, and both test
+accuracies (which should agree within float tolerance: dropout masks are the CPU's on every
+device). Without CUDA it prints the CPU figures and says CUDA is missing.
+
+    python benchmarks/training.py --device cuda                  # 20,000 rows, 2 epochs
+    python benchmarks/training.py --device cuda --cases 10:32 100:32 100:512 --threads 16
+
 ``--passes`` times one FedSim training pass and one validation pass apart, on the authors' own
 task and settings (``sklearn-reference``, pool = split, K = 10, batch 32, LAMB, cut 50, the
 average merge). Both wall and CPU seconds are printed: on a shared machine the CPU seconds of
@@ -46,6 +54,7 @@ from vflink.models.splitnn import SplitNNPrimary  # noqa: E402
 from vflink.runfiles.config import (  # noqa: E402
     AlignmentConfig,
     DataConfig,
+    PrivacyConfig,
     RunConfig,
     TrainingConfig,
 )
@@ -53,13 +62,16 @@ from vflink.runner.prepare import prepare  # noqa: E402
 from vflink.runner.train import run_training  # noqa: E402
 
 
-def config(algorithm: str, k: int, samples: int, batch: int) -> RunConfig:
+def config(algorithm: str, k: int, samples: int, batch: int, *, epochs: int = 1,
+           threads: int = 1, device: str = "cpu") -> RunConfig:
     return RunConfig(
         seed=0, algorithm=algorithm,
         data=DataConfig(dataset="sklearn", options={"n_samples": samples, "sigma_cf": 0.2}),
         alignment=AlignmentConfig(method="soft", metric="euclidean", top_k=k, privacy="off"),
-        training=TrainingConfig(epochs=1, patience=1, batch_size=128, knn_batch_size=batch,
-                                optimizer="lamb", lr=3e-3, threads=1),
+        training=TrainingConfig(epochs=epochs, patience=epochs, batch_size=128,
+                                knn_batch_size=batch, optimizer="lamb", lr=3e-3,
+                                threads=threads, device=device),
+        privacy=PrivacyConfig(labels="off"),  # the step as measured: gradients sent in clear
     )
 
 
@@ -171,7 +183,8 @@ def pass_times(samples: int, k: int, batch: int, repeats: int,
         model=ModelConfig(cut_dim=50, pair_dim=1,
                           aggregator=AggregatorConfig(merge=merge, sim_hidden=(10, 10))),
         training=TrainingConfig(epochs=1, knn_batch_size=batch, optimizer="lamb", lr=1e-3,
-                                weight_decay=1e-4))
+                                weight_decay=1e-4),
+        privacy=PrivacyConfig(labels="off"))
     prepared = prepare(cfg, algorithms=["fedsim"])
     fed = prepared.federation
     assert fed is not None
@@ -210,6 +223,51 @@ def pass_times(samples: int, k: int, batch: int, repeats: int,
     }
 
 
+def device_case(k: int, batch: int, device: str, samples: int, epochs: int,
+                threads: int) -> dict[str, object]:
+    """FedSim on ``device``: seconds per epoch (training plus validation pass) and metrics."""
+    cfg = config("fedsim", k, samples, batch, epochs=epochs, threads=threads, device=device)
+    prepared = prepare(cfg, algorithms=["fedsim"])
+    result = run_training(cfg, prepared=prepared)
+    return {"device": device, "k": k, "batch_size": batch,
+            "epoch_seconds": [round(h.seconds, 3) for h in result.history],
+            "test": {m: round(v, 6) for m, v in result.metrics["test"].items()},
+            "train_loss": [round(h.train_loss, 6) for h in result.history]}
+
+
+def device_comparison(cases: list[str], samples: int, epochs: int, threads: int
+                      ) -> dict[str, object]:
+    """Every case on the CPU and on CUDA, each run in its own subprocess."""
+    cuda = torch.cuda.is_available()
+    machine: dict[str, object] = {"cpu_threads": threads, "cuda": cuda}
+    if cuda:
+        machine["gpu"] = torch.cuda.get_device_name(0)
+    rows = []
+    for case in cases:
+        k, batch = (int(v) for v in case.split(":"))
+        row: dict[str, object] = {"k": k, "batch_size": batch}
+        for device in ("cpu", "cuda") if cuda else ("cpu",):
+            out = subprocess.run(
+                [sys.executable, __file__, "--device-case", f"{k}:{batch}:{device}",
+                 "--samples", str(samples), "--epochs", str(epochs), "--threads",
+                 str(threads)], check=True, capture_output=True, text=True)
+            row[device] = json.loads(out.stdout.strip().splitlines()[-1])
+        if cuda:
+            cpu_s = min(row["cpu"]["epoch_seconds"])  # type: ignore[index]
+            gpu_s = min(row["cuda"]["epoch_seconds"])  # type: ignore[index]
+            row["cpu_over_cuda"] = round(cpu_s / gpu_s, 2)
+            row["test_accuracy_difference"] = round(
+                row["cuda"]["test"]["accuracy"] - row["cpu"]["test"]["accuracy"], 6)  # type: ignore[index]
+        print(json.dumps(row), file=sys.stderr, flush=True)
+        rows.append(row)
+    out_json: dict[str, object] = {"benchmark": "training-device", "samples": samples,
+                                   "epochs": epochs, "machine": machine, "cases": rows}
+    if not cuda:
+        out_json["note"] = ("torch.cuda.is_available() is False here: CPU figures only; run "
+                            "on a machine with a GPU for the comparison")
+    return out_json
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -224,7 +282,27 @@ def main() -> None:
     parser.add_argument("--merge", choices=("average", "cnn"), default="average",
                         help="FedSim's merge gate for --passes (the authors' sklearn runs: "
                              "average)")
+    parser.add_argument("--device", choices=("cuda",), help="FedSim on the CPU and on CUDA "
+                        "in one run (cases from --cases; default 20,000 rows, 2 epochs)")
+    parser.add_argument("--cases", nargs="+", default=["10:32", "100:32", "100:512"],
+                        metavar="K:BATCH", help="--device cases (default 10:32 100:32 100:512)")
+    parser.add_argument("--epochs", type=int, default=2, help="--device: epochs per run")
+    parser.add_argument("--threads", type=int, default=TrainingConfig().threads,
+                        help="--device: torch threads of the runs (training.threads; default "
+                             "its default, 1: small batches measured faster on one thread)")
+    parser.add_argument("--device-case", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    threads = args.threads
+    if args.device_case:
+        k, batch, device = args.device_case.split(":")
+        print(json.dumps(device_case(int(k), int(batch), device, args.samples, args.epochs,
+                                     threads)))
+        return
+    if args.device:
+        samples = args.samples if args.samples != 60000 else 20000
+        print(json.dumps(device_comparison(args.cases, samples, args.epochs, threads),
+                         indent=2))
+        return
     if args.passes:
         k = int(args.ks.split(",")[0]) if args.ks != "10,50,100" else 10
         print(json.dumps(pass_times(args.samples, k, args.batch, args.repeats,

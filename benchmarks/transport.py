@@ -28,6 +28,7 @@ sys.path.insert(0, str(ROOT / "src"))
 from vflink.runfiles.config import (  # noqa: E402
     AlignmentConfig,
     DataConfig,
+    PrivacyConfig,
     RunConfig,
     TrainingConfig,
 )
@@ -110,7 +111,8 @@ def main() -> None:
                        alignment=AlignmentConfig(method="soft", top_k=args.k, privacy="off"),
                        training=TrainingConfig(epochs=args.epochs, patience=args.epochs,
                                                knn_batch_size=args.batch, optimizer="lamb",
-                                               lr=3e-3, threads=1))
+                                               lr=3e-3, threads=1),
+                       privacy=PrivacyConfig(labels="off"))
     with tempfile.TemporaryDirectory() as tmp_s:
         tmp = Path(tmp_s)
         local = run_training(config, tmp / "inprocess")

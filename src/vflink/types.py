@@ -82,6 +82,8 @@ class Alignment:
     similarity: npt.NDArray[np.float32] | None = None
     secondary: str = "secondary"
     meta: dict[str, float] = field(default_factory=dict)
+    #: a model link's decisions, shape ``(n, k)`` (primary only): which links are matches
+    match: npt.NDArray[np.bool_] | None = None
 
     def __post_init__(self) -> None:
         p = np.ascontiguousarray(self.primary_index, dtype=np.int64)
@@ -108,6 +110,9 @@ class Alignment:
                     f"alignment similarity shape {sim.shape} != secondary_index shape {s.shape}"
                 )
             object.__setattr__(self, "similarity", sim)
+        if self.match is not None:
+            match = np.asarray(self.match, dtype=bool).reshape(s.shape)
+            object.__setattr__(self, "match", match)
 
     @property
     def k(self) -> int:
@@ -128,8 +133,9 @@ class Alignment:
     def subset(self, rows: npt.NDArray[np.bool_] | npt.NDArray[np.int64]) -> Alignment:
         """The alignment restricted to the given positions (mask or indices) of this alignment."""
         sim = None if self.similarity is None else self.similarity[rows]
+        match = None if self.match is None else self.match[rows]
         return Alignment(self.primary_index[rows], self.secondary_index[rows], sim,
-                         self.secondary, dict(self.meta))
+                         self.secondary, dict(self.meta), match)
 
     def for_primary_rows(self, n_primary: int) -> npt.NDArray[np.int64]:
         """A dense ``(n_primary, k)`` table of linked secondary rows, MISSING where unlinked."""

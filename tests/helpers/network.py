@@ -166,3 +166,22 @@ def secret_env(value: str) -> Iterator[None]:
             os.environ.pop("VFLINK_SECRET", None)
         else:
             os.environ["VFLINK_SECRET"] = old
+
+
+@contextmanager
+def bank_federation(tmp: Path, *, seed: int, tables: dict[str, dict[str, object]],
+                    run_id: str) -> Iterator[object]:
+    """A coordinator and the secondary "bank" served from threads, and the primary's
+    federation to them. The data parties keep their private defaults; the coordinator accepts
+    any noise (a test's small σ is far from its default τ bound on close-together records)."""
+    from vflink.runner.network import network_federation
+
+    files = write_party_files(tmp, seed=seed, secondary="bank", tables=tables)
+    with files["coordinator"].open("a") as fh:
+        fh.write("[policy]\nmax_tau = 1.0\n")
+    with served_in_threads(files["coordinator"], files["bank"]):
+        federation = network_federation(load_party_config(files["primary"]), run_id=run_id)
+        try:
+            yield federation
+        finally:
+            federation.close()

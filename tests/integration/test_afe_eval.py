@@ -34,5 +34,5 @@ def test_train_and_attack_reports_both_attacks(mode: str) -> None:
     assert math.isfinite(out.inversion["metrics"]["mse_ratio"])
     truth, recon = out.examples  # type: ignore[misc]
     assert truth.shape == recon.shape and truth.shape[0] == 10
-    protected = bool(out.result.extra.get("protections"))
+    protected = any(p["kind"] == "embedding-dp" for p in out.result.extra.get("protections", []))
     assert protected == (mode != "off")

@@ -15,6 +15,7 @@ import pytest
 from tests.helpers.network import served_in_threads
 from tests.integration.test_set_alignment import _party_files, check_psi, check_psu
 from vflink.alignment._dh import key_bytes
+from vflink.alignment.cost import OPERATIONS, ROLES, OpCosts, crypto_bound_s, protocol_ops
 from vflink.cli.main import main
 from vflink.errors import DataError
 from vflink.protocol.messages import PsiChunk, PsuChunk, SetChunk
@@ -147,3 +148,31 @@ def test_duplicate_keys_refused_as_in_memory(tmp_path: Path) -> None:
         assert str(streamed.value).split(": ", 1)[1] == str(whole.value).split(": ", 1)[1]
     with pytest.raises(DataError, match=r"key column\(s\) \['nope'\] not found"):
         file_key_batches(KeyFile(tmp_path / "a.csv", ("nope",), "a"), chunk_rows=5)
+
+
+@pytest.mark.parametrize(("method", "reveal"), [("psu", "both"), ("psi", "primary")])
+def test_summary_reports_the_run_against_its_crypto_bound(
+        method: str, reveal: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    ka, kp = [f"{i:04d}" for i in range(0, 30)], [f"{i:04d}" for i in range(12, 50)]
+    pd.DataFrame({"id": ka}).to_csv(tmp_path / "a.csv", index=False)
+    pd.DataFrame({"id": kp}).to_csv(tmp_path / "b.csv", index=False)
+    out = tmp_path / "out"
+    assert main(["align", "--method", method, "--reveal", reveal, "--primary",
+                 str(tmp_path / "a.csv"), "--secondary", str(tmp_path / "b.csv"), "--on", "id",
+                 "--out", str(out), "--workers", "1"]) == 0
+    bound = json.loads((out / "summary.json").read_text())["crypto_bound"]
+    union = len(set(ka) | set(kp)) if method == "psu" else None
+    ops = {role: protocol_ops(method, role, n_a=30, n_p=38, n_union=union, reveal=reveal)
+           for role in ROLES}
+    assert bound["operations"] == {role: o.as_dict() for role, o in ops.items()}
+    assert bound["cores"] == 1  # --workers 1
+    mean = bound["us_per_operation"]["mean"]
+    for op in OPERATIONS:
+        us = [bound["us_per_operation"][when][op] for when in ("before", "after")]
+        assert us[0] > 0 and us[1] > 0 and mean[op] == pytest.approx(sum(us) / 2, abs=0.02)
+    costs = OpCosts(**{op: mean[op] / 1e6 for op in OPERATIONS})
+    assert bound["seconds"] == pytest.approx(crypto_bound_s(ops.values(), costs, 1), rel=1e-3)
+    assert bound["ratio"] == pytest.approx(bound["wall_seconds"] / bound["seconds"], rel=1e-2)
+    line = " ".join(capsys.readouterr().err.split())
+    assert f"{bound['ratio']:.2f}× its crypto bound of {bound['seconds']:.2g} s on 1 core" \
+        in line

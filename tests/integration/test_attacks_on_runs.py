@@ -22,6 +22,7 @@ from vflink.runfiles.config import (
     AlignmentConfig,
     DataConfig,
     EvaluationConfig,
+    PrivacyConfig,
     RunConfig,
     TrainingConfig,
 )
@@ -33,10 +34,12 @@ RECORD = EvaluationConfig(record=True)
 
 
 def splitnn_config(record: bool = True, epochs: int = 4) -> RunConfig:
+    # the labels in clear: these tests measure the unprotected leak
     return RunConfig(seed=0, algorithm="splitnn", data=DataConfig(dataset="-"),
                      alignment=AlignmentConfig(method="exact"),
                      training=TrainingConfig(epochs=epochs, patience=epochs),
-                     evaluation=EvaluationConfig(record=record))
+                     evaluation=EvaluationConfig(record=record),
+                     privacy=PrivacyConfig(labels="off"))
 
 
 def soft_config(**alignment: float) -> RunConfig:

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.helpers.network import served_in_threads, write_party_files
+from tests.helpers.network import bank_federation
 from tests.helpers.tables import places_frames
 from vflink.data.schema import PartySchema
 from vflink.data.table import PartyTable
@@ -29,11 +29,9 @@ from vflink.protocol import (
 )
 from vflink.runfiles.config import AlignmentConfig, DataConfig, RunConfig, TrainingConfig
 from vflink.runfiles.inputs import Inputs, load_inputs
-from vflink.runfiles.party import load_party_config
 from vflink.runfiles.results import RunResult
 from vflink.runner.federation import in_process
 from vflink.runner.field_link import run_field_linkage
-from vflink.runner.network import network_federation
 from vflink.runner.predict import predict_records
 from vflink.runner.prepare import prepare
 from vflink.runner.train import run_training
@@ -79,18 +77,11 @@ def train(tmp: Path, transport: str) -> RunResult:
         return run_training(cfg, out)
     tables = {"primary": {**PRIMARY, "path": str(tmp / "primary.csv")},
               "bank": {**BANK, "path": str(tmp / "bank.csv")}}
-    files = write_party_files(tmp / transport, seed=cfg.seed, secondary="bank", tables=tables)
-    # the data parties keep their private defaults; the coordinator accepts the run's noise
-    # (σ = 0.05 is far from its default τ ≤ 0.9999 on these close-together places)
-    with files["coordinator"].open("a") as fh:
-        fh.write("[policy]\nmax_tau = 1.0\n")
-    with served_in_threads(files["coordinator"], files["bank"]):
-        federation = network_federation(load_party_config(files["primary"]), run_id=out.name)
-        try:
-            return run_training(cfg, out, tables=Inputs(load_inputs(cfg).primary, ()),
-                                federation=federation)
-        finally:
-            federation.close()
+    # σ = 0.05 is far from the coordinator's default τ ≤ 0.9999 on these close-together places
+    with bank_federation(tmp / transport, seed=cfg.seed, tables=tables,
+                         run_id=out.name) as federation:
+        return run_training(cfg, out, tables=Inputs(load_inputs(cfg).primary, ()),
+                            federation=federation)  # type: ignore[arg-type]
 
 
 @pytest.mark.network

@@ -187,7 +187,7 @@ def test_the_primary_only_receives_noised_embeddings(transport: str, tmp_path: P
     _check_noised(received)
     setups = [r.message for r in transcript.records if isinstance(r.message, SetupPrivacy)]
     assert setups and "seed" not in setups[0].settings  # the noise seed never crosses
-    (entry,) = result.extra["protections"]
+    (entry,) = [p for p in result.extra["protections"] if p["kind"] == "embedding-dp"]
     assert entry["party"] == "secondary" and entry["params"]["mode"] == "afe"
     assert entry["guarantee"]["records_released"] > 0
     assert (out / "privacy.json").exists()
@@ -248,7 +248,7 @@ def test_every_algorithm_with_secondaries_is_protected(algorithm: str) -> None:
                        privacy=PrivacyConfig(embeddings="afe", epsilon=4.0))
     transcript = Transcript()
     result = run_training(config, transcript=transcript)
-    (entry,) = result.extra["protections"]
+    (entry,) = [p for p in result.extra["protections"] if p["kind"] == "embedding-dp"]
     g = entry["guarantee"]
     assert g["records_released"] > 0 and g["epsilon_total"] >= 4.0 - 1e-6
     assert g["max_links_per_record"] >= 1

@@ -87,19 +87,23 @@ def test_a_soft_links_counts_are_not_called_matches(soft_run: Path) -> None:
 def test_an_estimate_of_true_matches_is_slotted_in() -> None:
     from vflink.reporting.report import ESTIMATE_KEYS, _linkage_line
 
+    model = {"model": "fellegi-sunter", "threshold": 0.5, "expected_matches": 1603.4,
+             "estimated_precision": 0.91, "estimated_recall": 0.97, "estimated_f1": 0.94,
+             "matched_fraction": 0.8}
     alignment = {"method": "soft", "top_k": 5, "metric": "hamming", "encoding": "bloom",
-                 "tau": 0.05, "matched_fraction": {"shop": 1.0}, "model": "fellegi-sunter",
-                 "estimated_matches": 1603.4, "estimated_precision": 0.91,
-                 "estimated_recall": 0.97}
-    assert set(ESTIMATE_KEYS) <= set(alignment)
+                 "tau": 0.05, "matched_fraction": {"shop": 1.0}, "model": model}
+    assert set(ESTIMATE_KEYS) <= set(model)
     line = _linkage_line({"alignment": alignment, "sizes": {"primary_rows": 2000,
                                                             "aligned_rows": 2000}})
     assert "every one of 2,000 primary records is linked to its 5 nearest records" in line
-    assert ("true matches, estimated by the fellegi-sunter model: ≈ 1,603 of 2,000 primary "
-            "records (precision 0.91, recall 0.97 of the links, estimated)") in line
+    assert ("true matches, estimated without labels by the fellegi-sunter model: ≈ 1,603 of "
+            "2,000 primary records (its decisions' precision 0.91, recall 0.97, estimated); "
+            "it decided 80.0% of the primary records matched") in line, line
     assert "not known" not in line
-    alignment["estimated_matches"] = {"shop": 1200, "bank": 900.0}
-    line = _linkage_line({"alignment": alignment, "sizes": {"primary_rows": 2000}})
+    flat = {k: v for k, v in alignment.items() if k != "model"}
+    line = _linkage_line({"alignment": {**flat, "estimated_matches": {"shop": 1200,
+                                                                      "bank": 900.0}},
+                          "sizes": {"primary_rows": 2000}})
     assert "≈ 1,200 in shop, ≈ 900 in bank of 2,000 primary records" in line
     exact = _linkage_line({"alignment": {"method": "exact", "matched_fraction": {"shop": 0.8}},
                            "sizes": {"primary_rows": 2000, "aligned_rows": 1600}})

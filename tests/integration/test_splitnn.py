@@ -21,6 +21,7 @@ from vflink.runfiles.config import (
     AlignmentConfig,
     DataConfig,
     ModelConfig,
+    PrivacyConfig,
     RunConfig,
     TrainingConfig,
 )
@@ -32,7 +33,10 @@ DATA = DataConfig(dataset="in-memory")
 
 def config(algorithm: str = "splitnn", **training: object) -> RunConfig:
     t = {"epochs": 12, "patience": 4, **training}
-    return RunConfig(algorithm=algorithm, data=DATA, training=TrainingConfig(**t))  # type: ignore[arg-type]
+    # the model's quality and the messages, with the gradients sent in clear (label protection:
+    # tests/integration/test_label_protection.py)
+    return RunConfig(algorithm=algorithm, data=DATA, training=TrainingConfig(**t),  # type: ignore[arg-type]
+                     privacy=PrivacyConfig(labels="off"))
 
 
 @pytest.fixture(scope="module")

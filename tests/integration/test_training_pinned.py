@@ -9,6 +9,7 @@ from vflink.runfiles.config import (
     AlignmentConfig,
     DataConfig,
     ModelConfig,
+    PrivacyConfig,
     RunConfig,
     TrainingConfig,
 )
@@ -108,7 +109,8 @@ def _config(algorithm: str, dropout: float) -> RunConfig:
                                   sigma=0.05),
         model=ModelConfig(dropout=dropout),
         training=TrainingConfig(epochs=2, patience=2, knn_batch_size=16, batch_size=64,
-                                optimizer="lamb"))
+                                optimizer="lamb"),
+        privacy=PrivacyConfig(labels="off"))  # pinned with the gradients sent in clear
 
 
 @pytest.mark.parametrize("key", sorted(PINNED))

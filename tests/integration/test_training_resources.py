@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
 from tests.helpers.network import served_in_threads, write_party_files
 from vflink.errors import ConfigError
+from vflink.privacy.config import PrivacyConfig
 from vflink.runfiles.config import (
     AlignmentConfig,
     DataConfig,
@@ -37,6 +39,43 @@ SCENARIOS = {
                                               privacy="bloom", tau=0.9999),
                     ModelConfig(dropout=0.1)),
 }
+
+
+#: every plan a party's device touches, small: K links and FedSim's gates, CNN bottoms, the DP
+#: protections (noise, fuzzy c-means and the contrastive loss; randomized-response codes),
+#: union training over PSU with synthetic labels drawn from the model's own predictions; each
+#: with dropout where the plan has it
+DEVICE_SCENARIOS: dict[str, dict[str, Any]] = {
+    "exact-splitnn-dropout": {"algorithm": "splitnn", "alignment": AlignmentConfig(
+        method="exact"), "model": ModelConfig(dropout=0.2)},
+    "soft-fedsim-dropout": {"algorithm": "fedsim", "alignment": SCENARIOS["soft-fedsim"][1],
+                            "model": ModelConfig(dropout=0.1)},
+    "exact-splitnn-cnn": {"algorithm": "splitnn", "alignment": AlignmentConfig(method="exact"),
+                          "model": ModelConfig(bottom="cnn", channels=(4, 6), kernels=(3, 3),
+                                               image_shape=(1, 1, -1), cut_dim=8,
+                                               dropout=0.1)},
+    "exact-splitnn-afe": {"algorithm": "splitnn", "alignment": AlignmentConfig(method="exact"),
+                          "model": ModelConfig(dropout=0.1),
+                          "privacy": PrivacyConfig(embeddings="afe", epsilon=4.0)},
+    "soft-fedsim-randomized-response": {
+        "algorithm": "fedsim", "alignment": SCENARIOS["soft-fedsim"][1],
+        "privacy": PrivacyConfig(embeddings="randomized-response", total_epsilon=4.0)},
+    "psu-union": {"algorithm": "label-random-pred",
+                  "alignment": AlignmentConfig(method="psu", alpha=0.2, beta=0.3),
+                  "model": ModelConfig(hidden=(16,), cut_dim=8, top_hidden=(8,))},
+}
+
+
+def device_config(scenario: str, **training: str) -> RunConfig:
+    """A :data:`DEVICE_SCENARIOS` run on ``training``'s device (default the CPU), its
+    gradients sent in clear (``labels = "off"``: the pinned metrics were measured so)."""
+    s = DEVICE_SCENARIOS[scenario]
+    privacy = dataclasses.replace(s.get("privacy", PrivacyConfig()), labels="off")
+    return RunConfig(seed=5, algorithm=s["algorithm"],
+                     data=DataConfig(dataset="sklearn-small", options=dict(OPTIONS)),
+                     alignment=s["alignment"], model=s.get("model", ModelConfig()),
+                     privacy=privacy,
+                     training=TrainingConfig(epochs=2, patience=2, **training))
 
 
 def _config(scenario: str, **training: str) -> RunConfig:
@@ -159,19 +198,119 @@ def test_auto_resolves_to_the_cpu_without_cuda(tmp_path: Path,
     assert auto.metrics == cpu.metrics
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (training."
-                    "device = \"cuda\"); this machine has none")
-@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+#: CPU metrics of the deterministic :data:`DEVICE_SCENARIOS`, recorded with the code from
+#: before dropout drew its masks on the CPU for every device (torch 2.13.0 CPU): CPU runs must
+#: not change. (Union training is left out: which UIDs the primary lacks come in U's order,
+#: which PSU's secret exponents decide afresh every run.)
+PINNED_CPU: dict[str, dict[str, Any]] = {
+    "exact-splitnn-afe": {
+        "test": {
+            "accuracy": 0.47107438016528924,
+            "auc": 0.4906951286261631
+        },
+        "loss": [
+            0.691531240940094,
+            0.6903410702943802
+        ]
+    },
+    "exact-splitnn-cnn": {
+        "test": {
+            "accuracy": 0.48760330578512395,
+            "auc": 0.590311986863711
+        },
+        "loss": [
+            0.6935606747865677,
+            0.6914179772138596
+        ]
+    },
+    "exact-splitnn-dropout": {
+        "test": {
+            "accuracy": 0.7355371900826446,
+            "auc": 0.8418171866447728
+        },
+        "loss": [
+            0.6853870749473572,
+            0.6772737950086594
+        ]
+    },
+    "soft-fedsim-dropout": {
+        "test": {
+            "accuracy": 0.6528925619834711,
+            "auc": 0.8240284619594964
+        },
+        "loss": [
+            0.6977530930723462,
+            0.6838550823075431
+        ]
+    },
+    "soft-fedsim-randomized-response": {
+        "test": {
+            "accuracy": 0.7107438016528925,
+            "auc": 0.7947454844006568
+        },
+        "loss": [
+            0.685823781149728,
+            0.5019177688019616
+        ]
+    }
+}
+
+
+@pytest.mark.parametrize("scenario", sorted(PINNED_CPU))
+def test_cpu_runs_keep_their_metrics(scenario: str) -> None:
+    result = run_training(device_config(scenario))
+    # float32 training: exact equality is the goal; 1e-6 absorbs summation-order rounding only
+    assert [h.train_loss for h in result.history] == pytest.approx(
+        PINNED_CPU[scenario]["loss"], abs=1e-6)
+    assert result.metrics["test"] == pytest.approx(PINNED_CPU[scenario]["test"], abs=1e-6)
+
+
+NO_CUDA = "needs a CUDA device (training.device = \"cuda\"); this machine has none"
+#: the scenarios whose CPU and CUDA runs must agree: those of the transports' tests, and every
+#: deterministic plan of DEVICE_SCENARIOS
+MATCHING = sorted(SCENARIOS) + sorted(PINNED_CPU)
+
+
+def _scenario_config(scenario: str, **training: str) -> RunConfig:
+    return _config(scenario, **training) if scenario in SCENARIOS else device_config(
+        scenario, **training)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_CUDA)
+@pytest.mark.parametrize("scenario", MATCHING)
 def test_cuda_matches_cpu_within_float_tolerance(scenario: str, tmp_path: Path) -> None:
-    cpu = run_training(_config(scenario), tmp_path / "cpu")
-    gpu_config = _config(scenario, device="cuda")
+    cpu = run_training(_scenario_config(scenario), tmp_path / "cpu")
+    gpu_config = _scenario_config(scenario, device="cuda")
     gpu = run_training(gpu_config, tmp_path / "cuda")
     assert gpu.best_epoch == cpu.best_epoch
+    assert [h.train_loss for h in gpu.history] == pytest.approx(
+        [h.train_loss for h in cpu.history], rel=1e-3, abs=1e-4)
     for split in ("train", "validation", "test"):
         assert gpu.metrics[split] == pytest.approx(cpu.metrics[split], rel=1e-3, abs=1e-4)
     mapped = run_training(dataclasses.replace(gpu_config, training=dataclasses.replace(
         gpu_config.training, feature_store="mmap")), tmp_path / "cuda-mmap")
     assert mapped.metrics["test"] == pytest.approx(gpu.metrics["test"], rel=1e-3, abs=1e-4)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_CUDA)
+def test_union_training_runs_on_cuda(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Union training over PSU: the primary's model and the simulated secondary's on CUDA
+    (its metrics cannot be compared with a CPU run's: U's order is new every run)."""
+    from vflink.parties.union import UnionPrimary
+
+    made: list[UnionPrimary] = []
+    init = UnionPrimary.__init__
+
+    def spy(self: UnionPrimary, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        made.append(self)
+
+    monkeypatch.setattr(UnionPrimary, "__init__", spy)
+    result = run_training(device_config("psu-union", device="cuda"), tmp_path / "union")
+    assert made and all(p.device.type == "cuda" for p in made)
+    assert all(t.device.type == "cuda" for p in made for t in p.model.parameters())
+    test = result.metrics["test"]
+    assert 0.0 <= test["auc"] <= 1.0 and 0.0 <= test["ace"] <= 1.0
 
 
 def _file_config(scenario: str, files: dict[str, Path], store: str) -> RunConfig:

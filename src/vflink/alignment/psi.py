@@ -58,7 +58,7 @@ def blind(group: Group, own: Elements, exponent: int
 def reblind(group: Group, received: Elements, exponent: int, *, keep_order: bool
             ) -> Elements:
     """The peer's blinded elements raised to our exponent, kept in order or shuffled."""
-    out = group.power(group.validate(received, "blinded elements"), exponent)
+    out = group.power(received, exponent, check="blinded elements")
     return out if keep_order else np.ascontiguousarray(out[secure_permutation(len(out))])
 
 

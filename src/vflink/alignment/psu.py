@@ -79,8 +79,8 @@ def line3(group: Group, own: Elements, e: PsuExponents) -> Elements:
 def lines4_5(group: Group, received: Elements, own: Elements, e: PsuExponents
              ) -> tuple[Elements, Elements]:
     """P_p: (I_a^{s1 t1} shuffled, I_p^{t1} shuffled), both sent to P_a."""
-    a = group.validate(received, "I_a^s1")
-    return _shuffle(group.power(a, e.first)), _shuffle(group.power(own, e.first))
+    a = group.power(received, e.first, check="I_a^s1")
+    return _shuffle(a), _shuffle(group.power(own, e.first))
 
 
 def lines6_8(group: Group, a_st: Elements, p_t: Elements, e: PsuExponents
@@ -89,16 +89,15 @@ def lines6_8(group: Group, a_st: Elements, p_t: Elements, e: PsuExponents
     (lines 7-8, to P_p). The merge of line 7 is a set union: an ID in both sets has the same
     value x^{s1 t1} on both lists."""
     a_st = group.validate(a_st, "I_a^{s1 t1}")
-    p_t = group.validate(p_t, "I_p^{t1}")
-    p_st = group.power(p_t, e.first)
+    p_st = group.power(p_t, e.first, check="I_p^{t1}")
     union = sorted_unique(np.concatenate([a_st, p_st]))
     return _shuffle(p_st), _shuffle(group.power(union, group.combine(e.second, e.third)))
 
 
 def line9(group: Group, union: Elements, e: PsuExponents) -> Elements:
     """P_p: (I_a ∪ I_p)^{s1 s2 s3 t1 t2 t3}, shuffled (to P_a)."""
-    union = group.validate(union, "(I_a ∪ I_p)^{s1 s2 s3 t1}")
-    return _shuffle(group.power(union, group.combine(e.second, e.third)))
+    return _shuffle(group.power(union, group.combine(e.second, e.third),
+                                check="(I_a ∪ I_p)^{s1 s2 s3 t1}"))
 
 
 def line10(final: Elements, *, group: Group) -> Elements:
@@ -117,17 +116,18 @@ def blind_own(group: Group, own: Elements, e: PsuExponents) -> Elements:
 
 def raise_for_peer(group: Group, received: Elements, e: PsuExponents) -> Elements:
     """Lines 11-12, peer: y^{first·second·third}, in the order received."""
-    y = group.validate(received, "x^{s2} / x^{t2}")
-    return group.power(y, group.combine(e.first, e.second, e.third))
+    return group.power(received, group.combine(e.first, e.second, e.third),
+                       check="x^{s2} / x^{t2}")
 
 
 def finish_own(group: Group, received: Elements, e: PsuExponents, uids: Elements,
                *, expected: int) -> PsuResult:
     """Lines 11-12, owner: z^{first·third} per own record, located in U."""
-    z = group.validate(received, "x^{s2 t1 t2 t3} / x^{s1 s2 s3 t2}")
+    z = group.check(received, "x^{s2 t1 t2 t3} / x^{s1 s2 s3 t2}")
     if len(z) != expected:
         raise ProtocolError(f"expected {expected} elements for our records, got {len(z)}")
-    final = group.power(z, group.combine(e.first, e.third))
+    final = group.power(z, group.combine(e.first, e.third),
+                        check="x^{s2 t1 t2 t3} / x^{s1 s2 s3 t2}")
     return PsuResult(uids=uids, record_uid=lookup(uids, final, "own records in U"))
 
 

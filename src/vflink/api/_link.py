@@ -93,6 +93,71 @@ class Links:
         return (f"Links({len(self)} links, K = {s.get('top_k')}, metric {s.get('metric')!r}, "
                 f"privacy {s.get('privacy')!r}, epsilon {s.get('epsilon')!r})")
 
+    def evaluate(self, truth: Any, *, points: int = 101) -> dict[str, Any]:
+        """Measured quality against true pairs, beside the model's label-free estimate.
+
+        ``truth``: a table (DataFrame or CSV/Parquet path) with columns ``primary_index`` and
+        ``secondary_index`` (0-based rows), or ``primary_id`` and ``secondary_id`` (the
+        ``id`` / ``secondary_id`` columns of the link), or a sequence of (primary row,
+        secondary row) pairs. The chosen links are those with ``match`` (a model link) or of
+        rank 0. Returns ``measured`` (precision, recall, F1 and counts), ``pr_curve``
+        (precision and recall of "score ≥ s" over the links, the score being the match
+        probability or the similarity) and, for a model link, ``estimated`` (the model's
+        label-free precision, recall and F1 of the same decision).
+        """
+        from vflink.linkage.decisions import measure, pr_curve
+
+        frame = self.frame
+        rows, cols = _truth_pairs(truth, frame)
+        chosen = frame[frame["match"]] if "match" in frame else frame[frame["rank"] == 0]
+        out: dict[str, Any] = {
+            "measured": measure(chosen["primary_index"].to_numpy(),
+                                chosen["secondary_index"].to_numpy(), rows, cols)}
+        score = "match_probability" if "match_probability" in frame else "similarity"
+        out["pr_curve"] = {"score": score, **pr_curve(
+            frame["primary_index"].to_numpy(), frame["secondary_index"].to_numpy(),
+            frame[score].to_numpy(dtype=float), rows, cols, points=points)}
+        model = self.summary.get("model")
+        if model:
+            out["estimated"] = dict(model["estimated"])
+        return out
+
+
+def _truth_pairs(truth: Any, links: pd.DataFrame) -> tuple[Any, Any]:
+    """(primary rows, secondary rows) of the true pairs (see :meth:`Links.evaluate`)."""
+    import numpy as np
+    import pandas as pd
+
+    if isinstance(truth, (str, Path)):
+        truth, _ = read_table(truth, argument="truth",
+                              text_columns=("primary_id", "secondary_id"))
+    if not isinstance(truth, pd.DataFrame):
+        pairs = np.asarray(truth)
+        if pairs.ndim != 2 or pairs.shape[1] != 2:
+            raise DataError(f"truth must be a table or (primary row, secondary row) pairs, "
+                            f"got an array of shape {pairs.shape}")
+        return pairs[:, 0].astype(np.int64), pairs[:, 1].astype(np.int64)
+    if {"primary_index", "secondary_index"} <= set(truth.columns):
+        return (truth["primary_index"].to_numpy(dtype=np.int64),
+                truth["secondary_index"].to_numpy(dtype=np.int64))
+    if {"primary_id", "secondary_id"} <= set(truth.columns):
+        missing = [c for c in ("primary_id", "secondary_id") if c not in links.columns]
+        if missing:
+            raise DataError(f"truth names records by primary_id/secondary_id, but the links have "
+                            f"no {missing} column: link with `id` (and `secondary_id`)")
+        p = dict(zip(links["primary_id"].astype(str), links["primary_index"], strict=False))
+        s = dict(zip(links["secondary_id"].astype(str), links["secondary_index"], strict=False))
+        rows, cols = [], []
+        for k, (a, b) in enumerate(zip(truth["primary_id"].astype(str),
+                                       truth["secondary_id"].astype(str), strict=True)):
+            # a true pair whose record has no link at all counts as missed: a negative row
+            # of its own never equals a link's
+            rows.append(p.get(a, -1 - k))
+            cols.append(s.get(b, -1 - k))
+        return np.asarray(rows, dtype=np.int64), np.asarray(cols, dtype=np.int64)
+    raise DataError("truth needs columns primary_index and secondary_index, or primary_id and "
+                    f"secondary_id; it has: {', '.join(map(str, truth.columns[:20]))}")
+
 
 def _config(cls: type, value: Any, argument: str) -> Any:
     """A linkage config object from itself or from a mapping of its fields."""
@@ -190,7 +255,9 @@ def link(primary: TableLike, secondary: TableLike, *,
          secondary_delimiter: str | None = None, secondary_encoding: str | None = None,
          out: str | Path | None = None, overwrite: bool = False,
          compute: Compute | None = None, parts: bool | None = None,
-         stream: bool | None = None, chunk_rows: int | None = None) -> Links:
+         stream: bool | None = None, chunk_rows: int | None = None,
+         model: str | None = None, threshold: float = 0.5, one_to_one: bool | str = False,
+         view: str = "operator") -> Links:
     """Link every record of ``primary`` to its ``top_k`` most similar records of ``secondary``.
 
     Runs FedSim's soft linkage (§4.1) with the three parties in this process: each data party
@@ -270,6 +337,21 @@ def link(primary: TableLike, secondary: TableLike, *,
     chunk_rows : int, optional
         Rows per chunk of a streamed link (default: ``compute.chunk_rows``, else 100,000):
         each process holds about one chunk and one secondary partition of this many rows.
+    model : {"fellegi-sunter"}, optional
+        Decide the links with a Fellegi–Sunter model that the coordinator trains without
+        labels on the encodings (``vflink.linkage.model_link``): fields then need neither
+        ``metric`` nor ``weight``; the links gain ``match_weight``, ``match_probability`` and
+        ``match``, the summary the m/u table and the estimated precision, recall and F1.
+    threshold : float, default 0.5
+        A model link's match probability at and above which a link is a match.
+    one_to_one : bool or {"optimal", "greedy"}, default False
+        A model link's matches one-to-one (each record of either table matched at most
+        once): ``True`` or ``"optimal"`` maximises the total match weight, ``"greedy"`` takes
+        links by decreasing weight.
+    view : {"operator", "primary"}, default "operator"
+        Which columns the links hold: the operator's view (an operator who holds both tables
+        and runs every party: also the coordinator's exact ``distance`` and
+        ``match_weight``), or only what the primary receives in a deployment.
 
     Returns
     -------
@@ -294,7 +376,7 @@ def link(primary: TableLike, secondary: TableLike, *,
     from vflink.linkage import BloomConfig, GeoBloomConfig, SearchOptions
     from vflink.linkage.fields import Blocking, FieldSpec
     from vflink.runner.field_link import run_field_linkage
-    from vflink.runner.link import linkage_columns, run_linkage
+    from vflink.runner.link import LINK_COLUMNS_MODEL, linkage_columns, run_linkage
 
     found: list[str] = []  # every problem of the arguments, reported together
 
@@ -306,14 +388,32 @@ def link(primary: TableLike, secondary: TableLike, *,
             return None
 
     on_cols = collect(columns_arg, "on", on)
+    on_failed = on is not None and on_cols is None  # named already: not "required" too
     secondary_cols = collect(columns_arg, "secondary_on", secondary_on) or on_cols
     field_specs = collect(_specs, FieldSpec, fields, "fields") or []
+    if model is not None:
+        check_choice(found, "model", model, ("fellegi-sunter",))
+    if not (isinstance(threshold, (int, float)) and not isinstance(threshold, bool)
+            and 0.0 < threshold < 1.0):
+        found.append(f"`threshold` must be a probability in (0, 1), got {threshold!r}")
+    if not (isinstance(one_to_one, bool) or one_to_one in ("optimal", "greedy")):
+        found.append(f"`one_to_one` must be true, false, \"optimal\" or \"greedy\", got "
+                     f"{one_to_one!r}")
+    elif one_to_one and model is None:
+        found.append("`one_to_one` decides among a model's matches: give "
+                     "model=\"fellegi-sunter\"")
+    check_choice(found, "view", view, ("operator", "primary"))
+    if model is not None and not field_specs and on_cols is not None:
+        # one identifier: a one-field model link (the metric, if any, picks the comparison)
+        field_specs = [FieldSpec(on=on_cols, secondary_on=secondary_cols or (),
+                                 metric=None if metric in (None, "hamming") else metric)]
+        on_cols, metric = None, None
     blocks = collect(_specs, Blocking, blocking, "blocking") or []
     if blocks and not field_specs:
         found.append("`blocking` needs `fields` (blocking keys restrict a multi-field link)")
     _check(metric=metric, top_k=top_k, privacy=privacy, mode=mode, tau=tau, sigma=sigma,
            delta=delta, seed=seed, search=search, empty=empty, resolution=resolution,
-           has_on=on_cols is not None or on is not None, has_fields=bool(field_specs),
+           has_on=on_cols is not None or on_failed, has_fields=bool(field_specs),
            problems=found)
     bloom_cfg = _config(BloomConfig, bloom_filters, "bloom_filters")
     if resolution is not None:
@@ -352,11 +452,11 @@ def link(primary: TableLike, secondary: TableLike, *,
     as_text = metric == "levenshtein"
     p_text = [*(on_cols or () if as_text else ()),
               *(c for f in field_specs if f.kind == "string" for c in f.on),
-              *(b.on for b in blocks), *((id,) if id else ())]
+              *(c for b in blocks for c in b.columns), *((id,) if id else ())]
     s_id = secondary_id or id
     s_text = [*(secondary_cols or () if as_text else ()),
               *(c for f in field_specs if f.kind == "string" for c in f.columns_s),
-              *(b.secondary_on or b.on for b in blocks), *((s_id,) if s_id else ())]
+              *(c for b in blocks for c in b.columns_s), *((s_id,) if s_id else ())]
     p_frame, p_source = read_table(primary, argument="primary", text_columns=p_text,
                                    delimiter=delimiter, encoding=encoding, decimal=decimal)
     s_frame, s_source = read_table(secondary, argument="secondary", text_columns=s_text,
@@ -370,22 +470,31 @@ def link(primary: TableLike, secondary: TableLike, *,
         seed=seed, primary_source=p_source, secondary_source=s_source, geo_config=geo_cfg,
         bloom_config=bloom_cfg)
     if field_specs:
-        outcome = run_field_linkage(p_frame, s_frame, fields=field_specs, blocking=blocks,
-                                    **common)
+        outcome = run_field_linkage(
+            p_frame, s_frame, fields=field_specs, blocking=blocks, model=model,
+            threshold=threshold, one_to_one=("optimal" if one_to_one is True
+                                             else one_to_one or None), **common)
     else:
         outcome = run_linkage(p_frame, s_frame, on=on_cols or (), secondary_on=secondary_cols,
                               metric=str(metric),
                               search=SearchOptions(mode=search),  # type: ignore[arg-type]
                               empty=empty, compute=compute, **common)
     phases["link"] = outcome.seconds
-    columns = linkage_columns(outcome.linkage)
+    columns = linkage_columns(outcome.linkage, view=view)
     if ids[0] is not None:
         columns["primary_id"] = ids[0][columns["primary_index"]]
     if ids[1] is not None:
         columns["secondary_id"] = ids[1][columns["secondary_index"]]
     summary = outcome.summary()
+    summary["view"] = view
+    summary["columns"] = {c: LINK_COLUMNS_MODEL[c] for c in columns if c in LINK_COLUMNS_MODEL}
+    if "primary_id" in columns or "secondary_id" in columns:
+        summary["columns"].update({c: text for c, text in (
+            ("primary_id", "primary: its own record id"),
+            ("secondary_id", "operator only: the secondary's record id, read from its table"))
+            if c in columns})
     if target is not None:
-        _write(outcome, columns, target, phases, parts=parts)
+        _write(outcome, columns, target, phases, parts=parts, view=view)
     summary["phase_seconds"] = {k: round(v, 3) for k, v in phases.items()}
     if target is not None:
         from vflink._files import atomic_write_json
@@ -458,23 +567,29 @@ def _link_streamed(primary: Any, secondary: Any, out: Path, *, search: str,
     return Links(columns={}, summary=summary, outcome=outcome, path=out, streamed=True)
 
 
-def _outputs(out: Path) -> tuple[Path, Path, Path]:
-    """The links file, its summary and its similarity curve."""
+def _outputs(out: Path) -> tuple[Path, Path, Path, Path]:
+    """The links file, its summary, its similarity curve and a model link's charts."""
     return (out, out.with_name(out.name + ".summary.json"),
-            out.with_name(out.name + ".similarity.png"))
+            out.with_name(out.name + ".similarity.png"), out.with_name(out.name + ".model.png"))
 
 
 def _write(outcome: LinkOutcome, columns: dict[str, npt.NDArray[Any]], out: Path,
-           phases: dict[str, float], *, parts: bool | None = None) -> None:
-    """The links file and the sorted-similarity curve (FedSim Figure 4), timed."""
+           phases: dict[str, float], *, parts: bool | None = None,
+           view: str = "operator") -> None:
+    """The links file, the sorted-similarity curve (FedSim Figure 4) and, for a model link,
+    its charts (``<out>.model.png``), timed."""
     from vflink.linkage.improvement import plot_similarity_curve
     from vflink.runner.link import write_links
 
     clock = time.perf_counter()
-    write_links(columns, out, parts=parts)
+    write_links(columns, out, parts=parts, view=view)
     phases["write"] = time.perf_counter() - clock
     clock = time.perf_counter()
     if outcome.linkage.mode == "soft" and outcome.linkage.k > 1:
         plot_similarity_curve(outcome.linkage, _outputs(out)[2],
                               delta=outcome.improvement.get("avgsim"))
+    if outcome.linkage.model:
+        from vflink.reporting.plots import plot_link_model
+
+        plot_link_model(outcome.linkage.model, _outputs(out)[3])
     phases["figure"] = time.perf_counter() - clock

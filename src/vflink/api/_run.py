@@ -209,7 +209,7 @@ class Run:
         """
         from vflink.runner.attack import run_attack
 
-        return run_attack(self.path, name, party=party, params=dict(params))
+        return run_attack(self.path, name, party=party, params=dict(params), tables=self.tables)
 
     def report(self, path: str | os.PathLike[str] | None = None, *,
                overwrite: bool = False) -> Path:

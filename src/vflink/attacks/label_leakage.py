@@ -33,7 +33,7 @@ from vflink.metrics.attacks import auc_verdict, grouped_auc
 from vflink.metrics.functional import auc
 
 __all__ = ["LabelDirectionAttack", "LabelNormAttack", "direction_scores", "explain_auc",
-           "norm_scores"]
+           "labelled_rows", "matched_accuracy", "norm_scores"]
 
 
 def norm_scores(gradients: npt.ArrayLike) -> npt.NDArray[np.float64]:
@@ -90,47 +90,83 @@ def _over_training(y: npt.NDArray[Any], scores: npt.NDArray[np.float64],
     return out
 
 
+def labelled_rows(truth: Mapping[str, Any], ids: npt.NDArray[np.int64], attack: str
+                  ) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.int64]]:
+    """Which of the attacker's rows ``ids`` have a label in the evaluation-only ``truth``, and
+    those labels (a class index per known row)."""
+    if "labels__rows" not in truth:
+        raise ConfigError(f"attack {attack!r} is scored against the primary's labels, "
+                          "which this run did not store as evaluation-only ground truth "
+                          "(a classification task run with [evaluation] record = true)")
+    rows = np.asarray(truth["labels__rows"], dtype=np.int64)
+    values = np.asarray(truth["labels__values"], dtype=np.int64)
+    ids = np.asarray(ids, dtype=np.int64)
+    pos = np.minimum(np.searchsorted(rows, ids), max(len(rows) - 1, 0))
+    known = (rows[pos] == ids) if len(rows) else np.zeros(len(ids), bool)
+    return known, values[pos][known]
+
+
+def matched_accuracy(y: npt.NDArray[np.int64], clusters: npt.NDArray[np.int64],
+                     batch: npt.NDArray[Any]) -> float:
+    """The accuracy of cluster ids as labels, each batch's clusters named by the one-to-one
+    mapping to classes that fits the truth best (Hungarian; an upper bound on an attacker who
+    must name the clusters from a few known labels)."""
+    from scipy.optimize import linear_sum_assignment
+
+    hits = 0
+    for key in np.unique(batch):
+        m = batch == key
+        classes = np.unique(np.concatenate([y[m], clusters[m]]))
+        index = {c: i for i, c in enumerate(classes)}
+        table = np.zeros((len(classes), len(classes)), dtype=np.int64)
+        for c, t in zip(clusters[m], y[m], strict=True):
+            table[index[c], index[t]] += 1
+        r, c = linear_sum_assignment(-table)
+        hits += int(table[r, c].sum())
+    return hits / len(y) if len(y) else float("nan")
+
+
 class _LabelAttack:
     needs: ClassVar[frozenset[str]] = frozenset({"gradients"})
     role: ClassVar[str] = "secondary"
     name: ClassVar[str]
     summary: ClassVar[str]
+    reference: ClassVar[str] = "Li et al., ICLR 2022, §3"
 
     def _scores(self, gradients: npt.NDArray[Any], batch: npt.NDArray[Any]
                 ) -> npt.NDArray[np.float64]:
         raise NotImplementedError
 
-    def infer(self, view: AttackView) -> npt.NDArray[np.float64]:
-        view.require(self.needs, self.name)
+    def _clusters(self, gradients: npt.NDArray[Any], batch: npt.NDArray[Any], k: int
+                  ) -> npt.NDArray[np.int64] | None:
+        """Cluster ids per row into ``k`` groups per batch (multi-class), or ``None`` when the
+        attack reads binary labels only."""
+        return None
+
+    def _batch(self, view: AttackView) -> npt.NDArray[Any]:
         g = np.asarray(view.gradients)
         batch = np.asarray(view.extra.get("batch", np.zeros(len(g), dtype=np.int64)))
         if len(batch) != len(g):
             raise DataError(f"{self.name}: {len(batch)} batch ids for {len(g)} gradients")
-        return self._scores(g, batch)
+        return batch
+
+    def infer(self, view: AttackView) -> npt.NDArray[np.float64]:
+        view.require(self.needs, self.name)
+        return self._scores(np.asarray(view.gradients), self._batch(view))
 
     def evaluate(self, view: AttackView, truth: Mapping[str, Any]) -> AttackResult:
-        if "labels__rows" not in truth:
-            raise ConfigError(f"attack {self.name!r} is scored against the primary's labels, "
-                              "which this run did not store as evaluation-only ground truth "
-                              "(a classification task run with [evaluation] record = true)")
-        scores = self.infer(view)
-        rows = np.asarray(truth["labels__rows"], dtype=np.int64)
-        values = np.asarray(truth["labels__values"], dtype=np.int64)
-        classes = np.unique(values)
+        view.require(self.needs, self.name)
+        known, y = labelled_rows(truth, np.asarray(view.ids, dtype=np.int64), self.name)
+        classes = np.unique(y)
+        who = f"The secondary party {view.party!r}"
         if classes.size > 2:
-            raise ConfigError(f"attack {self.name!r} recovers binary labels; this task has "
-                              f"{classes.size} classes")
-        ids = np.asarray(view.ids, dtype=np.int64)
-        pos = np.searchsorted(rows, ids)
-        pos = np.minimum(pos, max(len(rows) - 1, 0))
-        known = (len(rows) > 0) & (rows[pos] == ids) if len(rows) else np.zeros(len(ids), bool)
-        y = values[pos][known]
+            return self._evaluate_classes(view, known, y, int(classes.max()) + 1, who)
+        scores = self.infer(view)
         s = scores[known]
-        batch = np.asarray(view.extra.get("batch", np.zeros(len(ids))))[known]
+        batch = self._batch(view)[known]
         per_batch, used = grouped_auc(y, s, batch)
         pooled = auc(y, s)
         positive_rate = float(np.mean(y == 1)) if len(y) else float("nan")
-        who = f"The secondary party {view.party!r}"
         return AttackResult(
             attack=self.name, party=view.party,
             metrics={"auc": per_batch, "auc_pooled": pooled, "rows": float(len(y)),
@@ -138,10 +174,35 @@ class _LabelAttack:
             explanation=explain_auc(per_batch, who,
                                     "the primary's positive labels from the gradients it "
                                     "received"),
-            params={},
-            details={"reference": "Li et al., ICLR 2022, §3",
+            params=self._params(),
+            details={"reference": self.reference,
                      "scoring": "per-batch AUC, size-weighted mean over training batches",
                      "auc_over_training": _over_training(y, s, batch)})
+
+    def _params(self) -> dict[str, Any]:
+        return {}
+
+    def _evaluate_classes(self, view: AttackView, known: npt.NDArray[np.bool_],
+                          y: npt.NDArray[np.int64], k: int, who: str) -> AttackResult:
+        batch = self._batch(view)
+        clusters = self._clusters(np.asarray(view.gradients)[known], batch[known], k)
+        if clusters is None:
+            raise ConfigError(f"attack {self.name!r} recovers binary labels; this task has "
+                              f"{np.unique(y).size} classes (the clustering attacks read "
+                              "multi-class labels)")
+        accuracy = matched_accuracy(y, clusters, batch[known])
+        majority = float(np.bincount(y).max() / len(y)) if len(y) else float("nan")
+        return AttackResult(
+            attack=self.name, party=view.party,
+            metrics={"accuracy": accuracy, "majority": majority, "rows": float(len(y)),
+                     "classes": float(k)},
+            explanation=(f"{who} can tell the primary's classes from the gradients it received "
+                         f"with accuracy {accuracy:.1%} (always guessing the most frequent "
+                         f"class: {majority:.1%})"),
+            params=self._params(),
+            details={"reference": self.reference,
+                     "scoring": "each batch's clusters named by the best one-to-one mapping "
+                                "to the true classes (an upper bound)"})
 
 
 @ATTACKS.register("label-norm")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import time
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,15 @@ group elements cross between the parties.
 
 Writes OUT/primary.parquet and OUT/secondary.parquet (columns `row`, the 0-based row position
 in the input, and `uid`, hex; for psi only the intersection rows) and OUT/summary.json (sizes,
-group, seconds, payload bytes per direction). With --party the secondary is not read here: it
+group, seconds, payload bytes per direction, and `crypto_bound`).
+
+The crypto bound: the group's cost per operation (hash to the group, exponentiation, check of
+a peer's element) is sampled on one core of this machine before and after the run (a fraction
+of a second each), and the protocol's operations for these set sizes, per party, divided by
+the cores used, give the least time the run could take; the summary and the last line report
+the command's wall time as a ratio to it, with the costs, so that a figure from one machine
+can be checked on another. With --party the secondary's operations are costed at this
+machine's rates. With --party the secondary is not read here: it
 is served elsewhere by `vflink serve` (its party file's [party.table] names its key columns) and
 writes its own output into its state directory.
 
@@ -80,7 +89,15 @@ def run(args: argparse.Namespace) -> int:
     from vflink.cli._outputs import refuse_existing
     from vflink.errors import ConfigError, DataError
     from vflink.protocol.messages import MAX_CHUNK_ROWS
-    from vflink.runner.align import KeyFile, align_in_process, align_over_network, write_outcome
+    from vflink.runner.align import (
+        CostProbe,
+        KeyFile,
+        align_in_process,
+        align_over_network,
+        bound_line,
+        run_cores,
+        write_outcome,
+    )
     from vflink.runner.compute import open_compute
 
     console = Console(stderr=True)
@@ -110,11 +127,14 @@ def run(args: argparse.Namespace) -> int:
     if args.chunk_rows is not None:  # the engine's tasks too
         compute_config = dataclasses.replace(compute_config, chunk_rows=args.chunk_rows)
     chunk_rows = compute_config.chunk_rows
+    probe = CostProbe(args.group)  # the group's costs before the run (unknown names refused)
+    start = time.perf_counter()
     with open_compute(compute_config) as compute, \
             Progress(TextColumn("[bold]{task.description}"), BarColumn(),
                   TextColumn("{task.fields[stage]}"), TimeElapsedColumn(), console=console,
                   transient=True) as bar:
         task = bar.add_task(f"{args.method} ({args.group})", total=None, stage="")
+        cores = run_cores(compute, args.workers)
 
         def progress(stage: str, done: int, total: int) -> None:
             bar.update(task, completed=done, total=total, stage=stage)
@@ -137,8 +157,12 @@ def run(args: argparse.Namespace) -> int:
                                 args.secondary_delimiter or args.delimiter,
                                 args.secondary_encoding or args.encoding)
             outcome = align_in_process(primary, secondary, **kwargs)
+    # the command's own time: engine start and stop, key passes, protocol, outputs written
+    wall = time.perf_counter() - start
+    outcome = dataclasses.replace(outcome, bound=probe.bound(outcome, wall_s=wall, cores=cores))
     summary = write_outcome(outcome, args.out)
     sizes = summary["sizes"]
     console.print(f"{args.method} with {args.group}: " + ", ".join(
-        f"{k} {v}" for k, v in sizes.items()) + f"; {summary['seconds']:.1f} s; wrote {args.out}")
+        f"{k} {v}" for k, v in sizes.items()) + f"; {wall:.1f} s, "
+        f"{bound_line(summary['crypto_bound'])}; wrote {args.out}")
     return 0

@@ -24,10 +24,18 @@ ATTACK_LINES: tuple[tuple[str, str, str], ...] = (
      "and Bloom filters (FedSim §5.2), next to the Theorem 2 bound τ"),
     ("inversion-decoder", "primary", "model inversion: a decoder trained on auxiliary samples "
      "and queries of the secondary's bottom model (Ye et al. 2022; VFL-AFE §4.3, Figure 10)"),
+    ("label-completion", "secondary", "a secondary recovers the primary's labels from a few "
+     "known labels and its own trained bottom model (Fu et al., USENIX Security 2022)"),
     ("label-direction", "secondary", "a secondary recovers the primary's binary labels from "
      "the directions of the gradients it receives (Li et al., ICLR 2022)"),
+    ("label-fcm", "secondary", "a secondary recovers the primary's labels by fuzzy c-means "
+     "clustering of each batch's gradient rows (VFL-AFE's +D)"),
+    ("label-kmeans", "secondary", "a secondary recovers the primary's labels by k-means "
+     "clustering of each batch's gradient rows"),
     ("label-norm", "secondary", "a secondary recovers the primary's binary labels from the "
      "norms of the gradients it receives (Li et al., ICLR 2022)"),
+    ("label-spectral", "secondary", "a secondary recovers the primary's labels by spectral "
+     "clustering of each batch's gradient rows"),
     ("membership-shadow", "primary", "membership inference with shadow models (Shokri et al. "
      "2017) on released embeddings (VFL-AFE §4.3, Table 1)"),
     ("spectral", "either", "tell synthetic rows from real ones by their spectral signature"),

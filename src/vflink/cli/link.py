@@ -45,6 +45,20 @@ Records with an empty identifier stop the link (the error names the file, column
 unless --empty skip: then they keep their position, get no link, and are counted.
 Next to it: <out>.summary.json and the sorted-similarity curve of FedSim Figure 4
 (<out>.similarity.png).
+
+Decisions (--model fellegi-sunter, or [link] model = "fellegi-sunter"): the coordinator scores
+every candidate pair (those of the [[link.blocking]] rules; a rule may combine columns, on =
+["surname", "postcode"]) with a Fellegi-Sunter model it trains without labels on the encodings
+(per field: exact agreement from keyed hashes, close levels from the Bloom filters' Dice
+similarity, u from random pairs, m and the prior by EM, term-frequency adjusted), and decides:
+match probability >= --threshold (0.5), then --one-to-one. Fields need no metric or weight.
+The links gain match_weight, match_probability and match; the summary the m/u table and the
+estimated precision, recall and F1 (no labels needed); <out>.model.png the match-weight
+histogram, the threshold chart and one pair's waterfall. --truth FILE (primary_index,
+secondary_index or primary_id, secondary_id) adds the measured precision, recall and F1.
+The links file is the operator's view (it holds the coordinator's exact distance and weights,
+labelled so in the summary's "columns" and the Parquet metadata); --view primary writes only
+what the primary receives in a deployment.
 """
 
 
@@ -124,6 +138,20 @@ def register(sub: Any) -> None:
                    "[compute] chunk_rows, links written chunk by chunk, memory flat in the "
                    "tables' size, the same output byte for byte (default: when a table has "
                    "more than 10^6 rows and the link can be streamed; --no-stream: never)")
+    p.add_argument("--model", choices=("fellegi-sunter",), default=None,
+                   help="decide matches with a Fellegi-Sunter model trained without labels on "
+                   "the encodings (fields then need no metric or weight)")
+    p.add_argument("--threshold", type=float, default=None,
+                   help="a model link's match probability for a match (default 0.5)")
+    p.add_argument("--one-to-one", choices=("optimal", "greedy"), default=None,
+                   help="a model link's matches one-to-one: optimal (largest total weight) or "
+                   "greedy (by decreasing weight)")
+    p.add_argument("--view", choices=("operator", "primary"), default=None,
+                   help="operator (default): every column, the coordinator's exact distance "
+                   "and weights included; primary: only what the primary receives")
+    p.add_argument("--truth", type=Path, default=None,
+                   help="true pairs (CSV/Parquet: primary_index, secondary_index or primary_id, "
+                   "secondary_id) to measure precision, recall and F1 beside the estimate")
     p.add_argument("--overwrite", action="store_true",
                    help="replace an existing output (and its .summary.json and .similarity.png)")
     p.usage = ("%(prog)s --primary P --secondary S --on COLS --metric M --top-k K --out F "
@@ -141,13 +169,15 @@ _REQUIRED = ("primary", "secondary", "on", "metric", "top_k", "out")
 _KEYS = ("primary", "secondary", "on", "secondary_on", "metric", "bloom", "top_k", "mode", "tau",
          "sigma", "delta", "approximate", "search", "seed", "out", "privacy", "empty", "id",
          "secondary_id", "fields", "blocking", "geo", "bloom_filters", "resolution", "delimiter",
-         "encoding", "secondary_delimiter", "secondary_encoding", "decimal", "parts", "stream")
+         "encoding", "secondary_delimiter", "secondary_encoding", "decimal", "parts", "stream",
+         "model", "threshold", "one_to_one", "view", "truth")
 
 
 #: What each [link] key must be, checked when it comes from a file (argparse checks flags).
 _CHOICES = {"metric": LINK_METRICS, "privacy": PRIVACY, "mode": ("soft", "top1", "exact"),
-            "search": ("auto", "exact", "approximate"), "empty": ("error", "skip")}
-_TEXT = ("primary", "secondary", "out", "id", "secondary_id")
+            "search": ("auto", "exact", "approximate"), "empty": ("error", "skip"),
+            "model": ("fellegi-sunter",), "view": ("operator", "primary")}
+_TEXT = ("primary", "secondary", "out", "id", "secondary_id", "truth")
 _FLAGS = ("bloom", "approximate", "parts", "stream")
 
 
@@ -169,6 +199,13 @@ def _check_value(key: str, value: Any, problems: list[str]) -> None:
                         f"got {value!r}")
     elif key == "top_k":
         check_int(problems, key, value, min=1)
+    elif key == "threshold" and not (isinstance(value, (int, float))
+                                     and not isinstance(value, bool) and 0 < value < 1):
+        problems.append(f"`threshold` must be a probability in (0, 1), got {value!r}")
+    elif key == "one_to_one" and not (isinstance(value, bool)
+                                      or value in ("optimal", "greedy")):
+        problems.append(f"`one_to_one` must be true, false, \"optimal\" or \"greedy\", got "
+                        f"{value!r}")
     elif key == "seed":
         check_int(problems, key, value, min=0)
     elif key in ("tau", "sigma", "delta", "resolution"):
@@ -205,7 +242,7 @@ def resolve(args: argparse.Namespace) -> dict[str, Any]:
             _check_value(key, table[key], problems)
         base = Path(args.config).parent.resolve()  # messages then show the resolved path
         opts.update({k: v for k, v in table.items() if k in _KEYS})
-        for key in ("primary", "secondary", "out"):
+        for key in ("primary", "secondary", "out", "truth"):
             if isinstance(opts.get(key), str) and not Path(opts[key]).is_absolute():
                 opts[key] = base / opts[key]
     for key in _KEYS:
@@ -216,7 +253,8 @@ def resolve(args: argparse.Namespace) -> dict[str, Any]:
                        "decimal"):
                 _check_value(key, value, problems)  # not an argparse choice
     required = ("primary", "secondary", "top_k", "out") if opts.get("fields") else (
-        "primary", "secondary", "on", "metric", "top_k", "out")
+        ("primary", "secondary", "on", "top_k", "out") if opts.get("model") else
+        ("primary", "secondary", "on", "metric", "top_k", "out"))
     problems.extend(f"--{k.replace('_', '-')} is required" for k in required
                     if opts.get(k) is None)
     if opts.get("fields"):
@@ -361,7 +399,8 @@ def run(args: argparse.Namespace) -> int:
 
     out = Path(opts["out"])
     refuse_existing(out, out.with_name(out.name + ".summary.json"),
-                    out.with_name(out.name + ".similarity.png"), overwrite=args.overwrite)
+                    out.with_name(out.name + ".similarity.png"),
+                    out.with_name(out.name + ".model.png"), overwrite=args.overwrite)
     on = _columns(opts.get("on"))
     fields, blocking = _fields(opts, []) if opts.get("fields") else ([], [])
     console = Console()
@@ -387,7 +426,9 @@ def run(args: argparse.Namespace) -> int:
                 secondary_delimiter=opts.get("secondary_delimiter"),
                 secondary_encoding=opts.get("secondary_encoding"), out=out, overwrite=True,
                 compute=compute, parts=opts.get("parts"), stream=opts.get("stream"),
-                chunk_rows=config.chunk_rows)
+                chunk_rows=config.chunk_rows, model=opts.get("model"),
+                threshold=opts.get("threshold") or 0.5,
+                one_to_one=opts.get("one_to_one") or False, view=opts.get("view") or "operator")
         except LinkageError as exc:
             if "unreachable" not in str(exc) or opts.get("tau") is None:
                 raise
@@ -423,7 +464,43 @@ def run(args: argparse.Namespace) -> int:
         rows.append(("recall@K", f"{lk.recall:.4f} (approximate search)"))
     for baseline, delta in outcome.improvement.items():
         rows.append((f"Δ vs {baseline} (§4.3)", f"{delta:.4f}"))
+    model = lk.model
+    if model:
+        est = model["estimated"]
+        rows.append(("model", f"Fellegi-Sunter on {model['candidate_pairs']} candidate pairs, "
+                              f"λ = {model['lambda']:.4g}, EM {model['em_iterations']} "
+                              f"iterations; {model['matches']} matches (p ≥ "
+                              f"{model['threshold']:g}, one-to-one: {model['one_to_one']})"))
+        rows.append(("estimated (no labels)",
+                     f"precision {est['precision']:.4f}, recall {est['recall']:.4f}, F1 "
+                     f"{est['f1']:.4f}; {est['expected_matches']:.1f} expected matches"))
+        for rule in model.get("blocking_rules", []):
+            rows.append((f"blocking {rule['rule']}", f"{rule['comparisons']} comparisons, "
+                                                     f"{rule['new_pairs']} new pairs"))
+    if opts.get("truth") is not None:
+        from vflink._files import atomic_write_json
+
+        quality = links.evaluate(Path(opts["truth"]))
+        m = quality["measured"]
+        rows.append(("measured (--truth)", f"precision {m['precision']:.4f}, recall "
+                                           f"{m['recall']:.4f}, F1 {m['f1']:.4f}"))
+        summary = dict(links.summary)
+        summary["quality"] = quality
+        atomic_write_json(out.with_name(out.name + ".summary.json"), summary, indent=2,
+                          default=str)
+        if model:
+            from vflink.reporting.plots import plot_link_model
+
+            plot_link_model(model, out.with_name(out.name + ".model.png"), measured=quality)
     for name, text in rows:
         table.add_row(name, text)
     console.print(table)
+    if model:
+        mu = Table(title="m/u table (Fellegi-Sunter, learned without labels)")
+        for col in ("field", "level", "m", "u", "weight (bits)"):
+            mu.add_column(col)
+        for r in model["m_u"]:
+            mu.add_row(r["field"], r["level"], f"{r['m']:.4g}", f"{r['u']:.4g}",
+                       f"{r['weight']:+.2f}")
+        console.print(mu)
     return 0

@@ -12,14 +12,16 @@ from typing import Any
 
 __all__ = ["register", "run"]
 
-HELP = """Show (or reset) how much of its privacy budget a secondary party's data has spent.
+HELP = """Show (or reset) how much of its privacy budget a party's data has spent.
 
 A secondary that protects its embeddings (the [privacy] section of its party file) counts
 every release of every record, per noise setting, in its own state directory
 (`party.state_dir`/_privacy-budget/<data fingerprint>.json and its journal). The counts
 belong to the data, not to a run: they survive new setups, sessions, runs against any primary
 and restarts of `vflink serve`, and `privacy.budget` refuses any release that would take a
-record past it, whatever a primary asks. Only this command resets them.
+record past it, whatever a primary asks. Only this command resets them. A primary that
+protects its labels ([privacy] labels = "dp" or "rr-prior" in the run file) counts each
+label's releases the same way, in its party file's `party.state_dir` (default δ 1e-5).
 
 Without options it prints, for the party's current data: records released, releases, and the
 composed ε of each record (max and mean over released records, at δ of the party's [privacy]
@@ -35,11 +37,13 @@ first: a running service keeps the counts in memory and writes them back at its 
 
 def register(sub: Any) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
-        "privacy-budget", help="show or reset a secondary's spent privacy budget (its own "
+        "privacy-budget", help="show or reset a party's spent privacy budget (its own "
                                "release counts)",
         description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--party-file", "--config", dest="config", required=True, type=Path,
-                   metavar="PARTY_TOML", help="the secondary's party file (as for vflink serve)")
+                   metavar="PARTY_TOML",
+                   help="the party's own party file (a secondary's, as for vflink serve, or "
+                        "the primary's)")
     p.add_argument("--delta", type=float, default=None,
                    help="δ at which to compose ε (default: the party's privacy.delta)")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
@@ -77,9 +81,10 @@ def run(args: argparse.Namespace) -> int:
             "restored. Stop `vflink serve` for this party, then add --yes-i-understand to "
             "confirm (the reset is logged with your name)")
     config = load_party_config(args.config)
-    if config.role != "secondary":
-        raise ConfigError(f"party file {args.config}: only a secondary releases embeddings; "
-                          f"this party's role is {config.role!r}")
+    if config.role not in ("secondary", "primary"):
+        raise ConfigError(f"party file {args.config}: a secondary counts the releases of its "
+                          "embeddings, a primary those of its labels ([privacy] labels); this "
+                          f"party's role is {config.role!r}")
     if config.state_dir is None:
         raise ConfigError(f"party file {args.config}: `party.state_dir` is not set, so the "
                           "party keeps no release counts across runs")
@@ -101,6 +106,8 @@ def run(args: argparse.Namespace) -> int:
                           f"{directory / 'resets.jsonl'}", highlight=False)
         return 0
     delta = args.delta
+    if delta is None and config.role == "primary":  # its labels' δ comes with each run's file
+        delta = 1e-5
     if delta is None:
         delta = config.privacy.delta if config.privacy is not None else 1e-2
     if not 0 < delta < 1:

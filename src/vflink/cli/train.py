@@ -62,6 +62,11 @@ def summarise(result: RunResult, console: Console) -> None:
     console.print(f"[bold]{result.algorithm}[/]: test {metric} [bold]{test[metric]:.4f}[/] "
                   f"({others}); best epoch {result.best_epoch}; {total / 1e6:.1f} MB exchanged; "
                   f"{result.seconds:.1f} s")
+    from vflink.reporting.ledger import privacy_summary
+
+    line = privacy_summary(result)
+    if line:
+        console.print(line, highlight=False, markup=False)
 
 
 def run(args: argparse.Namespace) -> int:

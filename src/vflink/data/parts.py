@@ -200,12 +200,14 @@ def read_parts(path: Path | str, *, columns: list[str] | None = None) -> Any:
 
 
 def write_columns(columns: dict[str, Any], out: Path | str, *, parts: bool | None = None,
-                  rows_per_part: int = PART_ROWS, compression: str = "lz4") -> bool:
+                  rows_per_part: int = PART_ROWS, compression: str = "lz4",
+                  metadata: dict[str, str] | None = None) -> bool:
     """Write equal-length numpy ``columns`` to the Parquet output ``out``: one file, or, when
     ``parts`` is true (``None``: when there are more than :data:`AUTO_PARTS_ROWS` rows, or
     ``out`` is already a partitioned dataset), a dataset of ``rows_per_part``-row parts
     (:class:`PartitionedWriter`), each converted from its slice of the columns alone. Both
-    atomic; the same columns and values either way. Returns whether it wrote parts."""
+    atomic; the same columns and values either way. Returns whether it wrote parts.
+    ``metadata``: key-value pairs stored in a single file's Parquet schema."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -217,8 +219,11 @@ def write_columns(columns: dict[str, Any], out: Path | str, *, parts: bool | Non
         parts = n > AUTO_PARTS_ROWS or is_partitioned(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     if not parts:
+        table = pa.table(columns)
+        if metadata:
+            table = table.replace_schema_metadata(metadata)
         with atomic_open(out, "wb") as fh:
-            pq.write_table(pa.table(columns), fh, compression=compression)
+            pq.write_table(table, fh, compression=compression)
         return False
     step = max(1, int(rows_per_part))
     with PartitionedWriter(out, compression=compression) as writer:

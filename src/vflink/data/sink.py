@@ -62,8 +62,9 @@ class ColumnSink:
     """
 
     def __init__(self, out: Path | str, *, rows: int, parts: bool | None = None,
-                 compression: str = "lz4") -> None:
+                 compression: str = "lz4", metadata: dict[str, str] | None = None) -> None:
         self.out = Path(out)
+        self.metadata = metadata
         self.csv = self.out.suffix.lower() != ".parquet"
         if parts is None:
             parts = rows > AUTO_PARTS_ROWS or is_partitioned(self.out)
@@ -105,6 +106,8 @@ class ColumnSink:
             self._target.write(columns)
             return
         table = pa.table(columns)
+        if self.metadata:
+            table = table.replace_schema_metadata(self.metadata)
         if self._writer is None:
             self._writer = pq.ParquetWriter(self._target, table.schema,
                                             compression=self.compression)

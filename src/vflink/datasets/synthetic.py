@@ -77,6 +77,9 @@ class SklearnOptions:
             identifiers than informative features the rest are drawn from the others) or
             ``"any"`` (chosen among all features; mostly noise, like App. F.6's
             "sklearn-random").
+        positive_fraction: a binary task's share of positive records (``make_classification``'s
+            ``weights``, before ``flip_y``); ``None``: balanced. An imbalanced task is where a
+            secondary reads the labels off the gradients best (Li et al., ICLR 2022, §5).
         seed: seeds every random choice (explicit randomness, no global state).
     """
 
@@ -94,6 +97,7 @@ class SklearnOptions:
     secondary_signal: float | None = None
     overlap: float = 1.0
     identifiers_from: str = "informative"
+    positive_fraction: float | None = None
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -113,6 +117,13 @@ class SklearnOptions:
                        allow_none=True)
         check_fraction(problems, "overlap", self.overlap, open_low=True)
         check_seed(problems, self.seed)
+        check_float(problems, "positive_fraction", self.positive_fraction, min=0.0, max=1.0,
+                    min_exclusive=True, allow_none=True)
+        if self.positive_fraction == 1.0:
+            problems.append("`positive_fraction` must be < 1 (some records negative), got 1.0")
+        if self.positive_fraction is not None and self.n_classes != 2:
+            problems.append(f"`positive_fraction` applies to a binary task (n_classes = 2), got "
+                            f"n_classes = {self.n_classes!r}")
         if self.identifiers_from not in ("informative", "any"):
             problems.append(f"`identifiers_from` must be 'informative' or 'any', got "
                             f"{self.identifiers_from!r}")
@@ -157,7 +168,8 @@ def vertical_classification(*, n_samples: int, n_primary_features: int,
                             n_redundant: int, n_classes: int, n_clusters_per_class: int,
                             class_sep: float, flip_y: float, secondary_signal: float | None,
                             make_rng: np.random.Generator, identifiers_from: str = "any",
-                            split_rng: np.random.Generator) -> VerticalFeatures:
+                            split_rng: np.random.Generator,
+                            weights: list[float] | None = None) -> VerticalFeatures:
     """Generate the global dataset and divide its columns (FedSim §6.1).
 
     ``make_rng`` drives the samples, ``split_rng`` the choice of identifier columns and the
@@ -170,7 +182,7 @@ def vertical_classification(*, n_samples: int, n_primary_features: int,
         n_samples=n_samples, n_features=n_features, n_informative=n_informative,
         n_redundant=n_redundant, n_repeated=0, n_classes=n_classes,
         n_clusters_per_class=n_clusters_per_class, class_sep=class_sep, flip_y=flip_y,
-        shuffle=False, random_state=int(make_rng.integers(2**31 - 1)))
+        weights=weights, shuffle=False, random_state=int(make_rng.integers(2**31 - 1)))
     rows = make_rng.permutation(n_samples)
     x = np.ascontiguousarray(x[rows], dtype=np.float64)
     y = np.asarray(y[rows], dtype=np.int64)
@@ -216,7 +228,8 @@ def make_sklearn(options: SklearnOptions) -> VFLDataset:
         n_informative=o.n_informative, n_redundant=o.n_redundant, n_classes=o.n_classes,
         n_clusters_per_class=o.n_clusters_per_class, class_sep=o.class_sep, flip_y=o.flip_y,
         secondary_signal=o.secondary_signal, make_rng=make_rng, split_rng=split_rng,
-        identifiers_from=o.identifiers_from)
+        identifiers_from=o.identifiers_from,
+        weights=None if o.positive_fraction is None else [1.0 - o.positive_fraction])
     ids = record_ids(o.n_samples, entity_rng)
     prim_rows, sec_rows = split_entities(o.n_samples, o.overlap, entity_rng)
 

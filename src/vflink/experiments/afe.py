@@ -34,6 +34,7 @@ from vflink.attacks import AttackView, DecoderInversion, ShadowMembershipInferen
 from vflink.attacks._shadow import CodeBottom, Release
 from vflink.data.table import PartyTable
 from vflink.errors import ConfigError
+from vflink.models.device import module_device
 from vflink.parties import PrimaryParty, SecondaryParty
 from vflink.protocol.messages import Embeddings, Forward
 from vflink.runfiles.config import RunConfig
@@ -185,7 +186,8 @@ def train_and_attack(config: RunConfig, aux: Inputs, *, victim: str | None = Non
     with torch.no_grad():
         model.eval()
         bottom = code_bottom if code_bottom is not None else model
-        raw = bottom(torch.from_numpy(pre.transform(aux_frame)))
+        queries = torch.from_numpy(pre.transform(aux_frame))
+        raw = bottom(queries.to(module_device(bottom))).cpu()  # on the victim's device
     release = Release.from_extra({"mechanism": mechanism})
     aux_emb = release(raw, torch.Generator().manual_seed(config.seed)).double().numpy()
     truth_x = target.table.frame.iloc[links[others]][list(target.table.schema.numeric)

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from vflink.models import merge, splitnn
+from vflink.models.merge import weight_curve
 from vflink.models.mlp import build_mlp
 from vflink.runfiles.experiment import load_experiment
 from vflink.runner.prepare import prepare
@@ -113,9 +114,8 @@ def imdb_gap(experiment: Path, *, seeds: Sequence[int] = (0,),
                 agg = primary.model.aggregator
                 if getattr(agg, "sim_model", None) is not None and not exact_flag:
                     scale = 1.0 if meta["sigma0"] > 1 else 0.05  # edits, or a share of the title
-                    d = torch.tensor([scale * i for i in range(9)], dtype=torch.float32)
-                    with torch.no_grad():
-                        w = agg.weights((-d - meta["mu0"]) / meta["sigma0"])
+                    d = np.array([scale * i for i in range(9)], dtype=np.float32)
+                    w = weight_curve(agg, (-d - meta["mu0"]) / meta["sigma0"])
                     got["weights"] = {f"{float(a):g}": round(float(b), 3) for a, b in zip(d, w)}
 
             result = run_training(exp.config_for(config, algorithm), prepared=prepared,

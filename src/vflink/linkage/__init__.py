@@ -7,7 +7,14 @@ Eq. 2 noise) with the privacy formulas of :mod:`.privacy` (Theorems 1 and 2), an
 :mod:`.improvement` (Δ, Figure 4).
 :func:`link` runs them all. :mod:`.fields` links on several fields with their own metrics,
 weights and blocking keys; :mod:`.encoding.geo` encodes places on the globe as keyed Bloom
-filters. This package is an algorithm layer: it does no I/O to peers.
+filters, :mod:`.encoding.dates` dates as keyed filters of date tokens.
+
+Linkage decisions: :mod:`.comparison` (per-field comparison levels), :mod:`.fellegi_sunter`
+(the model, trained by EM without labels, term-frequency adjustment), :mod:`.scoring`
+(candidate pairs from blocking rules, levels, training and scores), :mod:`.decisions`
+(threshold, one-to-one assignment, clusters, label-free and measured quality) and
+:mod:`.model_link` (a decided link as a :class:`SoftLinkage`). This package is an algorithm
+layer: it does no I/O to peers.
 """
 
 from __future__ import annotations

@@ -20,13 +20,21 @@ Per-field normalised distances (string scorers from rapidfuzz):
 ``euclidean``      d / (d + scale)
 ``haversine``      d / (d + scale), d in km
 ``hamming``        Hamming distance / total set bits of both Bloom filters (Dice distance)
+``date``           1 − Dice of the dates' token sets (:mod:`.encoding.dates`): a swapped
+                   day and month or a year one off stay close
 =================  =================================================================
+
+With ``model = "fellegi-sunter"`` a field may leave ``metric`` out: the comparison follows the
+column (:func:`auto_metric`: dates, numbers with decimals, else strings), and ``weight`` is
+not used (the model learns each level's weight).
 
 ``scale`` of a numeric field is the distance counted as "half different"; by default the median
 distance from a sample of primary records to their nearest secondary record on that field.
 
 Blocking (optional) restricts the comparison to pairs that agree on at least one key the user
-names: a column's normalised value, or its first ``prefix`` characters. Without blocking every
+names: a column's normalised value, or its first ``prefix`` characters, or several columns
+together (a combined rule: ``on = ["surname", "postcode"]`` keeps pairs equal on both).
+Without blocking every
 pair is compared (chunked, so memory stays bounded). :func:`brute_fields` is the plain
 reference: one scorer call per pair.
 """
@@ -48,12 +56,12 @@ from vflink.errors import ConfigError, DataError
 from vflink.linkage.distances import euclidean_distances, haversine_distances
 from vflink.linkage.search import Neighbours
 
-__all__ = ["FIELD_METRICS", "Blocking", "FieldSpec", "FieldValues", "brute_fields",
-           "field_resolution", "field_scales", "search_fields"]
+__all__ = ["FIELD_METRICS", "Blocking", "FieldSpec", "FieldValues", "auto_metric",
+           "brute_fields", "field_resolution", "field_scales", "search_fields"]
 
 FIELD_METRICS = ("levenshtein", "jaro-winkler", "token-set", "exact", "euclidean", "haversine",
-                 "hamming")
-_STRING = ("levenshtein", "jaro-winkler", "token-set", "exact")
+                 "hamming", "date")
+_STRING = ("levenshtein", "jaro-winkler", "token-set", "exact", "date")
 FloatArray = npt.NDArray[np.float64]
 #: Bytes budget of one chunk of a (primary rows × secondary rows) matrix per field.
 _BUDGET = 64 * 2**20
@@ -64,14 +72,20 @@ BLOCK_COMPARISONS = 10**7
 @dataclass(frozen=True, kw_only=True)
 class FieldSpec:
     """One field: primary columns ``on`` (``secondary_on`` when the secondary's names differ),
-    a metric from :data:`FIELD_METRICS`, a weight > 0 and, for numeric metrics, an optional
-    ``scale`` (the distance whose normalised value is 1/2)."""
+    a metric from :data:`FIELD_METRICS` (``None``: chosen from the column by
+    :func:`auto_metric`, for a Fellegi–Sunter link), a weight > 0 and, for numeric metrics, an
+    optional ``scale`` (the distance whose normalised value is 1/2). For a Fellegi–Sunter
+    link, ``levels`` (similarity thresholds between ``exact`` and ``else``, highest first;
+    default per kind, :data:`vflink.linkage.comparison.DEFAULT_LEVELS`) and ``tf``
+    (term-frequency adjustment of exact agreement; default on for strings and dates)."""
 
     on: tuple[str, ...]
-    metric: str
+    metric: str | None = None
     secondary_on: tuple[str, ...] = ()
     weight: float = 1.0
     scale: float | None = None
+    levels: tuple[float, ...] | None = None
+    tf: bool | None = None
 
     def __post_init__(self) -> None:
         for name in ("on", "secondary_on"):
@@ -86,7 +100,19 @@ class FieldSpec:
         if self.secondary_on and len(self.secondary_on) != len(self.on):
             problems.append(f"`secondary_on` names {len(self.secondary_on)} column(s) but `on` "
                             f"names {len(self.on)}")
-        check_choice(problems, "metric", self.metric, FIELD_METRICS)
+        if self.metric is not None:
+            check_choice(problems, "metric", self.metric, FIELD_METRICS)
+        if isinstance(self.levels, list):
+            object.__setattr__(self, "levels", tuple(self.levels))
+        if self.levels is not None and not (
+                isinstance(self.levels, tuple) and self.levels
+                and all(isinstance(x, (int, float)) and not isinstance(x, bool) and 0 < x < 1
+                        for x in self.levels)
+                and all(a > b for a, b in zip(self.levels, self.levels[1:]))):
+            problems.append(f"`levels` must be similarities in (0, 1), highest first, got "
+                            f"{self.levels!r}")
+        if self.tf is not None and not isinstance(self.tf, bool):
+            problems.append(f"`tf` must be true or false, got {self.tf!r}")
         if not (isinstance(self.weight, (int, float)) and not isinstance(self.weight, bool)
                 and math.isfinite(self.weight) and self.weight > 0):
             problems.append(f"`weight` must be a number > 0, got {self.weight!r}")
@@ -103,30 +129,81 @@ class FieldSpec:
 
     @property
     def kind(self) -> str:
-        if self.metric in _STRING:
+        if self.metric is None or self.metric in _STRING:
             return "string"
         return "binary" if self.metric == "hamming" else "numeric"
 
     def describe(self) -> str:
-        return f"{self.weight:g}·{self.metric}({','.join(self.on)})"
+        return f"{self.weight:g}·{self.metric or 'auto'}({','.join(self.on)})"
+
+
+def auto_metric(values: Sequence[Any]) -> str:
+    """The comparison of a field given without ``metric`` (a Fellegi–Sunter link), from its
+    values as read (text): ``date`` when they read as dates (:func:`looks_like_dates`),
+    ``euclidean`` when they are numbers and some have decimals (a quantity), else
+    ``jaro-winkler`` (a string: names, addresses, and integer codes such as postcodes or
+    street numbers, whose typos are character edits rather than numeric differences)."""
+    from vflink.linkage.encoding.dates import looks_like_dates
+
+    present = [str(v).strip() for v in values
+               if v is not None and not (isinstance(v, float) and v != v) and str(v).strip()]
+    if not present:
+        return "jaro-winkler"
+    if looks_like_dates(present):
+        return "date"
+    try:
+        numbers = [float(v) for v in present]
+    except ValueError:
+        return "jaro-winkler"
+    if all(math.isfinite(x) for x in numbers) and any(x != int(x) for x in numbers):
+        return "euclidean"
+    return "jaro-winkler"
 
 
 @dataclass(frozen=True, kw_only=True)
 class Blocking:
-    """A blocking key: the primary column ``on`` (``secondary_on`` on the secondary), compared
-    exactly after string normalisation, or on its first ``prefix`` characters."""
+    """A blocking rule: the primary column ``on`` (``secondary_on`` on the secondary), compared
+    exactly after string normalisation, or on its first ``prefix`` characters; or several
+    columns (``on = ["surname", "postcode"]``), all equal (each cut to ``prefix``). Rules are
+    OR-ed: a pair is compared when it satisfies at least one."""
 
-    on: str
-    secondary_on: str | None = None
+    on: str | tuple[str, ...]
+    secondary_on: str | tuple[str, ...] | None = None
     prefix: int | None = None
 
     def __post_init__(self) -> None:
         problems: list[str] = []
-        if not isinstance(self.on, str) or not self.on:
-            problems.append(f"blocking `on` must name one column, got {self.on!r}")
+        for name in ("on", "secondary_on"):
+            value = getattr(self, name)
+            if isinstance(value, (list, tuple)):
+                value = tuple(value)
+                object.__setattr__(self, name, value[0] if len(value) == 1 else value)
+        cols = self.columns
+        if not cols or not all(isinstance(c, str) and c for c in cols):
+            problems.append(f"blocking `on` must name one column or a list of columns, got "
+                            f"{self.on!r}")
+        if self.secondary_on is not None and len(self.columns_s) != len(cols):
+            problems.append(f"blocking `secondary_on` names {len(self.columns_s)} column(s) "
+                            f"but `on` names {len(cols)}")
         if self.prefix is not None:
             check_int(problems, "prefix", self.prefix, min=1)
         raise_if(problems, "blocking key")
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        """The primary's columns of the rule."""
+        return (self.on,) if isinstance(self.on, str) else tuple(self.on)
+
+    @property
+    def columns_s(self) -> tuple[str, ...]:
+        """The secondary's columns of the rule."""
+        s = self.secondary_on if self.secondary_on is not None else self.on
+        return (s,) if isinstance(s, str) else tuple(s)
+
+    def describe(self) -> str:
+        """``surname``, ``surname[:2]`` or ``surname & postcode``."""
+        cut = f"[:{self.prefix}]" if self.prefix else ""
+        return " & ".join(f"{c}{cut}" for c in self.columns)
 
 
 @dataclass(frozen=True)
@@ -147,8 +224,21 @@ _SCORERS: dict[str, Callable[..., Any]] = {
 }
 
 
+def _metric(spec: FieldSpec) -> str:
+    """The field's metric; a field without one is a Fellegi–Sunter link's, resolved from its
+    column before any distance is computed."""
+    if spec.metric is None:
+        raise ConfigError(f"field {list(spec.on)} has no `metric`: give one, or link with "
+                          "model = \"fellegi-sunter\"")
+    return spec.metric
+
+
 def _pair_string(metric: str, a: str, b: str) -> float:
     """The per-pair reference of the string metrics (used by :func:`brute_fields`)."""
+    if metric == "date":
+        from vflink.linkage.encoding.dates import token_dice
+
+        return 1.0 - token_dice(a, b)
     if metric == "exact":
         return 0.0 if a == b else 1.0
     if metric == "token-set":
@@ -161,6 +251,9 @@ def _string_matrix(metric: str, a: Sequence[str], b: Sequence[str],
     if metric == "exact":
         return (np.asarray(a, dtype=object)[:, None] != np.asarray(b, dtype=object)[None, :]
                 ).astype(np.float32)
+    if metric == "date":  # token Dice, pair by pair (raw dates: privacy off only)
+        return np.asarray([[_pair_string("date", x, y) for y in b] for x in a],
+                          dtype=np.float32).reshape(len(a), len(b))
     if metric == "token-set":
         sim = process.cdist(a, b, scorer=fuzz.token_set_ratio, dtype=np.float32,
                             workers=workers)
@@ -196,8 +289,8 @@ def _words(x: Any) -> npt.NDArray[np.uint64]:
 def _field_matrix(spec: FieldSpec, scale: float, a: Any, b: Any,
                   workers: int) -> npt.NDArray[np.float32]:
     if spec.kind == "string":
-        return _string_matrix(spec.metric, a, b, workers)
-    d = _raw_numeric(spec.metric, a, b)
+        return _string_matrix(_metric(spec), a, b, workers)
+    d = _raw_numeric(_metric(spec), a, b)
     if spec.metric == "hamming":
         return d.astype(np.float32)
     return (d / (d + scale)).astype(np.float32)
@@ -223,7 +316,7 @@ def field_scales(specs: Sequence[FieldSpec], primary: FieldValues, secondary: Fi
         a = _take(primary.fields[f], rows)
         b = secondary.fields[f]
         step = max(1, _BUDGET // (8 * max(1, len(b))))
-        nearest = np.concatenate([_raw_numeric(spec.metric, a[i:i + step], b).min(axis=1)
+        nearest = np.concatenate([_raw_numeric(_metric(spec), a[i:i + step], b).min(axis=1)
                                   for i in range(0, len(a), step)])
         med = float(np.median(nearest))
         out.append(med if med > 0 else 1.0)
@@ -450,11 +543,11 @@ def brute_fields(specs: Sequence[FieldSpec], primary: FieldValues, secondary: Fi
                 if spec.kind == "string":
                     if not a or not c:
                         continue  # missing on one side: no evidence
-                    v = _pair_string(spec.metric, a, c)
+                    v = _pair_string(_metric(spec), a, c)
                 else:
                     if spec.metric == "hamming" and not (np.any(a) and np.any(c)):
                         continue
-                    raw = float(_raw_numeric(spec.metric, np.asarray([a]), np.asarray([c]))[0, 0])
+                    raw = float(_raw_numeric(_metric(spec), np.asarray([a]), np.asarray([c]))[0, 0])
                     v = raw if spec.metric == "hamming" else raw / (raw + scales[f])
                 num += spec.weight * v
                 den += spec.weight

@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -126,6 +126,10 @@ class SoftLinkage:
         exact_search, recall: whether the search was exact; measured recall@K if approximate.
         resolution: the distance step r of Theorem 2 (1 for Hamming distances; the one-bit
             step of a multi-field weighted distance, see :mod:`vflink.linkage.privacy`).
+        match_weights, match_probabilities, matches: a Fellegi–Sunter link's exact match
+            weight and probability of each link and its decision (coordinator-side; the
+            primary receives the decisions and the similarities, which are then the noised,
+            normalised weights). ``model``: the trained model and its quality estimates.
     """
 
     indices: npt.NDArray[np.int64]
@@ -145,6 +149,10 @@ class SoftLinkage:
     recall: float | None = None
     meta: dict[str, float] = field(default_factory=dict)
     resolution: float = 1.0
+    match_weights: FloatArray | None = None
+    match_probabilities: FloatArray | None = None
+    matches: npt.NDArray[np.bool_] | None = None
+    model: dict[str, Any] = field(default_factory=dict)
 
     @property
     def k(self) -> int:
@@ -158,10 +166,12 @@ class SoftLinkage:
         return np.asarray((self.indices != MISSING).any(axis=1))
 
     def raw_similarities(self) -> FloatArray:
-        """ρ of Eq. 1 (before noise), recomputed from the distances and (μ0, σ0)."""
+        """ρ of Eq. 1 (before noise), recomputed from the distances (a model link: the match
+        weights, which Eq. 1 normalised) and (μ0, σ0)."""
+        score = -self.distances if self.match_weights is None else self.match_weights
         if self.sigma0 == 0.0:
-            return np.where(np.isfinite(self.distances), 0.0, np.nan)
-        return (-self.distances - self.mu0) / self.sigma0
+            return np.where(np.isfinite(score), 0.0, np.nan)
+        return (score - self.mu0) / self.sigma0
 
     def to_alignment(self, secondary: str = "secondary", *,
                      include_similarity: bool = True) -> Alignment:
@@ -173,12 +183,14 @@ class SoftLinkage:
             meta["resolution"] = self.resolution
         if self.recall is not None:
             meta["recall"] = self.recall
+        meta.update(self.model.get("released", {}))
         return Alignment(
             primary_index=np.arange(len(self), dtype=np.int64),
             secondary_index=self.indices,
             similarity=self.similarities.astype(np.float32) if include_similarity else None,
             secondary=secondary,
             meta=meta,
+            match=self.matches if include_similarity else None,
         )
 
 

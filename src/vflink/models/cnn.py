@@ -28,7 +28,7 @@ def build_cnn(shape: tuple[int, int, int], channels: Sequence[int], kernels: Seq
               ) -> nn.Sequential:
     """Flat features → (C, H, W) → [conv k×k ('same' padding), activation, 2×2 max-pool
     (while the image is ≥ 2 pixels)]... → flatten → linear to ``out_dim``."""
-    from vflink.models.mlp import _ACTIVATIONS
+    from vflink.models.mlp import _ACTIVATIONS, Dropout
 
     if activation not in _ACTIVATIONS:
         raise ConfigError(f"`activation` must be one of {sorted(_ACTIVATIONS)}, "
@@ -42,7 +42,7 @@ def build_cnn(shape: tuple[int, int, int], channels: Sequence[int], kernels: Seq
             layers.append(nn.MaxPool2d(2))
             h, w = max(h // 2, 1), max(w // 2, 1)
         if dropout > 0:
-            layers.append(nn.Dropout(dropout))
+            layers.append(Dropout(dropout))
         prev = ch
     layers += [nn.Flatten(), nn.Linear(prev * h * w, out_dim)]
     return nn.Sequential(*layers)

@@ -12,7 +12,7 @@ import torch
 
 from vflink.errors import ConfigError
 
-__all__ = ["DEFAULT_DEVICE", "DEVICES", "resolve_device"]
+__all__ = ["DEFAULT_DEVICE", "DEVICES", "module_device", "resolve_device"]
 
 #: ``training.device`` values.
 DEVICES = ("auto", "cpu", "cuda")
@@ -35,3 +35,12 @@ def resolve_device(name: str, *, party: str) -> torch.device:
     raise ConfigError(f"party {party!r}: `training.device = \"cuda\"` but CUDA is not available "
                       "on this machine (torch.cuda.is_available() is False); use \"auto\" "
                       "(CUDA where there is one) or \"cpu\"")
+
+
+def module_device(module: torch.nn.Module) -> torch.device:
+    """Where ``module``'s parameters (else buffers) live: the device a tensor made for it must
+    be on. The CPU for a module that holds neither."""
+    first: torch.Tensor | None = next(module.parameters(), None)
+    if first is None:
+        first = next(module.buffers(), None)
+    return first.device if first is not None else torch.device("cpu")

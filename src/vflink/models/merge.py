@@ -66,10 +66,13 @@ so a training run is reproducible without any global seeding (ARCHITECTURE.md, c
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
+import numpy as np
+import numpy.typing as npt
 import torch
 from torch import Tensor, nn
 
@@ -88,7 +91,10 @@ __all__ = [
     "Top1SimAggregator",
     "aggregator_names",
     "build_aggregator",
+    "weight_curve",
 ]
+
+log = logging.getLogger(__name__)
 
 _ACTIVATIONS = ("relu", "tanh", "gelu")
 _DROPOUT_SEED_OFFSET = 0x5EED  # keeps the dropout stream distinct from the init stream
@@ -210,26 +216,38 @@ def _masked_mean(x: Tensor, mask: Tensor) -> Tensor:
 # -- reproducible dropout ------------------------------------------------------------------------
 
 class _DropoutRng:
-    """One private generator per device, all seeded from the aggregator's seed."""
+    """The aggregator's private dropout generator, seeded from its seed: a CPU generator for
+    every device (masks are drawn on the CPU and moved), so that a run on CUDA drops what the
+    CPU run of its seed drops."""
 
     def __init__(self, seed: int) -> None:
         self.seed = seed
-        self._gens: dict[torch.device, torch.Generator] = {}
+        self._gen: torch.Generator | None = None
 
-    def get(self, device: torch.device) -> torch.Generator:
-        gen = self._gens.get(device)
-        if gen is None:
-            gen = torch.Generator(device=device)
-            gen.manual_seed(self.seed)
-            self._gens[device] = gen
-        return gen
+    def get(self) -> torch.Generator:
+        if self._gen is None:
+            self._gen = torch.Generator()
+            self._gen.manual_seed(self.seed)
+        return self._gen
+
+    def state(self) -> dict[str, Tensor]:
+        return {} if self._gen is None else {"cpu": self._gen.get_state()}
+
+    def set_state(self, state: dict[str, Tensor]) -> None:
+        for device, gen_state in state.items():
+            if device == "cpu":
+                self.get().set_state(gen_state)
+            else:  # a state saved before masks came from the CPU: a CUDA stream, not ours
+                log.warning("dropout: ignoring a saved %s generator state; masks are drawn on "
+                            "the CPU generator, which restarts from the seed", device)
 
 
 class GeneratorDropout(nn.Module):
     """Inverted dropout whose masks come from a private generator instead of torch's global RNG.
 
     ``nn.Dropout`` draws from the global generator, which the library must not seed
-    (ARCHITECTURE.md, convention 11); this draws from the aggregator's own stream instead.
+    (ARCHITECTURE.md, convention 11); this draws from the aggregator's own stream instead,
+    always on the CPU (the mask is moved to the input's device).
     """
 
     def __init__(self, p: float, rng: _DropoutRng) -> None:
@@ -240,9 +258,8 @@ class GeneratorDropout(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         if not self.training or self.p == 0.0:
             return x
-        keep = torch.rand(x.shape, generator=self._rng.get(x.device), device=x.device,
-                          dtype=x.dtype) >= self.p
-        return x * keep / (1.0 - self.p)
+        keep = torch.rand(x.shape, generator=self._rng.get(), dtype=x.dtype) >= self.p
+        return x * keep.to(x.device) / (1.0 - self.p)
 
     def extra_repr(self) -> str:
         return f"p={self.p}"
@@ -250,11 +267,10 @@ class GeneratorDropout(nn.Module):
     # The stream position is part of the training state: a checkpoint saves it so that a
     # resumed run draws the same masks as an uninterrupted one.
     def get_extra_state(self) -> dict[str, Tensor]:
-        return {str(d): g.get_state() for d, g in self._rng._gens.items()}
+        return self._rng.state()
 
     def set_extra_state(self, state: dict[str, Tensor]) -> None:
-        for device, gen_state in state.items():
-            self._rng.get(torch.device(device)).set_state(gen_state)
+        self._rng.set_state(state)
 
 
 def _mlp(in_dim: int, hidden: tuple[int, ...], out_dim: int, config: AggregatorConfig,
@@ -491,3 +507,15 @@ def build_aggregator(name: str, *, k: int, emb_dim: int,
     config = config if config is not None else AggregatorConfig()
     with seeded_init(config.seed):
         return factory(k, emb_dim, config)
+
+
+def weight_curve(aggregator: FedSimAggregator, similarities: npt.NDArray[np.floating[Any]]
+                 ) -> npt.NDArray[np.float64]:
+    """The aggregator's weight for each similarity (FedSim Figure 10, middle: the weight
+    gate's learned mapping), computed on the aggregator's own device."""
+    from vflink.models.device import module_device
+
+    sim = torch.from_numpy(np.asarray(similarities, dtype=np.float32))[None, :]
+    with torch.no_grad():
+        w = aggregator.weights(sim.to(module_device(aggregator)))
+    return w.reshape(-1).double().cpu().numpy()

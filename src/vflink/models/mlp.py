@@ -11,25 +11,49 @@ from torch import nn
 from vflink.errors import ConfigError
 from vflink.models.spec import BottomSpec
 
-__all__ = ["build_mlp", "build_optimizer", "seeded_init"]
+__all__ = ["Dropout", "build_mlp", "build_optimizer", "dropout_noise", "seeded_init"]
 
 _ACTIVATIONS: dict[str, type[nn.Module]] = {"relu": nn.ReLU, "tanh": nn.Tanh, "gelu": nn.GELU}
 
 
 @contextmanager
-def seeded_init(seed: int, device: torch.device | None = None) -> Iterator[None]:
-    """Draw from torch's RNG seeded with ``seed`` without touching the caller's RNG state.
+def seeded_init(seed: int) -> Iterator[None]:
+    """Draw from torch's CPU generator seeded with ``seed`` without touching the caller's RNG.
 
     torch's ``nn.Linear`` draws its initial weights from the global generator; forking the RNG
     keeps the library from seeding anything globally (ARCHITECTURE.md, convention 11) while
-    making each party's initialisation depend only on its own seed. With a CUDA ``device``
-    (dropout drawn there) that device's generator is forked too: ``manual_seed`` seeds it.
+    making each party's initialisation depend only on its own seed. Only the CPU generator is
+    seeded: models are built on the CPU, and dropout draws its masks there on every device
+    (:class:`Dropout`), so a run on CUDA draws what the CPU run of its seed draws.
     """
-    devices = [] if device is None or device.type != "cuda" else [
-        device.index if device.index is not None else torch.cuda.current_device()]
-    with torch.random.fork_rng(devices=devices):
-        torch.manual_seed(seed)
+    with torch.random.fork_rng(devices=[]):
+        torch.random.default_generator.manual_seed(int(seed))
         yield
+
+
+def dropout_noise(like: torch.Tensor, p: float) -> torch.Tensor:
+    """The noise ``nn.Dropout`` multiplies by on the CPU, drawn on the CPU for ``like`` (any
+    device): ``Bernoulli(1 - p) / (1 - p)`` from the CPU's default generator, the same calls
+    and layout as ATen's dropout on a CPU tensor (``empty_like``, ``bernoulli_``, ``div_``)."""
+    noise = torch.empty_like(like, device="cpu").bernoulli_(1.0 - p)
+    return noise.div_(1.0 - p)
+
+
+class Dropout(nn.Dropout):
+    """``nn.Dropout`` with the CPU's masks on every device.
+
+    On the CPU it is ``nn.Dropout`` itself (CPU runs unchanged, bit for bit). Elsewhere the
+    noise is drawn as the CPU draws it (:func:`dropout_noise`) and moved to the input's device:
+    CUDA's own generator (Philox) would drop other units than the CPU run of the same seed,
+    and the two runs would differ by more than float rounding.
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.device.type == "cpu" or not self.training or self.p == 0.0:
+            return super().forward(x)
+        noise = (torch.zeros((), dtype=x.dtype, device=x.device) if self.p == 1.0  # as ATen
+                 else dropout_noise(x, self.p).to(x.device))
+        return x.mul_(noise) if self.inplace else x * noise
 
 
 def build_mlp(in_dim: int, hidden: Sequence[int], out_dim: int, *, activation: str = "relu",
@@ -42,7 +66,7 @@ def build_mlp(in_dim: int, hidden: Sequence[int], out_dim: int, *, activation: s
     for h in hidden:
         layers += [nn.Linear(prev, h), _ACTIVATIONS[activation]()]
         if dropout > 0:
-            layers.append(nn.Dropout(dropout))
+            layers.append(Dropout(dropout))
         prev = h
     layers.append(nn.Linear(prev, out_dim))
     return nn.Sequential(*layers)

@@ -6,6 +6,7 @@ alignment indices out — similarities go to the primary only.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import zlib
@@ -19,7 +20,11 @@ import numpy.typing as npt
 from vflink.alignment.exact import exact_alignment
 from vflink.errors import ConfigError, DataError, LinkageError, PolicyViolation, ProtocolError
 from vflink.linkage import SearchOptions, SoftLinkage, link, soft_linkage
-from vflink.linkage.fields import Blocking, FieldSpec, FieldValues, search_fields
+from vflink.linkage.comparison import DEFAULT_LEVELS, FieldComparator
+from vflink.linkage.decisions import ONE_TO_ONE, match_clusters
+from vflink.linkage.fields import Blocking, FieldSpec, FieldValues, field_scales, search_fields
+from vflink.linkage.model_link import MODELS, all_or_none, model_linkage
+from vflink.linkage.scoring import candidate_pairs, value_codes
 from vflink.parties.base import Party
 from vflink.parties.policy import ROLE_UNKNOWN, PartyPolicy
 from vflink.protocol.boundary import refuse
@@ -58,12 +63,14 @@ class _Session:
     #: multi-field encodings per party: (encoders, values per field, blocking-key digests)
     fields: dict[str, tuple[tuple[str, ...], tuple[Any, ...], tuple[Any, ...]]] = field(
         default_factory=dict)
+    #: per party, each field's exact-agreement hashes (a model link)
+    exact: dict[str, tuple[Any, ...]] = field(default_factory=dict)
 
 
 #: Which comparison metrics each field encoder admits (issue 14): keyed Bloom filters are
 #: compared by Dice distance only; raw metrics need raw values (privacy off).
 _FIELD_METRICS = {"bloom": ("hamming",), "raw": ("euclidean", "haversine"),
-                  "string": ("levenshtein", "jaro-winkler", "token-set", "exact")}
+                  "string": ("levenshtein", "jaro-winkler", "token-set", "exact", "date")}
 
 
 def _key_texts(digests: npt.NDArray[np.uint8]) -> list[str]:
@@ -83,6 +90,7 @@ def view_of(session: str, alignment: Alignment, *, with_similarity: bool,
         similarity=alignment.similarity if with_similarity else None,
         meta=dict(alignment.meta) if with_similarity else {},
         primary=primary,
+        match=alignment.match if with_similarity else None,
     )
 
 
@@ -318,17 +326,37 @@ class CoordinatorParty(Party):
         first = linkage.to_alignment(anchor)
         s.alignments[anchor] = first
         views = [view_of(session, first, with_similarity=True, primary=s.primary or "")]
-        for sec in others:
+        hops: list[tuple[int, int, Any, Any]] = []
+        for number, sec in enumerate(others, start=2):
             one = hop_to(sec)
             s.linkages[sec] = one
             hop = one.indices[:, 0]
             chained = np.where(first.secondary_index >= 0,
                                hop[np.maximum(first.secondary_index, 0)], -1)
+            match = first.match
+            if match is not None and one.matches is not None:
+                # a chain is a match when both of its links are (a model link's decisions)
+                hop_match = one.matches[:, 0]
+                match = match & np.where(first.secondary_index >= 0,
+                                         hop_match[np.maximum(first.secondary_index, 0)], False)
+                rows = np.flatnonzero(hop_match)
+                hops.append((1, number, rows, hop[rows]))
             alignment = Alignment(first.primary_index, chained, first.similarity, sec,
-                                  dict(first.meta))
+                                  dict(first.meta), match)
             s.alignments[sec] = alignment
             views.append(view_of(session, alignment, with_similarity=True,
                                  primary=s.primary or ""))
+        if hops and linkage.matches is not None:
+            # records of every party joined by matched pairs: the clusters of a model link
+            sizes = [len(linkage), linkage.n_secondary,
+                     *(s.linkages[sec].n_secondary for sec in others)]
+            r, c = np.nonzero(linkage.matches)
+            labels = match_clusters(sizes, [(0, 1, r, linkage.indices[r, c]), *hops])
+            counts = np.bincount(np.concatenate(labels))
+            linkage.model["clusters"] = {"parties": len(sizes),
+                                         "clusters": int((counts >= 2).sum()),
+                                         "records_in_clusters": int(counts[counts >= 2].sum()),
+                                         "all_parties": int((counts == len(sizes)).sum())}
         return AlignmentViews(views=tuple(views))
 
     # --- several fields (issue 14) ---------------------------------------------------------------
@@ -359,11 +387,21 @@ class CoordinatorParty(Party):
                 raise refuse(ProtocolError, "blocking keys must be (n, 32) uint8 HMAC-SHA256 "
                                             "digests", code="digests.shape")
             rows.add(len(k))
+        if message.exact and len(message.exact) != len(encoders):
+            raise refuse(ProtocolError, "exact-agreement hashes come one per field",
+                         code="encodings.exact")
+        for h in message.exact:
+            if not (isinstance(h, np.ndarray) and h.dtype == np.uint8 and h.ndim == 2
+                    and h.shape[1] == 16):
+                raise refuse(ProtocolError, "exact-agreement hashes must be (n, 16) uint8 "
+                                            "keyed digests", code="digests.shape")
+            rows.add(len(h))
         if len(rows) != 1:
             raise refuse(ProtocolError, "every field and blocking key needs one row per record",
                          code="encodings.shape")
         s = self._session(message.session, sender)
         s.fields[sender] = (tuple(encoders), tuple(values), tuple(keys))
+        s.exact[sender] = tuple(message.exact)
         n = rows.pop()
         log.info("coordinator: %d records × %d field(s) (%s), %d blocking key(s) from %s", n,
                  len(encoders), ", ".join(encoders), len(keys), sender)
@@ -428,6 +466,61 @@ class CoordinatorParty(Party):
             # parameters and sizes (K against the table size, an unreachable τ), never values
             raise refuse(LinkageError, str(exc), code="link.parameters") from None
 
+    def _model_link(self, message: FieldLink, specs: tuple[FieldSpec, ...], s: _Session,
+                    primary: str, secondary: str, rng: np.random.Generator) -> SoftLinkage:
+        """A Fellegi–Sunter link (:func:`vflink.linkage.model_link.model_linkage`) of the two
+        parties' encodings: candidates from the blocking digests (every pair, or a search's
+        nearest, without them), levels from the encodings and the exact-agreement hashes."""
+        if message.model not in MODELS:
+            raise refuse(ProtocolError, f"unknown linkage model; valid: {', '.join(MODELS)}",
+                         code="link.model")
+        if message.one_to_one not in ("", *ONE_TO_ONE) or not (
+                0.0 < message.threshold < 1.0):
+            raise refuse(ProtocolError, "a model link's threshold is a probability in (0, 1) "
+                                        "and one_to_one one of optimal, greedy or empty",
+                         code="link.model")
+        ours, theirs = s.fields[primary], s.fields[secondary]
+        exact_p, exact_s = s.exact.get(primary, ()), s.exact.get(secondary, ())
+        if len(exact_p) != len(specs) or len(exact_s) != len(specs):
+            raise refuse(ProtocolError, "a model link needs every party's exact-agreement "
+                                        "hashes, one per field", code="link.exact")
+        try:
+            comparators = [FieldComparator(
+                name=f"field{i}", thresholds=c.levels or DEFAULT_LEVELS.get(c.kind, (0.8, 0.6)),
+                tf=c.tf) for i, c in enumerate(message.fields)]
+        except ConfigError as exc:  # the request's own numbers: safe to tell
+            raise refuse(ProtocolError, "; ".join(exc.problems), code="link.fields") from None
+        fields = [(enc, spec.metric or "hamming", a, b) for enc, spec, a, b in
+                  zip(ours[0], specs, ours[1], theirs[1], strict=True)]
+        codes = [value_codes(a, b) for a, b in zip(exact_p, exact_s, strict=True)]
+        p = FieldValues(ours[1], tuple(_key_texts(k) for k in ours[2]))
+        q = FieldValues(theirs[1], tuple(_key_texts(k) for k in theirs[2]))
+        try:
+            scales = field_scales(specs, p, q)
+            if ours[2]:
+                rows, cols, rules = candidate_pairs(p.keys, q.keys)
+            else:
+                rules = []
+                found = all_or_none(len(p), len(q))
+                if found is None:  # each primary record's nearest by the field distance
+                    near = search_fields(specs, p, q, min(len(q), max(message.top_k, 10)),
+                                         scales=scales)
+                    r, c = np.nonzero(near.indices >= 0)
+                    found = (r.astype(np.int64), near.indices[r, c].astype(np.int64))
+                rows, cols = found
+            return model_linkage(
+                comparators, fields, codes, candidates=(rows, cols), top_k=message.top_k,
+                rng=np.random.default_rng(rng.integers(2**63)), noise_rng=rng,
+                mode=message.mode,  # type: ignore[arg-type]
+                tau=message.tau, sigma=message.sigma, delta=message.delta,
+                scale=(message.scale[0], message.scale[1]) if message.scale else None,
+                threshold=message.threshold, one_to_one=message.one_to_one or None,
+                field_weights=[c.weight for c in message.fields], scales=scales,
+                blocking=rules)
+        except (LinkageError, ConfigError, DataError) as exc:
+            # parameters and sizes (K, blocking sizes, an unreachable τ), never values
+            raise refuse(LinkageError, str(exc), code="link.parameters") from None
+
     def on_field_link(self, sender: str, message: FieldLink) -> AlignmentViews:
         self._check_noise(message)
         if not message.fields:
@@ -439,10 +532,19 @@ class CoordinatorParty(Party):
         s.primary = sender
         anchor = message.secondaries[0]
         session = message.session
-        linkage = self._link_fields(specs, s.fields[sender], s.fields[anchor],
-                                    top_k=message.top_k, mode=message.mode, tau=message.tau,
-                                    sigma=message.sigma, delta=message.delta,
-                                    rng=self._noise_rng(session), scale=message.scale)
+        if message.model:
+            linkage = self._model_link(message, specs, s, sender, anchor,
+                                       self._noise_rng(session))
+            hop = dataclasses.replace(message, top_k=1, mode="top1")
+            return self._release(session, s, message.secondaries, message.mode, linkage,
+                                 lambda sec: self._model_link(
+                                     hop, specs, s, anchor, sec,
+                                     self._noise_rng(f"{session}/{sec}")))
+        else:
+            linkage = self._link_fields(specs, s.fields[sender], s.fields[anchor],
+                                        top_k=message.top_k, mode=message.mode, tau=message.tau,
+                                        sigma=message.sigma, delta=message.delta,
+                                        rng=self._noise_rng(session), scale=message.scale)
         return self._release(session, s, message.secondaries, message.mode, linkage,
                              lambda sec: self._link_fields(
                                  specs, s.fields[anchor], s.fields[sec], top_k=1, mode="top1",

@@ -199,3 +199,6 @@ def check_alignment_view(view: AlignmentView, *, party: str, peer: str,
         missing = (s == -1) if sim.shape == s.shape else np.zeros(sim.shape, dtype=bool)
         check_values(np.where(missing, 0.0, sim), party=party,
                      what=f"the similarities from {peer!r}", max_abs=policy.max_abs_value)
+    if view.match is not None and np.asarray(view.match).shape != s.shape:
+        raise ProtocolError(f"{peer!r} sent match decisions of shape "
+                            f"{np.asarray(view.match).shape} for links of shape {s.shape}")

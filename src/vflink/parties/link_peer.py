@@ -24,6 +24,7 @@ from vflink.parties.linking import (
     blocking_digests,
     encode_fields,
     encode_identifiers,
+    exact_digests,
     secret_mismatch,
     send_key_tag,
     undeclared_columns,
@@ -191,7 +192,8 @@ class LinkingPeer(Party):
                          code="policy.identifier-columns",
                          detail=f"declared identifiers: {list(self.table.schema.identifiers)}"
                                 f"; refused: {undeclared}")
-        if message.blocking or any(uses_secret(f.spec) for f in message.fields):
+        if message.blocking or message.exact or any(uses_secret(f.spec)
+                                                    for f in message.fields):
             if self._secret is None:
                 raise ProtocolError(f"party {self.name!r} has no alignment secret configured")
             self._require_confirmed(message.session)  # before any use of the secret
@@ -199,8 +201,11 @@ class LinkingPeer(Party):
         encoders, values = encode_fields(ids, message.fields, self._secret,
                                          source=self.table.source)
         keys = blocking_digests(ids, message.blocking, self._secret, source=self.table.source)
+        exact = (exact_digests(ids, message.fields, self._secret, source=self.table.source)
+                 if message.exact else ())
         self.channel.request(message.coordinator, FieldEncodings(
-            session=message.session, encoders=encoders, values=values, keys=keys), Ack)
+            session=message.session, encoders=encoders, values=values, keys=keys, exact=exact),
+            Ack)
         return Ack(info={"rows": float(len(self.table))})
 
     def on_alignment_ready(self, sender: str, message: AlignmentReady) -> Ack:

@@ -36,6 +36,7 @@ from vflink.linkage.encoding import (
     encode_chunked,
     normalize_string,
 )
+from vflink.linkage.encoding.dates import DateBloomEncoder, date_parts
 from vflink.linkage.fields import Blocking
 from vflink.parties.guard import check_alignment_view
 from vflink.parties.policy import PartyPolicy
@@ -65,7 +66,8 @@ from vflink.protocol.messages import (
 from vflink.types import Alignment, Compute
 
 __all__ = ["AlignmentInitiator", "LinkField", "blocking_digests", "build_encoder",
-           "check_declared", "encode_fields", "encode_identifiers", "field_raw_values",
+           "check_declared", "encode_fields", "encode_identifiers", "exact_digests",
+           "field_raw_values",
            "identifier_values", "secret_mismatch", "send_key_tag", "undeclared_columns",
            "uses_secret"]
 
@@ -131,6 +133,8 @@ def build_encoder(spec: EncodingSpec, secret: bytes | None) -> Encoder:
     if spec.encoder == "bloom":
         if secret is None:
             raise ConfigError("Bloom-filter encoding needs the data parties' shared secret")
+        if spec.kind == "date":  # keyed Bloom filters of date tokens
+            return DateBloomEncoder(secret=secret, config=BloomConfig(**spec.params))  # type: ignore[arg-type]
         if spec.kind == "geo":  # keyed Bloom filters of places on the globe (issue 14)
             return GeoBloomEncoder(secret=secret, config=GeoBloomConfig(**spec.params))  # type: ignore[arg-type]
         ranges = NumericRange(low=spec.low, high=spec.high) if spec.kind == "numeric" else None
@@ -182,7 +186,8 @@ def undeclared_columns(declared: Sequence[str], fields: Sequence[FieldEncoding],
     """Columns a field request names that are not among ``declared`` identifiers: a data party
     encodes only the columns its own schema declares as identifiers (what it agreed to release
     for linkage), whatever a request names."""
-    asked = [c for f in fields for c in f.columns] + [b.column for b in blocking]
+    asked = [c for f in fields for c in f.columns] + [c for b in blocking
+                                                      for c in (b.column, *b.columns)]
     return sorted({c for c in asked if c not in set(declared)})
 
 
@@ -207,9 +212,20 @@ def field_raw_values(frame: pd.DataFrame, fields: Sequence[FieldEncoding], *,
     problems: list[str] = []
     for f in fields:
         kind = "numeric" if f.spec.kind == "geo" else f.spec.kind
-        values = identifier_values(frame, f.columns, kind, source=source)
+        values = identifier_values(frame, f.columns, "string" if kind == "date" else kind,
+                                   source=source)
         if kind == "string":
             out.append([normalize_string(v) if v else "" for v in values])
+            continue
+        if kind == "date":
+            texts = [str(v).strip() for v in values]
+            bad_rows = [i for i, v in enumerate(texts) if v and date_parts(v) is None]
+            if bad_rows:
+                problems.append(f"field {list(f.columns)} is compared as a date, but row "
+                                f"{bad_rows[0]} (line {bad_rows[0] + 2} of a CSV) holds "
+                                f"{texts[bad_rows[0]]!r}; expected YYYYMMDD, YYYY-MM-DD or "
+                                f"DD-MM-YYYY; {len(bad_rows)} row(s) in all")
+            out.append(texts)
             continue
         x = np.asarray(values, dtype=np.float64)
         bad = ~np.isfinite(x).all(axis=1)
@@ -236,7 +252,15 @@ def encode_fields(frame: pd.DataFrame, fields: Sequence[FieldEncoding], secret: 
     values: list[Any] = []
     for f, x in zip(fields, raw, strict=True):
         spec = f.spec
-        if spec.kind == "string":
+        if spec.kind == "date":
+            if spec.encoder == "string":
+                values.append(tuple(x))
+            elif spec.encoder == "bloom":
+                values.append(build_encoder(spec, secret).encode(x))
+            else:
+                raise ConfigError(f"date fields are encoded as bloom or string, not "
+                                  f"{spec.encoder!r}")
+        elif spec.kind == "string":
             if spec.encoder == "string":
                 values.append(tuple(x))
             elif spec.encoder == "bloom":
@@ -257,6 +281,46 @@ def encode_fields(frame: pd.DataFrame, fields: Sequence[FieldEncoding], secret: 
     return tuple(encoders), tuple(values)
 
 
+#: Domain label of a field's exact-agreement hashes (a model link): never equal to a blocking
+#: digest, a Bloom filter's hash or a confirmation tag made with the same secret.
+_EXACT_LABEL = b"vflink-field-exact-v1"
+
+
+def exact_digests(frame: pd.DataFrame, fields: Sequence[FieldEncoding], secret: bytes | None,
+                  *, source: str = "table") -> tuple[npt.NDArray[np.uint8], ...]:
+    """Per field, HMAC-SHA256 (first 16 bytes) under the data parties' secret of each record's
+    normalised value: the normalised string, the date as YYYYMMDD, or the numbers' float64
+    bytes; all zero for an empty value. Equal values give equal digests across the parties,
+    so the coordinator sees exact agreement and how often each value occurs, not the value
+    (a model link's ``exact`` level and term frequencies)."""
+    if not isinstance(secret, (bytes, bytearray)) or len(secret) < 16:
+        raise ConfigError("exact-agreement hashes are keyed: they need the data parties' "
+                          "shared secret (at least 16 bytes)")
+    raw = field_raw_values(frame, fields, source=source)
+    out = []
+    for position, (f, x) in enumerate(zip(fields, raw, strict=True)):
+        label = _EXACT_LABEL + f"|{position}|".encode()
+        if isinstance(x, np.ndarray):
+            texts = [row.tobytes() if np.isfinite(row).all() else b""
+                     for row in np.asarray(x, dtype=np.float64)]
+        elif f.spec.kind == "date":
+            texts = [("".join(p)).encode() if (p := date_parts(v)) else b"" for v in x]
+        else:
+            texts = [v.encode("utf-8") for v in x]
+        digests = np.zeros((len(texts), 16), dtype=np.uint8)
+        cache: dict[bytes, bytes] = {}
+        for i, text in enumerate(texts):
+            if not text:
+                continue
+            digest = cache.get(text)
+            if digest is None:
+                digest = cache[text] = hmac.digest(bytes(secret), label + b"|" + text,
+                                                   hashlib.sha256)[:16]
+            digests[i] = np.frombuffer(digest, dtype=np.uint8)
+        out.append(digests)
+    return tuple(out)
+
+
 def blocking_digests(frame: pd.DataFrame, blocking: Sequence[BlockingKey], secret: bytes | None,
                      *, source: str = "table") -> tuple[npt.NDArray[np.uint8], ...]:
     """Per blocking key, HMAC-SHA256 under the data parties' secret of each record's key
@@ -268,21 +332,27 @@ def blocking_digests(frame: pd.DataFrame, blocking: Sequence[BlockingKey], secre
     if not isinstance(secret, (bytes, bytearray)) or len(secret) < 16:
         raise ConfigError("blocking keys are sent as keyed digests: they need the data "
                           "parties' shared secret (at least 16 bytes)")
-    missing = [b.column for b in blocking if b.column not in frame.columns]
+    missing = [c for b in blocking for c in (b.column, *b.columns) if c not in frame.columns]
     if missing:
         raise report(source, [missing_columns(frame, missing, "blocking column")])
     out = []
     for position, key in enumerate(blocking):
         label = _BLOCKING_LABEL + f"|{position}|{key.prefix}|".encode()
-        column = frame[key.column]
-        texts = column.astype(object).where(column.notna(), "")
+        parts = []
+        for name in (key.column, *key.columns):
+            column = frame[name]
+            parts.append(column.astype(object).where(column.notna(), "").tolist())
         digests = np.zeros((len(frame), 32), dtype=np.uint8)
         cache: dict[str, bytes] = {}
-        for i, value in enumerate(texts):
-            text = str(value)
-            text = normalize_string(text) if text.strip() else ""
-            if key.prefix:
-                text = text[:key.prefix]
+        for i, values in enumerate(zip(*parts, strict=True)):
+            cut = []
+            for value in values:
+                text = str(value)
+                text = normalize_string(text) if text.strip() else ""
+                cut.append(text[:key.prefix] if key.prefix else text)
+            # a combined rule's key is every column's value (unit separator between them);
+            # a record missing any of them has no key
+            text = "\x1f".join(cut) if all(cut) else ""
             if not text:
                 continue  # no key: blocks nothing together
             digest = cache.get(text)
@@ -351,7 +421,8 @@ class AlignmentInitiator:
         for v in views.views:  # numbers are checked where they arrive
             check_alignment_view(v, party=self.name, peer=coordinator, policy=self.policy)
         alignments = {v.secondary: Alignment(v.primary_index, v.secondary_index, v.similarity,
-                                             v.secondary, dict(v.meta)) for v in views.views}
+                                             v.secondary, dict(v.meta), v.match)
+                      for v in views.views}
         for name in self.secondaries:
             if name not in alignments:
                 raise ProtocolError(f"coordinator returned no alignment for {name!r}")
@@ -400,43 +471,49 @@ class AlignmentInitiator:
                      blocking: Sequence[Blocking] = (), top_k: int, mode: str = "soft",
                      tau: float | None = None, sigma: float | None = None,
                      delta: float = 1e-5, session: str = "soft",
-                     scale: tuple[float, float] | None = None) -> dict[str, Alignment]:
+                     scale: tuple[float, float] | None = None, model: str = "",
+                     threshold: float = 0.5, one_to_one: str = "") -> dict[str, Alignment]:
         """Soft linkage on several fields, each with its own encoding, metric and weight, and
         optional blocking keys (issue 14); Eq. 1-2 on the weighted distance as FedSim §4.1.
 
         Every data party encodes its own columns (keyed Bloom filters by default) and sends
         blocking keys only as keyed digests; key confirmation comes first whenever the secret
         is used. The secondaries are told their own columns (``secondary_on``); each encodes
-        only columns its own schema declares as identifiers.
+        only columns its own schema declares as identifiers. ``model = "fellegi-sunter"``:
+        every data party also sends each field's keyed hash of its normalised value, and the
+        coordinator scores every candidate pair with a model it trains without labels and
+        decides the matches (``threshold``, ``one_to_one``; :mod:`vflink.linkage.scoring`).
         """
         if not fields:
             raise ConfigError("a multi-field link needs at least one field")
         for f in fields:
             self.policy.check_identifier_release(self.name, f.spec.encoder)  # our own too
         own = tuple(FieldEncoding(columns=f.on, spec=f.spec) for f in fields)
-        own_keys = tuple(BlockingKey(column=b.on, prefix=b.prefix or 0) for b in blocking)
+        own_keys = tuple(BlockingKey(column=b.columns[0], prefix=b.prefix or 0,
+                                     columns=b.columns[1:]) for b in blocking)
         if self.identifiers:
             check_declared(self.name, self.identifiers, own, own_keys)
         clear = [list(f.on) for f in fields if not uses_secret(f.spec)]
         if clear:
             log.info("privacy is off for field(s) %s: their raw values are sent to the "
                      "coordinator", clear)
-        if (blocking or len(clear) < len(fields)) and self.secondaries:
+        if (blocking or model or len(clear) < len(fields)) and self.secondaries:
             self.confirm_key(coordinator, session)  # before any use of the secret
         encoders, values = encode_fields(self.frame, own, self._secret, source=self.source)
         keys = blocking_digests(self.frame, own_keys, self._secret, source=self.source)
+        exact = exact_digests(self.frame, own, self._secret, source=self.source) if model else ()
         self.channel.request(coordinator, FieldEncodings(
-            session=session, encoders=encoders, values=values, keys=keys), Ack)
+            session=session, encoders=encoders, values=values, keys=keys, exact=exact), Ack)
         theirs = tuple(FieldEncoding(columns=f.secondary_on, spec=f.spec) for f in fields)
-        their_keys = tuple(BlockingKey(column=b.secondary_on or b.on, prefix=b.prefix or 0)
-                           for b in blocking)
+        their_keys = tuple(BlockingKey(column=b.columns_s[0], prefix=b.prefix or 0,
+                                       columns=b.columns_s[1:]) for b in blocking)
         for name in self.secondaries:
             self.channel.request(name, ShareFieldEncodings(
-                session=session, coordinator=coordinator, fields=theirs, blocking=their_keys),
-                Ack)
+                session=session, coordinator=coordinator, fields=theirs, blocking=their_keys,
+                exact=bool(model)), Ack)
         views = self.channel.request(coordinator, FieldLink(
             session=session, secondaries=self.secondaries,
             fields=tuple(f.comparison for f in fields), top_k=top_k, blocking=len(blocking),
-            mode=mode, tau=tau, sigma=sigma, delta=delta, scale=tuple(scale or ())),
-            AlignmentViews)
+            mode=mode, tau=tau, sigma=sigma, delta=delta, scale=tuple(scale or ()),
+            model=model, threshold=threshold, one_to_one=one_to_one), AlignmentViews)
         return self._finish(coordinator, session, views)

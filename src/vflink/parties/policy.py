@@ -219,8 +219,8 @@ class PartyPolicy:
             return refuse(ProtocolError, f"party {party!r} cannot encode with the requested "
                                          f"Bloom parameters: {text}", code="encoding.params")
 
-        if spec.kind not in ("numeric", "string", "geo"):
-            raise bad(f"`kind` must be one of geo, numeric, string, got {spec.kind!r}")
+        if spec.kind not in ("numeric", "string", "geo", "date"):
+            raise bad(f"`kind` must be one of date, geo, numeric, string, got {spec.kind!r}")
         config_type: type[BloomConfig] | type[GeoBloomConfig] = \
             GeoBloomConfig if spec.kind == "geo" else BloomConfig
         known = sorted(f.name for f in fields(config_type))
@@ -232,7 +232,7 @@ class PartyPolicy:
             config = config_type(**params)  # type: ignore[arg-type]
             if isinstance(config, GeoBloomConfig):
                 bits, hashes, centres = config.filter_bits, config.tokens * config.num_hashes, 0
-            elif spec.kind == "string":
+            elif spec.kind in ("string", "date"):
                 bits, hashes, centres = config.filter_bits, config.num_hashes, 0
             else:
                 ranges = NumericRange(low=spec.low, high=spec.high)

@@ -4,6 +4,12 @@ Training follows FedSim Algorithm 1 without the gates, i.e. plain SplitNN: per b
 secondary sends cut-layer embeddings of its linked rows, the primary runs its own bottom model
 and the aggregation model, computes the loss, updates its parameters, and returns to each
 secondary the gradient of the loss with respect to the embeddings it sent.
+
+Those gradients carry the primary's labels; ``[privacy] labels`` protects them here, in the
+primary's own process, before any gradient leaves it
+(:class:`~vflink.privacy.label_protection.LabelProtection`): ``dp`` replaces the loss's backward
+pass by the noisy per-record logit gradients, ``marvell`` and ``max-norm`` perturb each
+secondary's per-slot gradient rows, ``rr-prior`` trains on labels randomised once.
 """
 
 from __future__ import annotations
@@ -38,6 +44,8 @@ from vflink.parties.linking import AlignmentInitiator
 from vflink.parties.policy import PartyPolicy
 from vflink.parties.recording import Recorder
 from vflink.parties.resources import TrainingResources
+from vflink.privacy.budget import BUDGET_DIR, ReleaseBudget
+from vflink.privacy.label_protection import LabelProtection, resolve_settings
 from vflink.protocol.channel import Channel
 from vflink.protocol.messages import (
     Ack,
@@ -79,6 +87,31 @@ class TrainingPlan:
     pair_dim: int = 10
     #: public settings of the secondaries' embedding protection (VFL-AFE), None when off
     privacy: dict[str, Any] | None = None
+    #: the primary's own protection of its labels (never announced), None when off
+    labels: dict[str, Any] | None = None
+
+
+@dataclass
+class _Slots:
+    """One secondary's embeddings of a training batch, one row per linked (record, k) pair
+    (``gathered``, gradient retained), the unique row each came from (``inverse``) and the
+    batch position of its record (``owners``)."""
+
+    name: str
+    gathered: torch.Tensor
+    inverse: npt.NDArray[np.int64]
+    owners: npt.NDArray[np.int64]
+
+    def perturbed(self, protection: LabelProtection, labels: torch.Tensor,
+                  unperturbed: torch.Tensor) -> torch.Tensor:
+        """The gradient of the secondary's unique rows: each slot's row perturbed with its
+        record's label, then summed per unique row (as the gather's backward pass sums)."""
+        grad = self.gathered.grad
+        if grad is None:
+            return unperturbed
+        rows = protection.perturb(grad.detach().cpu(), labels.cpu())
+        out = torch.zeros_like(unperturbed)
+        return out.index_add_(0, torch.from_numpy(self.inverse), rows.to(out.dtype))
 
 
 class PrimaryParty(Party):
@@ -93,6 +126,9 @@ class PrimaryParty(Party):
         recorder: records what this party receives (``[evaluation] record``), for attacks.
         resources: this party's own device and feature store (``training.device``,
             ``training.feature_store``); embeddings and gradients cross as CPU tensors.
+        budget_dir: where the release counts of its labels are kept (``[privacy] labels``),
+            keyed by its data's fingerprint; default ``out_dir/_privacy-budget``, ``None``
+            without ``out_dir``: in memory for this object's life.
     """
 
     role = "primary"
@@ -101,7 +137,8 @@ class PrimaryParty(Party):
                  secret: bytes | None = None, out_dir: Path | None = None,
                  recorder: Recorder | None = None, roles: Mapping[str, str] | None = None,
                  policy: PartyPolicy | None = None,
-                 resources: TrainingResources | None = None) -> None:
+                 resources: TrainingResources | None = None,
+                 budget_dir: Path | None = None) -> None:
         super().__init__(table.name, roles=roles, policy=policy)
         self.resources = resources or TrainingResources()
         self.device = resolve_device(self.resources.device, party=table.name)
@@ -129,6 +166,11 @@ class PrimaryParty(Party):
         #: id of the next batch; batch ids let a secondary ignore a retried step
         self.next_batch_id = 1
         self._snapshots: dict[str, dict[str, Any]] = {}
+        #: the protection of the labels on the gradients sent (``[privacy] labels``)
+        self.label_protection: LabelProtection | None = None
+        self._label_budget: ReleaseBudget | None = None
+        self._budget_dir = budget_dir if budget_dir is not None else (
+            None if out_dir is None else out_dir / BUDGET_DIR)
 
     @property
     def labels(self) -> Any:
@@ -183,11 +225,13 @@ class PrimaryParty(Party):
     # --- training -------------------------------------------------------------------------
 
     def setup(self, plan: TrainingPlan, train_rows: npt.NDArray[np.int64], *,
-              release_plan: Mapping[str, int] | None = None) -> None:
+              release_plan: Mapping[str, int] | None = None, epochs: int | None = None) -> None:
         """Fit preprocessing on the training rows of every party and build every model.
 
         ``release_plan``: the run's epochs, batches and evaluation passes, announced to the
-        secondaries when their protection is budget first (``privacy.total_epsilon``)."""
+        secondaries when their protection is budget first (``privacy.total_epsilon``).
+        ``epochs``: the run's epochs, from which label DP plans its releases (one per epoch
+        for each training record)."""
         train_rows = np.asarray(train_rows, dtype=np.int64)
         if self.secondaries and not self.links:
             raise ProtocolError("setup before alignment: call align_exact or set_alignments")
@@ -208,8 +252,34 @@ class PrimaryParty(Party):
             self.channel.request(name, FitPreprocessing(rows=linked), Ack)
             dims.append(spec.out_dim)
         self._build(plan, pre, dims)
+        self._start_labels(plan)
+        if self.label_protection is not None:
+            self.label_protection.plan(train_rows, int(epochs or 1))
+            if self.label_protection.mode == "rr-prior" and self._y is not None:
+                self._y = self.label_protection.randomize(self._y, train_rows)
         log.info("primary: %d features, %d secondaries (cut widths %s)", pre.n_features,
                  len(self.secondaries), dims)
+
+    def _start_labels(self, plan: TrainingPlan) -> None:
+        """A new training run's label protection, counting on the data's one budget."""
+        settings = resolve_settings(plan.labels, self.task)  # the default: by the task
+        if settings is None:
+            self.label_protection = None
+            return
+        if self._label_budget is None:  # kept with the data, in our own directory
+            n = len(self.table)
+            self._label_budget = (
+                ReleaseBudget.open(self._budget_dir, self.table.fingerprint(), n,
+                                   party=self.name) if self._budget_dir is not None
+                else ReleaseBudget(n, party=self.name))
+        classes = len(self.codec.classes) if self.task.is_classification else 0
+        self.label_protection = LabelProtection(settings, task=self.task, party=self.name,
+                                                n_rows=len(self.table), classes=classes,
+                                                budget=self._label_budget)
+
+    def label_report(self) -> dict[str, Any] | None:
+        """The label protection's ledger entry (``None`` when the labels are not protected)."""
+        return None if self.label_protection is None else self.label_protection.report()
 
     def _build(self, plan: TrainingPlan, pre: Preprocessor, dims: list[int]) -> None:
         k = next(iter(self.links.values())).shape[1] if self.links else 1
@@ -235,11 +305,15 @@ class PrimaryParty(Party):
         self.model = model.to(self.device)
         self.optimizer = build_optimizer(self.model.parameters(), plan.bottom)
 
-    def _secondary_embeddings(self, rows: npt.NDArray[np.int64], batch_id: int, train: bool
+    def _secondary_embeddings(self, rows: npt.NDArray[np.int64], batch_id: int, train: bool,
+                              slots: list[_Slots] | None = None
                               ) -> tuple[list[torch.Tensor], list[tuple[str, torch.Tensor]],
                                          torch.Tensor, torch.Tensor]:
         """Embeddings (B, K, d_j) of every secondary for the linked rows of ``rows``, the leaves
-        whose gradients go back, and the (B, K) similarities and valid-slot mask."""
+        whose gradients go back, and the (B, K) similarities and valid-slot mask.
+
+        ``slots``: filled, for training batches, with each secondary's per-slot rows (one per
+        linked (record, k) pair, their gradient kept) for a protection that perturbs them."""
         model = self._require_model()
         plan = self._plan
         learn_missing = plan.learn_missing if plan is not None else False
@@ -279,6 +353,10 @@ class PrimaryParty(Party):
                 # to our device after the gather: the leaf (and its gradient) stays on the CPU
                 rows_emb = leaf[torch.from_numpy(reply.inverse)].to(dev)
                 width = rows_emb.shape[1]
+                if train and slots is not None:  # each slot inherits its record's label
+                    rows_emb.retain_grad()
+                    slots.append(_Slots(name, rows_emb, reply.inverse,
+                                        np.nonzero(present)[0]))
             else:
                 rows_emb = None
                 width = d if d is not None else 1
@@ -293,7 +371,9 @@ class PrimaryParty(Party):
                     emb[mask_t] = rows_emb
             embeddings.append(emb)
         if self.similarity is not None:
-            sim = torch.from_numpy(self.similarity[rows]).to(dev)
+            # a missing link (fewer candidates than K, e.g. after blocking) has NaN similarity;
+            # its slot is masked by `valid`, and NaN·0 would still poison the gates
+            sim = torch.nan_to_num(torch.from_numpy(self.similarity[rows]), nan=0.0).to(dev)
         else:
             sim = torch.ones(b, k, device=dev)
         return embeddings, leaves, sim, torch.from_numpy(valid).to(dev)
@@ -316,23 +396,42 @@ class PrimaryParty(Party):
         batch_id = self._new_batch_id()
         if not model.training:  # train() walks every submodule: only on a mode change
             model.train()
-        sec, leaves, sim, mask = self._secondary_embeddings(rows, batch_id, train=True)
+        protection = self.label_protection
+        slots: list[_Slots] | None = (
+            [] if protection is not None and protection.mode in ("marvell", "max-norm")
+            else None)
+        sec, leaves, sim, mask = self._secondary_embeddings(rows, batch_id, train=True,
+                                                            slots=slots)
         idx = torch.from_numpy(rows)
         x = self._x.rows(rows).to(self.device)
         plan = self._plan
         if plan is not None and plan.bottom.dropout > 0:
             # dropout masks depend on (seed, batch id) only, as on the secondaries
-            with seeded_init(plan.bottom.seed * 1_000_003 + batch_id, self.device):
+            with seeded_init(plan.bottom.seed * 1_000_003 + batch_id):
                 logits = model(x, sec, sim, mask)
         else:
             logits = model(x, sec, sim, mask)
-        loss = self.codec.loss(logits, y_all[idx].to(self.device))
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        target = y_all[idx].to(self.device)
+        if protection is not None and protection.mode == "dp":
+            # the labels enter only here: the noisy per-record logit gradients drive our own
+            # update and every gradient we send (post-processing); the budget is checked first
+            noisy = protection.noisy_logit_gradient(logits, target, rows)
+            loss = self.codec.loss(logits.detach(), target)  # reported, never back-propagated
+            self.optimizer.zero_grad(set_to_none=True)
+            logits.backward(noisy / len(rows))
+        else:
+            loss = self.codec.loss(logits, target)
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
         self.optimizer.step()
-        for name, leaf in leaves:
-            grad = leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
-            self.channel.request(name, Backward(batch_id=batch_id, grad=grad), Ack)
+        grads = {name: leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
+                 for name, leaf in leaves}
+        if slots is not None and protection is not None:
+            for slot in slots:  # Marvell / max-norm on the rows of each (record, link) pair
+                labels = y_all[idx[torch.from_numpy(slot.owners)]]
+                grads[slot.name] = slot.perturbed(protection, labels, grads[slot.name])
+        for name, _ in leaves:
+            self.channel.request(name, Backward(batch_id=batch_id, grad=grads[name]), Ack)
         return float(loss.detach())
 
     def privacy_reports(self) -> list[dict[str, Any]]:
@@ -397,9 +496,11 @@ class PrimaryParty(Party):
         if plan is None:
             raise ProtocolError("the primary party is not set up")
         plan_dict = dataclasses.asdict(plan)
+        extra = ({} if self.label_protection is None
+                 else {"label_protection": self.label_protection.state_dict()})
         return {**self._state(), "preprocessor": self.preprocessor.to_json(),
                 "label_codec": self.codec.to_json(), "plan": plan_dict,
-                "dims": list(self._dims), "secondaries": list(self.secondaries)}
+                "dims": list(self._dims), "secondaries": list(self.secondaries), **extra}
 
     def save_states(self, name: str = "model", *, extra: dict[str, Any] | None = None,
                     secondary_name: str | None = None) -> None:
@@ -458,6 +559,13 @@ class PrimaryParty(Party):
             model.load_state_dict(state["model"])
             if optimizer is not None and state.get("optimizer"):
                 optimizer.load_state_dict(state["optimizer"])
+            if same_data and state.get("label_protection") is not None:
+                # a resumed run: its calibration, noise stream and randomised labels
+                self._start_labels(self._plan or TrainingPlan(**plan_raw))
+                if self.label_protection is not None:
+                    self.label_protection.load_state_dict(state["label_protection"])
+                    if self.label_protection.randomized is not None and self._y is not None:
+                        self._y = self.label_protection.randomize(self._y, np.zeros(0, np.int64))
         except VflinkError:
             raise
         except (KeyError, TypeError, ValueError, RuntimeError) as exc:

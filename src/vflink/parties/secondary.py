@@ -268,8 +268,8 @@ class SecondaryParty(SetAlignmentPeer, UnionPeer, LinkingPeer):
                 self.model.train()
             if self.spec is not None and self.spec.dropout > 0:
                 # Dropout masks depend on (seed, batch id) only: reproducible, and the same in
-                # every process layout.
-                with seeded_init(self.spec.seed * 1_000_003 + message.batch_id, self.device):
+                # every process layout and on every device (drawn on the CPU).
+                with seeded_init(self.spec.seed * 1_000_003 + message.batch_id):
                     out = self.model(x)
             else:
                 out = self.model(x)

@@ -344,7 +344,7 @@ class SetAlignmentDriver:
             for el in self._fetch(peer, PsuFetch, session, "a_s1t1", n_a):
                 merged.add(g.validate(el, "I_a^{s1 t1}"))
             p_st = self._shuffled(work, "p_s1t1", (
-                (g.power(g.validate(el, "I_p^{t1}"), e.first), None)
+                (g.power(el, e.first, check="I_p^{t1}"), None)
                 for el in self._fetch(peer, PsuFetch, session, "p_t1", n_p)), n_p)
             for el, _ in p_st.chunks(c):
                 merged.add(el)
@@ -367,7 +367,7 @@ class SetAlignmentDriver:
             f13 = g.combine(e.first, e.third)
             lo = 0
             for el in self._fetch(peer, PsuFetch, session, "a_s2t123", n_a):
-                z = g.power(g.validate(el, "x^{s2 t1 t2 t3} / x^{s1 s2 s3 t2}"), f13)
+                z = g.power(el, f13, check="x^{s2 t1 t2 t3} / x^{s1 s2 s3 t2}")
                 mine.add(z, np.arange(lo, lo + len(z), dtype=np.int64))
                 lo += len(z)
             if self.out is None:
@@ -699,7 +699,7 @@ class SetAlignmentPeer:
         lo, closed = self._received(s, message)
         if stream == "a_s1":  # line 4: I_a^{s1 t1}, shuffled
             self._draw(s, "a_s1t1", message.total).add(
-                g.power(g.validate(message.elements, "I_a^s1"), e.first))
+                g.power(message.elements, e.first, check="I_a^s1"))
             if closed:
                 s.lists["a_s1t1"] = shuffle(s.draws.pop("a_s1t1"), Spool(
                     s.work.new("a_s1t1"), g.element_bytes))
@@ -717,8 +717,8 @@ class SetAlignmentPeer:
                 s.lists["a_s2t123"] = Spool(s.work.new("a_s2t123"), g.element_bytes)
             s.lists["a_s2t123"].append(psu.raise_for_peer(g, message.elements, e))
         elif stream == "p_s123t2":  # line 12: our records located in U
-            z = g.power(g.validate(message.elements, "x^{s2 t1 t2 t3} / x^{s1 s2 s3 t2}"),
-                        g.combine(e.first, e.third))
+            z = g.power(message.elements, g.combine(e.first, e.third),
+                        check="x^{s2 t1 t2 t3} / x^{s1 s2 s3 t2}")
             union = s.buckets["U"]
             self._bucketed(s, "mine", len(union)).add(
                 z, np.arange(lo, lo + len(z), dtype=np.int64))
@@ -781,7 +781,7 @@ class SetAlignmentPeer:
         lo, closed = self._received(s, message)
         if message.stream == "a_s":
             self._afford(g, len(message.elements), "PsiChunk a_s")
-            a_st = g.power(g.validate(message.elements, "blinded elements"), b)
+            a_st = g.power(message.elements, b, check="blinded elements")
             if s.reveal in ("both", "primary"):  # in the order received
                 if "a_st" not in s.lists:
                     s.lists["a_st"] = Spool(s.work.new("a_st"), g.element_bytes)

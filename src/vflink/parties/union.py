@@ -34,6 +34,7 @@ from vflink.parties.guard import admit_forward, check_bottom_spec, check_embeddi
 from vflink.parties.policy import PartyPolicy
 from vflink.parties.privacy import EmbeddingProtection
 from vflink.parties.setalign import SetAlignment
+from vflink.privacy.label_protection import LabelProtection
 from vflink.protocol.boundary import refuse
 from vflink.protocol.channel import Channel
 from vflink.protocol.messages import (
@@ -270,13 +271,22 @@ class UnionPrimary:
         spec: public hyperparameters of the peer's bottom model (also used for ours).
         fit_uids: the training UIDs (positions in U).
         policy: this party's limits on what it accepts (values of received embeddings).
+        labels: the protection of our labels on the gradients we send (``[privacy] labels``),
+            planned for ``epochs``; a synthetic label goes through it like a real one, and
+            only our own records' releases are counted.
+        device: where this party's own models run (``training.device``; default the CPU).
+            What crosses to the peer stays on the CPU, and so do the synthetic labels (drawn
+            from CPU generators, as on the CPU).
     """
 
     def __init__(self, table: PartyTable, channel: Channel, peer: str, result: SetAlignment,
                  *, strategy: syn.Strategy, calibration: syn.Calibration, spec: BottomSpec,
                  top_hidden: tuple[int, ...], fit_uids: npt.NDArray[np.int64],
-                 session: str | None = None, policy: PartyPolicy | None = None) -> None:
+                 session: str | None = None, policy: PartyPolicy | None = None,
+                 labels: LabelProtection | None = None, epochs: int = 1,
+                 device: torch.device | None = None) -> None:
         schema = table.schema
+        self.device = device if device is not None else torch.device("cpu")
         if schema.label is None:
             raise ProtocolError("the active party needs a label column")
         self.channel, self.peer, self.strategy = channel, peer, strategy
@@ -290,6 +300,13 @@ class UnionPrimary:
         self.positive_rate = float(y[own_fit].mean()) if own_fit.size else 0.0
         self.y = torch.from_numpy(y)
         self.own_rows = own_fit.astype(np.int64)
+        self.labels = labels
+        #: the labels we train on (rr-prior: randomised once; ``y`` stays for evaluation)
+        self.y_train = self.y
+        if labels is not None:
+            labels.plan(self.own_rows, epochs)
+            if labels.mode == "rr-prior":
+                self.y_train = labels.randomize(self.y, self.own_rows)
         self.pre = Preprocessor(schema).fit(table.frame, own_fit) if schema.features else None
         self.x = torch.from_numpy(self.pre.transform(table.frame)) if self.pre else None
         self.rng = np.random.default_rng([spec.seed, 202])
@@ -310,19 +327,20 @@ class UnionPrimary:
                                             activation=spec.activation)
                 width += spec.out_dim
             parts["top"] = build_mlp(width, top_hidden, 1, activation=spec.activation)
-        self.model = torch.nn.ModuleDict(parts)
+        self.model = torch.nn.ModuleDict(parts).to(self.device)  # built on the CPU, as always
         self.optimizer = build_optimizer(self.model.parameters(), spec)
         self.next_batch_id = 1
         self.records: list[BatchRecord] = []
 
     def _logits(self, uids: npt.NDArray[np.int64], emb: torch.Tensor) -> torch.Tensor:
-        inputs = [emb]
+        inputs = [emb.to(self.device)]  # a differentiable copy: the gradient reaches ``emb``
         if self.x is not None:
             rows = self.rows[uids].copy()
             missing = rows < 0
             if missing.any():  # our own gaps: a random own record (fea-sampling, locally)
                 rows[missing] = syn.sampled_rows(self.own_rows, int(missing.sum()), self.rng)
-            inputs.insert(0, self.model["bottom"](self.x[torch.from_numpy(rows)]))
+            inputs.insert(0, self.model["bottom"](self.x[torch.from_numpy(rows)].to(
+                self.device)))
         return self.model["top"](torch.cat(inputs, dim=1)).reshape(-1)
 
     def _forward(self, uids: npt.NDArray[np.int64], train: bool) -> torch.Tensor:
@@ -346,25 +364,36 @@ class UnionPrimary:
         rows = self.rows[uids]
         held = rows >= 0
         y = torch.zeros(len(uids))
-        y[torch.from_numpy(np.flatnonzero(held))] = self.y[torch.from_numpy(rows[held])]
+        y[torch.from_numpy(np.flatnonzero(held))] = self.y_train[torch.from_numpy(rows[held])]
         fake = ~held
         if fake.any():
             idx = torch.from_numpy(np.flatnonzero(fake))
             real_idx = torch.from_numpy(np.flatnonzero(held))
             ctx = syn.LabelContext(
                 n=int(fake.sum()), positive_rate=self.positive_rate, generator=self.generator,
-                probabilities=torch.sigmoid(logits.detach()[idx]),
+                probabilities=torch.sigmoid(logits.detach().cpu()[idx]),
                 embeddings=emb.detach()[idx], real_embeddings=emb.detach()[real_idx],
                 real_labels=y[real_idx], samples=self.strategy.label_samples)
             y[idx] = syn.LABEL_STRATEGIES.get(self.strategy.labels)(ctx)
-        if self.strategy.calibration == "tr":
-            p = syn.shift_for_training(torch.sigmoid(logits), self.calibration)
-            loss = torch.nn.functional.binary_cross_entropy(p, y)
-        else:
-            loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, y)
+        shift = self.strategy.calibration == "tr"
+        loss_fn = self._shifted_loss if shift else \
+            torch.nn.functional.binary_cross_entropy_with_logits
+        protection = self.labels
+        target = y.to(self.device)
         self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        if protection is not None and protection.mode == "dp":
+            # noisy per-record logit gradients (a synthetic label's too), our own records'
+            # releases counted; the shifted loss has no closed form: its sensitivity is measured
+            noisy = protection.noisy_logit_gradient(logits, target, rows[held],
+                                                    loss=self._shifted_loss if shift else None)
+            loss = loss_fn(logits.detach(), target)
+            logits.backward(noisy / len(uids))
+        else:
+            loss = loss_fn(logits, target)
+            loss.backward()
         grad = emb.grad if emb.grad is not None else torch.zeros_like(emb)
+        if protection is not None and protection.mode in ("marvell", "max-norm"):
+            grad = protection.perturb(grad, y)
         self.channel.request(self.peer, Backward(batch_id=batch_id, grad=grad.detach()), Ack)
         self.optimizer.step()
         if record:
@@ -372,6 +401,11 @@ class UnionPrimary:
                 gradients=grad.detach().numpy().copy(), embeddings=emb.detach().numpy().copy(),
                 labels=y.numpy().copy(), synthetic_labels=fake.copy(), uids=uids.copy()))
         return float(loss.detach())
+
+    def _shifted_loss(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """``-tr``: binary cross-entropy on the shifted probability a·σ(z) + b (App. E)."""
+        p = syn.shift_for_training(torch.sigmoid(logits), self.calibration)
+        return torch.nn.functional.binary_cross_entropy(p, y)
 
     def predict(self, uids: npt.NDArray[np.int64], *, batch_size: int = 4096
                 ) -> npt.NDArray[np.float64]:
@@ -382,7 +416,7 @@ class UnionPrimary:
             part = uids[start:start + batch_size]
             with torch.no_grad():
                 logits = self._logits(part, self._forward(part, False))
-            out.append(torch.sigmoid(logits).double().numpy())
+            out.append(torch.sigmoid(logits).double().cpu().numpy())
         p = np.concatenate(out) if out else np.empty(0)
         if self.strategy.calibration == "te":
             p = syn.shift_for_test(p, self.calibration)

@@ -57,7 +57,7 @@ import numpy as np
 import numpy.typing as npt
 
 from vflink.errors import ConfigError, DataError, PrivacyBudgetExceeded
-from vflink.privacy.accounting import composed_epsilon_with_responses
+from vflink.privacy.accounting import composed_epsilon, composed_epsilon_with_responses
 
 __all__ = [
     "BUDGET_DIR",
@@ -66,6 +66,7 @@ __all__ = [
     "ReleaseBudget",
     "ReleaseSetting",
     "budget_file",
+    "check_within",
     "reset_budget",
 ]
 
@@ -461,6 +462,40 @@ class ReleaseBudget:
                 "delta": delta, "epsilon_max": float(eps.max(initial=0.0)),
                 "epsilon_mean": float(eps[released].mean()) if released.any() else 0.0,
                 "settings": [asdict(s) for s in self.settings]}
+
+
+def check_within(budget: ReleaseBudget, setting: ReleaseSetting, rows: npt.NDArray[np.int64], *,
+                 limit: float | None, delta: float, allowed: int | None, who: str,
+                 key: str) -> None:
+    """Refuse (:class:`PrivacyBudgetExceeded`) one more release of ``rows`` under ``setting``
+    when a record would pass ``limit`` (named by the setting ``key`` in the message).
+
+    Every release the data ever had counts (the budget's counts, across setups, sessions, runs
+    and restarts). Under one Gaussian setting the release count decides (``allowed``: the most
+    releases within the limit); otherwise the releases of the record that spent the most are
+    composed (PLD)."""
+    if allowed is None or limit is None or rows.size == 0:
+        return
+    if not budget.others_released(setting, rows) and not setting.response:
+        i = budget.find(setting)
+        worst = (int(budget.counts[i, rows].max()) if i is not None else 0) + 1
+        if worst <= allowed:
+            return
+        spent = composed_epsilon(setting.sigma, worst - 1, delta)
+        would = composed_epsilon(setting.sigma, worst, delta)
+        what = f"a record released {worst - 1} times"
+    else:
+        row = budget.worst(rows, delta)
+        would = budget.epsilon(row, delta, plus=setting)
+        if would <= limit:
+            return
+        spent = budget.epsilon(row, delta)
+        n = int(budget.totals[row])
+        what = f"a record released {n} times under {len(budget.releases_of(row))} settings"
+    raise PrivacyBudgetExceeded(
+        f"{who}: privacy budget ε = {limit:g} (`{key}`) reached: {what} (ε = {spent:.3g} at "
+        f"δ = {delta:g}) would reach ε = {would:.3g} with one more release; training stops "
+        "before that release")
 
 
 def reset_budget(directory: Path, fingerprint: str, *, party: str, operator: str,

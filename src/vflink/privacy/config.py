@@ -22,6 +22,15 @@
     seed = 0               # noise seed (the secondary's own; never sent to the primary)
     budget = 50.0          # optional: total ε of any record over the run (= total_epsilon when
                            # that is set)
+    labels = "dp"          # the primary's labels on the backward gradients: off | max-norm |
+                           # marvell | dp | rr-prior (default: marvell on a binary task, off on
+                           # others; docs/how-to/label-protection.md)
+    labels_total_epsilon = 4.0   # dp: ε of each label over the run (budget first); rr-prior: ε
+    labels_delta = 1e-5    # dp: δ of the composition
+    labels_clip = 1.0      # dp, regression: the per-record gradient is clipped to [−C, C]
+    labels_marvell_power = 4.0   # marvell: noise power P = s·‖ḡ₁ − ḡ₀‖² per batch (Li et al. §4)
+    labels_seed = 0        # the primary's label-noise seed (default: from the run's seed)
+    labels_secure_rng = false    # label noise from the operating system's secure source
 
 Budget first: with ``total_epsilon`` the per-release ε is derived. The primary announces the
 run's plan (epochs, batches, evaluation passes) and each secondary bounds, from its own links,
@@ -32,6 +41,11 @@ the release that would pass it.
 
 The same table may appear in a secondary's party file (``vflink serve``): the secondary then
 adds the noise with its own settings and refuses a run that expects others.
+
+The ``labels*`` keys protect the other direction: the gradients the *primary* sends back carry
+its labels (Li et al., ICLR 2022). They are the primary's own settings, never announced to a
+secondary (not in :data:`PUBLIC_SETTINGS`), and apply wherever the primary sends gradients
+(:mod:`vflink.privacy.label_protection`).
 """
 
 from __future__ import annotations
@@ -40,8 +54,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from vflink._checks import check_choice, check_float, check_int, raise_if
+from vflink.types import Task
 
-__all__ = ["DEFAULT_CODE_BITS", "DEFAULT_EPSILON", "MAX_CODE_BITS", "MODES", "PUBLIC_SETTINGS",
+__all__ = ["DEFAULT_CODE_BITS", "DEFAULT_EPSILON", "DEFAULT_LABELS", "DEFAULT_LABELS_EPSILON",
+           "DEFAULT_MARVELL_POWER", "LABEL_MODES", "MAX_CODE_BITS", "MODES", "PUBLIC_SETTINGS",
            "QUANTISERS", "PrivacyConfig"]
 
 #: Table 2 of VFL-AFE: vanilla (§3.1), +R (§3.2), +D (§3.3), both (VFL-AFE); and the
@@ -73,6 +89,24 @@ MAX_CODE_BITS = 12
 
 #: Per-release ε when neither ``epsilon`` nor ``total_epsilon`` is given.
 DEFAULT_EPSILON = 2.0
+
+#: How the primary protects its labels on the gradients it sends back
+#: (:mod:`vflink.privacy.label_protection`): ``max-norm`` (Li et al., ICLR 2022, the
+#: heuristic: every gradient of a batch gets the expected norm of the batch's largest),
+#: ``marvell`` (Li et al. §4: an optimised per-batch Gaussian perturbation with a bound on the
+#: leak AUC), ``dp`` (Gaussian noise on each record's loss gradient at the logits, composed over
+#: the run: (ε, δ)-label-DP of every backward message and of the primary's model), ``rr-prior``
+#: (Ghazi et al., NeurIPS 2021: labels randomised once before training, ε-label-DP).
+LABEL_MODES = ("off", "max-norm", "marvell", "dp", "rr-prior")
+#: ``labels`` when not given, on a binary task: chosen from the measurements of
+#: docs/how-to/label-protection.md (it holds the norm and direction attacks to AUC ≤ 0.6 at ≤ 1
+#: point of test accuracy on Adult and KDD protein homology). Marvell models two classes, so a
+#: multi-class or regression task keeps the labels ``off`` unless the run names a mode.
+DEFAULT_LABELS = "marvell"
+#: ``labels_total_epsilon`` when not given (``dp`` and ``rr-prior``)
+DEFAULT_LABELS_EPSILON = 4.0
+#: ``labels_marvell_power`` when not given: s of P = s·‖ḡ₁ − ḡ₀‖² (Li et al. §4)
+DEFAULT_MARVELL_POWER = 4.0
 
 #: Settings the primary may know and must agree on (never the noise seed or generator).
 PUBLIC_SETTINGS = ("embeddings", "epsilon", "total_epsilon", "reserve_releases", "delta",
@@ -107,6 +141,22 @@ class PrivacyConfig:
     code_bits: int | None = None
     #: ``randomized-response`` only: the quantiser (``None``: ``auto``, see QUANTISERS)
     quantiser: str | None = None
+    #: the primary's protection of its labels on the gradients it sends (LABEL_MODES;
+    #: ``None``: DEFAULT_LABELS on a binary task, ``off`` on others, :meth:`label_mode`)
+    labels: str | None = None
+    #: ``dp``: ε of each record's label over the run (budget first); ``rr-prior``: ε of the
+    #: one randomised release (``None``: DEFAULT_LABELS_EPSILON)
+    labels_total_epsilon: float | None = None
+    #: ``dp``: δ of the composed guarantee
+    labels_delta: float = 1e-5
+    #: ``dp``, regression: each record's loss gradient is clipped to [−C, C] (sensitivity 2C)
+    labels_clip: float = 1.0
+    #: ``marvell``: s of the per-batch noise power P = s·‖ḡ₁ − ḡ₀‖² (``None``: the default)
+    labels_marvell_power: float | None = None
+    #: the label noise seed (the primary's own; ``None``: derived from the run's seed)
+    labels_seed: int | None = None
+    #: label noise from the operating system's secure source
+    labels_secure_rng: bool = False
 
     def __post_init__(self) -> None:
         problems: list[str] = []
@@ -174,7 +224,72 @@ class PrivacyConfig:
                 problems.append("`privacy.reserve_releases` has no effect with "
                                 "`privacy.embeddings = \"randomized-response\"` (every later "
                                 "request gets the one release back): remove it")
+        self._check_labels(problems)
         raise_if(problems, "[privacy] section")
+
+    def _check_labels(self, problems: list[str]) -> None:
+        """The primary's label settings (each given only where its mode reads it)."""
+        if self.labels is not None:
+            check_choice(problems, "privacy.labels", self.labels, LABEL_MODES)
+        check_float(problems, "privacy.labels_total_epsilon", self.labels_total_epsilon,
+                    min=0.0, min_exclusive=True, allow_none=True)
+        check_float(problems, "privacy.labels_delta", self.labels_delta, min=0.0, max=1.0,
+                    min_exclusive=True)
+        if isinstance(self.labels_delta, (int, float)) and self.labels_delta == 1.0:
+            problems.append("`privacy.labels_delta` must be < 1, got 1.0")
+        check_float(problems, "privacy.labels_clip", self.labels_clip, min=0.0,
+                    min_exclusive=True)
+        check_float(problems, "privacy.labels_marvell_power", self.labels_marvell_power,
+                    min=0.0, min_exclusive=True, allow_none=True)
+        if self.labels_seed is not None:
+            check_int(problems, "privacy.labels_seed", self.labels_seed, min=0)
+            if self.labels_secure_rng is True:
+                problems.append("`privacy.labels_seed` has no effect with "
+                                "`privacy.labels_secure_rng = true`: remove one")
+        if not isinstance(self.labels_secure_rng, bool):
+            problems.append(f"`privacy.labels_secure_rng` must be true or false, got "
+                            f"{self.labels_secure_rng!r}")
+        mode = self.labels if self.labels is not None else DEFAULT_LABELS
+        if self.labels_total_epsilon is not None and mode not in ("dp", "rr-prior"):
+            problems.append(f"`privacy.labels_total_epsilon` applies to `privacy.labels = "
+                            f"\"dp\"` or `\"rr-prior\"`, got {mode!r}: remove it")
+        if self.labels_marvell_power is not None and mode != "marvell":
+            problems.append(f"`privacy.labels_marvell_power` applies to `privacy.labels = "
+                            f"\"marvell\"`, got {mode!r}: remove it")
+
+    @property
+    def label_epsilon(self) -> float:
+        """ε of the labels (``dp``: the run's total; ``rr-prior``: the one release)."""
+        return (float(self.labels_total_epsilon) if self.labels_total_epsilon is not None
+                else DEFAULT_LABELS_EPSILON)
+
+    @property
+    def marvell_power(self) -> float:
+        """s of Marvell's power constraint P = s·‖ḡ₁ − ḡ₀‖²."""
+        return (float(self.labels_marvell_power) if self.labels_marvell_power is not None
+                else DEFAULT_MARVELL_POWER)
+
+    @property
+    def protects_labels(self) -> bool:
+        """The primary may protect its labels on the gradients it sends (``labels`` not off;
+        the default's mode depends on the task: :meth:`label_mode`)."""
+        return self.labels != "off"
+
+    def label_mode(self, task: Task | None) -> str:
+        """The mode a run of ``task`` uses: the one named, else DEFAULT_LABELS on a binary
+        task and ``off`` on others (Marvell needs two classes)."""
+        if self.labels is not None:
+            return self.labels
+        return DEFAULT_LABELS if task is Task.BINARY else "off"
+
+    def label_settings(self) -> dict[str, Any]:
+        """The primary's own label settings (its training plan carries them; never sent);
+        ``mode`` is ``None`` for the task's default (resolved by the party, which knows its
+        task: :func:`vflink.privacy.label_protection.resolve_settings`)."""
+        return {"mode": self.labels, "epsilon": self.label_epsilon,
+                "delta": float(self.labels_delta), "clip": float(self.labels_clip),
+                "marvell_power": self.marvell_power, "seed": self.labels_seed,
+                "secure_rng": bool(self.labels_secure_rng)}
 
     @property
     def budget_first(self) -> bool:

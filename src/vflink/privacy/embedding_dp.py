@@ -32,7 +32,6 @@ from vflink.privacy.accounting import (
     Calibration,
     calibrate,
     calibrate_total,
-    composed_epsilon,
     composed_epsilon_mixed,
     delta_prime,
     max_releases_within,
@@ -41,7 +40,7 @@ from vflink.privacy.accounting import (
     rescale_p2,
     rescale_sigmas_for,
 )
-from vflink.privacy.budget import ReleaseBudget, ReleaseSetting
+from vflink.privacy.budget import ReleaseBudget, ReleaseSetting, check_within
 from vflink.privacy.config import PUBLIC_SETTINGS, PrivacyConfig
 from vflink.privacy.ledger import explain_epsilon
 
@@ -349,37 +348,12 @@ class EmbeddingDP:
     # --- Algorithm 1, lines 6-9 ----------------------------------------------------------------
 
     def _check_budget(self, rows: npt.NDArray[np.int64]) -> None:
-        # Every release the party's data ever had counts (the budget's counts, kept across
-        # setups, sessions, runs and restarts), not only this run's.
-        limit = self.config.spending_limit
-        if self._allowed is None or limit is None or rows.size == 0 or self.setting is None:
+        if self.setting is None:
             return
-        budget, delta = self.budget, self.delta
-        if not budget.others_released(self.setting, rows) and not self.setting.response:
-            # one noise setting only: the release count decides (the figures of one setting)
-            i = budget.find(self.setting)
-            worst = (int(budget.counts[i, rows].max()) if i is not None else 0) + 1
-            if worst <= self._allowed:
-                return
-            spent = composed_epsilon(self.sigma, worst - 1, delta)
-            would = composed_epsilon(self.sigma, worst, delta)
-            what = f"a record released {worst - 1} times"
-        else:
-            # releases under other settings too: compose them all (PLD), for the record that
-            # spent the most
-            row = budget.worst(rows, delta)
-            would = budget.epsilon(row, delta, plus=self.setting)
-            if would <= limit:
-                return
-            spent = budget.epsilon(row, delta)
-            n = int(budget.totals[row])
-            what = f"a record released {n} times under {len(budget.releases_of(row))} settings"
         key = "privacy.total_epsilon" if self.config.budget_first else "privacy.budget"
-        raise PrivacyBudgetExceeded(
-            f"party {self.party!r}: privacy budget ε = {limit:g} "
-            f"(`{key}`) reached: {what} "
-            f"(ε = {spent:.3g} at δ = {delta:g}) would reach ε = {would:.3g} "
-            f"with one more release; training stops before that release")
+        check_within(self.budget, self.setting, rows, limit=self.config.spending_limit,
+                     delta=self.delta, allowed=self._allowed, who=f"party {self.party!r}",
+                     key=key)
 
     def _claim_stream(self) -> None:
         """A fixed noise seed gives the same noise to every run that starts from it: two runs

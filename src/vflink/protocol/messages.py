@@ -240,6 +240,9 @@ class AlignmentView(Message):
     #: the party that linked the session (its primary): a secondary serves rows of this
     #: alignment to that party only
     primary: str = ""
+    #: a model link's decisions (``n × K``; primary only): the link is a match (its match
+    #: probability reached the threshold and, if asked, the one-to-one assignment kept it)
+    match: npt.NDArray[np.bool_] | None = None
 
 
 @dataclass(frozen=True)
@@ -340,6 +343,8 @@ class BlockingKey:
 
     column: str
     prefix: int = 0
+    #: further columns of a combined rule: the key is all the columns' values together
+    columns: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -351,6 +356,11 @@ class FieldComparison:
     metric: str
     weight: float = 1.0
     scale: float | None = None
+    #: a model link's comparison levels: similarity thresholds, highest first (empty: the
+    #: defaults of ``kind``), and whether exact agreement is term-frequency adjusted
+    levels: tuple[float, ...] = ()
+    tf: bool = False
+    kind: str = "string"
 
 
 @dataclass(frozen=True)
@@ -363,6 +373,9 @@ class ShareFieldEncodings(Message):
     coordinator: str
     fields: tuple[FieldEncoding, ...]
     blocking: tuple[BlockingKey, ...] = ()
+    #: also send each field's keyed hash of its normalised value (a model link's exact
+    #: agreement and term frequencies)
+    exact: bool = False
 
 
 @dataclass(frozen=True)
@@ -376,6 +389,9 @@ class FieldEncodings(Message):
     encoders: tuple[str, ...]
     values: tuple[npt.NDArray[Any] | tuple[str, ...], ...]
     keys: tuple[npt.NDArray[np.uint8], ...] = ()
+    #: per field (when asked), ``(n, 16)`` uint8 keyed hashes of the normalised values, all
+    #: zero for an empty value
+    exact: tuple[npt.NDArray[np.uint8], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -395,6 +411,12 @@ class FieldLink(Message):
     sigma: float | None = None
     delta: float = 1e-5
     scale: tuple[float, ...] = ()  # (μ0, σ0) of a training linkage to reuse at inference
+    #: ``"fellegi-sunter"``: score every candidate pair with a model trained without labels
+    #: and decide matches (probability ≥ ``threshold``, then ``one_to_one``: ``"optimal"``,
+    #: ``"greedy"`` or ``""`` for none); ``""``: the weighted field distance as before
+    model: str = ""
+    threshold: float = 0.5
+    one_to_one: str = ""
 
 
 # --- split learning -------------------------------------------------------------------------

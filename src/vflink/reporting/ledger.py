@@ -23,7 +23,14 @@ from vflink.privacy.ledger import LEDGER_FILE, Ledger, explain_epsilon
 if TYPE_CHECKING:
     from vflink.runfiles.results import RunResult
 
-__all__ = ["build_run_ledger", "explain_tau", "write_run_ledger"]
+__all__ = ["LABELS_IN_CLEAR", "build_run_ledger", "explain_tau", "privacy_summary",
+           "write_run_ledger"]
+
+#: The warning on the gradients a primary sends back with ``[privacy] labels = "off"``.
+LABELS_IN_CLEAR = ("WARNING: gradients in clear: they reveal the primary's labels to the "
+                   "secondary (its label-norm and label-direction attacks reach AUC 0.9 to 1.0 "
+                   "on Adult and on an imbalanced task: docs/how-to/label-protection.md); set "
+                   "[privacy] labels = \"dp\" (or \"marvell\") to protect them")
 
 #: What each protocol message carries, when nothing protects it (ARCHITECTURE.md boundary table).
 _CARRIES: dict[str, str] = {
@@ -36,7 +43,8 @@ _CARRIES: dict[str, str] = {
     "soft_link": "control: linkage parameters (metric, K, τ or σ)",
     "share_field_encodings": "control: each field's columns and encoding parameters, and the "
                              "blocking keys' columns",
-    "field_link": "control: linkage parameters (each field's metric and weight, K, τ or σ)",
+    "field_link": "control: linkage parameters (each field's metric and weight, K, τ or σ; "
+                  "a model link's levels, threshold and one-to-one rule)",
     "alignment_ready": "control: a request to fetch an alignment",
     "fetch_alignment": "control: a request for this party's view of an alignment",
     "alignment_view": "alignment indices only: the receiver learns which of its rows are linked "
@@ -46,8 +54,7 @@ _CARRIES: dict[str, str] = {
     "forward": "row numbers: the secondary learns which of its records are in each batch",
     "embeddings": "cut-layer embeddings in clear: the primary could try to invert them or "
                   "infer membership",
-    "backward": "gradients in clear: they can reveal the primary's labels to the secondary "
-                "(see the label-norm and label-direction attacks)",
+    "backward": LABELS_IN_CLEAR,
     "snapshot": "control: keep the current model", "restore": "control: restore a model",
     "save_state": "control: write this party's own state", "load_state": "control: load it",
     "confirm_key": "control: a fresh nonce for key confirmation (docs: how-to, "
@@ -116,13 +123,15 @@ def _protections(result: RunResult) -> list[dict[str, Any]]:
             enc = {"encoder": a.get("encoding"), "fields": len(fields),
                    "kinds": ",".join(str(f.get("kind")) for f in fields)}
         applies_to = "field_encodings" if isinstance(fields, list) else "identifier_encodings"
+        model = a.get("model")
         if enc.get("encoder") == "bloom":
             out.append({"kind": "bloom-filter", "party": "data parties",
                         "applies_to": applies_to, "params": enc, "guarantee": {},
                         "explanation": "identifiers are sent as keyed Bloom filters (FedSim App. "
                                        "I): the coordinator sees bit patterns and their Hamming "
                                        "distances, not the identifiers; this is no formal "
-                                       "guarantee, similar records still look similar"})
+                                       "guarantee, similar records still look similar"
+                                       + (_MODEL_HASHES if model else "")})
         sigma = a.get("sigma")
         eps = a.get("epsilon")
         delta = a.get("delta")
@@ -143,7 +152,29 @@ def _protections(result: RunResult) -> list[dict[str, Any]]:
                         "guarantee": {"tau": tau, "epsilon": eps_f, "delta": delta,
                                       "theorem": "FedSim Theorem 1 (ε), Theorem 2 (τ)"},
                         "explanation": sentence})
+        if model:
+            out.append({"kind": "linkage-model", "party": "coordinator",
+                        "applies_to": "field_link", "params": dict(model), "guarantee": {},
+                        "explanation": _MODEL_RELEASE})
     return out
+
+
+#: What a Fellegi–Sunter link adds to what reaches the coordinator (the ledger's sentence).
+_MODEL_HASHES = (
+    "; for the Fellegi-Sunter model each field also travels as a keyed hash (HMAC-SHA256, "
+    "16 bytes) of its normalised value: the coordinator sees which values are equal and how "
+    "often each occurs (equal Bloom filters already show it for strings), never a value")
+#: What the primary receives from a Fellegi-Sunter link, and how it is protected.
+_MODEL_RELEASE = (
+    "the coordinator trains the model and scores the candidate pairs on the encodings it "
+    "holds; the primary receives the K best links per record, their similarities (the "
+    "Eq. 1-normalised match weights with the Eq. 2 noise above, Theorem 2 on the weight's "
+    "largest one-level step), the match probabilities it derives from them (a "
+    "post-processing: no further loss), one decision bit per link (its exact probability "
+    "reached the threshold and the one-to-one assignment kept it: it tells on which side "
+    "of the threshold the exact weight lies) and aggregate estimates (expected matches, "
+    "estimated precision, recall and F1, the prior); the m/u table stays with the "
+    "coordinator")
 
 
 def _message_protection(kind: str, sender: str, protections: list[dict[str, Any]],
@@ -197,3 +228,34 @@ def write_run_ledger(run_dir: Path, result: RunResult) -> Path:
     path = Path(run_dir) / LEDGER_FILE
     build_run_ledger(result).write(path)
     return path
+
+
+def privacy_summary(result: RunResult) -> str:
+    """One line on both directions of a run that trained across the boundary: the
+    secondaries' embedding guarantee and the primary's labels (a warning when the gradients it
+    sent back were in clear); empty for a run that sent no gradient."""
+    messages = result.extra.get("messages", []) or []
+    protections = list(result.extra.get("protections", []) or [])
+    sent_back = any(m.get("kind") == "backward" for m in messages)
+    parts = []
+    for p in protections:
+        g = p.get("guarantee") or {}
+        if p.get("kind") == "embedding-dp":
+            parts.append(f"embeddings of {p['party']}: ε = {g.get('epsilon_total', 0.0):.3g} "
+                         f"(δ = {g.get('delta_total', 0.0):.0e})")
+    label = next((p for p in protections if str(p.get("kind", "")).startswith("label-")),
+                 None)
+    if label is not None:
+        g = label.get("guarantee") or {}
+        mode = str(label["kind"]).removeprefix("label-")
+        if "epsilon" in g:
+            what = f"ε = {g['epsilon']:.3g}" + (f" (δ = {g['delta']:.0e})" if g.get("delta")
+                                                else "")
+        elif g.get("leak_auc_bound_max") is not None:
+            what = f"leak AUC ≤ {g['leak_auc_bound_max']:.3f} per batch"
+        else:
+            what = "no formal guarantee"
+        parts.append(f"labels of {label['party']}: {mode}, {what}")
+    elif sent_back:
+        parts.append("labels: " + LABELS_IN_CLEAR)
+    return ("privacy: " + "; ".join(parts)) if parts else ""

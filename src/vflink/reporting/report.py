@@ -139,7 +139,8 @@ _ALIGNMENT_KEYS: dict[str, tuple[str, ...]] = {
     "psi": ("method", "group", "unmatched"),
     "psu": ("method", "group", "alpha", "beta"),
     "soft": ("method", "unmatched", "metric", "top_k", "tau", "sigma", "delta", "privacy",
-             "search", "pool", "fields", "blocking", "secret_env"),
+             "search", "pool", "fields", "blocking", "model", "threshold", "one_to_one",
+             "secret_env"),
 }
 
 
@@ -194,7 +195,8 @@ def _config_rows(config: dict[str, Any], run_dir: Path) -> list[tuple[str, Any]]
     sections.append(("evaluation", evaluation,
                      ("record", "record_rows") if evaluation.get("record") else ("record",)))
     privacy = dict(config.get("privacy") or {})
-    if privacy.get("embeddings", "off") != "off":
+    # the labels' default (no `labels` key) is said in the summary, by what the run applied
+    if privacy.get("embeddings", "off") != "off" or privacy.get("labels") not in (None, "off"):
         sections.append(("privacy", privacy, None))
     if config.get("policy"):
         sections.append(("policy", dict(config["policy"]), None))
@@ -250,6 +252,28 @@ def _linkage(figures: dict[str, Any] | None, alignment: dict[str, Any]) -> str:
         ("ε", alignment.get("epsilon"), "FedSim Theorem 1: " + explain_epsilon(
             float(eps) if eps is not None else None, alignment.get("delta"))),
     ])]
+    model = alignment.get("model")
+    if model:
+        parts.append("<h3>Linkage decisions (Fellegi–Sunter, trained without labels)</h3>")
+        parts.append(_table(("figure", "value", "meaning"), [
+            ("threshold", model.get("threshold"), "match probability of a match"),
+            ("one-to-one", model.get("one_to_one") or "none", "each record matched at most "
+                                                              "once"),
+            ("λ", model.get("lambda"), "prior probability that two records match"),
+            ("expected matches", model.get("expected_matches"), "Σ of the one-to-one "
+                                                                "posteriors"),
+            ("estimated precision", model.get("estimated_precision"), "no labels used"),
+            ("estimated recall", model.get("estimated_recall"), "relative to the candidate "
+                                                                "pairs"),
+            ("estimated F1", model.get("estimated_f1"), "no labels used"),
+            ("matched fraction", model.get("matched_fraction"), "primary records with a "
+                                                                 "match"),
+        ]))
+        parts.append('<p class="explain">The coordinator trained the model on the encodings '
+                     "and kept its m/u table; the primary received each link's decision, its "
+                     "noised similarity (the normalised match weight) and these aggregates. "
+                     "<code>vflink link --model fellegi-sunter</code> shows the m/u table, the "
+                     "match-weight chart and one pair's waterfall.</p>")
     if not figures:
         parts.append('<p class="note">This run kept one link per record (K = 1): no curve.</p>')
         return "".join(parts)
@@ -429,10 +453,11 @@ def _linkage_line(metrics: dict[str, Any]) -> str:
     return what
 
 
-#: Keys of a soft alignment's summary that estimate its true matches (a linkage model's, e.g.
-#: Fellegi-Sunter match probabilities): the expected number of primary records with a true
-#: match (a number, or one per secondary), and the links' estimated precision and recall.
-ESTIMATE_KEYS = ("estimated_matches", "estimated_precision", "estimated_recall")
+#: Keys of a soft alignment's linkage model (``alignment.model`` of a run's metrics, e.g. the
+#: Fellegi-Sunter model's) that estimate its true matches without labels: the expected number
+#: of matched primary records, the estimated precision and recall of its decisions. A summary
+#: without a model may carry ``estimated_matches`` (one count, or one per secondary) instead.
+ESTIMATE_KEYS = ("expected_matches", "estimated_precision", "estimated_recall")
 
 
 def _soft_links_line(a: dict[str, Any], primary: Any, linked: dict[str, Any]) -> str:
@@ -454,7 +479,9 @@ def _soft_links_line(a: dict[str, Any], primary: Any, linked: dict[str, Any]) ->
                      "(the others had an empty identifier or no candidate; a soft link "
                      "gives every other record K neighbours, whether or not it has a "
                      "counterpart)")
-    raw = a.get("estimated_matches")
+    model: dict[str, Any] = a["model"] if isinstance(a.get("model"), dict) else {}
+    source = model or a
+    raw = source.get("expected_matches", a.get("estimated_matches"))
     # per secondary ({name: count}) or one count; booleans and other values are not counts
     estimate: dict[str, float] = {
         str(name): float(v) for name, v in (raw.items() if isinstance(raw, dict) else
@@ -463,13 +490,18 @@ def _soft_links_line(a: dict[str, Any], primary: Any, linked: dict[str, Any]) ->
     if estimate:
         counts = ", ".join(f"≈ {round(v):,}" + (f" in {name}" if name else "")
                            for name, v in estimate.items())
-        model = a.get("model")
-        extra = [f"{word} {_fmt(a[key])}" for key, word in
+        name = model.get("model") or model.get("name") or (
+            a.get("model") if isinstance(a.get("model"), str) else None)
+        extra = [f"{word} {_fmt(source[key])}" for key, word in
                  (("estimated_precision", "precision"), ("estimated_recall", "recall"))
-                 if isinstance(a.get(key), (int, float))]
-        parts.append(f"true matches, estimated{f' by the {model} model' if model else ''}: "
-                     f"{counts} of {n} primary records"
-                     + (f" ({', '.join(extra)} of the links, estimated)" if extra else ""))
+                 if isinstance(source.get(key), (int, float))]
+        line = (f"true matches, estimated without labels{f' by the {name} model' if name else ''}"
+                f": {counts} of {n} primary records"
+                + (f" (its decisions' {', '.join(extra)}, estimated)" if extra else ""))
+        decided = model.get("matched_fraction")
+        if isinstance(decided, (int, float)) and not isinstance(decided, bool):
+            line += f"; it decided {decided:.1%} of the primary records matched"
+        parts.append(line)
     else:
         parts.append("how many of these links are true matches is not known (no linkage "
                      "model estimated it; records without a counterpart are linked too)")
@@ -488,14 +520,52 @@ def _privacy_line(ledger: Ledger | None) -> str:
         parts.append("protected: " + ", ".join(protected))
     if clear:
         parts.append("in clear: " + ", ".join(clear))
+    parts.extend(_directions(ledger, data))
     dp = []
     for p in ledger.protections:
+        if p.get("kind") == "embedding-dp" or str(p.get("kind", "")).startswith("label-"):
+            continue  # said per direction above
         eps = (p.get("guarantee") or {}).get("epsilon")
         if isinstance(eps, (int, float)) and not isinstance(eps, bool):
             words = explain_epsilon(float(eps), (p.get("guarantee") or {}).get("delta"))
             dp.append(f"{p['kind']} {words.split(';')[0]}")
-    parts.append("differential privacy: " + ("; ".join(dp) if dp else "none"))
+    if dp:
+        parts.append("differential privacy: " + "; ".join(dp))
     return "; ".join(parts) if data or dp else "nothing but control messages crossed"
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) \
+        else None
+
+
+def _directions(ledger: Ledger, data: list[dict[str, Any]]) -> list[str]:
+    """Both directions' guarantees: the secondaries' embeddings, the primary's labels."""
+    out = []
+    emb = [p for p in ledger.protections if p.get("kind") == "embedding-dp"]
+    if emb:
+        out.append("embeddings (secondaries): " + ", ".join(
+            f"{p['party']} ε = {_fmt(_number((p.get('guarantee') or {}).get('epsilon_total')))}"
+            f" (δ = {_fmt(_number((p.get('guarantee') or {}).get('delta_total')))})"
+            for p in emb))
+    label = next((p for p in ledger.protections
+                  if str(p.get("kind", "")).startswith("label-")), None)
+    if label is not None:
+        g = label.get("guarantee") or {}
+        mode = str(label["kind"]).removeprefix("label-")
+        if mode == "dp":
+            what = f"dp ε = {_fmt(_number(g.get('epsilon')))} (δ = {_fmt(_number(g.get('delta')))})"
+        elif mode == "rr-prior":
+            what = f"rr-prior ε = {_fmt(_number(g.get('epsilon')))}"
+        elif mode == "marvell":
+            what = f"marvell, leak AUC ≤ {_fmt(_number(g.get('leak_auc_bound_max')))} per batch"
+        else:
+            what = f"{mode} (no formal guarantee)"
+        out.append(f"labels ({label['party']}): {what}")
+    elif any(m.get("kind") == "backward" for m in data):
+        out.append("labels: NOT protected, the gradients sent back reveal them "
+                   "(docs/how-to/label-protection.md)")
+    return out
 
 
 def _summary(metrics: dict[str, Any], ledger: Ledger | None,

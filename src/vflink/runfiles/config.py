@@ -126,6 +126,12 @@ class AlignmentConfig:
     # [[alignment.fields]] and [[alignment.blocking]] (vflink.linkage.fields)
     fields: tuple[FieldSpec, ...] = ()
     blocking: tuple[Blocking, ...] = ()
+    # Decisions by a Fellegi-Sunter model the coordinator trains without labels
+    # (vflink.linkage.model_link): FedSim's similarities become the protected match weights,
+    # the top-1 and exact links the (one-to-one) matches
+    model: str | None = None
+    threshold: float = 0.5
+    one_to_one: bool | str = False
 
     def __post_init__(self) -> None:
         problems: list[str] = []
@@ -161,6 +167,21 @@ class AlignmentConfig:
         if self.blocking and not has_fields:
             problems.append("[[alignment.blocking]] needs [[alignment.fields]] (blocking keys "
                             "restrict a multi-field link)")
+        if self.model is not None:
+            check_choice(problems, "alignment.model", self.model, ("fellegi-sunter",))
+            if not has_fields:
+                problems.append("`alignment.model` decides a multi-field link: give "
+                                "[[alignment.fields]] (a field needs no metric or weight)")
+        elif has_fields and any(getattr(f, "metric", "") is None for f in self.fields):
+            problems.append("every [[alignment.fields]] entry needs a `metric`, unless "
+                            "`alignment.model = \"fellegi-sunter\"` chooses it from the column")
+        if not (isinstance(self.threshold, (int, float)) and not isinstance(self.threshold, bool)
+                and 0 < self.threshold < 1):
+            problems.append(f"`alignment.threshold` must be a probability in (0, 1), got "
+                            f"{self.threshold!r}")
+        if not (isinstance(self.one_to_one, bool) or self.one_to_one in ("optimal", "greedy")):
+            problems.append(f"`alignment.one_to_one` must be true, false, \"optimal\" or "
+                            f"\"greedy\", got {self.one_to_one!r}")
         raise_if(problems, "[alignment] section")
 
     def noise(self, mode: str = "soft") -> tuple[float | None, float | None]:

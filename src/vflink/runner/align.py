@@ -18,8 +18,9 @@ from vflink._checks import column_order_warning
 from vflink._files import table_format
 from vflink.alignment._dh import as_rows, key_bytes
 from vflink.alignment._spool import Buckets, Workdir, bucket_bits
+from vflink.alignment.cost import OpCosts, crypto_bound_s, protocol_ops, sample_costs
 from vflink.alignment.exact import check_keys_present, normalise_key
-from vflink.alignment.groups import get_group
+from vflink.alignment.groups import default_workers, get_group
 from vflink.alignment.psi import check_reveal
 from vflink.data.batches import read_frame_header, scan_frame
 from vflink.data.schema import PartySchema
@@ -45,9 +46,10 @@ from vflink.runner.local import COORDINATOR, local_roles, secret_with_source
 from vflink.transport import InProcessHub, TrafficCounter, Transcript
 from vflink.types import Alignment, Compute
 
-__all__ = ["METHODS", "AlignOutcome", "ExactOutcome", "KeyFile", "align_exact_in_process",
-           "align_in_process", "align_over_network", "file_key_batches", "key_frame",
-           "key_table", "run_set_alignment", "write_outcome"]
+__all__ = ["METHODS", "AlignOutcome", "CostProbe", "ExactOutcome", "KeyFile",
+           "align_exact_in_process", "align_in_process", "align_over_network", "bound_line",
+           "file_key_batches", "key_frame", "key_table", "run_cores", "run_set_alignment",
+           "text_key_bytes", "write_outcome"]
 
 METHODS = ("psu", "psi")
 
@@ -65,16 +67,80 @@ class AlignOutcome:
     seconds: float
     communication: dict[str, dict[str, int]]
     operations: int  # group operations done by the parties in this process
+    reveal: str = "both"
+    #: the run against its crypto bound (:meth:`CostProbe.bound`), when it was measured
+    bound: dict[str, Any] | None = None
 
-    def summary(self) -> dict[str, Any]:
+    @property
+    def sizes(self) -> dict[str, int]:
         sizes = dict(self.primary.sizes)
         if self.secondary is not None:
             sizes.update({k: v for k, v in self.secondary.sizes.items() if k not in sizes})
-        return {"method": self.method, "group": self.group, "sizes": sizes,
-                "seconds": round(self.seconds, 3), "bytes": {
-                    k: v["bytes"] for k, v in self.communication.items()},
-                "messages": {k: v["messages"] for k, v in self.communication.items()},
-                "group_operations_here": self.operations}
+        return sizes
+
+    def summary(self) -> dict[str, Any]:
+        out = {"method": self.method, "group": self.group, "sizes": self.sizes,
+               "seconds": round(self.seconds, 3), "bytes": {
+                   k: v["bytes"] for k, v in self.communication.items()},
+               "messages": {k: v["messages"] for k, v in self.communication.items()},
+               "group_operations_here": self.operations}
+        if self.bound is not None:
+            out["crypto_bound"] = self.bound
+        return out
+
+
+def run_cores(compute: Compute | None, workers: int | None = None) -> int:
+    """The cores a set alignment's group operations use: the engine's workers, else the
+    group's threads (``workers``, default every core), never more than this process may use."""
+    if compute is not None:
+        return max(1, int(compute.workers))
+    cores = default_workers()
+    return min(cores, max(1, int(workers))) if workers is not None else cores
+
+
+class CostProbe:
+    """A run of ``vflink align`` against its crypto bound (:mod:`vflink.alignment.cost`): the
+    group's operation costs are sampled when the probe is made (before the run) and again in
+    :meth:`bound` (after it), each a fraction of a second on one core through the group's
+    own chunk functions; the bound uses their mean."""
+
+    def __init__(self, group: str) -> None:
+        self.group = get_group(group, workers=1)
+        self.before = sample_costs(self.group)
+
+    def bound(self, outcome: AlignOutcome, *, wall_s: float, cores: int) -> dict[str, Any]:
+        """What the summary records: the bound, ``wall_s`` as a ratio to it, the operations
+        per role and the costs per operation. When the secondary ran elsewhere its operations
+        are costed at this machine's rates and ``cores`` (it is the peer's machine that does
+        them: a bound for equal machines)."""
+        after = sample_costs(self.group)
+        costs = OpCosts.mean(self.before, after)
+        sizes = outcome.sizes
+        n_a, n_p = int(sizes["primary"]), int(sizes["secondary"])
+        union = int(sizes["union"]) if outcome.method == "psu" else None
+        ops = {role: protocol_ops(outcome.method, role, n_a=n_a, n_p=n_p, n_union=union,
+                                  reveal=outcome.reveal) for role in ("primary", "secondary")}
+        bound = crypto_bound_s(ops.values(), costs, cores)
+        out: dict[str, Any] = {
+            "seconds": round(bound, 6), "cores": cores, "wall_seconds": round(wall_s, 3),
+            "ratio": round(wall_s / bound, 3) if bound > 0 else None,
+            "us_per_operation": {"before": self.before.as_us(), "after": after.as_us(),
+                                 "mean": costs.as_us()},
+            "operations": {role: o.as_dict() for role, o in ops.items()}}
+        if outcome.secondary is None:
+            out["secondary_costed_as"] = "this machine's costs and cores"
+        return out
+
+
+def bound_line(bound: dict[str, Any]) -> str:
+    """A :meth:`CostProbe.bound` in a few words, for the command's last line."""
+    us, cores, ratio = bound["us_per_operation"]["mean"], bound["cores"], bound["ratio"]
+    head = f"{ratio:.2f}× its crypto bound" if ratio is not None else "crypto bound"
+    seconds = bound["seconds"]
+    shown = f"{seconds:.1f}" if seconds >= 1 else f"{seconds:.2g}"
+    return (f"{head} of {shown} s on {cores} core{'s' if cores != 1 else ''} "
+            f"(µs per operation: exponentiation {us['power']:.1f}, checked "
+            f"{us['power_checked']:.1f}, hash {us['hash']:.1f}, check {us['validate']:.1f})")
 
 
 def key_table(path: Path, on: Sequence[str], *, name: str, delimiter: str | None = None,
@@ -149,10 +215,20 @@ def _key_lists(kf: KeyFile, batch_rows: int) -> Iterator[list[bytes]]:
     an empty key is refused naming its row and column."""
     offset = 0
     for frame in _key_text(kf, batch_rows):
-        text = frame[list(kf.on)].astype("string").fillna("")
-        check_keys_present(text, kf.on, who=str(kf.path), offset=offset)
-        offset += len(text)
-        yield [normalise_key(row).encode() for row in text.itertuples(index=False, name=None)]
+        check_keys_present(frame, kf.on, who=str(kf.path), offset=offset)
+        offset += len(frame)
+        yield text_key_bytes(frame, kf.on)
+
+
+def text_key_bytes(frame: pd.DataFrame, on: Sequence[str]) -> list[bytes]:
+    """:func:`~vflink.alignment.exact.normalise_key` of each row of text key columns, encoded:
+    the same bytes as :func:`~vflink.alignment._dh.key_bytes`, from plain lists of the columns'
+    values (ten times faster than rows of an Arrow-backed frame, a cost every pass over a
+    large key file paid). A single text column's canonical key is its trimmed value."""
+    cols = [frame[c].astype("string").fillna("").tolist() for c in on]
+    if len(cols) == 1:
+        return [v.strip().encode() for v in cols[0]]
+    return [normalise_key(row).encode() for row in zip(*cols, strict=True)]
 
 
 def file_key_batches(kf: KeyFile, *, chunk_rows: int, tmp_dir: Path | None = None
@@ -292,7 +368,7 @@ def align_in_process(primary: PartyTable | KeyFile, secondary: PartyTable | KeyF
     seconds = time.perf_counter() - start
     theirs = peer.set_alignment(mine.session)
     return AlignOutcome(method, group, mine, theirs, seconds,
-                        TrafficCounter.delta(counter.snapshot(), {}), ops)
+                        TrafficCounter.delta(counter.snapshot(), {}), ops, reveal)
 
 
 def align_over_network(primary: PartyTable | KeyFile, config: PartyConfig, peer: str, *,
@@ -333,7 +409,7 @@ def align_over_network(primary: PartyTable | KeyFile, config: PartyConfig, peer:
     finally:
         channel.close()
     return AlignOutcome(method, group, mine, None, time.perf_counter() - start,
-                        TrafficCounter.delta(counter.snapshot(), {}), ops)
+                        TrafficCounter.delta(counter.snapshot(), {}), ops, reveal)
 
 
 @dataclass(frozen=True)

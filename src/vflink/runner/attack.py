@@ -9,6 +9,7 @@ ledger (``privacy.json``).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from pathlib import Path
@@ -25,12 +26,15 @@ from vflink._files import (
     read_json_file,
 )
 from vflink.attacks import ATTACKS, AttackResult, AttackView, get_attack
-from vflink.errors import ConfigError, DataError
+from vflink.errors import ConfigError, DataError, VflinkError
 from vflink.parties.recording import RECORDING_DIR, Recording, read_recording
+from vflink.privacy.label_protection import DEFEATED_WITHIN
 from vflink.privacy.ledger import LEDGER_FILE, Ledger
+from vflink.runfiles.inputs import Inputs
 from vflink.runner.evaluation import OWN_ENCODINGS, read_truth
 
-__all__ = ["attack_lines", "load_view", "recorded_parties", "run_attack", "truth_for"]
+__all__ = ["attack_lines", "label_protection_in_force", "load_view", "recorded_parties",
+           "run_attack", "truth_for", "with_label_verdict"]
 
 log = logging.getLogger(__name__)
 
@@ -158,12 +162,14 @@ def truth_for(arrays: dict[str, npt.NDArray[Any]], peer: str | None
 
 def run_attack(run_dir: Path, name: str, *, party: str | None = None,
                params: dict[str, Any] | None = None, out: Path | None = None,
-               truth_dir: Path | None = None, overwrite: bool = False) -> AttackResult:
+               truth_dir: Path | None = None, overwrite: bool = False,
+               tables: Inputs | None = None) -> AttackResult:
     """Run attack ``name`` on ``run_dir``; append the result to the run's ledger (and to
     ``out``). ``truth_dir``: the run directory with the ground truth and the ledger, when
     ``run_dir`` is one party's own state directory (runs across hosts). An existing result
     file in ``out`` is refused (before the attack runs or the ledger changes) unless
-    ``overwrite``."""
+    ``overwrite``. ``tables``: the parties' tables of a run trained on tables given in memory
+    (an attack that uses the attacker's own data, e.g. model completion, reads them)."""
     run_dir = Path(run_dir)
     home = Path(truth_dir) if truth_dir is not None else run_dir
     attack = get_attack(name, **(params or {}))
@@ -173,6 +179,8 @@ def run_attack(run_dir: Path, name: str, *, party: str | None = None,
         raise ConfigError(f"attack {attack.name!r} needs {', '.join(missing)}, which party "
                           f"{view.party!r} never received in this run: "
                           + "; ".join(_WHY[n] for n in missing))
+    if "features" in attack.needs and view.features is None and view.role == "secondary":
+        view = _with_bottom_outputs(view, home, tables)
     view.require(attack.needs, attack.name)
     target = Path(out) / f"{name}-{view.party}.json" if out is not None else None
     if target is not None and target.exists() and not overwrite:
@@ -189,6 +197,8 @@ def run_attack(run_dir: Path, name: str, *, party: str | None = None,
     result = attack.evaluate(view, truth)
     ledger_path = home / LEDGER_FILE
     ledger = Ledger.read(ledger_path) if os.path.lexists(ledger_path) else Ledger()
+    if name.startswith("label-"):
+        result = with_label_verdict(result, ledger)
     ledger.add_attack(result.to_json())
     ledger.write(ledger_path)
     if target is not None:
@@ -196,3 +206,88 @@ def run_attack(run_dir: Path, name: str, *, party: str | None = None,
         atomic_write_json(target, result.to_json(), indent=2, default=float)
     log.info("%s on %s: %s", name, view.party, result.metrics)
     return result
+
+
+def label_protection_in_force(ledger: Ledger) -> dict[str, Any] | None:
+    """The run's protection of the labels on the gradients (its ledger entry), if any."""
+    return next((p for p in ledger.protections
+                 if p.get("applies_to") == "backward" and str(p.get("kind", "")).startswith(
+                     "label-")), None)
+
+
+def with_label_verdict(result: AttackResult, ledger: Ledger) -> AttackResult:
+    """``result`` with which label protection was in force and whether it defeats the attack:
+    an AUC within ``DEFEATED_WITHIN`` of 0.5 (either way: 0.4 is as leaky as 0.6), or a
+    multi-class accuracy within that of always guessing the most frequent class."""
+    entry = label_protection_in_force(ledger)
+    mode = "off" if entry is None else str(entry["kind"]).removeprefix("label-")
+    m = result.metrics
+    if "auc" in m:
+        gap = abs(float(m["auc"]) - 0.5)
+        reading = f"AUC {float(m['auc']):.3f}, {gap:.3f} from chance"
+    elif "accuracy" in m and "majority" in m:
+        gap = float(m["accuracy"]) - float(m["majority"])
+        reading = f"accuracy {float(m['accuracy']):.1%}, {gap:+.1%} over the majority class"
+    else:
+        return result
+    defeated = bool(gap <= DEFEATED_WITHIN)
+    guarantee = dict((entry or {}).get("guarantee") or {})
+    what = {"off": "no label protection (the gradients were sent in clear)",
+            "dp": f"labels = dp (ε = {guarantee.get('epsilon', float('nan')):.3g}, "
+                  f"δ = {guarantee.get('delta', float('nan')):g})",
+            "rr-prior": f"labels = rr-prior (ε = {guarantee.get('epsilon', float('nan')):.3g})",
+            "marvell": f"labels = marvell (leak AUC bound ≤ "
+                       f"{guarantee.get('leak_auc_bound_max') or float('nan'):.3f})",
+            "max-norm": "labels = max-norm (no formal guarantee)"}.get(mode, f"labels = {mode}")
+    verdict = (f"Protection in force: {what}; "
+               + (f"it defeats this attack ({reading}, within {DEFEATED_WITHIN:g})."
+                  if defeated else f"it does not defeat this attack ({reading})."))
+    details = {**result.details, "protection": {"mode": mode, "defeated": defeated,
+                                                "within": DEFEATED_WITHIN}}
+    return dataclasses.replace(result, explanation=f"{result.explanation}. {verdict}",
+                               details=details)
+
+
+def _with_bottom_outputs(view: AttackView, run_dir: Path, tables: Inputs | None
+                         ) -> AttackView:
+    """The secondary's own trained bottom model's outputs for every one of its rows, and its
+    preprocessed rows (what passive model completion builds on): from its saved final model
+    and its own table, as the secondary itself would compute them."""
+    import torch
+
+    from vflink.parties import SecondaryParty
+    from vflink.protocol.messages import LoadState
+    from vflink.runfiles.inputs import load_inputs
+    from vflink.runner.loop import FINAL
+    from vflink.runner.predict import load_run_config
+    from vflink.transport import InProcessHub
+
+    state_dir = Path(run_dir) / "models" / view.party
+    if tables is None:
+        try:
+            config = load_run_config(Path(run_dir))
+            tables = load_inputs(config)
+        except VflinkError as exc:
+            raise ConfigError(f"the attack needs party {view.party!r}'s own table and saved "
+                              f"model, and the run's tables could not be read again ({exc}); "
+                              "for a run trained on tables in memory, attack it with "
+                              "`Run.attack` (or pass `tables`)") from None
+    table = next((t for t in tables.secondaries if t.name == view.party), None)
+    if table is None or not state_dir.is_dir():
+        raise ConfigError(f"the attack needs party {view.party!r}'s own table and saved model "
+                          f"({state_dir}); across hosts, run it where that party keeps them")
+    party = SecondaryParty(table, InProcessHub().channel(view.party), out_dir=state_dir)
+    party.on_load_state(view.party, LoadState(name=FINAL))
+    model, features = party.model, party.features
+    if model is None or features is None:  # pragma: no cover - on_load_state built them
+        raise ConfigError(f"party {view.party!r}: no model in {state_dir}")
+    model.eval()
+    rows = np.arange(len(table), dtype=np.int64)
+    outputs, raw = [], []
+    with torch.no_grad():
+        for start in range(0, len(rows), 4096):
+            x = features.rows(rows[start:start + 4096])
+            outputs.append(model(x.to(party.device)).cpu().double().numpy())
+            raw.append(x.double().numpy())
+    extra = {**view.extra, "feature_rows": rows, "raw_features": np.concatenate(raw)}
+    return dataclasses.replace(view, features=np.concatenate(outputs), extra=extra)

@@ -8,6 +8,7 @@ run's alignment stage (:mod:`vflink.runner.prepare`); no party is built here.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import numpy as np
@@ -15,14 +16,15 @@ import pandas as pd
 
 from vflink.errors import ConfigError
 from vflink.linkage import BloomConfig, GeoBloomConfig, NumericRange
-from vflink.linkage.fields import Blocking, FieldSpec
+from vflink.linkage.fields import Blocking, FieldSpec, auto_metric
 from vflink.linkage.privacy import DEFAULT_FALLBACK_SIGMA, DEFAULT_TAU
 from vflink.parties.linking import LinkField, identifier_values
 from vflink.protocol import EncodingSpec, FieldComparison
 
-__all__ = ["ENCODINGS", "LINK_METRICS", "PRIVACY", "default_noise", "describe_fields",
-           "encoding_for", "encoding_summary", "federal_spec", "field_encodings",
-           "fields_encoder", "identifier_kind", "link_fields", "resolve_privacy"]
+__all__ = ["ENCODINGS", "LINK_METRICS", "PRIVACY", "compared_as", "default_noise",
+           "describe_fields", "encoding_for", "encoding_summary", "federal_spec",
+           "field_encodings", "fields_encoder", "identifier_kind", "link_fields",
+           "resolve_fields", "resolve_privacy"]
 
 #: Metrics a user may ask for; ``hamming`` means Bloom filters (FedSim App. I).
 LINK_METRICS = ("euclidean", "haversine", "hamming", "levenshtein")
@@ -129,9 +131,32 @@ def federal_spec(cfg: BloomConfig, sides: Sequence[tuple[pd.DataFrame, Sequence[
                         high=ranges.high)
 
 
+def resolve_fields(fields: Sequence[FieldSpec], frame: pd.DataFrame) -> tuple[FieldSpec, ...]:
+    """Fields with their ``metric``: given, or (a Fellegi–Sunter link's field without one)
+    chosen from the primary's column by :func:`~vflink.linkage.fields.auto_metric`; a field of
+    two numeric columns without a metric is compared by Euclidean distance."""
+    out = []
+    for spec in fields:
+        if spec.metric is not None:
+            out.append(spec)
+            continue
+        cols = [c for c in spec.on if c in frame.columns]
+        if len(spec.on) == 1 and cols:
+            metric = auto_metric(frame[cols[0]].tolist())
+        elif len(cols) == len(spec.on) and all(
+                auto_metric(frame[c].tolist()) == "euclidean" for c in cols):
+            metric = "euclidean"
+        else:
+            metric = "jaro-winkler"
+        out.append(dataclasses.replace(spec, metric=metric))
+    return tuple(out)
+
+
 def _field_kind(spec: FieldSpec, frame: pd.DataFrame, columns: Sequence[str]) -> str:
-    """``"string"`` or ``"numeric"``: by the metric, and for ``hamming`` (Bloom filters of
-    whatever the columns hold) by the columns' type, as for one field."""
+    """``"string"``, ``"date"`` or ``"numeric"``: by the metric, and for ``hamming`` (Bloom
+    filters of whatever the columns hold) by the columns' type, as for one field."""
+    if spec.metric == "date":
+        return "date"
     if spec.kind == "string":
         return "string"
     if spec.metric in ("euclidean", "haversine"):
@@ -160,7 +185,10 @@ def field_encodings(fields: Sequence[FieldSpec], *, private: bool, primary: pd.D
     for spec in fields:
         kind = _field_kind(spec, primary, spec.on)
         bloom = private or spec.metric == "hamming"
-        if kind == "string":
+        if kind == "date":  # token filters of dates (vflink.linkage.encoding.dates)
+            out.append(EncodingSpec(encoder="bloom", kind="date", params=cfg.params())
+                       if bloom else EncodingSpec(encoder="string", kind="date"))
+        elif kind == "string":
             out.append(EncodingSpec(encoder="bloom", kind="string", params=cfg.params())
                        if bloom else EncodingSpec(encoder="string", kind="string",
                                                   params={"normalize": True}))
@@ -190,12 +218,34 @@ def link_fields(fields: Sequence[FieldSpec], encodings: Sequence[EncodingSpec]
     out = []
     for spec, enc in zip(fields, encodings, strict=True):
         bloom = enc.encoder == "bloom"
+        kind = "geo" if enc.kind == "geo" or enc.params.get("geo") else enc.kind
         out.append(LinkField(
             on=spec.on, secondary_on=spec.columns_s, spec=enc,
-            comparison=FieldComparison(metric="hamming" if bloom else spec.metric,
-                                       weight=float(spec.weight),
-                                       scale=None if bloom else spec.scale)))
+            comparison=FieldComparison(
+                metric="hamming" if bloom else str(spec.metric), weight=float(spec.weight),
+                scale=None if bloom else spec.scale, levels=tuple(spec.levels or ()),
+                # term frequencies sharpen exact agreement on values of skewed frequency
+                # (names, places, dates); numbers and places are near-unique, rarely equal
+                tf=spec.tf if spec.tf is not None else kind in ("string", "date"),
+                kind=kind)))
     return tuple(out)
+
+
+def compared_as(fields: Sequence[FieldSpec], encodings: Sequence[EncodingSpec]) -> list[str]:
+    """What each field was really compared with, for the summary: the configured metric
+    applies only when its values reached the coordinator (privacy off); keyed Bloom filters
+    are compared by Dice distance whatever the metric (it selects the encoding)."""
+    out = []
+    for spec, enc in zip(fields, encodings, strict=True):
+        cols = ",".join(spec.on)
+        if enc.encoder != "bloom":
+            out.append(f"{cols}: {spec.metric} on the raw values")
+            continue
+        what = {"string": "keyed q-gram Bloom filters", "date": "keyed date-token Bloom filters",
+                "geo": "keyed geographic Bloom filters",
+                "numeric": "keyed FEDERAL numeric Bloom filters"}.get(enc.kind, enc.kind)
+        out.append(f"{cols}: Dice distance of {what} ({spec.metric} asked)")
+    return out
 
 
 def describe_fields(fields: Sequence[FieldSpec], blocking: Sequence[Blocking] = ()) -> str:
@@ -203,7 +253,7 @@ def describe_fields(fields: Sequence[FieldSpec], blocking: Sequence[Blocking] = 
     described = " + ".join(f.describe() for f in fields)
     if blocking:
         described += " | blocking: " + ", ".join(
-            f"{b.on}" + (f"[:{b.prefix}]" if b.prefix else "") for b in blocking)
+            b.describe() for b in blocking)
     return described
 
 

@@ -206,6 +206,7 @@ def linkage_figures(similarity: npt.NDArray[np.floating[Any]] | None, model: Any
     if similarity is None or similarity.ndim != 2 or similarity.shape[1] < 2:
         return None
     from vflink.linkage.improvement import improvement_per_record, scale_similarities
+    from vflink.models.merge import weight_curve
 
     s = np.asarray(similarity, dtype=np.float64)
     scaled = scale_similarities(s)
@@ -222,12 +223,9 @@ def linkage_figures(similarity: npt.NDArray[np.floating[Any]] | None, model: Any
                   "avgsim": float(np.mean(improvement_per_record(scaled, valid)))}}
     gate = getattr(getattr(model, "aggregator", None), "sim_model", None)
     if gate is not None and valid.any():
-        import torch
-
         lo, hi = float(s[valid].min()), float(s[valid].max())
         grid = np.linspace(lo, hi, 101) if hi > lo else np.array([lo])
-        with torch.no_grad():
-            w = model.aggregator.weights(torch.from_numpy(grid.astype(np.float32))[None, :])
         out["weight_gate"] = {"similarity": grid.tolist(),
-                              "weight": w.reshape(-1).double().numpy().tolist()}
+                              "weight": weight_curve(model.aggregator, grid).tolist()}
     return out
+

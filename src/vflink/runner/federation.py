@@ -51,6 +51,7 @@ class Federation:
         state_prefix: prefix of state file names the secondaries write (a run id across hosts).
         policy: the primary's own policy (what it releases, what it accepts).
         secret_source: where the secret came from (for the run's summary; never the secret).
+        state_dir: the primary's own state directory across runs (label release counts).
     """
 
     channel: Channel
@@ -64,6 +65,9 @@ class Federation:
     secret_source: str = ""
     #: the party objects living in this process, by name (in-process federations only)
     parties: dict[str, Any] = field(default_factory=dict)
+    #: the primary's own state directory across runs (its party file's ``state_dir``), where
+    #: it keeps the release counts of its labels; ``None``: the run's directory
+    state_dir: Path | None = None
 
     def close(self) -> None:
         self.closer()

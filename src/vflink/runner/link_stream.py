@@ -53,7 +53,7 @@ from vflink.linkage.streamed import search_chunk_against_parts
 from vflink.parties.linking import build_encoder
 from vflink.protocol.sessions import purpose_of
 from vflink.runner.encoding import default_noise, encoding_for, federal_spec, resolve_privacy
-from vflink.runner.link import LinkOutcome
+from vflink.runner.link import LinkOutcome, links_metadata
 from vflink.runner.local import secret_with_source
 from vflink.types import Compute
 
@@ -283,7 +283,8 @@ def streamed_linkage(primary: Path, secondary: Path, *, on: Sequence[str],
         sample: list[tuple[Any, Any, Any]] = []
         delta_sums: dict[str, float] = {}
         row = 0
-        with ColumnSink(out, rows=n_primary * top_k, parts=parts) as sink:
+        with ColumnSink(out, rows=n_primary * top_k, parts=parts, metadata=links_metadata(
+                ("primary_index", "secondary_index", "rank", "distance", "similarity"))) as sink:
             for path in raw:
                 with np.load(path) as r:
                     dist, idx = r["distances"], r["indices"]

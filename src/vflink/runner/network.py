@@ -53,7 +53,7 @@ def network_federation(config: PartyConfig, *, run_id: str,
     return Federation(channel=channel, secondaries=config.secondaries, coordinator=coordinator,
                       counter=counter, secret=shared_secret(config.secret_env, required=True),
                       state_prefix=f"{run_id}/", closer=channel.close, policy=config.policy,
-                      secret_source=f"${config.secret_env}")
+                      secret_source=f"${config.secret_env}", state_dir=config.state_dir)
 
 
 def build_handler(config: PartyConfig, *, compute: Compute | None = None) -> MessageHandler:

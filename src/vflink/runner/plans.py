@@ -39,6 +39,7 @@ from vflink.metrics.functional import evaluate, primary_metric
 from vflink.models.merge import AggregatorConfig
 from vflink.models.spec import BottomSpec
 from vflink.parties import PrimaryParty, TrainingPlan
+from vflink.privacy.budget import BUDGET_DIR
 from vflink.protocol import Ack, AlignmentReady
 from vflink.registry import Registry
 from vflink.reporting.link_quality import training_link_quality
@@ -51,7 +52,13 @@ from vflink.runner.evaluation import EVALUATIONS, linkage_figures, write_truth
 from vflink.runner.federation import recorder_for
 from vflink.runner.loop import BEST, CHECKPOINT, FINAL
 from vflink.runner.pools import run_splits
-from vflink.runner.protections import TRAINING, Protection, chosen, request_settings
+from vflink.runner.protections import (
+    TRAINING,
+    Protection,
+    chosen,
+    merge_reports,
+    request_settings,
+)
 from vflink.runner.union import UnionPlan
 from vflink.transport import InProcessHub, TrafficCounter
 from vflink.types import MISSING, Alignment
@@ -84,7 +91,8 @@ def training_plan(config: RunConfig, algorithm: Algorithm, *, learn_missing: boo
                         kernels=m.kernels, image_shape=m.image_shape)
     agg = AggregatorConfig(**{**m.aggregator.__dict__, "seed": config.seed})
     chosen_ = chosen(config, TRAINING) if protections is None else protections
-    settings: dict[str, Any] = {"privacy": None, **request_settings(chosen_, config)}
+    settings: dict[str, Any] = {"privacy": None, "labels": None,
+                                **request_settings(chosen_, config)}
     return TrainingPlan(bottom=bottom, top_hidden=m.top_hidden, learn_missing=learn_missing,
                         aggregator=algorithm.aggregator, k=k, aggregator_config=agg,
                         pair_dim=m.pair_dim, **settings)
@@ -120,7 +128,8 @@ class PrimaryTrainee:
 
     def setup(self, splits: tuple[Rows, ...], epochs: int, batch_size: int) -> Rows:
         self.primary.setup(self.plan, splits[0],
-                           release_plan=release_plan(self.plan, splits, epochs, batch_size))
+                           release_plan=release_plan(self.plan, splits, epochs, batch_size),
+                           epochs=epochs)
         return splits[0]
 
     def batches(self, rows: Rows, batch_size: int, rng: np.random.Generator) -> Iterator[Rows]:
@@ -253,10 +262,8 @@ def _linkage_figures(ctx: RunContext) -> dict[str, Any]:
 def _protections(ctx: RunContext) -> dict[str, Any]:
     """What each training protection of the run reports (``PROTECTIONS``; embedding DP:
     each secondary's ledger entries, VFL-AFE)."""
-    out: dict[str, Any] = {}
-    for protection in ctx.state.get("protections", ()):
-        out.update(protection.report(ctx.state["primary"]))
-    return out
+    return merge_reports([protection.report(ctx.state["primary"])
+                          for protection in ctx.state.get("protections", ())])
 
 
 # -- plans -----------------------------------------------------------------------------------
@@ -319,10 +326,14 @@ class PrimaryPlan:
             alignments = prepared.alignments[algorithm.links]
             if algorithm.links == "exact" and config.alignment.method == "soft":
                 learn_missing = True  # records without an exact match keep a "missing" embedding
+            # the label release counts live with the primary's data: its own state directory
+            # across hosts, else its directory of this run
+            own = federation.state_dir if federation.state_dir is not None else primary_dir
             primary = PrimaryParty(inputs.primary, federation.channel,
                                    secondaries=federation.secondaries, out_dir=primary_dir,
                                    recorder=recorder_for(config), policy=federation.policy,
-                                   resources=config.training.resources())
+                                   resources=config.training.resources(),
+                                   budget_dir=None if own is None else own / BUDGET_DIR)
             # every secondary fetches the view of the alignment this algorithm uses
             for name in federation.secondaries:
                 federation.channel.request(name, AlignmentReady(

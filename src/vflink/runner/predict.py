@@ -33,7 +33,7 @@ from vflink.runner.prepare import prepare
 from vflink.transport import InProcessHub
 from vflink.types import Task
 
-__all__ = ["Predictions", "predict_records"]
+__all__ = ["Predictions", "load_run_config", "predict_records"]
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ class Predictions:
     warnings: tuple[str, ...] = ()
 
 
-def _load_run_config(run_dir: Path) -> RunConfig:
+def load_run_config(run_dir: Path) -> RunConfig:
     check_directory(run_dir, "a run directory (vflink train --out)", error=RunError)
     path = run_dir / "config.json"
     if not os.path.lexists(path):
@@ -97,7 +97,7 @@ def predict_records(run_dir: Path, records: pd.DataFrame, *, source: str = "inpu
     ``tables``: the parties' tables of the training run, when they are not the files its
     configuration names (a run trained on in-memory tables, :func:`vflink.train`)."""
     run_dir = Path(run_dir)
-    config = _load_run_config(run_dir)
+    config = load_run_config(run_dir)
     algorithm = get_algorithm(config.algorithm)
     if algorithm.kind == "combine":
         raise ConfigError("a Combine run is a centralised research baseline; it has no "

@@ -41,12 +41,14 @@ from vflink.runfiles.inputs import Inputs, identifier_features, load_inputs
 from vflink.runner.compute import current_compute
 from vflink.runner.context import AlignmentMethod, Prepared, RunContext
 from vflink.runner.encoding import (
+    compared_as,
     describe_fields,
     encoding_for,
     encoding_summary,
     field_encodings,
     fields_encoder,
     link_fields,
+    resolve_fields,
 )
 from vflink.runner.federation import Federation, in_process
 from vflink.runner.link import check_top_k
@@ -190,11 +192,14 @@ _Align = Callable[..., dict[str, Alignment]]
 def _top_k_linkage(config: RunConfig, inputs: Inputs, federation: Federation, *,
                    needs: set[str], protections: Sequence[Protection], align: _Align,
                    spec: EncodingSpec | None, fields: tuple[LinkField, ...],
-                   search_metric: str, scale: tuple[float, float] | None
+                   search_metric: str, scale: tuple[float, float] | None,
+                   decided: bool = False
                    ) -> tuple[dict[str, dict[str, Alignment]], dict[str, str], dict[str, Any]]:
     """What ``soft`` and ``fields`` share: the top-K linkage with the alignment protections'
     settings (similarity noise), its top-1 view, exact matches when an algorithm needs them,
-    and the summary of the linkage's parameters and protections."""
+    and the summary of the linkage's parameters and protections. ``decided``: a model link,
+    whose rank-0 link is the match when there is one and whose exact-style links are its
+    (one-to-one) matches, without a second session."""
     a_cfg = config.alignment
     names = federation.secondaries
     top_k = a_cfg.top_k if "topk" in needs else 1
@@ -213,7 +218,9 @@ def _top_k_linkage(config: RunConfig, inputs: Inputs, federation: Federation, *,
                          dict(a.meta)) for k, a in soft.items()}
     alignments = {"base": top1, "top1": top1, "topk": soft}
     sessions = dict.fromkeys(("base", "top1", "topk"), soft_session)
-    if "exact" in needs and a_cfg.pool == "split":
+    if "exact" in needs and decided:
+        alignments["exact"] = {k: _matches_only(a) for k, a in soft.items()}
+    elif "exact" in needs and a_cfg.pool == "split":
         alignments["exact"] = link_by_split(config, inputs, federation, splits, spec,
                                             metric=search_metric, top_k=1, mode="exact",
                                             session=exact_session, fields=fields,
@@ -221,7 +228,7 @@ def _top_k_linkage(config: RunConfig, inputs: Inputs, federation: Federation, *,
     elif "exact" in needs:
         alignments["exact"] = align(top_k=1, mode="exact", session=exact_session)
     if "exact" in needs:
-        sessions["exact"] = exact_session
+        sessions["exact"] = soft_session if decided else exact_session
     first = soft[names[0]].meta
     summary: dict[str, Any] = {"method": a_cfg.method, "mu0": first.get("mu0"),
                                "sigma0": first.get("sigma0")}
@@ -230,6 +237,15 @@ def _top_k_linkage(config: RunConfig, inputs: Inputs, federation: Federation, *,
     summary.update({"metric": a_cfg.metric if spec is not None else search_metric,
                     "top_k": top_k, "privacy": a_cfg.privacy, "pool": a_cfg.pool})
     return alignments, sessions, summary
+
+
+def _matches_only(a: Alignment) -> Alignment:
+    """A model link's matches as an exact-style alignment: each primary row's match, MISSING
+    where it has none."""
+    match = a.match if a.match is not None else np.zeros(a.secondary_index.shape, dtype=bool)
+    first = np.where(match[:, 0], a.secondary_index[:, 0], MISSING)
+    return Alignment(a.primary_index, first[:, None], None, a.secondary, dict(a.meta),
+                     match[:, :1])
 
 
 def prepare_soft(config: RunConfig, inputs: Inputs, federation: Federation, *,
@@ -279,25 +295,42 @@ def prepare_fields(config: RunConfig, inputs: Inputs, federation: Federation, *,
             log.warning("[[alignment.fields]] #%d: %s", i + 1, text.replace(
                 "(e.g. --secondary-on", "(e.g. secondary_on ="))
     opened = _Opened(inputs, federation)
-    encodings = field_encodings_for(inputs, a_cfg, encoding)
-    fields = link_fields(a_cfg.fields, encodings)
-    search_metric = describe_fields(a_cfg.fields, a_cfg.blocking)
+    specs = resolve_fields(a_cfg.fields, inputs.primary.frame)
+    encodings = field_encodings_for(inputs, dataclasses.replace(a_cfg, fields=specs), encoding)
+    fields = link_fields(specs, encodings)
+    search_metric = describe_fields(specs, a_cfg.blocking)
     coordinator = federation.coordinator
+    decided: dict[str, Any] = {}
+    if a_cfg.model is not None:
+        decided = {"model": a_cfg.model, "threshold": float(a_cfg.threshold),
+                   "one_to_one": ("optimal" if a_cfg.one_to_one is True
+                                  else a_cfg.one_to_one or "")}
 
     def align(**kw: Any) -> dict[str, Alignment]:
+        if decided and kw.get("mode", "soft") != "exact":
+            kw = {**kw, **decided}
         return opened.initiator.align_fields(coordinator, fields, blocking=a_cfg.blocking, **kw)
 
     alignments, sessions, summary = _top_k_linkage(
         config, inputs, federation, needs=needs, protections=protections, align=align,
-        spec=None, fields=fields, search_metric=search_metric, scale=scale)
+        spec=None, fields=fields, search_metric=search_metric, scale=scale,
+        decided=bool(decided))
     encoder = fields_encoder([f.spec for f in fields])
     summary.update(encoding_summary(encoder, federation.secret_source))
     # public, per field; reused by predict (same centres, so similarities compare)
-    summary["fields"] = [f.describe() for f in a_cfg.fields]
+    summary["fields"] = [f.describe() for f in specs]
+    summary["fields_compared"] = compared_as(specs, encodings)
+    if decided:
+        first = alignments["topk"][federation.secondaries[0]]
+        summary["model"] = {**decided, **{k: first.meta[k] for k in (
+            "expected_matches", "estimated_precision", "estimated_recall", "estimated_f1",
+            "lambda") if k in first.meta},
+            "matched_fraction": float(np.mean(first.match[:, 0]))
+            if first.match is not None else 0.0}
     summary["field_encoding_specs"] = [dataclasses.asdict(f.spec) for f in fields]
     if a_cfg.blocking:
         summary["blocking"] = "keyed digests (HMAC-SHA256) of " + ", ".join(
-            b.on + (f"[:{b.prefix}]" if b.prefix else "") for b in a_cfg.blocking)
+            b.describe() for b in a_cfg.blocking)
     return opened.close(config, inputs, federation, alignments, sessions, summary)
 
 
@@ -307,7 +340,8 @@ def field_encodings_for(inputs: Inputs, alignment: AlignmentConfig,
     """Each field's encoding, proposed by the primary from its own table (a numeric range from
     its own values widened by 10 %, as for one field), or the training's when predicting."""
     p = inputs.primary
-    own = [c for f in alignment.fields for c in f.on] + [b.on for b in alignment.blocking]
+    own = [c for f in alignment.fields for c in f.on] + [c for b in alignment.blocking
+                                                          for c in b.columns]
     undeclared = sorted({c for c in own if c not in p.schema.identifiers})
     if undeclared:
         raise ConfigError(f"[[alignment.fields]] / [[alignment.blocking]] name {undeclared}, "

@@ -6,6 +6,9 @@
                       default τ when the identifiers are private); acts on the alignment request
 ``embedding-dp``      each secondary clips and noises the embeddings it sends (VFL-AFE;
                       ``[privacy]``); acts on the training plan every party builds from
+``label-protection``  the primary protects its labels on the gradients it sends back
+                      (``[privacy] labels``: max-norm, marvell, dp, rr-prior); acts on the
+                      primary's own training plan (never announced to a secondary)
 ====================  ===========================================================================
 
 Every entry has the same small shape (:class:`Protection`): whether the config turns it on,
@@ -15,7 +18,8 @@ and what it contributes to the run's record (the alignment summary, or ``RunResu
 ``protections`` for the privacy ledger, ``privacy`` for metrics.json) from what the parties
 report back. The protection itself is applied party-side: the coordinator adds the similarity
 noise (:mod:`vflink.linkage.privacy`); each secondary wraps its release
-(:mod:`vflink.parties.privacy`). :func:`vflink.runner.pipeline.build_pipeline` picks the
+(:mod:`vflink.parties.privacy`); the primary protects what it sends back
+(:mod:`vflink.privacy.label_protection`). :func:`vflink.runner.pipeline.build_pipeline` picks the
 entries a config turns on (:func:`chosen`); the stages ask them, never the config's sections.
 """
 
@@ -25,9 +29,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from vflink.errors import ConfigError
 from vflink.linkage.privacy import describe_protection
 from vflink.privacy.config import PrivacyConfig
+from vflink.privacy.label_protection import check_label_task
 from vflink.registry import Registry
 from vflink.runfiles.config import RunConfig
 from vflink.types import Task
@@ -36,7 +43,7 @@ if TYPE_CHECKING:
     from vflink.parties import PrimaryParty
 
 __all__ = ["ALIGNMENT", "PROTECTIONS", "TRAINING", "Protection", "check_privacy_task", "chosen",
-           "request_settings"]
+           "label_noise_seed", "label_settings", "merge_reports", "request_settings"]
 
 #: the stages a protection acts on: the alignment request, or the training plan
 ALIGNMENT, TRAINING = "alignment", "training"
@@ -136,3 +143,55 @@ PROTECTIONS.add("embedding-dp", Protection(
     settings=lambda config, mode: {"privacy": config.privacy.public_settings()},
     report=_embedding_report,
     check=lambda config, task: check_privacy_task(config.privacy, task)))
+
+
+def merge_reports(reports: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The training protections' reports as one ``RunResult.extra`` part: their ledger entries
+    (``protections``) in order, their figures (``privacy``) by party."""
+    out: dict[str, Any] = {}
+    for report in reports:
+        for key, value in report.items():
+            if isinstance(value, list):
+                out.setdefault(key, []).extend(value)
+            elif isinstance(value, dict):
+                out.setdefault(key, {}).update(value)
+            else:
+                out[key] = value
+    return out
+
+
+# -- label protection (the primary's gradients) ---------------------------------------------
+
+def label_noise_seed(config: RunConfig) -> int | None:
+    """The primary's label-noise seed: ``privacy.labels_seed``, else one derived from the run
+    seed (in-process runs are reproducible), ``None`` with the secure source."""
+    privacy = config.privacy
+    if privacy.labels_secure_rng:
+        return None
+    if privacy.labels_seed is not None:
+        return int(privacy.labels_seed)
+    seq = np.random.SeedSequence([config.seed, 0x1AB])
+    return int(seq.generate_state(1, np.uint64)[0] >> 1)
+
+
+def label_settings(config: RunConfig) -> dict[str, Any]:
+    """The primary's label settings with its noise seed (its own; never sent to a peer)."""
+    return {**config.privacy.label_settings(), "seed": label_noise_seed(config)}
+
+
+def _label_report(primary: PrimaryParty) -> dict[str, Any]:
+    entry = primary.label_report()
+    if entry is None:
+        return {}
+    return {"protections": [entry],
+            "privacy": {entry["party"]: {"kind": entry["kind"], **entry["params"],
+                                         **{k: v for k, v in entry["guarantee"].items()
+                                            if not isinstance(v, (dict, list))}}}}
+
+
+PROTECTIONS.add("label-protection", Protection(
+    "label-protection", TRAINING,
+    enabled=lambda config: config.privacy.protects_labels,
+    settings=lambda config, mode: {"labels": label_settings(config)},
+    report=_label_report,
+    check=lambda config, task: check_label_task(config.privacy.label_mode(task), task)))

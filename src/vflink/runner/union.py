@@ -35,15 +35,23 @@ from vflink.attacks.spectral import SpectralAttack
 from vflink.errors import ConfigError
 from vflink.metrics.calibration import adaptive_calibration_error
 from vflink.metrics.functional import accuracy, auc
+from vflink.models.device import resolve_device
 from vflink.models.spec import BottomSpec
 from vflink.parties.setalign import SetAlignmentDriver
 from vflink.parties.union import UnionPrimary
+from vflink.privacy.label_protection import (
+    LabelProtection,
+    check_label_task,
+    resolve_settings,
+)
 from vflink.protocol.sessions import new_session_name
 from vflink.runfiles.config import RunConfig
 from vflink.runfiles.results import EpochRecord, FloristResult, RunResult
 from vflink.runner.context import RunContext
 from vflink.runner.evaluation import EVALUATIONS
+from vflink.runner.protections import label_settings
 from vflink.runner.setalign import Simulation, group_of, simulate
+from vflink.types import Task
 
 __all__ = ["UnionPlan", "UnionTrainee", "union_fractions"]
 
@@ -121,8 +129,22 @@ class UnionTrainee:
                           lr=t_cfg.lr, weight_decay=t_cfg.weight_decay, seed=config.seed)
         self._active = UnionPrimary(sim.p_table, sim.channel, sim.peer, sim.mine,
                                     strategy=strategy, calibration=self.calibration, spec=spec,
-                                    top_hidden=m_cfg.top_hidden, fit_uids=train_uids)
+                                    top_hidden=m_cfg.top_hidden, fit_uids=train_uids,
+                                    labels=self._label_protection(), epochs=epochs,
+                                    device=resolve_device(t_cfg.resources().device,
+                                                          party=sim.p_table.name))
         return train_uids
+
+    def _label_protection(self) -> LabelProtection | None:
+        """``[privacy] labels``: the active party protects its labels (and the synthetic ones)
+        on the gradients it sends, as a SplitNN primary does."""
+        config, table = self.config, self.sim.p_table
+        settings = resolve_settings(label_settings(config), Task.BINARY)
+        if settings is None:
+            return None
+        check_label_task(settings["mode"], Task.BINARY)
+        return LabelProtection(settings, task=Task.BINARY, party=table.name,
+                               n_rows=len(table), classes=2)
 
     def batches(self, rows: Rows, batch_size: int, rng: np.random.Generator) -> Iterator[Rows]:
         order = rng.permutation(rows)
@@ -248,12 +270,15 @@ class UnionPlan:
         metrics = {**ctx.metrics, "test": {**ctx.metrics["test"], **attack}}
         sim, strategy, calib = trainee.sim, trainee.strategy, trainee.calibration
         alpha, beta = ctx.state["fractions"]
-        extra = {"florist": {"strategy": strategy.name, "alpha": alpha, "beta": beta,
-                             "group": ctx.config.alignment.group, "p_a": trainee.p_a,
-                             "p_p": trainee.p_p, "positive_rate": sim.positive_rate,
-                             "calibration": {"a": calib.a, "b": calib.b,
-                                             "mode": strategy.calibration},
-                             "psu_communication": sim.psu_communication, **attack}}
+        labels = trainee.active.labels
+        protections: dict[str, Any] = {} if labels is None else {
+            "protections": [labels.report()]}
+        florist = {"strategy": strategy.name, "alpha": alpha, "beta": beta,
+                   "group": ctx.config.alignment.group, "p_a": trainee.p_a, "p_p": trainee.p_p,
+                   "positive_rate": sim.positive_rate,
+                   "calibration": {"a": calib.a, "b": calib.b, "mode": strategy.calibration},
+                   "psu_communication": sim.psu_communication, **attack}
+        extra: dict[str, Any] = {**protections, "florist": florist}
         return FloristResult(
             algorithm=strategy.name, task=sim.p_table.schema.task,  # type: ignore[arg-type]
             metrics=metrics, history=ctx.history, best_epoch=ctx.best_epoch,

@@ -17,6 +17,7 @@ from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -26,6 +27,8 @@ from vflink.errors import ProtocolError
 from vflink.types import Compute
 
 __all__ = ["Elements", "Group", "default_workers", "hash_input"]
+
+R = TypeVar("R")
 
 #: A list of group elements, one encoded element per row.
 Elements = npt.NDArray[np.uint8]
@@ -47,19 +50,31 @@ def hash_input(key: bytes, group: str) -> bytes:
     return hashlib.sha512(_DOMAIN + group.encode() + b"\x00" + key).digest()
 
 
-def _power_task(shared: tuple[type[Group], int], chunk: Elements) -> Elements:
-    """One engine task: a bucket of elements raised to the exponent (module-level: pickled)."""
-    cls, exponent = shared
-    return cls(workers=1)._power_chunk(chunk, exponent)
+def _power_task(shared: tuple[type[Group], int, bool], chunk: Elements) -> Elements | None:
+    """One task: a piece of elements raised to the exponent; with ``checked`` (a peer's
+    elements) None if a row is not a group element (module-level: pickled for a process pool
+    or an engine)."""
+    cls, exponent, checked = shared
+    g = cls(workers=1)
+    return g._power_checked_chunk(chunk, exponent) if checked else g._power_chunk(chunk, exponent)
 
 
-def _hash_task(shared: type[Group], keys: list[bytes]) -> Elements:
-    """One engine task: a bucket of keys hashed to the group."""
-    return shared(workers=1).hash_to_group(keys)
+def _hash_task(shared: type[Group], keys: Sequence[bytes]) -> Elements:
+    """One task: a piece of keys hashed to the group."""
+    return shared(workers=1)._hash_chunk(keys)
 
 
 def _valid_task(shared: type[Group], chunk: Elements) -> bool:
     return shared(workers=1)._valid_chunk(chunk)
+
+
+#: pieces of a large batch per worker: short pieces keep every worker busy until the batch's
+#: end (a worker left idle while the last piece runs costs up to one piece per call, and a
+#: protocol run makes hundreds of calls), long ones amortise a task's fixed cost
+PIECES_PER_WORKER = 16
+
+#: ``"here"`` (the calling thread), ``"pool"`` (this object's workers) or ``"engine"``
+Where = Literal["here", "pool", "engine"]
 
 
 class Group(ABC):
@@ -72,6 +87,11 @@ class Group(ABC):
             elements are hashed, validated and exponentiated in buckets of at most its
             ``chunk_rows`` as its tasks, instead of in this object's pool. The exponent
             travels to the party's own cluster only (a party's engine is inside the party).
+
+    Every large batch (hashing, validation, exponentiation) is cut into pieces that run on
+    every worker; the calling thread only hands them out and collects them in order, so a
+    batch costs its operations divided by the workers (the crypto bound of
+    :mod:`vflink.alignment.cost`).
     """
 
     name: str = "group"
@@ -79,10 +99,10 @@ class Group(ABC):
     order: int = 0
     #: batches smaller than this run in the calling thread (pool overhead would dominate)
     parallel_threshold: int = 4096
-    #: exponentiations per chunk: about 0.1 s of work, so a call whose caller gave up stops
+    #: exponentiations per chunk: about 0.04 s of work, so a call whose caller gave up stops
     #: within a fraction of a second (:func:`vflink._cancel.checkpoint` between chunks)
     chunk_rows: int = 1024
-    #: hashes or validity checks between two checkpoints (each costs ~10-40 µs)
+    #: hashes or validity checks between two checkpoints (each costs ~4-40 µs)
     check_rows: int = 4096
     #: a conservative *lower* bound on the seconds one exponentiation takes on one core (a
     #: fast machine): a request whose elements need more than its caller's deadline even at
@@ -93,6 +113,9 @@ class Group(ABC):
         self.workers = default_workers() if workers is None else max(1, int(workers))
         self.compute = compute
         self.operations = 0  # exponentiations and hashes done, for benchmarks and summaries
+        #: operations done by kind (the kinds of :class:`vflink.alignment.cost.OpCounts`)
+        self.counts: dict[str, int] = dict.fromkeys(
+            ("hash", "power", "power_checked", "validate"), 0)
         self._pool: Executor | None = None
         self._finalizer: weakref.finalize | None = None
 
@@ -110,12 +133,19 @@ class Group(ABC):
     def _valid_chunk(self, elements: Elements) -> bool:
         """Do all rows encode elements of the group (and not the identity)?"""
 
+    def _power_checked_chunk(self, elements: Elements, exponent: int) -> Elements | None:
+        """``x^e`` for every row of a peer's ``elements``, or None if a row is not a group
+        element or is the identity (see :meth:`validate`). A group whose exponentiation
+        already refuses such rows overrides this to skip the separate check."""
+        return self._power_chunk(elements, exponent) if self._valid_chunk(elements) else None
+
+    def _hash_chunk(self, keys: Sequence[bytes]) -> Elements:
+        """Each key hashed to the group, in the calling thread."""
+        raw = b"".join(self._hash_one(hash_input(key, self.name)) for key in keys)
+        return np.frombuffer(raw, dtype=np.uint8).reshape(len(keys), self.element_bytes).copy()
+
     def _new_executor(self) -> Executor:
         return ThreadPoolExecutor(self.workers)
-
-    def _chunk_worker(self) -> Callable[[Elements, int], Elements]:
-        """What the pool runs per chunk (a process pool needs a picklable module function)."""
-        return self._power_chunk
 
     def _executor(self) -> Executor:
         """One pool per group object, kept for its lifetime (a process pool is slow to start)."""
@@ -129,6 +159,78 @@ class Group(ABC):
         if self._finalizer is not None:
             self._finalizer()
         self._pool = self._finalizer = None
+
+    # --- where a batch runs -------------------------------------------------------------
+
+    def _where(self, n: int) -> Where:
+        if n < self.parallel_threshold:
+            return "here"
+        if self.compute is not None:
+            return "engine"
+        return "pool" if self.workers > 1 else "here"
+
+    def _ranges(self, n: int, unit: int, where: Where) -> list[tuple[int, int]]:
+        """``[lo, hi)`` pieces of a batch of ``n``: about :data:`PIECES_PER_WORKER` per worker,
+        at least ``unit`` rows (a piece's fixed cost), at most the engine's ``chunk_rows``
+        (a task's memory) or, in this process, ``4 * unit`` (the checks between pieces stay
+        a fraction of a second apart)."""
+        if where == "here":
+            size = unit
+        else:
+            c = self.compute
+            workers = c.workers if where == "engine" and c is not None else self.workers
+            size = max(unit, -(-n // (PIECES_PER_WORKER * max(1, workers))))
+            size = min(size, c.chunk_rows if where == "engine" and c is not None else 4 * unit)
+        size = max(1, size)
+        return [(i, min(n, i + size)) for i in range(0, n, size)]
+
+    def _map(self, task: Callable[[Any, Any], R], shared: Any, items: Sequence[Any],
+             where: Where, *, check: Callable[[R], None] | None = None,
+             progress: Callable[[int], None] | None = None) -> list[R]:
+        """``[task(shared, item) for item in items]`` in the calling thread, this object's
+        pool or the engine. ``check(result)`` may raise to refuse a result (the pieces not
+        started are then dropped); ``progress(i)`` after piece ``i`` is done, in order. A
+        checkpoint comes between pieces, so a caller that gave up stops within a piece."""
+        out: list[R] = []
+        if where == "engine" and self.compute is not None:
+            checkpoint()
+            count = iter(range(len(items)))
+            step = None if progress is None else (lambda _: progress(next(count)))
+            out = self.compute.map(task, items, shared=shared, progress=step)
+            if check is not None:
+                for r in out:
+                    check(r)
+            return out
+
+        def collected(result: R) -> None:
+            if check is not None:
+                check(result)
+            out.append(result)
+            if progress is not None:
+                progress(len(out) - 1)
+
+        if where == "here" or len(items) <= 1:
+            for item in items:
+                checkpoint()
+                collected(task(shared, item))
+            return out
+        pool = self._executor()
+        pending: deque[Future[R]] = deque()
+        try:
+            # a bounded window of pieces in flight: a cancelled call leaves at most this many
+            # behind, and a process pool pickles no more than it needs
+            for item in items:
+                checkpoint()
+                pending.append(pool.submit(task, shared, item))
+                if len(pending) >= 2 * self.workers:
+                    collected(pending.popleft().result())
+            while pending:
+                checkpoint()
+                collected(pending.popleft().result())
+        finally:
+            for future in pending:
+                future.cancel()
+        return out
 
     # --- public surface ---------------------------------------------------------------
 
@@ -150,82 +252,49 @@ class Group(ABC):
     def empty(self) -> Elements:
         return np.empty((0, self.element_bytes), dtype=np.uint8)
 
-    def _buckets(self, n: int) -> list[tuple[int, int]] | None:
-        """Row ranges for the compute engine's tasks, or None to work in this process."""
-        c = self.compute
-        if c is None or n < self.parallel_threshold:
-            return None
-        size = min(c.chunk_rows, max(1024, -(-n // (4 * max(1, c.workers)))))
-        return [(i, min(n, i + size)) for i in range(0, n, size)]
-
     def hash_to_group(self, keys: Sequence[bytes]) -> Elements:
         """Each key hashed to a group element (random-oracle encoding of the record IDs)."""
-        buckets = self._buckets(len(keys))
-        if buckets is not None and self.compute is not None:
-            keys = list(keys)
-            parts = self.compute.map(_hash_task, [keys[a:b] for a, b in buckets],
-                                     shared=type(self))
-            self.operations += len(keys)
-            return np.concatenate(parts)
-        out = np.empty((len(keys), self.element_bytes), dtype=np.uint8)
-        for i, key in enumerate(keys):
-            if i % self.check_rows == 0:
-                checkpoint()
-            out[i] = np.frombuffer(self._hash_one(hash_input(key, self.name)), dtype=np.uint8)
-        self.operations += len(keys)
-        return out
+        n = len(keys)
+        where = self._where(n)
+        ranges = self._ranges(n, self.check_rows, where)
+        parts = self._map(_hash_task, type(self), [list(keys[a:b]) for a, b in ranges], where)
+        self.operations += n
+        self.counts["hash"] += n
+        return np.concatenate(parts) if parts else self.empty()
 
     def power(self, elements: Elements, exponent: int,
-              progress: Callable[[int], None] | None = None) -> Elements:
-        """``x^exponent`` for every element, in order; batches use every worker."""
-        elements = self.check(elements, "elements")
+              progress: Callable[[int], None] | None = None, *, check: str | None = None
+              ) -> Elements:
+        """``x^exponent`` for every element, in order; batches use every worker.
+
+        With ``check`` (what the elements are, for the error), the elements are a peer's: each
+        is validated as in :meth:`validate`, in the same pass as its exponentiation, and a
+        ProtocolError is raised if any is not a group element or is the identity. Nothing is
+        returned then, so no power of an invalid element ever leaves this call.
+        """
+        elements = self.check(elements, check or "elements")
         n = len(elements)
         e = int(exponent) % self.order
         if e == 0:
             raise ValueError("the exponent must be non-zero modulo the group order")
-        parts: list[Elements] = []
-        buckets = self._buckets(n)
-        if buckets is not None and self.compute is not None:
-            # the party's own engine (a Ray cluster of its own): buckets as tasks
-            sizes = iter([hi - lo for lo, hi in buckets])
-            done = None if progress is None else (lambda _: progress(next(sizes)))
-            checkpoint()
-            parts.append(np.concatenate(self.compute.map(
-                _power_task, [elements[lo:hi] for lo, hi in buckets], shared=(type(self), e),
-                progress=done)))
-        elif n < self.parallel_threshold or self.workers == 1:
-            for i in range(0, n, self.chunk_rows):
-                checkpoint()
-                parts.append(self._power_chunk(elements[i:i + self.chunk_rows], e))
-                if progress is not None:
-                    progress(len(parts[-1]))
-        else:
-            # chunks several times the worker count (balanced load, regular progress), but
-            # never much longer than ``chunk_rows``: the loop below checks between chunks
-            size = min(max(self.chunk_rows, -(-n // (self.workers * 8))), 4 * self.chunk_rows)
-            pool = self._executor()
-            worker = self._chunk_worker()
-            pending: deque[Future[Elements]] = deque()
-            try:
-                # a bounded window of chunks in flight: a cancelled call leaves at most this
-                # many behind, and a process pool pickles no more than it needs
-                for i in range(0, n, size):
-                    checkpoint()
-                    pending.append(pool.submit(worker, elements[i:i + size], e))
-                    if len(pending) >= 2 * self.workers:
-                        parts.append(pending.popleft().result())
-                        if progress is not None:
-                            progress(len(parts[-1]))
-                while pending:
-                    checkpoint()
-                    parts.append(pending.popleft().result())
-                    if progress is not None:
-                        progress(len(parts[-1]))
-            finally:
-                for future in pending:
-                    future.cancel()
-        out = np.concatenate(parts) if len(parts) > 1 else parts[0] if parts else self.empty()
+        if n == 0:
+            return self.empty()
+        where = self._where(n)
+        ranges = self._ranges(n, self.chunk_rows, where)
+
+        def valid(part: Elements | None) -> None:
+            if part is None:
+                raise ProtocolError(f"{check}: not every row encodes a {self.name} group "
+                                    "element")
+
+        step = None if progress is None else (lambda i: progress(ranges[i][1] - ranges[i][0]))
+        parts = self._map(_power_task, (type(self), e, check is not None),
+                          [elements[lo:hi] for lo, hi in ranges], where, check=valid,
+                          progress=step)
+        done = [p for p in parts if p is not None]  # all of them: ``valid`` refused None
+        out = np.concatenate(done) if len(done) > 1 else done[0]
         self.operations += n
+        self.counts["power_checked" if check is not None else "power"] += n
         return out
 
     def check(self, elements: object, what: str) -> Elements:
@@ -240,21 +309,21 @@ class Group(ABC):
         """Like :meth:`check`, and every row must encode a non-identity group element.
 
         A peer's elements are validated before they are exponentiated: an element outside the
-        prime-order group (or the identity) could leak bits of the secret exponent.
+        prime-order group (or the identity) could leak bits of the secret exponent. Elements
+        that are exponentiated at once are validated by :meth:`power` with ``check`` instead.
         """
         arr = self.check(elements, what)
-        buckets = self._buckets(len(arr))
-        if buckets is not None and self.compute is not None:
-            checkpoint()
-            if not all(self.compute.map(_valid_task, [arr[lo:hi] for lo, hi in buckets],
-                                        shared=type(self))):
-                raise ProtocolError(f"{what}: not every row encodes a {self.name} group element")
-        else:
-            for i in range(0, len(arr), self.check_rows):
-                checkpoint()
-                if not self._valid_chunk(arr[i:i + self.check_rows]):
-                    raise ProtocolError(f"{what}: not every row encodes a {self.name} group "
-                                        "element")
+        where = self._where(len(arr))
+        ranges = self._ranges(len(arr), self.check_rows, where)
+
+        def valid(ok: bool) -> None:
+            if not ok:
+                raise ProtocolError(f"{what}: not every row encodes a {self.name} group "
+                                    "element")
+
+        self._map(_valid_task, type(self), [arr[lo:hi] for lo, hi in ranges], where,
+                  check=valid)
+        self.counts["validate"] += len(arr)
         return arr
 
     def random_elements(self, n: int) -> Elements:

@@ -4,14 +4,14 @@ prime, through gmpy2 (GMP). The reference twin of ristretto255 (ARCHITECTURE.md 
 FLORIST Algorithm 1 works in QR(Z_p*) for a safe prime p = 2q + 1, a group of prime order q in
 which DDH is believed hard (§2.3). A key is hashed to Z_p* (SHA-512 expanded with SHAKE-256 to
 2048 + 128 bits, reduced mod p) and squared, which lands in QR(Z_p*). Elements travel as 256-byte
-big-endian integers. GMP holds the GIL, so large batches use a process pool.
+big-endian integers. GMP holds the GIL, so large batches use a process pool (each piece a
+module-level task of :mod:`vflink.alignment.groups.base`, pickled to a worker).
 """
 
 from __future__ import annotations
 
 import hashlib
 import multiprocessing
-from collections.abc import Callable
 from concurrent.futures import Executor, ProcessPoolExecutor
 
 import gmpy2
@@ -37,7 +37,7 @@ _BYTES = 256
 
 
 def _power_rows(raw: bytes, exponent: int) -> bytes:
-    """Module-level so a process pool can run it: ``x^e mod p`` per 256-byte row."""
+    """``x^e mod p`` per 256-byte row."""
     e = gmpy2.mpz(exponent)
     out = bytearray()
     for i in range(0, len(raw), _BYTES):
@@ -68,9 +68,6 @@ class Modp2048(Group):
 
     def _power_chunk(self, elements: Elements, exponent: int) -> Elements:
         return _power_array(elements, exponent)
-
-    def _chunk_worker(self) -> Callable[[Elements, int], Elements]:
-        return _power_array
 
     def _new_executor(self) -> Executor:
         # spawn, not fork: the parent may run gRPC threads, which fork does not survive

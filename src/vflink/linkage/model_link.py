@@ -1,0 +1,182 @@
+"""A multi-field link decided by a Fellegi–Sunter model: candidates → scores → decisions →
+the top-K per primary record, with FedSim's Eq. 1–2 applied to the match weights.
+
+What the primary receives (ARCHITECTURE.md, boundary table) stays a top-K alignment with
+similarities, so every training plan consumes it unchanged:
+
+* the K candidates of each primary record with the largest match weight, its match (if any)
+  first;
+* the similarity s = Eq. 1-normalised match weight + Eq. 2 noise, σ from τ by Theorem 2 on the
+  weight's own step: the largest gap between two adjacent values one field's contribution can
+  take (a greedy attacker who rounds a noised weight can at best recover the pair's comparison
+  levels; a Bloom filter cannot be recovered from levels at all). The match probability the
+  primary shows is the one-to-one posterior (:mod:`.fellegi_sunter`) of the de-normalised
+  noised weights w̃ = μ0 + σ0·s of the links it received: a post-processing of s, protected as
+  s is (Theorem 1's ε and Theorem 2's τ are unchanged by it);
+* the decision ``match`` of each link, made by the coordinator on the exact model: one bit per
+  link (whether its exact probability reached the threshold and the one-to-one assignment kept
+  it);
+* aggregate estimates of the link's quality (expected matches, precision, recall, F1 at the
+  chosen threshold) and the model's λ.
+
+The coordinator's own view (:class:`~vflink.linkage.soft.SoftLinkage`) also holds the exact
+weights and probabilities, the m/u table, the estimated precision/recall/F1 at every threshold,
+the per-rule blocking counts and the waterfall of one pair, for an operator who runs every
+party (``vflink link``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from vflink.errors import LinkageError
+from vflink.linkage.comparison import FieldComparator
+from vflink.linkage.decisions import decide, estimate_quality, threshold_curve
+from vflink.linkage.scoring import Scored, random_pairs, score
+from vflink.linkage.search import Neighbours
+from vflink.linkage.soft import LinkMode, SoftLinkage, soft_linkage
+
+__all__ = ["ALL_PAIRS", "MODELS", "model_linkage", "weight_resolution"]
+
+log = logging.getLogger(__name__)
+
+MODELS = ("fellegi-sunter",)
+#: Without blocking rules every pair is a candidate up to this many pairs; above it, each
+#: primary record's nearest records by the field distance are (a search).
+ALL_PAIRS = 2_000_000
+
+IntArray = npt.NDArray[np.int64]
+FloatArray = npt.NDArray[np.float64]
+
+
+def weight_resolution(scored: Scored) -> float:
+    """The weight's step for Theorem 2 (module docstring): the largest gap between two
+    adjacent contributions one field takes over the candidate pairs (at least 1e-6)."""
+    step = 0.0
+    for f in range(scored.contributions.shape[1]):
+        values = np.unique(np.round(scored.contributions[:, f], 9))
+        if len(values) > 1:
+            step = max(step, float(np.diff(values).max()))
+    return max(step, 1e-6)
+
+
+def _top_links(scored: Scored, matches: npt.NDArray[np.bool_], n: int, k: int
+               ) -> tuple[IntArray, IntArray]:
+    """(n, K) positions into the scored pairs: per primary record its match first, then its
+    other candidates by decreasing weight; −1 where it has fewer than K."""
+    rows = scored.rows
+    order = np.lexsort((scored.cols, -scored.weights, ~matches, rows))
+    r = rows[order]
+    starts = np.searchsorted(r, np.arange(n))
+    rank = np.arange(len(r)) - starts[r]
+    keep = rank < k
+    pos = np.full((n, k), -1, dtype=np.int64)
+    pos[r[keep], rank[keep]] = order[keep]
+    return pos, rank
+
+
+def _waterfall(scored: Scored, i: int) -> dict[str, Any]:
+    model = scored.model
+    fields = []
+    for f, name in enumerate(model.names):
+        level = int(scored.levels[i, f])
+        fields.append({"field": name,
+                       "level": "missing" if level < 0 else model.levels[f][level],
+                       "weight": float(scored.contributions[i, f])})
+    return {"primary_index": int(scored.rows[i]), "secondary_index": int(scored.cols[i]),
+            "prior": model.prior_weight, "fields": fields,
+            "match_weight": float(scored.weights[i]),
+            "match_probability": float(scored.probabilities[i])}
+
+
+def model_linkage(comparators: Sequence[FieldComparator],
+                  fields: Sequence[tuple[str, str, Any, Any]],
+                  codes: Sequence[tuple[IntArray, IntArray]], *,
+                  candidates: tuple[IntArray, IntArray], top_k: int, rng: np.random.Generator,
+                  mode: LinkMode = "soft", tau: float | None = None,
+                  sigma: float | None = None, delta: float = 1e-5,
+                  scale: tuple[float, float] | None = None, threshold: float = 0.5,
+                  one_to_one: str | None = None, field_weights: Sequence[float] = (),
+                  scales: Sequence[float] = (), blocking: Sequence[dict[str, Any]] = (),
+                  noise_rng: np.random.Generator | None = None) -> SoftLinkage:
+    """Score the ``candidates`` (rows, cols) with a model trained on them, decide the matches
+    and build the linkage (module docstring). ``rng`` draws the random pairs that estimate u;
+    ``noise_rng`` (default ``rng``) the Eq. 2 noise."""
+    rows, cols = candidates
+    n_p, n_s = len(codes[0][0]), len(codes[0][1])
+    if len(comparators) < 2:
+        # one field's levels are a mixture that no label-free method can split into matches
+        # and non-matches: EM needs independent fields to tell them apart
+        log.warning("a Fellegi–Sunter model of one field cannot tell matches from non-matches "
+                    "without labels; give at least two fields (it may find no match)")
+    if n_s < 1 or n_p < 1:
+        raise LinkageError("a model link needs records on both sides")
+    scored = score(comparators, fields, codes, rows, cols, rng=rng, scales=scales)
+    matches = decide(rows, cols, scored.probabilities, scored.weights, threshold=threshold,
+                     one_to_one=one_to_one)
+    k = top_k
+    pos, _ = _top_links(scored, matches, n_p, k)
+    has = pos >= 0
+    safe = np.where(has, pos, 0)
+    indices = np.where(has, scored.cols[safe], -1)
+    weights = np.where(has, scored.weights[safe], np.nan)
+    neighbours = Neighbours(indices, -weights, exact=True,
+                            resolution=weight_resolution(scored))
+    linkage = soft_linkage(neighbours, metric="fellegi-sunter", n_secondary=n_s, mode=mode,
+                           tau=tau, sigma=sigma, delta=delta,
+                           rng=noise_rng if noise_rng is not None else rng, scale=scale)
+    # the links' field distance: the weighted mean over present fields of 1 − similarity
+    sims = scored.extra["similarities"]
+    present = scored.levels >= 0
+    w = np.asarray(field_weights or [1.0] * len(comparators), dtype=np.float64)
+    num = ((1.0 - sims) * present * w).sum(axis=1)
+    den = (present * w).sum(axis=1)
+    pair_distance = np.where(den > 0, num / np.maximum(den, 1e-12), 1.0)
+    distances = np.where(has, pair_distance[safe], np.nan)
+    chosen = estimate_quality(scored.probabilities, matches)
+    curve = threshold_curve(rows, cols, scored.probabilities)
+    probable = np.flatnonzero(matches)
+    example = (int(probable[np.argmin(scored.probabilities[probable])]) if len(probable)
+               else int(np.argmax(scored.weights)))
+    model = scored.model
+    summary: dict[str, Any] = {
+        "name": "fellegi-sunter", "lambda": model.lam, "em_iterations": model.iterations,
+        "em_converged": model.converged, "candidate_pairs": int(len(rows)),
+        "threshold": threshold, "one_to_one": one_to_one or "none",
+        "matches": int(matches.sum()), "m_u": model.table(),
+        "estimated": {k2: v for k2, v in chosen.items()}, "threshold_curve": curve,
+        "waterfall": _waterfall(scored, example), "blocking_rules": list(blocking),
+        "weight_histogram": _histogram(scored.weights, matches),
+        "released": {"expected_matches": chosen["expected_matches"],
+                     "estimated_precision": chosen["precision"],
+                     "estimated_recall": chosen["recall"], "estimated_f1": chosen["f1"],
+                     "lambda": model.lam, "threshold": threshold},
+    }
+    return dataclasses.replace(
+        linkage, distances=distances, match_weights=weights,
+        match_probabilities=np.where(has, scored.probabilities[safe], np.nan),
+        matches=np.where(has, matches[safe], False), model=summary)
+
+
+def _histogram(weights: FloatArray, matches: npt.NDArray[np.bool_]) -> dict[str, list[float]]:
+    """Counts of candidate pairs by match weight (1-bit bins), matched and not."""
+    if not len(weights):
+        return {"edges": [], "matched": [], "unmatched": []}
+    lo, hi = np.floor(weights.min()), np.ceil(weights.max())
+    edges = np.arange(lo, max(hi, lo + 1) + 1.0)
+    return {"edges": edges.tolist(),
+            "matched": np.histogram(weights[matches], edges)[0].astype(float).tolist(),
+            "unmatched": np.histogram(weights[~matches], edges)[0].astype(float).tolist()}
+
+
+def all_or_none(n_p: int, n_s: int) -> tuple[IntArray, IntArray] | None:
+    """Every pair as a candidate when there are at most :data:`ALL_PAIRS`, else None."""
+    if n_p * n_s > ALL_PAIRS:
+        return None
+    return random_pairs(n_p, n_s, n_p * n_s, np.random.default_rng(0))

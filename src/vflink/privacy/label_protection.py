@@ -1,0 +1,497 @@
+"""The primary's protection of its labels on what it sends back (``[privacy] labels``).
+
+A secondary receives, per training batch, the gradient of the loss with respect to the
+embeddings it sent; those gradients reveal the primary's labels (Li et al., ICLR 2022:
+:mod:`vflink.attacks.label_leakage`). :class:`LabelProtection` holds the state of one mode for
+one training run of the primary and calls the pure functions of :mod:`vflink.privacy.label_dp`,
+:mod:`vflink.privacy.marvell` and :mod:`vflink.privacy.rr_prior`; the party applies it in its own
+process, before a gradient leaves it (:class:`vflink.parties.PrimaryParty`,
+:class:`vflink.parties.union.UnionPrimary`):
+
+* ``dp`` — :meth:`LabelProtection.noisy_logit_gradient` replaces the loss's backward pass: each
+  record's loss gradient at the logits plus Gaussian noise, back-propagated through the whole
+  network; budget first (σ from ``labels_total_epsilon`` and the run's epochs), the releases
+  counted per record in the primary's :class:`~vflink.privacy.budget.ReleaseBudget` and refused
+  when spent;
+* ``marvell`` / ``max-norm`` — :meth:`LabelProtection.perturb` on the rows of each batch's
+  gradient for one secondary, after the primary's own (clean) update;
+* ``rr-prior`` — :meth:`LabelProtection.randomize` replaces the training labels once, before
+  training.
+
+What each mode guarantees, and what it does not: docs/how-to/label-protection.md.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import torch
+from dp_accounting import gaussian_mechanism
+
+from vflink.errors import ConfigError, PrivacyBudgetExceeded
+from vflink.privacy import label_dp, marvell, rr_prior
+from vflink.privacy.accounting import ACCOUNTANT, calibrate_total, max_releases_within
+from vflink.privacy.afe import secure_gaussian_noise
+from vflink.privacy.budget import ReleaseBudget, ReleaseSetting, check_within
+from vflink.privacy.config import (
+    DEFAULT_LABELS,
+    DEFAULT_LABELS_EPSILON,
+    DEFAULT_MARVELL_POWER,
+    LABEL_MODES,
+)
+from vflink.privacy.ledger import explain_epsilon
+from vflink.privacy.randomized_response import keep_probability
+from vflink.types import Task
+
+__all__ = ["LabelProtection", "LabelSettings", "check_label_task", "resolve_settings"]
+
+log = logging.getLogger(__name__)
+
+#: How the budget and the ledger name a calibration of the ``dp`` mode.
+DP_CALIBRATION = "labels total-epsilon (PLD)"
+#: The attack AUC within this distance of 0.5 counts as defeated (docs: label-protection.md).
+DEFEATED_WITHIN = 0.1
+
+
+@dataclass(frozen=True, kw_only=True)
+class LabelSettings:
+    """The primary's label settings (:meth:`vflink.privacy.config.PrivacyConfig.
+    label_settings`), as its training plan carries them."""
+
+    mode: str
+    epsilon: float = DEFAULT_LABELS_EPSILON
+    delta: float = 1e-5
+    clip: float = 1.0
+    marvell_power: float = DEFAULT_MARVELL_POWER
+    seed: int | None = None
+    secure_rng: bool = False
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> LabelSettings:
+        known = {"mode", "epsilon", "delta", "clip", "marvell_power", "seed", "secure_rng"}
+        unknown = sorted(set(data) - known)
+        if unknown or data.get("mode") not in LABEL_MODES:
+            raise ConfigError(f"label protection settings: unknown key(s) {unknown} or mode "
+                              f"{data.get('mode')!r}; modes: {', '.join(LABEL_MODES)}")
+        return cls(**dict(data))
+
+
+def _finite(value: float) -> float | None:
+    return float(value) if math.isfinite(float(value)) else None
+
+
+def resolve_settings(settings: Mapping[str, Any] | None, task: Task
+                     ) -> dict[str, Any] | None:
+    """``settings`` with the task's mode when they name none (the default: Marvell on a binary
+    task, off on others), or ``None`` when the labels go unprotected."""
+    if settings is None:
+        return None
+    mode = settings.get("mode")
+    if mode is None:
+        mode = DEFAULT_LABELS if task is Task.BINARY else "off"
+    return None if mode == "off" else {**settings, "mode": mode}
+
+
+def check_label_task(mode: str, task: Task) -> None:
+    """Refuse a mode the task cannot have: Marvell models two classes (Li et al. §4),
+    randomized response needs classes."""
+    if mode == "marvell" and task is not Task.BINARY:
+        raise ConfigError(f"`privacy.labels = \"marvell\"` perturbs gradients between the two "
+                          f"classes of a binary task (Li et al., ICLR 2022, §4); this run's task "
+                          f"is {task.value}: use \"dp\" or \"max-norm\""
+                          + (" or \"rr-prior\"" if task.is_classification else ""))
+    if mode == "rr-prior" and not task.is_classification:
+        raise ConfigError(f"`privacy.labels = \"rr-prior\"` randomises class labels (Ghazi et "
+                          f"al., NeurIPS 2021); this run's task is {task.value}: use \"dp\" "
+                          "or \"max-norm\"")
+
+
+class LabelProtection:
+    """One mode of label protection for one training run of the primary.
+
+    Args:
+        settings: the mode and its parameters.
+        task: the primary's task (fixes the loss, so the sensitivity).
+        party: the primary's name (messages, ledger).
+        n_rows: the primary's records (release counts are per record).
+        classes: the number of classes (classification).
+        budget: the release counts of the primary's data, shared by every run on the same data
+            (``None``: counts of this object only).
+    """
+
+    def __init__(self, settings: LabelSettings | Mapping[str, Any], *, task: Task, party: str,
+                 n_rows: int, classes: int = 0, budget: ReleaseBudget | None = None) -> None:
+        self.settings = (settings if isinstance(settings, LabelSettings)
+                         else LabelSettings.from_dict(settings))
+        if self.settings.mode == "off":
+            raise ConfigError("LabelProtection needs privacy.labels other than 'off'")
+        check_label_task(self.settings.mode, task)
+        self.task, self.party, self.n_rows, self.classes = task, party, int(n_rows), int(classes)
+        self.budget = budget if budget is not None else ReleaseBudget(n_rows, party=party)
+        if self.budget.n_rows != self.n_rows:
+            raise ConfigError(f"party {party!r}: the label release counts are for "
+                              f"{self.budget.n_rows} records, the party has {n_rows}")
+        self.counts = np.zeros(self.n_rows, dtype=np.int64)
+        seed = self.settings.seed
+        self._seed_given = seed is not None and not self.settings.secure_rng
+        self._seed = int(seed) if seed is not None and self._seed_given else \
+            secrets.randbits(63)
+        self._noise = torch.Generator().manual_seed(self._seed)
+        self._stream_claimed = not self._seed_given
+        # dp: the calibration (σ, planned releases); refused releases raise before any noise
+        self.sigma: float | None = None
+        self.setting: ReleaseSetting | None = None
+        self.planned: dict[str, Any] | None = None
+        self._allowed: int | None = None
+        self.max_sensitivity = 0.0
+        #: releases a resumed run replays (see :meth:`load_state_dict`), per record
+        self._replay = np.zeros(self.n_rows, dtype=np.int64)
+        # marvell: per (batch, secondary) figures; the last solution for one-class batches
+        self.kl: list[float] = []
+        self.kl_before: list[float] = []
+        self._last: tuple[marvell.MarvellSolution, torch.Tensor] | None = None
+        self.one_class_batches = 0
+        # rr-prior: the randomised training labels (kept: a resumed run trains on the same)
+        self.randomized: dict[str, Any] | None = None
+
+    @property
+    def mode(self) -> str:
+        return self.settings.mode
+
+    # --- noise sources ------------------------------------------------------------------------
+
+    def _claim_stream(self) -> None:
+        """A fixed seed gives every run that starts from it the same noise: two runs on the
+        same data would then send gradients whose difference is noise-free. The budget numbers
+        the streams; the first keeps the seed (a single run is reproducible), later ones derive
+        theirs from (seed, stream) (as :class:`~vflink.privacy.embedding_dp.EmbeddingDP`)."""
+        self._stream_claimed = True
+        k = self.budget.claim_stream()
+        if k > 0:
+            seq = np.random.SeedSequence([self._seed, 0x1AB5, k])
+            self._noise.manual_seed(int(seq.generate_state(1, np.uint64)[0] >> 1))
+
+    def _normal(self, shape: tuple[int, ...]) -> torch.Tensor:
+        """Standard normal draws (float64) from the seeded stream or the secure source."""
+        if not self._stream_claimed:
+            self._claim_stream()
+        if self.settings.secure_rng:
+            return secure_gaussian_noise(shape, 1.0).double()
+        return torch.randn(shape, generator=self._noise, dtype=torch.float64)
+
+    def _uniform(self, shape: tuple[int, ...]) -> npt.NDArray[np.float64]:
+        if not self._stream_claimed:
+            self._claim_stream()
+        if self.settings.secure_rng:
+            raw = np.frombuffer(os.urandom(8 * math.prod(shape)), dtype=np.uint64)
+            return ((raw >> np.uint64(11)).astype(np.float64) * 2.0**-53).reshape(shape)
+        return torch.rand(shape, generator=self._noise, dtype=torch.float64).numpy()
+
+    # --- dp -------------------------------------------------------------------------------------
+
+    def plan(self, train_rows: npt.NDArray[np.int64], epochs: int) -> None:
+        """``dp``, budget first: σ such that the worst-case record, after one release per epoch
+        on top of its earlier releases, is at (ε, δ) exactly (the PLD accountant)."""
+        if self.mode != "dp":
+            return
+        s = self.settings
+        planned = label_dp.planned_label_releases(self.n_rows, train_rows, epochs)
+        budget = self.budget
+        loss = budget._loss() if budget.settings else None
+        try:
+            sigma = calibrate_total(s.epsilon, s.delta, planned, loss,
+                                    lambda r: budget.releases_of(r))
+        except ValueError as exc:
+            raise PrivacyBudgetExceeded(
+                f"party {self.party!r}: label privacy budget ε = {s.epsilon:g} "
+                f"(`privacy.labels_total_epsilon`) cannot cover this run: {exc}; no gradient "
+                "is sent") from None
+        self._set_sigma(sigma)
+        m = int(planned.max(initial=0))
+        self.planned = {"epsilon_target": s.epsilon, "delta": s.delta, "epochs": int(epochs),
+                        "max_releases": m, "records_planned": int((planned > 0).sum())}
+        log.info("party %r: labels ε = %g at δ = %g over at most %d releases per record: "
+                 "σ = %.4g", self.party, s.epsilon, s.delta, m, sigma)
+
+    def _set_sigma(self, sigma: float) -> None:
+        s = self.settings
+        self.sigma = float(sigma)
+        per_release = float(gaussian_mechanism.get_epsilon_gaussian(self.sigma, s.delta))
+        self.setting = ReleaseSetting(sigma=self.sigma, epsilon=per_release, delta=s.delta,
+                                      calibration=DP_CALIBRATION, mode="labels-dp")
+        self._allowed = max_releases_within(self.sigma, s.delta, s.epsilon)
+
+    def noisy_logit_gradient(self, logits: torch.Tensor, target: torch.Tensor,
+                             rows: npt.NDArray[np.int64],
+                             loss: label_dp.LossFn | None = None) -> torch.Tensor:
+        """``dp``: g̃_i = g_i + N(0, (σΔ)²) for every record of the batch (``rows``: the
+        primary's records among them, whose releases are counted; a synthetic record's label
+        is noised alike but belongs to no record). ``loss``: a loss without a closed form
+        here (its per-record sensitivity is measured, :func:`label_dp.binary_sensitivity`).
+
+        Raises :class:`PrivacyBudgetExceeded` before any noise is drawn if a record would pass
+        its budget; nothing may be sent then."""
+        if self.mode != "dp" or self.sigma is None or self.setting is None:
+            raise ConfigError(f"party {self.party!r}: label DP is not calibrated (call plan)")
+        rows = np.unique(np.asarray(rows, dtype=np.int64))
+        s = self.settings
+        replayed = self._replay[rows] > 0
+        if replayed.any():  # the same release again (see load_state_dict): not a new one
+            self._replay[rows[replayed]] -= 1
+        fresh = rows[~replayed]
+        check_within(self.budget, self.setting, fresh, limit=s.epsilon, delta=s.delta,
+                     allowed=self._allowed, who=f"party {self.party!r} (labels)",
+                     key="privacy.labels_total_epsilon")
+        if loss is None:
+            g = label_dp.logit_gradient(self.task, logits, target, clip=s.clip)
+            delta: torch.Tensor | float = label_dp.sensitivity(self.task, s.clip)
+            self.max_sensitivity = float(delta)
+        else:
+            g = label_dp.per_record_gradient(loss, logits, target)
+            delta = label_dp.binary_sensitivity(loss, logits)
+            if delta.numel():
+                self.max_sensitivity = max(self.max_sensitivity, float(delta.max()))
+        noise = self._normal(tuple(g.shape)).to(g.device) * self.sigma
+        noisy = g.double() + noise * (delta.double() if isinstance(delta, torch.Tensor)
+                                      else float(delta))
+        # write-ahead: counted (and on disk, with a state directory) before it can be sent
+        self.budget.record(self.setting, fresh)
+        self.counts[rows] += 1
+        return noisy.to(g.dtype)
+
+    # --- marvell / max-norm -------------------------------------------------------------------
+
+    def perturb(self, gradients: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """``marvell`` / ``max-norm``: the rows of one batch's gradient for one secondary,
+        perturbed (``labels``: each row's label, 0/1; unused by max-norm)."""
+        if self.mode == "max-norm":
+            return marvell.max_norm_noise(gradients, normal=self._normal((gradients.shape[0],)))
+        if self.mode != "marvell":
+            raise ConfigError(f"party {self.party!r}: mode {self.mode!r} does not perturb rows")
+        n = gradients.shape[0]
+        flat = gradients.reshape(n, -1)
+        stats = marvell.batch_statistics(flat, labels)
+        normal = self._normal((n, flat.shape[1] + 1))
+        if stats is None:  # one class only: the last batch's covariances, or isotropic noise
+            self.one_class_batches += 1
+            if self._last is not None:
+                solution, diff = self._last
+                return marvell.marvell_noise(gradients, labels, solution, diff, normal=normal)
+            power = self.settings.marvell_power * float((flat.double() ** 2).sum(1).mean())
+            iso = math.sqrt(power / max(flat.shape[1], 1))
+            return (flat.double() + normal[:, 1:] * iso).to(gradients.dtype).reshape(
+                gradients.shape)
+        power = self.settings.marvell_power * stats.g
+        solution = marvell.solve_marvell(stats.u, stats.v, stats.d, stats.g, stats.p, power)
+        self._last = (solution, stats.difference)
+        self.kl.append(solution.sum_kl)
+        self.kl_before.append(marvell.sum_kl(0.0, 0.0, 0.0, 0.0, u=stats.u, v=stats.v,
+                                             d=stats.d, g=stats.g))
+        return marvell.marvell_noise(gradients, labels, solution, stats.difference,
+                                     normal=normal)
+
+    # --- rr-prior -------------------------------------------------------------------------------
+
+    def randomize(self, targets: torch.Tensor, train_rows: npt.NDArray[np.int64]
+                  ) -> torch.Tensor:
+        """``rr-prior``: the training labels replaced once by RRWithPrior at ε (the uniform
+        prior: no model exists before training), the others left as they are (they never
+        train). Counted as one ε-DP release of each training record's label."""
+        rows = np.unique(np.asarray(train_rows, dtype=np.int64))
+        k = max(self.classes, 2)
+        s = self.settings
+        if self.randomized is not None:  # resumed: the same randomised labels, no new release
+            out = targets.clone()
+            saved = np.asarray(self.randomized["labels"], dtype=np.int64)
+            out[torch.from_numpy(np.asarray(self.randomized["rows"], dtype=np.int64))] = \
+                torch.from_numpy(saved).to(out.dtype)
+            return out
+        # RRWithPrior is pure ε-DP; the budget composes it as binary randomized response at ε,
+        # the least private k-ary response at a given ε (its δ(ε') curve lies above the others)
+        setting = ReleaseSetting(sigma=0.0, epsilon=s.epsilon, delta=0.0,
+                                 calibration="randomized response with prior (closed form)",
+                                 mode="labels-rr-prior", buckets=2)
+        check_within(self.budget, setting, rows, limit=s.epsilon, delta=s.delta, allowed=1,
+                     who=f"party {self.party!r} (labels)", key="privacy.labels_total_epsilon")
+        y = targets[torch.from_numpy(rows)].long().numpy()
+        noisy = rr_prior.rr_with_prior(y, rr_prior.uniform_prior(len(rows), k), s.epsilon,
+                                       uniforms=self._uniform((len(rows), 2)))
+        self.budget.record(setting, rows)
+        self.counts[rows] += 1
+        self.setting = setting
+        self.randomized = {"rows": rows, "labels": noisy, "k": k,
+                           "changed": float(np.mean(noisy != y)) if len(y) else 0.0}
+        out = targets.clone()
+        out[torch.from_numpy(rows)] = torch.from_numpy(noisy).to(out.dtype)
+        return out
+
+    # --- ledger and state -----------------------------------------------------------------------
+
+    def report(self) -> dict[str, Any]:
+        """This protection's ledger entry (keyword arguments of ``Ledger.add_protection``)."""
+        s = self.settings
+        entry = {"kind": f"label-{self.mode}", "party": self.party, "applies_to": "backward"}
+        if self.mode == "dp":
+            return {**entry, **self._report_dp()}
+        if self.mode == "rr-prior":
+            k = int(self.randomized["k"]) if self.randomized else max(self.classes, 2)
+            keep = keep_probability(s.epsilon, k)
+            eps = self.budget.max_epsilon(s.delta) if self.budget.settings else 0.0
+            return {**entry, "params": {
+                "mode": self.mode, "mechanism": "RRWithPrior (Ghazi et al., NeurIPS 2021, "
+                "Algorithm 2), uniform prior: k-ary randomized response",
+                "k": k, "keep_probability": keep, "total_epsilon": s.epsilon,
+                "changed_fraction": (self.randomized or {}).get("changed"),
+                "secure_rng": s.secure_rng},
+                "guarantee": {"epsilon": eps, "delta": 0.0, "label_dp": True,
+                              **self._counts(), "accountant": "pure ε-DP (one release)"},
+                "explanation": (
+                    f"{explain_epsilon(eps, None)}. Party {self.party!r} replaced each "
+                    f"training label once before training by randomized response (kept with "
+                    f"probability {keep:.3g}, else one of the other {k - 1} classes): "
+                    "everything trained on them, the model and every gradient sent, is "
+                    "ε-label-DP (validation labels, used clean for early stopping, are not "
+                    "covered)")}
+        if self.mode == "marvell":
+            bounds = [marvell.leak_auc_bound(v) for v in self.kl]
+            return {**entry, "params": {
+                "mode": self.mode, "power": s.marvell_power,
+                "power_rule": "P = s·‖ḡ₁ − ḡ₀‖² per batch and secondary",
+                "secure_rng": s.secure_rng},
+                "guarantee": {
+                    "batches": len(self.kl), "one_class_batches": self.one_class_batches,
+                    "sum_kl_max": max(self.kl, default=None),
+                    "sum_kl_mean": float(np.mean(self.kl)) if self.kl else None,
+                    # before the noise; None when infinite (most batches hold one row of a
+                    # class: its rows then differ in distribution with certainty)
+                    "sum_kl_before_median": _finite(np.median(self.kl_before))
+                    if self.kl_before else None,
+                    "leak_auc_bound_max": max(bounds, default=None),
+                    "leak_auc_bound_mean": float(np.mean(bounds)) if bounds else None,
+                    "theorem": "Li et al., ICLR 2022, §4: AUC ≤ 1/2 + √sumKL/2 − sumKL/8",
+                    "label_dp": False},
+                "explanation": (
+                    "no differential-privacy guarantee; every gradient row sent was perturbed "
+                    "by Marvell (Li et al., ICLR 2022) so that, per batch, no detector of a "
+                    "label from one row can reach an AUC above "
+                    + (f"{max(bounds):.3f} (mean bound {np.mean(bounds):.3f} over "
+                       f"{len(bounds)} batches)" if bounds else "— (no batch sent)")
+                    + "; the bound holds for the two-Gaussian model of each batch's rows")}
+        return {**entry, "params": {"mode": self.mode, "secure_rng": s.secure_rng},
+                "guarantee": {"label_dp": False},
+                "explanation": ("no formal guarantee: every gradient row sent was scaled by "
+                                "random noise so that its expected norm is the batch's largest "
+                                "(Li et al.'s max-norm heuristic); it hides the norms, not the "
+                                "directions")}
+
+    def _counts(self) -> dict[str, Any]:
+        totals = self.budget.totals
+        return {"max_releases": int(totals.max(initial=0)),
+                "records_released": int((totals > 0).sum()),
+                "run_max_releases": int(self.counts.max(initial=0)),
+                "scope": "per record of the primary's data (its label), over every release "
+                         "since its operator last reset the budget"}
+
+    def _report_dp(self) -> dict[str, Any]:
+        s = self.settings
+        budget = self.budget
+        eps = budget.max_epsilon(s.delta)
+        worst = int(np.argmax(budget._loss())) if budget.settings else 0
+        releases = [[sig, m] for sig, m in budget.releases_of(worst)] if budget.settings \
+            else []
+        sigma = self.sigma if self.sigma is not None else float("nan")
+        noise_std = sigma * (self.max_sensitivity or label_dp.sensitivity(self.task, s.clip))
+        loss = {Task.BINARY: "binary cross-entropy: g = σ(z) − y, Δ = 1",
+                Task.MULTICLASS: "cross-entropy: g = softmax(z) − e_y, Δ = √2",
+                Task.REGRESSION: f"squared error: g = clip(2(z − y), ±{s.clip:g}), "
+                                 f"Δ = {2 * s.clip:g}"}[self.task]
+        counts = self._counts()
+        return {
+            "params": {"mode": "dp", "sigma": sigma, "noise_std": noise_std,
+                       "sensitivity": self.max_sensitivity or label_dp.sensitivity(
+                           self.task, s.clip),
+                       "where": "each record's loss gradient at the logits, back-propagated "
+                                "through the primary's whole network", "loss": loss,
+                       "clip": s.clip if self.task is Task.REGRESSION else None,
+                       "total_epsilon": s.epsilon, "delta": s.delta,
+                       "secure_rng": s.secure_rng},
+            "guarantee": {
+                "epsilon": eps, "delta": s.delta, "sigma": sigma, **counts,
+                "releases_of_worst_record": releases, "planned": self.planned,
+                "accountant": ACCOUNTANT, "subsampling_amplification": False,
+                "label_dp": True,
+                "covers": "every gradient sent to every secondary (colluding or not) and the "
+                          "primary's trained model, w.r.t. each record's label",
+                "does_not_cover": "validation-based model selection and early stopping (clean "
+                                  "labels), the class count or a regression label's scaling, "
+                                  "features and membership"},
+            "explanation": (
+                f"{explain_epsilon(eps, s.delta)}. Each record's label entered training only "
+                f"through its loss gradient at the logits, released with Gaussian noise "
+                f"(σ = {sigma:.3g} times the sensitivity) and back-propagated through the "
+                "primary's whole network: every gradient sent and the primary's model are "
+                f"post-processing; its most-released record was released "
+                f"{counts['max_releases']} times, composed with the PLD accountant (no "
+                "subsampling amplification)")}
+
+    def state_dict(self) -> dict[str, Any]:
+        i = self.budget.find(self.setting) if self.setting is not None else None
+        return {"mode": self.mode, "counts": self.counts.copy(), "sigma": self.sigma,
+                # the data's releases under this run's setting at this checkpoint: a resumed
+                # run tells from them which releases it replays (load_state_dict)
+                "budget_counts": None if i is None else self.budget.counts[i].copy(),
+                "planned": self.planned, "noise": self._noise.get_state(),
+                "kl": list(self.kl), "kl_before": list(self.kl_before),
+                "one_class_batches": self.one_class_batches,
+                # a one-class batch after a resume reuses these, as the uninterrupted run would
+                "last": None if self._last is None else {
+                    "lambdas": [self._last[0].lam10, self._last[0].lam20, self._last[0].lam11,
+                                self._last[0].lam21, self._last[0].sum_kl],
+                    "difference": self._last[1].clone()},
+                "randomized": None if self.randomized is None else {
+                    "rows": np.asarray(self.randomized["rows"], dtype=np.int64),
+                    "labels": np.asarray(self.randomized["labels"], dtype=np.int64),
+                    "k": int(self.randomized["k"]),
+                    "changed": float(self.randomized["changed"])}}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resume a run: its calibration, noise stream and figures; never fewer releases."""
+        if state.get("mode") != self.mode:
+            raise ConfigError(f"party {self.party!r}: the checkpoint protected labels with "
+                              f"{state.get('mode')!r}, this run with {self.mode!r}")
+        counts = np.asarray(state["counts"], dtype=np.int64)
+        if counts.shape == self.counts.shape:
+            self.counts = np.maximum(self.counts, counts)
+        if state.get("sigma") is not None:
+            self._set_sigma(float(state["sigma"]))
+            saved = state.get("budget_counts")
+            i = self.budget.find(self.setting) if self.setting is not None else None
+            if saved is not None and i is not None:
+                # Releases after the checkpoint (the interrupted epoch's first batches) were
+                # sent and counted. Resuming replays them bit for bit: the same model, batches,
+                # embeddings and noise stream (restored below), so the same values are sent
+                # again, which releases nothing new; they are not counted twice.
+                self._replay = np.maximum(
+                    self.budget.counts[i] - np.asarray(saved, dtype=np.int64), 0)
+            if self.setting is not None:
+                self.budget.merge(self.setting, self.counts)
+        self.planned = state.get("planned")
+        if self._seed_given:
+            self._noise.set_state(state["noise"])
+            self._stream_claimed = True  # resuming continues the checkpoint's stream
+        self.kl = [float(v) for v in state.get("kl", [])]
+        self.kl_before = [float(v) for v in state.get("kl_before", [])]
+        self.one_class_batches = int(state.get("one_class_batches", 0))
+        last = state.get("last")
+        if last is not None:
+            self._last = (marvell.MarvellSolution(*(float(v) for v in last["lambdas"])),
+                          torch.as_tensor(last["difference"], dtype=torch.float64))
+        self.randomized = state.get("randomized")
