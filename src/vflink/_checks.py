@@ -20,7 +20,10 @@ __all__ = [
     "check_float",
     "check_int",
     "check_str_tuple",
+    "column_order_warning",
+    "from_table",
     "raise_if",
+    "table_problems",
 ]
 
 
@@ -82,22 +85,64 @@ def raise_if(problems: Sequence[str], what: str) -> None:
         raise ConfigError(f"invalid {what} ({len(problems)} problems):\n  - {listing}", problems)
 
 
-def from_table(cls: type[T], raw: Any, where: str) -> T:
+def from_table(cls: type[T], raw: Any, where: str, *, what: str | None = None) -> T:
     """The frozen config dataclass ``cls`` built from a TOML table (``where`` names it, e.g.
     ``[compute]``), with every problem at once: unknown keys (listing the known ones) and the
     dataclass's own validation."""
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{where} must be a table, got {type(raw).__name__}")
-    known = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    unknown = sorted(set(raw) - known)
-    problems = [f"{where} has unknown key(s) {unknown}; known keys: {sorted(known)}"] \
-        if unknown else []
-    try:
-        config = cls(**{k: v for k, v in raw.items() if k in known})
-    except ConfigError as exc:
-        problems.extend(exc.problems)
-    else:
-        if not problems:
-            return config
-    raise_if(problems, f"{where} section")
+    problems = table_problems(cls, raw, where)
+    if not any("needs key" in p or "must be a table" in p for p in problems):
+        known = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        try:  # the known keys' own problems too, in the same error
+            config = cls(**{k: v for k, v in raw.items() if k in known})
+        except ConfigError as exc:
+            problems.extend(exc.problems)
+        except (TypeError, ValueError) as exc:  # a value of a kind its checks did not expect
+            problems.append(f"{where}: a value of the wrong kind ({exc})")
+        else:
+            if not problems:
+                return config
+    raise_if(problems, what or f"{where} section")
     raise ConfigError(f"invalid {where} section", problems)  # pragma: no cover - raise_if did
+
+
+def table_problems(cls: type, raw: Any, where: str) -> list[str]:
+    """What keeps the table ``raw`` from building the config dataclass ``cls``: not a table,
+    unknown keys (the known ones listed, the likeliest named for a typo), required keys left
+    out. Empty when ``cls(**raw)`` may be called (its own validation then speaks)."""
+    import difflib
+
+    if not isinstance(raw, dict):
+        return [f"{where} must be a table, got {type(raw).__name__}"]
+    fields = [f for f in dataclasses.fields(cls) if f.init]  # type: ignore[arg-type]
+    known = sorted(f.name for f in fields)
+    problems = []
+    unknown = sorted(map(str, set(raw) - set(known)))
+    if unknown:
+        guesses = [f"{c[0]!r} for {k!r}" for k in unknown
+                   if (c := difflib.get_close_matches(k, known, n=1))]
+        hint = f" (did you mean {', '.join(guesses)}?)" if guesses else ""
+        problems.append(f"{where} has unknown key(s) {unknown}{hint}; known keys: "
+                        f"{known or 'none'}")
+    required = [f.name for f in fields if f.default is dataclasses.MISSING
+                and f.default_factory is dataclasses.MISSING]
+    missing = [k for k in required if k not in raw]
+    if missing:
+        problems.append(f"{where} needs key(s) {missing}; known keys: {known}")
+    return problems
+
+
+def column_order_warning(on: Sequence[str], secondary_on: Sequence[str], *,
+                         what: str = "identifier") -> str | None:
+    """A warning when the two sides name the same columns in another order (``lon,lat`` on
+    one side, ``lat,lon`` on the other): columns are paired by position, so the link would
+    compare one side's longitude with the other's latitude without a word. None otherwise."""
+    on, secondary_on = [str(c) for c in on], [str(c) for c in secondary_on]
+    moved = [c for i, c in enumerate(on)
+             if c in secondary_on and i < len(secondary_on) and secondary_on[i] != c]
+    if not moved:
+        return None
+    pairs = ", ".join(f"{a} ↔ {b}" for a, b in zip(on, secondary_on))
+    return (f"the primary's {what} columns {on} and the secondary's {secondary_on} name the "
+            f"same column(s) {moved} at other positions; columns are paired by position "
+            f"({pairs}), so each is compared with another column. If that is not meant, give "
+            f"both sides in the same order (e.g. --secondary-on {','.join(on)})")

@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import os
 import secrets
 import stat
+import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -39,12 +41,15 @@ __all__ = [
     "atomic_write_bytes",
     "atomic_write_json",
     "atomic_write_text",
+    "check_directory",
     "check_regular_file",
     "json_depth",
     "loads_json",
+    "log_dir",
     "open_data_bytes",
     "read_data_file",
     "read_json_file",
+    "table_format",
 ]
 
 #: Largest JSON file read from a run directory (metrics, configs, ledgers, state headers are
@@ -61,6 +66,15 @@ _O_BINARY = getattr(os, "O_BINARY", 0)  # Windows: no newline translation at the
 _O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)  # never hang opening a FIFO planted in a run
 
 ErrorType = Callable[[str], VflinkError]
+
+log = logging.getLogger(__name__)
+
+
+def log_dir() -> Path:
+    """Where vflink writes the log files it names in messages (an unexpected error's trace, a
+    party's internal-error incident): ``$VFLINK_LOG_DIR``, else the system's temporary folder
+    (docs/reference/exit-codes.md)."""
+    return Path(os.environ.get("VFLINK_LOG_DIR") or tempfile.gettempdir())
 
 
 # --- writing -----------------------------------------------------------------------------------
@@ -160,6 +174,36 @@ def _check(path: Path, real_root: Path, st: os.stat_result, error: ErrorType) ->
                       "folder); a file in a run directory must be inside it", error)
 
 
+def check_directory(path: Path | str, what: str, *, error: ErrorType = DataError) -> Path:
+    """``path`` if it is a folder; otherwise ``error`` saying that it does not exist (with the
+    folders beside it whose names come closest, and the working folder for a relative path)
+    or that it is a file. ``what`` names what was expected, e.g. ``"a run directory"``."""
+    import difflib
+
+    path = Path(path)
+    if path.is_dir():
+        return path
+    if path.exists() or path.is_symlink():
+        raise error(f"{path}: is a file, not a folder; expected {what}")
+    parent = path.parent if str(path.parent) else Path(".")
+    where = "" if path.is_absolute() else f" (from the working folder {Path.cwd()})"
+    hint = ""
+    try:
+        beside = sorted(p.name for p in parent.iterdir() if p.is_dir()) if parent.is_dir() \
+            else []
+    except OSError:
+        beside = []
+    close = difflib.get_close_matches(path.name, beside, n=3, cutoff=0.5)
+    if close:
+        hint = f"; did you mean {', '.join(str(parent / c) for c in close)}?"
+    elif beside:
+        shown = ", ".join(beside[:8]) + (", ..." if len(beside) > 8 else "")
+        hint = f"; {parent} holds: {shown}"
+    elif not parent.is_dir():
+        hint = f"; its folder {parent} does not exist either"
+    raise error(f"{path}: no such folder{where}; expected {what}{hint}")
+
+
 def check_regular_file(root: Path | str, relative: Path | str, *,
                        error: ErrorType = DataError) -> Path:
     """``root/relative`` if it is a regular file inside ``root`` (not a link, not reached
@@ -256,3 +300,124 @@ def open_data_bytes(root: Path | str, relative: Path | str, *,
                     ) -> io.BytesIO:
     """:func:`read_data_file` as a binary stream (for ``numpy.load``)."""
     return io.BytesIO(read_data_file(root, relative, max_bytes=max_bytes, error=error))
+
+
+# --- what a table file holds -------------------------------------------------------------------
+
+#: Formats vflink reads a table from; "csv" and "tsv" may be gzip-compressed (``.gz``).
+TABLE_FORMATS = ("csv", "tsv", "parquet")
+#: The format each name promises (a ``.gz`` name promises gzip-compressed CSV or TSV).
+_BY_SUFFIX = {".csv": "csv", ".tsv": "tsv", ".txt": "csv", ".parquet": "parquet",
+              ".pq": "parquet"}
+#: Files that are not tables vflink reads, by their first bytes: what they are, and the fix.
+_NOT_TABLES = (
+    (b"PK\x03\x04", "a ZIP archive (an Excel .xlsx workbook, or a zipped file)",
+     "export the sheet as CSV (File > Save as > CSV UTF-8), or unzip the file"),
+    (b"\xd0\xcf\x11\xe0", "an Excel 97-2003 (.xls) workbook",
+     "export the sheet as CSV (File > Save as > CSV UTF-8)"),
+    (b"ARROW1", "an Arrow IPC / Feather file", "write it as Parquet (pyarrow.parquet."
+     "write_table, or DataFrame.to_parquet)"),
+    (b"\x89HDF", "an HDF5 file", "write the table as Parquet or CSV"),
+    (b"SQLite format 3\x00", "an SQLite database", "export the table as CSV"),
+    (b"%PDF", "a PDF document", "export the table as CSV"),
+    (b"BZh", "a bzip2-compressed file", "decompress it (bunzip2), or compress it with gzip "
+     "as .csv.gz"),
+    (b"\xfd7zXZ\x00", "an xz-compressed file", "decompress it (unxz), or compress it with "
+     "gzip as .csv.gz"),
+    (b"(\xb5/\xfd", "a zstd-compressed file", "decompress it (unzstd), or compress it with "
+     "gzip as .csv.gz"),
+)
+#: Bytes read to tell text from binary content.
+_SNIFF_BYTES = 64 * 1024
+
+
+def _promised(path: Path) -> tuple[str | None, bool]:
+    """(format, gzip) that the file's name promises; format None for a name vflink does not
+    know (``.dat``...)."""
+    name = path.name.lower()
+    gz = name.endswith(".gz")
+    inner = Path(name[:-3]) if gz else Path(name)
+    fmt = _BY_SUFFIX.get(inner.suffix)
+    if gz and fmt is None:
+        fmt = "csv"  # "x.gz": gzip-compressed CSV, as before
+    return fmt, gz
+
+
+def table_format(path: Path | str) -> str:
+    """What the table file ``path`` holds, from its first bytes: ``"parquet"`` (a Parquet
+    file, or a directory of Parquet parts), ``"csv"`` or ``"tsv"`` (text, gzip-compressed
+    when its name ends in ``.gz``).
+
+    The content decides, not the name: a CSV saved as ``people.parquet`` is read as CSV and
+    a Parquet file named ``.csv`` as Parquet, each with a warning naming the mismatch. A file
+    that is no table vflink reads (an Excel workbook, a ZIP archive, Feather, a PDF, binary
+    bytes) or whose compression contradicts its name raises :class:`DataError` naming the
+    file, what it holds and the fix.
+    """
+    path = Path(path)
+    if path.is_dir():
+        return "parquet"
+    promised, gz = _promised(path)
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(_SNIFF_BYTES)
+    except FileNotFoundError:
+        raise DataError(f"{path.absolute()}: file not found") from None
+    except OSError as exc:
+        raise DataError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    expected = {"parquet": "Parquet", "csv": "CSV text", "tsv": "tab-separated text"}
+    what = f"its name promises {expected[promised]}" if promised else (
+        f"vflink reads .csv, .tsv, .csv.gz and .parquet files; {path.suffix or 'no suffix'!s}"
+        " is none of them")
+    if head.startswith(b"\x1f\x8b"):
+        if not gz:
+            raise DataError(f"{path}: the file is gzip-compressed, but {what}: name it "
+                            f"{path.name}.gz (vflink reads gzip-compressed CSV as .csv.gz), or "
+                            "decompress it")
+        return "tsv" if promised == "tsv" else "csv"
+    if gz and head:
+        raise DataError(f"{path}: the name ends in .gz but the file is not gzip-compressed: "
+                        f"name it {path.name[:-3]} (or compress it with gzip)")
+    if head.startswith(b"PAR1"):
+        found = "parquet"
+    else:
+        for magic, kind, fix in _NOT_TABLES:
+            if head.startswith(magic):
+                raise DataError(f"{path}: the file is {kind}, not a table vflink reads (CSV, "
+                                f"TSV, .csv.gz or Parquet): {fix}")
+        utf16 = head.startswith((b"\xff\xfe", b"\xfe\xff"))
+        if b"\x00" in head and not utf16:
+            raise DataError(f"{path}: the file holds binary data (its first bytes are "
+                            f"{head[:8].hex(' ')}), not a table vflink reads: give a CSV, "
+                            "TSV, .csv.gz or Parquet file")
+        text = head.lstrip(b"\xef\xbb\xbf \t\r\n")
+        if text[:1] in (b"{", b"[") and b'":' in text:
+            raise DataError(f"{path}: the file holds JSON, not a table vflink reads: write "
+                            "it as CSV or Parquet (e.g. pandas.read_json(...).to_csv(...))")
+        found = "tsv" if promised == "tsv" else "csv"
+    mismatch = promised is None or (found == "parquet") != (promised == "parquet")
+    if mismatch and _first_time(path):
+        if promised is None:
+            log.warning("%s: read as %s (from its content; %s)", path, expected[found], what)
+        else:
+            log.warning("%s: the file holds %s although %s: read as %s (rename it to end in "
+                        ".%s)", path, expected[found], what, expected[found],
+                        "parquet" if found == "parquet" else "csv")
+    return found
+
+
+_WARNED: set[tuple[str, int, int]] = set()
+
+
+def _first_time(path: Path) -> bool:
+    """Whether this version of ``path`` gets its mismatch warning now (a table is opened by
+    several readers: header, batches, row count; one warning is enough)."""
+    try:
+        st = path.stat()
+    except OSError:
+        return True
+    key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
+    if key in _WARNED:
+        return False
+    _WARNED.add(key)
+    return True

@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from vflink.runfiles.party import load_party_config
 from vflink.runner.network import serve
@@ -131,12 +132,15 @@ def start_process(party_file: Path, log: Path) -> subprocess.Popen[bytes]:
             if s.connect_ex((host, int(port))) == 0:
                 return proc
         time.sleep(0.2)
-    proc.kill()
+    stop_processes([proc], timeout=0)
     raise RuntimeError(f"{party_file} did not start listening: {log.read_text()}")
 
 
-def stop_processes(procs: Iterable[subprocess.Popen[bytes]], timeout: float = 10) -> None:
-    """Terminate served processes, then kill those still running after ``timeout`` s."""
+def stop_processes(procs: Iterable[subprocess.Popen[Any]], timeout: float = 10) -> None:
+    """Terminate processes, kill those still running after ``timeout`` s, and wait for every
+    one of them: a process object dropped while its process runs warns (ResourceWarning)
+    when it is collected, which may be in a later test, on a busy machine (a served party
+    takes a while to stop gracefully there)."""
     procs = list(procs)
     for proc in procs:
         if proc.poll() is None:
@@ -146,6 +150,7 @@ def stop_processes(procs: Iterable[subprocess.Popen[bytes]], timeout: float = 10
             proc.wait(timeout)
         except subprocess.TimeoutExpired:
             proc.kill()
+            proc.wait()
 
 
 @contextmanager

@@ -330,5 +330,5 @@ def test_train_refuses_bad_configs_and_tables(files: Path) -> None:
                      out=files / "runs" / "z")
     with pytest.raises(vflink.RunError, match="already exists"):
         vflink.train(files / "run.toml", out=files / "runs" / "cli")
-    with pytest.raises(vflink.RunError, match="no such run directory"):
+    with pytest.raises(vflink.RunError, match="nowhere: no such folder"):
         vflink.Run.load(files / "nowhere")

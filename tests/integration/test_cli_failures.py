@@ -16,6 +16,7 @@ import pandas as pd
 import pytest
 
 from tests.helpers.cli import run_cli
+from tests.helpers.network import stop_processes
 from tests.helpers.tables import two_party_tables
 from vflink.cli._errors import EXIT_FAILED, EXIT_TERMINATED, EXIT_USAGE
 from vflink.cli.main import main
@@ -167,6 +168,48 @@ def test_unexpected_error_names_a_log_file(tmp_path: Path, monkeypatch: pytest.M
     assert "Traceback" in logs[0].read_text() and "boom" in logs[0].read_text()
 
 
+def test_a_partys_internal_error_names_its_trace_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """An in-process party's internal error (the coordinator's, as a failing Ray task gave)
+    names a log file that exists and holds the trace, not only "that party's log"."""
+    import re
+
+    import vflink.parties.coordinator as coordinator
+
+    def boom(*args: object, **kwargs: object) -> None:
+        raise ZeroDivisionError("a planted bug in the search")
+
+    monkeypatch.setattr(coordinator, "link", boom)
+    monkeypatch.setenv("VFLINK_LOG_DIR", str(tmp_path / "logs"))
+    tour = Path(__file__).resolve().parents[2] / "examples" / "tour"
+    code, err = run_cli(["link", "--primary", str(tour / "houses.csv"), "--secondary",
+                         str(tour / "places.csv"), "--on", "latitude,longitude", "--metric",
+                         "haversine", "--top-k", "3", "--seed", "0", "--out",
+                         str(tmp_path / "links.csv")], capsys)
+    assert code == EXIT_FAILED
+    assert "internal error in party 'coordinator'" in err, err
+    logs = list((tmp_path / "logs").glob("vflink-incident-*.log"))
+    assert len(logs) == 1 and str(logs[0]) in err.replace(" ", ""), err
+    incident = re.search(r"incident ([0-9a-f]{12})", err)
+    assert incident is not None and incident.group(1) in logs[0].name
+    assert "Traceback" in logs[0].read_text() and "a planted bug" in logs[0].read_text()
+    assert not (tmp_path / "links.csv").exists()
+    # -vv shows the trace the party logged on the console too (a fresh process: the console
+    # handler is the first command's of a process)
+    planted = ("import sys\nimport vflink.parties.coordinator as c\n"
+               "def boom(*a, **k):\n    raise ZeroDivisionError('a planted bug')\n"
+               "c.link = boom\nfrom vflink.cli.main import main\nsys.exit(main(sys.argv[1:]))\n")
+    done = subprocess.run(
+        [sys.executable, "-c", planted, "-vv", "link", "--primary", str(tour / "houses.csv"),
+         "--secondary", str(tour / "places.csv"), "--on", "latitude,longitude", "--metric",
+         "haversine", "--top-k", "3", "--seed", "0", "--out", str(tmp_path / "links.csv")],
+        capture_output=True, text=True, timeout=300, check=False,
+        env={**os.environ, "PYTHONPATH": str(SRC), "COLUMNS": "200"})
+    assert done.returncode == EXIT_FAILED
+    assert "Traceback" in done.stderr and "a planted bug" in done.stderr, done.stderr[-2000:]
+
+
 def test_sigterm_gives_a_message_and_143(tmp_path: Path) -> None:
     (tmp_path / "run.toml").write_text(SMALL.replace("n_samples = 300", "n_samples = 20000")
                                        .replace("epochs = 2", "epochs = 200"))
@@ -177,11 +220,14 @@ def test_sigterm_gives_a_message_and_143(tmp_path: Path) -> None:
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     checkpoint = staging_dir(out) / "models" / "primary" / "checkpoint.json"
-    while not checkpoint.exists() and time.monotonic() < deadline and proc.poll() is None:
-        time.sleep(0.05)
-    assert checkpoint.exists()
-    proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=60)
+    try:
+        while not checkpoint.exists() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        assert checkpoint.exists()
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        stop_processes([proc])  # waited for on every path: no process outlives the test
     assert proc.returncode == EXIT_TERMINATED, err
     assert "terminated" in err and "Traceback" not in err, err
     assert staging_dir(out).is_dir() and not out.exists()  # kept for --resume

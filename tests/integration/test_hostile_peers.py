@@ -22,7 +22,7 @@ import pandas as pd
 import pytest
 import torch
 
-from tests.helpers.network import free_port, start_process
+from tests.helpers.network import free_port, start_process, stop_processes
 from vflink.alignment._dh import key_bytes
 from vflink.alignment.confirm import new_nonce
 from vflink.alignment.groups import get_group
@@ -138,13 +138,7 @@ def fed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Federation]:
         secrets = [str(v) for col in frame.columns for v in frame[col]]
         yield Federation(tmp, certs, state, csv, secondary, procs, addresses, secrets)
     finally:
-        for proc in procs.values():
-            proc.terminate()
-        for proc in procs.values():
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_processes(procs.values())
         if old is None:
             os.environ.pop("VFLINK_SECRET", None)
         else:
@@ -405,3 +399,8 @@ def test_unexpected_errors_stay_in_the_servers_log(fed: Federation) -> None:
     if incident is not None:  # an internal error: its trace is in the server's log only
         log = (fed.tmp / "secondary.log").read_text()
         assert incident.group(1) in log and "Traceback" in log
+        # and in the incident file the message names (its name only: the path is local)
+        name = f"vflink-incident-{incident.group(1)}.log"
+        assert name in str(err) and str(fed.tmp) not in str(err)
+        trace = Path(os.environ["VFLINK_LOG_DIR"]) / name
+        assert trace.is_file() and "Traceback" in trace.read_text()

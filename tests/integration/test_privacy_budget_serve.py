@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.helpers.network import start_process, write_party_files
+from tests.helpers.network import start_process, stop_processes, write_party_files
 from vflink.alignment._dh import key_bytes
 from vflink.alignment.groups import get_group
 from vflink.cli.main import main
@@ -75,12 +75,7 @@ def serve(files: dict[str, Path], tmp_path: Path) -> Iterator[Callable[[], GrpcC
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+    stop_processes([proc], timeout=20)
 
 
 def align(ch: GrpcChannel, files: dict[str, Path]) -> np.ndarray:

@@ -72,6 +72,44 @@ def test_run_report_is_one_self_contained_file(soft_run: Path) -> None:
     assert "identifier_encodings" in page and "bloom-filter" in page
 
 
+def test_a_soft_links_counts_are_not_called_matches(soft_run: Path) -> None:
+    """A soft link gives every record K neighbours whether or not it has a counterpart: the
+    page says so, and says what is known about true matches (nothing, without an estimate)."""
+    out = soft_run.parent / "soft-words.html"
+    assert main(["report", str(soft_run), "--out", str(out)]) == 0
+    page = " ".join(out.read_text(encoding="utf-8").split())
+    assert "matched in" not in page and "primary records aligned" not in page
+    assert "primary records is linked to its 3 nearest records in" in page
+    assert "whether or not it has a counterpart" in page
+    assert "how many of these links are true matches is not known" in page
+
+
+def test_an_estimate_of_true_matches_is_slotted_in() -> None:
+    from vflink.reporting.report import ESTIMATE_KEYS, _linkage_line
+
+    model = {"model": "fellegi-sunter", "threshold": 0.5, "expected_matches": 1603.4,
+             "estimated_precision": 0.91, "estimated_recall": 0.97, "estimated_f1": 0.94,
+             "matched_fraction": 0.8}
+    alignment = {"method": "soft", "top_k": 5, "metric": "hamming", "encoding": "bloom",
+                 "tau": 0.05, "matched_fraction": {"shop": 1.0}, "model": model}
+    assert set(ESTIMATE_KEYS) <= set(model)
+    line = _linkage_line({"alignment": alignment, "sizes": {"primary_rows": 2000,
+                                                            "aligned_rows": 2000}})
+    assert "every one of 2,000 primary records is linked to its 5 nearest records" in line
+    assert ("true matches, estimated without labels by the fellegi-sunter model: ≈ 1,603 of "
+            "2,000 primary records (its decisions' precision 0.91, recall 0.97, estimated); "
+            "it decided 80.0% of the primary records matched") in line, line
+    assert "not known" not in line
+    flat = {k: v for k, v in alignment.items() if k != "model"}
+    line = _linkage_line({"alignment": {**flat, "estimated_matches": {"shop": 1200,
+                                                                      "bank": 900.0}},
+                          "sizes": {"primary_rows": 2000}})
+    assert "≈ 1,200 in shop, ≈ 900 in bank of 2,000 primary records" in line
+    exact = _linkage_line({"alignment": {"method": "exact", "matched_fraction": {"shop": 0.8}},
+                           "sizes": {"primary_rows": 2000, "aligned_rows": 1600}})
+    assert "1,600 of 2,000 primary records aligned (80.0% matched in shop)" in exact
+
+
 def test_experiment_report_has_its_tables_and_plot(tmp_path: Path) -> None:
     stat = {"accuracy": {"mean": 0.81, "std": 0.01}, "auc": {"mean": 0.88, "std": 0.02}}
     results = {"name": "toy", "algorithms": ["solo", "fedsim"], "seeds": [0, 1],

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from tests.helpers.network import start_process, write_party_files
+from tests.helpers.network import start_process, stop_processes, write_party_files
 from vflink.cli.train import summarise
 from vflink.errors import PeerUnavailable
 from vflink.parties import SecondaryParty
@@ -128,6 +128,7 @@ def test_kill_secondary_then_resume_over_grpc(tmp_path: Path,
     run.write_text(RUN)
     env = {**os.environ, "VFLINK_SECRET": "a-test-secret-shared-by-data-parties"}
     monkeypatch.setenv("VFLINK_SECRET", env["VFLINK_SECRET"])  # for the in-process comparison
+    proc: subprocess.Popen[str] | None = None
     coordinator = start_process(files["coordinator"], tmp_path / "coordinator.log")
     secondary = start_process(files["secondary"], tmp_path / "secondary.log")
     try:
@@ -169,7 +170,4 @@ def test_kill_secondary_then_resume_over_grpc(tmp_path: Path,
         for split in ("train", "validation", "test"):
             assert a["metrics"][split] == pytest.approx(local.metrics[split], rel=1e-6)
     finally:
-        for p in (coordinator, secondary):
-            if p.poll() is None:
-                p.terminate()
-                p.wait(10)
+        stop_processes([p for p in (coordinator, secondary, proc) if p is not None])

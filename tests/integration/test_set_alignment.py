@@ -177,6 +177,8 @@ def test_over_grpc_with_party_files(group: str, tmp_path: Path,
             check(ka, kp, out.primary.frame(), theirs)
             # the same payload bytes per direction as in-process
             assert out.communication == local[method].communication
+        if group != "ristretto255":
+            return  # the command's path is the group's own no more: once is enough
         # the CLI drives the served secondary from the primary's party file
         assert main(["align", "--method", "psu", "--primary", str(tmp_path / "mine.csv"),
                      "--on", "id", "--out", str(tmp_path / "cli"), "--party", str(pri),

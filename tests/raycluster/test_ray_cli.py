@@ -130,3 +130,34 @@ def test_link_cli_streamed_equal(ray_cluster: str, tmp_path: Path) -> None:
     want = (tmp_path / "links-memory.parquet").read_bytes()
     for name in ("local", "ray"):
         assert (tmp_path / f"links-{name}.parquet").read_bytes() == want
+
+
+def test_address_local_never_joins_another_cluster(ray_cluster: str, tmp_path: Path) -> None:
+    """``--address local`` starts this command's own cluster even while another one runs here.
+
+    The session's cluster (started like ``ray start``: it is the machine's latest, in Ray's
+    ``ray_current_cluster`` file) stands for a cluster someone else started. A Ray given no
+    address joins that one; a user's shell has no ``RAY_AUTH_MODE=disabled``, and the link's
+    tasks placed on its second node could not fetch their input (``OwnerDiedError``): an
+    internal error of the coordinator after a minute. Made-up people at the reported size,
+    2,000 × 1,600, Bloom-filter haversine, K = 5."""
+    import ray
+
+    rng = np.random.default_rng(11)
+    lat, lon = rng.uniform(48, 52, 2000), rng.uniform(2, 8, 2000)
+    take = rng.permutation(2000)[:1600]
+    pd.DataFrame({"lat": lat, "lon": lon}).to_csv(tmp_path / "people_a.csv", index=False)
+    pd.DataFrame({"lat": lat[take] + rng.normal(0, 1e-3, 1600),
+                  "lon": lon[take] + rng.normal(0, 1e-3, 1600)}).to_csv(
+        tmp_path / "people_b.csv", index=False)
+    jobs = len(ray._private.state.jobs())
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_AUTH_MODE", "RAY_ADDRESS")}
+    done = subprocess.run(
+        [sys.executable, "-m", "vflink.cli.main", "link", "--primary", "people_a.csv",
+         "--secondary", "people_b.csv", "--on", "lat,lon", "--metric", "haversine",
+         "--top-k", "5", "--seed", "0", "--engine", "ray", "--address", "local",
+         "--out", "links_ray.parquet"], cwd=tmp_path, env={**env, "PYTHONUNBUFFERED": "1"},
+        capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert len(pd.read_parquet(tmp_path / "links_ray.parquet")) == 2000 * 5
+    assert len(ray._private.state.jobs()) == jobs  # no driver joined the session's cluster

@@ -10,27 +10,31 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from vflink.alignment.exact import normalise_key
+from vflink.alignment.exact import check_keys_present, normalise_key
 from vflink.alignment.groups import Elements
 from vflink.errors import DataError, ProtocolError
 
 __all__ = ["as_rows", "key_bytes", "lookup", "secure_permutation", "sorted_unique", "to_hex"]
 
 
-def key_bytes(frame: pd.DataFrame, key: Sequence[str], *, who: str = "table") -> list[bytes]:
-    """Canonical bytes of each row's (possibly composite) key; duplicate keys are refused.
+def key_bytes(frame: pd.DataFrame, key: Sequence[str], *, who: str = "table",
+              offset: int = 0) -> list[bytes]:
+    """Canonical bytes of each row's (possibly composite) key; empty and duplicate keys are
+    refused (``offset``: the table row of ``frame``'s first row, for messages).
 
     The same canonical text as exact alignment (:func:`normalise_key`), so a record matches
     under every exact method alike.
     """
     if not key:
         raise DataError(f"{who}: no key column(s) to align on")
+    check_keys_present(frame, key, who=who, offset=offset)
     out = [normalise_key(row).encode() for row in
            frame[list(key)].itertuples(index=False, name=None)]
     dup = pd.Index(out).duplicated()
     if dup.any():
-        first = int(np.flatnonzero(dup)[0])
-        raise DataError(f"{who}: duplicate key at row {first} ({out[first][:40]!r}...); "
+        first = int(np.flatnonzero(dup)[0]) + offset
+        shown = out[first - offset][:40]
+        raise DataError(f"{who}: duplicate key at row {first} ({shown!r}...); "
                         "set alignment needs unique keys")
     return out
 

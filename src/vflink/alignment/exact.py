@@ -19,7 +19,8 @@ import pandas as pd
 from vflink.errors import ConfigError, DataError
 from vflink.types import MISSING, Alignment
 
-__all__ = ["DIGEST_SIZE", "exact_alignment", "key_digests", "match_digests", "normalise_key"]
+__all__ = ["DIGEST_SIZE", "check_keys_present", "exact_alignment", "key_digests",
+           "match_digests", "normalise_key"]
 
 DIGEST_SIZE = 32  # SHA-256
 _SEP = "\x1f"  # unit separator: cannot occur in ordinary key text, keeps ("a","bc") != ("ab","c")
@@ -35,12 +36,41 @@ def normalise_key(values: Sequence[object]) -> str:
     return _SEP.join(parts)
 
 
-def key_digests(frame: pd.DataFrame, key: Sequence[str], secret: bytes) -> npt.NDArray[np.uint8]:
-    """HMAC-SHA256 of each row's key under ``secret``; shape ``(n, 32)`` uint8."""
+#: Empty key cells named in an error (their count is given too).
+_SHOWN = 3
+
+
+def check_keys_present(frame: pd.DataFrame, key: Sequence[str], *, who: str = "table",
+                       offset: int = 0) -> None:
+    """Refuse rows whose key is empty (missing, or blank once trimmed) in any key column.
+
+    An empty key is no key: aligned as the text ``""`` it would match the other table's empty
+    keys, or, twice in one table, read as a duplicate key ``b''``. ``offset``: the table row
+    of ``frame``'s first row (a batch of a larger table)."""
+    problems = []
+    for col in key:
+        values = frame[col]
+        empty = values.isna().to_numpy() | values.astype("string").str.strip().eq("") \
+            .fillna(True).to_numpy()
+        rows = np.flatnonzero(empty) + offset
+        if len(rows):
+            shown = ", ".join(f"row {r} (line {r + 2} of a CSV)" for r in rows[:_SHOWN])
+            more = f"; {len(rows)} rows in all" if len(rows) > _SHOWN else ""
+            problems.append(f"key column {col!r} is empty at {shown}{more}")
+    if problems:
+        raise DataError(f"{who}: {'; '.join(problems)}. Every record needs a key to be "
+                        "aligned: fill the key in, or remove those rows", problems)
+
+
+def key_digests(frame: pd.DataFrame, key: Sequence[str], secret: bytes, *,
+                who: str = "table") -> npt.NDArray[np.uint8]:
+    """HMAC-SHA256 of each row's key under ``secret``; shape ``(n, 32)`` uint8. Rows with
+    an empty key are refused (:func:`check_keys_present`)."""
     if not isinstance(secret, (bytes, bytearray)) or len(secret) < 16:
         raise ConfigError("the alignment secret must be at least 16 bytes")
     if not key:
         raise ConfigError("exact alignment needs key column(s) in the party schema")
+    check_keys_present(frame, key, who=who)
     rows = frame[list(key)].itertuples(index=False, name=None)
     out = np.empty((len(frame), DIGEST_SIZE), dtype=np.uint8)
     for i, row in enumerate(rows):

@@ -147,15 +147,22 @@ def align(primary: TableLike, secondary: TableLike, *, on: str | Sequence[str],
     if method == "exact" and out is not None:
         problems.append("`out` is for psi and psu (vflink align); an exact alignment's "
                         "pairs are in the result's `.pairs`")
-    if problems:
+    keys = sec_keys = None
+    try:  # the columns' problems with the others, all at once
+        keys = columns_arg("on", on)
+        if keys is None:
+            problems.append("`on` is required: the key column(s)")
+    except ConfigError as exc:
+        problems.extend(exc.problems or [str(exc)])
+    try:
+        sec_keys = columns_arg("secondary_on", secondary_on) or keys
+    except ConfigError as exc:
+        problems.extend(exc.problems or [str(exc)])
+    if keys and sec_keys and len(sec_keys) != len(keys):
+        problems.append(f"`on` names {len(keys)} column(s) but `secondary_on` names "
+                        f"{len(sec_keys)}; each key column needs a counterpart")
+    if problems or keys is None or sec_keys is None:
         raise ConfigError("; ".join(problems), problems)
-    keys = columns_arg("on", on)
-    if keys is None:
-        raise ConfigError("`on` is required: the key column(s)")
-    sec_keys = columns_arg("secondary_on", secondary_on) or keys
-    if len(sec_keys) != len(keys):
-        raise ConfigError(f"`on` names {len(keys)} column(s) but `secondary_on` names "
-                          f"{len(sec_keys)}; each key column needs a counterpart")
     target = Path(out) if out is not None else None
     if target is not None and not overwrite:
         for name in ("primary.parquet", "secondary.parquet", "summary.json"):

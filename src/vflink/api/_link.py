@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from vflink._checks import check_choice, check_float, check_int
+from vflink._checks import check_choice, check_float, check_int, from_table
 from vflink.api._tables import TableLike, columns_arg, read_table
 from vflink.errors import ConfigError, DataError
 from vflink.types import Compute
@@ -166,10 +166,7 @@ def _config(cls: type, value: Any, argument: str) -> Any:
     if not isinstance(value, Mapping):
         raise ConfigError(f"`{argument}` must be a {cls.__name__} or a mapping of its fields, "
                           f"got {value!r}")
-    try:
-        return cls(**value)
-    except TypeError as exc:
-        raise ConfigError(f"`{argument}`: {exc}") from None
+    return from_table(cls, dict(value), f"`{argument}`")
 
 
 def _specs(cls: type, values: Any, argument: str) -> list[Any]:
@@ -195,9 +192,10 @@ def _specs(cls: type, values: Any, argument: str) -> list[Any]:
 
 def _check(*, metric: str | None, top_k: Any, privacy: Any, mode: Any, tau: Any, sigma: Any,
            delta: Any, seed: Any, search: Any, empty: Any, resolution: Any,
-           has_on: bool, has_fields: bool) -> None:
-    """Every problem of the arguments at once, in one :class:`ConfigError`."""
-    problems: list[str] = []
+           has_on: bool, has_fields: bool, problems: list[str] | None = None) -> None:
+    """Every problem of the arguments at once (with ``problems`` found before), in one
+    :class:`ConfigError`."""
+    problems = list(problems or [])
     if has_fields:
         if has_on or metric is not None:
             problems.append("give either `fields` or `on`/`metric`, not both")
@@ -215,8 +213,11 @@ def _check(*, metric: str | None, top_k: Any, privacy: Any, mode: Any, tau: Any,
     check_choice(problems, "mode", mode, MODES)
     check_choice(problems, "search", search, SEARCHES)
     check_choice(problems, "empty", empty, ("error", "skip"))
-    for name, value in (("tau", tau), ("sigma", sigma), ("resolution", resolution)):
-        check_float(problems, name, value, min=0.0, min_exclusive=True, allow_none=True)
+    # τ is a success rate in (0, 1] (1: no noise); σ ≥ 0 (0: no noise), FedSim Theorem 2
+    check_float(problems, "tau", tau, min=0.0, max=1.0, min_exclusive=True, allow_none=True)
+    check_float(problems, "sigma", sigma, min=0.0, allow_none=True)
+    check_float(problems, "resolution", resolution, min=0.0, min_exclusive=True,
+                allow_none=True)
     check_float(problems, "delta", delta, min=0.0, max=1.0, min_exclusive=True)
     if seed is not None:
         check_int(problems, "seed", seed, min=0)
@@ -377,35 +378,43 @@ def link(primary: TableLike, secondary: TableLike, *,
     from vflink.runner.field_link import run_field_linkage
     from vflink.runner.link import LINK_COLUMNS_MODEL, linkage_columns, run_linkage
 
-    on_cols = columns_arg("on", on)
-    secondary_cols = columns_arg("secondary_on", secondary_on) or on_cols
-    field_specs = _specs(FieldSpec, fields, "fields")
-    problems: list[str] = []
+    found: list[str] = []  # every problem of the arguments, reported together
+
+    def collect(build: Any, *args: Any) -> Any:
+        try:
+            return build(*args)
+        except ConfigError as exc:
+            found.extend(exc.problems or [str(exc)])
+            return None
+
+    on_cols = collect(columns_arg, "on", on)
+    on_failed = on is not None and on_cols is None  # named already: not "required" too
+    secondary_cols = collect(columns_arg, "secondary_on", secondary_on) or on_cols
+    field_specs = collect(_specs, FieldSpec, fields, "fields") or []
     if model is not None:
-        check_choice(problems, "model", model, ("fellegi-sunter",))
+        check_choice(found, "model", model, ("fellegi-sunter",))
     if not (isinstance(threshold, (int, float)) and not isinstance(threshold, bool)
             and 0.0 < threshold < 1.0):
-        problems.append(f"`threshold` must be a probability in (0, 1), got {threshold!r}")
+        found.append(f"`threshold` must be a probability in (0, 1), got {threshold!r}")
     if not (isinstance(one_to_one, bool) or one_to_one in ("optimal", "greedy")):
-        problems.append(f"`one_to_one` must be true, false, \"optimal\" or \"greedy\", got "
-                        f"{one_to_one!r}")
+        found.append(f"`one_to_one` must be true, false, \"optimal\" or \"greedy\", got "
+                     f"{one_to_one!r}")
     elif one_to_one and model is None:
-        problems.append("`one_to_one` decides among a model's matches: give "
-                        "model=\"fellegi-sunter\"")
-    check_choice(problems, "view", view, ("operator", "primary"))
-    if problems:
-        raise ConfigError("; ".join(problems), problems)
+        found.append("`one_to_one` decides among a model's matches: give "
+                     "model=\"fellegi-sunter\"")
+    check_choice(found, "view", view, ("operator", "primary"))
     if model is not None and not field_specs and on_cols is not None:
         # one identifier: a one-field model link (the metric, if any, picks the comparison)
         field_specs = [FieldSpec(on=on_cols, secondary_on=secondary_cols or (),
                                  metric=None if metric in (None, "hamming") else metric)]
         on_cols, metric = None, None
-    blocks = _specs(Blocking, blocking, "blocking")
+    blocks = collect(_specs, Blocking, blocking, "blocking") or []
     if blocks and not field_specs:
-        raise ConfigError("`blocking` needs `fields` (blocking keys restrict a multi-field link)")
+        found.append("`blocking` needs `fields` (blocking keys restrict a multi-field link)")
     _check(metric=metric, top_k=top_k, privacy=privacy, mode=mode, tau=tau, sigma=sigma,
            delta=delta, seed=seed, search=search, empty=empty, resolution=resolution,
-           has_on=on_cols is not None, has_fields=bool(field_specs))
+           has_on=on_cols is not None or on_failed, has_fields=bool(field_specs),
+           problems=found)
     bloom_cfg = _config(BloomConfig, bloom_filters, "bloom_filters")
     if resolution is not None:
         bloom_cfg = (BloomConfig(resolution=resolution) if bloom_cfg is None
@@ -421,6 +430,7 @@ def link(primary: TableLike, secondary: TableLike, *,
                 if path.exists():
                     raise ConfigError(f"{path}: output already exists; choose another `out` "
                                       "or pass overwrite=True to replace it")
+    _warn_column_order(on_cols, secondary_cols, field_specs, blocks)
     phases: dict[str, float] = {}
     streamed = _streamed(stream, primary, secondary, out=target, compute=compute,
                          mode=mode, empty=empty, ids=bool(id or secondary_id),
@@ -491,6 +501,26 @@ def link(primary: TableLike, secondary: TableLike, *,
 
         atomic_write_json(_outputs(target)[1], summary, indent=2, default=str)
     return Links(columns=columns, summary=summary, outcome=outcome, path=target)
+
+
+def _warn_column_order(on: Sequence[str] | None, secondary_on: Sequence[str] | None,
+                       fields: Sequence[Any], blocking: Sequence[Any]) -> None:
+    """Warn when the two sides name the same columns in another order (``--on lon,lat
+    --secondary-on lat,lon``): the link pairs columns by position and would compare longitude
+    with latitude without a word."""
+    import logging
+
+    from vflink._checks import column_order_warning
+
+    pairs = [(on or (), secondary_on or ())]
+    pairs += [(f.on, f.columns_s) for f in fields]
+    texts = [column_order_warning(a, b) for a, b in pairs]
+    on_b = [b.on for b in blocking]
+    texts.append(column_order_warning(on_b, [b.secondary_on or b.on for b in blocking],
+                                      what="blocking"))
+    for text in texts:
+        if text is not None:
+            logging.getLogger("vflink.api").warning("%s", text)
 
 
 #: Above this many rows in either table file, ``link`` streams when it can (``stream=None``).

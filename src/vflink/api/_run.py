@@ -85,11 +85,11 @@ class Run:
         RunError
             ``path`` is not a run directory (no ``config.json``) or a file in it is damaged.
         """
+        from vflink._files import check_directory
         from vflink.runfiles.config import parse_config
 
-        directory = Path(path)
-        if not directory.is_dir():
-            raise RunError(f"{directory}: no such run directory")
+        directory = check_directory(Path(path), "a run directory (vflink.train's out)",
+                                    error=RunError)
         raw = _read_json(directory, "config.json")
         if not isinstance(raw, dict):
             raise RunError(f"{directory / 'config.json'}: expected a JSON object (a run's "

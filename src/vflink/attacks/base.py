@@ -15,6 +15,7 @@ attack, and appends its :class:`AttackResult` to the run's privacy ledger.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol, runtime_checkable
@@ -22,6 +23,7 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
+from vflink._checks import from_table
 from vflink.errors import ConfigError
 from vflink.registry import Registry
 
@@ -104,5 +106,9 @@ ATTACKS: Registry[type[Attack]] = Registry("attack")
 
 
 def get_attack(name: str, **params: Any) -> Attack:
-    """Build a registered attack with its parameters (an unknown name lists the valid ones)."""
-    return ATTACKS.get(name)(**params)
+    """Build a registered attack with its parameters (an unknown name lists the valid ones;
+    an unknown parameter, the attack's parameters)."""
+    cls = ATTACKS.get(name)
+    if dataclasses.is_dataclass(cls):
+        return from_table(cls, params, f"attack {name!r}", what=f"--param of attack {name!r}")
+    return cls(**params)

@@ -91,7 +91,12 @@ class GreedySimilarityAttack:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "taus", tuple(float(t) for t in self.taus))
+        taus = (self.taus,) if isinstance(self.taus, (int, float, str)) else self.taus
+        try:
+            object.__setattr__(self, "taus", tuple(float(t) for t in taus))
+        except (TypeError, ValueError):
+            raise_if([f"`taus` must be numbers in (0, 1], got {self.taus!r}"],
+                     "greedy-similarity parameters")
         problems = [f"`taus` must be numbers in (0, 1], got {t!r}" for t in self.taus
                     if not 0.0 < t <= 1.0]
         if not isinstance(self.enumerate_limit, int) or self.enumerate_limit < 1:
@@ -158,10 +163,14 @@ class GreedySimilarityAttack:
 
     def evaluate(self, view: AttackView, truth: Mapping[str, Any]) -> AttackResult:
         if "distances" not in truth:
+            why = truth.get("missing_distances")
             raise ConfigError("greedy-similarity is scored against the true Hamming distances "
-                              "of the released pairs: run a soft linkage with Bloom filters "
-                              "(alignment.privacy = \"bloom\") and [evaluation] record = true, "
-                              "with every party in this process")
+                              "of the released pairs, which this run does not have: "
+                              + (why if isinstance(why, str) else
+                                 "run a soft linkage of one identifier with Bloom filters "
+                                 "(alignment.privacy = \"bloom\", no [[alignment.fields]]) and "
+                                 "[evaluation] record = true, with every party in this "
+                                 "process"))
         mu0, sigma0, sigma = self._scale(view)
         guess = self.infer(view)
         dist = np.asarray(truth["distances"], dtype=np.float64)

@@ -15,6 +15,7 @@ import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from vflink._files import log_dir
 from vflink.errors import (
     ConfigError,
     DataError,
@@ -75,12 +76,15 @@ def exit_code(exc: BaseException) -> int:
         return EXIT_TERMINATED
     if isinstance(exc, _USAGE_ERRORS):
         return EXIT_USAGE
+    if isinstance(exc, FileNotFoundError):  # a path given that does not exist: a missing
+        return EXIT_USAGE                   # input file, or an output's missing folder
     return EXIT_FAILED
 
 
-def console_log_handler(console: Console) -> RichHandler:
-    """A rich log handler that shows records without their tracebacks; the tracebacks are
-    kept (bounded) in ``handler.traces`` for an unexpected failure's log file."""
+def console_log_handler(console: Console, *, show_traces: bool = False) -> RichHandler:
+    """A rich log handler that shows records without their tracebacks (with them when
+    ``show_traces``: ``-vv``); the tracebacks are kept (bounded) in ``handler.traces`` for an
+    unexpected failure's log file."""
     from rich.logging import RichHandler
 
     class ConsoleLogHandler(RichHandler):
@@ -93,15 +97,16 @@ def console_log_handler(console: Console) -> RichHandler:
                 self.traces.append(f"{record.getMessage()}\n" + "".join(
                     traceback.format_exception(*record.exc_info)))
                 del self.traces[:-20]
-                record = logging.makeLogRecord({**record.__dict__, "exc_info": None,
-                                                "exc_text": None})
+                if not show_traces:
+                    record = logging.makeLogRecord({**record.__dict__, "exc_info": None,
+                                                    "exc_text": None})
             super().emit(record)
 
     return ConsoleLogHandler(console=console, show_path=False)
 
 
 def _write_trace(exc: BaseException, command: str, handler: Any) -> Path:
-    directory = Path(os.environ.get("VFLINK_LOG_DIR") or tempfile.gettempdir())
+    directory = log_dir()
     directory.mkdir(parents=True, exist_ok=True)
     fd, name = tempfile.mkstemp(prefix=f"vflink-{command}-{time.strftime('%Y%m%d-%H%M%S')}-",
                                 suffix=".log", dir=directory)
@@ -129,6 +134,12 @@ def report_failure(exc: BaseException, console: Console, handler: Any = None,
         console.print("[yellow]interrupted[/]")
     elif isinstance(exc, Terminated):
         console.print(f"[yellow]terminated (SIGTERM): vflink {command} stopped[/]",
+                      highlight=False)
+    elif isinstance(exc, VflinkError) and "incident" in str(exc):
+        # an internal error of a party: name its trace file when that party ran here
+        from vflink.protocol.boundary import with_local_trace
+
+        console.print(f"[bold red]error:[/] {escape(str(with_local_trace(exc)))}",
                       highlight=False)
     elif isinstance(exc, (ConfigError, RunError)) and code == EXIT_USAGE:
         label = "configuration error" if isinstance(exc, ConfigError) else "error"

@@ -87,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from vflink.cli._outputs import refuse_existing
-    from vflink.errors import ConfigError
+    from vflink.errors import ConfigError, DataError
     from vflink.protocol.messages import MAX_CHUNK_ROWS
     from vflink.runner.align import (
         CostProbe,
@@ -105,6 +105,10 @@ def run(args: argparse.Namespace) -> int:
     sec_on = tuple(c.strip() for c in (args.secondary_on or args.on).split(",") if c.strip())
     if not on:
         raise ConfigError("--on needs at least one key column")
+    missing = [f"{p.absolute()}: file not found" for p in (args.primary, args.secondary)
+               if p is not None and not p.exists()]
+    if missing:  # every input named at once, before any output or work (exit 2)
+        raise DataError("; ".join(missing), missing)
     # the files this command writes into --out (the secondary's only when it is read here)
     written = ["primary.parquet", "summary.json"] + (
         ["secondary.parquet"] if args.party is None else [])

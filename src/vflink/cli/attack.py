@@ -13,7 +13,33 @@ from rich.table import Table
 
 from vflink.errors import ConfigError
 
-__all__ = ["register", "run"]
+__all__ = ["ATTACK_LINES", "register", "run"]
+
+#: ``vflink.runner.attack.attack_lines()`` spelt out: (name, attacker role, summary) of every
+#: registered attack, so that ``--list`` answers at once instead of importing every attack's
+#: libraries (torch, scikit-learn, scipy: 4 s on an idle 2-core machine, 25 s on a busy one).
+#: tests/integration/test_cli_docs.py checks that it equals the registry.
+ATTACK_LINES: tuple[tuple[str, str, str], ...] = (
+    ("greedy-similarity", "primary", "the primary maps noised similarities back to distances "
+     "and Bloom filters (FedSim §5.2), next to the Theorem 2 bound τ"),
+    ("inversion-decoder", "primary", "model inversion: a decoder trained on auxiliary samples "
+     "and queries of the secondary's bottom model (Ye et al. 2022; VFL-AFE §4.3, Figure 10)"),
+    ("label-completion", "secondary", "a secondary recovers the primary's labels from a few "
+     "known labels and its own trained bottom model (Fu et al., USENIX Security 2022)"),
+    ("label-direction", "secondary", "a secondary recovers the primary's binary labels from "
+     "the directions of the gradients it receives (Li et al., ICLR 2022)"),
+    ("label-fcm", "secondary", "a secondary recovers the primary's labels by fuzzy c-means "
+     "clustering of each batch's gradient rows (VFL-AFE's +D)"),
+    ("label-kmeans", "secondary", "a secondary recovers the primary's labels by k-means "
+     "clustering of each batch's gradient rows"),
+    ("label-norm", "secondary", "a secondary recovers the primary's binary labels from the "
+     "norms of the gradients it receives (Li et al., ICLR 2022)"),
+    ("label-spectral", "secondary", "a secondary recovers the primary's labels by spectral "
+     "clustering of each batch's gradient rows"),
+    ("membership-shadow", "primary", "membership inference with shadow models (Shokri et al. "
+     "2017) on released embeddings (VFL-AFE §4.3, Table 1)"),
+    ("spectral", "either", "tell synthetic rows from real ones by their spectral signature"),
+)
 
 HELP = """Measure what an honest-but-curious party could still learn from a finished run.
 
@@ -63,16 +89,16 @@ def _params(items: list[str]) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from vflink.runner.attack import attack_lines, run_attack  # heavy imports only when used
-
     console = Console()
     if args.list:
-        for name, role, summary in attack_lines():
+        for name, role, summary in ATTACK_LINES:
             console.print(f"{name:<20} ({role}) {escape(summary)}", highlight=False,
                           soft_wrap=True)  # one line per attack, whatever the terminal width
         return 0
     if args.run is None or args.attack is None:
         raise ConfigError("give --run RUN_DIR and --attack NAME (or --list)")
+    from vflink.runner.attack import run_attack  # heavy imports only when used
+
     result = run_attack(args.run, args.attack, party=args.party, params=_params(args.param),
                         out=args.out, truth_dir=args.truth, overwrite=args.overwrite)
     table = Table(title=f"{result.attack} by {result.party}")

@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from vflink._checks import from_table
 from vflink.cli._compute import add_compute_args, compute_from_args
 from vflink.config import read_toml
 from vflink.errors import ConfigError, LinkageError
@@ -231,7 +232,12 @@ def resolve(args: argparse.Namespace) -> dict[str, Any]:
             raise ConfigError(f"{args.config}: [link] must be a table, got {table!r}")
         unknown = sorted(set(table) - set(_KEYS) - {"version"})
         if unknown:
-            problems.append(f"unknown key(s) {unknown}; known: {list(_KEYS)}")
+            import difflib
+
+            guesses = [f"{c[0]!r} for {k!r}" for k in unknown
+                       if (c := difflib.get_close_matches(k, _KEYS, n=1))]
+            hint = f" (did you mean {', '.join(guesses)}?)" if guesses else ""
+            problems.append(f"unknown key(s) {unknown}{hint}; known: {list(_KEYS)}")
         for key in sorted(set(table) & set(_KEYS)):
             _check_value(key, table[key], problems)
         base = Path(args.config).parent.resolve()  # messages then show the resolved path
@@ -343,18 +349,14 @@ def _fields(opts: dict[str, Any], problems: list[str]) -> tuple[list[Any], list[
             problems.append(f"`{name}` must be an array of tables ([[link.{name}]])")
             continue
         for i, entry in enumerate(entries):
-            try:
-                if isinstance(entry, dict):
-                    out.append(cls(**entry))
-                elif cls is Blocking and isinstance(entry, str):  # blocking = ["postcode"]
-                    out.append(Blocking(on=entry))
-                else:
-                    problems.append(f"{name} #{i + 1} must be a table, got {entry!r}")
-                    continue
+            if cls is Blocking and isinstance(entry, str):  # blocking = ["postcode"]
+                entry = {"on": entry}
+            where = f"{name} #{i + 1}"
+            try:  # unknown keys named with the known ones, every problem at once
+                out.append(from_table(cls, entry, where))
             except ConfigError as exc:
-                problems.extend(f"{name} #{i + 1}: {p}" for p in exc.problems)
-            except TypeError as exc:
-                problems.append(f"{name} #{i + 1}: {exc}")
+                problems.extend(p if p.startswith(where) else f"{where}: {p}"
+                                for p in exc.problems)
     if opts.get("on") or opts.get("metric"):
         problems.append("give either `fields` or --on/--metric, not both")
     return built
@@ -366,12 +368,7 @@ def _geo(table: Any) -> Any:
         return None
     from vflink.linkage import GeoBloomConfig
 
-    if not isinstance(table, dict):
-        raise ConfigError(f"[link.geo] must be a table, got {table!r}")
-    try:
-        return GeoBloomConfig(**table)
-    except TypeError as exc:
-        raise ConfigError(f"[link.geo]: {exc}") from None
+    return from_table(GeoBloomConfig, table, "[link.geo]")
 
 
 def _bloom(table: Any, resolution: float | None) -> Any:
@@ -386,10 +383,7 @@ def _bloom(table: Any, resolution: float | None) -> Any:
     params = dict(table or {})
     if resolution is not None:
         params["resolution"] = resolution
-    try:
-        return BloomConfig(**params)
-    except TypeError as exc:
-        raise ConfigError(f"[link.bloom_filters]: {exc}") from None
+    return from_table(BloomConfig, params, "[link.bloom_filters]")
 
 
 def run(args: argparse.Namespace) -> int:

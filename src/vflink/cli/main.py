@@ -49,7 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"vflink {__version__}")
     parser.add_argument("-v", "--verbose", action="count", default=0,
-                        help="more log output (-v: info, -vv: debug)")
+                        help="more log output (-v: info, -vv: debug, with the traces of "
+                             "errors a party logged)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for module in COMMANDS:
         module.register(sub)
@@ -74,7 +75,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     err = Console(stderr=True)
     level = {0: logging.WARNING, 1: logging.INFO}.get(args.verbose, logging.DEBUG)
-    handler = console_log_handler(err)
+    handler = console_log_handler(err, show_traces=args.verbose >= 2)
     logging.basicConfig(level=level, format="%(message)s", handlers=[handler])
     # SIGTERM ends a command like Ctrl-C does (partial runs cleaned up or kept for --resume),
     # with a message and exit code 143; `vflink serve` installs its own graceful stop.

@@ -33,10 +33,10 @@ import numpy as np
 import pandas as pd
 from pandas._libs.parsers import STR_NA_VALUES
 
+from vflink._files import table_format
 from vflink.data.schema import PartySchema, check_decimal, check_delimiter, check_encoding
 from vflink.data.schema import parse_delimiter as _parse_delimiter
 from vflink.data.table import (
-    _READERS,
     _decode_message,
     _detect_delimiter,
     _open_bytes,
@@ -79,15 +79,8 @@ class TableBatch:
 
 
 def _kind(path: Path) -> str:
-    if path.is_dir():
-        return "parquet"
-    suffix = path.suffix.lower()
-    kind = _READERS.get(suffix)
-    if kind is None:
-        raise DataError(
-            f"{path}: unsupported file type {suffix!r}; expected .csv, .tsv, .csv.gz or .parquet"
-        )
-    return kind
+    """"csv", "tsv" or "parquet", from the file's bytes (:func:`vflink._files.table_format`)."""
+    return table_format(path)
 
 
 def scan_frame(path: Path | str, *, columns: Sequence[str] | None = None,

@@ -36,6 +36,7 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
+from vflink._files import table_format
 from vflink.data.batches import scan_frame, scan_table
 from vflink.data.featurestore import WRITE_CHUNK_ROWS, use_mmap
 from vflink.data.fingerprint import FingerprintBuilder
@@ -234,7 +235,11 @@ def _row_bound(path: Path) -> int | None:
     """At least the table's row count, cheaply: a Parquet table's from its metadata (no rows
     read), a CSV's as its line breaks (a quoted line break counts too: an upper bound);
     ``None`` if the file cannot say (the reader then names the problem)."""
-    if not (path.is_dir() or path.suffix.lower() in (".parquet", ".pq")):
+    try:
+        parquet = table_format(path) == "parquet"
+    except DataError:
+        return None  # the reader names the problem
+    if not parquet:
         try:
             lines = 0
             with _open_bytes(path) as fh:

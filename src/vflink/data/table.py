@@ -20,6 +20,7 @@ import numpy.typing as npt
 import pandas as pd
 from pandas._libs.parsers import STR_NA_VALUES
 
+from vflink._files import table_format
 from vflink.data.fingerprint import frame_fingerprint
 from vflink.data.schema import (
     DELIMITERS,
@@ -36,8 +37,6 @@ __all__ = ["PartyTable", "bad_cells", "decimal_hint", "load_table", "missing_col
            "read_frame", "report", "show_value", "validate_frame"]
 
 log = logging.getLogger(__name__)
-
-_READERS = {".csv": "csv", ".tsv": "tsv", ".gz": "csv", ".parquet": "parquet", ".pq": "parquet"}
 
 
 @dataclass(frozen=True, eq=False)
@@ -121,12 +120,7 @@ def read_frame(path: Path, *, text_columns: tuple[str, ...] = (), delimiter: str
         raise DataError(f"{path.absolute()}: file not found")
     if path.is_dir():
         raise DataError(f"{path}: is a directory, expected a CSV or Parquet file")
-    suffix = path.suffix.lower()
-    kind = _READERS.get(suffix)
-    if kind is None:
-        raise DataError(
-            f"{path}: unsupported file type {suffix!r}; expected .csv, .tsv, .csv.gz or .parquet"
-        )
+    kind = table_format(path)  # from the file's bytes, not its name
     problems: list[str] = []
     check_delimiter(problems, "delimiter", delimiter)
     check_encoding(problems, "encoding", encoding)
@@ -277,7 +271,9 @@ def show_value(value: object) -> str:
 
 
 def bad_cells(frame: pd.DataFrame, mask: np.ndarray, column: str, *, offset: int = 0) -> str:
-    """The first few flagged cells of ``column``: row, CSV line and value, and how many.
+    """The first few flagged cells of ``column``: row, CSV line and value, and how many; and
+    the ``decimal = ","`` hint when every flagged cell is a number with a decimal comma (so
+    that every message about cells that are not numbers gives it, whichever command reads).
 
     ``offset``: the table row of ``frame``'s first row (a batch of a larger table)."""
     rows = np.flatnonzero(mask)
@@ -285,7 +281,7 @@ def bad_cells(frame: pd.DataFrame, mask: np.ndarray, column: str, *, offset: int
     shown = "; ".join(f"row {r + offset} (line {r + offset + 2} of a CSV), value "
                       f"{show_value(frame[column].iloc[r])}" for r in rows[:MAX_EXAMPLES])
     more = f" ({len(rows)} rows in all)" if len(rows) > MAX_EXAMPLES else ""
-    return f"first at {shown}{more}"
+    return f"first at {shown}{more}{decimal_hint(frame[column].iloc[rows])}"
 
 
 _DECIMAL_COMMA = r"^\s*[-+]?\d+,\d+\s*$"
@@ -296,7 +292,7 @@ def decimal_hint(values: pd.Series) -> str:
     text = values.dropna().astype(str)
     if len(text) and text.str.match(_DECIMAL_COMMA).all():
         return ("; these look like numbers with a decimal comma: set decimal = \",\" in the "
-                "party, run or link file (or --decimal ,)")
+                "party, run or link file (or --decimal , for vflink link and predict)")
     return ""
 
 
@@ -359,8 +355,7 @@ def validate_frame(frame: pd.DataFrame, schema: PartySchema, source: str, *,
             bad = coerced.isna().to_numpy() & values.notna().to_numpy()
             if bad.any():
                 problems.append(f"column {col!r} is numeric but holds non-numeric values, "
-                                f"{bad_cells(frame, bad, col, offset=offset)}"
-                                f"{decimal_hint(values[bad])}")
+                                f"{bad_cells(frame, bad, col, offset=offset)}")
                 continue
             values = coerced
         arr = values.to_numpy(dtype=np.float64, na_value=np.nan)

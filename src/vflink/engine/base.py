@@ -28,9 +28,10 @@ class ComputeConfig:
 
     Attributes:
         engine: ``"local"`` (default; the current process, no Ray) or ``"ray"``.
-        address: the Ray cluster: ``"local"`` starts one on this machine (default for
-            ``engine = "ray"``), ``"auto"`` joins the one ``ray start`` runs here, ``host:port``
-            joins that cluster's GCS. Stays inside this party: never sent to a peer.
+        address: the Ray cluster: ``"local"`` starts one of its own on this machine, never
+            joining one that runs there (default for ``engine = "ray"``), ``"auto"`` joins the
+            one ``ray start`` runs here, ``host:port`` joins that cluster's GCS. Stays inside
+            this party: never sent to a peer.
         num_cpus: CPUs of a cluster started with ``address = "local"`` (default: all), and the
             workers a local engine's thread pool uses (default: 1, the calling thread).
         chunk_rows: rows per task (bounds a task's memory); at most this many, fewer where

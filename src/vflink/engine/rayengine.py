@@ -69,6 +69,12 @@ def probe_address(address: str, timeout_s: float = PROBE_TIMEOUT_S) -> None:
                              "with `ray start --head` there, or use --address local") from None
 
 
+def _first_line(exc: BaseException) -> str:
+    """The first line of a Ray error's text (the rest is Ray's advice on its own logs)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 class RayEngine(Engine):
     """Tasks on a Ray cluster: ``address = "local"`` starts one here (``num_cpus``), anything
     else joins an existing cluster. A cluster already initialised in this process (a test's
@@ -91,7 +97,12 @@ class RayEngine(Engine):
                                    "logging_level": logging.WARNING}
         try:
             if address == "local":
-                ray.init(num_cpus=self.config.num_cpus, _node_ip_address="127.0.0.1", **options)
+                # address="local", not None: given no address, Ray joins the cluster another
+                # process last started on this machine (/tmp/ray/ray_current_cluster: someone's
+                # `ray start`, a test suite's cluster), whose other nodes and settings are not
+                # ours; a task placed there failed to fetch its input (OwnerDiedError)
+                ray.init(address="local", num_cpus=self.config.num_cpus,
+                         _node_ip_address="127.0.0.1", **options)
             else:
                 if address != "auto":
                     probe_address(address)
@@ -123,6 +134,34 @@ class RayEngine(Engine):
         ray = self._ray
         if not items:
             return []
+        try:
+            return self._map(fn, items, shared, progress)
+        except ray.exceptions.RayError as exc:  # ray.put, a submission, or a task's Ray error
+            raise self._translate(exc) from None
+
+    def _translate(self, exc: BaseException) -> VflinkError:
+        """A Ray failure as the vflink error a user can act on (never a bare Ray error,
+        which a party would report as an internal error)."""
+        ray = self._ray
+        where = f"the Ray cluster at {self.config.resolved_address}"
+        # a worker, node or object gone (after Ray's own retries), as opposed to a task error
+        lost = (ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError,
+                ray.exceptions.ObjectLostError, ray.exceptions.OwnerDiedError,
+                ray.exceptions.LocalRayletDiedError, ray.exceptions.RaySystemError,
+                ray.exceptions.RpcError)
+        if isinstance(exc, lost):
+            return TransportError(f"{where} lost a task after {self.config.max_retries} "
+                                  f"retries ({type(exc).__name__}): {_first_line(exc)}")
+        if isinstance(exc, ray.exceptions.OutOfMemoryError):
+            return RunError(f"{where} stopped a task because the node ran out of memory; "
+                            f"lower [compute] chunk_rows (now {self.config.chunk_rows}) or "
+                            f"give the cluster more memory: {_first_line(exc)}")
+        return RunError(f"a task failed on {where} ({type(exc).__name__}): "
+                        f"{_first_line(exc)}")
+
+    def _map(self, fn: Callable[[Any, Any], R], items: Sequence[Any], shared: Any,
+             progress: Callable[[int], None] | None) -> list[R]:
+        ray = self._ray
         remote = self._remote(fn)
         shared_ref = ray.put(shared)  # once into the object store, not once per task
         # At most a few tasks per worker in flight: the driver never holds every chunk's
@@ -130,26 +169,19 @@ class RayEngine(Engine):
         window = 2 * self.workers
         pending: collections.deque[Any] = collections.deque()
         out: list[R] = []
-        # a worker, node or object gone (after Ray's own retries), as opposed to a task error
-        lost = (ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError,
-                ray.exceptions.ObjectLostError, ray.exceptions.OwnerDiedError)
 
         def collect() -> None:
             ref = pending.popleft()
             try:
                 out.append(ray.get(ref))
             except ray.exceptions.RayTaskError as exc:
+                # the task's own exception is raised as it is (a vflink error keeps its class
+                # and message); a Ray error inside it (an input it could not fetch) is the
+                # cluster's failure, translated by map()
                 cause = getattr(exc, "cause", None)
                 if isinstance(cause, Exception):
                     raise cause from None
                 raise
-            except lost as exc:
-                raise TransportError(
-                    f"the Ray cluster at {self.config.resolved_address} lost a task after "
-                    f"{self.config.max_retries} retries: {exc}") from None
-            except ray.exceptions.RayError as exc:  # e.g. an error that did not unpickle
-                raise RunError(f"a task failed on the Ray cluster at "
-                               f"{self.config.resolved_address}: {exc}") from None
             if progress is not None:
                 progress(1)
 

@@ -435,7 +435,7 @@ class AlignmentInitiator:
         if self._secret is None:
             raise ConfigError("exact alignment needs a shared secret (alignment.secret_env)")
         self.confirm_key(coordinator, session)
-        digests = key_digests(self.frame, self.key, self._secret)
+        digests = key_digests(self.frame, self.key, self._secret, who=self.source)
         self.channel.request(coordinator, KeyDigests(session=session, digests=digests), Ack)
         for name in self.secondaries:
             self.channel.request(name, ShareKeys(session=session, coordinator=coordinator), Ack)

@@ -814,7 +814,7 @@ class SetAlignmentPeer:
         start = 0
         for batch in self.table.batches(self.table.schema.key, batch_rows=max(1, size)):
             stop = start + len(batch)
-            keys = key_bytes(batch, self.table.schema.key, who=self.table.source)
+            keys = key_bytes(batch, self.table.schema.key, who=self.table.source, offset=start)
             yield np.arange(start, stop, dtype=np.int64), group.hash_to_group(keys)
             start = stop
 

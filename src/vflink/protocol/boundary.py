@@ -10,22 +10,29 @@ cell value, a local path or the text of another exception (issue 13: a secondary
 A check that wants the peer to learn more than "class X, code Y" raises with :func:`refuse`,
 which attaches a ``public`` message and a ``code``; everything else is reduced by
 :func:`boundary_error` to a generic message naming the party, the message kind and the code.
-Unexpected exceptions become ``internal error in party X`` with an incident id that also
-appears next to the full trace in that party's log.
+Unexpected exceptions become ``internal error in party X`` with an incident id; the party
+writes the full trace to ``vflink-incident-<id>.log`` in its log folder (``$VFLINK_LOG_DIR``,
+else the system's temporary folder) and names that file in its own log. The peer learns the
+file's name, never its path; a caller in the same process (:func:`with_local_trace`) gets the
+path.
 """
 
 from __future__ import annotations
 
 import logging
 import re
+import time
+import traceback
 import uuid
+from pathlib import Path
 from typing import TypeVar
 
 from vflink import errors
+from vflink._files import atomic_write_text, log_dir
 from vflink.errors import VflinkError
 
-__all__ = ["BOUNDARY_ATTR", "boundary_error", "error_code", "is_boundary", "local_detail",
-           "mark_public", "refuse"]
+__all__ = ["BOUNDARY_ATTR", "boundary_error", "error_code", "incident_log", "is_boundary",
+           "local_detail", "mark_public", "refuse", "with_local_trace"]
 
 log = logging.getLogger(__name__)
 
@@ -123,9 +130,55 @@ def boundary_error(exc: BaseException, party: str, kind: str) -> VflinkError:
                               f"[{code}]; the details are in that party's log")
     else:
         incident = uuid.uuid4().hex[:12]
-        log.error("party %r: internal error handling %s (incident %s)", party, kind, incident,
-                  exc_info=exc)
+        path = _write_incident(incident, party, kind, exc)
+        where = f"; trace in {path}" if path is not None else ""
+        log.error("party %r: internal error handling %s (incident %s%s)", party, kind,
+                  incident, where, exc_info=exc)
         code = "internal"
         out = VflinkError(f"internal error in party {party!r} while handling {kind} "
-                          f"[{code}, incident {incident}]; the trace is in that party's log")
+                          f"[{code}, incident {incident}]; the trace is in that party's log "
+                          f"folder, in {incident_log(incident).name}")
+        out.incident = incident  # type: ignore[attr-defined]
     return mark_public(out, code)
+
+
+def incident_log(incident: str) -> Path:
+    """The file holding the trace of internal error ``incident`` in this process's log folder
+    (it exists where the party that raised it runs)."""
+    return log_dir() / f"vflink-incident-{incident}.log"
+
+
+def _write_incident(incident: str, party: str, kind: str, exc: BaseException) -> Path | None:
+    """Write the trace of ``exc`` to :func:`incident_log`; None when no file can be written
+    (the party's log then holds the trace alone)."""
+    path = incident_log(incident)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(path, f"vflink: internal error in party {party!r} while handling "
+                                f"{kind} (incident {incident}) at "
+                                f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n\n"
+                                + "".join(traceback.format_exception(exc)))
+    except OSError as write_exc:
+        log.warning("party %r: could not write %s: %s", party, path, write_exc)
+        return None
+    return path
+
+
+_INCIDENT = re.compile(r"incident ([0-9a-f]{12})\]")
+
+
+def with_local_trace(exc: VflinkError) -> VflinkError:
+    """``exc`` for a caller in this process: an internal error whose incident file is here
+    names its path (the party and its caller share the machine and the operator)."""
+    match = _INCIDENT.search(str(exc))
+    if match is None:
+        return exc
+    path = incident_log(match.group(1))
+    if not path.is_file() or str(path) in str(exc):
+        return exc
+    text = re.sub(r"; the trace is in that party's log folder, in \S+$", "", str(exc))
+    out = mark_public(_same_kind(exc, f"{text}; the trace is in {path}"), error_code(exc))
+    for name in ("incident", "peer"):
+        if hasattr(exc, name) and not hasattr(out, name):
+            setattr(out, name, getattr(exc, name))
+    return out

@@ -26,7 +26,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from vflink._files import atomic_write_text, read_data_file, read_json_file
+from vflink._files import atomic_write_text, check_directory, read_data_file, read_json_file
 from vflink._typed import typed
 from vflink.errors import DataError
 from vflink.metrics.attacks import auc_verdict
@@ -441,14 +441,73 @@ def _linkage_line(metrics: dict[str, Any]) -> str:
     else:
         what = str(method)
     primary, aligned = sizes.get("primary_rows"), sizes.get("aligned_rows")
-    if primary and aligned is not None:
-        what += f"; {_fmt(aligned)} of {_fmt(primary)} primary records aligned"
     matched = a.get("matched_fraction") or {}
-    if matched:
-        what += " (" + ", ".join(f"{v:.1%} matched in {k}" for k, v in matched.items()) + ")"
+    if method == "soft":
+        what += "; " + _soft_links_line(a, primary, matched)
+    else:
+        if primary and aligned is not None:
+            what += f"; {_fmt(aligned)} of {_fmt(primary)} primary records aligned"
+        if matched:
+            what += " (" + ", ".join(f"{v:.1%} matched in {k}" for k, v in matched.items()
+                                     ) + ")"
     if a.get("secret") and "not a secret" in str(a["secret"]):
         what += f"; secret {a['secret']}"
     return what
+
+
+#: Keys of a soft alignment's linkage model (``alignment.model`` of a run's metrics, e.g. the
+#: Fellegi-Sunter model's) that estimate its true matches without labels: the expected number
+#: of matched primary records, the estimated precision and recall of its decisions. A summary
+#: without a model may carry ``estimated_matches`` (one count, or one per secondary) instead.
+ESTIMATE_KEYS = ("expected_matches", "estimated_precision", "estimated_recall")
+
+
+def _soft_links_line(a: dict[str, Any], primary: Any, linked: dict[str, Any]) -> str:
+    """What a soft linkage's counts mean: every record is linked to its K nearest records
+    whether or not it has a counterpart (FedSim §4.1), so "linked" says nothing of true
+    matches; those are known only from an estimate, when the linkage has one."""
+    k = _fmt(a.get("top_k"))
+    n = _fmt(primary) if primary else "the"
+    parts = []
+    full = [name for name, v in linked.items() if isinstance(v, (int, float)) and v >= 1.0]
+    if linked and len(full) == len(linked):
+        parts.append(f"every one of {n} primary records is linked to its {k} nearest "
+                     f"records in {', '.join(linked)} (a soft link gives each record K "
+                     f"neighbours, whether or not it has a counterpart there)")
+    else:
+        shown = ", ".join(f"{v:.1%} in {name}" for name, v in linked.items()
+                          if isinstance(v, (int, float)))
+        parts.append(f"primary records linked to their {k} nearest records: {shown or 'n/a'} "
+                     "(the others had an empty identifier or no candidate; a soft link "
+                     "gives every other record K neighbours, whether or not it has a "
+                     "counterpart)")
+    model: dict[str, Any] = a["model"] if isinstance(a.get("model"), dict) else {}
+    source = model or a
+    raw = source.get("expected_matches", a.get("estimated_matches"))
+    # per secondary ({name: count}) or one count; booleans and other values are not counts
+    estimate: dict[str, float] = {
+        str(name): float(v) for name, v in (raw.items() if isinstance(raw, dict) else
+                                            [("", raw)])
+        if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    if estimate:
+        counts = ", ".join(f"≈ {round(v):,}" + (f" in {name}" if name else "")
+                           for name, v in estimate.items())
+        name = model.get("model") or model.get("name") or (
+            a.get("model") if isinstance(a.get("model"), str) else None)
+        extra = [f"{word} {_fmt(source[key])}" for key, word in
+                 (("estimated_precision", "precision"), ("estimated_recall", "recall"))
+                 if isinstance(source.get(key), (int, float))]
+        line = (f"true matches, estimated without labels{f' by the {name} model' if name else ''}"
+                f": {counts} of {n} primary records"
+                + (f" (its decisions' {', '.join(extra)}, estimated)" if extra else ""))
+        decided = model.get("matched_fraction")
+        if isinstance(decided, (int, float)) and not isinstance(decided, bool):
+            line += f"; it decided {decided:.1%} of the primary records matched"
+        parts.append(line)
+    else:
+        parts.append("how many of these links are true matches is not known (no linkage "
+                     "model estimated it; records without a counterpart are linked too)")
+    return "; ".join(parts)
 
 
 def _privacy_line(ledger: Ledger | None) -> str:
@@ -701,7 +760,7 @@ def _comparison_page(demo_dir: Path) -> str:
 
 def build_report(directory: Path) -> str:
     """The HTML page for a run directory, an experiment directory or a demo directory."""
-    directory = Path(directory)
+    directory = check_directory(directory, "a run, experiment or demo directory")
     if _exists(directory / "results.json"):
         return _experiment_page(directory)
     if _exists(directory / "comparison.json"):

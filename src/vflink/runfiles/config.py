@@ -11,7 +11,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from vflink._checks import check_choice, check_float, check_int, raise_if
+from vflink._checks import (
+    check_choice,
+    check_float,
+    check_int,
+    from_table,
+    raise_if,
+    table_problems,
+)
 from vflink.data.featurestore import FEATURE_STORES
 from vflink.data.schema import PartySchema
 from vflink.engine import ComputeConfig  # the [compute] section (issue 22)
@@ -217,18 +224,11 @@ class AlignmentConfig:
                 if not isinstance(entry, dict):
                     problems.append(f"{where} must be a table, got {entry!r}")
                     continue
-                known = {f.name for f in dataclasses.fields(cls)}
-                unknown = sorted(set(entry) - known)
-                if unknown:
-                    problems.append(f"{where} has unknown key(s) {unknown}; known keys: "
-                                    f"{sorted(known)}")
-                    entry = {k: v for k, v in entry.items() if k in known}
-                try:
-                    built.append(cls(**entry))
+                try:  # unknown keys (the known ones named), missing ones, its checks
+                    built.append(from_table(cls, entry, where))
                 except ConfigError as exc:
-                    problems.extend(f"{where}: {p}" for p in exc.problems)
-                except TypeError as exc:  # a required key left out
-                    problems.append(f"{where}: {exc}")
+                    problems.extend(p if p.startswith(where) else f"{where}: {p}"
+                                    for p in exc.problems)
             object.__setattr__(self, name, tuple(built))
 
 
@@ -259,11 +259,11 @@ class ModelConfig:
         problems: list[str] = []
         if isinstance(self.aggregator, dict):
             try:
-                object.__setattr__(self, "aggregator", AggregatorConfig(**self.aggregator))
+                object.__setattr__(self, "aggregator", from_table(
+                    AggregatorConfig, self.aggregator, "[model.aggregator]"))
             except ConfigError as exc:
-                problems.extend(f"model.aggregator: {p}" for p in exc.problems)
-            except TypeError as exc:
-                problems.append(f"[model.aggregator]: {exc}")
+                problems.extend(p if p.startswith("[model.aggregator]") else
+                                f"model.aggregator: {p}" for p in exc.problems)
         check_int(problems, "model.pair_dim", self.pair_dim, min=1)
         for name in ("hidden", "top_hidden"):
             for i, h in enumerate(getattr(self, name)):
@@ -384,9 +384,19 @@ class RunConfig:
 
 def _policy_conflicts(alignment: AlignmentConfig, policy: PartyPolicy | None) -> list[str]:
     """What the in-process parties' [policy] would refuse of [alignment], found at load time."""
-    if policy is None or not isinstance(alignment, AlignmentConfig) or alignment.method != "soft":
+    if not isinstance(alignment, AlignmentConfig) or alignment.method != "soft":
         return []
     problems = []
+    limit = (policy or PartyPolicy()).max_top_k  # the limits hold without a [policy] too
+    if isinstance(alignment.top_k, int) and alignment.top_k > limit:
+        raise_limit = ("raise it with [policy] max_top_k" if policy is not None else
+                       "raise it with a [policy] section holding max_top_k (its other keys "
+                       "then take the private defaults)")
+        problems.append(f"alignment.top_k = {alignment.top_k} is more than the coordinator "
+                        f"accepts (policy.max_top_k = {limit}): give top_k ≤ {limit} (FedSim "
+                        f"uses K ≤ 100), or {raise_limit}")
+    if policy is None:
+        return problems
     if alignment.privacy == "off" and policy.identifiers != "any":
         problems.append('alignment.privacy = "off" sends raw identifiers, which [policy] '
                         'refuses; set policy.identifiers = "any" to opt out')
@@ -411,21 +421,18 @@ _SECTIONS: dict[str, type] = {"alignment": AlignmentConfig, "model": ModelConfig
 
 
 def _build(cls: type, raw: Any, where: str, problems: list[str]) -> Any:
-    if not isinstance(raw, dict):
-        problems.append(f"[{where}] must be a table, got {type(raw).__name__}")
+    """``cls`` from the table ``[where]``; its problems (unknown keys with the known ones and a
+    guess for a typo, missing keys, the values' own checks) go to ``problems``."""
+    found = table_problems(cls, raw, f"[{where}]")
+    problems.extend(found)
+    if not isinstance(raw, dict) or any("needs key" in p for p in found):
         return None
     known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(raw) - known)
-    if unknown:
-        problems.append(f"[{where}] has unknown key(s) {unknown}; known keys: {sorted(known)}")
-        raw = {k: v for k, v in raw.items() if k in known}
-    try:
-        return cls(**raw)
+    try:  # the known keys are still checked, so that every problem is said at once
+        return cls(**{k: v for k, v in raw.items() if k in known})
     except ConfigError as exc:  # named by its table: several parties have the same keys
         problems.extend(p if p.startswith(f"[{where}]") else f"[{where}]: {p}"
                         for p in exc.problems)
-    except TypeError as exc:
-        problems.append(f"[{where}]: {exc}")
     return None
 
 

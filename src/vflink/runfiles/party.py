@@ -59,7 +59,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vflink._checks import check_choice, check_float, check_int, raise_if
+from vflink._checks import check_choice, check_float, check_int, from_table, raise_if
 from vflink.config import read_toml
 from vflink.data.schema import PartySchema
 from vflink.data.streamed import open_table
@@ -195,16 +195,10 @@ def load_party_config(path: Path) -> PartyConfig:
     if not isinstance(policy_raw, dict):
         problems.append("[policy] must be a table")
     else:
-        known_policy = set(PartyPolicy.__dataclass_fields__)
-        extra_policy = sorted(set(policy_raw) - known_policy)
-        if extra_policy:
-            problems.append(f"[policy] has unknown key(s) {extra_policy}; known: "
-                            f"{sorted(known_policy)}")
-        else:
-            try:
-                policy = PartyPolicy(**policy_raw)
-            except ConfigError as exc:
-                problems.extend(exc.problems)
+        try:  # unknown keys (the known ones named, a typo guessed) and the values' checks
+            policy = from_table(PartyPolicy, policy_raw, "[policy]")
+        except ConfigError as exc:
+            problems.extend(exc.problems)
     roles_raw = security.get("roles", {})
     if not isinstance(roles_raw, dict):
         problems.append("[security] roles must be a table of party name = role")
@@ -212,11 +206,9 @@ def load_party_config(path: Path) -> PartyConfig:
     privacy = None
     if "privacy" in raw:
         try:
-            privacy = PrivacyConfig(**dict(raw["privacy"]))
+            privacy = from_table(PrivacyConfig, raw["privacy"], "[privacy]")
         except ConfigError as exc:
             problems.extend(exc.problems)
-        except TypeError as exc:
-            problems.append(f"[privacy]: {exc}")
 
     def resolve(p: Any) -> Path | None:
         if p is None:
@@ -233,11 +225,10 @@ def load_party_config(path: Path) -> PartyConfig:
         if "path" in t:
             t["path"] = str(resolve(t["path"]))
         try:
-            schema = PartySchema(**t)
+            schema = from_table(PartySchema, t, "[party.table]")
         except ConfigError as exc:
-            problems.extend(f"[party.table]: {p}" for p in exc.problems)
-        except TypeError as exc:
-            problems.append(f"[party.table]: {exc}")
+            problems.extend(p if p.startswith("[party.table]") else f"[party.table]: {p}"
+                            for p in exc.problems)
     peers = []
     for name, p in dict(raw.get("peers", {})).items():
         if not isinstance(p, dict) or "address" not in p or "role" not in p:

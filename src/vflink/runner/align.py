@@ -4,6 +4,7 @@ and write each party's ``row``/``uid`` table and a summary (``vflink align``).""
 from __future__ import annotations
 
 import hashlib
+import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -13,10 +14,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from vflink._checks import column_order_warning
+from vflink._files import table_format
 from vflink.alignment._dh import as_rows, key_bytes
 from vflink.alignment._spool import Buckets, Workdir, bucket_bits
 from vflink.alignment.cost import OpCosts, crypto_bound_s, protocol_ops, sample_costs
-from vflink.alignment.exact import normalise_key
+from vflink.alignment.exact import check_keys_present, normalise_key
 from vflink.alignment.groups import default_workers, get_group
 from vflink.alignment.psi import check_reveal
 from vflink.data.batches import read_frame_header, scan_frame
@@ -49,6 +52,8 @@ __all__ = ["METHODS", "AlignOutcome", "CostProbe", "ExactOutcome", "KeyFile",
            "text_key_bytes", "write_outcome"]
 
 METHODS = ("psu", "psi")
+
+log = logging.getLogger(__name__)
 
 StepProgress = Callable[[str, int, int], None]
 
@@ -146,7 +151,7 @@ def key_table(path: Path, on: Sequence[str], *, name: str, delimiter: str | None
 
     Parquet is scanned for the key columns alone, in record batches (a wide table's other
     columns are never loaded), each batch converted to text as it arrives."""
-    if Path(path).suffix.lower() == ".parquet" or Path(path).is_dir():
+    if table_format(path) == "parquet":  # from the bytes, as every table reader decides
         parts = [b.astype("string").fillna("") for b in iter_parquet_columns(Path(path), on)]
         frame = (pd.concat(parts, ignore_index=True) if parts
                  else pd.DataFrame({c: pd.Series(dtype="string") for c in on}))
@@ -194,7 +199,7 @@ def _key_text(kf: KeyFile, batch_rows: int) -> Iterator[pd.DataFrame]:
     """The key columns as text, ``batch_rows`` rows at a time (as :func:`key_table` reads
     them: Arrow/CSV text, missing values as empty text)."""
     path = Path(kf.path)
-    if path.suffix.lower() == ".parquet" or path.is_dir():
+    if table_format(path) == "parquet":
         for b in iter_parquet_columns(path, kf.on, batch_rows=batch_rows):
             yield b.astype("string").fillna("")
         return
@@ -208,8 +213,12 @@ def _key_text(kf: KeyFile, batch_rows: int) -> Iterator[pd.DataFrame]:
 
 
 def _key_lists(kf: KeyFile, batch_rows: int) -> Iterator[list[bytes]]:
-    """Canonical key bytes (as :func:`~vflink.alignment._dh.key_bytes`), one batch at a time."""
+    """Canonical key bytes (as :func:`~vflink.alignment._dh.key_bytes`), one batch at a time;
+    an empty key is refused naming its row and column."""
+    offset = 0
     for frame in _key_text(kf, batch_rows):
+        check_keys_present(frame, kf.on, who=str(kf.path), offset=offset)
+        offset += len(frame)
         yield text_key_bytes(frame, kf.on)
 
 
@@ -236,6 +245,7 @@ def file_key_batches(kf: KeyFile, *, chunk_rows: int, tmp_dir: Path | None = Non
         raise DataError(f"{kf.path}: no key column(s) to align on")
     chunk_rows = max(1, int(chunk_rows))
     path = Path(kf.path)
+    table_format(path)  # a missing file, or one that is no table, named before any work
     # the buckets are sized before the count is known: from the file's size (≥ 2 bytes a row)
     size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() \
         else path.stat().st_size
@@ -269,6 +279,17 @@ def file_key_batches(kf: KeyFile, *, chunk_rows: int, tmp_dir: Path | None = Non
                                 "unique keys")
             seen += len(batch)
     return KeyBatches(n, lambda size: _key_lists(kf, size))
+
+
+def warn_key_order(primary: PartyTable | KeyFile, secondary: PartyTable | KeyFile) -> None:
+    """Warn when the two sides name the same key columns in another order (a composite key
+    ``last,first`` against ``first,last`` matches nothing, without an error)."""
+    def keys(side: PartyTable | KeyFile) -> tuple[str, ...]:
+        return side.on if isinstance(side, KeyFile) else side.schema.key
+
+    text = column_order_warning(keys(primary), keys(secondary), what="key")
+    if text is not None:
+        log.warning("%s", text.replace("--secondary-on", "--secondary-on (or secondary_on)"))
 
 
 def _check(method: str, reveal: str) -> None:
@@ -323,6 +344,10 @@ def align_in_process(primary: PartyTable | KeyFile, secondary: PartyTable | KeyF
     both outputs are streamed to ``out/primary.parquet`` and ``out/secondary.parquet``
     instead of held: with both, this process's memory does not grow with the tables."""
     _check(method, reveal)
+    warn_key_order(primary, secondary)
+    for table in (primary, secondary):  # named here, where both tables are at hand
+        if isinstance(table, PartyTable):
+            check_keys_present(table.frame, table.schema.key, who=table.source)
     chunk = _chunk(chunk_rows, compute)
     keys = _own_keys(primary, chunk)
     counter = TrafficCounter()
@@ -418,6 +443,9 @@ def align_exact_in_process(primary: PartyTable, secondary: PartyTable, *,
     ``$secret_env``, else derived from ``seed``, else random) and the coordinator matches the
     digests, which it cannot invert. Both tables' ``schema.key`` name the key columns."""
     start = time.perf_counter()
+    warn_key_order(primary, secondary)
+    for table in (primary, secondary):  # named here, where both tables are at hand
+        check_keys_present(table.frame, table.schema.key, who=table.source)
     source = "given"
     if secret is None:
         secret, source = secret_with_source(secret_env, seed=seed)

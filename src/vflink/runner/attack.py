@@ -18,7 +18,12 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from vflink._files import atomic_write_json, check_regular_file, read_json_file
+from vflink._files import (
+    atomic_write_json,
+    check_directory,
+    check_regular_file,
+    read_json_file,
+)
 from vflink._typed import Arr, load_arrays
 from vflink.attacks import ATTACKS, AttackResult, AttackView, get_attack
 from vflink.errors import ConfigError, DataError, VflinkError
@@ -81,9 +86,10 @@ def _read_recording(run_dir: Path, directory: Path) -> Recording:
 
 
 def _pick(run_dir: Path, role: str, party: str | None) -> Recording:
+    check_directory(run_dir, "a run directory (vflink train --out)")
     parties = recorded_parties(run_dir)
     if not parties:
-        if not (Path(run_dir) / "metrics.json").is_file() and not Path(run_dir).is_dir():
+        if not (Path(run_dir) / "metrics.json").is_file():
             raise DataError(f"{run_dir}: not a run directory (no metrics.json)")
         raise DataError(f"{run_dir}: no party recorded what it received; rerun with "
                         "[evaluation] record = true (Solo and Combine send nothing across a "
@@ -180,11 +186,15 @@ def run_attack(run_dir: Path, name: str, *, party: str | None = None,
     if target is not None and target.exists() and not overwrite:
         raise ConfigError(f"{target}: output already exists; choose another --out or pass "
                           "--overwrite to replace it")
-    _, arrays = read_truth(home)
+    manifest, arrays = read_truth(home)
     # A secondary's truth is about its own rows; the primary attacks the secondary it received
     # similarities about (the first secondary, FedSim App. C).
     peer = view.party if view.role == "secondary" else view.extra.get("peer")
-    result = attack.evaluate(view, truth_for(arrays, peer))
+    truth: dict[str, Any] = dict(truth_for(arrays, peer))
+    bloom = manifest.get("bloom") if isinstance(manifest, dict) else None
+    if isinstance(bloom, dict) and isinstance(bloom.get("missing"), str):
+        truth["missing_distances"] = bloom["missing"]  # why the run has no true distances
+    result = attack.evaluate(view, truth)
     ledger_path = home / LEDGER_FILE
     ledger = Ledger.read(ledger_path) if os.path.lexists(ledger_path) else Ledger()
     if name.startswith("label-"):

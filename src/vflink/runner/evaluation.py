@@ -114,12 +114,14 @@ def _bloom_truth(config: RunConfig, prepared: Prepared, alignments: dict[str, Al
                  secret: bytes | None, arrays: dict[str, npt.NDArray[Any]], run_dir: Path,
                  primary: PrimaryParty) -> dict[str, Any] | None:
     """True Hamming distances of the released pairs and the anchor secondary's Bloom filters
-    (in a simulation, where every table is here), and the primary's own filters."""
+    (in a simulation, where every table is here), and the primary's own filters; when there
+    are none, ``{"missing": why}`` in the run's own terms (an attack that needs them says it)."""
     a_cfg = config.alignment
     inputs = prepared.inputs
-    if (a_cfg.method != "soft" or a_cfg.privacy != "bloom" or secret is None or not alignments
-            or a_cfg.fields):  # several fields: no single filter per record to attack
-        return None
+    why = missing_bloom_truth(a_cfg.method, a_cfg.privacy, bool(a_cfg.fields),
+                              secret is not None, bool(alignments))
+    if why is not None:
+        return {"missing": why}
     from vflink.runner.encoding import encoding_for
 
     p = inputs.primary
@@ -135,7 +137,10 @@ def _bloom_truth(config: RunConfig, prepared: Prepared, alignments: dict[str, Al
     anchor = next(iter(alignments))
     table = next((t for t in inputs.secondaries if t.name == anchor), None)
     if table is None:  # across hosts: the secondary's filters are not here
-        return {"bits": bits, "anchor": anchor, "secondary_filters": False}
+        return {"bits": bits, "anchor": anchor, "secondary_filters": False,
+                "missing": f"the secondary {anchor!r} ran on another host: its Bloom filters "
+                           "are not in this run directory (every party must run in this "
+                           "process)"}
     theirs = np.asarray(encode_identifiers(table.frame, table.schema.identifiers, spec, secret,
                                            source=table.source), dtype=np.uint8)
     dense = alignments[anchor].for_primary_rows(len(p))
@@ -151,6 +156,28 @@ def _bloom_truth(config: RunConfig, prepared: Prepared, alignments: dict[str, Al
     arrays[f"filters__{anchor}__values"] = theirs[linked]
     return {"bits": bits, "anchor": anchor, "secondary_filters": True,
             "encoding": {"encoder": spec.encoder, "kind": spec.kind, **spec.params}}
+
+
+def missing_bloom_truth(method: str, privacy: str, fields: bool, secret: bool,
+                        linked: bool) -> str | None:
+    """Why a run has no true Hamming distances of its released pairs (what the greedy attack
+    of FedSim §5.2 is scored against), in the run file's terms; None when it has them."""
+    if method != "soft":
+        return (f'the alignment is alignment.method = "{method}", not a soft linkage: no '
+                'similarities were released (use method = "soft")')
+    if privacy != "bloom":
+        return (f'the identifiers were sent as alignment.privacy = "{privacy}", not as Bloom '
+                'filters: there is no filter to recover (use privacy = "bloom")')
+    if fields:
+        return ("the alignment compares several fields ([[alignment.fields]]): each record has "
+                "one Bloom filter per field and the released similarity mixes them, so there "
+                "is no single filter per record to recover; link on one field (the parties' "
+                "identifiers, without [[alignment.fields]]) to measure this attack")
+    if not secret:
+        return "the run had no alignment secret, so its Bloom filters cannot be rebuilt"
+    if not linked:
+        return "the run released no soft links"
+    return None
 
 
 def read_truth(run_dir: Path) -> tuple[dict[str, Any], dict[str, npt.NDArray[Any]]]:

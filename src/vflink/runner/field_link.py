@@ -35,7 +35,7 @@ from vflink.runner.encoding import (
     resolve_fields,
     resolve_privacy,
 )
-from vflink.runner.link import COORDINATOR, LinkOutcome, link_outcome
+from vflink.runner.link import COORDINATOR, LinkOutcome, check_top_k, link_outcome
 from vflink.runner.local import local_roles, secret_with_source
 from vflink.transport import InProcessHub, Transcript
 
@@ -94,6 +94,7 @@ def run_field_linkage(primary: pd.DataFrame, secondary: pd.DataFrame, *,
     fields, blocking = tuple(fields), tuple(blocking)
     if not fields:
         raise ConfigError("linkage needs at least one field")
+    check_top_k(top_k, len(secondary), secondary_source)
     if model is not None and model not in MODELS:
         raise ConfigError(f"`model` must be one of {', '.join(MODELS)}, got {model!r}")
     unset = [list(f.on) for f in fields if f.metric is None]
@@ -128,6 +129,7 @@ def run_field_linkage(primary: pd.DataFrame, secondary: pd.DataFrame, *,
     # Both tables are this user's: the arguments are the explicit release choice.
     policy = PartyPolicy.permissive(
         identifiers="bloom" if all(e.encoder == "bloom" for e in encodings) else "any")
+    policy = dataclasses.replace(policy, max_top_k=max(policy.max_top_k, len(secondary)))
     roles = local_roles("primary", ["secondary"])
     coordinator = CoordinatorParty(COORDINATOR, seed=seed, roles=roles, policy=policy)
     hub.register(COORDINATOR, coordinator)

@@ -24,7 +24,7 @@ from vflink._files import atomic_open
 from vflink.data.parts import write_columns
 from vflink.data.schema import PartySchema
 from vflink.data.table import PartyTable, report, show_value
-from vflink.errors import ConfigError, DataError
+from vflink.errors import ConfigError, DataError, LinkageError
 from vflink.linkage import BloomConfig, GeoBloomConfig, SearchOptions, SoftLinkage
 from vflink.linkage.improvement import improvement_estimates
 from vflink.linkage.privacy import describe_protection
@@ -45,9 +45,8 @@ from vflink.transport import InProcessHub, Transcript
 from vflink.types import MISSING, Alignment, Compute
 
 __all__ = ["COORDINATOR", "LINK_COLUMNS", "LINK_COLUMNS_MODEL", "VIEWS", "LinkOutcome",
-           "linkage_columns", "linkage_table", "links_metadata", "primary_probability",
-           "run_linkage",
-           "write_links"]
+           "check_top_k", "linkage_columns", "linkage_table", "links_metadata",
+           "primary_probability", "run_linkage", "write_links"]
 
 log = logging.getLogger(__name__)
 
@@ -137,6 +136,7 @@ def run_linkage(primary: pd.DataFrame, secondary: pd.DataFrame, *, on: Sequence[
                           f"{len(secondary_on)}; each primary identifier needs a counterpart")
     if empty not in ("error", "skip"):
         raise ConfigError(f"`empty` must be one of error, skip, got {empty!r}")
+    check_top_k(top_k, len(secondary), secondary_source)
     kind = "string" if metric == "levenshtein" else (
         "numeric" if metric in ("euclidean", "haversine")
         else identifier_kind(primary, on, metric))
@@ -283,8 +283,10 @@ def _run_linkage(primary: pd.DataFrame, secondary: pd.DataFrame, *, on: tuple[st
         # parties are in this process
         secret, secret_source = secret_with_source("VFLINK_SECRET", seed=seed)
     hub = InProcessHub(transcript=transcript)
-    # Both tables are this user's: the arguments are the explicit release choice.
+    # Both tables are this user's: the arguments are the explicit release choice, and any K up
+    # to the secondary's rows (checked before any work) is theirs to ask.
     policy = PartyPolicy.permissive(identifiers="bloom" if spec.encoder == "bloom" else "any")
+    policy = dataclasses.replace(policy, max_top_k=max(policy.max_top_k, len(secondary)))
     roles = local_roles("primary", ["secondary"])
     coordinator = CoordinatorParty(COORDINATOR, seed=seed, search=search, roles=roles,
                                    policy=policy)
@@ -324,6 +326,16 @@ def link_outcome(coordinator: Any, alignment: Alignment, hub: Any, *, start: flo
                        improvement=improvement, communication=hub.counter.snapshot(),
                        privacy=privacy, search_metric=search_metric, encoding=encoding,
                        secret_source=secret_source)
+
+
+def check_top_k(top_k: int, secondary_rows: int, secondary: str, *,
+                where: str = "--top-k") -> None:
+    """K against the secondary table, before any encoding or search: each primary record is
+    linked to K secondary records, so K cannot exceed them."""
+    if isinstance(top_k, int) and not isinstance(top_k, bool) and top_k > secondary_rows:
+        raise LinkageError(f"{where} = {top_k} is larger than the secondary table {secondary} "
+                           f"({secondary_rows:,} rows): each primary record is linked to K "
+                           f"secondary records; give K ≤ {secondary_rows:,}")
 
 
 #: Who holds each column of the links file: in a deployment the primary receives the indices,

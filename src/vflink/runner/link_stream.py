@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from vflink._files import table_format
 from vflink.data.batches import scan_frame
 from vflink.data.sink import ColumnSink
 from vflink.data.table import bad_cells
@@ -82,7 +83,7 @@ def stream_refusal(*, mode: str, empty: str, ids: bool, fields: bool, search: st
 def table_rows(path: Path) -> int:
     """Rows of a table file, cheaply and in flat memory: Parquet metadata, or the CSV's line
     count less its header (a quoted line break counts twice: this only picks a path)."""
-    if path.suffix.lower() == ".parquet" or path.is_dir():
+    if table_format(path) == "parquet":  # from the bytes, as the readers decide
         import pyarrow.dataset as ds
 
         return int(ds.dataset(str(path), format="parquet").count_rows())

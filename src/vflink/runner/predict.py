@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from vflink._files import read_json_file
+from vflink._files import check_directory, read_json_file
 from vflink._typed import typed
 from vflink.data.table import PartyTable, missing_columns
 from vflink.errors import ConfigError, DataError, RunError
@@ -51,6 +51,7 @@ class Predictions:
 
 
 def load_run_config(run_dir: Path) -> RunConfig:
+    check_directory(run_dir, "a run directory (vflink train --out)", error=RunError)
     path = run_dir / "config.json"
     if not os.path.lexists(path):
         raise RunError(f"{run_dir}: not a run directory (no config.json); train one with "

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from vflink._checks import column_order_warning
 from vflink.data.table import PartyTable
 from vflink.errors import ConfigError
 from vflink.parties import PrimaryParty
@@ -50,6 +51,7 @@ from vflink.runner.encoding import (
     resolve_fields,
 )
 from vflink.runner.federation import Federation, in_process
+from vflink.runner.link import check_top_k
 from vflink.runner.pools import link_by_split, run_splits
 from vflink.runner.protections import ALIGNMENT, Protection, chosen, request_settings
 from vflink.runner.setalign import prepare_psi, prepare_psu
@@ -145,6 +147,7 @@ def prepare_exact(config: RunConfig, inputs: Inputs, federation: Federation, *,
     if "topk" in needs:
         raise ConfigError("algorithms that use K links (fedsim, avgsim, featuresim...) need "
                           "soft linkage: set alignment.method = \"soft\"")
+    _warn_column_order(inputs, "key")
     opened = _Opened(inputs, federation)
     # every run opens its sessions under new names: a finished session is immutable (issue 19)
     session = new_session_name("exact")
@@ -155,6 +158,30 @@ def prepare_exact(config: RunConfig, inputs: Inputs, federation: Federation, *,
     return opened.close(config, inputs, federation, alignments,
                         dict.fromkeys(alignments, session), summary,
                         drop_unmatched=config.alignment.unmatched == "drop")
+
+
+def _check_top_k(config: RunConfig, inputs: Inputs, needs: set[str]) -> None:
+    """K against every secondary table in this process, before any alignment work (a
+    secondary elsewhere is checked by the coordinator)."""
+    if "topk" not in needs:
+        return  # the algorithm links one record each (top_k is not used)
+    for table in inputs.secondaries:
+        check_top_k(config.alignment.top_k, len(table), f"of party {table.name!r} "
+                    f"({table.source})", where="alignment.top_k")
+
+
+def _warn_column_order(inputs: Inputs, what: str) -> None:
+    """Warn when a secondary in this process names the primary's identifier (or key) columns
+    in another order: they are paired by position (a party file elsewhere is checked by that
+    party)."""
+    def columns(table: PartyTable) -> tuple[str, ...]:
+        return table.schema.key if what == "key" else table.schema.identifiers
+
+    for table in inputs.secondaries:
+        text = column_order_warning(columns(inputs.primary), columns(table), what=what)
+        if text is not None:
+            log.warning("party %r: %s", table.name, text.replace(
+                "(e.g. --secondary-on", f"(the {what} list of party {table.name!r}, e.g."))
 
 
 #: ``align(top_k=..., mode=..., tau=..., sigma=..., delta=..., session=..., scale=...)``: one
@@ -229,6 +256,8 @@ def prepare_soft(config: RunConfig, inputs: Inputs, federation: Federation, *,
     """``soft``: FedSim soft linkage of one identifier's encodings (Bloom filters by
     default): top-K at the coordinator, normalised and protected similarities to the primary."""
     a_cfg = config.alignment
+    _warn_column_order(inputs, "identifier")
+    _check_top_k(config, inputs, needs)
     opened = _Opened(inputs, federation)
     # The primary proposes the encoding; a numeric Bloom range comes from its own identifiers
     # (widened by 10 %), as it must when the secondaries' data are elsewhere.
@@ -259,6 +288,12 @@ def prepare_fields(config: RunConfig, inputs: Inputs, federation: Federation, *,
     """``fields``: soft linkage on several fields, each with its own metric and weight
     (``[[alignment.fields]]``, issue 14), with optional blocking keys."""
     a_cfg = config.alignment
+    _check_top_k(config, inputs, needs)
+    for i, spec in enumerate(a_cfg.fields):
+        text = column_order_warning(spec.on, spec.columns_s)
+        if text is not None:
+            log.warning("[[alignment.fields]] #%d: %s", i + 1, text.replace(
+                "(e.g. --secondary-on", "(e.g. secondary_on ="))
     opened = _Opened(inputs, federation)
     specs = resolve_fields(a_cfg.fields, inputs.primary.frame)
     encodings = field_encodings_for(inputs, dataclasses.replace(a_cfg, fields=specs), encoding)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 
 from vflink.errors import PeerUnavailable, ProtocolError, VflinkError
-from vflink.protocol.boundary import boundary_error, is_boundary
+from vflink.protocol.boundary import boundary_error, is_boundary, with_local_trace
 from vflink.protocol.channel import Channel, MessageHandler
 from vflink.protocol.messages import Message
 from vflink.transport.accounting import TrafficCounter, Transcript
@@ -47,11 +47,12 @@ class InProcessHub:
             reply = handler.handle(sender, message)
         except Exception as exc:
             # Parity with the network transport: the caller learns only the boundary message
-            # (vflink.protocol.boundary); the full text stays in the log.
+            # (vflink.protocol.boundary); the full text stays in the log. An internal error's
+            # trace file is on this machine: the message names its path.
             if isinstance(exc, VflinkError) and not is_boundary(exc):
                 log.warning("party %r: handler failed on %s from %r: %s", receiver,
                             message.kind, sender, exc)
-            raise boundary_error(exc, receiver, message.kind) from None
+            raise with_local_trace(boundary_error(exc, receiver, message.kind)) from None
         if not isinstance(reply, Message):
             raise ProtocolError(f"party {receiver!r} answered {type(reply).__name__}, "
                                 "which is not a protocol message")

@@ -92,3 +92,133 @@ def test_ray_engine_refuses_a_malformed_address() -> None:
 
     with pytest.raises(ConfigError, match="host:port"):
         probe_address("nowhere")
+
+
+class _FakeRay:
+    """Stands in for the ``ray`` module: records ``init``'s arguments and raises the Ray
+    errors a test plants (the real ones are tested on a cluster in tests/raycluster)."""
+
+    class exceptions:  # noqa: N801 - mirrors ray.exceptions
+        class RayError(Exception):
+            pass
+
+        class RayTaskError(RayError):
+            def __init__(self, cause: BaseException) -> None:
+                super().__init__(f"task failed: {cause}")
+                self.cause = cause
+
+        class OwnerDiedError(RayError):
+            pass
+
+        class ObjectLostError(RayError):
+            pass
+
+        class WorkerCrashedError(RayError):
+            pass
+
+        class NodeDiedError(RayError):
+            pass
+
+        class LocalRayletDiedError(RayError):
+            pass
+
+        class RaySystemError(RayError):
+            pass
+
+        class RpcError(RayError):
+            pass
+
+        class OutOfMemoryError(RayError):
+            pass
+
+        class ObjectStoreFullError(RayError):
+            pass
+
+    def __init__(self) -> None:
+        self.inits: list[dict[str, object]] = []
+        self.initialized = False
+        self.get_error: BaseException | None = None
+        self.put_error: BaseException | None = None
+
+    def is_initialized(self) -> bool:
+        return self.initialized
+
+    def init(self, **kwargs: object) -> None:
+        self.inits.append(kwargs)
+        self.initialized = True
+
+    def shutdown(self) -> None:
+        self.initialized = False
+
+    def cluster_resources(self) -> dict[str, float]:
+        return {"CPU": 2.0}
+
+    def remote(self, **options: object):  # type: ignore[no-untyped-def]
+        def wrap(fn):  # type: ignore[no-untyped-def]
+            class Remote:
+                @staticmethod
+                def remote(shared: object, item: object) -> object:
+                    return (fn, shared, item)
+            return Remote()
+        return wrap
+
+    def put(self, value: object) -> object:
+        if self.put_error is not None:
+            raise self.put_error
+        return value
+
+    def get(self, ref: tuple) -> object:  # type: ignore[type-arg]
+        if self.get_error is not None:
+            raise self.get_error
+        fn, shared, item = ref
+        return fn(shared, item)
+
+
+def _square(shared: int, item: int) -> int:
+    return shared + item * item
+
+
+@pytest.fixture
+def fake_ray(monkeypatch: pytest.MonkeyPatch) -> _FakeRay:
+    fake = _FakeRay()
+    monkeypatch.setitem(sys.modules, "ray", fake)  # type: ignore[arg-type]
+    return fake
+
+
+def test_address_local_starts_a_cluster_of_its_own(fake_ray: _FakeRay) -> None:
+    # Given no address, Ray joins the cluster another process last started on this machine
+    # (a test suite's, someone's `ray start`); "local" must start this party's own.
+    from vflink.engine.rayengine import RayEngine
+
+    engine = RayEngine(ComputeConfig(engine="ray"))
+    assert fake_ray.inits[-1]["address"] == "local"
+    assert engine.map(_square, [1, 2, 3], shared=10) == [11, 14, 19]
+    engine.close()
+    assert not fake_ray.initialized
+
+
+def test_ray_failures_become_vflink_errors(fake_ray: _FakeRay) -> None:
+    # A bare Ray error reaching a party's handler was reported as an internal error with no
+    # word of the cluster: every Ray failure is a vflink error that names the cluster.
+    from vflink.engine.rayengine import RayEngine
+    from vflink.errors import RunError, TransportError
+
+    ex = fake_ray.exceptions
+    engine = RayEngine(ComputeConfig(engine="ray"))
+    fake_ray.get_error = ex.RayTaskError(ex.OwnerDiedError("Failed to retrieve object 00ff"))
+    with pytest.raises(TransportError, match="Ray cluster at local lost a task.*OwnerDied"):
+        engine.map(_square, [1], shared=0)
+    fake_ray.get_error = ex.OutOfMemoryError("node memory 97%")
+    with pytest.raises(RunError, match="ran out of memory.*chunk_rows"):
+        engine.map(_square, [1], shared=0)
+    fake_ray.get_error = ex.RayTaskError(KeyboardInterrupt())  # not an Exception: Ray's own
+    with pytest.raises(RunError, match="a task failed on the Ray cluster at local"):
+        engine.map(_square, [1], shared=0)
+    fake_ray.get_error = None
+    fake_ray.put_error = ex.ObjectStoreFullError("object store full")
+    with pytest.raises(RunError, match=r"\(ObjectStoreFullError\): object store full"):
+        engine.map(_square, [1], shared=0)
+    fake_ray.put_error = None
+    fake_ray.get_error = ex.RayTaskError(ValueError("a bug in the task"))
+    with pytest.raises(ValueError, match="a bug in the task"):  # the task's own error
+        engine.map(_square, [1], shared=0)
