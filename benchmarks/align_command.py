@@ -20,7 +20,7 @@ used; :mod:`vflink.alignment.cost`). Printed per case, as JSON:
 
     PYTHONPATH=src python benchmarks/align_command.py                        # 10^5 per side
     PYTHONPATH=src python benchmarks/align_command.py --sizes 100000 1000000 \\
-        --methods psu psi --engines local ray --forms in-process party          # the issue's
+        --methods psu psi --engines local ray --forms in-process party          # 10^6 too
 
 ``--engines ray`` needs the ray extra (``--engine ray --address local``: a cluster started by
 the command, its start inside the command's time). ``--forms party`` serves the secondary with

@@ -1,4 +1,4 @@
-"""Peak memory of ``vflink align --method psi|psu`` run as a command (issue 22): is it flat in
+"""Peak memory of ``vflink align --method psi|psu`` run as a command: is it flat in
 table size at a fixed chunk size?
 
 Each case writes two Parquet key tables (``id``, 12-digit text; n keys per side, half of them
@@ -18,7 +18,7 @@ secondary's peak is read from ``/proc`` after the run, while it still serves.
 
     PYTHONPATH=src python benchmarks/align_memory.py                    # ~5 minutes here
     PYTHONPATH=src python benchmarks/align_memory.py --cases psi:1000000 psi:10000000 \\
-        psu:1000000 --forms in-process party                             # the issue's sizes
+        psu:1000000 --forms in-process party                             # 10^6 and 10^7
 
 Cost: ristretto255 needs about 4 scalar multiplications per element and side for PSI and
 about 5 for PSU (49 µs each on one core of this machine): PSI 10^6 ∩ 10^6 ≈ 2·10^6 · 4 ·

@@ -1,5 +1,5 @@
-"""The compute engine (issue 22): 1 vs 2 Ray workers for search, encoding, PSU and PSI, the
-set protocols against the crypto bound, peak memory per process, and a projection.
+"""The compute engine (docs/how-to/scale-out.md): 1 vs 2 Ray workers for search, encoding, PSU
+and PSI, the set protocols against the crypto bound, peak memory per process, and a projection.
 
 Everything is measured in one run on this machine, with its own baselines:
 
@@ -190,8 +190,8 @@ def main() -> None:
     ap.add_argument("--memory", nargs="*", default=None, metavar="CASE:N",
                     help="only the memory table: each case (psi:N, psu:N, link:N, N primary "
                          "rows against 10 N secondary) in a fresh process, ray engine, 2 CPUs; "
-                         "default psi:100000 psi:400000 link:10000 link:100000. Issue 22: "
-                         "psi:1000000 psi:10000000 psu:100000 psu:1000000")
+                         "default psi:100000 psi:400000 link:10000 link:100000. The docs' "
+                         "table: psi:1000000 psi:10000000 psu:100000 psu:1000000")
     ap.add_argument("--memory-case", help=argparse.SUPPRESS)
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
@@ -279,7 +279,7 @@ def memory_case(case: str, chunk_rows: int) -> dict[str, Any]:
     with PeakRss() as rss, ray_engine(2, chunk_rows) as engine:
         t = time.perf_counter()
         if kind in ("psi", "psu"):
-            # issue 22: the primary's keys are READ from a Parquet file in record batches
+            # the primary's keys are READ from a Parquet file in record batches
             # (written here batch by batch), never made whole in this process; every PSU/PSI
             # list travels in chunks of ``chunk_rows`` and each party's working state is in
             # on-disk buckets. The secondary is served in this process from a key-only table.

@@ -23,7 +23,7 @@ against a simple chunked brute force from the same process (vflink's plain numpy
 references). The brute force is timed on a sample of primary rows and extrapolated linearly
 in the number of primary rows; the JSON says so ("baseline_extrapolated_from_rows").
 
-Whole-process and real-table cases (issue 14, issue 8 item 8):
+Whole-process and real-table cases:
   cli         ``vflink link`` as its own process at house scale (141,050 × 27,827, K = 100,
               Euclidean, 14 M links written as Parquet, summary and Figure 4): wall time of the
               whole process (imports included) and the per-phase seconds it reports

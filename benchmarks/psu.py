@@ -9,7 +9,7 @@ proof over the matching elements, plus the hashes). Each case runs in a fresh
 process so its peak resident memory is its own. Prints JSON.
 
     python benchmarks/psu.py                          # n = 100,000 per side
-    python benchmarks/psu.py --sizes 100000 1000000   # the issue's two sizes (1e6: minutes)
+    python benchmarks/psu.py --sizes 100000 1000000   # 1e5 and 1e6 (1e6: minutes)
 """
 
 from __future__ import annotations

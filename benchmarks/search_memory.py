@@ -1,4 +1,4 @@
-"""Memory of soft linkage at two table sizes (issue 22, item 4): peak RSS of every process.
+"""Memory of soft linkage at two table sizes: peak RSS of every process.
 
 Soft linkage of 2-D numeric identifiers (K = 10, raw values, privacy off) of a primary of n
 rows against a secondary of 10·n rows, streamed end to end (``vflink.linkage.streamed``): both
@@ -18,11 +18,11 @@ secondary partition, ``dense_index="auto"``), which returns the same neighbours 
 run on a sample.
 
     PYTHONPATH=src python benchmarks/search_memory.py --sizes 10000 100000   # ~1 minute
-    PYTHONPATH=src python benchmarks/search_memory.py --sizes 100000 1000000  # the issue's table
+    PYTHONPATH=src python benchmarks/search_memory.py --sizes 100000 1000000  # the docs' table
 
 (``PYTHONPATH=src``: Ray's workers import vflink from the checkout, as the driver does.)
 
-``--cli bloom off`` instead times ``vflink link --stream`` itself (issue 22): the command as a
+``--cli bloom off`` instead times ``vflink link --stream`` itself: the command as a
 user runs it, one subprocess per case, with the default privacy (keyed FEDERAL Bloom filters,
 Hamming distance, exact search) and/or privacy off, sampling the peak RSS of every process in
 its tree (the CLI, and the Ray services and workers with ``--engine ray``):
@@ -177,7 +177,7 @@ def main_cli(args: argparse.Namespace) -> None:
     finally:
         if args.workdir is None:
             shutil.rmtree(workdir, ignore_errors=True)
-    print(json.dumps({"benchmark": "vflink link --stream, peak RSS per process (issue 22)",
+    print(json.dumps({"benchmark": "vflink link --stream, peak RSS per process",
                       "engine": args.engine, "chunk_rows": args.chunk_rows, "cases": rows},
                      indent=2))
 
@@ -224,7 +224,7 @@ def main() -> None:
     largest = max(args.sizes)
     peaks = [r["max_rss_mib_any_process"] for r in rows]
     result = {
-        "benchmark": "soft linkage memory, streamed (issue 22)",
+        "benchmark": "soft linkage memory, streamed",
         "engine": "ray, 2 CPUs, started here" if args.engine == "ray" else "local",
         "chunk_rows": args.chunk_rows, "partition_rows": args.partition_rows,
         "search": "exact; a k-d tree over each secondary partition (2-D)",

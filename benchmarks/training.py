@@ -148,7 +148,8 @@ def run_case(algorithm: str, k: int, samples: int, batch: int) -> dict[str, obje
     }
 
 
-#: Quoted, never divided into this run's figures (issue 23): the authors' FedSim epoch and
+#: Quoted, never divided into this run's figures (they come from another run, perhaps another
+#: machine, so a ratio against this run would mislead): the authors' FedSim epoch and
 #: vflink's passes, measured side by side within the same hour on one machine.
 OUTSIDE_FIGURE: dict[str, object] = {
     "quote": "measured side by side within the same hour on one machine: authors' epoch "
@@ -157,7 +158,7 @@ OUTSIDE_FIGURE: dict[str, object] = {
     "vflink_training_plus_validation_seconds": [3.94, 4.53],
     "what": "the FedSim authors' train_syn_fedsim.py, one epoch (training and validation), "
             "K = 10, sigma_cf = 0.2, batch 32, CPU; vflink: this benchmark's passes",
-    "where_when": "run side by side within the same hour on one machine (issue 23); not "
+    "where_when": "run side by side within the same hour on one machine; not "
                   "this run, not necessarily this machine",
 }
 

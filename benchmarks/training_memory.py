@@ -1,13 +1,13 @@
 """Peak memory of a secondary party's whole process, table load included, on 10^5 … 10^7 rows.
 
-Issue 22: "a party's rows are read per batch from its on-disk columnar copy (memory-mapped
-Arrow), not from a whole in-memory DataFrame, so a secondary with 10^7 rows trains within a
-fixed memory". Each case runs in its own subprocess (peak memory is per process): a secondary
-whose table (an int64 key and ``features`` float64 columns) is a Parquet file of ``rows`` rows
-(written once per size, in row groups of 131,072 rows) loads it, is linked to ``linked`` of its
-rows (the primary's records), fits its preprocessing on 70 % of them, encodes its features and
-trains ``steps`` batches of ``batch`` rows through its real handlers (Forward/Backward, the
-gradient a constant). The stores:
+The claim under test: a party's rows are read per batch from its on-disk columnar copy
+(memory-mapped Arrow), not from a whole in-memory DataFrame, so a secondary with 10^7 rows
+trains within a fixed memory. Each case runs in its own subprocess (peak memory is per
+process): a secondary whose table (an int64 key and ``features`` float64 columns) is a Parquet
+file of ``rows`` rows (written once per size, in row groups of 131,072 rows) loads it, is
+linked to ``linked`` of its rows (the primary's records), fits its preprocessing on 70 % of
+them, encodes its features and trains ``steps`` batches of ``batch`` rows through its real
+handlers (Forward/Backward, the gradient a constant). The stores:
 
 * ``memory``: the table read whole (``load_table``), the features one in-memory tensor;
 * ``mmap``: the table read whole, the features memory-mapped (``feature_store = "mmap"`` on a

@@ -52,7 +52,7 @@ def party_files(tmp: Path, options: dict[str, object], seed: int) -> dict[str, P
     opts = "\n".join(f"{k} = {v!r}" for k, v in options.items())
     sec = f'[security]\ntls_dir = "{certs}"\n'
     # The in-process run sends raw identifiers without noise (privacy = "off"); across hosts
-    # every party must opt out in its own file for the same run (issue 13: each party's policy).
+    # every party must opt out in its own file for the same run (each party has its own policy).
     raw = '[policy]\nidentifiers = "any"\n'
     files = {name: tmp / f"{name}.toml" for name in ("coordinator", "secondary", "primary")}
     files["coordinator"].write_text(

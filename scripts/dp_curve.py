@@ -1,4 +1,4 @@
-"""The privacy-utility curve of issue 20 (docs/how-to/privacy.md) from `vflink experiment`
+"""The privacy-utility curve (docs/how-to/privacy.md) from `vflink experiment`
 outputs: the Markdown table (test accuracy mean ± std over seeds / AUC mean, a row per
 protection mode, a column per total ε) and a figure.
 

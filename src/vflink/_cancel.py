@@ -4,7 +4,7 @@ A served party computes on a peer's behalf (PSU/PSI rounds over a peer's set, Bl
 of its own table, top-K searches). When the caller gives up (its deadline passes, it cancels
 the call, its connection drops), that work is worthless: the caller treats the call as failed
 and may retry it. Without a way to stop it, one abandoned request of ten million group elements
-kept a party from answering anyone else for minutes (issue 19).
+kept a party from answering anyone else for minutes after its caller had gone.
 
 The transport opens a :func:`work_scope` around each served call, holding the call's deadline
 (its *work limit*) and a callback telling whether the caller is still there. Long loops in the

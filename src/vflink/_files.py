@@ -1,4 +1,4 @@
-"""Files from elsewhere are data (issue 19, item 5).
+"""Files from elsewhere are data, never a lever (docs/reference/file-formats.md).
 
 Two halves, usable from every layer:
 

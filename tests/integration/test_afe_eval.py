@@ -13,7 +13,7 @@ from vflink.runfiles.inputs import load_inputs
 PRIVACY = {
     "off": PrivacyConfig(embeddings="off"),
     "afe": PrivacyConfig(embeddings="afe", epsilon=4.0),
-    # budget first (issue 20): the attack's two queries after training are kept in reserve
+    # budget first (total ε): the attack's two queries after training are kept in reserve
     "normalized": PrivacyConfig(embeddings="normalized", total_epsilon=8.0, delta=1e-5,
                                 reserve_releases=2),
     "randomized-response": PrivacyConfig(embeddings="randomized-response", total_epsilon=8.0,

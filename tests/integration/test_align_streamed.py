@@ -1,4 +1,4 @@
-"""``vflink align`` reads its keys from the files in batches and streams its outputs (issue 22):
+"""``vflink align`` reads its keys from the files in batches and streams its outputs:
 the outputs equal the whole-table path's, and ``chunk_rows`` (``--chunk-rows``, a party file's
 ``[compute] chunk_rows``) sizes every protocol message."""
 

@@ -1,4 +1,4 @@
-"""The Python API (issue 21, item 3): every call gives what the matching command gives, takes
+"""The Python API (docs/python-api.md): every call gives what the matching command gives, takes
 DataFrames as well as paths, and fails with a ConfigError/DataError naming the argument."""
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
-"""The docs match the program (issue 8, items 8 and 9): every command the README and the
-documentation site (docs/, issue 21) show parses, every short one runs as written (issue 23
-item 6), every command in the command table has a working --help that knows the options shown,
-every example config and every TOML block parses with its loader, and `--help` stays fast (no
-torch, gRPC, faiss, matplotlib)."""
+"""The docs match the program: every command the README and the documentation site (docs/)
+show parses, every short one runs as written, every command in the command table has a
+working --help that knows the options shown, every example config and every TOML block
+parses with its loader, and `--help` stays fast (no torch, gRPC, faiss, matplotlib)."""
 
 from __future__ import annotations
 
@@ -190,7 +189,7 @@ def test_every_short_documented_command_runs_as_written(tmp_path: Path) -> None:
     env = {"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path),
            "OMP_NUM_THREADS": "1"}
     # each distinct command once: the Quickstart's demo is on two pages, and a second run
-    # would rightly refuse to overwrite the first one's output (issue 23 item 3)
+    # would rightly refuse to overwrite the first one's output (docs/reference/file-formats.md)
     commands = [argv for argv in map(list, dict.fromkeys(map(tuple, readme_commands())))
                 if not needs_peers(argv) and argv[0] not in ("train", "experiment")]
     # (long runs: test_cli.py, test_experiment.py and the reproductions)
@@ -356,7 +355,7 @@ def test_help_imports_no_heavy_library(argv: list[str]) -> None:
 
 def test_link_imports_no_training_library(tmp_path: Path) -> None:
     """`vflink link` never builds a model: torch, scikit-learn and gRPC stay unloaded (they
-    were 2.5 s of a house-scale link's 13 s, issue 8 item 8)."""
+    were 2.5 s of a house-scale link's 13 s)."""
     p, s = tmp_path / "p.csv", tmp_path / "s.csv"
     p.write_text("x,y\n0,0\n1,1\n2,2\n", encoding="utf-8")
     s.write_text("x,y\n0,0.1\n1,1.1\n5,5\n", encoding="utf-8")

@@ -1,5 +1,5 @@
 """Every failure is one message and an exit code from the table, never a stack trace
-(issue 13, item 7; issue 8, item 8)."""
+(docs/reference/exit-codes.md)."""
 
 from __future__ import annotations
 

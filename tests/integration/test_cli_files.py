@@ -1,4 +1,4 @@
-"""Files as people have them, from the command line (issue 23, item 4): delimiter and encoding
+"""Files as people have them, from the command line: delimiter and encoding
 options in link, run and party files and as flags; --empty skip names a bad cell by its row in
 the file; predict asks only for the columns it needs; a [link] file's problems all at once."""
 

@@ -1,4 +1,4 @@
-"""One rule for outputs that exist, for every command that writes (issue 23, item 3): exit 2,
+"""One rule for outputs that exist, for every command that writes: exit 2,
 a message naming the output and `--overwrite`, and the output left as it was; `--overwrite`
 replaces it. `--resume` on a finished run says there is nothing to resume and never advises
 `--overwrite` (which would delete the run)."""

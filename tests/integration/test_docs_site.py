@@ -1,4 +1,4 @@
-"""The documentation site (issue 21, item 4): its reference blocks are generated from the code
+"""The documentation site: its reference blocks are generated from the code
 (docs/gen_ref.py), every page is in the navigation, and `mkdocs build --strict` passes."""
 
 from __future__ import annotations

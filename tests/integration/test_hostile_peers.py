@@ -1,4 +1,4 @@
-"""Hostile peers with valid certificates against real `vflink serve` processes (issue 13).
+"""Hostile peers with valid certificates against real `vflink serve` processes.
 
 Authenticated but curious peers (FedSim §5, FLORIST's threat model): each served party must
 enforce its own policy whatever the others send. One coordinator and one secondary run as
@@ -181,7 +181,7 @@ def _bloom_session(fed: Federation, ch: GrpcChannel, session: str) -> None:
     """The legitimate start of a soft linkage: primary and secondary submit Bloom filters."""
     mine = secondary_frame(40).assign(name=lambda f: f["name"].str.replace("Zelda", "Zeldo"))
     values = encode_identifiers(mine, ["name"], BLOOM, SECRET.encode())
-    # key confirmation first (issue 8): the secondary aligns only with a proven secret
+    # key confirmation first: the secondary aligns only with a proven secret
     nonce = new_nonce()
     send_key_tag(ch, "coordinator", SECRET.encode(), party="primary", session=session,
                  nonce=nonce)
@@ -197,7 +197,7 @@ def _bloom_session(fed: Federation, ch: GrpcChannel, session: str) -> None:
 def test_role_forgery_and_noise_below_policy_are_refused(fed: Federation) -> None:
     with fed.channel() as ch, fed.channel("secondary") as forger:
         _bloom_session(fed, ch, "s-forge")
-        # the forgery of issue 13: the secondary's certificate asks for the primary's view
+        # a forgery: the secondary's certificate asks for the primary's view
         err = refused(fed, lambda: forger.call("coordinator", SoftLink(
             session="s-forge", secondaries=("primary",), metric="hamming", top_k=2,
             sigma=0.0)))
@@ -300,7 +300,7 @@ def reference_party(fed: Federation) -> SecondaryParty:
 
 def align_with_psi(ch: GrpcChannel) -> str:
     """An honest alignment of the primary with the served secondary (ECDH PSI over every key
-    it holds), so that the secondary serves its rows to the primary (issue 19)."""
+    it holds), so that the secondary serves its rows to the primary (no alignment, no rows)."""
     keys = key_bytes(secondary_frame(N_ROWS)[["id"]], ("id",), who="primary")
     session = new_session_name("psi")
     SetAlignmentDriver(keys, ch, get_group("ristretto255")).psi("secondary", session,

@@ -1,4 +1,4 @@
-"""Run directories made by someone else are data (issue 19, item 5): `vflink report` and
+"""Run directories made by someone else are data: `vflink report` and
 `vflink attack` never write through a link planted in them, never copy a linked file into a
 page, and a deep or linked file is exit 2 naming it; in a run *beside* the reported one it is
 skipped with a warning."""
@@ -78,7 +78,7 @@ def test_report_never_writes_through_a_planted_partial_file(
         run: Path, victim: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (run / ".report.html.partial").symlink_to(victim)
     (run / "report.html").symlink_to(victim)
-    assert main(["report", str(run)]) == 2  # an existing output needs --overwrite (issue 23)
+    assert main(["report", str(run)]) == 2  # an existing output needs --overwrite
     assert victim.read_text() == f"{SECRET}\n"
     assert main(["report", str(run), "--overwrite"]) == 0
     assert victim.read_text() == f"{SECRET}\n"

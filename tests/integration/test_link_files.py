@@ -1,5 +1,5 @@
 """`vflink link` on real files: text identifiers, empty identifiers, record ids, errors that
-name the file; identifiers that are also features in run files (issue 14, item 3)."""
+name the file; identifiers that are also features in run files."""
 
 from __future__ import annotations
 

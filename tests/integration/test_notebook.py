@@ -1,4 +1,4 @@
-"""The quickstart notebook runs from top to bottom (issue 21, item 3): it cannot rot."""
+"""The quickstart notebook runs from top to bottom: it cannot rot."""
 
 from __future__ import annotations
 

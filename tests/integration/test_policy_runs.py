@@ -1,5 +1,5 @@
 """A whole in-process run under an explicit [policy]: every party enforces it and the run
-still trains; what the policy refuses fails before anything is released (issue 13)."""
+still trains; what the policy refuses fails before anything is released."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """A real `vflink serve` secondary keeps its privacy budget across setups and restarts, and only
-its operator resets it (issue 19, item 3; the hostile tester's measurement was 44,055 releases
-per record against a budget of 55, by repeating SetupBottom + FitPreprocessing)."""
+its operator resets it (a hostile tester once got 44,055 releases per record against a budget
+of 55 by repeating SetupBottom + FitPreprocessing, each setup zeroing the counts)."""
 
 from __future__ import annotations
 
@@ -80,7 +80,7 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
 
 def align(ch: GrpcChannel, files: dict[str, Path]) -> np.ndarray:
     """An honest alignment with the served secondary (ECDH PSI, then AlignmentReady): the rows
-    it then serves to the primary (issue 19: no alignment, no embeddings)."""
+    it then serves to the primary (no alignment, no embeddings)."""
     primary = party_table(load_party_config(files["primary"]))
     keys = key_bytes(primary.frame, primary.schema.key, who="primary")
     session = new_session_name("psi")

@@ -1,4 +1,4 @@
-"""The hostile-peer cases of issue 19 against real `vflink serve` processes.
+"""Hostile peers that step outside a protocol's script, against real `vflink serve` processes.
 
 A coordinator and a secondary run as `vflink serve` processes on loopback with certificates from
 `vflink certs`. The tests play the primary, a second secondary and the coordinator, each with its
@@ -120,7 +120,7 @@ def refused(call: object, cls: type[VflinkError] = ProtocolError) -> VflinkError
 
 
 def test_a_secondary_with_no_alignment_serves_no_embeddings(served: Served) -> None:
-    # the issue: FitPreprocessing / Forward on a fresh secondary gave embeddings of every row
+    # the attack: FitPreprocessing / Forward on a fresh secondary gave embeddings of every row
     with served.channel() as ch:
         ch.request("secondary", SetupBottom(spec=BottomSpec(hidden=(8,), out_dim=4, seed=1)),
                    Ack)
@@ -133,7 +133,7 @@ def test_a_secondary_with_no_alignment_serves_no_embeddings(served: Served) -> N
 
 
 def test_psu_line11_takes_no_list_from_the_primary(served: Served) -> None:
-    # the issue: a longer a_s2 than the round-1 set, with guessed IDs, told the primary which
+    # the attack: a longer a_s2 than the round-1 set, with guessed IDs, told the primary which
     # guesses the secondary holds (10/10); leaving an own record out of round 1 likewise. Line
     # 11 now raises the round-1 list the secondary holds: no list of the primary's is taken
     own = GROUP.hash_to_group(keys([f"mine{i}" for i in range(10)]))
@@ -144,7 +144,7 @@ def test_psu_line11_takes_no_list_from_the_primary(served: Served) -> None:
                                             chunk_rows=1000))
         n_p = int(r1.info["n_p"])  # type: ignore[attr-defined]
         union = np.concatenate([own, GROUP.hash_to_group(keys(served.ids))])
-        # lines 3-8, streamed (issue 22)
+        # lines 3-8, streamed in chunks
         ch.call("secondary", PsuChunk(session=session, stream="a_s1", index=0, total=10,
                                       elements=own))
         for stream in ("a_s1t1", "p_t1"):
@@ -174,7 +174,7 @@ def test_a_finished_psi_is_immutable_and_its_rows_go_to_its_primary_only(
         SetAlignmentDriver(keys(mine), ch, GROUP).psi("secondary", session, reveal="both")
         written = served.state / "alignments" / f"{session}.parquet"
         before = written.read_bytes()
-        # the issue: replaying PsiRound2 with random points emptied the finished intersection
+        # the attack: replaying PsiRound2 with random points emptied the finished intersection
         # and rewrote its file, silently
         random_points = GROUP.hash_to_group(keys([f"r{i}" for i in range(N)]))
         err = refused(lambda: ch.call("secondary", PsiChunk(
@@ -184,7 +184,7 @@ def test_a_finished_psi_is_immutable_and_its_rows_go_to_its_primary_only(
         assert written.read_bytes() == before
         view = ch.request("secondary", FetchAlignment(session=session), AlignmentView)
         assert len(view.secondary_index) == 30
-    # the issue: a second secondary or the coordinator fetched that secondary's rows
+    # the attack: a second secondary or the coordinator fetched that secondary's rows
     for other in ("secondary2", "coordinator"):
         with served.channel(other) as ch:
             refused(lambda ch=ch: ch.call("secondary", FetchAlignment(session=session)),

@@ -1,4 +1,4 @@
-"""`privacy.embeddings = "randomized-response"` end to end (issue 20): a run at total ε = 4
+"""`privacy.embeddings = "randomized-response"` end to end: a run at total ε = 4
 ends with a ledger whose worst-case record is at ε ≤ 4 (recomputed from the ledger's k and
 keep probability with the closed form), the primary receives one-hot codes only, each record
 is charged once, and both transports give the same metrics."""

@@ -198,7 +198,7 @@ def test_report_renders_in_headless_chromium(soft_run: Path, tmp_path: Path) -> 
 
 def test_run_report_compares_with_runs_of_the_same_data_beside_it(soft_run: Path) -> None:
     page = (soft_run.parent / "page2.html")
-    # alone, no baselines table: one would only repeat the run's own metrics (issue 23 item 5)
+    # alone, no baselines table: one would only repeat the run's own metrics
     assert main(["report", str(soft_run), "--out", str(page)]) == 0
     assert 'class="baselines"' not in page.read_text(encoding="utf-8")
     sibling = soft_run.parent / "solo"
@@ -269,7 +269,7 @@ record = true
 
 
 def test_exact_run_page_shows_only_what_applies(exact_run: Path) -> None:
-    """Issue 23 item 5: no local absolute path, no soft-linkage / DH-group settings on an
+    """No local absolute path, no soft-linkage / DH-group settings on an
     exact-key run, every ledger row classified, a summary first with the attack verdict."""
     page = (exact_run / "report.html").read_text(encoding="utf-8")
     assert str(exact_run.parent.parent) not in page  # no absolute path of this machine
@@ -312,7 +312,7 @@ def test_summary_is_on_the_first_screen(which: str, exact_run: Path, soft_run: P
                                         tmp_path: Path) -> None:
     """At a 1280×800 window the whole summary (task, linkage, privacy, attack verdicts) is in
     the first screen, without scrolling: laid out by a real Chromium, box read from the DOM
-    (issue 23 item 5; before, the attack results sat below 4,000 pixels of page)."""
+    (before, the attack results sat below 4,000 pixels of page)."""
     binary = _chromium()
     if binary is None:
         pytest.skip("no Chromium installed (apt-get install chromium): the first-screen check "

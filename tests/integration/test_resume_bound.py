@@ -1,5 +1,5 @@
 """``--resume`` is bound to its run: a changed setting or changed data is refused, naming what
-changed, and the interrupted run stays resumable (issue 13, item 4)."""
+changed, and the interrupted run stays resumable."""
 
 from __future__ import annotations
 

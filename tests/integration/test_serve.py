@@ -59,7 +59,7 @@ def test_service_refuses_foreign_ca_plaintext_and_unlisted_peers(tmp_path: Path)
     text = log.read_text()
     assert text.count("Handshake failed") >= 2, text  # the foreign CA and the plaintext client
     assert "bank" in text  # the refused, unlisted identity is named
-    # gRPC's core log goes through vflink's logging (issue 23 item 6): vflink's own line is
+    # gRPC's core log goes through vflink's logging: vflink's own line is
     # the first, and no raw core line ("W1124 14:49:56.48 31605 log.cc:102] ...") is left
     assert text.startswith("coordinator (coordinator) serving on"), text[:300]
     assert not re.search(r"^[IWEF]\d{4} [\d:.]+\s+\d+ \S+:\d+\]", text, flags=re.M), text

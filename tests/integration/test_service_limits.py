@@ -1,4 +1,4 @@
-"""One request cannot take a served party down (issue 19), against a real `vflink serve`.
+"""One request cannot take a served party down, against a real `vflink serve`.
 
 A hostile tester sent one PsuRound1 of 10^7 valid group points: the secondary computed for
 minutes and answered nobody else long after the caller gave up. Here the secondary's party file
@@ -107,7 +107,7 @@ def test_health_is_answered_while_maximal_rounds_run_and_extra_calls_are_busy(
                 results[name] = exc
 
     chunks = {}
-    with served.channel(deadline_s=60) as ch:  # the lists follow in chunks (issue 22)
+    with served.channel(deadline_s=60) as ch:  # the lists follow in chunks
         for name in ("max1", "max2"):
             reply = ch.request("secondary", PsuRound1(session=name, group="ristretto255",
                                                       n_a=CAP, chunk_rows=CAP), Ack)

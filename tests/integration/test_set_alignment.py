@@ -109,7 +109,7 @@ def test_psu_transcript_is_what_the_simulators_produce(group: str) -> None:
             continue
         arrays = _arrays(m)
         others = {f.name for f in dataclasses.fields(m)} - set(arrays)
-        # chunked lists (issue 22): sizes, chunk positions and the list's name travel too
+        # chunked lists: sizes, chunk positions and the list's name travel too
         assert others <= {"session", "group", "n_a", "chunk_rows", "stream", "index",
                           "total"}, others
         for arr in arrays.values():
@@ -170,7 +170,7 @@ def test_over_grpc_with_party_files(group: str, tmp_path: Path,
         for method, check in (("psu", check_psu), ("psi", check_psi)):
             out = align_over_network(primary, load_party_config(pri), "bank", method=method,
                                      group=group, workers=1)
-            # one file per session, named by the run's session: never rewritten (issue 19)
+            # one file per session, named by the run's session: never rewritten by a peer
             seen.add(f"{out.primary.session}.parquet")
             theirs = pd.read_parquet(tmp_path / "state" / "alignments" / f"{out.primary.session}"
                                      ".parquet")

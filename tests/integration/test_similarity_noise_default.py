@@ -1,4 +1,4 @@
-"""Issue 23: privately released similarities are noised by default (FedSim Theorem 2's τ), every
+"""Privately released similarities are noised by default (FedSim Theorem 2's τ), every
 summary and the ledger say how, and multi-field links take a τ on the scale where the greedy
 attack works."""
 

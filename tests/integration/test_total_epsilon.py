@@ -1,4 +1,4 @@
-"""Budget first (issue 20): `[privacy] total_epsilon = E, delta = D` ends a run with a ledger
+"""Budget first: `[privacy] total_epsilon = E, delta = D` ends a run with a ledger
 whose worst-case record is at ε ≤ E, recomputed here independently of the library's
 accountant (the closed form of the Gaussian mechanism's composition), and a run that asks for
 more releases than its plan stops before the release that would pass E."""

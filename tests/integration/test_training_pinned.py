@@ -1,5 +1,5 @@
 """Pins the metrics of small FedSim/baseline runs, recorded before the training hot path was
-optimised (issue 12): the same seed must give the same losses and test metrics after it."""
+optimised: the same seed must give the same losses and test metrics after it."""
 
 from __future__ import annotations
 

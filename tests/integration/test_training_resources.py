@@ -1,4 +1,4 @@
-"""training.feature_store and training.device in real runs (issue 22, items 2 and 5).
+"""training.feature_store and training.device in real runs (docs/how-to/scale-out.md).
 
 A run that reads every party's features per batch from a memory-mapped Arrow file gives the
 same metrics, history and predictions as one that holds them in memory, over both transports;
@@ -328,7 +328,7 @@ def _file_config(scenario: str, files: dict[str, Path], store: str) -> RunConfig
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
 def test_streamed_table_trains_identically(scenario: str, transport: str, tmp_path: Path,
                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    """A secondary whose table is read in record batches (issue 22: never a whole DataFrame,
+    """A secondary whose table is read in record batches (never a whole DataFrame,
     ``vflink.data.streamed``) trains exactly as one that holds its table and features in
     memory, and as the dataset's own in-memory run: the same metrics, losses and weights."""
     from vflink.data import streamed

@@ -27,7 +27,7 @@ SCENARIOS = {
     "exact-splitnn": ("splitnn", AlignmentConfig(method="exact")),
     "soft-fedsim": ("fedsim", AlignmentConfig(method="soft", metric="euclidean", top_k=4,
                                               privacy="bloom", tau=0.9999)),
-    # issue 20: a CNN bottom model on every party, its features viewed as a 1 × n image
+    # a CNN bottom model (VFL-AFE §4.1) on every party, its features viewed as a 1 × n image
     "exact-splitnn-cnn": ("splitnn", AlignmentConfig(method="exact")),
 }
 MODELS = {"exact-splitnn-cnn": ModelConfig(bottom="cnn", channels=(4, 6), kernels=(3, 3),

@@ -1,4 +1,4 @@
-"""A Ray cluster of two nodes on loopback for the ``ray`` tests (issue 22).
+"""A Ray cluster of two nodes on loopback for the ``ray`` tests.
 
 Ray's own test utility (``ray.cluster_utils.Cluster``) starts a head and a second node on this
 machine, one CPU each (the machine is small and shared); the fixture joins it, yields its

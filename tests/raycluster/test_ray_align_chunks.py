@@ -1,5 +1,5 @@
 """``chunk_rows`` sizes PSU/PSI's messages on the ray engine as on the local one, and the
-streamed outputs decide the same pairing (issue 22)."""
+streamed outputs decide the same pairing."""
 
 from __future__ import annotations
 

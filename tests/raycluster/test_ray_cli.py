@@ -1,4 +1,4 @@
-"""What a user runs, on both engines (issue 22): ``vflink link``, ``vflink align --method
+"""What a user runs, on both engines: ``vflink link``, ``vflink align --method
 psi|psu`` and ``vflink train`` with ``--engine ray --address HEAD`` give the same outputs as
 ``--engine local``.
 
@@ -115,7 +115,7 @@ def test_train_cli_equal(ray_cluster: str, tmp_path: Path) -> None:
 
 
 def test_link_cli_streamed_equal(ray_cluster: str, tmp_path: Path) -> None:
-    """``vflink link --stream`` (issue 22) with Bloom filters: on Ray with small chunks (tasks
+    """``vflink link --stream`` with Bloom filters: on Ray with small chunks (tasks
     over chunks × spilled partitions) the file of the in-memory local link, byte for byte."""
     p, s = _tables(tmp_path)
     runs = {"memory": ["--engine", "local", "--no-stream"],

@@ -1,4 +1,4 @@
-"""The ray engine on a two-node loopback cluster: tasks, retries, errors (issue 22)."""
+"""The ray engine on a two-node loopback cluster: tasks, retries, errors."""
 
 from __future__ import annotations
 

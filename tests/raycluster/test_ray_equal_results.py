@@ -1,4 +1,4 @@
-"""The same results on both engines (issue 22): link, align psi/psu and training, local vs a
+"""The same results on both engines: link, align psi/psu and training, local vs a
 two-node Ray cluster on loopback, in one process and across gRPC."""
 
 from __future__ import annotations
@@ -53,7 +53,8 @@ def test_search_and_encoding_equal(engine: RayEngine) -> None:
 
 def test_blocked_search_equal(engine: RayEngine) -> None:
     """Blocking keys partition the search, a skewed block is split by comparison count
-    (issue 22): the packages' partial top-Ks merge to the same links on Ray as here."""
+    (as anonlink and Splink do): the packages' partial top-Ks merge to the same links on Ray
+    as here."""
     rng = np.random.default_rng(4)
     p, s = rng.normal(size=(1500, 2)), rng.normal(size=(2500, 2))
     kp = rng.choice(["big", "a", "b", "c", ""], 1500, p=[0.8, 0.05, 0.05, 0.05, 0.05])
@@ -68,7 +69,7 @@ def test_blocked_search_equal(engine: RayEngine) -> None:
 
 def test_streamed_link_equal(engine: RayEngine, tmp_path: Path) -> None:
     """Tables read in batches by the tasks, links written part by part: the same dataset on
-    Ray as in this process (issue 22)."""
+    Ray as in this process."""
     from vflink.data.parts import read_parts
     from vflink.linkage.streamed import link_streamed
 
@@ -117,7 +118,7 @@ def _pairs(primary: pd.DataFrame, secondary: pd.DataFrame) -> list[tuple[int, in
 def test_align_in_process_equal(engine: RayEngine, method: str, tmp_path: Path) -> None:
     p, s = _tables(tmp_path)
     tp, ts = key_table(p, ("id",), name="primary"), key_table(s, ("id",), name="secondary")
-    # the same chunk size on both engines: the lists travel in the same chunks (issue 22)
+    # the same chunk size on both engines: the lists travel in the same chunks
     local = align_in_process(tp, ts, method=method,
                              compute=LocalEngine(ComputeConfig(chunk_rows=1500)))
     ray = align_in_process(tp, ts, method=method, compute=engine)
@@ -169,7 +170,7 @@ def test_align_over_grpc_equal(engine: RayEngine, ray_cluster: str, method: str,
     monkeypatch.setenv("VFLINK_SECRET", "served-secondary-needs-one")
     p, s = _tables(tmp_path)
     tp = key_table(p, ("id",), name="primary")
-    # the primary's chunk size, on both engines: the same chunks cross (issue 22)
+    # the primary's chunk size, on both engines: the same chunks cross
     local = align_in_process(tp, key_table(s, ("id",), name="bank"), method=method,
                              compute=LocalEngine(ComputeConfig(chunk_rows=1500)))
     pri, sec = _served_files(tmp_path, s, ray_cluster)

@@ -1,7 +1,7 @@
 """The shape of the package: no import cycle anywhere in ``src/vflink``.
 
 Lazy imports inside functions and ``TYPE_CHECKING`` imports count: following a call must never
-lead back into a module it left (ARCHITECTURE.md, the run pipeline; issue 21).
+lead back into a module it left (docs/architecture.md).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Following ``config`` from the training entry point never re-enters a file it left (issue 21).
+"""Following ``config`` from the training entry point never re-enters a file it left.
 
 A run's orchestration (the pipeline, its stages and registries, the run files, reporting and
 experiments) calls down: ``train → pipeline → prepare / plans / loop → parties``. Each test

@@ -46,7 +46,7 @@ def test_a_link_at_the_target_is_replaced_not_followed(tmp_path: Path) -> None:
 
 
 def test_the_old_fixed_temporary_names_are_never_written(tmp_path: Path) -> None:
-    # the names the writers used before (issue 19): a link planted there is not followed
+    # the fixed names the writers once used: a link planted there is not followed
     victim = _victim(tmp_path)
     for name in (".report.html.partial", "report.html.tmp", "privacy.json.tmp"):
         (tmp_path / name).symlink_to(victim)
@@ -214,7 +214,7 @@ def test_nesting_is_accepted_up_to_the_limit_and_refused_beyond(depth: int, limi
 
 @pytest.mark.parametrize("depth", [1_000, 100_000])
 def test_nesting_beyond_the_parser_is_a_data_error_not_a_crash(depth: int) -> None:
-    # json.loads alone raises RecursionError here ("unexpected error" in the CLI, issue 19)
+    # json.loads alone raises RecursionError here ("unexpected error" in the CLI)
     with pytest.raises(DataError, match="metrics.json: JSON nested more than 100 levels"):
         loads_json("[" * depth + "]" * depth, source="metrics.json")
 

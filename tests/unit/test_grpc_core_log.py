@@ -1,4 +1,4 @@
-"""gRPC core log lines become vflink log records (issue 23 item 6)."""
+"""gRPC core log lines become vflink log records, not raw lines on stderr."""
 
 from __future__ import annotations
 

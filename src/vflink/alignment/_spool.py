@@ -1,4 +1,4 @@
-"""On-disk lists of group elements for the chunked set protocols (issue 22).
+"""On-disk lists of group elements for the chunked set protocols (docs/how-to/scale-out.md).
 
 A PSU/PSI round used to be one array in one message and in one process's memory. Streamed in
 chunks, each party keeps what it must remember between chunks on disk instead:
@@ -269,7 +269,8 @@ def shuffle(source: Buckets, out: Spool) -> Spool:
 class RowOrder:
     """(row, element) pairs arriving in any order, read back in ascending row order (an
     external sort by row ranges): a party's alignment output is written row by row without
-    ever holding all of it (issue 22). Rows are in ``[0, n)``, each at most once."""
+    ever holding all of it, so its memory does not grow with the table. Rows are in
+    ``[0, n)``, each at most once."""
 
     #: most row-range files (a tiny ``span`` on a large table would open too many)
     MAX_PARTS = 4096

@@ -99,7 +99,7 @@ def bucket_hits(mine: Elements, theirs: Elements) -> npt.NDArray[np.bool_]:
 
 def intersect_buckets(pairs: Callable[[], Iterable[tuple[Bucket, Bucket]]], *, n_rows: int,
                       ordered: bool) -> PsiResult:
-    """:func:`intersect` one hash bucket at a time (issue 22).
+    """:func:`intersect` one hash bucket at a time, so no round is held whole in memory.
 
     ``pairs()`` yields, per bucket of equal leading bits, (our doubly blinded elements with our
     record rows in ``[0, n_rows)``, theirs with anything); equal elements share a bucket, so

@@ -172,11 +172,11 @@ def bucket_union(union: Elements, mine: Elements) -> tuple[Elements, npt.NDArray
 def locate_buckets(pairs: Iterable[tuple[tuple[Elements, npt.NDArray[np.int64]],
                                           tuple[Elements, npt.NDArray[np.int64]]]],
                    n_own: int, width: int) -> PsuResult:
-    """Lines 10-12 one bucket at a time (issue 22): ``pairs`` yields, per bucket of equal
-    leading bits in byte order, (the final union's elements, our final elements with their
-    record rows). Sorted U is the buckets' sorted lists one after the other, so a record's
-    index in U is its bucket's offset plus its rank in the bucket: the same result as
-    :func:`line10` and :func:`finish_own` on whole lists."""
+    """Lines 10-12 one bucket at a time (memory bounded by a bucket): ``pairs`` yields, per
+    bucket of equal leading bits in byte order, (the final union's elements, our final
+    elements with their record rows). Sorted U is the buckets' sorted lists one after the
+    other, so a record's index in U is its bucket's offset plus its rank in the bucket: the
+    same result as :func:`line10` and :func:`finish_own` on whole lists."""
     parts: list[Elements] = []
     record_uid = np.full(n_own, -1, dtype=np.int64)
     offset = 0

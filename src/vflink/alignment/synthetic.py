@@ -146,7 +146,7 @@ def sampled_rows(own_rows: npt.NDArray[np.int64], n: int, rng: np.random.Generat
 
 def assigned_rows(own_rows: npt.NDArray[np.int64], n: int, key: bytes
                   ) -> npt.NDArray[np.int64]:
-    """fea-sampling with a fixed keyed assignment (issue 19): a real record of our own for each
+    """fea-sampling with a fixed keyed assignment: a real record of our own for each
     of ``n`` missing rows, drawn once per session from ``key`` instead of afresh on every call.
 
     Each missing row still gets a uniformly random own record, the empirical marginal of §2.4

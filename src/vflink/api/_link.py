@@ -320,8 +320,8 @@ def link(primary: TableLike, secondary: TableLike, *,
     overwrite : bool, default False
         Replace existing output files instead of stopping.
     compute : Compute, optional
-        An engine for the chunked stages (``vflink.engine``, issue 22): the search, the
-        encodings. None runs them in this process, as before.
+        An engine for the chunked stages (``vflink.engine``; see docs/how-to/scale-out.md):
+        the search, the encodings. None runs them in this process, as before.
     parts : bool, optional
         Write a ``.parquet`` ``out`` as a partitioned dataset (a directory of Parquet parts,
         ``vflink.data.parts``); default: only above 10^7 links.

@@ -2,10 +2,11 @@
 
 An attacker who mimics a secondary (shadow models, Shokri et al. 2017) needs the release the
 secondary applies: clip to t (or, ``normalized``, scale onto the sphere of radius t),
-optionally rescale (VFL-AFE §3.2), add N(0, std²); or, ``randomized-response`` (issue 20),
-k-ary randomized response at ε on the code whose one-hot the shadow's bottom gives (its
-bottom is then the victim's fixed quantiser, see :class:`CodeBottom`). These settings are
-public (the privacy ledger states them), so the attacker may use them.
+optionally rescale (VFL-AFE §3.2), add N(0, std²); or, ``randomized-response`` (a departure
+from the paper, docs/how-to/privacy.md), k-ary randomized response at ε on the code whose
+one-hot the shadow's bottom gives (its bottom is then the victim's fixed quantiser, see
+:class:`CodeBottom`). These settings are public (the privacy ledger states them), so the
+attacker may use them.
 """
 
 from __future__ import annotations

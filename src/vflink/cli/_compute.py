@@ -1,4 +1,5 @@
-"""``--engine`` / ``--address``: where a command's chunked stages run (issue 22).
+"""``--engine`` / ``--address``: where a command's chunked stages run
+(docs/how-to/scale-out.md).
 
 Kept free of heavy imports: ``vflink --help`` builds every parser."""
 

@@ -2,7 +2,7 @@
 
 A user never sees a stack trace: a known error (:class:`~vflink.errors.VflinkError`) prints
 its message; a file-system error prints the path and the reason; anything unexpected prints a
-short message and the path of a log file holding the full trace (issue 13, item 7).
+short message and the path of a log file holding the full trace (docs/reference/exit-codes.md).
 """
 
 from __future__ import annotations

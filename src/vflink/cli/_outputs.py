@@ -1,4 +1,5 @@
-"""One rule for outputs that already exist, for every command that writes (issue 23, item 3):
+"""One rule for outputs that already exist, for every command that writes
+(docs/reference/file-formats.md):
 an existing output is never replaced silently; the command stops with exit 2, naming the
 output and ``--overwrite``, before any work is done."""
 

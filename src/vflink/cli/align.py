@@ -116,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
     if args.chunk_rows is not None and not 1 <= args.chunk_rows <= MAX_CHUNK_ROWS:
         raise ConfigError(f"--chunk-rows must be in [1, {MAX_CHUNK_ROWS}], got "
                           f"{args.chunk_rows}")
-    # read in batches while aligning (issue 22), not here as whole tables
+    # read in batches while aligning (memory flat in table size), not here as whole tables
     primary = KeyFile(args.primary, on, "primary", args.delimiter, args.encoding)
     config = None
     if args.party is not None:

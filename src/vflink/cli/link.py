@@ -324,7 +324,7 @@ def _noise_problems(opts: dict[str, Any], args: argparse.Namespace,
 
 
 def _file_compute(args: argparse.Namespace) -> Any:
-    """The --config file's top-level [compute] table (issue 22), if it has one."""
+    """The --config file's top-level [compute] table (where chunked stages run), if any."""
     if args.config is None:
         return None
     raw = read_toml(Path(args.config))

@@ -1,4 +1,4 @@
-"""A party's table read in record batches (issue 22): CSV and Parquet through pyarrow datasets.
+"""A party's table read in record batches: CSV and Parquet through pyarrow datasets.
 
 :func:`scan_frame` yields a table as :class:`TableBatch` es of at most ``batch_rows`` rows, so a
 stage that streams (linkage encoding, key reading for PSI/PSU, the streamed search of
@@ -47,8 +47,8 @@ from vflink.errors import DataError
 
 #: pyarrow's scanner reads ahead 16 batches of 4 files by default: at a million rows a batch
 #: that alone holds hundreds of MiB, more the larger the table. One batch of one file ahead
-#: keeps a scan's memory at about two batches whatever the table's size (issue 22: memory
-#: flat in table size at a fixed batch size); measured with benchmarks/search_memory.py.
+#: keeps a scan's memory at about two batches whatever the table's size (memory flat in
+#: table size at a fixed batch size); measured with benchmarks/search_memory.py.
 READAHEAD = {"batch_readahead": 1, "fragment_readahead": 1}
 
 __all__ = ["DEFAULT_BATCH_ROWS", "TableBatch", "read_frame_header", "scan_frame", "scan_table"]

@@ -2,7 +2,7 @@
 
 A party trains on its preprocessed feature matrix (``Preprocessor.transform`` of its table).
 For a small table that matrix is one in-memory tensor, as it always was. For a large one
-(issue 22: "a secondary with 10^7 rows trains within a fixed memory") the matrix is written
+(so that a secondary with 10^7 rows trains within a fixed memory) the matrix is written
 once, chunk by chunk, to an Arrow IPC file in the party's own directory, opened with
 ``pyarrow.memory_map`` and read per batch: a batch's rows are gathered from the mapped file
 (``rows(idx)`` → float32 numpy → torch), so the process never holds the whole matrix, nor the

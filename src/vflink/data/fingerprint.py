@@ -16,7 +16,7 @@ __all__ = ["FingerprintBuilder", "frame_fingerprint"]
 
 
 #: Rows hashed at a time: a row's hash does not depend on the others, so hashing in chunks
-#: gives the same digest while the temporaries stay bounded (issue 22: 10^7-row tables).
+#: gives the same digest while the temporaries stay bounded, also for 10^7-row tables.
 CHUNK_ROWS = 1 << 18
 
 

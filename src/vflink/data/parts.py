@@ -1,4 +1,4 @@
-"""Partitioned Parquet output, written part by part and published atomically (issue 22).
+"""Partitioned Parquet output, written part by part and published atomically.
 
 A links or alignment table too large to build in one piece is written as a *dataset*: a
 directory of Parquet parts ``part-00000.parquet``, ``part-00001.parquet``... in row order, and

@@ -1,5 +1,5 @@
 """Write a table chunk by chunk into the very file :func:`vflink.data.parts.write_columns` (or
-a CSV ``to_csv``) writes from the whole table (issue 22: the streamed ``vflink link``).
+a CSV ``to_csv``) writes from the whole table, for the streamed ``vflink link``.
 
 The output is byte for byte the one the whole table gives: a single Parquet file gets the row
 groups ``pyarrow.parquet.write_table`` cuts (the chunks are re-cut to that length before each

@@ -1,4 +1,4 @@
-"""A party's table read from its file in record batches, never held whole (issue 22, item 2).
+"""A party's table read from its file in record batches, never held whole.
 
 "A secondary with 10^7 rows trains within a fixed memory": the mapped feature store
 (:mod:`vflink.data.featurestore`) bounds training itself, but a party that first reads its

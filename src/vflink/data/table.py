@@ -51,7 +51,7 @@ class PartyTable:
     source: str
 
     #: the whole table is in memory (``frame``); a :class:`~vflink.data.streamed.StreamedTable`
-    #: reads its file in record batches instead (issue 22)
+    #: reads its file in record batches instead (a table larger than memory)
     in_memory = True
 
     @property
@@ -424,7 +424,7 @@ def _label_problems(frame: pd.DataFrame, schema: PartySchema, label: str, traini
 def iter_parquet_columns(path: Path, columns: Sequence[str], *, batch_rows: int = 1_000_000
                          ) -> Iterator[pd.DataFrame]:
     """The named columns of a Parquet file (or a directory of Parquet parts) in record batches
-    of at most ``batch_rows`` rows (pyarrow datasets; issue 22): a table wider or longer than
+    of at most ``batch_rows`` rows (pyarrow datasets): a table wider or longer than
     memory can be scanned for a few columns. The schema is checked before any row is read: a
     missing column is a :class:`DataError` naming the file and the columns it has."""
     import pyarrow as pa

@@ -1,4 +1,4 @@
-"""The compute engine: where a party's heavy, chunked stages run (issue 22).
+"""The compute engine: where a party's heavy, chunked stages run (docs/how-to/scale-out.md).
 
 One small interface, :class:`Engine` (``map(fn, items, shared=...)``), with two
 implementations:

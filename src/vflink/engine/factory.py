@@ -2,7 +2,7 @@
 
 A module of its own so that neither implementation imports the other's factory: ``base``
 defines the interface, ``local`` and ``rayengine`` implement it, and only this module knows
-both (no import cycle, issue 21).
+both, so there is no import cycle.
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ __all__ = ["ATTACKED", "METHODS", "merge_results", "method_config", "reproduce_a
 METHODS = {"centralised": ("combine", "off"), "unprotected": ("splitnn", "off"),
            "vanilla": ("splitnn", "vanilla"), "+R": ("splitnn", "rescale"),
            "+D": ("splitnn", "adjust"), "AFE": ("splitnn", "afe"),
-           # issue 20's variants (docs/how-to/privacy.md), not in the paper
+           # vflink's own variants (docs/how-to/privacy.md), not in the paper
            "normalized": ("splitnn", "normalized"),
            "randomized-response": ("splitnn", "randomized-response")}
 ATTACKED = ("unprotected", "vanilla", "AFE", "normalized", "randomized-response")
@@ -48,7 +48,7 @@ def method_config(base: RunConfig, method: str, seed: int,
                   total_epsilon: float | None = None, delta: float | None = None,
                   attacked: bool = False) -> RunConfig:
     """The run of one method of :data:`METHODS` and one seed; with ``total_epsilon`` the run's
-    total ε (budget first, issue 20) replaces the file's per-release ε, and an ``attacked``
+    total ε (budget first) replaces the file's per-release ε, and an ``attacked``
     run keeps two releases per record in its budget for the attack's queries after training
     (the candidates' embeddings, and the primary's posteriors on them: ``reserve_releases =
     2``; ``randomized-response`` answers them from its one release)."""

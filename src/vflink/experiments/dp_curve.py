@@ -1,4 +1,4 @@
-"""The privacy-utility curve of issue 20 from ``vflink experiment`` outputs: test accuracy
+"""The privacy-utility curve from ``vflink experiment`` outputs: test accuracy
 (mean ± std over seeds) and AUC (mean) against the run's total ε, one row per protection mode,
 as the Markdown table of docs/how-to/privacy.md and a figure.
 

@@ -1,5 +1,5 @@
 """Blocked top-K search: blocking keys partition the work, skewed blocks split by comparison
-count, partial top-Ks merged exactly (issue 22).
+count, partial top-Ks merged exactly (docs/how-to/scale-out.md).
 
 With a blocking key (a postcode, a region, a year of birth), a primary record is compared only
 with the secondary records of its own block, so the search is many small searches instead of

@@ -1,7 +1,7 @@
 """The top-K search as chunk tasks: primary chunks × secondary partitions, merged exactly.
 
 The coordinator's search grows with both tables. Here it is cut into tasks that a compute
-engine maps (:class:`vflink.types.Compute`; issue 22): each task searches one chunk of primary
+engine maps (:class:`vflink.types.Compute`): each task searches one chunk of primary
 rows against one partition of the secondary rows with the metric's own exact search, and keeps
 that partition's K nearest (a *partial* top-K, indices made global); :func:`merge_topk` then
 keeps, per primary row, the K smallest by (distance, secondary index) over all partitions.

@@ -485,7 +485,7 @@ def search_fields(specs: Sequence[FieldSpec], primary: FieldValues, secondary: F
             if rows.size == 0 or cols.size == 0:
                 continue
             # A skewed block (one common surname, say) is split into work packages of at
-            # most BLOCK_COMPARISONS pairs (anonlink's and Splink's lesson, issue 22), and each
+            # most BLOCK_COMPARISONS pairs (as anonlink and Splink do), and each
             # package keeps only its rows' top-K: the K best pairs of a row over all its
             # blocks are among the union of its per-block top-Ks (ties: lower secondary
             # index, as `cols` ascends), so the result is the one of keeping every pair,

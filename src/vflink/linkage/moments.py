@@ -1,4 +1,4 @@
-"""Exact, order-free sums for FedSim Eq. 1's μ0 and σ0 (issue 22).
+"""Exact, order-free sums for FedSim Eq. 1's μ0 and σ0, equal whole or in chunks.
 
 Eq. 1 normalises the similarities by the mean and standard deviation of all n × K distances.
 A floating-point sum depends on the order of its terms: numpy's pairwise sum over the whole

@@ -64,7 +64,7 @@ def normalize_similarities(distances: npt.ArrayLike, *,
     elif all_valid:
         # No masked copies of the n × K distances when every link is present (the usual case).
         # The std of −d is the std of d; both moments come from exact sums, so a linkage
-        # streamed chunk by chunk gets the very same μ0 and σ0 (issue 22, .moments).
+        # streamed chunk by chunk gets the very same μ0 and σ0 (see .moments).
         mean, sigma0 = exact_moments(d)
         mu0 = -mean
     else:

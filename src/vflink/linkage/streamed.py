@@ -1,5 +1,5 @@
 """Soft linkage of tables larger than memory: read in batches, searched in chunk tasks, links
-written part by part (issue 22).
+written part by part (docs/how-to/scale-out.md).
 
 :func:`link_streamed` links numeric identifiers (``euclidean``, ``haversine``; raw values,
 privacy off, as ``vflink link --privacy off``) of two files without ever holding either
@@ -111,7 +111,7 @@ def search_chunk_against_file(shared: tuple[str, tuple[str, ...], str, int, Sear
 def search_chunk_against_parts(
         shared: tuple[str, tuple[tuple[int, str], ...], int, SearchOptions],
         chunk: Any) -> tuple[FloatArray, IntArray]:
-    """One task of the streamed ``vflink link`` (issue 22): the exact top-K of ``chunk`` (a
+    """One task of the streamed ``vflink link``: the exact top-K of ``chunk`` (a
     primary chunk's encodings) over the secondary's encodings, spilled as ``.npy`` partitions
     ``(first row, path)`` in the coordinator's scratch directory, with a running
     :func:`merge_topk`. Equal, row by row, to one search over the whole secondary ordered by

@@ -1,4 +1,4 @@
-"""A convolutional bottom model for image-shaped features (issue 20; VFL-AFE §4.1).
+"""A convolutional bottom model for image-shaped features (VFL-AFE §4.1).
 
 VFL-AFE's image parties use "a two-layer convolution neural network" as the bottom model f
 (§4.1, Models architectures; no sizes given). :data:`PAPER_CNN` is the usual two-layer MNIST

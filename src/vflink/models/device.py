@@ -1,4 +1,4 @@
-"""Which device a party's own models run on (``training.device``, issue 22 item 5).
+"""Which device a party's own models run on (``training.device``; docs/how-to/scale-out.md).
 
 Each party picks its own: ``"cpu"``, ``"cuda"`` (an error where CUDA is missing, naming the
 party) or ``"auto"`` (CUDA where ``torch.cuda.is_available()``, else the CPU). Only the party's

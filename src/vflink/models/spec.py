@@ -36,8 +36,8 @@ class BottomSpec:
             measurably better with LAMB: see docs/reproductions/fedsim.md).
         bottom: ``mlp`` (``hidden``) or ``cnn`` (``channels``, ``kernels``, ``image_shape``;
             :mod:`vflink.models.cnn`; ``hidden`` is then unused).
-        channels, kernels: output channels and kernel size of each convolution (issue 20;
-            the default is VFL-AFE's two-layer CNN preset).
+        channels, kernels: output channels and kernel size of each convolution (the
+            default is VFL-AFE's two-layer CNN preset).
         image_shape: ``(channels, height, width)`` of the party's flat features, one extent
             may be -1 (inferred); empty: a square one-channel image.
     """

@@ -58,7 +58,7 @@ class SplitNNPrimary(nn.Module):
         self.bottom: nn.Module | None = None
         width = 0
         if n_features > 0:
-            self.bottom = build_bottom(bottom, n_features)  # an MLP or a CNN (issue 20)
+            self.bottom = build_bottom(bottom, n_features)  # an MLP or a CNN (VFL-AFE §4.1)
             width += bottom.out_dim
         width += sum(secondary_dims)
         if width == 0:

@@ -61,7 +61,7 @@ class StateFileError(DataError):
     """A state file is missing, truncated, corrupt, or from another format version.
 
     ``reason`` says which, without the file's path: what a party may tell a peer about its
-    own state file (issue 13: no local path crosses the boundary).
+    own state file (no local path crosses the boundary).
     """
 
     def __init__(self, message: str, reason: str = "unusable") -> None:

@@ -47,7 +47,7 @@ class Party:
         policy: what this party agrees to release and its limits (private defaults).
 
     Set after construction where the party has one: ``compute``, the party's own compute
-    engine (:mod:`vflink.engine`; issue 22), on which its chunked stages (top-K search, group
+    engine (:mod:`vflink.engine`), on which its chunked stages (top-K search, group
     operations) run; ``None`` runs them in this process. It never appears on the wire.
 
     Every message of a declared protocol (:mod:`vflink.protocol.sessions`) is admitted by the
@@ -102,7 +102,7 @@ class Party:
 
     def handle(self, sender: str, message: Message) -> Message:
         # Whatever fails, the peer gets only a boundary message (class, code, which check);
-        # the full text and any trace stay in this party's log (issue 13).
+        # the full text and any trace stay in this party's log (docs/security.md).
         try:
             sender_role = check_sender(self.name, self.role, self.roles, sender, message.kind)
             method: Callable[[str, Any], Message] | None = getattr(
@@ -111,7 +111,7 @@ class Party:
                 raise refuse(ProtocolError, f"party {self.name!r} ({self.role}) does not accept "
                                             f"{type(message).__name__} messages",
                              code="unexpected-kind")
-            # the protocol's declaration first, before any work (issue 19)
+            # the protocol's declaration first, before any work (vflink.protocol.sessions)
             admission = self.sessions.admit(sender, sender_role, message)
             if admission is None:
                 return method(sender, message)

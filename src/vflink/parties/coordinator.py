@@ -67,7 +67,7 @@ class _Session:
     exact: dict[str, tuple[Any, ...]] = field(default_factory=dict)
 
 
-#: Which comparison metrics each field encoder admits (issue 14): keyed Bloom filters are
+#: Which comparison metrics each field encoder admits: keyed Bloom filters are
 #: compared by Dice distance only; raw metrics need raw values (privacy off).
 _FIELD_METRICS = {"bloom": ("hamming",), "raw": ("euclidean", "haversine"),
                   "string": ("levenshtein", "jaro-winkler", "token-set", "exact", "date")}
@@ -359,7 +359,7 @@ class CoordinatorParty(Party):
                                          "all_parties": int((counts == len(sizes)).sum())}
         return AlignmentViews(views=tuple(views))
 
-    # --- several fields (issue 14) ---------------------------------------------------------------
+    # --- several fields (docs/how-to/linkage.md) -------------------------------------------------
 
     def on_field_encodings(self, sender: str, message: FieldEncodings) -> Ack:
         encoders, values, keys = message.encoders, message.values, message.keys

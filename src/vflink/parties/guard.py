@@ -1,12 +1,12 @@
 """Checks a party runs on what a peer sends, before anything touches its models or state.
 
-Numbers are checked where they arrive (issue 13, item 6): one NaN or 3e38 gradient used to make
+Numbers are checked where they arrive: one NaN or 3e38 gradient used to make
 every later embedding NaN, and a wrong-shape Backward used to consume its pending batch so that
 the correct retry failed. Every check here runs before any state changes, and every refusal
 carries a boundary message (:func:`vflink.protocol.boundary.refuse`) that names the check, never
 a value.
 
-Pending state is bounded (item 5): training forwards waiting for their gradient expire after
+Pending state is bounded: training forwards waiting for their gradient expire after
 ``policy.pending_ttl_s`` and at most ``policy.max_pending_batches`` are kept.
 """
 

@@ -58,7 +58,7 @@ __all__ = ["LinkingPeer"]
 log = logging.getLogger(__name__)
 
 #: Most fields, and most blocking keys, one field request may name: each field is one more
-#: encoding of the whole table (issue 19: the work a request causes is bounded).
+#: encoding of the whole table, and the work one request causes must stay bounded.
 MAX_FIELDS = 32
 
 
@@ -99,7 +99,7 @@ class LinkingPeer(Party):
         self.channel = channel
         self._secret = secret
         #: per primary, which of our rows the alignment completed with it linked: the only
-        #: rows we compute anything for on its behalf (issue 19: no session, no embeddings)
+        #: rows we compute anything for on its behalf (no session, no embeddings)
         self.served: dict[str, npt.NDArray[np.bool_]] = {}
 
     @property
@@ -156,7 +156,7 @@ class LinkingPeer(Party):
         return Ack(info={"rows": float(len(digests))})
 
     def on_share_encodings(self, sender: str, message: ShareEncodings) -> Ack:
-        # Our own policy decides what leaves, not the primary's spec (issue 13).
+        # Our own policy decides what leaves, not the primary's spec.
         self.policy.check_identifier_release(self.name, message.spec.encoder)
         self.policy.check_encoding(self.name, message.spec)  # bounded work, before any
         check_coordinator(self.name, self.roles, message.coordinator)
@@ -173,8 +173,8 @@ class LinkingPeer(Party):
 
     def on_share_field_encodings(self, sender: str, message: ShareFieldEncodings) -> Ack:
         """Encode the requested fields of our own identifier columns and send them, with the
-        blocking keys as keyed digests, to the coordinator (issue 14)."""
-        # Our own policy decides what leaves, not the primary's request (issue 13): the
+        blocking keys as keyed digests, to the coordinator."""
+        # Our own policy decides what leaves, not the primary's request: the
         # release form of every field, and only columns our schema declares as identifiers.
         for f in message.fields:
             self.policy.check_identifier_release(self.name, f.spec.encoder)
@@ -218,7 +218,7 @@ class LinkingPeer(Party):
                                     AlignmentView)
         if view.primary and view.primary != sender:
             # the coordinator linked this session for another primary: its rows are not the
-            # sender's to ask for (issue 19: served rows are bound to the alignment's primary)
+            # sender's to ask for (served rows are bound to the alignment's primary)
             raise refuse(PolicyViolation, f"party {self.name!r}: session "
                                           f"{message.session!r} was aligned with another party",
                          code="session.bound")

@@ -135,7 +135,7 @@ def build_encoder(spec: EncodingSpec, secret: bytes | None) -> Encoder:
             raise ConfigError("Bloom-filter encoding needs the data parties' shared secret")
         if spec.kind == "date":  # keyed Bloom filters of date tokens
             return DateBloomEncoder(secret=secret, config=BloomConfig(**spec.params))  # type: ignore[arg-type]
-        if spec.kind == "geo":  # keyed Bloom filters of places on the globe (issue 14)
+        if spec.kind == "geo":  # keyed Bloom filters of places on the globe
             return GeoBloomEncoder(secret=secret, config=GeoBloomConfig(**spec.params))  # type: ignore[arg-type]
         ranges = NumericRange(low=spec.low, high=spec.high) if spec.kind == "numeric" else None
         return BloomEncoder(secret=secret, kind=spec.kind,  # type: ignore[arg-type]
@@ -157,12 +157,12 @@ def encode_identifiers(frame: pd.DataFrame, identifiers: Sequence[str], spec: En
         bad = np.argwhere(~np.isfinite(values))[0]
         raise DataError(f"{source}: identifier column {identifiers[int(bad[1])]!r} has a missing "
                         f"or infinite value at row {int(bad[0])}")
-    # a map over chunks of rows on the party's own engine, if it has one (issue 22)
+    # a map over chunks of rows on the party's own engine, if it has one
     encoded = encode_chunked(build_encoder(spec, secret), values, compute)
     return tuple(encoded) if isinstance(encoded, list) else np.asarray(encoded)
 
 
-# --- several fields (issue 14) -----------------------------------------------------------------
+# --- several fields (docs/how-to/linkage.md) ---------------------------------------------------
 
 #: Domain label of blocking-key digests: they can never equal an exact-key digest, a Bloom
 #: filter's keyed hash or a key-confirmation tag made with the same secret.
@@ -382,7 +382,7 @@ class AlignmentInitiator:
         self._secret = secret
         self.source = source
         self.policy = policy if policy is not None else PartyPolicy()
-        #: this party's compute engine (issue 22): its encoding runs as chunk tasks there
+        #: this party's compute engine (vflink.engine): its encoding runs as chunk tasks there
         self.compute: Compute | None = None
 
     def confirm_key(self, coordinator: str, session: str) -> None:
@@ -474,7 +474,7 @@ class AlignmentInitiator:
                      scale: tuple[float, float] | None = None, model: str = "",
                      threshold: float = 0.5, one_to_one: str = "") -> dict[str, Alignment]:
         """Soft linkage on several fields, each with its own encoding, metric and weight, and
-        optional blocking keys (issue 14); Eq. 1-2 on the weighted distance as FedSim §4.1.
+        optional blocking keys; Eq. 1-2 on the weighted distance as FedSim §4.1.
 
         Every data party encodes its own columns (keyed Bloom filters by default) and sends
         blocking keys only as keyed digests; key confirmation comes first whenever the secret

@@ -75,7 +75,7 @@ SENDERS: dict[str, dict[str, frozenset[str]]] = {
 IDENTIFIER_RELEASES = ("bloom", "any")
 #: FLORIST's synthetic-feature strategies a secondary may fill union training with
 UNION_FEATURES = ("fea-sampling", "fea-gaussian", "fea-random", "none")
-#: ... and those whose answers carry no membership signal (issue 19): fea-Gaussian and
+#: ... and those whose answers carry no membership signal: fea-Gaussian and
 #: fea-random draw embeddings off the real ones' distribution, and FLORIST itself measures their
 #: attack AUC near 1.0 (Table 2), so a party serves them only when its policy says so
 SAFE_UNION_FEATURES = ("fea-sampling", "none")

@@ -9,7 +9,7 @@ config in-process, its party file across hosts); a primary's :class:`SetupPrivac
 against them (:func:`vflink.privacy.embedding_dp.agree_settings`), and adopted only by a
 secondary that has none.
 
-Release counts belong to the party's data, not to a run or a session (issue 19, item 3): one
+Release counts belong to the party's data, not to a run or a session: one
 :class:`~vflink.privacy.budget.ReleaseBudget` per party object, kept in the party's state
 directory under its data fingerprint when it has one. A new ``SetupBottom``, ``SetupPrivacy``,
 ``LoadState``, session, run or process starts a new :class:`EmbeddingDP` (the run's own counts

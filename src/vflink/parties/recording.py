@@ -1,7 +1,7 @@
 """What a party *received*, recorded in its own state directory for later attacks.
 
 With ``[evaluation] record = true`` every party keeps a bounded sample of what crossed the
-boundary towards it (issue 11, ARCHITECTURE.md convention 10): the cut-layer embeddings at the
+boundary towards it (docs/how-to/attacks-and-reports.md): the cut-layer embeddings at the
 primary, the gradients at each secondary, the similarities at the primary, and the alignment
 indices everywhere. The recorder only *observes* messages the party handles anyway; it never
 sends anything, so a run's transcript is the same with and without it (tested).
@@ -150,7 +150,7 @@ class Recorder:
             arrays[f"{key}__ids"] = ids
             streams.append({"kind": kind, "peer": peer, "rows": int(values.shape[0]),
                             "per_batch": False})
-        # never through a link or a planted temporary name (issue 19, vflink._files)
+        # never through a link or a planted temporary name (vflink._files)
         with atomic_open(out / _NPZ, "wb") as fh:
             np.savez_compressed(fh, **arrays)  # type: ignore[arg-type]
         manifest = {"version": RECORDING_VERSION, "party": party, "role": role,
@@ -199,7 +199,7 @@ def read_recording(state_dir: Path) -> Recording:
     if not os.path.lexists(base / _MANIFEST):
         raise DataError(f"{base}: nothing recorded (run with [evaluation] record = true)")
     # regular files inside the recording's own folder, read once (no swap between a check
-    # and the read), JSON within depth and size limits (issue 19)
+    # and the read), JSON within depth and size limits: a recording from elsewhere is data
     manifest = read_typed_json(base, _MANIFEST, _MANIFEST_SCHEMA)
     if manifest.get("version") != RECORDING_VERSION:
         raise DataError(f"{base / _MANIFEST}: recording version {manifest.get('version')!r}, "

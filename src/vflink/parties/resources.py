@@ -1,4 +1,4 @@
-"""A party's own training resources: its device and where its encoded features live (issue 22).
+"""A party's own training resources: its device and where its encoded features live.
 
 In a party file these are the ``[training]`` table; in a run file the same keys sit in the
 run's ``[training]`` section and apply to the parties the run builds in its own process. They

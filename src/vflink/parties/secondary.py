@@ -141,7 +141,7 @@ class SecondaryParty(SetAlignmentPeer, UnionPeer, LinkingPeer):
         self._applied: set[int] = set()
         self._snapshots: dict[str, dict[str, Any]] = {}
         self._fingerprint: str | None = None
-        # release counts live with the data, in this party's own directory (issue 19, item 3)
+        # release counts live with the data, in this party's own directory, and outlive runs
         self.protection = EmbeddingProtection(
             self.name, len(table), privacy, privacy_seed,
             budget_dir=None if out_dir is None else out_dir / BUDGET_DIR,
@@ -188,8 +188,8 @@ class SecondaryParty(SetAlignmentPeer, UnionPeer, LinkingPeer):
     def _check_rows(self, rows: npt.NDArray[np.int64], what: str, sender: str
                     ) -> npt.NDArray[np.int64]:
         """``rows`` if every one is linked by the alignment this party completed with
-        ``sender``; otherwise a refusal before any work (issue 19: an unaligned secondary,
-        a row outside the alignment or a request with no alignment gets nothing)."""
+        ``sender``; otherwise a refusal before any work (an unaligned secondary, a row
+        outside the alignment or a request with no alignment gets nothing)."""
         served = self.served.get(sender)
         if served is None:
             raise refuse(ProtocolError, f"party {self.name!r}: training protocol: {what} "
@@ -374,7 +374,7 @@ class SecondaryParty(SetAlignmentPeer, UnionPeer, LinkingPeer):
         try:
             state = load_state(path.parent, path.name, kind="secondary")
         except StateFileError as exc:
-            # the peer learns which check failed, never this party's paths (issue 13, item 1)
+            # the peer learns which check failed, never this party's paths
             raise refuse(StateFileError, f"party {self.name!r}: saved {source}: {exc.reason}",
                          code="state-file", detail=str(exc)) from None
         try:
@@ -394,7 +394,7 @@ class SecondaryParty(SetAlignmentPeer, UnionPeer, LinkingPeer):
         self._applied = set(state.get("applied", []))
         self.protection.load_state_dict(state.get("privacy"))
         # Only whether our data changed since the save crosses the boundary (never the hash):
-        # the primary refuses to resume a run on changed data (issue 13, item 4).
+        # the primary refuses to resume a run on changed data (vflink.runner.resume).
         changed = state.get("data") != self.data_fingerprint
         return Ack(info={"n_features": float(self.preprocessor.n_features),
                          "data_changed": float(changed)})

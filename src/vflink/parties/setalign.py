@@ -113,7 +113,7 @@ class SetAlignment:
     sizes: dict[str, int] = field(default_factory=dict)
     session: str = ""  # the protocol session that produced it
     #: set when the output was streamed to this Parquet file instead of being held: then
-    #: ``rows``/``uids`` are empty and ``union``/``uid_index`` None (issue 22)
+    #: ``rows``/``uids`` are empty and ``union``/``uid_index`` None (a table too large to hold)
     path: Path | None = None
 
     def frame(self) -> pd.DataFrame:
@@ -126,7 +126,7 @@ WRITE_BATCH_ROWS = 65_536
 
 def write_set_alignment(result: SetAlignment, path: Path) -> None:
     """``row``/``uid`` Parquet of a party's output (atomically), written in record batches
-    so the hex text of the UIDs never exists for all rows at once (issue 22)."""
+    so the hex text of the UIDs never exists for all rows at once."""
     n = len(result.rows)
     write_alignment_rows(path, ((result.rows[lo:lo + WRITE_BATCH_ROWS],
                                  result.uids[lo:lo + WRITE_BATCH_ROWS])
@@ -137,7 +137,7 @@ def write_alignment_rows(path: Path, batches: Iterable[tuple[npt.NDArray[np.int6
                          ) -> None:
     """``row``/``uid`` Parquet (atomically) from (rows, UIDs) batches in row order, each cut
     to at most :data:`WRITE_BATCH_ROWS` rows: what :func:`write_set_alignment` writes, from a
-    stream (issue 22). No batch at all writes the empty table."""
+    stream. No batch at all writes the empty table."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -204,7 +204,7 @@ def _psi_output(group: Group, r: psi.PsiResult, sizes: dict[str, int]) -> SetAli
 
 
 class KeyBatches:
-    """Record keys read in batches (issue 22): ``len()`` and ``batches(size)`` yielding lists
+    """Record keys read in batches: ``len()`` and ``batches(size)`` yielding lists
     of canonical key bytes in row order. A list of keys is one too (see :func:`key_batches`)."""
 
     def __init__(self, n: int, read: Callable[[int], Iterable[Sequence[bytes]]]) -> None:
@@ -252,7 +252,7 @@ def _hashed(group: Group, keys: KeyBatches, size: int
 class SetAlignmentDriver:
     """The active party's side of PSU and PSI.
 
-    Every list travels in chunks of at most ``chunk_rows`` elements (issue 22), and what this
+    Every list travels in chunks of at most ``chunk_rows`` elements, and what this
     party must remember between chunks is kept on disk under ``tmp_dir`` (a private temporary
     directory, removed when the protocol ends or fails): neither a message nor this process
     ever holds a whole round.
@@ -740,16 +740,17 @@ class SetAlignmentPeer:
     optionally ``out_dir``, where results are written as ``alignments/<session>.parquet`` and
     the on-disk buckets of running sessions go, under ``.set-tmp``).
 
-    Optional attributes (issue 22): ``set_keys``, own keys read in batches (e.g. from the
-    table's file) instead of from ``table``; ``set_chunk_rows``, this party's own batch size
-    (its ``[compute] chunk_rows``; the messages keep the driver's); ``set_out``, a path for
-    each session's output, which is then streamed there instead of held (the result has
-    ``path`` set and no rows: it cannot serve :class:`FetchAlignment` or training).
+    Optional attributes (for tables larger than memory): ``set_keys``, own keys read in
+    batches (e.g. from the table's file) instead of from ``table``; ``set_chunk_rows``, this
+    party's own batch size (its ``[compute] chunk_rows``; the messages keep the driver's);
+    ``set_out``, a path for each session's output, which is then streamed there instead of
+    held (the result has ``path`` set and no rows: it cannot serve :class:`FetchAlignment`
+    or training).
 
     What may arrive when, from whom and of which sizes is declared in
     :data:`vflink.protocol.sessions.PSU` and :data:`~vflink.protocol.sessions.PSI` and checked
-    before these handlers run, chunk by chunk (issue 22); a finished session is immutable
-    (issue 19). A handler that fails removes the session's files and ends it.
+    before these handlers run, chunk by chunk; a finished session is immutable (a peer
+    cannot rewrite a result). A handler that fails removes the session's files and ends it.
 
     What a peer can make this party do is bounded per peer (docs/security.md): its set size
     (``policy.min_set_elements`` .. ``max_set_elements``), its sessions in a window
@@ -869,7 +870,7 @@ class SetAlignmentPeer:
         if folder is not None and result.known and result.path is None:
             path = folder / f"{session}.parquet"
             if path.exists() or path.is_symlink():
-                # nothing finished is rewritten by a peer (issue 19): a session name is used
+                # nothing finished is rewritten by a peer: a session name is used
                 # once, also across restarts of this party
                 raise refuse(ProtocolError, f"party {self.name!r}: session {session!r} finished "
                                             "before; a new run opens a new session",

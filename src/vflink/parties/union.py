@@ -109,7 +109,7 @@ def _session_key(features: FeatureSource, session: str, seed: int) -> bytes:
 class UnionPeer:
     """The passive party's side of union training (a mixin for SecondaryParty).
 
-    Union training must not be a membership oracle (issue 19): whatever the peer asks, the
+    Union training must not be a membership oracle (FLORIST): whatever the peer asks, the
     answer for a UID we do not hold looks like the answer for one we hold.
 
     - Nothing we compute depends on which UIDs the peer names as training UIDs: preprocessing
@@ -165,7 +165,7 @@ class UnionPeer:
                          f"party {self.name!r} protects its embeddings (its [privacy] section);"
                          " union training does not apply that protection, so it refuses to "
                          "train over the union", code="policy.embeddings")
-        # only a PSU session this party finished with the sender (issue 19)
+        # only a PSU session this party finished with the sender: no alignment, no rows
         result = self.set_alignment_with(message.session, sender)
         if result is None:
             raise ProtocolError(f"party {self.name!r}: no finished PSU session "

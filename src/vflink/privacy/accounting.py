@@ -17,11 +17,12 @@ accountant: for Gaussian mechanisms it is tight (m-fold composition equals one G
 multiplier σ/√m, which the tests use as the oracle), whereas the RDP accountant's conversion
 to (ε, δ) overestimates ε by 10-30 % at these m. Opacus is not a dependency; dp-accounting is.
 
-Budget first (issue 20): a user states the total (ε, δ) of the run; :func:`planned_releases`
-bounds how often each record can be released by the announced plan (epochs, batches,
-evaluation passes, the record's links), and :func:`calibrate_total` finds the smallest σ whose
-composition over the worst-case record's planned releases (on top of what earlier runs already
-released) is at most ε at δ under the same PLD accountant the budget check uses.
+Budget first (docs/how-to/privacy.md): a user states the total (ε, δ) of the run;
+:func:`planned_releases` bounds how often each record can be released by the announced plan
+(epochs, batches, evaluation passes, the record's links), and :func:`calibrate_total` finds
+the smallest σ whose composition over the worst-case record's planned releases (on top of
+what earlier runs already released) is at most ε at δ under the same PLD accountant the
+budget check uses.
 
 Subsampling amplification is *not* claimed: in split learning the primary chooses every batch
 and receives each embedding with its row index, so whether a record took part in a step is
@@ -132,7 +133,7 @@ def composed_epsilon_with_responses(gaussian: tuple[tuple[float, int], ...],
                                     responses: tuple[tuple[tuple[int, float], int], ...],
                                     delta: float) -> float:
     """ε at ``delta`` of a record's Gaussian releases (``(sigma, count)`` pairs) together with
-    its randomized-response releases (``((k, epsilon), count)`` pairs, each pure ε-DP; issue 20,
+    its randomized-response releases (``((k, epsilon), count)`` pairs, each pure ε-DP;
     :mod:`vflink.privacy.randomized_response`).
 
     Two sound upper bounds, the smaller reported: the PLD accountant's composition of every

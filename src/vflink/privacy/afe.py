@@ -41,7 +41,7 @@ def clip_norm(h: torch.Tensor, t: float) -> torch.Tensor:
 
 
 def normalize_to_sphere(h: torch.Tensor, t: float) -> torch.Tensor:
-    """Every embedding scaled to norm exactly t (a departure, issue 20: ``normalized``).
+    """Every embedding scaled to norm exactly t (``normalized``, a departure from VFL-AFE).
 
     Clipping (Eq. 2) bounds the sensitivity by the ball's diameter 2t whatever the norms; an
     embedding of norm below t pays the same noise for less signal. Scaling onto the sphere

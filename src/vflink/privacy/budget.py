@@ -1,4 +1,4 @@
-"""Release counts that belong to a party's data, not to a run or a session (issue 19, item 3).
+"""Release counts that belong to a party's data, not to a run or a session.
 
 A differential-privacy guarantee is about a record: every embedding of it that ever left the
 party composes (VFL-AFE §3.1; :mod:`vflink.privacy.accounting`). Counting releases per run let a
@@ -115,7 +115,7 @@ class ReleaseSetting:
     delta: float | None = None
     calibration: str | None = None
     mode: str | None = None
-    #: k of a randomized-response release (issue 20; its ε is ``epsilon``, pure: δ = 0, and
+    #: k of a randomized-response release (its ε is ``epsilon``, pure: δ = 0, and
     #: ``sigma`` is 0); 0: a Gaussian release of multiplier ``sigma``
     buckets: int = 0
 

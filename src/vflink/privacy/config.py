@@ -5,7 +5,7 @@
     [privacy]
     embeddings = "afe"     # off | vanilla | rescale | adjust | afe (Table 2) | normalized | ...
     total_epsilon = 4.0    # budget first: ε of the worst-case record over the whole run ...
-    delta = 1e-5           # ... at this δ; σ is calibrated from the run's plan (issue 20)
+    delta = 1e-5           # ... at this δ; σ is calibrated from the run's plan
     epsilon = 2.0          # or per release (the paper's form; not with total_epsilon)
     delta = 1e-2           # per release (§4.1 fixes δ = 1e-2)
     reserve_releases = 0   # with total_epsilon: releases kept for after training (predict, attacks)
@@ -61,7 +61,7 @@ __all__ = ["DEFAULT_CODE_BITS", "DEFAULT_EPSILON", "DEFAULT_LABELS", "DEFAULT_LA
            "QUANTISERS", "PrivacyConfig"]
 
 #: Table 2 of VFL-AFE: vanilla (§3.1), +R (§3.2), +D (§3.3), both (VFL-AFE); and the
-#: departures of issue 20 (:data:`vflink.privacy.afe.VARIANTS`): ``normalized`` scales every
+#: departures from the paper (:data:`vflink.privacy.afe.VARIANTS`): ``normalized`` scales every
 #: embedding onto the clipping sphere before noising, so each uses the whole ball from the
 #: first step; ``release-once`` releases each record's (normalized) embedding once and answers
 #: every later request with that same release (post-processing: no further privacy cost),
@@ -293,7 +293,7 @@ class PrivacyConfig:
 
     @property
     def budget_first(self) -> bool:
-        """σ is calibrated from ``total_epsilon`` and the run's plan (issue 20)."""
+        """σ is calibrated from ``total_epsilon`` and the run's plan."""
         return self.total_epsilon is not None
 
     @property
@@ -308,17 +308,17 @@ class PrivacyConfig:
 
     @property
     def normalize(self) -> bool:
-        """Scale every embedding onto the clipping sphere before noising (issue 20)."""
+        """Scale every embedding onto the clipping sphere before noising."""
         return self.embeddings in ("normalized", "release-once")
 
     @property
     def release_once(self) -> bool:
-        """One release per record for the run, repeated from a cache (issue 20)."""
+        """One release per record for the run, repeated from a cache."""
         return self.embeddings == "release-once"
 
     @property
     def randomized_response(self) -> bool:
-        """Each record's SimHash code released once by k-ary randomized response (issue 20)."""
+        """Each record's quantised code released once by k-ary randomized response."""
         return self.embeddings == "randomized-response"
 
     @property

@@ -9,7 +9,7 @@ comes back; it adds :meth:`EmbeddingDP.local_loss` when the gradient returns.
 An :class:`EmbeddingDP` lives for one training run (its :attr:`~EmbeddingDP.counts` are that
 run's releases); the releases of the party's *data*, which the budget limits and the ledger's
 composed (ε, δ) reports, are kept by a :class:`~vflink.privacy.budget.ReleaseBudget` that
-outlives runs, sessions and restarts (issue 19, item 3).
+outlives runs, sessions and restarts: a new session must not reset a record's budget.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ Observer = Callable[[str, dict[str, float]], None]
 
 log = logging.getLogger(__name__)
 
-#: The run's plan a primary announces for budget-first calibration (issue 20), and bounds on it.
+#: The run's plan a primary announces for budget-first calibration, and bounds on it.
 PLAN_KEYS = ("epochs", "train_batches", "train_chunks", "validation_chunks", "test_chunks")
 _PLAN_MAX = 10**7
 
@@ -210,7 +210,7 @@ class EmbeddingDP:
 
     def _calibrate_total(self) -> None:
         """σ such that the worst-case record, after every release the plan allows on top of
-        its earlier ones, is at (total_epsilon, δ) exactly (issue 20)."""
+        its earlier ones, is at (total_epsilon, δ) exactly."""
         cfg = self.config
         total = cfg.total_epsilon
         if total is None:
@@ -395,7 +395,7 @@ class EmbeddingDP:
         if not self._stream_claimed:
             self._claim_stream()
         t = self.config.clip
-        if self.config.normalize:  # issue 20: the whole radius t for every record
+        if self.config.normalize:  # the whole radius t for every record
             z = afe.normalize_to_sphere(out.float(), t)
         else:
             z = afe.clip_norm(out.float(), t)  # line 6, Eq. 2

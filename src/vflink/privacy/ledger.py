@@ -100,7 +100,7 @@ class Ledger:
         path = Path(path)
         if not os.path.lexists(path):
             raise DataError(f"{path}: no privacy ledger")
-        # a regular file inside its run directory, within size and depth limits (issue 19)
+        # a regular file inside its run directory, within size and depth limits (vflink._files)
         data = read_json_file(path.parent, path.name)
         return cls.from_json(data, source=str(path))
 

@@ -1,4 +1,4 @@
-"""Randomized response on a data-independent code (issue 20, a departure from VFL-AFE).
+"""Randomized response on a data-independent code (a departure from VFL-AFE).
 
 The Gaussian mechanism on a learned embedding spends its budget on every coordinate of every
 release: at a run's total ε = 8 (δ = 1e-5) one release already needs σ ≈ 0.6 times the

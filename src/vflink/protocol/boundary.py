@@ -4,7 +4,7 @@ An error raised while a party handles a peer's message has two audiences. The pa
 operator needs the full story (which row, which file, which library failed), and gets it in the
 party's log. The peer gets only what is safe to tell another organisation: the error's class,
 a stable code, and a message written for the boundary that says which check failed, never a
-cell value, a local path or the text of another exception (issue 13: a secondary used to echo
+cell value, a local path or the text of another exception (a secondary used to echo
 ``row 0 holds 'Alice ... Smith'`` and its absolute state path to the primary).
 
 A check that wants the peer to learn more than "class X, code Y" raises with :func:`refuse`,

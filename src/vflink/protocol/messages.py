@@ -111,8 +111,8 @@ class Health(Message):
     """Any allowed peer → a party: are you alive? The reply is an :class:`Ack` whose ``info``
     holds ``busy`` (1.0 while its handler works on a call), ``active`` (calls holding a slot:
     being received, worked on or waiting for the handler) and ``slots`` (calls it takes at
-    once). A served party answers it at once, beside any
-    long call (issue 19), without touching party state."""
+    once). A served party answers it at once, beside any long call, without touching party
+    state."""
 
     kind: ClassVar[str] = "health"
 
@@ -322,7 +322,7 @@ class SoftLink(Message):
     scale: tuple[float, ...] = ()  # (μ0, σ0) of a training linkage to reuse at inference
 
 
-# --- multi-field soft linkage through a coordinator (issue 14) ---------------------------------
+# --- multi-field soft linkage through a coordinator -------------------------------------------
 # Each field has its own public encoding and comparison; blocking keys travel only as keyed
 # digests. Column names go to the data parties (whose own schema decides whether they may be
 # encoded), never to the coordinator.
@@ -399,7 +399,7 @@ class FieldEncodings(Message):
 @dataclass(frozen=True)
 class FieldLink(Message):
     """Primary → coordinator: link my records to each secondary's top-K by the weighted field
-    distance (issue 14), then Eq. 1-2 as :class:`SoftLink`; ``blocking`` is the number of
+    distance, then Eq. 1-2 as :class:`SoftLink`; ``blocking`` is the number of
     blocking keys every party sent (0: compare every pair)."""
 
     kind: ClassVar[str] = "field_link"
@@ -521,7 +521,7 @@ class SetupPrivacy(Message):
     mode, ε, δ, t, α, β, ...; never a noise seed) and the number of classes C of the task
     (VFL-AFE Eq. 7; 0 for regression). A secondary with its own settings refuses others.
 
-    ``plan``: with ``total_epsilon`` (budget first, issue 20), the run's release plan the
+    ``plan``: with ``total_epsilon`` (budget first), the run's release plan the
     secondary calibrates its noise for (``epochs``, ``train_batches``, ``train_chunks``,
     ``validation_chunks``, ``test_chunks``); empty otherwise. Releases beyond it are refused
     by the secondary's budget, so a primary gains nothing by announcing less."""
@@ -563,7 +563,7 @@ MAX_CHUNK_ROWS = 1 << 20
 class PsuRound1(Message):
     """Primary (P_a) → secondary (P_p): open PSU (Algorithm 1) over ``n_a`` records (a
     positive number the secondary's policy allows), every list in chunks of at most
-    ``chunk_rows`` elements (issue 22).
+    ``chunk_rows`` elements (no round held whole in one message).
 
     The reply is an :class:`Ack` with ``info["n_p"]``, the secondary's record count, and
     ``info["chunk_rows"]``, the chunk size it accepts (at most the one asked for: its own work
@@ -608,7 +608,7 @@ class PsuFetch(Message):
 @dataclass(frozen=True)
 class PsiRound1(Message):
     """Primary → secondary: open ECDH PSI over ``n_a`` records, every list in chunks of at
-    most ``chunk_rows`` elements (issue 22).
+    most ``chunk_rows`` elements (no round held whole in one message).
 
     ``reveal`` says who learns the intersection (``both``, ``primary``, ``secondary``) or that
     only its size is to be known (``cardinality``). ``commitment`` is G^a, the primary's
@@ -677,7 +677,8 @@ class UnionSetup(Message):
     ``features`` strategy (``fea-sampling``, ``fea-gaussian``, ``fea-random``; ``none`` only
     when you hold every UID of U), if your policy serves it (``policy.union_features``). The
     secondary fits its preprocessing on all of its own records: a fit on the peer's
-    ``fit_uids`` (positions in U) would answer differently for UIDs it holds (issue 19), so
+    ``fit_uids`` (positions in U) would answer differently for UIDs it holds (a membership
+    oracle), so
     they are kept for the protocol's shape only. The reply is an :class:`Ack` with
     ``n_features``.
     """

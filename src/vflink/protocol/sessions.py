@@ -5,7 +5,7 @@ message may come next, from whom, how often, and what it must agree with. An aut
 peer that left the script could therefore send round 2 of PSU with a longer list than it
 committed to in round 1 (and learn which guessed IDs the secondary holds), replay PSI round 2
 after an honest run (and rewrite a finished intersection), or ask for embeddings before any
-alignment (issue 19). Following the sans-IO model of h11 (``h11/_state.py``), each protocol is
+alignment. Following the sans-IO model of h11 (``h11/_state.py``), each protocol is
 declared here as a table of :class:`Step` rows, and one engine (:class:`SessionTable`) applies
 the same rules to every message a party receives, *before* its handler runs:
 
@@ -111,7 +111,7 @@ def _sized(field_name: str) -> str:
 
 
 def _size(value: Any) -> int:
-    # an int field states a size itself (a chunked list's announced total, issue 22)
+    # an int field states a size itself (a chunked list's announced total)
     if isinstance(value, int) and not isinstance(value, bool):
         return value
     return len(value)
@@ -119,7 +119,7 @@ def _size(value: Any) -> int:
 
 @dataclass(frozen=True)
 class Chunked:
-    """The message is one chunk of the list ``stream`` (issue 22): a round's list travels as
+    """The message is one chunk of the list ``stream``: a round's list travels as
     chunks of at most ``commits[limit]`` elements, in order, and the step's ``target`` state is
     reached only once the chunks add up to the list's total.
 
@@ -274,7 +274,7 @@ class Step:
     when: tuple[str, tuple[Any, ...]] | None = None
     requires: tuple[str, tuple[Any, ...]] | None = None
     opens: bool = False
-    #: the message is one chunk of a list streamed over several messages (issue 22)
+    #: the message is one chunk of a list streamed over several messages
     chunk: Chunked | None = None
     #: what the receiving party's handler binds the message to beyond sizes (its aligned rows,
     #: its data's release budget): part of the declaration a reader checks, enforced by the party
@@ -330,21 +330,21 @@ _OPEN = "open"
 _ROWS = "rows ⊆ the alignment this party completed with the sender"
 
 def _up(kind: str, state: str, target: str, *bounds: Bound, commit: str = "") -> Step:
-    """One uploaded list of a round, in chunks (issue 22)."""
+    """One uploaded list of a round, in chunks."""
     return Step(kind, _P, (state,), target, times=None, when=("stream", (state,)),
                 chunk=Chunked(state, commit=commit), bounds=bounds)
 
 
 def _down(kind: str, state: str, target: str, total: str,
           requires: tuple[str, tuple[Any, ...]] | None = None) -> Step:
-    """One list the receiver sends back, fetched in chunks (issue 22)."""
+    """One list the receiver sends back, fetched in chunks."""
     return Step(kind, _P, (state,), target, times=None, when=("stream", (state,)),
                 chunk=Chunked(state, total=total, fetch=True), requires=requires)
 
 
 #: FLORIST Algorithm 1 as the passive party P_p (a secondary) enforces it. P_a commits to its
 #: set size n_a (positive, within P_p's policy) in round 1 and P_p answers the chunk size it
-#: accepts; every list then travels in chunks (issue 22), one list after the other in the order
+#: accepts; every list then travels in chunks, one list after the other in the order
 #: of Algorithm 1, and each list's total must agree with the sizes committed (lines 6, 8, 12).
 #: Line 11 takes no list from P_a: P_p raises the line-3 list it holds (vflink.alignment.psu),
 #: so what P_a learns about is what it committed to in line 3. The state is the list being
@@ -379,7 +379,7 @@ _REVEALED = ("reveal", ("both", "secondary"))
 _HIDDEN = ("reveal", ("primary", "cardinality"))
 
 #: ECDH PSI as the secondary enforces it; ``reveal`` fixed in round 1 decides whether round 2
-#: and the fetch of its rows exist at all. Every list travels in chunks (issue 22).
+#: and the fetch of its rows exist at all. Every list travels in chunks.
 PSI = ProtocolSpec(
     name="psi", title="ECDH private set intersection, at the secondary",
     receiver="secondary", key="session", paper="ECDH PSI (FLORIST §2.2 baseline)",
@@ -502,7 +502,7 @@ class Session:
     touched: float
     counts: dict[tuple[str, str], int] = field(default_factory=dict)
     commits: dict[str, Any] = field(default_factory=dict)
-    #: chunked lists: stream → (chunks, elements so far, total) (issue 22)
+    #: chunked lists: stream → (chunks, elements so far, total)
     streams: dict[str, tuple[int, int, int]] = field(default_factory=dict)
     #: lists with a chunk being handled: a second chunk of one waits its turn (is refused)
     busy: set[str] = field(default_factory=set)

@@ -119,7 +119,7 @@ def _protections(result: RunResult) -> list[dict[str, Any]]:
         enc = {"encoder": spec.get("encoder", a.get("encoding")), "kind": spec.get("kind"),
                **dict(spec.get("params") or {})}
         fields = a.get("field_encoding_specs")
-        if isinstance(fields, list):  # several fields (issue 14): one encoding per field
+        if isinstance(fields, list):  # several fields: one encoding per field
             enc = {"encoder": a.get("encoding"), "fields": len(fields),
                    "kinds": ",".join(str(f.get("kind")) for f in fields)}
         applies_to = "field_encodings" if isinstance(fields, list) else "identifier_encodings"
@@ -138,7 +138,7 @@ def _protections(result: RunResult) -> list[dict[str, Any]]:
         tau = a.get("tau")
         if sigma is not None:
             eps_f = float(eps) if eps is not None else math.inf
-            # first the protection in one line (issue 23), then what each figure means
+            # first the protection in one plain sentence, then what each figure means
             sentence = describe_protection(float(sigma), None if tau is None else float(tau),
                                            eps_f, delta) + ". " + explain_epsilon(
                 eps_f, delta) + "; " + (

@@ -88,7 +88,7 @@ def read_link_quality(run_dir: Path) -> dict[str, Any] | None:
     path = Path(run_dir) / LINK_QUALITY_FILE
     if not os.path.lexists(path):
         return None
-    # a regular file inside the run directory, within size and depth limits (issue 19)
+    # a regular file inside the run directory, within size and depth limits (vflink._files)
     raw = read_json_file(run_dir, LINK_QUALITY_FILE, error=RunError)
     version = raw.get("version") if isinstance(raw, dict) else None
     if version != LINK_QUALITY_VERSION:

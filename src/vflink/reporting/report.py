@@ -606,7 +606,7 @@ def _page(title: str, lead: str, sections: list[str]) -> str:
 
 def _read_json(directory: Path, name: str | Path) -> Any:
     """A JSON object from a file of ``directory``: a regular file inside it, within size and
-    nesting limits (issue 19: a directory from elsewhere is data); a ``metrics.json`` also with
+    nesting limits (a directory from elsewhere is data); a ``metrics.json`` also with
     the types the page uses (:data:`vflink.runfiles.results.METRICS_SCHEMA`)."""
     value = read_json_file(directory, name)
     if not isinstance(value, dict):
@@ -776,5 +776,5 @@ def write_report(directory: Path, out: Path | None = None) -> Path:
     target = Path(out) if out is not None else Path(directory) / "report.html"
     page = build_report(directory)
     target.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(target, page)  # never through a link planted at the target (issue 19)
+    atomic_write_text(target, page)  # never through a link planted at the target
     return target

@@ -21,7 +21,7 @@ from vflink._checks import (
 )
 from vflink.data.featurestore import FEATURE_STORES
 from vflink.data.schema import PartySchema
-from vflink.engine import ComputeConfig  # the [compute] section (issue 22)
+from vflink.engine import ComputeConfig  # the [compute] section
 from vflink.errors import ConfigError, VflinkError
 from vflink.models.device import DEFAULT_DEVICE, DEVICES
 from vflink.models.merge import AggregatorConfig
@@ -122,7 +122,7 @@ class AlignmentConfig:
     alpha: float = 0.0
     beta: float = 0.0
     pool: str = "all"
-    # Several fields, each with its own metric and weight, and blocking keys (issue 14):
+    # Several fields, each with its own metric and weight, and blocking keys:
     # [[alignment.fields]] and [[alignment.blocking]] (vflink.linkage.fields)
     fields: tuple[FieldSpec, ...] = ()
     blocking: tuple[Blocking, ...] = ()
@@ -244,7 +244,7 @@ class ModelConfig:
     pair_dim: int = 10
     aggregator: AggregatorConfig = field(default_factory=AggregatorConfig)
     standardize: bool = True  # z-score numeric features (False: raw, as the FedSim authors)
-    #: every party's bottom model: "mlp" (``hidden``) or "cnn" (issue 20; VFL-AFE's two-layer
+    #: every party's bottom model: "mlp" (``hidden``) or "cnn" (VFL-AFE's two-layer
     #: CNN is the default of ``channels`` / ``kernels``; ``image_shape`` = [C, H, W], one -1)
     bottom: str = "mlp"
     channels: tuple[int, ...] = (32, 64)

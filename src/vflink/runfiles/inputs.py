@@ -43,7 +43,7 @@ def load_inputs(config: RunConfig) -> Inputs:
     problems: list[str] = []
     for schema in data.parties:  # every table's problems at once, not the first table's only
         try:
-            # a secondary's large table is read in record batches (issue 22); see open_table
+            # a secondary's large table is read in record batches; see open_table
             tables.append(open_table(schema, store=config.training.feature_store)
                           if schema.role == "secondary" else load_table(schema))
         except DataError as exc:

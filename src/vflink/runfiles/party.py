@@ -37,13 +37,13 @@
     max_tau = 0.9999               # coordinator: largest greedy-attack bound τ (1 = no noise)
     max_pending_batches = 8        # see vflink.parties.policy.PartyPolicy for every key
 
-    [compute]                      # where this party's chunked stages run (issue 22); its
+    [compute]                      # where this party's chunked stages run; its
     engine = "ray"                 # cluster stays inside the party: never sent to a peer
     address = "local"              # "local" (start one here), "auto" or the head's host:port
     num_cpus = 4                   # CPUs of a cluster started here
     chunk_rows = 100000            # rows per task
 
-    [training]                     # where this party trains (issue 22); never sent to a peer
+    [training]                     # where this party trains; never sent to a peer
     device = "cpu"                 # "cpu", "cuda" or "auto" (CUDA where there is one)
     feature_store = "auto"         # "memory", "mmap" (per batch from a mapped Arrow file) or
                                    # "auto" (mmap from 10^6 rows); results are the same
@@ -291,7 +291,8 @@ def party_table(config: PartyConfig) -> PartyTable:
     if config.table is not None:
         if config.role == "secondary":
             # a large table (or feature_store = "mmap") is read in record batches, never whole
-            # (issue 22): its training reads it per batch into its mapped feature file
+            # so that its memory stays flat: its training reads it per batch into its mapped
+            # feature file
             store = config.training.feature_store if config.training is not None else "auto"
             return open_table(config.table, store=store)
         return load_table(config.table)

@@ -89,7 +89,7 @@ def atomic_run_dir(out_dir: Path, *, overwrite: bool = False, resume: bool = Fal
     out_dir = Path(out_dir)
     check_run_dir(out_dir, overwrite=overwrite, resume=resume)
     staging = staging_dir(out_dir)
-    if resume and staging.is_symlink():  # never write a run through a link (issue 19)
+    if resume and staging.is_symlink():  # never write a run through a link
         raise RunError(f"{out_dir}: {staging} is a symbolic link; an interrupted run is "
                        "resumed only from a real directory")
     created = _make_parents(out_dir)

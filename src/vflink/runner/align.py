@@ -155,7 +155,7 @@ def key_table(path: Path, on: Sequence[str], *, name: str, delimiter: str | None
         parts = [b.astype("string").fillna("") for b in iter_parquet_columns(Path(path), on)]
         frame = (pd.concat(parts, ignore_index=True) if parts
                  else pd.DataFrame({c: pd.Series(dtype="string") for c in on}))
-    else:  # a CSV in record batches too (issue 22), the key columns alone, as text
+    else:  # a CSV in record batches too, the key columns alone, as text
         header = read_frame_header(Path(path), delimiter=delimiter, encoding=encoding)
         frame = pd.DataFrame(columns=header)
         if set(on) <= set(header):
@@ -181,7 +181,7 @@ def key_frame(frame: pd.DataFrame, on: Sequence[str], *, name: str, source: str)
 @dataclass(frozen=True)
 class KeyFile:
     """A party's key column(s) in a table file (CSV/TSV/.csv.gz, Parquet file or directory),
-    read in batches while aligning instead of as a whole table (issue 22)."""
+    read in batches while aligning instead of as a whole table (memory flat in its size)."""
 
     path: Path
     on: tuple[str, ...]
@@ -304,14 +304,14 @@ def run_set_alignment(keys: Sequence[bytes] | KeyBatches, channel: Channel, peer
                       compute: Compute | None = None, chunk_rows: int | None = None,
                       out: Path | None = None) -> tuple[SetAlignment, int]:
     """Drive PSU/PSI with ``peer`` over ``channel``; (own output, own group operations).
-    With ``compute``, the group operations run in buckets on that engine (issue 22).
+    With ``compute``, the group operations run in buckets on that engine.
     ``chunk_rows``: elements per message (default: ``compute``'s, else 100,000); ``out``:
     stream the own output to that Parquet file instead of holding it."""
     _check(method, reveal)
     g = get_group(group, workers=workers, compute=compute)
     driver = SetAlignmentDriver(keys, channel, g, progress=progress, chunk_rows=chunk_rows,
                                 out=out)
-    # a finished session is immutable: every run opens a new one (issue 19)
+    # a finished session is immutable: every run opens a new one
     name = session or new_session_name(method)
     mine = driver.psu(peer, name) if method == "psu" else driver.psi(peer, name, reveal=reveal)
     return mine, g.operations
@@ -339,7 +339,7 @@ def align_in_process(primary: PartyTable | KeyFile, secondary: PartyTable | KeyF
     """Both parties in this process, talking through an in-process channel (both on
     ``compute``, this process's engine, when given).
 
-    Issue 22: a :class:`KeyFile` is read in batches of ``chunk_rows`` (default: ``compute``'s,
+    A :class:`KeyFile` is read in batches of ``chunk_rows`` (default: ``compute``'s,
     else 100,000; also the protocol's elements per message), and with ``out`` (a directory)
     both outputs are streamed to ``out/primary.parquet`` and ``out/secondary.parquet``
     instead of held: with both, this process's memory does not grow with the tables."""

@@ -71,7 +71,7 @@ def recorded_parties(run_dir: Path) -> dict[str, Path]:
 def _read_recording(run_dir: Path, directory: Path) -> Recording:
     """:func:`read_recording` of ``directory`` (``run_dir`` or a party's folder in it), once its
     files are checked: regular files inside ``run_dir``, the manifest a JSON object within
-    size and depth limits (issue 19: a run directory from elsewhere is data)."""
+    size and depth limits (a run directory from elsewhere is data)."""
     base = directory.relative_to(run_dir) / RECORDING_DIR
     manifest = read_json_file(run_dir, base / "received.json")
     if not (isinstance(manifest, dict) and isinstance(manifest.get("party"), str)

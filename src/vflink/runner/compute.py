@@ -1,4 +1,4 @@
-"""Opening a party's compute engine for a run (issue 22): ``[compute]`` plus the flags."""
+"""Opening a party's compute engine for a run: ``[compute]`` plus the flags."""
 
 from __future__ import annotations
 

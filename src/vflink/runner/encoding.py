@@ -108,7 +108,8 @@ def encoding_for(metric: str, *, bloom: bool,
         return EncodingSpec(encoder="bloom", kind="string", params=cfg.params()), "hamming"
     if metric == "haversine":
         # Places on the globe: the range is the whole sphere, fixed and public, so no party's
-        # bounding box is revealed, and the encoding resolves ~1 km anywhere (issue 14).
+        # bounding box is revealed, and the encoding resolves ~1 km anywhere
+        # (vflink.linkage.encoding.geo).
         geo = geo_config or GeoBloomConfig()
         return EncodingSpec(encoder="bloom", kind="geo", params=geo.params()), "hamming"
     sided = [(frame, columns, sources[i] if i < len(sources) else f"party {i}")
@@ -170,7 +171,7 @@ def field_encodings(fields: Sequence[FieldSpec], *, private: bool, primary: pd.D
                     bloom_config: BloomConfig | None = None,
                     geo_config: GeoBloomConfig | None = None,
                     sources: Sequence[str] = ()) -> tuple[EncodingSpec, ...]:
-    """The encoding every data party applies to each field (issue 14), the analogue of
+    """The encoding every data party applies to each field, the analogue of
     :func:`encoding_for` for several fields.
 
     Private (the default): keyed Bloom filters for every field, q-gram filters for strings,

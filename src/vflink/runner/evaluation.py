@@ -185,7 +185,7 @@ def read_truth(run_dir: Path) -> tuple[dict[str, Any], dict[str, npt.NDArray[Any
     base = Path(run_dir) / TRUTH_DIR
     if not os.path.lexists(base / "truth.json"):
         return {}, {}
-    # files of a run directory are data: regular files inside it, within limits (issue 19)
+    # files of a run directory are data: regular files inside it, within limits
     manifest = read_typed_json(run_dir, f"{TRUTH_DIR}/truth.json", Obj())
     # numeric arrays only, each checked from its header (an object array is never unpickled)
     return manifest, load_arrays(run_dir, f"{TRUTH_DIR}/truth.npz")

@@ -1,4 +1,4 @@
-"""Multi-field linkage between two tables, run as parties in this process (issue 14).
+"""Multi-field linkage between two tables, run as parties in this process.
 
 Each field has its own metric and weight, with optional blocking keys; the weighted distance
 goes through FedSim's Eq. 1-2 unchanged (:mod:`vflink.linkage.fields`). The encodings are

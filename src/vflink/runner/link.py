@@ -113,7 +113,7 @@ def run_linkage(primary: pd.DataFrame, secondary: pd.DataFrame, *, on: Sequence[
                 compute: Compute | None = None) -> LinkOutcome:
     """Link ``primary`` to ``secondary`` through a coordinator, all parties in this process.
 
-    With ``compute`` (this process's engine, issue 22) every party's chunked stages run on it:
+    With ``compute`` (this process's engine) every party's chunked stages run on it:
     the data parties' encoding and the coordinator's top-K search; the links are the same.
 
     Private by default: identifiers reach the coordinator as keyed Bloom filters unless
@@ -144,7 +144,7 @@ def run_linkage(primary: pd.DataFrame, secondary: pd.DataFrame, *, on: Sequence[
     keep_s = _check_empty(secondary, secondary_on, kind, secondary_source, empty)
     if not (keep_p.all() and keep_s.all()):
         # Checked here, on the whole tables: the rows of the linkage below are renumbered, and
-        # a bad cell must be named by its row in the file (issue 23, item 4).
+        # a bad cell must be named by its row in the file, not by its renumbered row.
         _check_kept(primary, on, kind, metric, primary_source, keep_p)
         _check_kept(secondary, secondary_on, kind, metric, secondary_source, keep_s)
         inner = run_linkage(
@@ -451,7 +451,7 @@ def write_links(columns: dict[str, npt.NDArray[Any]], out: Path, *,
     """
     out.parent.mkdir(parents=True, exist_ok=True)
     if out.suffix.lower() == ".parquet":
-        # one file, or part by part above a size (issue 22; vflink.data.parts); the file says
+        # one file, or part by part above a size (vflink.data.parts); the file says
         # whose view it is and who holds each column
         write_columns(columns, out, parts=parts, metadata=links_metadata(list(columns), view))
     else:

@@ -1,4 +1,4 @@
-"""``vflink link`` streamed: memory flat in the tables' size, the same links (issue 22).
+"""``vflink link`` streamed: memory flat in the tables' size, the same links.
 
 The parties and the boundary are those of :func:`vflink.runner.link.run_linkage`, in this
 process: each data party reads its identifier columns in batches of ``chunk_rows`` rows

@@ -48,7 +48,8 @@ def secret_with_source(env: str, *, required: bool = False, seed: int | None = N
         raise ConfigError(f"set ${env} to the secret the data parties share (≥ 16 bytes)")
     if seed is not None:
         # once per process and variable: `vflink demo` trains three runs and an experiment
-        # dozens, each with the same warning (issue 23 item 6); the run's summary still says it
+        # dozens, each with the same warning, which buried the rest; the run's summary still
+        # says it
         if env not in _WARNED:
             _WARNED.add(env)
             log.warning("$%s is not set: in-process runs derive their alignment secret from the "

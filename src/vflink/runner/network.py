@@ -59,7 +59,7 @@ def network_federation(config: PartyConfig, *, run_id: str,
 
 def build_handler(config: PartyConfig, *, compute: Compute | None = None) -> MessageHandler:
     # This party's own policy and its knowledge of who is who come from its own party file,
-    # never from a peer (issue 13).
+    # never from a peer: a peer cannot loosen the policy it is checked against.
     party: CoordinatorParty | SecondaryParty
     if config.role == "coordinator":
         party = CoordinatorParty(config.name, seed=config.seed, roles=config.roles,
@@ -77,7 +77,7 @@ def build_handler(config: PartyConfig, *, compute: Compute | None = None) -> Mes
                           "coordinator; the primary drives runs with `vflink train --party`")
     # the party's own compute engine runs its chunked stages; it is never named to a peer
     party.compute = compute
-    if isinstance(party, SecondaryParty):  # its own batches in PSU/PSI (issue 22)
+    if isinstance(party, SecondaryParty):  # its own batches in PSU/PSI
         party.set_chunk_rows = config.compute.chunk_rows
     log.info("%s: policy %s; roles %s", config.name, config.policy, config.roles)
     return party

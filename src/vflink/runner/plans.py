@@ -82,7 +82,7 @@ def training_plan(config: RunConfig, algorithm: Algorithm, *, learn_missing: boo
     settings of the training ``protections`` (default: those the config turns on; embedding
     DP adds its public ``privacy`` settings)."""
     m, t = config.model, config.training
-    # randomized-response: each secondary sends the one-hot of a code (width k, issue 20)
+    # randomized-response: each secondary sends the one-hot of a code (width k)
     bottom = BottomSpec(hidden=m.hidden, out_dim=config.privacy.cut_width(m.cut_dim),
                         activation=m.activation,
                         dropout=m.dropout, optimizer=t.optimizer, lr=t.lr,
@@ -100,7 +100,7 @@ def training_plan(config: RunConfig, algorithm: Algorithm, *, learn_missing: boo
 
 def release_plan(plan: TrainingPlan, splits: tuple[Rows, ...], epochs: int,
                  batch_size: int) -> dict[str, int] | None:
-    """What a budget-first secondary calibrates its noise for (issue 20): the epochs, the
+    """What a budget-first secondary calibrates its noise for: the epochs, the
     training batches per epoch, and the evaluation batches of each split (validation after
     every epoch; train, validation and test once after training). ``None`` when the
     protection is per release."""

@@ -90,7 +90,7 @@ def link_by_split(config: RunConfig, inputs: Inputs, federation: Federation,
             raise ConfigError("alignment.pool = \"split\" needs every primary record of a split "
                               "to have a true match in every secondary")
         hub = InProcessHub(counter=federation.counter)
-        # the same policy and roles as the run's own in-process parties (issue 13)
+        # the same policy and roles as the run's own in-process parties, so each defends itself
         policy = federation.policy
         roles = local_roles(inputs.primary.name, names)
         hub.register(COORDINATOR, CoordinatorParty(

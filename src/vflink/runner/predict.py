@@ -109,7 +109,7 @@ def predict_records(run_dir: Path, records: pd.DataFrame, *, source: str = "inpu
     schema = trained.primary.schema
     label = schema.label
     has_label = label is not None and label in records.columns
-    # The label is optional here: name only the columns the model needs (issue 23, item 4).
+    # The label is optional here: name only the columns the model needs.
     needed = [c for c in schema.columns if c != label]
     missing = [c for c in needed if c not in records.columns]
     if missing:

@@ -131,7 +131,7 @@ class _Opened:
                                        for k, a in alignments["base"].items()}
         summary["unmatched"] = a_cfg.unmatched
         crossing = identifier_features(inputs)
-        if crossing:  # for the ledger: these identifiers also crossed as features (issue 14)
+        if crossing:  # for the ledger: these identifiers also crossed as features
             summary["identifiers_as_features"] = crossing
         log.info("aligned: %d of %d primary rows kept (%s)", len(rows), n,
                  summary["matched_fraction"])
@@ -149,7 +149,7 @@ def prepare_exact(config: RunConfig, inputs: Inputs, federation: Federation, *,
                           "soft linkage: set alignment.method = \"soft\"")
     _warn_column_order(inputs, "key")
     opened = _Opened(inputs, federation)
-    # every run opens its sessions under new names: a finished session is immutable (issue 19)
+    # every run opens its sessions under new names: a finished session is immutable
     session = new_session_name("exact")
     base = opened.initiator.align_exact(federation.coordinator, session=session)
     alignments = {"base": base, "top1": base, "exact": base}
@@ -203,7 +203,7 @@ def _top_k_linkage(config: RunConfig, inputs: Inputs, federation: Federation, *,
     a_cfg = config.alignment
     names = federation.secondaries
     top_k = a_cfg.top_k if "topk" in needs else 1
-    # every run opens its sessions under new names: a finished session is immutable (issue 19)
+    # every run opens its sessions under new names: a finished session is immutable
     soft_session, exact_session = new_session_name("soft"), new_session_name("exact")
     if a_cfg.pool == "split":  # the FedSim authors' protocol (vflink.runner.pools)
         splits = run_splits(config, inputs, np.arange(len(inputs.primary), dtype=np.int64))
@@ -286,7 +286,7 @@ def prepare_fields(config: RunConfig, inputs: Inputs, federation: Federation, *,
                    encoding: EncodingSpec | tuple[EncodingSpec, ...] | None = None,
                    **_: Any) -> Prepared:
     """``fields``: soft linkage on several fields, each with its own metric and weight
-    (``[[alignment.fields]]``, issue 14), with optional blocking keys."""
+    (``[[alignment.fields]]``), with optional blocking keys."""
     a_cfg = config.alignment
     _check_top_k(config, inputs, needs)
     for i, spec in enumerate(a_cfg.fields):

@@ -1,5 +1,5 @@
 """``--resume`` is bound to its run: a checkpoint records what the run was, and a resume with
-anything different is refused, naming what changed (issue 13, item 4).
+anything different is refused, naming what changed.
 
 The primary's checkpoint carries the resolved run configuration (seed, algorithm, data,
 alignment, model, training) and the fingerprint of the primary's own table; every secondary's
@@ -23,7 +23,8 @@ __all__ = ["check_resume", "config_changes", "run_fingerprint"]
 
 def run_fingerprint(config: RunConfig, primary: PartyTable) -> dict[str, Any]:
     """What a checkpoint records about its run (JSON-able). Not where it computes: [compute]
-    does not change results (issue 22), so a run may resume on another engine."""
+    does not change results (tested on both engines), so a run may resume on another
+    engine."""
     resolved = config_to_dict(config)
     resolved.pop("compute", None)
     return {"config": resolved, "data": {primary.name: frame_fingerprint(primary.frame)}}

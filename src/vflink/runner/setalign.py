@@ -53,7 +53,7 @@ log = logging.getLogger(__name__)
 
 
 def group_of(config: RunConfig) -> Group:
-    """The run's DH group, its batches on the run's engine (issue 22)."""
+    """The run's DH group, its batches on the run's engine."""
     return get_group(config.alignment.group, compute=current_compute())
 
 

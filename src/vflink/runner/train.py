@@ -51,7 +51,7 @@ def run_training(config: RunConfig, out_dir: Path | None = None, *, overwrite: b
     built (e.g. attacks that query the model; :mod:`vflink.experiments.afe`).
     """
     torch.set_num_threads(config.training.threads)
-    with run_compute(config.compute):  # [compute]: this run's chunked stages (issue 22)
+    with run_compute(config.compute):  # [compute]: this run's chunked stages
         options: dict[str, Any] = {"progress": progress, "transcript": transcript,
                    "tables": None if tables is None else as_inputs(tables),
                    "prepared": prepared, "federation": federation,

@@ -1,4 +1,4 @@
-"""Group operations in buckets on a compute engine equal the in-process ones (issue 22)."""
+"""Group operations in buckets on a compute engine equal the in-process ones."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""On-disk lists for the chunked set protocols (issue 22), against in-memory oracles."""
+"""On-disk lists for the chunked set protocols, against in-memory oracles."""
 
 from __future__ import annotations
 

@@ -129,7 +129,7 @@ def test_inversion_grid_png(tmp_path: Path) -> None:
 
 
 def test_the_response_release_keeps_codes_at_the_formula_rate() -> None:
-    # randomized-response (issue 20): what a shadow's release does to a one-hot code
+    # randomized-response: what a shadow's release does to a one-hot code
     k, eps, n = 16, 3.0, 20_000
     codes = np.random.default_rng(0).integers(0, k, n)
     release = Release.from_extra({"mechanism": {"response_k": k, "response_epsilon": eps}})

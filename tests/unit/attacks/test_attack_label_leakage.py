@@ -75,7 +75,7 @@ def test_missing_gradients_name_the_fix() -> None:
 
 def test_explanations_are_plain_sentences() -> None:
     assert "no measurable leak" in explain_auc(0.5, "X", "labels")
-    # issue 23 item 6: 0.39 is as far from chance as 0.61, and said so
+    # 0.39 is as far from chance as 0.61, and said so
     low, high = explain_auc(0.39, "X", "labels"), explain_auc(0.61, "X", "labels")
     assert "guessing" not in low and "a small leak" in low and "a small leak" in high
     assert "inverted" in low and "0.61" in low and "inverted" not in high

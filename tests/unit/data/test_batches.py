@@ -1,4 +1,4 @@
-"""Batched reads (issue 22): the batches, concatenated, equal the whole read (read_frame), for
+"""Batched reads: the batches, concatenated, equal the whole read (read_frame), for
 CSV and Parquet, and every batch is checked against the schema with table rows in messages."""
 
 from __future__ import annotations

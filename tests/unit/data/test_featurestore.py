@@ -1,4 +1,4 @@
-"""The memory-mapped feature store (issue 22): the same rows as the in-memory matrix."""
+"""The memory-mapped feature store: the same rows as the in-memory matrix."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Partitioned Parquet output (issue 22): the same content as the single file, readable by
+"""Partitioned Parquet output: the same content as the single file, readable by
 pyarrow.dataset and pandas, published atomically (a failed write leaves nothing)."""
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""``standardize = false``: numeric features reach the bottom model unscaled (issue 12)."""
+"""``standardize = false``: numeric features reach the bottom model unscaled, as the FedSim
+authors' code does."""
 
 from __future__ import annotations
 

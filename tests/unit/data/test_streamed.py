@@ -1,4 +1,4 @@
-"""A secondary's table read in record batches (issue 22, item 2): a StreamedTable answers
+"""A secondary's table read in record batches: a StreamedTable answers
 what training asks (rows for the preprocessing fit, key columns, the features a batch at a
 time, the fingerprint) equal to the whole read, without ever reading the table whole."""
 

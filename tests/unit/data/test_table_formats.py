@@ -1,4 +1,4 @@
-"""CSV files as people have them (issue 23, item 4): semicolon, tab and pipe delimiters found
+"""CSV files as people have them: semicolon, tab and pipe delimiters found
 and said; other encodings given as an option; a byte that does not decode named by line and
 column; a byte-order mark skipped."""
 

@@ -1,4 +1,4 @@
-"""The engine interface without Ray: config, the local engine, the factory (issue 22)."""
+"""The engine interface without Ray: config, the local engine, the factory."""
 
 from __future__ import annotations
 

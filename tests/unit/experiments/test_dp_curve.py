@@ -1,4 +1,4 @@
-"""The curve table of issue 20 from experiment runs: the cells against hand-computed means and
+"""The privacy-utility curve table from experiment runs: the cells against hand-computed means and
 population standard deviations, the first run of a (mode, ε, seed) kept, bad input named."""
 
 from __future__ import annotations

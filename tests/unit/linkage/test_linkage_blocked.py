@@ -1,4 +1,4 @@
-"""Blocked top-K search with skewed blocks split by comparison count (issue 22): equal to a
+"""Blocked top-K search with skewed blocks split by comparison count: equal to a
 brute-force search restricted to same-block pairs, whatever the cap and the block sizes."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Top-K search as chunk tasks and the exact merge of partial top-Ks (issue 22)."""
+"""Top-K search as chunk tasks and the exact merge of partial top-Ks."""
 
 from __future__ import annotations
 

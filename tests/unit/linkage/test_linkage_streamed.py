@@ -1,4 +1,4 @@
-"""Streamed soft linkage (issue 22): tables read in batches, chunk tasks scanning the secondary
+"""Streamed soft linkage: tables read in batches, chunk tasks scanning the secondary
 file, links written part by part; equal to the in-memory link of the same tables."""
 
 from __future__ import annotations

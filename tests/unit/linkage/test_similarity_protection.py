@@ -1,4 +1,4 @@
-"""Theorem 2 on the distance's own step (issue 23): the closed form with a resolution r, the
+"""Theorem 2 on the distance's own step: the closed form with a resolution r, the
 multi-field step, the infeasible-τ message and the one-line protection summary."""
 
 from __future__ import annotations

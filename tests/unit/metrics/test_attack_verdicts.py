@@ -1,4 +1,4 @@
-"""Verdict words for an attack AUC (issue 23 item 6): judged by distance from 0.5 and direction."""
+"""Verdict words for an attack AUC: judged by distance from 0.5 and direction."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The CNN bottom model (issue 20): its size as the guard computes it equals the built
+"""The CNN bottom model (VFL-AFE §4.1): its size as the guard computes it equals the built
 model's, a peer cannot ask for one over the party's limit, and shapes are checked."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Each party enforces its own policy (issue 13), tested in-process and over gRPC on loopback.
+"""Each party enforces its own policy, tested in-process and over gRPC on loopback.
 
 The network suite against real `vflink serve` processes is tests/integration/test_hostile_peers.py;
 here the same party objects answer both an in-process hub and a GrpcServer in this process, so
@@ -153,7 +153,7 @@ def test_raw_identifiers_refused_by_default_and_the_coordinator_gets_nothing(
 
 @pytest.mark.network
 def test_a_data_error_crosses_without_its_cell_values(transport: Any) -> None:
-    # The issue's finding: a raw numeric spec on a column of names quoted the name back.
+    # A raw numeric spec on a column of names used to quote the name back to the peer.
     fed = Federation(PartyPolicy(identifiers="any"))
     ch = transport(fed)
     with pytest.raises(DataError) as info:

@@ -1,4 +1,4 @@
-"""The repeated-setup attack on a secondary's privacy budget (issue 19, item 3), over both
+"""The repeated-setup attack on a secondary's privacy budget, over both
 transports: a primary that repeats ``SetupBottom`` + ``FitPreprocessing`` (or
 ``SetupPrivacy``) after the budget refusal still gets nothing, and a new party object on the
 same state directory (a restarted service) keeps refusing."""
@@ -44,7 +44,7 @@ def new_bank(state: Path | None) -> SecondaryParty:
     party = SecondaryParty(bank_table(), InProcessHub().channel("bank"), out_dir=state,
                            privacy=PRIVACY, privacy_seed=5)
     party.roles = {"primary": "primary", "bank": "secondary"}
-    party.set_linked_rows(np.arange(N), peer="primary")  # aligned with the primary (issue 19)
+    party.set_linked_rows(np.arange(N), peer="primary")  # aligned with the primary: it serves rows
     return party
 
 

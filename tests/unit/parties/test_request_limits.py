@@ -1,4 +1,4 @@
-"""A request cannot cause unbounded work (issue 19): sizes a protocol allows are capped by the
+"""A request cannot cause unbounded work: sizes a protocol allows are capped by the
 party's own policy and refused before any work, on every transport; malformed work parameters
 are a validation message, not an internal error; Health is answered."""
 
@@ -108,7 +108,7 @@ def test_oversized_psu_and_psi_rounds_are_refused_before_work(call: Any) -> None
     g = get_group("ristretto255", workers=1)
     over = np.tile(g.hash_to_group([b"x"]), (POLICY.max_set_elements + 1, 1))
     n = POLICY.max_set_elements
-    # the announced total is capped in round 1 (issue 22: the lists follow in chunks)
+    # the announced total is capped in round 1 (the lists follow in chunks)
     for message in (PsuRound1(session="p", group="ristretto255", n_a=n + 1, chunk_rows=n),
                     PsiRound1(session="q", group="ristretto255", reveal="both", n_a=n + 1,
                               chunk_rows=n)):

@@ -1,4 +1,4 @@
-"""A stateful adversary per protocol (issue 19, item 6): an authenticated peer of each role
+"""A stateful adversary per protocol: an authenticated peer of each role
 sends any message of the protocol, in any state, with honest, replayed, resized and random
 contents, over both transports; invariants are checked after every step.
 
@@ -221,7 +221,7 @@ def resize(honest: np.ndarray, how: str, seed: int) -> np.ndarray:
 
 
 #: the lists of each protocol in the order they travel: (name, uploaded by the primary?, total)
-#: where total names the model's committed size (issue 22: every list in chunks)
+#: where total names the model's committed size (every list travels in chunks)
 _PSU_LISTS = (("a_s1", True, "n_a"), ("a_s1t1", False, "n_a"), ("p_t1", False, "n_p"),
               ("p_s1t1", True, "n_p"), ("union_s123t1", True, "n_u"),
               ("union", False, "n_u"), ("a_s1t123", False, "n_a"), ("p_t2", False, "n_p"),
@@ -235,7 +235,7 @@ EXPONENT = GROUP.random_exponent()
 
 
 class SetProtocolMachine(RuleBasedStateMachine):
-    """PSU and PSI streamed in chunks (issue 22): a hostile primary (or another party) sends
+    """PSU and PSI streamed in chunks: a hostile primary (or another party) sends
     chunks of any list, in any order, of any size, repeated or after the list closed; the
     model predicts exactly which are admitted."""
 
@@ -479,7 +479,7 @@ class SetProtocolMachine(RuleBasedStateMachine):
 
     @invariant()
     def no_files_left_behind(self) -> None:
-        """Finished or failed sessions keep no bucket files (issue 22)."""
+        """Finished or failed sessions keep no bucket files."""
         if self.out_dir is None:
             return
         tmp = self.out_dir / ".set-tmp"

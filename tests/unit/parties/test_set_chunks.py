@@ -1,4 +1,4 @@
-"""PSU and PSI streamed in chunks (issue 22): results equal to one chunk per list, whatever
+"""PSU and PSI streamed in chunks: results equal to one chunk per list, whatever
 the chunk size; bucket files removed when a session finishes or fails."""
 
 from __future__ import annotations

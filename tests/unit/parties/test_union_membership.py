@@ -1,4 +1,4 @@
-"""Union training is not a membership oracle (issue 19, item 2): a hostile primary collects
+"""Union training is not a membership oracle: a hostile primary collects
 every answer it can get from a secondary about UIDs it knows to be members (records the
 secondary holds) and non-members, and a classifier of the two from those answers is at chance.
 
@@ -174,7 +174,7 @@ def duplicates(emb: np.ndarray) -> np.ndarray:
     return counts[inverse.reshape(-1)] - 1
 
 
-# --- the attacks of issue 19 as regression tests ------------------------------------------
+# --- the membership probes a hostile tester used, as regression tests ----------------------
 
 
 @pytest.mark.network

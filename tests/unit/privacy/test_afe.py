@@ -13,7 +13,7 @@ from vflink.privacy.embedding_dp import EmbeddingDP
 
 @pytest.mark.parametrize("mode", ["vanilla", "rescale"])
 def test_released_noise_is_2_sigma_t_over_100k_embeddings(mode: str) -> None:
-    # the check of issue 9: std(released − clipped-and-rescaled) = 2σt within 2 %
+    # std(released − clipped-and-rescaled) = σ times the sensitivity 2t, within 2 %
     t, n, d = 0.7, 100_000, 8
     dp = EmbeddingDP(PrivacyConfig(embeddings=mode, epsilon=2.0, delta=1e-2, clip=t),
                      party="s", n_rows=n, seed=5)

@@ -1,4 +1,4 @@
-"""Release counts that belong to the data (issue 19, item 3): they outlive an EmbeddingDP (a
+"""Release counts that belong to the data: they outlive an EmbeddingDP (a
 run), persist in a file, compose across settings, and only an explicit reset forgets them."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The ``fields`` quantiser of ``randomized-response`` (issue 20): the code of a preprocessed
+"""The ``fields`` quantiser of ``randomized-response``: the code of a preprocessed
 row against a brute-force reference (each column's digit from N(0, 1) quantiles or the
 category's frequency rank), the bit shares, the preprocessing's layout, and the party-side
 wrapper (what it releases at a huge ε is the reference code; the layout survives a resume)."""

@@ -1,4 +1,4 @@
-"""Randomized response on a SimHash code, released once (issue 20): the mechanism against its
+"""Randomized response on a SimHash code, released once: the mechanism against its
 formula, its accounting against closed forms and an exact enumeration, and the party-side
 wrapper's cache, budget and ledger."""
 

@@ -1,4 +1,4 @@
-"""The protocol declarations and the session engine (issue 19).
+"""The protocol declarations and the session engine (docs/security.md).
 
 The declarations are checked for consistency with the parties that enforce them and with the
 README; the engine is checked rule by rule against small hand-made protocols (the oracle is the
@@ -224,7 +224,7 @@ def test_the_docs_draw_every_protocol_as_declared() -> None:
         assert f"`{p.name}`" in rendered
 
 
-# --- chunked lists (issue 22) -----------------------------------------------------------------
+# --- chunked lists ----------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""[compute] in run files and party files, and --engine/--address on the commands (issue 22)."""
+"""[compute] in run files and party files, and --engine/--address on the commands."""
 
 from __future__ import annotations
 

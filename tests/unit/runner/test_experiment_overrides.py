@@ -1,4 +1,4 @@
-"""Per-algorithm overrides and grid sweeps in experiment files (issue 12)."""
+"""Per-algorithm overrides and grid sweeps in experiment files."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The streamed ``vflink link`` (issue 22): tables read, encoded and searched in chunks, links
+"""The streamed ``vflink link``: tables read, encoded and searched in chunks, links
 written chunk by chunk; the output equals the in-memory link's byte for byte (Parquet, CSV,
 parts), its summary and Figure 4 too, on numeric and string identifiers, privacy on and off,
 with and without noise."""

@@ -12,7 +12,7 @@ from vflink.runner.local import secret_with_source
 
 def test_unset_secret_warns_once_per_process(monkeypatch: pytest.MonkeyPatch,
                                              caplog: pytest.LogCaptureFixture) -> None:
-    """`vflink demo` trains three runs: one warning, not three (issue 23 item 6)."""
+    """`vflink demo` trains three runs: one warning, not three."""
     monkeypatch.delenv("VFLINK_SECRET", raising=False)
     monkeypatch.delenv("OTHER_SECRET", raising=False)
     monkeypatch.setattr(local, "_WARNED", set())

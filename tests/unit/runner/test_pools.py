@@ -1,4 +1,5 @@
-"""alignment.pool = "split": each split is linked against its own records only (issue 12)."""
+"""alignment.pool = "split": each split is linked against its own records only (the FedSim
+authors' protocol)."""
 
 from __future__ import annotations
 
@@ -79,7 +80,7 @@ def test_split_pool_exact_links_identical_identifiers_within_the_split() -> None
         alignment=AlignmentConfig(method="soft", top_k=K, privacy="off", sigma=0.0,
                                   pool="split"))
     prepared = prepare(config, algorithms=["exact", "fedsim"])
-    assert purpose_of(prepared.sessions["exact"]) == "exact"  # named per run (issue 19)
+    assert purpose_of(prepared.sessions["exact"]) == "exact"  # named per run (never reused)
     exact = prepared.alignments["exact"]["secondary"].for_primary_rows(N)
     np.testing.assert_array_equal(exact[:, 0], np.arange(N))  # σ_cf = 0: each its own copy
 

@@ -65,7 +65,7 @@ def test_evaluation_section() -> None:
 
 @pytest.mark.parametrize("method", ["exact", "soft", "psi", "psu"])
 def test_every_protocol_message_kind_is_classified(method: str) -> None:
-    """Issue 23 item 5: no ledger row reads "not classified". Every kind the protocol defines,
+    """No ledger row reads "not classified". Every kind the protocol defines,
     sent in any stage, gets a protection and a sentence of its own."""
     from vflink.protocol.messages import MESSAGE_TYPES
 

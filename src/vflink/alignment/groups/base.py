@@ -94,10 +94,11 @@ class Group(ABC):
     Args:
         workers: threads (or processes, where the library holds the GIL) used for batches of at
             least ``parallel_threshold`` elements; ``None`` means every available core.
-        compute: a compute engine (issue 22): batches of at least ``parallel_threshold``
-            elements are hashed, validated and exponentiated in buckets of at most its
-            ``chunk_rows`` as its tasks, instead of in this object's pool. The exponent
-            travels to the party's own cluster only (a party's engine is inside the party).
+        compute: a compute engine (:mod:`vflink.engine`): batches of at least
+            ``parallel_threshold`` elements are hashed, validated and exponentiated in
+            buckets of at most its ``chunk_rows`` as its tasks, instead of in this object's
+            pool. The exponent travels to the party's own cluster only (a party's engine is
+            inside the party).
 
     Every large batch (hashing, validation, exponentiation) is cut into pieces that run on
     every worker; the calling thread only hands them out and collects them in order, so a

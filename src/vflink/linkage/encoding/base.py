@@ -48,7 +48,7 @@ def encode_chunk(encoder: Encoder, values: Any) -> Any:
 
 
 def encode_chunked(encoder: Encoder, values: Any, compute: Compute | None) -> Any:
-    """``encoder.encode(values)`` as a map over chunks of rows on ``compute`` (issue 22).
+    """``encoder.encode(values)`` as a map over chunks of rows on ``compute``.
 
     Every encoder encodes each row on its own from parameters fixed beforehand (fit
     statistics, the Bloom secret, the numeric range), so the concatenated chunks equal one call

@@ -218,7 +218,7 @@ def bloom_numeric(values: npt.ArrayLike, *, secret: bytes, ranges: NumericRange,
         halfwidths.append(t)
     out = np.empty((x.shape[0], sum(sizes) // 8), dtype=np.uint8)
     for start in range(0, x.shape[0], chunk_size):
-        checkpoint()  # a served request whose caller gave up stops here (issue 19)
+        checkpoint()  # a served request whose caller gave up stops here
         rows = x[start:start + chunk_size]
         blocks = []
         for j in range(d):
@@ -242,7 +242,7 @@ def bloom_strings(values: Iterable[str], *, secret: bytes, config: BloomConfig |
     grams: list[int] = []
     for r, v in enumerate(strings):
         if r % 4096 == 0:
-            checkpoint()  # a served request whose caller gave up stops here (issue 19)
+            checkpoint()  # a served request whose caller gave up stops here
         if not isinstance(v, str):
             raise DataError(f"string identifiers expected: row {r} is {v!r}")
         s = normalize_string(v) if cfg.normalize else v

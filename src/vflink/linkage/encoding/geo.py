@@ -4,7 +4,7 @@ FEDERAL's numeric filters (FedSim App. I) need a value range [low, high] per dim
 the parties' data, it reveals their bounding box, and a range as wide as the globe spreads the
 ``n_centres`` random centres so thinly that two places 5 km apart differ in less than one bit:
 on real airports and GeoNames places only 32 % of private top-1 links were the true nearest
-place (issue 14). This encoder is designed for the sphere instead:
+place. This encoder is designed for the sphere instead:
 
 1. (lat, lon) → a 3-D unit vector (no seam at the antimeridian, no singularity at the poles);
 2. the vector is projected on ``directions`` axes spread evenly over a hemisphere (a Fibonacci
@@ -194,7 +194,7 @@ def bloom_geo(values: npt.ArrayLike, *, secret: bytes, config: GeoBloomConfig | 
     bits = np.zeros(chunk_size * length, dtype=bool)
     row_base = (np.arange(chunk_size, dtype=np.int64) * length)[:, None]
     for start in range(0, x.shape[0], chunk_size):
-        checkpoint()  # a served request whose caller gave up stops here (issue 19)
+        checkpoint()  # a served request whose caller gave up stops here
         proj = _unit(x[start:start + chunk_size]) @ axes.T              # (n, A)
         n = proj.shape[0]
         cell = proj[:, None, None, :] * inv[None] + offsets[None]           # (n, L, S, A)

@@ -56,7 +56,7 @@ log = logging.getLogger(__name__)
 MAX_DEPTH = 16
 _MAX_NDIM = 32
 #: Largest extent of one dimension, and of the product of the non-zero extents: a shape like
-#: [0, 2**63+5] announces no bytes yet overflows numpy and torch (issue 13).
+#: [0, 2**63+5] announces no bytes yet overflows numpy and torch.
 _MAX_EXTENT = 2**48
 _INT64 = (-(2**63), 2**63 - 1)
 

@@ -8,7 +8,7 @@ must then be that same party. Refusals end the call with PERMISSION_DENIED and a
 Handler calls are serialised by default: party state (models, optimisers, pending batches) is not
 thread-safe. A handler with a true ``thread_safe`` attribute is called concurrently.
 
-One request cannot take the party down (issue 19), and one peer cannot take it from the others.
+One request cannot take the party down, and one peer cannot take it from the others.
 At most ``max_workers`` calls are worked on at once (a bounded pool of handler slots), and each
 authenticated peer holds at most its share of them (``peer_calls``; by default an equal share
 among the peers allowed to call), counted from the moment its call arrives, so one peer that

@@ -267,7 +267,7 @@ def _party_cert(party: str, ca_key: ec.EllipticCurvePrivateKey, ca_cert: x509.Ce
 def _write(path: Path, data: bytes, mode: int) -> None:
     # Create with the final mode, so a private key is never readable by others, not even
     # briefly; fchmod as well so the mode is exact whatever the umask. The file is new (never
-    # a link planted at ``path``) and renamed into place (vflink._files, issue 19).
+    # a link planted at ``path``) and renamed into place (vflink._files).
     with atomic_open(path, "wb", perms=mode) as f:
         os.fchmod(f.fileno(), mode)
         f.write(data)
