@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+from typing import Any
 from pathlib import Path
 
 import numpy as np
@@ -188,3 +189,39 @@ def test_summary_reports_the_run_against_its_crypto_bound(
     line = " ".join(capsys.readouterr().err.split())
     assert f"{bound['ratio']:.2f}× its crypto bound of {bound['seconds']:.2g} s on 1 core" \
         in line
+
+
+@pytest.mark.network
+@pytest.mark.parametrize("cut", [1, 3, 7])
+def test_a_served_table_read_in_short_batches_aligns_as_a_whole_one(
+        cut: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A served party's reader may cut its batches shorter than asked (a CSV block, a Parquet
+    row group ends): PSU's line 12 still answers fetch ``i`` with exactly rows
+    ``[i·chunk, (i+1)·chunk)`` of its table, and both outputs pair the plaintext sets."""
+    from vflink.data.streamed import StreamedTable
+    from vflink.data.table import PartyTable
+
+    def shorter(whole: Any) -> Any:
+        def batches(self: PartyTable, columns: Any = None, **kw: Any) -> Any:
+            for frame in whole(self, columns, **kw):
+                for lo in range(0, len(frame), cut):  # pieces of `cut` rows, under a chunk
+                    yield frame.iloc[lo:lo + cut]
+        return batches
+
+    for cls in (PartyTable, StreamedTable):  # a small table is read whole, a large streamed
+        monkeypatch.setattr(cls, "batches", shorter(cls.batches))
+    monkeypatch.setenv("VFLINK_SECRET", "not-used-by-psu-but-required-to-serve")
+    ka, kp = [f"{i:04d}" for i in range(0, 33)], [f"{i:04d}" for i in range(12, 50)]
+    pd.DataFrame({"id": kp, "x": np.arange(len(kp))}).to_csv(tmp_path / "bank.csv", index=False)
+    pd.DataFrame({"id": ka}).to_parquet(tmp_path / "mine.parquet")
+    pri, sec = _party_files(tmp_path, tmp_path / "bank.csv")
+    for p in (pri, sec):
+        p.write_text(p.read_text() + "[compute]\nchunk_rows = 8\n")
+    with served_in_threads(sec):
+        for method, check in (("psu", check_psu), ("psi", check_psi)):
+            out = align_over_network(KeyFile(tmp_path / "mine.parquet", ("id",), "primary"),
+                                     load_party_config(pri), "bank", method=method,
+                                     out=tmp_path / method)
+            theirs = pd.read_parquet(tmp_path / "state" / "alignments" /
+                                     f"{out.primary.session}.parquet")
+            check(ka, kp, pd.read_parquet(tmp_path / method / "primary.parquet"), theirs)

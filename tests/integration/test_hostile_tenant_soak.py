@@ -98,8 +98,12 @@ def _honest(t: Tenancy, n: int, until: Callable[[], bool], runs: dict[str, list[
 def soak(tmp: Path, *, n_secondary: int, n: int, alone_runs: int, seconds: float,
          pause_s: float) -> dict[str, Any]:
     # honest sessions wait while their primary computes beside the others: idle expiry in
-    # minutes as by default, not the seconds the isolation tests use
-    with tenancy(tmp, n=n_secondary, policy={"session_ttl_s": 120.0}) as t:
+    # minutes as by default, not the seconds the isolation tests use. An honest primary here
+    # runs a PSU and a PSI every two seconds for minutes, hundreds of set sessions: the daily
+    # allowance (policy.max_set_sessions, 200) is lifted so the soak measures isolation, not
+    # that allowance (tests/unit/parties/test_set_binding.py checks the allowance).
+    with tenancy(tmp, n=n_secondary, policy={"session_ttl_s": 120.0,
+                                             "max_set_sessions": 1_000_000}) as t:
         # the honest primaries alone (both at once)
         alone: dict[str, list[Any]] = {who: [] for who in HONEST}
         with _Sampler(t) as before:

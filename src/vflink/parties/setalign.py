@@ -806,18 +806,25 @@ class SetAlignmentPeer:
 
     def _own_hashed(self, group: Group, size: int
                     ) -> Iterator[tuple[npt.NDArray[np.int64], Elements]]:
-        """(rows, H(key)) of own records, one batch of ``size`` at a time (in memory only:
-        an unkeyed hash of our IDs is never written to disk)."""
+        """(rows, H(key)) of own records, in batches of exactly ``size`` (the last one the
+        rest), in memory only: an unkeyed hash of our IDs is never written to disk.
+
+        Exact sizes matter: PSU's line 12 answers fetch ``i`` with rows ``[i·size, (i+1)·size)``
+        from this iterator, while a streamed table's reader may cut its batches shorter (a CSV
+        block, a Parquet row group); :class:`KeyBatches` re-cuts them."""
         if self.set_keys is not None:
             yield from _hashed(group, self.set_keys, size)
             return
-        # the key columns only, a batch at a time: a streamed (large) table is never read whole
-        start = 0
-        for batch in self.table.batches(self.table.schema.key, batch_rows=max(1, size)):
-            stop = start + len(batch)
-            keys = key_bytes(batch, self.table.schema.key, who=self.table.source, offset=start)
-            yield np.arange(start, stop, dtype=np.int64), group.hash_to_group(keys)
-            start = stop
+        table, key = self.table, self.table.schema.key
+
+        def read(rows: int) -> Iterator[Sequence[bytes]]:
+            # the key columns only, a batch at a time: a streamed table is never read whole
+            start = 0
+            for batch in table.batches(key, batch_rows=max(1, rows)):
+                yield key_bytes(batch, key, who=table.source, offset=start)
+                start += len(batch)
+
+        yield from _hashed(group, KeyBatches(len(table), read), size)
 
     def _set_state(self) -> _PeerSession:
         state: _PeerSession | None = self.session.data.get("set")
