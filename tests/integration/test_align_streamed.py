@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd

@@ -86,6 +86,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from vflink.cli._heap import keep_large_blocks_mapped
     from vflink.cli._outputs import refuse_existing
     from vflink.errors import ConfigError, DataError
     from vflink.protocol.messages import MAX_CHUNK_ROWS
@@ -127,6 +128,7 @@ def run(args: argparse.Namespace) -> int:
     if args.chunk_rows is not None:  # the engine's tasks too
         compute_config = dataclasses.replace(compute_config, chunk_rows=args.chunk_rows)
     chunk_rows = compute_config.chunk_rows
+    keep_large_blocks_mapped()  # freed chunks go back to the system (see cli/_heap.py)
     probe = CostProbe(args.group)  # the group's costs before the run (unknown names refused)
     start = time.perf_counter()
     with open_compute(compute_config) as compute, \
