@@ -24,17 +24,13 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from privacy import adult_epochs  # noqa: E402  (the same Adult run loop as the AFE benchmark)
 
 from vflink.models.mlp import build_mlp, seeded_init  # noqa: E402
 from vflink.privacy.config import PrivacyConfig  # noqa: E402
 from vflink.privacy.label_protection import LabelProtection  # noqa: E402
-from vflink.runfiles.config import (  # noqa: E402
-    DataConfig,
-    ModelConfig,
-    RunConfig,
-    TrainingConfig,
-)
-from vflink.runner.train import run_training  # noqa: E402
 from vflink.types import Task  # noqa: E402
 
 MODES = ("off", "dp", "marvell", "max-norm")
@@ -78,22 +74,8 @@ def per_batch(batch: int, steps: int, cut: int, positives: float) -> dict[str, o
 
 
 def end_to_end(rows: int, epochs: int) -> dict[str, object]:
-    out: dict[str, object] = {}
-    base = None
-    for mode in MODES:
-        cfg = RunConfig(seed=0, algorithm="splitnn",
-                        data=DataConfig(dataset="adult", options={
-                            "n_secondaries": 2, "label_only_primary": True, "max_rows": rows}),
-                        model=ModelConfig(hidden=(64,), cut_dim=16, top_hidden=()),
-                        training=TrainingConfig(epochs=epochs, patience=epochs, threads=1),
-                        privacy=PrivacyConfig(labels=mode))
-        result = run_training(cfg)
-        per_epoch = float(np.mean([h.seconds for h in result.history]))
-        base = base if base is not None else per_epoch
-        out[mode] = {"seconds_per_epoch": per_epoch, "ratio_to_off": per_epoch / base,
-                     "test_accuracy": result.metrics["test"]["accuracy"]}
-    return {"dataset": "adult (label-only primary, 2 secondaries)", "rows": rows,
-            "epochs": epochs, "modes": out}
+    return adult_epochs(rows, epochs, {mode: PrivacyConfig(labels=mode) for mode in MODES},
+                        top_hidden=(), ratio_key="ratio_to_off")
 
 
 def main() -> None:

@@ -79,23 +79,34 @@ def per_step(batch: int, steps: int, in_dim: int, classes: int) -> dict[str, obj
             "total_ms": {m: t for m, t in times.items()}}
 
 
-def end_to_end(rows: int, epochs: int) -> dict[str, object]:
+def adult_epochs(rows: int, epochs: int, privacies: dict[str, PrivacyConfig], *,
+                 top_hidden: tuple[int, ...], ratio_key: str) -> dict[str, object]:
+    """Seconds per epoch and test accuracy of an in-process SplitNN run on Adult (label-only
+    primary, two secondaries) under each named privacy setting, with its ratio to the first
+    one's, all in this process (``benchmarks/label_protection.py`` uses it too)."""
     out: dict[str, object] = {}
     base = None
-    for mode in ("off", "vanilla", "rescale", "adjust", "afe"):
+    for mode, privacy in privacies.items():
         cfg = RunConfig(seed=0, algorithm="splitnn",
                         data=DataConfig(dataset="adult", options={
                             "n_secondaries": 2, "label_only_primary": True, "max_rows": rows}),
-                        model=ModelConfig(hidden=(64,), cut_dim=16, top_hidden=(32,)),
+                        model=ModelConfig(hidden=(64,), cut_dim=16, top_hidden=top_hidden),
                         training=TrainingConfig(epochs=epochs, patience=epochs, threads=1),
-                        privacy=PrivacyConfig(embeddings=mode, epsilon=8.0, labels="off"))
+                        privacy=privacy)
         result = run_training(cfg)
         per_epoch = float(np.mean([h.seconds for h in result.history]))
         base = base if base is not None else per_epoch
-        out[mode] = {"seconds_per_epoch": per_epoch, "ratio_to_unprotected": per_epoch / base,
+        out[mode] = {"seconds_per_epoch": per_epoch, ratio_key: per_epoch / base,
                      "test_accuracy": result.metrics["test"]["accuracy"]}
     return {"dataset": "adult (label-only primary, 2 secondaries)", "rows": rows,
             "epochs": epochs, "modes": out}
+
+
+def end_to_end(rows: int, epochs: int) -> dict[str, object]:
+    return adult_epochs(rows, epochs, {
+        mode: PrivacyConfig(embeddings=mode, epsilon=8.0, labels="off")
+        for mode in ("off", "vanilla", "rescale", "adjust", "afe")},
+        top_hidden=(32,), ratio_key="ratio_to_unprotected")
 
 
 def main() -> None:
