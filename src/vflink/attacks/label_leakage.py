@@ -116,11 +116,12 @@ def matched_accuracy(y: npt.NDArray[np.int64], clusters: npt.NDArray[np.int64],
     hits = 0
     for key in np.unique(batch):
         m = batch == key
-        classes = np.unique(np.concatenate([y[m], clusters[m]]))
-        index = {c: i for i, c in enumerate(classes)}
-        table = np.zeros((len(classes), len(classes)), dtype=np.int64)
-        for c, t in zip(clusters[m], y[m], strict=True):
-            table[index[c], index[t]] += 1
+        # one code per value seen as a cluster or a class, then the batch's contingency table
+        _, codes = np.unique(np.concatenate([clusters[m], y[m]]), return_inverse=True)
+        n = int(m.sum())
+        size = int(codes.max()) + 1
+        table = np.zeros((size, size), dtype=np.int64)
+        np.add.at(table, (codes[:n], codes[n:]), 1)
         r, c = linear_sum_assignment(-table)
         hits += int(table[r, c].sum())
     return hits / len(y) if len(y) else float("nan")

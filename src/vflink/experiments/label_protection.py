@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from vflink.errors import ConfigError
+from vflink.privacy.config import LABEL_MODES
 
 __all__ = ["ATTACK_COLUMNS", "adjusting_table", "curve_table", "load_runs", "plot_curve",
            "power_table", "protection_table", "run_key"]
@@ -34,7 +35,7 @@ ATTACK_COLUMNS = (("label-norm", "norm"), ("label-direction", "direction"),
                   ("label-fcm", "FCM"), ("label-completion", "completion"))
 
 #: protections in table order
-MODES = ("off", "max-norm", "marvell", "dp", "rr-prior")
+MODES = LABEL_MODES
 
 
 def run_key(run: dict[str, Any]) -> tuple[Any, ...]:

@@ -18,6 +18,7 @@ import math
 import os
 
 import numpy as np
+import numpy.typing as npt
 import torch
 
 __all__ = [
@@ -30,6 +31,7 @@ __all__ = [
     "pairwise_distances",
     "rescale",
     "secure_gaussian_noise",
+    "secure_uniform",
     "sensitivity_estimate",
 ]
 
@@ -100,6 +102,13 @@ def gaussian_noise(shape: tuple[int, ...], std: float,
     return torch.randn(shape, generator=generator, dtype=torch.float32) * std
 
 
+def secure_uniform(n: int) -> npt.NDArray[np.float64]:
+    """``n`` uniforms on [0, 1) with 53 random bits each, from ``os.urandom`` (a secure source:
+    a peer cannot reconstruct it as it could a seeded generator's state)."""
+    raw = np.frombuffer(os.urandom(8 * n), dtype=np.uint64)
+    return (raw >> np.uint64(11)).astype(np.float64) * 2.0**-53
+
+
 def secure_gaussian_noise(shape: tuple[int, ...], std: float) -> torch.Tensor:
     """Line 9 with the operating system's secure random source (``os.urandom``).
 
@@ -110,9 +119,8 @@ def secure_gaussian_noise(shape: tuple[int, ...], std: float) -> torch.Tensor:
     """
     n = math.prod(shape)
     k = (n + 1) // 2
-    raw = np.frombuffer(os.urandom(16 * k), dtype=np.uint64).reshape(2, k)
-    u1 = ((raw[0] >> np.uint64(11)).astype(np.float64) + 1.0) * 2.0**-53  # (0, 1]
-    u2 = (raw[1] >> np.uint64(11)).astype(np.float64) * 2.0**-53  # [0, 1)
+    u1 = secure_uniform(k) + 2.0**-53  # (0, 1]
+    u2 = secure_uniform(k)  # [0, 1)
     r = np.sqrt(-2.0 * np.log(u1))
     z = np.concatenate([r * np.cos(2 * np.pi * u2), r * np.sin(2 * np.pi * u2)])[:n]
     return torch.from_numpy((z * std).astype(np.float32)).reshape(shape)

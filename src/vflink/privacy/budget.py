@@ -356,6 +356,16 @@ class ReleaseBudget:
         self.flush()
         return k
 
+    def claim_stream_seed(self, seed: int, salt: int) -> int | None:
+        """:meth:`claim_stream`, as the seed of that stream's generator: ``None`` for the first
+        (a single run keeps its own seed and is reproducible), else one derived from
+        (seed, salt, stream); ``salt`` keeps two kinds of noise of one seed apart."""
+        k = self.claim_stream()
+        if k == 0:
+            return None
+        seq = np.random.SeedSequence([seed, salt, k])
+        return int(seq.generate_state(1, np.uint64)[0] >> 1)
+
     # --- figures -------------------------------------------------------------------------------
 
     @property

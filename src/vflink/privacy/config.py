@@ -114,6 +114,14 @@ PUBLIC_SETTINGS = ("embeddings", "epsilon", "total_epsilon", "reserve_releases",
                    "rescale_cap", "budget", "code_bits", "quantiser")
 
 
+
+def label_mode_for(named: str | None, task: Task | None) -> str:
+    """The label mode a run of ``task`` uses: the one named, else DEFAULT_LABELS on a binary
+    task and ``off`` on others (Marvell needs two classes)."""
+    if named is not None:
+        return named
+    return DEFAULT_LABELS if task is Task.BINARY else "off"
+
 @dataclass(frozen=True, kw_only=True)
 class PrivacyConfig:
     """Differential privacy on the embeddings every secondary sends (VFL-AFE Algorithm 1)."""
@@ -276,11 +284,8 @@ class PrivacyConfig:
         return self.labels != "off"
 
     def label_mode(self, task: Task | None) -> str:
-        """The mode a run of ``task`` uses: the one named, else DEFAULT_LABELS on a binary
-        task and ``off`` on others (Marvell needs two classes)."""
-        if self.labels is not None:
-            return self.labels
-        return DEFAULT_LABELS if task is Task.BINARY else "off"
+        """The mode a run of ``task`` uses (:func:`label_mode_for`)."""
+        return label_mode_for(self.labels, task)
 
     def label_settings(self) -> dict[str, Any]:
         """The primary's own label settings (its training plan carries them; never sent);

@@ -361,10 +361,9 @@ class EmbeddingDP:
         budget numbers the streams; the first keeps the seed (single runs are reproducible as
         before), later ones derive theirs from (seed, stream)."""
         self._stream_claimed = True
-        k = self.budget.claim_stream()
-        if k > 0:
-            seq = np.random.SeedSequence([self._seed, 0x5EED, k])
-            self._noise.manual_seed(int(seq.generate_state(1, np.uint64)[0] >> 1))
+        derived = self.budget.claim_stream_seed(self._seed, 0x5EED)
+        if derived is not None:
+            self._noise.manual_seed(derived)
 
     def release(self, out: torch.Tensor, rows: npt.NDArray[np.int64],
                 inputs: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:

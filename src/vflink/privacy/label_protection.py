@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -39,13 +38,13 @@ from dp_accounting import gaussian_mechanism
 from vflink.errors import ConfigError, PrivacyBudgetExceeded
 from vflink.privacy import label_dp, marvell, rr_prior
 from vflink.privacy.accounting import ACCOUNTANT, calibrate_total, max_releases_within
-from vflink.privacy.afe import secure_gaussian_noise
+from vflink.privacy.afe import secure_gaussian_noise, secure_uniform
 from vflink.privacy.budget import ReleaseBudget, ReleaseSetting, check_within
 from vflink.privacy.config import (
-    DEFAULT_LABELS,
     DEFAULT_LABELS_EPSILON,
     DEFAULT_MARVELL_POWER,
     LABEL_MODES,
+    label_mode_for,
 )
 from vflink.privacy.ledger import explain_epsilon
 from vflink.privacy.randomized_response import keep_probability
@@ -94,9 +93,7 @@ def resolve_settings(settings: Mapping[str, Any] | None, task: Task
     task, off on others), or ``None`` when the labels go unprotected."""
     if settings is None:
         return None
-    mode = settings.get("mode")
-    if mode is None:
-        mode = DEFAULT_LABELS if task is Task.BINARY else "off"
+    mode = label_mode_for(settings.get("mode"), task)
     return None if mode == "off" else {**settings, "mode": mode}
 
 
@@ -174,10 +171,9 @@ class LabelProtection:
         the streams; the first keeps the seed (a single run is reproducible), later ones derive
         theirs from (seed, stream) (as :class:`~vflink.privacy.embedding_dp.EmbeddingDP`)."""
         self._stream_claimed = True
-        k = self.budget.claim_stream()
-        if k > 0:
-            seq = np.random.SeedSequence([self._seed, 0x1AB5, k])
-            self._noise.manual_seed(int(seq.generate_state(1, np.uint64)[0] >> 1))
+        derived = self.budget.claim_stream_seed(self._seed, 0x1AB5)
+        if derived is not None:
+            self._noise.manual_seed(derived)
 
     def _normal(self, shape: tuple[int, ...]) -> torch.Tensor:
         """Standard normal draws (float64) from the seeded stream or the secure source."""
@@ -191,8 +187,7 @@ class LabelProtection:
         if not self._stream_claimed:
             self._claim_stream()
         if self.settings.secure_rng:
-            raw = np.frombuffer(os.urandom(8 * math.prod(shape)), dtype=np.uint64)
-            return ((raw >> np.uint64(11)).astype(np.float64) * 2.0**-53).reshape(shape)
+            return secure_uniform(math.prod(shape)).reshape(shape)
         return torch.rand(shape, generator=self._noise, dtype=torch.float64).numpy()
 
     # --- dp -------------------------------------------------------------------------------------
@@ -344,7 +339,7 @@ class LabelProtection:
         if self.mode == "rr-prior":
             k = int(self.randomized["k"]) if self.randomized else max(self.classes, 2)
             keep = keep_probability(s.epsilon, k)
-            eps = self.budget.max_epsilon(s.delta) if self.budget.settings else 0.0
+            eps = self.budget.max_epsilon(s.delta)
             return {**entry, "params": {
                 "mode": self.mode, "mechanism": "RRWithPrior (Ghazi et al., NeurIPS 2021, "
                 "Algorithm 2), uniform prior: k-ary randomized response",
@@ -408,7 +403,8 @@ class LabelProtection:
         releases = [[sig, m] for sig, m in budget.releases_of(worst)] if budget.settings \
             else []
         sigma = self.sigma if self.sigma is not None else float("nan")
-        noise_std = sigma * (self.max_sensitivity or label_dp.sensitivity(self.task, s.clip))
+        sensitivity = self.max_sensitivity or label_dp.sensitivity(self.task, s.clip)
+        noise_std = sigma * sensitivity
         loss = {Task.BINARY: "binary cross-entropy: g = σ(z) − y, Δ = 1",
                 Task.MULTICLASS: "cross-entropy: g = softmax(z) − e_y, Δ = √2",
                 Task.REGRESSION: f"squared error: g = clip(2(z − y), ±{s.clip:g}), "
@@ -416,8 +412,7 @@ class LabelProtection:
         counts = self._counts()
         return {
             "params": {"mode": "dp", "sigma": sigma, "noise_std": noise_std,
-                       "sensitivity": self.max_sensitivity or label_dp.sensitivity(
-                           self.task, s.clip),
+                       "sensitivity": sensitivity,
                        "where": "each record's loss gradient at the logits, back-propagated "
                                 "through the primary's whole network", "loss": loss,
                        "clip": s.clip if self.task is Task.REGRESSION else None,

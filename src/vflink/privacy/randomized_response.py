@@ -40,7 +40,6 @@ included): keep probability p = 1 − q + q/k, so q = k / (e^ε + k − 1).
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 from statistics import NormalDist
 
@@ -48,6 +47,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from vflink.privacy.afe import secure_uniform
 from vflink.privacy.config import MAX_CODE_BITS
 
 __all__ = [
@@ -143,9 +143,8 @@ def secure_randomized_response(codes: npt.NDArray[np.int64], k: int, epsilon: fl
     if codes.size and (codes.min() < 0 or codes.max() >= k):
         raise ValueError(f"codes outside [0, {k})")
     n = codes.shape[0]
-    raw = np.frombuffer(os.urandom(16 * n), dtype=np.uint64).reshape(2, n)
-    u = (raw[0] >> np.uint64(11)).astype(np.float64) * 2.0**-53
-    pick = ((raw[1] >> np.uint64(11)).astype(np.float64) * 2.0**-53 * (k - 1)).astype(np.int64)
+    u = secure_uniform(n)
+    pick = (secure_uniform(n) * (k - 1)).astype(np.int64)
     return _respond(codes, k, keep_probability(epsilon, k), u, np.minimum(pick, k - 2))
 
 
