@@ -35,7 +35,7 @@ import numpy.typing as npt
 
 from vflink.errors import ConfigError
 
-__all__ = ["DEFAULT_LEVELS", "FieldComparator", "bloom_dice", "exact_equal", "field_levels",
+__all__ = ["DEFAULT_LEVELS", "FieldComparator", "bloom_dice", "field_levels",
            "level_names", "pair_levels"]
 
 #: Similarity thresholds (highest first) of each kind of field, between ``exact`` and ``else``.
@@ -76,7 +76,8 @@ def level_names(thresholds: Sequence[float]) -> tuple[str, ...]:
     return ("else", *(f"≥ {t:.2g}" for t in reversed(tuple(thresholds))), "exact")
 
 
-def _words(x: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint64]:
+def packed_words(x: Any) -> npt.NDArray[np.uint64]:
+    """Packed bit rows (uint8) as 64-bit words, zero-padded to a multiple of 8 bytes."""
     a = np.ascontiguousarray(x, dtype=np.uint8)
     pad = (-a.shape[1]) % 8
     if pad:
@@ -88,7 +89,7 @@ def bloom_dice(a: npt.NDArray[np.uint8], b: npt.NDArray[np.uint8], rows: npt.NDA
                cols: npt.NDArray[np.int64], *, chunk: int = 1 << 16) -> FloatArray:
     """Dice coefficient of the packed filters ``a[rows[i]]`` and ``b[cols[i]]`` for each pair
     (0 where both are empty), in chunks so memory stays bounded."""
-    wa, wb = _words(a), _words(b)
+    wa, wb = packed_words(a), packed_words(b)
     pa = np.bitwise_count(wa).sum(axis=1, dtype=np.int64)
     pb = np.bitwise_count(wb).sum(axis=1, dtype=np.int64)
     out = np.empty(len(rows), dtype=np.float64)
@@ -98,16 +99,6 @@ def bloom_dice(a: npt.NDArray[np.uint8], b: npt.NDArray[np.uint8], rows: npt.NDA
         total = pa[r] + pb[c]
         out[start:start + chunk] = 2.0 * inter / np.maximum(total, 1)
     return out
-
-
-def exact_equal(a: npt.NDArray[Any], b: npt.NDArray[Any], rows: npt.NDArray[np.int64],
-                cols: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
-    """Whether the digests (or any per-record codes) ``a[rows[i]]`` and ``b[cols[i]]`` are
-    equal; digests are compared as 64-bit words."""
-    if a.ndim == 2:
-        wa, wb = _words(a.astype(np.uint8, copy=False)), _words(b.astype(np.uint8, copy=False))
-        return np.asarray((wa[rows] == wb[cols]).all(axis=1), dtype=bool)
-    return np.asarray(a[rows] == b[cols], dtype=bool)
 
 
 def field_levels(similarity: FloatArray, exact: npt.NDArray[np.bool_],

@@ -202,14 +202,16 @@ def pr_curve(rows: IntArray, cols: IntArray, scores: FloatArray, truth_rows: npt
     """Measured precision and recall of "score ≥ s" over the candidate pairs, at ``points``
     score quantiles (recall counts every true pair, found among the candidates or not)."""
     s = np.asarray(scores, dtype=np.float64)
-    is_true = np.isin(_pair_codes(rows, cols), np.unique(_pair_codes(truth_rows, truth_cols)))
-    n_true = len(np.unique(_pair_codes(truth_rows, truth_cols)))
+    true = np.unique(_pair_codes(truth_rows, truth_cols))
+    is_true = np.isin(_pair_codes(rows, cols), true)
+    n_true = len(true)
     order = np.argsort(-s, kind="stable")
+    ranked = s[order]
     tp = np.cumsum(is_true[order])
     cuts = np.unique(np.linspace(0, len(s), points).astype(np.int64).clip(1, max(len(s), 1)))
     out: dict[str, list[float]] = {"score": [], "precision": [], "recall": []}
     for end in cuts if len(s) else []:
-        out["score"].append(float(s[order][end - 1]))
+        out["score"].append(float(ranked[end - 1]))
         out["precision"].append(float(tp[end - 1] / end))
         out["recall"].append(float(tp[end - 1] / n_true) if n_true else 1.0)
     return out

@@ -25,6 +25,7 @@ __all__ = [
     "euclidean_distances",
     "hamming_distances",
     "haversine_distances",
+    "haversine_paired",
     "latlon_to_unit",
     "levenshtein_distances",
 ]
@@ -53,6 +54,17 @@ def haversine_distances(a: npt.ArrayLike, b: npt.ArrayLike) -> FloatArray:
     y = np.radians(np.asarray(b, dtype=np.float64))
     lat1, lon1 = x[:, 0:1], x[:, 1:2]
     lat2, lon2 = y[None, :, 0], y[None, :, 1]
+    h = (np.sin((lat2 - lat1) / 2.0) ** 2
+         + np.cos(lat1) * np.cos(lat2) * np.sin((lon2 - lon1) / 2.0) ** 2)
+    return np.asarray(2.0 * EARTH_RADIUS_KM * np.arcsin(np.sqrt(np.clip(h, 0.0, 1.0))))
+
+
+def haversine_paired(a: npt.ArrayLike, b: npt.ArrayLike) -> FloatArray:
+    """Great-circle distances in kilometres between rows ``a[i]`` and ``b[i]`` ((lat, lon) in
+    degrees): :func:`haversine_distances` for given pairs instead of every pair."""
+    x = np.radians(np.asarray(a, dtype=np.float64))
+    y = np.radians(np.asarray(b, dtype=np.float64))
+    lat1, lon1, lat2, lon2 = x[:, 0], x[:, 1], y[:, 0], y[:, 1]
     h = (np.sin((lat2 - lat1) / 2.0) ** 2
          + np.cos(lat1) * np.cos(lat2) * np.sin((lon2 - lon1) / 2.0) ** 2)
     return np.asarray(2.0 * EARTH_RADIUS_KM * np.arcsin(np.sqrt(np.clip(h, 0.0, 1.0))))

@@ -53,6 +53,7 @@ from rapidfuzz.distance import JaroWinkler, Levenshtein
 
 from vflink._checks import check_choice, check_int, raise_if
 from vflink.errors import ConfigError, DataError
+from vflink.linkage.comparison import packed_words
 from vflink.linkage.distances import euclidean_distances, haversine_distances
 from vflink.linkage.search import Neighbours
 
@@ -267,7 +268,7 @@ def _raw_numeric(metric: str, a: Any, b: Any) -> FloatArray:
         return haversine_distances(a, b)
     if metric == "hamming":
         # Dice distance |a ⊕ b| / (|a| + |b|) of packed filters, on 64-bit words.
-        wa, wb = _words(a), _words(b)
+        wa, wb = packed_words(a), packed_words(b)
         pa = np.bitwise_count(wa).sum(axis=1, dtype=np.int64)
         pb = np.bitwise_count(wb).sum(axis=1, dtype=np.int64)
         ham = np.zeros((wa.shape[0], wb.shape[0]), dtype=np.int64)
@@ -276,14 +277,6 @@ def _raw_numeric(metric: str, a: Any, b: Any) -> FloatArray:
         total = np.maximum(pa[:, None] + pb[None, :], 1)
         return np.asarray(ham / total, dtype=np.float64)
     return euclidean_distances(a, b)
-
-
-def _words(x: Any) -> npt.NDArray[np.uint64]:
-    a = np.ascontiguousarray(x, dtype=np.uint8)
-    pad = (-a.shape[1]) % 8
-    if pad:
-        a = np.pad(a, ((0, 0), (0, pad)))
-    return a.view(np.uint64)
 
 
 def _field_matrix(spec: FieldSpec, scale: float, a: Any, b: Any,
@@ -327,7 +320,7 @@ def _median_size(spec: FieldSpec, values: Any) -> float:
     """The median size of one side's present values in a field: set bits of a Bloom filter,
     characters of a string (0 when no value is present)."""
     if spec.metric == "hamming":
-        sizes = np.bitwise_count(_words(values)).sum(axis=1, dtype=np.int64)
+        sizes = np.bitwise_count(packed_words(values)).sum(axis=1, dtype=np.int64)
     else:
         sizes = np.fromiter((len(v) for v in values), dtype=np.int64, count=len(values))
     sizes = sizes[sizes > 0]

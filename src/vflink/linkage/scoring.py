@@ -31,6 +31,7 @@ from rapidfuzz import process
 
 from vflink.errors import ConfigError, LinkageError
 from vflink.linkage.comparison import FieldComparator, bloom_dice, level_names, pair_levels
+from vflink.linkage.distances import haversine_paired
 from vflink.linkage.encoding.dates import token_dice
 from vflink.linkage.fellegi_sunter import (
     FSModel,
@@ -170,10 +171,7 @@ def pair_similarities(encoder: str, metric: str, a: Any, b: Any, rows: IntArray,
     if encoder == "raw":
         x, y = np.asarray(a, dtype=np.float64)[rows], np.asarray(b, dtype=np.float64)[cols]
         if metric == "haversine":
-            lat1, lon1, lat2, lon2 = map(np.radians, (x[:, 0], x[:, 1], y[:, 0], y[:, 1]))
-            h = (np.sin((lat2 - lat1) / 2) ** 2
-                 + np.cos(lat1) * np.cos(lat2) * np.sin((lon2 - lon1) / 2) ** 2)
-            d = 2 * 6371.0088 * np.arcsin(np.sqrt(np.clip(h, 0.0, 1.0)))
+            d = haversine_paired(x, y)
         else:
             d = np.sqrt(((x - y) ** 2).sum(axis=1))
         missing = np.asarray(~(np.isfinite(x).all(axis=1) & np.isfinite(y).all(axis=1)),

@@ -113,3 +113,13 @@ def test_approximate_search_on_long_filters_measures_its_recall() -> None:
     truth = brute_hamming(bp, bs, 5)
     measured = recall_at_k(approx.distances, truth.distances)
     assert approx.recall == pytest.approx(measured) and measured >= 0.95
+
+
+def test_paired_haversine_is_the_diagonal_of_the_all_pairs_one() -> None:
+    from vflink.linkage.distances import haversine_distances, haversine_paired
+
+    rng = np.random.default_rng(3)
+    a = np.column_stack([rng.uniform(-90, 90, 50), rng.uniform(-180, 180, 50)])
+    b = np.column_stack([rng.uniform(-90, 90, 50), rng.uniform(-180, 180, 50)])
+    np.testing.assert_allclose(haversine_paired(a, b), np.diag(haversine_distances(a, b)),
+                               rtol=1e-12, atol=1e-9)
