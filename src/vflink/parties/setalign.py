@@ -293,15 +293,12 @@ class SetAlignmentDriver:
                 stream: str, chunks: Iterable[Elements], total: int,
                 last: Callable[[], dict[str, Any]] | None = None) -> None:
         """``chunks`` as messages of ``stream``; ``last()`` gives extra fields of the last one
-        (a proof over the whole list)."""
-        parts = [el for el in chunks if len(el)] if last is not None else None
-        source: Iterable[Elements] = parts if parts is not None else chunks
+        (a proof over the whole list), the one that completes ``total``."""
         sent = index = 0
-        count = len(parts) if parts is not None else -1
-        for el in source:
+        for el in chunks:
             if len(el) == 0:
                 continue
-            extra = last() if last is not None and index == count - 1 else {}
+            extra = last() if last is not None and sent + len(el) == total else {}
             self.channel.request(peer, kind(session=session, stream=stream, index=index,
                                             total=total, elements=el, **extra), Ack)
             sent += len(el)
@@ -572,6 +569,8 @@ def _gathered(xs: Spool, ys: Spool, positions: npt.NDArray[np.int64], chunk: int
 
 #: measured seconds of one exponentiation on one core, per group (see exponentiation_seconds)
 _RATES: dict[str, float] = {}
+#: guards the lazy creation of a party's set-session log and spool quota
+_RESOURCES_LOCK = threading.Lock()
 _RATE_LOCK = threading.Lock()
 
 
@@ -779,11 +778,15 @@ class SetAlignmentPeer:
         return message.kind in SET_KINDS
 
     def _set_resources(self) -> tuple[_SetSessionLog, _SpoolQuota]:
-        res = self.__dict__.get("_set_res")
-        if res is None:
-            out_dir = getattr(self, "out_dir", None)
-            res = (_SetSessionLog(None if out_dir is None else Path(out_dir)), _SpoolQuota())
-            self.__dict__["_set_res"] = res
+        """This party's session log and spool quota, made once: different peers' first rounds
+        run concurrently, and two of each would count their sessions and spools apart."""
+        with _RESOURCES_LOCK:
+            res = self.__dict__.get("_set_res")
+            if res is None:
+                out_dir = getattr(self, "out_dir", None)
+                res = (_SetSessionLog(None if out_dir is None else Path(out_dir)),
+                       _SpoolQuota())
+                self.__dict__["_set_res"] = res
         return res  # type: ignore[no-any-return]
 
     def _cap(self, what: str, n: int, *, own: int | None = None) -> None:
@@ -870,18 +873,26 @@ class SetAlignmentPeer:
         out_dir = getattr(self, "out_dir", None)
         return None if out_dir is None else Path(out_dir) / "alignments"
 
+    def _refuse_finished_name(self, session: str) -> None:
+        """A session name is used once, also across restarts of this party: nothing finished
+        is rewritten, and no peer opens a session under a finished one's name (after a
+        restart, before its owner reloads it, that session would shadow the owner's)."""
+        folder = self._result_dir()
+        if folder is None:
+            return
+        if any((folder / f"{session}{ext}").exists() or (folder / f"{session}{ext}").is_symlink()
+               for ext in (".json", ".parquet")):
+            raise refuse(ProtocolError, f"party {self.name!r}: session {session!r} finished "
+                                        "before; a new run opens a new session",
+                         code="session.finished")
+
     def _finish(self, session: str, result: SetAlignment) -> None:
         result = dataclasses.replace(result, session=session)
         state = self._set_state()
         folder = self._result_dir()
         if folder is not None and result.known and result.path is None:
+            self._refuse_finished_name(session)  # again: a run racing another of one name
             path = folder / f"{session}.parquet"
-            if path.exists() or path.is_symlink():
-                # nothing finished is rewritten by a peer: a session name is used
-                # once, also across restarts of this party
-                raise refuse(ProtocolError, f"party {self.name!r}: session {session!r} finished "
-                                            "before; a new run opens a new session",
-                             code="session.finished")
             write_set_alignment(result, path)
             if result.union is not None:  # union training needs U itself
                 atomic_write_bytes(folder / f"{session}.union", result.union.tobytes())
@@ -934,6 +945,7 @@ class SetAlignmentPeer:
 
     def _open(self, sender: str, group_name: str, n_a: int, chunk_rows: int, kind: str,
               method: str) -> _PeerSession:
+        self._refuse_finished_name(self.session.name)
         self.policy.check_peer_set_size(self.name, f"{kind}: n_a", n_a)
         # one chunk's work and size: ≤ MAX_CHUNK_ROWS elements, and never more than the list
         # (whose total policy.max_set_elements caps)

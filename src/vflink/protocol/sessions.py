@@ -593,13 +593,16 @@ class SessionTable:
         """The session ``name`` of ``protocol`` (None if there is none of that protocol); a
         finished one the party keeps on disk is reloaded (its ``restore`` hook; with ``peer``,
         only one that peer ran)."""
+        spec = next((p for p in self.protocols if p.name == protocol), None)
+        if spec is None:
+            return None
+        loaded = self._load(spec, name, peer)
         dropped: list[Session] = []
         try:
             with self._lock:
-                spec = next((p for p in self.protocols if p.name == protocol), None)
-                s = None if spec is None else self._sessions.get((spec.space, name))
-                if s is None and spec is not None:
-                    s = self._restore(spec, name, peer, dropped)
+                s = self._sessions.get((spec.space, name))
+                if s is None and loaded is not None:
+                    s = self._install(loaded, dropped)
                 return s if s is not None and s.protocol.name == protocol else None
         finally:
             self._dropped(dropped)
@@ -633,15 +636,21 @@ class SessionTable:
             except Exception:  # a failing hook must not fail the message being admitted
                 log.exception("party %r: freeing dropped session %r failed", self.party, s.name)
 
-    def _restore(self, protocol: ProtocolSpec, name: str, peer: str | None,
-                 dropped: list[Session]) -> Session | None:
-        """A finished session the party keeps on disk, back in the table (or None)."""
+    def _load(self, protocol: ProtocolSpec, name: str, peer: str | None) -> Session | None:
+        """A finished session the party keeps on disk (or None), read outside the table's lock:
+        reading a result back must not hold up every other peer's messages. Only a name the
+        table does not hold is looked up."""
         if self.restore is None:
             return None
+        with self._lock:
+            if (protocol.space, name) in self._sessions:
+                return None
         s = self.restore(protocol, name, peer)
-        if s is None or not s.finished:
-            return None
-        self._sessions[(s.protocol.space, name)] = s
+        return s if s is not None and s.finished else None
+
+    def _install(self, s: Session, dropped: list[Session]) -> Session:
+        """A reloaded finished session, into the table (under its lock)."""
+        self._sessions[(s.protocol.space, s.name)] = s
         self._note_finished(s, dropped)
         return s
 
@@ -724,19 +733,21 @@ class SessionTable:
             name = str(raw)
         else:
             name = sender
+        loaded = self._load(protocol, name, sender)
         dropped: list[Session] = []
         try:
-            return self._admit(protocol, name, sender, sender_role, message, dropped)
+            return self._admit(protocol, name, sender, sender_role, message, dropped, loaded)
         finally:
             self._dropped(dropped)
 
     def _admit(self, protocol: ProtocolSpec, name: str, sender: str, sender_role: str | None,
-               message: Message, dropped: list[Session]) -> Admission:
+               message: Message, dropped: list[Session], loaded: Session | None
+               ) -> Admission:
         with self._lock:
             now = self._expire(dropped)
             s = self._sessions.get((protocol.space, name))
-            if s is None:
-                s = self._restore(protocol, name, sender, dropped)
+            if s is None and loaded is not None:
+                s = self._install(loaded, dropped)
             if s is not None and s.protocol is not protocol:
                 raise self._refuse(protocol, s.state, message.kind,
                                    f"session {name!r} is a {s.protocol.name} session",
