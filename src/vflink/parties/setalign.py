@@ -633,7 +633,9 @@ class _SetSessionLog:
                 try:
                     doc = read_typed_json(self.path.parent, self.path.name, self.SCHEMA)
                     self._peers = {str(k): list(v) for k, v in doc["peers"].items()}
-                except VflinkError as exc:  # never fail open: an unreadable log is full
+                except VflinkError as exc:
+                    # writes are atomic, so only a hand-edited or damaged file gets here: the
+                    # count restarts (the operator is told) rather than refusing every peer
                     log.warning("%s unreadable (%s); counting from now", self.path, exc)
         return self._peers
 
