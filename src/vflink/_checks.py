@@ -19,6 +19,8 @@ __all__ = [
     "check_choice",
     "check_float",
     "check_int",
+    "check_one_to_one",
+    "check_probability",
     "check_str_tuple",
     "column_order_warning",
     "from_table",
@@ -70,6 +72,19 @@ def check_float(problems: list[str], name: str, value: object, *, min: float | N
 def check_choice(problems: list[str], name: str, value: object, choices: Collection[str]) -> None:
     if value not in choices:
         problems.append(f"`{name}` must be one of {', '.join(sorted(choices))}, got {value!r}")
+
+
+def check_probability(problems: list[str], name: str, value: object) -> None:
+    """A probability strictly inside (0, 1) (a decision threshold)."""
+    if not (isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < 1):
+        problems.append(f"`{name}` must be a probability in (0, 1), got {value!r}")
+
+
+def check_one_to_one(problems: list[str], name: str, value: object) -> None:
+    """A one-to-one choice: true, false, "optimal" or "greedy"."""
+    if not (isinstance(value, bool) or value in ("optimal", "greedy")):
+        problems.append(f"`{name}` must be true, false, \"optimal\" or \"greedy\", got "
+                        f"{value!r}")
 
 
 def check_str_tuple(problems: list[str], name: str, value: object) -> None:

@@ -15,7 +15,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from vflink._checks import check_choice, check_float, check_int, from_table
+from vflink._checks import (
+    check_choice,
+    check_float,
+    check_int,
+    check_one_to_one,
+    check_probability,
+    from_table,
+)
 from vflink.api._tables import TableLike, columns_arg, read_table
 from vflink.errors import ConfigError, DataError
 from vflink.types import Compute
@@ -393,13 +400,10 @@ def link(primary: TableLike, secondary: TableLike, *,
     field_specs = collect(_specs, FieldSpec, fields, "fields") or []
     if model is not None:
         check_choice(found, "model", model, ("fellegi-sunter",))
-    if not (isinstance(threshold, (int, float)) and not isinstance(threshold, bool)
-            and 0.0 < threshold < 1.0):
-        found.append(f"`threshold` must be a probability in (0, 1), got {threshold!r}")
-    if not (isinstance(one_to_one, bool) or one_to_one in ("optimal", "greedy")):
-        found.append(f"`one_to_one` must be true, false, \"optimal\" or \"greedy\", got "
-                     f"{one_to_one!r}")
-    elif one_to_one and model is None:
+    check_probability(found, "threshold", threshold)
+    before = len(found)
+    check_one_to_one(found, "one_to_one", one_to_one)
+    if len(found) == before and one_to_one and model is None:
         found.append("`one_to_one` decides among a model's matches: give "
                      "model=\"fellegi-sunter\"")
     check_choice(found, "view", view, ("operator", "primary"))

@@ -183,7 +183,7 @@ _FLAGS = ("bloom", "approximate", "parts", "stream")
 
 def _check_value(key: str, value: Any, problems: list[str]) -> None:
     """One problem (if any) for a [link] value of the wrong kind."""
-    from vflink._checks import check_float, check_int
+    from vflink._checks import check_float, check_int, check_one_to_one, check_probability
     from vflink.data.schema import check_decimal, check_delimiter, check_encoding
 
     if key in _CHOICES and value not in _CHOICES[key]:
@@ -199,13 +199,10 @@ def _check_value(key: str, value: Any, problems: list[str]) -> None:
                         f"got {value!r}")
     elif key == "top_k":
         check_int(problems, key, value, min=1)
-    elif key == "threshold" and not (isinstance(value, (int, float))
-                                     and not isinstance(value, bool) and 0 < value < 1):
-        problems.append(f"`threshold` must be a probability in (0, 1), got {value!r}")
-    elif key == "one_to_one" and not (isinstance(value, bool)
-                                      or value in ("optimal", "greedy")):
-        problems.append(f"`one_to_one` must be true, false, \"optimal\" or \"greedy\", got "
-                        f"{value!r}")
+    elif key == "threshold":
+        check_probability(problems, key, value)
+    elif key == "one_to_one":
+        check_one_to_one(problems, key, value)
     elif key == "seed":
         check_int(problems, key, value, min=0)
     elif key in ("tau", "sigma", "delta", "resolution"):

@@ -15,6 +15,8 @@ from vflink._checks import (
     check_choice,
     check_float,
     check_int,
+    check_one_to_one,
+    check_probability,
     from_table,
     raise_if,
     table_problems,
@@ -175,13 +177,8 @@ class AlignmentConfig:
         elif has_fields and any(getattr(f, "metric", "") is None for f in self.fields):
             problems.append("every [[alignment.fields]] entry needs a `metric`, unless "
                             "`alignment.model = \"fellegi-sunter\"` chooses it from the column")
-        if not (isinstance(self.threshold, (int, float)) and not isinstance(self.threshold, bool)
-                and 0 < self.threshold < 1):
-            problems.append(f"`alignment.threshold` must be a probability in (0, 1), got "
-                            f"{self.threshold!r}")
-        if not (isinstance(self.one_to_one, bool) or self.one_to_one in ("optimal", "greedy")):
-            problems.append(f"`alignment.one_to_one` must be true, false, \"optimal\" or "
-                            f"\"greedy\", got {self.one_to_one!r}")
+        check_probability(problems, "alignment.threshold", self.threshold)
+        check_one_to_one(problems, "alignment.one_to_one", self.one_to_one)
         raise_if(problems, "[alignment] section")
 
     def noise(self, mode: str = "soft") -> tuple[float | None, float | None]:
