@@ -332,3 +332,21 @@ def test_a_training_run_on_decisions_reports_them(tmp_path: Path,
     assert {"bloom-filter", "similarity-noise", "linkage-model"} <= kinds
     page = run.report(tmp_path / "report.html").read_text()
     assert "Linkage decisions" in page and "estimated F1" in page
+
+
+@pytest.mark.parametrize(("threshold", "one_to_one", "bad"), [
+    (1.5, True, "threshold"), (0.0, True, "threshold"), (True, True, "threshold"),
+    (0.5, "best", "one_to_one"), (0.5, 1, "one_to_one")])
+def test_threshold_and_one_to_one_refused_alike_by_the_api_and_the_run_file(
+        threshold: object, one_to_one: object, bad: str) -> None:
+    p, s, _ = places_frames(10, extra=2, seed=2)
+    with pytest.raises(ConfigError) as api:
+        vflink.link(p, s, fields=[{"on": ["name"], "secondary_on": ["title"]}],
+                    model="fellegi-sunter", threshold=threshold, one_to_one=one_to_one,
+                    top_k=1)
+    with pytest.raises(ConfigError) as run_file:
+        AlignmentConfig(method="soft", top_k=1, fields=PLACES_FIELDS, model="fellegi-sunter",
+                        threshold=threshold, one_to_one=one_to_one)  # type: ignore[arg-type]
+    said = f"`{bad}` must be " if bad == "threshold" else f"`{bad}` must be true, false"
+    assert said in str(api.value)
+    assert said.replace(f"`{bad}`", f"`alignment.{bad}`") in str(run_file.value)
