@@ -25,6 +25,7 @@ from vflink.parties.linking import (
     encode_fields,
     encode_identifiers,
     exact_digests,
+    field_raw_values,
     secret_mismatch,
     send_key_tag,
     undeclared_columns,
@@ -198,11 +199,12 @@ class LinkingPeer(Party):
                 raise ProtocolError(f"party {self.name!r} has no alignment secret configured")
             self._require_confirmed(message.session)  # before any use of the secret
         ids = self.table.select(self.table.schema.identifiers)  # fields ⊆ identifiers: above
+        raw = field_raw_values(ids, message.fields, source=self.table.source)  # read once
         encoders, values = encode_fields(ids, message.fields, self._secret,
-                                         source=self.table.source)
+                                         source=self.table.source, raw=raw)
         keys = blocking_digests(ids, message.blocking, self._secret, source=self.table.source)
-        exact = (exact_digests(ids, message.fields, self._secret, source=self.table.source)
-                 if message.exact else ())
+        exact = (exact_digests(ids, message.fields, self._secret, source=self.table.source,
+                               raw=raw) if message.exact else ())
         self.channel.request(message.coordinator, FieldEncodings(
             session=message.session, encoders=encoders, values=values, keys=keys, exact=exact),
             Ack)

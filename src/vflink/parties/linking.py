@@ -242,12 +242,15 @@ def field_raw_values(frame: pd.DataFrame, fields: Sequence[FieldEncoding], *,
 
 
 def encode_fields(frame: pd.DataFrame, fields: Sequence[FieldEncoding], secret: bytes | None,
-                  *, source: str = "table") -> tuple[tuple[str, ...], tuple[Any, ...]]:
+                  *, source: str = "table", raw: Sequence[Any] | None = None
+                  ) -> tuple[tuple[str, ...], tuple[Any, ...]]:
     """Each field encoded as its spec says: keyed Bloom filters (q-grams for strings, geographic
     filters, FEDERAL numeric filters on the agreed range), or, only with an explicit raw
     spec, the normalised strings or floats. An empty string gets an all-zero filter (a
-    missing value). Returns (encoder names, values) per field."""
-    raw = field_raw_values(frame, fields, source=source)
+    missing value). Returns (encoder names, values) per field. ``raw``: the fields'
+    :func:`field_raw_values`, when the caller has them (a model link hashes them too)."""
+    if raw is None:
+        raw = field_raw_values(frame, fields, source=source)
     encoders: list[str] = []
     values: list[Any] = []
     for f, x in zip(fields, raw, strict=True):
@@ -286,8 +289,25 @@ def encode_fields(frame: pd.DataFrame, fields: Sequence[FieldEncoding], secret: 
 _EXACT_LABEL = b"vflink-field-exact-v1"
 
 
+def _keyed_digests(texts: Sequence[bytes], secret: bytes, label: bytes, size: int
+                   ) -> npt.NDArray[np.uint8]:
+    """HMAC-SHA256 under ``secret`` of ``label + text`` for each text, cut to ``size`` bytes
+    (each distinct text hashed once); all zero for an empty text (no value)."""
+    digests = np.zeros((len(texts), size), dtype=np.uint8)
+    cache: dict[bytes, bytes] = {}
+    for i, text in enumerate(texts):
+        if not text:
+            continue
+        digest = cache.get(text)
+        if digest is None:
+            digest = cache[text] = hmac.digest(secret, label + text, hashlib.sha256)[:size]
+        digests[i] = np.frombuffer(digest, dtype=np.uint8)
+    return digests
+
+
 def exact_digests(frame: pd.DataFrame, fields: Sequence[FieldEncoding], secret: bytes | None,
-                  *, source: str = "table") -> tuple[npt.NDArray[np.uint8], ...]:
+                  *, source: str = "table", raw: Sequence[Any] | None = None
+                  ) -> tuple[npt.NDArray[np.uint8], ...]:
     """Per field, HMAC-SHA256 (first 16 bytes) under the data parties' secret of each record's
     normalised value: the normalised string, the date as YYYYMMDD, or the numbers' float64
     bytes; all zero for an empty value. Equal values give equal digests across the parties,
@@ -296,10 +316,11 @@ def exact_digests(frame: pd.DataFrame, fields: Sequence[FieldEncoding], secret: 
     if not isinstance(secret, (bytes, bytearray)) or len(secret) < 16:
         raise ConfigError("exact-agreement hashes are keyed: they need the data parties' "
                           "shared secret (at least 16 bytes)")
-    raw = field_raw_values(frame, fields, source=source)
+    if raw is None:
+        raw = field_raw_values(frame, fields, source=source)
     out = []
     for position, (f, x) in enumerate(zip(fields, raw, strict=True)):
-        label = _EXACT_LABEL + f"|{position}|".encode()
+        label = _EXACT_LABEL + f"|{position}|".encode() + b"|"
         if isinstance(x, np.ndarray):
             texts = [row.tobytes() if np.isfinite(row).all() else b""
                      for row in np.asarray(x, dtype=np.float64)]
@@ -307,17 +328,7 @@ def exact_digests(frame: pd.DataFrame, fields: Sequence[FieldEncoding], secret: 
             texts = [("".join(p)).encode() if (p := date_parts(v)) else b"" for v in x]
         else:
             texts = [v.encode("utf-8") for v in x]
-        digests = np.zeros((len(texts), 16), dtype=np.uint8)
-        cache: dict[bytes, bytes] = {}
-        for i, text in enumerate(texts):
-            if not text:
-                continue
-            digest = cache.get(text)
-            if digest is None:
-                digest = cache[text] = hmac.digest(bytes(secret), label + b"|" + text,
-                                                   hashlib.sha256)[:16]
-            digests[i] = np.frombuffer(digest, dtype=np.uint8)
-        out.append(digests)
+        out.append(_keyed_digests(texts, bytes(secret), label, 16))
     return tuple(out)
 
 
@@ -342,25 +353,17 @@ def blocking_digests(frame: pd.DataFrame, blocking: Sequence[BlockingKey], secre
         for name in (key.column, *key.columns):
             column = frame[name]
             parts.append(column.astype(object).where(column.notna(), "").tolist())
-        digests = np.zeros((len(frame), 32), dtype=np.uint8)
-        cache: dict[str, bytes] = {}
-        for i, values in enumerate(zip(*parts, strict=True)):
+        texts = []
+        for values in zip(*parts, strict=True):
             cut = []
             for value in values:
                 text = str(value)
                 text = normalize_string(text) if text.strip() else ""
                 cut.append(text[:key.prefix] if key.prefix else text)
             # a combined rule's key is every column's value (unit separator between them);
-            # a record missing any of them has no key
-            text = "\x1f".join(cut) if all(cut) else ""
-            if not text:
-                continue  # no key: blocks nothing together
-            digest = cache.get(text)
-            if digest is None:
-                digest = cache[text] = hmac.digest(bytes(secret), label + text.encode(),
-                                                   hashlib.sha256)
-            digests[i] = np.frombuffer(digest, dtype=np.uint8)
-        out.append(digests)
+            # a record missing any of them has no key (blocks nothing together)
+            texts.append("\x1f".join(cut).encode() if all(cut) else b"")
+        out.append(_keyed_digests(texts, bytes(secret), label, 32))
     return tuple(out)
 
 
@@ -499,9 +502,12 @@ class AlignmentInitiator:
                      "coordinator", clear)
         if (blocking or model or len(clear) < len(fields)) and self.secondaries:
             self.confirm_key(coordinator, session)  # before any use of the secret
-        encoders, values = encode_fields(self.frame, own, self._secret, source=self.source)
+        raw = field_raw_values(self.frame, own, source=self.source)  # read once, used twice
+        encoders, values = encode_fields(self.frame, own, self._secret, source=self.source,
+                                         raw=raw)
         keys = blocking_digests(self.frame, own_keys, self._secret, source=self.source)
-        exact = exact_digests(self.frame, own, self._secret, source=self.source) if model else ()
+        exact = exact_digests(self.frame, own, self._secret, source=self.source,
+                              raw=raw) if model else ()
         self.channel.request(coordinator, FieldEncodings(
             session=session, encoders=encoders, values=values, keys=keys, exact=exact), Ack)
         theirs = tuple(FieldEncoding(columns=f.secondary_on, spec=f.spec) for f in fields)
