@@ -252,8 +252,11 @@ def _string_matrix(metric: str, a: Sequence[str], b: Sequence[str],
     if metric == "exact":
         return (np.asarray(a, dtype=object)[:, None] != np.asarray(b, dtype=object)[None, :]
                 ).astype(np.float32)
-    if metric == "date":  # token Dice, pair by pair (raw dates: privacy off only)
-        return np.asarray([[_pair_string("date", x, y) for y in b] for x in a],
+    if metric == "date":  # token Dice (raw dates: privacy off only), each date parsed once
+        from vflink.linkage.encoding.dates import set_dice, token_sets
+
+        ta, tb = token_sets(a), token_sets(b)
+        return np.asarray([[1.0 - set_dice(x, y) for y in tb] for x in ta],
                           dtype=np.float32).reshape(len(a), len(b))
     if metric == "token-set":
         sim = process.cdist(a, b, scorer=fuzz.token_set_ratio, dtype=np.float32,

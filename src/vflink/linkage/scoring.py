@@ -32,7 +32,7 @@ from rapidfuzz import process
 from vflink.errors import ConfigError, LinkageError
 from vflink.linkage.comparison import FieldComparator, bloom_dice, level_names, pair_levels
 from vflink.linkage.distances import haversine_paired
-from vflink.linkage.encoding.dates import token_dice
+from vflink.linkage.encoding.dates import set_dice, token_sets
 from vflink.linkage.fellegi_sunter import (
     FSModel,
     estimate_u,
@@ -153,9 +153,11 @@ def pair_similarities(encoder: str, metric: str, a: Any, b: Any, rows: IntArray,
         lb = [b[int(j)] for j in cols]
         missing = np.fromiter((not x or not y for x, y in zip(la, lb, strict=True)),
                               dtype=bool, count=len(la))
-        if metric == "date":
-            sim = np.fromiter((token_dice(x, y) for x, y in zip(la, lb, strict=True)),
-                              dtype=np.float64, count=len(la))
+        if metric == "date":  # each record's tokens parsed once, not once per pair
+            ta, tb = token_sets(a), token_sets(b)
+            sim = np.fromiter((set_dice(ta[int(i)], tb[int(j)])
+                               for i, j in zip(rows, cols, strict=True)),
+                              dtype=np.float64, count=len(rows))
             return sim, missing
         from vflink.linkage.fields import _SCORERS  # the same scorers as the distances
 

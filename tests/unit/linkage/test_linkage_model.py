@@ -434,3 +434,25 @@ def test_score_separates_matches_from_non_matches_on_bloom_filters() -> None:
     est = estimate_quality(scored.probabilities, chosen)
     assert est["f1"] == pytest.approx(1.0, abs=0.05)
     assert scored.model.lam == pytest.approx(100 / 40_000, rel=0.3)
+
+
+def test_date_similarities_of_pairs_and_matrices_equal_the_per_pair_reference() -> None:
+    """Dates are parsed once per record for many pairs: every pair's value equals
+    ``token_dice`` of the two strings (unparsable and empty values included)."""
+    from vflink.linkage.encoding.dates import token_dice
+    from vflink.linkage.fields import _pair_string, _string_matrix
+    from vflink.linkage.scoring import pair_similarities
+
+    rng = np.random.default_rng(5)
+    days = [f"{y}{m:02d}{d:02d}" for y, m, d in zip(rng.integers(1950, 2000, 30),
+                                                    rng.integers(1, 13, 30),
+                                                    rng.integers(1, 29, 30), strict=True)]
+    a = days[:12] + ["", "not a date"]
+    b = days[8:] + [days[0][:4] + days[0][6:] + days[0][4:6], ""]
+    rows = rng.integers(0, len(a), 200)
+    cols = rng.integers(0, len(b), 200)
+    sim, _ = pair_similarities("string", "date", a, b, rows, cols)
+    assert sim.tolist() == [token_dice(a[i], b[j]) for i, j in zip(rows, cols, strict=True)]
+    matrix = _string_matrix("date", a, b, workers=1)
+    want = np.asarray([[_pair_string("date", x, y) for y in b] for x in a], dtype=np.float32)
+    np.testing.assert_array_equal(matrix, want)

@@ -34,7 +34,7 @@ from vflink.errors import DataError
 from vflink.linkage.encoding.bloom import BloomConfig, _check_secret, _prf
 
 __all__ = ["DATE_LEVEL", "DateBloomEncoder", "bloom_dates", "date_parts", "date_tokens",
-           "looks_like_dates", "token_dice"]
+           "looks_like_dates", "set_dice", "token_dice", "token_sets"]
 
 #: Token-Dice similarity at and above which two dates are "close" (one component differs,
 #: or day and month are swapped; see the module docstring).
@@ -72,13 +72,23 @@ def date_tokens(value: str) -> list[str]:
     return [f"y:{y}", f"m:{mo}", f"d:{d}", f"s:{lo}-{hi}", f"ym:{y}{mo}", f"md:{mo}{d}"]
 
 
-def token_dice(a: str, b: str) -> float:
-    """The Dice similarity of two dates' token sets (the plaintext reference; 0 if either is
-    not a date)."""
-    ta, tb = set(date_tokens(a)), set(date_tokens(b))
+def token_sets(values: Iterable[str]) -> list[frozenset[str]]:
+    """Each value's date tokens as a set (empty for a value that is not a date): parsed once
+    per record, where :func:`set_dice` then compares many pairs."""
+    return [frozenset(date_tokens(v)) for v in values]
+
+
+def set_dice(ta: frozenset[str], tb: frozenset[str]) -> float:
+    """The Dice similarity of two token sets (0 if either is empty)."""
     if not ta or not tb:
         return 0.0
     return 2.0 * len(ta & tb) / (len(ta) + len(tb))
+
+
+def token_dice(a: str, b: str) -> float:
+    """The Dice similarity of two dates' token sets (the plaintext reference; 0 if either is
+    not a date)."""
+    return set_dice(frozenset(date_tokens(a)), frozenset(date_tokens(b)))
 
 
 def looks_like_dates(values: Iterable[object], *, share: float = 0.9) -> bool:
