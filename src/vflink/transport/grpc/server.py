@@ -652,19 +652,31 @@ class _ReceiveWatch:
         self.expired = False
         self._lock = threading.Lock()
         self._timer: threading.Timer | None = None
-        self._deadline = time.monotonic() + server.receive_timeout_s
-        self._arm()
+        self._stopped = False
+        self._last = time.monotonic()  # when the last chunk arrived (or the call began)
+        self._deadline = self._last + server.receive_timeout_s
+        self._schedule()
 
-    def _arm(self) -> None:
-        """Cancel the call at the earlier of the idle limit and the whole request's limit."""
-        seconds = min(self._deadline, time.monotonic() + self.server.receive_timeout_s) \
-            - time.monotonic()
+    def _due(self) -> float:
+        """The earlier of the idle limit and the whole request's limit; it only moves later
+        (chunks arrive, the first one fixes the request's limit), so one timer, re-set when it
+        fires early, serves the whole call: no thread per chunk."""
+        return min(self._deadline, self._last + self.server.receive_timeout_s)
+
+    def _schedule(self) -> None:
         with self._lock:
-            if self._timer is not None:
-                self._timer.cancel()
-            self._timer = threading.Timer(max(0.0, seconds), self._expire)
+            if self._stopped:
+                return
+            self._timer = threading.Timer(max(0.0, self._due() - time.monotonic()),
+                                          self._check)
             self._timer.daemon = True
             self._timer.start()
+
+    def _check(self) -> None:
+        if time.monotonic() >= self._due():
+            self._expire()
+        else:
+            self._schedule()
 
     def _expire(self) -> None:
         self.expired = True
@@ -672,12 +684,13 @@ class _ReceiveWatch:
 
     def stop(self) -> None:
         with self._lock:
+            self._stopped = True
             if self._timer is not None:
                 self._timer.cancel()
                 self._timer = None
 
     def chunks(self, chunks: Iterator[bytes]) -> Iterator[bytes]:
-        """``chunks``, the timer re-armed after each one (the first fixes the whole
+        """``chunks``, each one's arrival noted for the timer (the first fixes the whole
         request's limit from its announced size)."""
         for index, raw in enumerate(chunks):
             if index == 0:
@@ -687,5 +700,5 @@ class _ReceiveWatch:
                     total = 0
                 self._deadline = time.monotonic() + self.server.receive_timeout_s \
                     + total / self.server.min_receive_bytes_per_s
-            self._arm()
+            self._last = time.monotonic()
             yield raw
