@@ -430,7 +430,7 @@ def link(primary: TableLike, secondary: TableLike, *,
         if target.suffix.lower() not in (".csv", ".parquet"):
             raise ConfigError(f"`out` must end in .csv or .parquet, got {str(out)!r}")
         if not overwrite:
-            for path in _outputs(target):
+            for path in link_outputs(target):
                 if path.exists():
                     raise ConfigError(f"{path}: output already exists; choose another `out` "
                                       "or pass overwrite=True to replace it")
@@ -503,7 +503,7 @@ def link(primary: TableLike, secondary: TableLike, *,
     if target is not None:
         from vflink._files import atomic_write_json
 
-        atomic_write_json(_outputs(target)[1], summary, indent=2, default=str)
+        atomic_write_json(link_outputs(target)[1], summary, indent=2, default=str)
     return Links(columns=columns, summary=summary, outcome=outcome, path=target)
 
 
@@ -564,14 +564,14 @@ def _link_streamed(primary: Any, secondary: Any, out: Path, *, search: str,
         bloom_config=bloom_cfg, geo_config=geo_cfg, compute=compute,
         chunk_rows=chunk_rows or (compute.chunk_rows if compute is not None
                                   else DEFAULT_CHUNK_ROWS),
-        parts=parts, figure=_outputs(out)[2], **options)
+        parts=parts, figure=link_outputs(out)[2], **options)
     summary = outcome.summary()
     summary["phase_seconds"] = {"link": round(outcome.seconds, 3)}
-    atomic_write_json(_outputs(out)[1], summary, indent=2, default=str)
+    atomic_write_json(link_outputs(out)[1], summary, indent=2, default=str)
     return Links(columns={}, summary=summary, outcome=outcome, path=out, streamed=True)
 
 
-def _outputs(out: Path) -> tuple[Path, Path, Path, Path]:
+def link_outputs(out: Path) -> tuple[Path, Path, Path, Path]:
     """The links file, its summary, its similarity curve and a model link's charts."""
     return (out, out.with_name(out.name + ".summary.json"),
             out.with_name(out.name + ".similarity.png"), out.with_name(out.name + ".model.png"))
@@ -590,10 +590,10 @@ def _write(outcome: LinkOutcome, columns: dict[str, npt.NDArray[Any]], out: Path
     phases["write"] = time.perf_counter() - clock
     clock = time.perf_counter()
     if outcome.linkage.mode == "soft" and outcome.linkage.k > 1:
-        plot_similarity_curve(outcome.linkage, _outputs(out)[2],
+        plot_similarity_curve(outcome.linkage, link_outputs(out)[2],
                               delta=outcome.improvement.get("avgsim"))
     if outcome.linkage.model:
         from vflink.reporting.plots import plot_link_model
 
-        plot_link_model(outcome.linkage.model, _outputs(out)[3])
+        plot_link_model(outcome.linkage.model, link_outputs(out)[3])
     phases["figure"] = time.perf_counter() - clock

@@ -388,6 +388,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from vflink.api import link
+    from vflink.api._link import link_outputs
     from vflink.runner.encoding import resolve_privacy
 
     opts = resolve(args)
@@ -395,9 +396,7 @@ def run(args: argparse.Namespace) -> int:
     from vflink.runner.compute import open_compute
 
     out = Path(opts["out"])
-    refuse_existing(out, out.with_name(out.name + ".summary.json"),
-                    out.with_name(out.name + ".similarity.png"),
-                    out.with_name(out.name + ".model.png"), overwrite=args.overwrite)
+    refuse_existing(*link_outputs(out), overwrite=args.overwrite)
     on = _columns(opts.get("on"))
     fields, blocking = _fields(opts, []) if opts.get("fields") else ([], [])
     console = Console()
@@ -483,12 +482,11 @@ def run(args: argparse.Namespace) -> int:
                                            f"{m['recall']:.4f}, F1 {m['f1']:.4f}"))
         summary = dict(links.summary)
         summary["quality"] = quality
-        atomic_write_json(out.with_name(out.name + ".summary.json"), summary, indent=2,
-                          default=str)
+        atomic_write_json(link_outputs(out)[1], summary, indent=2, default=str)
         if model:
             from vflink.reporting.plots import plot_link_model
 
-            plot_link_model(model, out.with_name(out.name + ".model.png"), measured=quality)
+            plot_link_model(model, link_outputs(out)[3], measured=quality)
     for name, text in rows:
         table.add_row(name, text)
     console.print(table)
