@@ -230,10 +230,16 @@ def device_case(k: int, batch: int, device: str, samples: int, epochs: int,
     cfg = config("fedsim", k, samples, batch, epochs=epochs, threads=threads, device=device)
     prepared = prepare(cfg, algorithms=["fedsim"])
     result = run_training(cfg, prepared=prepared)
-    return {"device": device, "k": k, "batch_size": batch,
-            "epoch_seconds": [round(h.seconds, 3) for h in result.history],
-            "test": {m: round(v, 6) for m, v in result.metrics["test"].items()},
-            "train_loss": [round(h.train_loss, 6) for h in result.history]}
+    out: dict[str, object] = {
+        "device": device, "k": k, "batch_size": batch,
+        "epoch_seconds": [round(h.seconds, 3) for h in result.history],
+        "test": {m: round(v, 6) for m, v in result.metrics["test"].items()},
+        "train_loss": [round(h.train_loss, 6) for h in result.history],
+        # this process's own peak (each case runs in a subprocess of its own)
+        "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
+    if device == "cuda":
+        out["cuda_peak_allocated_mib"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
+    return out
 
 
 def device_comparison(cases: list[str], samples: int, epochs: int, threads: int
