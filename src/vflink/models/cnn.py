@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from torch import nn
 
 from vflink.errors import ConfigError
+from vflink.models.device import PreciseConv2d
 from vflink.models.spec import BottomSpec, bottom_parameters, cnn_parameters, image_shape
 
 __all__ = ["PAPER_CNN", "build_bottom", "build_cnn", "bottom_parameters", "cnn_parameters",
@@ -37,7 +38,7 @@ def build_cnn(shape: tuple[int, int, int], channels: Sequence[int], kernels: Seq
     layers: list[nn.Module] = [nn.Unflatten(1, (c, h, w))]
     prev = c
     for ch, k in zip(channels, kernels, strict=True):
-        layers += [nn.Conv2d(prev, ch, k, padding=k // 2), _ACTIVATIONS[activation]()]
+        layers += [PreciseConv2d(prev, ch, k, padding=k // 2), _ACTIVATIONS[activation]()]
         if min(h, w) >= 2:
             layers.append(nn.MaxPool2d(2))
             h, w = max(h // 2, 1), max(w // 2, 1)

@@ -9,10 +9,11 @@ as before, so a peer never learns (or needs) another party's device.
 from __future__ import annotations
 
 import torch
+from torch import nn
 
 from vflink.errors import ConfigError
 
-__all__ = ["DEFAULT_DEVICE", "DEVICES", "module_device", "resolve_device"]
+__all__ = ["DEFAULT_DEVICE", "DEVICES", "PreciseConv2d", "module_device", "resolve_device"]
 
 #: ``training.device`` values.
 DEVICES = ("auto", "cpu", "cuda")
@@ -44,3 +45,29 @@ def module_device(module: torch.nn.Module) -> torch.device:
     if first is None:
         first = next(module.buffers(), None)
     return first.device if first is not None else torch.device("cpu")
+
+
+class PreciseConv2d(nn.Conv2d):
+    """``nn.Conv2d`` at float32's own precision on every device.
+
+    cuDNN runs float32 convolutions in TF32 by default on Ampere and later GPUs
+    (``torch.backends.cudnn.allow_tf32``, PyTorch's "TensorFloat-32 (TF32) on Ampere devices"
+    note): it keeps 10 bits of each input's mantissa, so a CUDA run would drift from the CPU
+    run of its seed by about 10⁻³ per layer instead of by float32 rounding. Where cuDNN would
+    run it, the convolution is done in float64 and rounded back, which no TF32 setting touches
+    and which costs little at these models' sizes. Elsewhere (the CPU; CUDA without cuDNN,
+    whose convolutions go through cuBLAS at full float32) it is ``nn.Conv2d`` itself, so CPU runs
+    are unchanged bit for bit. Matrix products are full float32 on CUDA by default
+    (``torch.get_float32_matmul_precision() == "highest"``); a user who lowers that chooses TF32.
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.is_cuda and x.dtype == torch.float32 and torch.backends.cudnn.is_available():
+            return float64_conv(self, x)
+        return super().forward(x)
+
+
+def float64_conv(conv: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
+    """``conv(x)`` computed in float64 and rounded to ``x``'s dtype (differentiable)."""
+    bias = conv.bias.double() if conv.bias is not None else None
+    return conv._conv_forward(x.double(), conv.weight.double(), bias).to(x.dtype)

@@ -78,6 +78,7 @@ from torch import Tensor, nn
 
 from vflink._checks import check_choice, check_float, check_int, raise_if
 from vflink.errors import DataError
+from vflink.models.device import PreciseConv2d
 from vflink.models.mlp import build_mlp, seeded_init
 from vflink.registry import Registry
 
@@ -296,8 +297,9 @@ class ConvMerge(nn.Module):
     def __init__(self, k: int, emb_dim: int, out_dim: int, config: AggregatorConfig,
                  rng: _DropoutRng) -> None:
         super().__init__()
-        self.conv = nn.Conv2d(1, config.conv_channels, kernel_size=(config.k_conv, 1),
-                              padding=(config.k_conv - 1, 0))
+        # full float32 on a GPU too: cuDNN's TF32 default would move a CUDA run off the CPU's
+        self.conv = PreciseConv2d(1, config.conv_channels, kernel_size=(config.k_conv, 1),
+                                  padding=(config.k_conv - 1, 0))
         self.flat_dim = config.conv_channels * (k + config.k_conv - 1) * emb_dim
         self.dropout = GeneratorDropout(config.dropout, rng)
         self.mlp = _mlp(self.flat_dim, config.merge_hidden, out_dim, config, rng,

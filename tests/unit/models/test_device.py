@@ -144,3 +144,40 @@ def test_module_device() -> None:
     assert module_device(build_mlp(2, (3,), 1).to(META)) == META
     norm = torch.nn.BatchNorm1d(2, affine=False).to(META)  # buffers only
     assert module_device(norm) == META
+
+
+def test_precise_conv_is_nn_conv_on_the_cpu() -> None:
+    from vflink.models.device import PreciseConv2d
+
+    with seeded_init(2):
+        ours = PreciseConv2d(2, 3, (3, 1), padding=(2, 0))
+    with seeded_init(2):
+        plain = torch.nn.Conv2d(2, 3, (3, 1), padding=(2, 0))
+    x = torch.randn(4, 2, 5, 6, generator=torch.Generator().manual_seed(1))
+    assert torch.equal(ours(x), plain(x))  # the same initial weights and the same kernel
+    assert ours.state_dict().keys() == plain.state_dict().keys()
+
+
+@pytest.mark.parametrize("kernel,padding", [((3, 1), (2, 0)), ((5, 5), (2, 2)), ((1, 1), (0, 0))])
+def test_float64_conv_is_the_exact_convolution_rounded_once(kernel: tuple[int, int],
+                                                            padding: tuple[int, int]) -> None:
+    """The path a CUDA input with cuDNN takes: float64 throughout, one rounding at the end, so
+    it is within float32 rounding of the CPU's float32 convolution, gradients included."""
+    from vflink.models.device import float64_conv
+
+    gen = torch.Generator().manual_seed(3)
+    with seeded_init(0):
+        conv = torch.nn.Conv2d(3, 4, kernel, padding=padding)
+    x = torch.randn(2, 3, 7, 6, generator=gen, requires_grad=True)
+    got = float64_conv(conv, x)
+    exact = torch.nn.functional.conv2d(x.detach().double(), conv.weight.detach().double(),
+                                       conv.bias.detach().double(), padding=padding)
+    assert got.dtype == torch.float32 and torch.equal(got.detach(), exact.float())
+    want = conv(x)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    upstream = torch.randn(want.shape, generator=gen)
+    grads = torch.autograd.grad((got * upstream).sum(), [x, conv.weight, conv.bias])
+    expected = torch.autograd.grad((want * upstream).sum(), [x, conv.weight, conv.bias])
+    for g, e in zip(grads, expected, strict=True):
+        assert g.dtype == torch.float32
+        torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-5)
