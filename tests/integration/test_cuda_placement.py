@@ -30,9 +30,9 @@ from tests.integration.test_training_resources import (
 )
 from vflink.errors import PeerUnavailable
 from vflink.parties import PrimaryParty, SecondaryParty
-from vflink.privacy.config import LABEL_MODES
+from vflink.privacy.config import LABEL_MODES, PrivacyConfig
 from vflink.protocol import Forward
-from vflink.runfiles.config import EvaluationConfig, RunConfig
+from vflink.runfiles.config import ALGORITHMS, EvaluationConfig, RunConfig
 from vflink.runfiles.inputs import Inputs, load_inputs
 from vflink.runfiles.party import load_party_config
 from vflink.runfiles.results import RunResult
@@ -266,3 +266,20 @@ def test_convolutions_with_cudnn_run_in_float64_and_stay_within_rounding(
         [h.train_loss for h in cpu.history], rel=1e-5)
     for split in ("train", "validation", "test"):
         assert cuda.metrics[split] == pytest.approx(cpu.metrics[split], rel=1e-3, abs=1e-4)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_every_algorithm_on_cuda_trains_as_on_the_cpu(algorithm: str, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each training algorithm (FedSim and its ablations, the baselines, FLORIST, the union
+    ones) on K = 3 soft links, with dropout and the default protection of the labels."""
+    base = config("soft-fedsim-dropout")
+    cfg = dataclasses.replace(base, algorithm=algorithm, privacy=dataclasses.replace(
+        base.privacy, labels=PrivacyConfig().labels))
+    cpu = run_training(cfg, tmp_path / "cpu")
+    with fake_cuda(monkeypatch) as device:
+        cuda = run_training(dataclasses.replace(cfg, training=dataclasses.replace(
+            cfg.training, device="cuda")), tmp_path / "cuda")
+    assert device.ops > 1000
+    assert_same_run(cuda, cpu, tmp_path / "cuda", tmp_path / "cpu")
