@@ -91,8 +91,9 @@ def test_a_plan_on_cuda_trains_as_on_the_cpu(scenario: str, tmp_path: Path, part
                                              monkeypatch: pytest.MonkeyPatch) -> None:
     cpu = run_training(config(scenario), tmp_path / "cpu")
     parties.clear()
-    with fake_cuda(monkeypatch) as device:
-        cuda = run_training(config(scenario, device="cuda"), tmp_path / "cuda")
+    with fake_cuda(monkeypatch) as device:  # features read per batch from mapped files too
+        cuda = run_training(config(scenario, device="cuda", feature_store="mmap"),
+                            tmp_path / "cuda")
     assert_on_the_device(parties)
     assert device.ops > 1000
     assert_same_run(cuda, cpu, tmp_path / "cuda", tmp_path / "cpu")
