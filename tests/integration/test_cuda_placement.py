@@ -11,12 +11,12 @@ on a machine with a GPU (docs/how-to/scale-out.md, "Training on a GPU").
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 import torch
 
@@ -141,7 +141,7 @@ def test_predict_and_attacks_on_a_cuda_run_equal_the_cpu_runs(
     records = load_inputs(runs["cpu"]).primary.frame.iloc[:60]
     out: dict[str, Any] = {}
     for name, cfg in runs.items():
-        with fake_cuda(monkeypatch) if name == "cuda" else _nothing():
+        with fake_cuda(monkeypatch) if name == "cuda" else contextlib.nullcontext():
             run_training(cfg, tmp_path / name)
             predicted = predict_records(tmp_path / name, records)
             attacks = {a: run_attack(tmp_path / name, a)
@@ -152,14 +152,6 @@ def test_predict_and_attacks_on_a_cuda_run_equal_the_cpu_runs(
     assert cuda_pred.frame.equals(cpu_pred.frame)
     for name, result in cpu_attacks.items():
         assert cuda_attacks[name].metrics == result.metrics, name
-
-
-class _nothing:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
 
 
 def test_an_interrupted_cuda_run_resumes_to_the_cpu_runs_model(
@@ -220,8 +212,6 @@ def test_a_primary_on_cuda_trains_with_a_served_secondary_on_the_cpu(
     cpu = run_training(config(scenario), tmp_path / "cpu")
     assert cuda.metrics == cpu.metrics
     assert [h.train_loss for h in cuda.history] == [h.train_loss for h in cpu.history]
-    np.testing.assert_array_equal(
-        *(sorted(r.metrics["test"].items()) for r in (cuda, cpu)))
 
 
 def test_the_device_benchmark_runs_a_case_on_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
