@@ -55,7 +55,8 @@ class PreciseConv2d(nn.Conv2d):
     note): it keeps 10 bits of each input's mantissa, so a CUDA run would drift from the CPU
     run of its seed by about 10⁻³ per layer instead of by float32 rounding. Where cuDNN would
     run it, the convolution is done in float64 and rounded back, which no TF32 setting touches
-    and which costs little at these models' sizes. Elsewhere (the CPU; CUDA without cuDNN,
+    (at float64's cost on the GPU, which ``benchmarks/training.py --device cuda`` includes:
+    FedSim's default merge is this convolution). Elsewhere (the CPU; CUDA without cuDNN,
     whose convolutions go through cuBLAS at full float32) it is ``nn.Conv2d`` itself, so CPU runs
     are unchanged bit for bit. Matrix products are full float32 on CUDA by default
     (``torch.get_float32_matmul_precision() == "highest"``); a user who lowers that chooses TF32.
