@@ -409,7 +409,9 @@ class ReleaseBudget:
         return any(s.response and bool(self.counts[j].any())
                    for j, s in enumerate(self.settings))
 
-    def _loss(self, plus: ReleaseSetting | None = None) -> npt.NDArray[np.float64]:
+    def gaussian_loss(self, plus: ReleaseSetting | None = None) -> npt.NDArray[np.float64]:
+        """Each record's Σ_k c_k / σ_k² over its Gaussian releases (with ``plus`` added once):
+        the order of how much privacy the records spent (randomized responses left out)."""
         # The composition of Gaussian releases of multipliers σ_k is one Gaussian of multiplier
         # (Σ_k c_k / σ_k²)^(-1/2) (exact): ε at any δ grows with Σ_k c_k / σ_k², which orders
         # the records by how much of their privacy was spent.
@@ -426,7 +428,7 @@ class ReleaseBudget:
         """The record among ``rows`` whose releases so far cost the most privacy (at
         ``delta`` when randomized responses take part)."""
         rows = np.asarray(rows, dtype=np.int64)
-        order = self.epsilons(delta) if self.has_responses else self._loss()
+        order = self.epsilons(delta) if self.has_responses else self.gaussian_loss()
         return int(rows[int(np.argmax(order[rows]))])
 
     def epsilon(self, row: int, delta: float, plus: ReleaseSetting | None = None) -> float:
@@ -461,7 +463,7 @@ class ReleaseBudget:
             return 0.0
         if self.has_responses:
             return float(self.epsilons(delta).max(initial=0.0))
-        return self.epsilon(int(np.argmax(self._loss())), delta)
+        return self.epsilon(int(np.argmax(self.gaussian_loss())), delta)
 
     def max_failure(self) -> float:
         """The largest Σ_k c_k·(1 − p1 p2)_k of any record: the union bound that rescaling's

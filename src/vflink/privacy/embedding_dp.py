@@ -112,7 +112,7 @@ def _planned_epsilon(budget: ReleaseBudget, planned: npt.NDArray[np.int64], sigm
     """ε of the worst-case record after its planned releases at ``sigma`` (PLD)."""
     if not planned.size or planned.max() <= 0:
         return budget.max_epsilon(delta)
-    loss = budget._loss() + planned / sigma ** 2
+    loss = budget.gaussian_loss() + planned / sigma ** 2
     row = int(np.argmax(loss))
     past = dict(budget.releases_of(row))
     past[sigma] = past.get(sigma, 0) + int(planned[row])
@@ -240,7 +240,7 @@ class EmbeddingDP:
             self.rescale_sigmas = max(cfg.rescale_sigmas,
                                       rescale_sigmas_for(cfg.delta / 2.0, m_max))
         budget = self.budget
-        loss = budget._loss() if budget.settings else None
+        loss = budget.gaussian_loss() if budget.settings else None
         try:
             sigma = calibrate_total(total, self.delta, planned, loss,
                                     lambda r: budget.releases_of(r))

@@ -200,7 +200,7 @@ class LabelProtection:
         s = self.settings
         planned = label_dp.planned_label_releases(self.n_rows, train_rows, epochs)
         budget = self.budget
-        loss = budget._loss() if budget.settings else None
+        loss = budget.gaussian_loss() if budget.settings else None
         try:
             sigma = calibrate_total(s.epsilon, s.delta, planned, loss,
                                     lambda r: budget.releases_of(r))
@@ -399,7 +399,7 @@ class LabelProtection:
         s = self.settings
         budget = self.budget
         eps = budget.max_epsilon(s.delta)
-        worst = int(np.argmax(budget._loss())) if budget.settings else 0
+        worst = int(np.argmax(budget.gaussian_loss())) if budget.settings else 0
         releases = [[sig, m] for sig, m in budget.releases_of(worst)] if budget.settings \
             else []
         sigma = self.sigma if self.sigma is not None else float("nan")

@@ -35,13 +35,13 @@ def test_earlier_releases_are_part_of_the_total() -> None:
     budget.record(ReleaseSetting(sigma=3.0), np.array([0]))
     planned = np.array([5, 5, 0])
     fresh = calibrate_total(4.0, 1e-5, planned)
-    with_past = calibrate_total(4.0, 1e-5, planned, budget._loss(), budget.releases_of)
+    with_past = calibrate_total(4.0, 1e-5, planned, budget.gaussian_loss(), budget.releases_of)
     assert with_past > fresh
     mu = math.sqrt(2 / 3.0 ** 2 + 5 / with_past ** 2)
     assert gaussian_epsilon(mu, 1e-5) <= 4.0 + 1e-9
     assert gaussian_epsilon(mu, 1e-5) == pytest.approx(4.0, rel=2e-3)
     with pytest.raises(ValueError, match="already"):
-        calibrate_total(0.1, 1e-5, planned, budget._loss(), budget.releases_of)
+        calibrate_total(0.1, 1e-5, planned, budget.gaussian_loss(), budget.releases_of)
 
 
 def test_planned_releases_bound_the_worst_split_of_links() -> None:
