@@ -29,9 +29,9 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from vflink._checks import check_int, raise_if
 from vflink.attacks.base import ATTACKS
 from vflink.attacks.label_leakage import _LabelAttack
-from vflink.errors import ConfigError
 from vflink.privacy.afe import fuzzy_cmeans
 
 __all__ = ["LabelFCMAttack", "LabelKMeansAttack", "LabelSpectralAttack", "minority_scores"]
@@ -55,8 +55,9 @@ class _ClusteringAttack(_LabelAttack):
                                 "VFL-AFE §3.3 (fuzzy c-means on the gradients)")
 
     def __post_init__(self) -> None:
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise ConfigError(f"`seed` must be an int ≥ 0, got {self.seed!r}")
+        problems: list[str] = []
+        check_int(problems, "seed", self.seed, min=0)
+        raise_if(problems, f"{self.name} parameters")
 
     def _params(self) -> dict[str, Any]:
         return {"seed": self.seed}

@@ -29,6 +29,7 @@ from typing import Any, ClassVar
 import numpy as np
 import numpy.typing as npt
 
+from vflink._checks import check_int, raise_if
 from vflink.attacks.base import ATTACKS, AttackResult, AttackView
 from vflink.attacks.label_leakage import explain_auc, labelled_rows
 from vflink.errors import ConfigError, DataError
@@ -93,13 +94,10 @@ class ModelCompletionAttack:
     role: ClassVar[str] = "secondary"
 
     def __post_init__(self) -> None:
-        problems = []
-        if isinstance(self.known, bool) or not isinstance(self.known, int) or self.known < 2:
-            problems.append(f"`known` must be an int ≥ 2 (labelled records), got {self.known!r}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            problems.append(f"`seed` must be an int ≥ 0, got {self.seed!r}")
-        if problems:
-            raise ConfigError("; ".join(problems), problems)
+        problems: list[str] = []
+        check_int(problems, "known", self.known, min=2)  # labelled records
+        check_int(problems, "seed", self.seed, min=0)
+        raise_if(problems, f"{self.name} parameters")
 
     def _rows(self, view: AttackView) -> npt.NDArray[np.int64]:
         view.require(self.needs, self.name)

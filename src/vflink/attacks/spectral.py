@@ -41,6 +41,7 @@ from typing import Any, ClassVar
 import numpy as np
 import numpy.typing as npt
 
+from vflink._checks import check_choice, raise_if
 from vflink.attacks.base import ATTACKS, AttackResult, AttackView
 from vflink.errors import ConfigError
 from vflink.metrics.attacks import auc_verdict
@@ -111,14 +112,10 @@ class SpectralAttack:
     statistic: str = "outlier"
 
     def __post_init__(self) -> None:
-        problems = []
-        if self.target not in ("gradients", "embeddings"):
-            problems.append(f"`target` must be gradients or embeddings, got {self.target!r}")
-        if self.statistic not in STATISTICS:
-            problems.append(f"`statistic` must be one of {', '.join(STATISTICS)}, got "
-                            f"{self.statistic!r}")
-        if problems:
-            raise ConfigError("; ".join(problems), problems)
+        problems: list[str] = []
+        check_choice(problems, "target", self.target, ("gradients", "embeddings"))
+        check_choice(problems, "statistic", self.statistic, STATISTICS)
+        raise_if(problems, f"{self.name} parameters")
 
     def _rows(self, view: AttackView) -> npt.NDArray[np.float64]:
         data = getattr(view, self.target)
