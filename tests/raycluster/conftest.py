@@ -27,11 +27,24 @@ def ray_cluster() -> Iterator[str]:
     from ray.cluster_utils import Cluster
 
     node = {"num_cpus": 1, "include_dashboard": False, "node_ip_address": "127.0.0.1"}
-    cluster = Cluster(initialize_head=True, head_node_args=node)
+    # A node's start can time out on a small, busy machine ("The current node timed out
+    # during startup", seen once in a full local run): start the cluster afresh once more
+    # before the tests that need it fail on it.
+    for attempt in (1, 2):
+        cluster = None
+        try:
+            cluster = Cluster(initialize_head=True, head_node_args=node)
+            cluster.add_node(num_cpus=1, node_ip_address="127.0.0.1")
+            ray.init(address=cluster.address, log_to_driver=False)
+            cluster.wait_for_nodes()
+            break
+        except Exception:
+            ray.shutdown()
+            if cluster is not None:
+                cluster.shutdown()
+            if attempt == 2:
+                raise
     try:
-        cluster.add_node(num_cpus=1, node_ip_address="127.0.0.1")
-        ray.init(address=cluster.address, log_to_driver=False)
-        cluster.wait_for_nodes()
         yield cluster.address
     finally:
         ray.shutdown()
