@@ -190,12 +190,17 @@ def test_cuda_without_cuda_names_the_party(tmp_path: Path,
     assert not (tmp_path / "run").exists()
 
 
-def test_auto_resolves_to_the_cpu_without_cuda(tmp_path: Path,
-                                               monkeypatch: pytest.MonkeyPatch) -> None:
+def test_auto_resolves_to_the_cpu_without_cuda(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                               caplog: pytest.LogCaptureFixture) -> None:
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     cpu = run_training(_config("exact-splitnn"), tmp_path / "cpu")
-    auto = run_training(_config("exact-splitnn", device="auto"), tmp_path / "auto")
+    with caplog.at_level("INFO", logger="vflink.models.device"):
+        auto = run_training(_config("exact-splitnn", device="auto"), tmp_path / "auto")
     assert auto.metrics == cpu.metrics
+    # each party says where its models went, once
+    said = sorted(r.getMessage() for r in caplog.records if r.name == "vflink.models.device")
+    assert said == [f"party {p!r}: models on the CPU (training.device = \"auto\" and "
+                    "torch.cuda.is_available() is False)" for p in ("primary", "secondary")]
 
 
 #: CPU metrics of the deterministic :data:`DEVICE_SCENARIOS`, recorded with the code from

@@ -135,6 +135,17 @@ def test_the_weight_curve_bug_fails_under_the_fake(cuda) -> None:  # type: ignor
     np.testing.assert_array_equal(weight_curve(agg, grid), want)
 
 
+def test_a_party_on_cuda_says_which_device(cuda, caplog: pytest.LogCaptureFixture  # type: ignore[no-untyped-def]
+                                            ) -> None:
+    from vflink.models.device import resolve_device
+
+    with caplog.at_level("INFO", logger="vflink.models.device"):
+        assert resolve_device("auto", party="bank") == torch.device("cuda")
+        assert resolve_device("cpu", party="bank") == torch.device("cpu")
+    assert [r.getMessage() for r in caplog.records] == [
+        "party 'bank': models on CUDA (fake CUDA (the CPU); training.device = 'auto')"]
+
+
 def test_leaving_the_block_restores_torch(monkeypatch: pytest.MonkeyPatch) -> None:
     available = torch.cuda.is_available()
     with fake_cuda(monkeypatch):

@@ -8,12 +8,16 @@ as before, so a peer never learns (or needs) another party's device.
 
 from __future__ import annotations
 
+import logging
+
 import torch
 from torch import nn
 
 from vflink.errors import ConfigError
 
 __all__ = ["DEFAULT_DEVICE", "DEVICES", "PreciseConv2d", "module_device", "resolve_device"]
+
+log = logging.getLogger(__name__)
 
 #: ``training.device`` values.
 DEVICES = ("auto", "cpu", "cuda")
@@ -30,8 +34,12 @@ def resolve_device(name: str, *, party: str) -> torch.device:
     if name == "cpu":
         return torch.device("cpu")
     if torch.cuda.is_available():
+        log.info("party %r: models on CUDA (%s; training.device = %r)", party,
+                 torch.cuda.get_device_name(0), name)
         return torch.device("cuda")
     if name == "auto":
+        log.info("party %r: models on the CPU (training.device = \"auto\" and "
+                 "torch.cuda.is_available() is False)", party)
         return torch.device("cpu")
     raise ConfigError(f"party {party!r}: `training.device = \"cuda\"` but CUDA is not available "
                       "on this machine (torch.cuda.is_available() is False); use \"auto\" "
