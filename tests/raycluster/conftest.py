@@ -27,9 +27,9 @@ def ray_cluster() -> Iterator[str]:
     from ray.cluster_utils import Cluster
 
     node = {"num_cpus": 1, "include_dashboard": False, "node_ip_address": "127.0.0.1"}
-    # A node's start can time out on a small, busy machine ("The current node timed out
-    # during startup", seen once in a full local run): start the cluster afresh once more
-    # before the tests that need it fail on it.
+    # A node's start can time out on a small, busy machine (a full local run once failed here
+    # with "Exception: The cur...", as Ray's start-up timeout begins): start the cluster
+    # afresh once more before the tests that need it fail on it.
     for attempt in (1, 2):
         cluster = None
         try:
