@@ -58,9 +58,11 @@ def config(scenario: str, labels: str = "off", record: bool = False, **training:
 
 @pytest.fixture
 def parties(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Any]]:
-    """Every primary and secondary party object the test builds."""
+    """Every primary, secondary and union-training primary the test builds."""
+    from vflink.parties.union import UnionPrimary
+
     made: list[Any] = []
-    for cls in (PrimaryParty, SecondaryParty):
+    for cls in (PrimaryParty, SecondaryParty, UnionPrimary):
         def spy(self: Any, *args: Any, _init: Any = cls.__init__, **kwargs: Any) -> None:
             _init(self, *args, **kwargs)
             made.append(self)
@@ -114,21 +116,15 @@ def test_label_protection_on_cuda_releases_what_the_cpu_releases(
     assert_same_run(cuda, cpu, tmp_path / "cuda", tmp_path / "cpu")
 
 
-def test_union_training_runs_on_cuda(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_union_training_runs_on_cuda(tmp_path: Path, parties: list[Any],
+                                     monkeypatch: pytest.MonkeyPatch) -> None:
     from vflink.parties.union import UnionPrimary
 
-    made: list[UnionPrimary] = []
-    init = UnionPrimary.__init__
-
-    def spy(self: UnionPrimary, *args: Any, **kwargs: Any) -> None:
-        init(self, *args, **kwargs)
-        made.append(self)
-
-    monkeypatch.setattr(UnionPrimary, "__init__", spy)
     with fake_cuda(monkeypatch):
         result = run_training(device_config("psu-union", device="cuda"), tmp_path / "union")
-    assert made
-    assert_on_the_device(made)  # type: ignore[arg-type]
+    union = [p for p in parties if isinstance(p, UnionPrimary)]
+    assert union
+    assert_on_the_device(union)
     assert 0.0 <= result.metrics["test"]["auc"] <= 1.0
 
 
