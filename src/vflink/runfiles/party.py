@@ -132,9 +132,10 @@ class PartyConfig:
                                 "private: whoever knows the seed regenerates the noise); "
                                 "remove it, or turn the switch on for a simulation")
         if (reproducible and self.role == "secondary" and self.privacy is not None
-                and self.privacy.seed is None):
-            problems.append("`[privacy] reproducible_noise = true` on a served secondary needs "
-                            "its own `privacy.seed` (never one a peer sends)")
+                and self.privacy.enabled and self.privacy.seed is None):
+            problems.append("`[privacy] reproducible_noise = true` on a served secondary that "
+                            "protects its embeddings needs its own `privacy.seed` (never one a "
+                            "peer sends)")
         if self.role in ("secondary", "coordinator") and not self.listen:
             problems.append(f"a {self.role} party needs `party.listen` (host:port)")
         if self.role == "secondary" and self.table is None and self.dataset is None:
