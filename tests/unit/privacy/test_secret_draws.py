@@ -18,7 +18,6 @@ import pytest
 import torch
 
 from vflink.alignment import synthetic as syn
-from vflink.metrics.functional import auc
 from vflink.privacy import randomized_response as rr
 from vflink.privacy.config import PrivacyConfig
 from vflink.privacy.embedding_dp import EmbeddingDP
