@@ -171,14 +171,21 @@ def test_a_replay_is_charged_when_its_noise_cannot_be_restored_or_its_loss_is_cl
     assert budget.totals.tolist() == [2] * 8  # epochs 1 and 2, the replay not again
 
 
-def test_the_summary_and_the_ledger_say_not_private_behind_the_switch() -> None:
+def test_the_summary_the_ledger_and_the_report_say_not_private_behind_the_switch(
+        tmp_path: Path) -> None:
+    from vflink.reporting.report import build_report
+
     seeded = run_training(_config(reproducible_noise=True).replace(
-        training=TrainingConfig(epochs=1, patience=1)))
+        training=TrainingConfig(epochs=1, patience=1)), tmp_path / "seeded")
+    html = build_report(tmp_path / "seeded")
+    assert "not-private" in html and "NOT PRIVATE: THE NOISE CAN BE REGENERATED" in html
     line = privacy_summary(seeded)
     assert line.startswith("privacy: NOT PRIVATE: THE NOISE CAN BE REGENERATED (primary")
     (entry,) = [p for p in seeded.extra["protections"] if p["kind"] == "label-dp"]
     assert entry["guarantee"]["private"] is False
     assert entry["explanation"].startswith("NOT PRIVATE")
-    secret = run_training(_config().replace(training=TrainingConfig(epochs=1, patience=1)))
+    secret = run_training(_config().replace(training=TrainingConfig(epochs=1, patience=1)),
+                          tmp_path / "secret")
     assert "NOT PRIVATE" not in privacy_summary(secret)
+    assert "NOT PRIVATE" not in build_report(tmp_path / "secret")
     assert privacy_summary(secret).endswith("noise: secret (OS CSPRNG)")

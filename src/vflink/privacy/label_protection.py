@@ -417,6 +417,7 @@ class LabelProtection:
         guarantee = dict(entry["guarantee"])
         if self.mode in ("dp", "rr-prior"):
             guarantee["does_not_cover"] = DOES_NOT_COVER
+            entry["explanation"] += f". Not covered: {DOES_NOT_COVER}"
         if self.rate_release is not None:
             guarantee["positive_rate"] = dict(self.rate_release)
         if kind == REPRODUCIBLE:
