@@ -30,9 +30,9 @@ seed of PCG64 cannot be searched, but PCG64 is not a cryptographic generator: it
 been recovered from its outputs (Bouillaguet, Martinez & Sauvage, ToSC 2020), and every noisy
 gradient a peer receives is an output up to a bounded signal. A stream cipher keyed from the
 OS leaks nothing of its key or of its other outputs from any number of outputs, which is what
-Opacus' ``secure_mode`` (a CSPRNG) and Google's DP library rely on. It costs about twice
-PCG64's time per normal (≈ 40 ms per million on this machine), negligible beside a training
-step.
+Opacus' ``secure_mode`` (a CSPRNG) and Google's DP library rely on. It costs 1.4 times a seeded
+torch generator's time per normal and twice PCG64's (≈ 32 ms per million, 13 µs for a batch's
+label noise: ``benchmarks/noise_source.py``), negligible beside a training step.
 
 Not covered (as in Opacus and the papers): floating-point attacks on the sampler itself
 (Mironov 2012; Jin et al., S&P 2022), which read the low bits of a released noisy double; what

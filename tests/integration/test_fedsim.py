@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from vflink.cli.main import main
+from vflink.privacy.config import PrivacyConfig
 from vflink.protocol import AlignmentView, AlignmentViews, Backward, Embeddings, Forward
 from vflink.runfiles.algorithms import algorithm_names
-from vflink.privacy.config import PrivacyConfig
 from vflink.runfiles.config import AlignmentConfig, DataConfig, RunConfig, TrainingConfig
 from vflink.runner.predict import predict_records
 from vflink.runner.prepare import prepare
