@@ -166,3 +166,36 @@ def test_union_trainings_synthetic_draws_come_from_the_spec_seed_only_when_seede
         if np.array_equal(guess.numpy(), labels):
             matched.append(seed)
     assert matched == ([spec_seed * 104729 + 7] if reproducible else [])
+
+
+class _Table:
+    """A secondary's encoded table as union training reads it (a public data set, say)."""
+
+    def __init__(self, rows: np.ndarray) -> None:
+        self.matrix = rows
+
+    def chunks(self) -> list[np.ndarray]:
+        return [self.matrix]
+
+
+def test_union_stand_ins_are_keyed_by_the_partys_own_secret() -> None:
+    """fea-sampling's stand-ins: a peer that knows the secondary's table (a public data set),
+    the session and the spec's seed rebuilds the reproducible key and the assignment; the
+    default key also mixes in the party's own secret, so the same knowledge predicts
+    nothing."""
+    from vflink.parties.union import _session_key
+    from vflink.randomness import keyed_generator, party_secret
+
+    table = _Table(np.arange(40, dtype=np.float32).reshape(20, 2))
+    own = np.arange(20, dtype=np.int64)
+    session, seed = "psu@0123456789ab", SEED
+    peer_guess = syn.assigned_rows(own, 50, _session_key(table, session, seed))  # type: ignore[arg-type]
+    seeded = syn.assigned_rows(own, 50, _session_key(table, session, seed))  # type: ignore[arg-type]
+    assert np.array_equal(peer_guess, seeded)  # behind the switch: regenerated
+    key = _session_key(table, session, seed, secret=party_secret(None))  # type: ignore[arg-type]
+    secret = syn.assigned_rows(own, 50, keyed_generator(key, "stand-ins"))
+    assert not np.array_equal(peer_guess, secret)
+    # and stable across runs of the same session: the same party secret, the same stand-ins
+    again = _session_key(table, "psu@ffffffffffff", seed, secret=party_secret(None))  # type: ignore[arg-type]
+    assert np.array_equal(secret, syn.assigned_rows(own, 50, keyed_generator(again,
+                                                                              "stand-ins")))
