@@ -226,7 +226,8 @@ def test_recording_across_hosts_equals_in_process(tmp_path: Path,
     options = {"n_samples": 600, "seed": 3}
     config = RunConfig(seed=3, algorithm="splitnn",
                        data=DataConfig(dataset="sklearn-small", options=dict(options)),
-                       training=TrainingConfig(epochs=2, patience=2), evaluation=RECORD)
+                       training=TrainingConfig(epochs=2, patience=2), evaluation=RECORD,
+                       privacy=PrivacyConfig(reproducible_noise=True))  # the same records
     local = tmp_path / "local"
     run_training(config, local)
     files = write_party_files(tmp_path / "grpc", dataset="sklearn-small", options=options,

@@ -117,7 +117,7 @@ def fed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Federation]:
     coordinator = tmp / "coordinator.toml"
     coordinator.write_text(
         f'version = 1\n[party]\nname = "coordinator"\nrole = "coordinator"\n'
-        f'listen = "{addresses["coordinator"]}"\nseed = 1\n'
+        f'listen = "{addresses["coordinator"]}"\n'
         f'[security]\ntls_dir = "{certs}"\nallowed = ["primary", "secondary"]\n'
         f'roles = {{ primary = "primary", secondary = "secondary" }}\n'
         f'[policy]\nmax_sessions = 6\n')

@@ -91,7 +91,8 @@ def test_every_mode_is_applied_by_the_primary_over_both_transports(
     results = {}
     for transport in ("inprocess", "grpc"):
         transcript = Transcript()
-        result = run(config(mode), transport, tmp_path, transcript)
+        # compared over the transports: the seeded noise, behind the one switch
+        result = run(config(mode, reproducible_noise=True), transport, tmp_path, transcript)
         sent = sent_gradients(transcript)
         assert len(sent) == len(unprotected)
         if mode == "rr-prior":  # labels randomised before training: the first batch differs
@@ -194,7 +195,9 @@ def test_union_training_noises_real_and_synthetic_labels() -> None:
         assert entry["kind"] == f"label-{mode}"
         if mode == "dp":
             g = entry["guarantee"]
-            assert g["max_releases"] == 2 and g["epsilon"] <= 4.0 + 1e-9
+            # two epochs and the one noisy release of the rate of positives that fills the
+            # synthetic labels and shifts the logits (charged to the same records)
+            assert g["max_releases"] == 3 and g["epsilon"] <= 4.0 + 1e-9
             # the shifted (-tr) loss: its sensitivity measured per record
             assert entry["params"]["sensitivity"] > 0
         assert 0.0 <= result.metrics["test"]["auc"] <= 1.0
@@ -336,7 +339,7 @@ def test_an_interrupted_run_resumes_to_the_same_model_and_the_same_releases(
     from vflink.errors import PeerUnavailable
     from vflink.parties import SecondaryParty
 
-    cfg = config(mode, epochs=4)
+    cfg = config(mode, epochs=4, reproducible_noise=True)  # compared with the whole run
     whole = run_training(cfg, tmp_path / "whole")
     calls = {"n": 0}
     original = SecondaryParty.on_forward

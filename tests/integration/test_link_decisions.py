@@ -18,6 +18,7 @@ from tests.helpers.tables import places_frames
 from vflink.data.schema import PartySchema
 from vflink.datasets._base import read_shipped
 from vflink.errors import ConfigError
+from vflink.privacy.config import PrivacyConfig
 from vflink.protocol import FieldEncodings, FieldLink
 from vflink.runfiles.config import AlignmentConfig, DataConfig, RunConfig, TrainingConfig
 from vflink.runfiles.inputs import Inputs, load_inputs
@@ -183,7 +184,9 @@ def _config(tmp: Path) -> RunConfig:
                          method="soft", top_k=3, sigma=0.05, fields=PLACES_FIELDS,
                          blocking=({"on": "region", "secondary_on": "area"},),
                          model="fellegi-sunter", one_to_one=True),
-                     training=TrainingConfig(epochs=1, patience=1))
+                     training=TrainingConfig(epochs=1, patience=1),
+                     # compared over both transports: the seeded noise, behind the switch
+                     privacy=PrivacyConfig(reproducible_noise=True))
 
 
 def _aligned(tmp: Path, transport: str) -> tuple[object, dict[str, object]]:

@@ -27,7 +27,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import secrets
 import shutil
 import tempfile
 import time
@@ -39,6 +38,7 @@ import numpy as np
 import numpy.typing as npt
 
 from vflink.alignment.groups import Elements
+from vflink.randomness import secret_generator
 
 __all__ = ["Buckets", "RowOrder", "Spool", "Workdir", "shuffle", "sweep_stale"]
 
@@ -215,8 +215,7 @@ class Buckets:
     def __init__(self, path: Path, width: int, *, bits: int, random: bool = False) -> None:
         self.path, self.width, self.bits, self.random = path, width, bits, random
         self.count = np.zeros(1 << bits, dtype=np.int64)
-        self._rng = np.random.Generator(np.random.PCG64(secrets.randbits(128))) \
-            if random else None
+        self._rng = secret_generator() if random else None
         path.mkdir(parents=True, exist_ok=True)
 
     def __len__(self) -> int:
@@ -258,7 +257,7 @@ class Buckets:
 def shuffle(source: Buckets, out: Spool) -> Spool:
     """Append ``source``'s elements (drawn into random buckets) to ``out`` in a uniformly
     random order; ``source`` is removed."""
-    rng = np.random.Generator(np.random.PCG64(secrets.randbits(128)))
+    rng = secret_generator()  # vflink.randomness: never reproducible
     for e, r in source:
         perm = rng.permutation(len(e))
         out.append(e[perm], r[perm] if out.has_rows else None)

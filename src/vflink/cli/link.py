@@ -111,7 +111,8 @@ def register(sub: Any) -> None:
                    "length follows from it and the agreed range (default: 512 bits per "
                    "dimension). Places on the globe (haversine): see [link.geo] resolution_km")
     p.add_argument("--seed", type=int, default=None,
-                   help="seed of the coordinator's noise (default: OS entropy)")
+                   help="seed of the coordinator's noise: reproducible, NOT private (default: "
+                   "secret noise from the OS)")
     p.add_argument("--empty", choices=("error", "skip"), default=None,
                    help="records with an empty identifier: error (default: stop, naming the "
                    "file, column and row) or skip (no link for them; the count is reported)")

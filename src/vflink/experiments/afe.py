@@ -40,7 +40,13 @@ from vflink.protocol.messages import Embeddings, Forward
 from vflink.runfiles.config import RunConfig
 from vflink.runfiles.inputs import Inputs, load_inputs
 from vflink.runfiles.results import RunResult
-from vflink.runner.federation import COORDINATOR, Federation, noise_seed, shared_secret
+from vflink.runner.federation import (
+    COORDINATOR,
+    Federation,
+    coordinator_seed,
+    noise_seed,
+    shared_secret,
+)
 from vflink.runner.train import run_training
 from vflink.transport import InProcessHub, TrafficCounter
 from vflink.types import MISSING
@@ -68,7 +74,7 @@ def _federation(inputs: Inputs, config: RunConfig) -> tuple[Federation, dict[str
     counter = TrafficCounter()
     hub = InProcessHub(counter=counter)
     hub.register(COORDINATOR, CoordinatorParty(
-        COORDINATOR, seed=config.seed,
+        COORDINATOR, seed=coordinator_seed(config),
         search=SearchOptions(mode=config.alignment.search)))  # type: ignore[arg-type]
     parties = {}
     for j, table in enumerate(inputs.secondaries):

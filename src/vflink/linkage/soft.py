@@ -33,6 +33,7 @@ from vflink.linkage.privacy import (
     theorem1_delta_limit,
 )
 from vflink.linkage.search import Neighbours
+from vflink.randomness import secret_generator
 from vflink.types import MISSING, Alignment
 
 __all__ = ["LinkMode", "SoftLinkage", "noise_scale", "normalize_similarities",
@@ -241,7 +242,10 @@ def soft_linkage(
     n_primary = int(indices.shape[0])
     epsilon = dp_epsilon(noise, n_primary, mu0, sigma0)
     epsilon_valid = delta < theorem1_delta_limit(epsilon)
-    generator = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
+    # None: the secret source (vflink.randomness); a seed only where the caller asked for
+    # reproducible noise (not private: the seed regenerates it)
+    generator = rng if isinstance(rng, np.random.Generator) else (
+        secret_generator() if rng is None else np.random.default_rng(rng))
     # ρ is a fresh array owned here: without noise it is the similarity itself (no copy).
     similarities = rho if noise == 0.0 else perturb_similarities(rho, noise, generator)
     log.info("soft linkage: K=%d μ0=%.6g σ0=%.6g σ=%.6g τ=%.6g ε=%.6g", neighbours.k, mu0,

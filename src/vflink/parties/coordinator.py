@@ -44,6 +44,7 @@ from vflink.protocol.messages import (
     SoftLink,
 )
 from vflink.protocol.sessions import COORDINATION, purpose_of
+from vflink.randomness import secret_generator
 from vflink.types import Alignment
 
 __all__ = ["CoordinatorParty"]
@@ -99,8 +100,11 @@ class CoordinatorParty(Party):
 
     Args:
         name: the coordinator's party name.
-        seed: seeds the Eq. 2 similarity noise for reproducible simulations; ``None`` draws it
-            from OS entropy. It is the coordinator's own: never taken from a data party.
+        seed: seeds the Eq. 2 similarity noise, only where the run or the coordinator's party
+            file asked for reproducible noise (``[privacy] reproducible_noise``: not private,
+            the alignment's meta says so); ``None`` (the default) draws it from the secret
+            source (:mod:`vflink.randomness`). It is the coordinator's own: never taken from a
+            data party.
         search: top-K search options (exact or approximate, chunk size, threads).
     """
 
@@ -111,7 +115,8 @@ class CoordinatorParty(Party):
                  policy: PartyPolicy | None = None) -> None:
         super().__init__(name, roles=roles, policy=policy)
         self._seed = seed
-        self._rng = np.random.default_rng(seed)
+        # secret: one ChaCha20 stream keyed from the OS for every session (vflink.randomness)
+        self._rng = secret_generator() if seed is None else np.random.default_rng(seed)
         self._search = search
 
     def _noise_rng(self, session: str) -> np.random.Generator:
@@ -324,6 +329,8 @@ class CoordinatorParty(Party):
         self._check_released(linkage, mode)
         s.linkages[anchor] = linkage
         first = linkage.to_alignment(anchor)
+        if self._seed is not None:  # the ledger says the noise can be regenerated
+            first.meta["reproducible_noise"] = 1.0
         s.alignments[anchor] = first
         views = [view_of(session, first, with_similarity=True, primary=s.primary or "")]
         hops: list[tuple[int, int, Any, Any]] = []

@@ -106,7 +106,11 @@ class SecondaryParty(SetAlignmentPeer, UnionPeer, LinkingPeer):
         recorder: records what this party receives (``[evaluation] record``), for attacks.
         privacy: this party's own embedding protection (VFL-AFE), from the run config
             in-process or from its party file across hosts; see :mod:`vflink.parties.privacy`.
-        privacy_seed: the noise seed (this party's own; ``None``: a fresh secret one).
+        privacy_seed: the embedding noise seed, only where the run or the party file asked for
+            ``[privacy] reproducible_noise`` (not private); ``None``: secret noise
+            (:mod:`vflink.randomness`).
+        reproducible_noise: this party's protective draws are seeded (not private): the
+            union training stand-ins too. Default: ``privacy.reproducible_noise``.
         resources: this party's own device and feature store (``[training]`` of its party
             file, or of the run file in-process); nothing of them reaches a peer.
     """
@@ -118,10 +122,14 @@ class SecondaryParty(SetAlignmentPeer, UnionPeer, LinkingPeer):
                  privacy: PrivacyConfig | None = None, privacy_seed: int | None = None,
                  roles: Mapping[str, str] | None = None,
                  policy: PartyPolicy | None = None,
-                 resources: TrainingResources | None = None) -> None:
+                 resources: TrainingResources | None = None,
+                 reproducible_noise: bool | None = None) -> None:
         super().__init__(table, channel, secret=secret, roles=roles, policy=policy,
                          recorder=recorder)
         self.out_dir = out_dir
+        self.reproducible_noise = bool(
+            reproducible_noise if reproducible_noise is not None
+            else privacy is not None and privacy.reproducible_noise)
         # finished set alignments are reloaded from disk when evicted or after a restart, and
         # a killed process's spools (blinded lists of a session) are removed when we start
         self.sessions.restore = self._restore_session

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -27,7 +28,7 @@ from vflink.alignment import synthetic as syn
 from vflink.data.featurestore import FeatureSource
 from vflink.data.preprocess import Preprocessor
 from vflink.data.table import PartyTable
-from vflink.errors import PolicyViolation, ProtocolError
+from vflink.errors import ConfigError, PolicyViolation, ProtocolError
 from vflink.models.mlp import build_mlp, build_optimizer, seeded_init
 from vflink.models.spec import BottomSpec
 from vflink.parties.guard import admit_forward, check_bottom_spec, check_embeddings
@@ -45,8 +46,9 @@ from vflink.protocol.messages import (
     UnionSetup,
 )
 from vflink.protocol.sessions import purpose_of
+from vflink.randomness import NoiseSource, keyed_generator, party_secret, secret_generator
 
-__all__ = ["BatchRecord", "UnionPeer", "UnionPrimary", "uid_rows"]
+__all__ = ["BatchRecord", "UnionPeer", "UnionPrimary", "check_union_labels", "uid_rows"]
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +75,8 @@ class _PeerUnion:
     pool: npt.NDArray[np.int64]
     own_rows: npt.NDArray[np.int64]
     strategy: syn.FeatureStrategy | None
-    generator: torch.Generator
+    #: fea-gaussian / fea-random draws (vflink.randomness: secret unless reproducible)
+    generator: NoiseSource
     stats: syn.EmbeddingStats = field(default_factory=syn.EmbeddingStats)
     handed: int = 0
 
@@ -88,15 +91,23 @@ class _PeerUnion:
         self.handed += len(new)
 
 
-def _session_key(features: FeatureSource, session: str, seed: int) -> bytes:
+def _session_key(features: FeatureSource, session: str, seed: int, *,
+                 secret: bytes | None = None) -> bytes:
     """This party's secret for the synthetic rows of one union-training session.
 
-    Derived from its own encoded table (which the peer does not hold: a peer that held it would
-    know which records we have without asking), the PSU session and the run seed, so that a run
-    repeats from its seed in one process and across hosts, while the peer cannot predict which
-    of our records stands in for a UID we lack.
+    Keyed by the party's long-lived ``secret`` (:func:`vflink.randomness.party_secret`, kept in
+    its own state directory) and derived from the PSU session's purpose, the run seed and its
+    own encoded table, so that the same stand-ins answer in every run of a session and seed (a
+    peer comparing two runs' first answers cannot tell members from stand-ins) while nothing
+    the peer holds or guesses predicts them: the run seed and the session come from the peer,
+    and a table the peer knows (a public data set) must not be the only secret.
+
+    Without ``secret`` (``[privacy] reproducible_noise``: not private) the key is derived from
+    the table, the session and the seed only, so that a simulation repeats in one process and
+    across hosts; a peer that knows the table regenerates it.
     """
-    h = hashlib.blake2b(digest_size=32, person=b"vflink-union-v1")
+    h = hashlib.blake2b(digest_size=32, person=b"vflink-union-v1",
+                        key=secret if secret is not None else b"")
     # the session's purpose, not its per-run name: the same stand-ins in every run of this
     # seed, so that comparing two runs' first answers cannot tell members from stand-ins
     h.update(purpose_of(session).encode())
@@ -141,6 +152,9 @@ class UnionPeer:
     optimizer: torch.optim.Optimizer | None
     policy: PartyPolicy
     protection: EmbeddingProtection
+    #: the party's own ``[privacy] reproducible_noise`` (not private; default: secret)
+    reproducible_noise: bool
+    out_dir: Path | None
     _pending: dict[int, torch.Tensor]
     _pending_since: dict[int, float]
 
@@ -195,17 +209,21 @@ class UnionPeer:
         self._build(message.spec, pre)
         if self.features is None:
             raise ProtocolError(f"party {self.name!r}: no encoded features after setup")
-        key = _session_key(self.features, message.session, message.spec.seed)
+        reproducible = self.reproducible_noise
+        key = _session_key(self.features, message.session, message.spec.seed,
+                           secret=None if reproducible else party_secret(self.out_dir))
         fill = rows.copy()
         pool = np.empty(0, dtype=np.int64)
         if strategy is not None and strategy.raw and not held.all():
             # handed out in the order UIDs are first asked for, not in U's order: U's order
             # comes from PSU's secret exponents, so a run would not repeat from its seed
             fill[~held] = _UNASSIGNED
-            pool = syn.assigned_rows(own, int((~held).sum()), key)
+            pool = syn.assigned_rows(own, int((~held).sum()),
+                                     key if reproducible else keyed_generator(key, "stand-ins"))
         self.__dict__["_union_"] = _PeerUnion(
             rows=rows, fill=fill, pool=pool, own_rows=own, strategy=strategy,
-            generator=torch.Generator().manual_seed(int.from_bytes(key[:8], "little") >> 1))
+            generator=NoiseSource(seed=int.from_bytes(key[:8], "little") >> 1)
+            if reproducible else NoiseSource())
         return Ack(info={"n_features": float(pre.n_features)})
 
     def on_union_forward(self, sender: str, message: UnionForward) -> Embeddings:
@@ -246,6 +264,29 @@ class UnionPeer:
                           inverse=np.arange(len(rows), dtype=np.int64))
 
 
+def check_union_labels(mode: str, strategy: syn.Strategy) -> None:
+    """Refuse a strategy whose synthetic labels a label guarantee cannot account for.
+
+    ``label-neighbors`` gives each synthetic row the majority of the 3 nearest *real* labels
+    of its batch (FLORIST §3.1 (4)), so one real label can set the synthetic label of every
+    row of its batch whose neighbours include it: changing it moves its own logit gradient by
+    Δ and up to m synthetic rows' by Δ each, an L2 sensitivity of √(1 + m)·Δ per batch, while
+    the noise of ``dp`` is calibrated for Δ. Charging it at √(1 + m)·Δ would need noise
+    √(1 + m) times larger on every row; ``dp`` refuses it instead. (``rr-prior`` is fine: the
+    neighbours' labels are the randomised ones, so the synthetic labels are post-processing.)
+    """
+    if mode == "dp" and strategy.labels == "label-neighbors":
+        raise ConfigError(
+            f"`privacy.labels = \"dp\"` cannot train union strategy {strategy.name!r}: "
+            "label-neighbors copies the majority of the 3 nearest real labels of a batch into "
+            "its synthetic rows, so one real label can set the label of every synthetic row of "
+            "its batch (sensitivity up to √(1 + m)·Δ for m synthetic rows), which the noise "
+            "calibrated for one row (Δ) does not cover; use a strategy whose synthetic labels "
+            "read no real label (label-majority, label-minority or label-random-pos, from a "
+            "noisy rate of positives charged to the labels' budget, or label-random-pred), or "
+            "`privacy.labels = \"rr-prior\"`")
+
+
 @dataclass
 class BatchRecord:
     """What crossed in one training batch, kept for the spectral attack (App. C): the
@@ -277,6 +318,9 @@ class UnionPrimary:
         device: where this party's own models run (``training.device``; default the CPU).
             What crosses to the peer stays on the CPU, and so do the synthetic labels (drawn
             from CPU generators, as on the CPU).
+        reproducible_noise: seed the synthetic labels and our own stand-in rows from the
+            model spec's seed (``[privacy] reproducible_noise``): NOT private, since the peer
+            receives that seed; by default they are secret (:mod:`vflink.randomness`).
     """
 
     def __init__(self, table: PartyTable, channel: Channel, peer: str, result: SetAlignment,
@@ -284,7 +328,8 @@ class UnionPrimary:
                  top_hidden: tuple[int, ...], fit_uids: npt.NDArray[np.int64],
                  session: str | None = None, policy: PartyPolicy | None = None,
                  labels: LabelProtection | None = None, epochs: int = 1,
-                 device: torch.device | None = None) -> None:
+                 device: torch.device | None = None, reproducible_noise: bool = False
+                 ) -> None:
         schema = table.schema
         self.device = device if device is not None else torch.device("cpu")
         if schema.label is None:
@@ -297,20 +342,35 @@ class UnionPrimary:
         self.rows = uid_rows(result)
         y = table.frame[schema.label].to_numpy(dtype=np.float32)
         own_fit = np.unique(self.rows[fit_uids][self.rows[fit_uids] >= 0])
+        #: π, the rate of positives among our own training records: it fills the labels we
+        #: lack and shifts the logits (App. E-G); under a label guarantee it is derived from
+        #: protected releases only (``rate_protected``), never from the clean labels
         self.positive_rate = float(y[own_fit].mean()) if own_fit.size else 0.0
         self.y = torch.from_numpy(y)
         self.own_rows = own_fit.astype(np.int64)
         self.labels = labels
         #: the labels we train on (rr-prior: randomised once; ``y`` stays for evaluation)
         self.y_train = self.y
+        self.rate_protected = labels is not None and labels.mode in ("dp", "rr-prior")
         if labels is not None:
+            check_union_labels(labels.mode, strategy)
+            if labels.mode == "dp":  # charged before the plan, whose σ leaves room for it
+                self.positive_rate = labels.release_positive_rate(y[own_fit], self.own_rows)
             labels.plan(self.own_rows, epochs)
             if labels.mode == "rr-prior":
                 self.y_train = labels.randomize(self.y, self.own_rows)
+                self.positive_rate = labels.randomized_positive_rate()
         self.pre = Preprocessor(schema).fit(table.frame, own_fit) if schema.features else None
         self.x = torch.from_numpy(self.pre.transform(table.frame)) if self.pre else None
-        self.rng = np.random.default_rng([spec.seed, 202])
-        self.generator = torch.Generator().manual_seed(spec.seed * 104729 + 7)
+        # our own stand-in rows (fea-sampling, locally) and the synthetic labels: the peer
+        # receives spec.seed, so they are seeded from it only when the run asked for
+        # reproducible noise (not private); otherwise secret (vflink.randomness)
+        if reproducible_noise:
+            self.rng = np.random.default_rng([spec.seed, 202])
+            self.generator = NoiseSource(seed=spec.seed * 104729 + 7)
+        else:
+            self.rng = secret_generator()
+            self.generator = NoiseSource()
         # "none" only where nothing is hidden (baseline-full): the peer refuses it unless it
         # holds every UID. baseline-partial names its strategy's fill, which it never uses (it
         # asks only for the intersection), so that its requests look like any union run's.

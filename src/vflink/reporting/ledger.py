@@ -19,12 +19,13 @@ from typing import TYPE_CHECKING, Any
 
 from vflink.linkage.privacy import describe_protection
 from vflink.privacy.ledger import LEDGER_FILE, Ledger, explain_epsilon
+from vflink.randomness import NOT_PRIVATE, REPRODUCIBLE, SECRET, SWITCH, describe
 
 if TYPE_CHECKING:
     from vflink.runfiles.results import RunResult
 
-__all__ = ["LABELS_IN_CLEAR", "build_run_ledger", "explain_tau", "privacy_summary",
-           "write_run_ledger"]
+__all__ = ["LABELS_IN_CLEAR", "build_run_ledger", "explain_tau", "noise_sources",
+           "privacy_summary", "write_run_ledger"]
 
 #: The warning on the gradients a primary sends back with ``[privacy] labels = "off"``.
 LABELS_IN_CLEAR = ("WARNING: gradients in clear: they reveal the primary's labels to the "
@@ -143,14 +144,20 @@ def _protections(result: RunResult) -> list[dict[str, Any]]:
                                            eps_f, delta) + ". " + explain_epsilon(
                 eps_f, delta) + "; " + (
                 explain_tau(float(tau)) if tau is not None else "no τ bound")
+            noise = str(a.get("noise") or SECRET)
+            guarantee_private: dict[str, Any] = {}
+            if noise == REPRODUCIBLE:
+                sentence = f"{NOT_PRIVATE.upper()}: {describe(noise)}. Otherwise: " + sentence
+                guarantee_private["private"] = False
             out.append({"kind": "similarity-noise", "party": "coordinator",
                         "applies_to": "alignment_views",
-                        "params": {"sigma": sigma, "mu0": a.get("mu0"),
+                        "params": {"noise": noise, "sigma": sigma, "mu0": a.get("mu0"),
                                    "sigma0": a.get("sigma0"), "top_k": a.get("top_k"),
                                    **({"resolution": a["resolution"]}
                                       if "resolution" in a else {})},
                         "guarantee": {"tau": tau, "epsilon": eps_f, "delta": delta,
-                                      "theorem": "FedSim Theorem 1 (ε), Theorem 2 (τ)"},
+                                      "theorem": "FedSim Theorem 1 (ε), Theorem 2 (τ)",
+                                      **guarantee_private},
                         "explanation": sentence})
         if model:
             out.append({"kind": "linkage-model", "party": "coordinator",
@@ -258,4 +265,19 @@ def privacy_summary(result: RunResult) -> str:
         parts.append(f"labels of {label['party']}: {mode}, {what}")
     elif sent_back:
         parts.append("labels: " + LABELS_IN_CLEAR)
+    alignment = result.extra.get("alignment", {}) or {}
+    seeded = sorted({str(p.get("party")) for p in protections
+                     if (p.get("params") or {}).get("noise") == REPRODUCIBLE}
+                    | ({"coordinator"} if alignment.get("noise") == REPRODUCIBLE else set()))
+    if seeded:  # first, so that nobody reads an ε without it
+        parts.insert(0, f"{NOT_PRIVATE.upper()} ({', '.join(seeded)}: `{SWITCH} = true`)")
+    elif parts and any("noise" in (p.get("params") or {}) for p in protections):
+        parts.append("noise: secret (OS CSPRNG)")
     return ("privacy: " + "; ".join(parts)) if parts else ""
+
+
+def noise_sources(protections: list[dict[str, Any]]) -> dict[str, str]:
+    """Where each protection's noise came from, by ``kind/party`` (``"secret"`` or
+    ``"reproducible"``): the report's and the summary's reading of the ledger."""
+    return {f"{p.get('kind')}/{p.get('party')}": str((p.get("params") or {})["noise"])
+            for p in protections if "noise" in (p.get("params") or {})}

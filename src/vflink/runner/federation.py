@@ -24,9 +24,11 @@ from vflink.runfiles.config import RunConfig
 from vflink.runfiles.inputs import Inputs
 from vflink.runner.compute import current_compute
 from vflink.runner.local import COORDINATOR, local_roles, secret_with_source, shared_secret
+from vflink.runner.protections import coordinator_seed
 from vflink.transport import InProcessHub, TrafficCounter, Transcript
 
-__all__ = ["COORDINATOR", "Federation", "in_process", "local_roles", "noise_seed",
+__all__ = ["COORDINATOR", "Federation", "coordinator_seed", "in_process", "local_roles",
+           "noise_seed",
            "recorder_for", "run_policy", "secret_with_source", "shared_secret"]
 
 log = logging.getLogger(__name__)
@@ -89,9 +91,10 @@ def run_policy(config: RunConfig) -> PartyPolicy:
 
 
 def noise_seed(config: RunConfig, j: int) -> int | None:
-    """In-process runs are reproducible: the noise seed comes from the run seed (or
-    ``privacy.seed``), one stream per secondary."""
-    if config.privacy.secure_rng:
+    """Secondary ``j``'s embedding-noise seed, only with ``[privacy] reproducible_noise`` (not
+    private): from ``privacy.seed`` or the run seed, one stream per secondary. ``None``
+    otherwise: each secondary's noise is secret (:mod:`vflink.randomness`)."""
+    if not config.privacy.reproducible_noise:
         return None
     base = config.privacy.seed if config.privacy.seed is not None else config.seed
     return int(np.random.SeedSequence([base, 0xAFE, j]).generate_state(1, np.uint64)[0] >> 1)
@@ -106,8 +109,8 @@ def in_process(inputs: Inputs, config: RunConfig, *, transcript: Transcript | No
     search = SearchOptions(mode=config.alignment.search)  # type: ignore[arg-type]
     policy = run_policy(config)
     roles = local_roles(inputs.primary.name, [t.name for t in inputs.secondaries])
-    coordinator = CoordinatorParty(COORDINATOR, seed=config.seed, search=search, roles=roles,
-                                   policy=policy)
+    coordinator = CoordinatorParty(COORDINATOR, seed=coordinator_seed(config), search=search,
+                                   roles=roles, policy=policy)
     # one process plays every party: they share its engine (the run's [compute])
     compute = coordinator.compute = current_compute()
     hub.register(COORDINATOR, coordinator)

@@ -52,6 +52,7 @@ from vflink.linkage.soft import noise_scale
 from vflink.linkage.streamed import search_chunk_against_parts
 from vflink.parties.linking import build_encoder
 from vflink.protocol.sessions import purpose_of
+from vflink.randomness import secret_generator
 from vflink.runner.encoding import default_noise, encoding_for, federal_spec, resolve_privacy
 from vflink.runner.link import LinkOutcome, links_metadata
 from vflink.runner.local import secret_with_source
@@ -277,7 +278,7 @@ def streamed_linkage(primary: Path, secondary: Path, *, on: Sequence[str],
         mu0, sigma0 = -mean, math.sqrt(squares.mean())
         noise = noise_scale(tau, sigma, sigma0)
         rng = (np.random.default_rng([seed, zlib.crc32(purpose_of("link").encode())])
-               if seed is not None else np.random.default_rng())
+               if seed is not None else secret_generator())
         pick = (np.sort(np.random.default_rng(0).choice(n_primary, _PLOT_ROWS, replace=False))
                 if n_primary > _PLOT_ROWS else None)
         sample: list[tuple[Any, Any, Any]] = []

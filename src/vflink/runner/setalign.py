@@ -127,7 +127,8 @@ def _local_secondary(config: RunConfig, inputs: Inputs, p_keys: list[bytes],
     hub = InProcessHub(transcript=transcript, counter=counter)
     # the run's own policy: one operator owns both parties in a simulation (run_policy)
     peer = SecondaryParty(_subset(secondary, keep_s), hub.channel(secondary.name),
-                          policy=run_policy(config), resources=config.training.resources())
+                          policy=run_policy(config), resources=config.training.resources(),
+                          reproducible_noise=config.privacy.reproducible_noise)
     peer.compute = current_compute()
     hub.register(secondary.name, peer)
     return peer, hub.channel(inputs.primary.name), counter, len(hidden_s_rows)
