@@ -49,6 +49,8 @@ class Federation:
         counter: messages and payload bytes per direction, shared by the whole run.
         secret: the data parties' shared secret (the primary is a data party).
         state_prefix: prefix of state file names the secondaries write (a run id across hosts).
+        run: the run's id in every training message (a served secondary keeps each run of
+            each primary apart); ``""`` in one process, where the secondaries serve one run.
         policy: the primary's own policy (what it releases, what it accepts).
         secret_source: where the secret came from (for the run's summary; never the secret).
         state_dir: the primary's own state directory across runs (label release counts).
@@ -60,6 +62,7 @@ class Federation:
     counter: TrafficCounter
     secret: bytes
     state_prefix: str = ""
+    run: str = ""
     closer: Callable[[], None] = field(default=lambda: None)
     policy: PartyPolicy = field(default_factory=PartyPolicy)
     secret_source: str = ""
@@ -118,7 +121,8 @@ def in_process(inputs: Inputs, config: RunConfig, *, transcript: Transcript | No
                                recorder=recorder_for(config),
                                privacy=config.privacy, privacy_seed=noise_seed(config, j),
                                roles=roles, policy=policy,
-                               resources=config.training.resources())
+                               resources=config.training.resources(),
+                               peer_dirs=False)  # one run of one primary: its run directory
         party.compute = compute
         hub.register(table.name, party)
         parties[table.name] = party

@@ -108,6 +108,8 @@ class Simulation:
     positive_rate: float
     psu_communication: dict[str, dict[str, int]]
     sizes: dict[str, int]
+    #: the primary's run id in its training messages (``Federation.run``)
+    run: str = ""
 
 
 def _local_secondary(config: RunConfig, inputs: Inputs, p_keys: list[bytes],
@@ -203,7 +205,8 @@ def simulate(config: RunConfig, inputs: Inputs, alpha: float, beta: float,
         sizes["hidden_from_secondary"] = n_hidden_s
     return Simulation(alpha, beta, p_table, counter, channel, peer, mine, p_rows, s_rows,
                        s_table, train_uids, val_uids, test_uids, len(held_out), n_secondary,
-                       float(np.mean(y_all[np.setdiff1d(train, hide_p)])), psu_bytes, sizes)
+                       float(np.mean(y_all[np.setdiff1d(train, hide_p)])), psu_bytes, sizes,
+                       federation.run if federation is not None and remote else "")
 
 
 def _canonical(uids: npt.NDArray[np.int64], p_rows: npt.NDArray[np.int64]

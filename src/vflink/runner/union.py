@@ -132,7 +132,8 @@ class UnionTrainee:
                                     top_hidden=m_cfg.top_hidden, fit_uids=train_uids,
                                     labels=self._label_protection(), epochs=epochs,
                                     device=resolve_device(t_cfg.resources().device,
-                                                          party=sim.p_table.name))
+                                                          party=sim.p_table.name),
+                                    run=sim.run)
         return train_uids
 
     def _label_protection(self) -> LabelProtection | None:

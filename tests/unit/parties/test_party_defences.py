@@ -307,7 +307,8 @@ def test_pending_forwards_are_limited_and_expire(monkeypatch: pytest.MonkeyPatch
     ch.call("bank", Forward(batch_id=3, rows=rows, train=False))  # evaluation holds nothing
     now[0] = 111.0
     ch.call("bank", Forward(batch_id=4, rows=rows, train=True))  # the old ones expired
-    assert sorted(bank._pending) == [4]
+    run = bank.training_run("primary")
+    assert run is not None and sorted(run.pending) == [4]
 
 
 def test_snapshot_tags_are_limited() -> None:
@@ -334,10 +335,11 @@ def test_wrong_gradients_leave_the_batch_for_a_retry_that_applies_once() -> None
     assert ch.call("bank", good) == Ack()
     assert ch.call("bank", good) == Ack(info={"duplicate": 1.0})
     ref_ch.call("bank", good)
-    for party in (bank, ref):
-        assert party.model is not None
-    assert all(torch.equal(a, b) for a, b in zip(bank.model.parameters(),  # type: ignore[union-attr]
-                                                 ref.model.parameters()))  # type: ignore[union-attr]
+    got, want = bank.training_run("primary"), ref.training_run("primary")
+    assert got is not None and got.model is not None
+    assert want is not None and want.model is not None
+    assert all(torch.equal(a, b) for a, b in zip(got.model.parameters(),
+                                                 want.model.parameters()))
 
 
 def test_huge_bottom_models_are_refused_before_building() -> None:
@@ -463,4 +465,6 @@ def test_saved_states_a_peer_names_are_limited(tmp_path: Path) -> None:
     with pytest.raises(PolicyViolation, match="limit.saved-states"):
         ch.call("bank", SaveState(name="s3"))
     ch.call("bank", SaveState(name="s1"))  # an existing name is replaced, as before
-    assert sorted(p.name for p in tmp_path.glob("*.json")) == ["s0.json", "s1.json", "s2.json"]
+    # a served party keeps each peer's states in that peer's own folder
+    assert sorted(p.name for p in (tmp_path / "peers" / "primary").glob("*.json")) == [
+        "s0.json", "s1.json", "s2.json"]
