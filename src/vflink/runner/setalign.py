@@ -47,7 +47,8 @@ from vflink.runner.federation import Federation, run_policy
 from vflink.transport import InProcessHub, TrafficCounter, Transcript
 from vflink.types import MISSING, Alignment
 
-__all__ = ["Simulation", "group_of", "prepare_psi", "prepare_psu", "psi_alignments", "simulate"]
+__all__ = ["Simulation", "group_of", "prepare_psi", "prepare_psu", "psi_alignments",
+           "set_limits", "simulate"]
 
 log = logging.getLogger(__name__)
 
@@ -74,8 +75,15 @@ def psi_alignments(inputs: Inputs, federation: Federation, config: RunConfig,
         sec = np.full(len(primary), -1, dtype=np.int64)
         sec[own] = theirs
         out[name] = Alignment(np.arange(len(primary), dtype=np.int64), sec[:, None], None, name,
-                              {"matched": float(len(own) / max(len(primary), 1))})
+                              {"matched": float(len(own) / max(len(primary), 1)),
+                               **set_limits(mine)})
     return out
+
+
+def set_limits(result: SetAlignment) -> dict[str, float]:
+    """What the peer's policy said of the guesses a deviating primary can test against its set
+    (``guess_limit`` per ``guess_window_s``), for the run's ledger; empty if it did not say."""
+    return {k: v for k, v in result.limits.items() if k in ("guess_limit", "guess_window_s")}
 
 
 def _subset(table: PartyTable, keep: npt.NDArray[np.int64]) -> PartyTable:
@@ -249,7 +257,9 @@ def prepare_psi(config: RunConfig, inputs: Inputs, federation: Federation, **_: 
             rows = rows[a.for_primary_rows(n)[rows, 0] != MISSING]
     summary = {"method": "psi", "group": config.alignment.group,
                "matched_fraction": {k: float(np.mean(a.matched)) for k, a in base.items()},
-               "unmatched": config.alignment.unmatched}
+               "unmatched": config.alignment.unmatched,
+               "set_limits": {k: {m: a.meta[m] for m in ("guess_limit", "guess_window_s")
+                                  if m in a.meta} for k, a in base.items()}}
     return Prepared(inputs, {"base": base, "top1": base, "exact": base},
                     dict.fromkeys(("base", "top1", "exact"), session), rows,
                     TrafficCounter.delta(federation.counter.snapshot(), before), federation,

@@ -50,7 +50,7 @@ from vflink.runfiles.results import EpochRecord, FloristResult, RunResult
 from vflink.runner.context import RunContext
 from vflink.runner.evaluation import EVALUATIONS
 from vflink.runner.protections import label_settings
-from vflink.runner.setalign import Simulation, group_of, simulate
+from vflink.runner.setalign import Simulation, group_of, set_limits, simulate
 from vflink.types import Task
 
 __all__ = ["UnionPlan", "UnionTrainee", "union_fractions"]
@@ -278,7 +278,8 @@ class UnionPlan:
                    "group": ctx.config.alignment.group, "p_a": trainee.p_a, "p_p": trainee.p_p,
                    "positive_rate": sim.positive_rate,
                    "calibration": {"a": calib.a, "b": calib.b, "mode": strategy.calibration},
-                   "psu_communication": sim.psu_communication, **attack}
+                   "psu_communication": sim.psu_communication,
+                   "set_limits": {sim.peer: set_limits(sim.mine)}, **attack}
         extra: dict[str, Any] = {**protections, "florist": florist}
         return FloristResult(
             algorithm=strategy.name, task=sim.p_table.schema.task,  # type: ignore[arg-type]
