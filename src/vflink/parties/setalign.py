@@ -1098,16 +1098,13 @@ class SetAlignmentPeer:
             raise
 
     def on_set_progress(self, sender: str, message: SetProgress) -> Ack:
-        """The driver is still computing the list the session waits for: the session table
-        already took this as a sign of life; here its claim is checked (the list it names is
-        the one awaited, and what it has done grows within the sets' sizes), so the number of
-        keepalives is bounded, and ``policy.max_session_s`` bounds the session's life."""
+        """The driver is still computing the list the session waits for (the session table
+        checked that the list it names is the one awaited, and took the message as a sign of
+        life); here what it says it has done must grow within a few passes over both sets,
+        so the keepalives are bounded in number, as ``policy.max_session_s`` bounds the
+        session's life."""
         s = self._set_state()
         session = self.session
-        if message.stream != session.state:
-            raise refuse(ProtocolError, f"party {self.name!r}: SetProgress names list "
-                                        f"{message.stream!r}; session {message.session!r} "
-                                        f"waits for {session.state!r}", code="session.progress")
         bound = _PROGRESS_PASSES * (int(session.commits.get("n_a", 0)) + s.n_own)
         done = message.done
         last = s.progress.get(message.stream, 0)

@@ -345,11 +345,13 @@ def _up(kind: str, state: str, target: str, *bounds: Bound, commit: str = "") ->
                 chunk=Chunked(state, commit=commit), bounds=bounds)
 
 
-def _alive(*states: str) -> Step:
-    """The driver's keepalive while it computes the list the session waits for."""
-    return Step("set_progress", _P, states, None, times=None,
-                note="stream = the list the session waits for (its state); done grows with "
-                     "each message, ≤ n_a + n_p; the session's age ≤ policy.max_session_s")
+def _alive(*states: str) -> tuple[Step, ...]:
+    """The driver's keepalive while it computes the list the session waits for (one row per
+    list: ``stream`` must be the session's state)."""
+    return tuple(Step("set_progress", _P, (state,), None, times=None,
+                      when=("stream", (state,)),
+                      note="done grows with each message, ≤ 4·(n_a + n_p); the session's age "
+                           "≤ policy.max_session_s") for state in states)
 
 
 def _down(kind: str, state: str, target: str, total: str,
@@ -391,7 +393,7 @@ PSU = ProtocolSpec(
         _down("psu_fetch", "p_t2", "p_s123t2", "n_p"),  # line 12
         _up("psu_chunk", "p_s123t2", "done", equal("total", "n_p")),  # line 12
         # while P_a computes a list (lines 3, 6-8, 10-12): no message otherwise
-        _alive("a_s1", "p_s1t1", "union_s123t1", "p_t2", "p_s123t2"),
+        *_alive("a_s1", "p_s1t1", "union_s123t1", "p_t2", "p_s123t2"),
     ))
 
 _REVEALED = ("reveal", ("both", "secondary"))
@@ -417,7 +419,7 @@ PSI = ProtocolSpec(
              chunk=Chunked("p_ts"), bounds=(equal("total", "n_p"),),
              note="the last chunk's proof: the elements matching a_st are p_t raised to the "
                   "committed exponent (batched Chaum–Pedersen), else no row is accepted"),
-        _alive("a_s", "p_ts"),  # while the primary blinds its set, and proves p_ts
+        *_alive("a_s", "p_ts"),  # while the primary blinds its set, and proves p_ts
         # the intersection rows, to the party that ran the PSI only, when it is to learn them
         Step("fetch_alignment", _P, ("done",), None, times=None,
              requires=("reveal", ("both",))),
@@ -864,6 +866,12 @@ class SessionTable:
                                    f"session {name!r} is already {state} and immutable; a new "
                                    "run opens a new session", code="session.finished")
             step = next((r for r in rows if state in r.source or "*" in r.source), None)
+            if new and (step is None or not step.opens):
+                # the sender's own session that ended is told why (expired, evicted), not
+                # that its message does not fit a fresh session's state
+                why = self._why_ended(protocol, name, sender)
+                if why is not None:
+                    raise self._refuse(protocol, "-", message.kind, why, code="session.ended")
             if step is None:
                 allowed = sorted({r.kind for r in protocol.steps
                                   if state in r.source and r.applies(message, commits)})
@@ -871,10 +879,6 @@ class SessionTable:
                                    f"allowed in this state: {', '.join(allowed) or 'nothing'}",
                                    code="session.state")
             if new and not step.opens:
-                why = self._why_ended(protocol, name, sender)
-                if why is not None:
-                    raise self._refuse(protocol, state, message.kind, why,
-                                       code="session.ended")
                 raise self._refuse(protocol, state, message.kind,
                                    f"no session {name!r} is open", code="session.unknown")
             self._check_sender(protocol, s, step, sender, sender_role, state, message.kind)
