@@ -212,6 +212,8 @@ class SecondaryParty(SetAlignmentPeer, UnionPeer, LinkingPeer):
         peer's own least recently used other runs while the total is over
         ``policy.max_training_bytes``; refuse (before anything is built) if it still is."""
         limit = self.policy.max_training_bytes
+        if need > limit:  # refused before any other run is dropped for it
+            raise refuse_memory(self.name, ctx.peer, need, limit)
         while True:
             held = sum(r.nbytes() for r in self.training_runs()
                        if r.peer == ctx.peer and r is not ctx)

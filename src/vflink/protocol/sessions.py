@@ -732,9 +732,10 @@ class SessionTable:
                        "session",
             "aged": f"session {name!r} was dropped {limits.max_life_s:g} s after it opened "
                     "(policy.max_session_s); a new run opens a new session",
-            "evicted": f"run {name!r} was dropped to make room for a newer run of the same "
-                       f"peer (policy.max_training_runs = {limits.max_runs_per_peer}, or "
-                       "policy.max_training_bytes); set it up again or load a saved state",
+            "evicted": f"training run {name[len(sender) + 1:]!r} was dropped to make room "
+                       f"for a newer run of yours (policy.max_training_runs = "
+                       f"{limits.max_runs_per_peer}, or policy.max_training_bytes); set it up "
+                       "again or load a saved state",
             "failed": f"session {name!r} failed earlier and ended; a new run opens a new "
                       "session",
         }.get(why)
