@@ -52,7 +52,13 @@ from vflink.protocol import (
     SoftLink,
 )
 from vflink.protocol.boundary import boundary_error, error_code, is_boundary, refuse
-from vflink.protocol.messages import SaveState, UnionSetup
+from vflink.protocol.messages import (
+    FieldComparison,
+    FieldEncodings,
+    FieldLink,
+    SaveState,
+    UnionSetup,
+)
 from vflink.protocol.sessions import SessionLimits, SessionTable
 from vflink.runfiles.config import AlignmentConfig, DataConfig, RunConfig, parse_config
 from vflink.runfiles.party import load_party_config
@@ -468,3 +474,33 @@ def test_saved_states_a_peer_names_are_limited(tmp_path: Path) -> None:
     # a served party keeps each peer's states in that peer's own folder
     assert sorted(p.name for p in (tmp_path / "peers" / "primary").glob("*.json")) == [
         "s0.json", "s1.json", "s2.json"]
+
+
+@pytest.mark.network
+def test_comparison_levels_are_capped_and_refused_in_the_coordinators_words(
+        transport: Any) -> None:
+    """A Fellegi-Sunter field with 127 or more levels crashed the coordinator's handler
+    (int8 levels); a levels list beyond the cap, or not decreasing similarities, is refused
+    before any work, saying what a levels list may be."""
+    fed = Federation()
+    ch = transport(fed)
+    session = "fields-levels"
+    ch.request("coordinator", FieldEncodings(session=session, encoders=("bloom",),
+                                             values=(np.zeros((3, 8), dtype=np.uint8),)), Ack)
+
+    def link(levels: tuple[float, ...]) -> Any:
+        return ch.call("coordinator", FieldLink(
+            session=session, secondaries=("bank",), top_k=1, tau=0.99, model="fellegi-sunter",
+            fields=(FieldComparison(metric="hamming", levels=levels),)))
+
+    for levels, why in ((tuple(np.linspace(0.995, 0.005, 200)), "1 to 32 similarity"),
+                        (tuple(np.linspace(0.99, 0.01, 127)), "1 to 32 similarity"),
+                        ((0.5, 0.7), "strictly decreasing"), ((1.5,), "in (0, 1)")):
+        with pytest.raises(ProtocolError) as info:
+            link(levels)
+        text = str(info.value)
+        assert "[link.levels]" in text and why in text and "internal" not in text, text
+    # a list within the cap passes the check (the link then waits for the bank's encodings)
+    with pytest.raises(VflinkError) as info:
+        link(tuple(np.linspace(0.95, 0.05, 32)))
+    assert "link.levels" not in str(info.value)
