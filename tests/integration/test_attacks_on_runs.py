@@ -242,7 +242,8 @@ def test_recording_across_hosts_equals_in_process(tmp_path: Path,
             run_training(config, remote, tables=Inputs(primary, ()), federation=federation)
         finally:
             federation.close()
-    state = tmp_path / "grpc" / "state" / "secondary" / "r1"
+    # a served secondary keeps each primary's states (and recordings) in its own folder
+    state = tmp_path / "grpc" / "state" / "secondary" / "peers" / "primary" / "r1"
     a, b = read_recording(local / "models" / "secondary"), read_recording(state)
     ga, ia, _ = a.get("gradients")
     gb, ib, _ = b.get("gradients")

@@ -20,6 +20,7 @@ from vflink.parties import CoordinatorParty, SecondaryParty
 from vflink.parties.policy import PartyPolicy
 from vflink.parties.recording import Recorder
 from vflink.protocol import Channel
+from vflink.protocol.sessions import new_session_name
 from vflink.runfiles.config import RunConfig
 from vflink.runfiles.inputs import Inputs
 from vflink.runner.compute import current_compute
@@ -50,7 +51,7 @@ class Federation:
         secret: the data parties' shared secret (the primary is a data party).
         state_prefix: prefix of state file names the secondaries write (a run id across hosts).
         run: the run's id in every training message (a served secondary keeps each run of
-            each primary apart); ``""`` in one process, where the secondaries serve one run.
+            each primary apart): ``run@<random>``, a fresh one per run.
         policy: the primary's own policy (what it releases, what it accepts).
         secret_source: where the secret came from (for the run's summary; never the secret).
         state_dir: the primary's own state directory across runs (label release counts).
@@ -126,7 +127,9 @@ def in_process(inputs: Inputs, config: RunConfig, *, transcript: Transcript | No
         party.compute = compute
         hub.register(table.name, party)
         parties[table.name] = party
+    # a run id as across hosts (the secondaries here serve this run alone): the same messages
+    # of the same size over both transports
     return Federation(channel=hub.channel(inputs.primary.name),
                       secondaries=tuple(t.name for t in inputs.secondaries),
                       coordinator=COORDINATOR, counter=counter, secret=secret, policy=policy,
-                      secret_source=source, parties=parties)
+                      secret_source=source, parties=parties, run=new_session_name("run"))

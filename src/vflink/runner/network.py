@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import re
-import secrets
 import signal
 import threading
 from collections.abc import Callable
@@ -16,6 +15,7 @@ from vflink.parties import CoordinatorParty, SecondaryParty
 from vflink.parties.recording import Recorder
 from vflink.privacy.budget import BUDGET_DIR, BudgetLock
 from vflink.protocol import MessageHandler
+from vflink.protocol.sessions import new_session_name
 from vflink.runfiles.party import PartyConfig, party_table
 from vflink.runner.compute import open_compute
 from vflink.runner.federation import Federation, shared_secret
@@ -54,7 +54,7 @@ def network_federation(config: PartyConfig, *, run_id: str,
     """The primary's federation: its peers served elsewhere, reached over gRPC.
 
     The secondaries write this run's states as ``<run_id>/...`` in the primary's own folder
-    of theirs, and keep its model apart from any other run's under ``<run_id>@<random>``
+    of theirs, and keep its model apart from any other run's under a fresh ``run@<random>``
     (two runs of the same name, even at once, never share one)."""
     if config.role != "primary":
         raise ConfigError(f"party file {config.source}: `vflink train --party` needs the "
@@ -67,7 +67,7 @@ def network_federation(config: PartyConfig, *, run_id: str,
     label = run_label(run_id)
     return Federation(channel=channel, secondaries=config.secondaries, coordinator=coordinator,
                       counter=counter, secret=shared_secret(config.secret_env, required=True),
-                      state_prefix=f"{label}/", run=f"{label}@{secrets.token_hex(6)}",
+                      state_prefix=f"{label}/", run=new_session_name("run"),
                       closer=channel.close, policy=config.policy,
                       secret_source=f"${config.secret_env}", state_dir=config.state_dir)
 

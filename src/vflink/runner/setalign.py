@@ -214,7 +214,8 @@ def simulate(config: RunConfig, inputs: Inputs, alpha: float, beta: float,
     return Simulation(alpha, beta, p_table, counter, channel, peer, mine, p_rows, s_rows,
                        s_table, train_uids, val_uids, test_uids, len(held_out), n_secondary,
                        float(np.mean(y_all[np.setdiff1d(train, hide_p)])), psu_bytes, sizes,
-                       federation.run if federation is not None and remote else "")
+                       federation.run if federation is not None and remote
+                       else new_session_name("run"))
 
 
 def _canonical(uids: npt.NDArray[np.int64], p_rows: npt.NDArray[np.int64]
