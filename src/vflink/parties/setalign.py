@@ -260,7 +260,7 @@ def _hashed(group: Group, keys: KeyBatches, size: int
 @dataclass
 class _Keepalive:
     """The driver's side of a session's idle expiry: while it computes a list, it tells the
-    peer how far it has come (:class:`SetProgress`) at a third of the peer's idle time."""
+    peer how far it has come (:class:`SetProgress`) at a quarter of the peer's idle time."""
 
     peer: str
     session: str
@@ -328,7 +328,7 @@ class SetAlignmentDriver:
         c = self._agreed_chunk(opened, peer)
         idle = opened.info.get("idle_s")
         self._alive = None if idle is None or not idle > 0 else _Keepalive(
-            peer=peer, session=session, every_s=float(idle) / 3.0,
+            peer=peer, session=session, every_s=float(idle) / 4.0,
             bound=_PROGRESS_PASSES * (n_a + n_p))
         return opened, n_p, c
 
@@ -354,13 +354,15 @@ class SetAlignmentDriver:
             self._tick(stream, size(item))
 
     def _batch(self, c: int) -> int:
-        """Elements per batch of our own exponentiations: at most a chunk, and few enough that
-        one batch takes well under the keepalive's interval on this machine."""
+        """Elements per batch of our own group operations: at most a chunk, and few enough
+        that one batch (a hash and an exponentiation each, at this machine's single-core speed
+        whatever its workers: a loaded machine gives them no spare core) takes a quarter of
+        the keepalive's interval."""
         k = self._alive
         if k is None:
             return c
-        per = exponentiation_seconds(self.group) / max(1, self.group.workers)
-        return max(1, min(c, int(0.5 * k.every_s / per)))
+        per = 2.0 * exponentiation_seconds(self.group)
+        return max(1, min(c, int(0.25 * k.every_s / per)))
 
     def _limits(self, opened: Ack) -> dict[str, float]:
         return {k: float(opened.info[k]) for k in ("guess_limit", "guess_window_s", "idle_s")
@@ -479,9 +481,10 @@ class SetAlignmentDriver:
             self._upload(peer, PsuChunk, session, "p_s1t1", (x for x, _ in p_st.chunks(c)),
                          n_p)  # line 6
             x23 = g.combine(e.second, e.third)
+            b = self._batch(c)
             union = self._shuffled(work, "union", self._ticking(
-                ((g.power(u, x23), None) for u in (sorted_unique(el) for el, _ in merged)
-                 if len(u)), "union_s123t1", _first_len), n_a + n_p)  # line 8
+                ((g.power(u[i:i + b], x23), None) for u in (sorted_unique(el) for el, _ in merged)
+                 for i in range(0, len(u), b)), "union_s123t1", _first_len), n_a + n_p)  # line 8
             merged.drop()
             n_u = len(union)
             self._upload(peer, PsuChunk, session, "union_s123t1",
@@ -587,7 +590,7 @@ class SetAlignmentDriver:
                 self._step("round 2", 2, 3)
                 matched = _matched_positions(mine, theirs, n_p,
                                              tick=lambda n: self._tick("p_ts", n))
-                gathered = _gathered(p_t, back, matched, c)
+                gathered = _gathered(p_t, back, matched, self._batch(c))
 
                 def pairs() -> Iterator[tuple[Elements, Elements]]:
                     return self._ticking(gathered(), "p_ts", _first_len)
