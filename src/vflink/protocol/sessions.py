@@ -286,6 +286,9 @@ class Step:
     #: what the receiving party's handler binds the message to beyond sizes (its aligned rows,
     #: its data's release budget): part of the declaration a reader checks, enforced by the party
     note: str = ""
+    #: ``(field, kind)``: fields that name something the party keeps (a state file, a snapshot
+    #: tag), checked by :func:`vflink.protocol.names.check_name` before anything else
+    names: tuple[tuple[str, str], ...] = ()
 
     def applies(self, message: Message, commits: Mapping[str, Any]) -> bool:
         if self.when is not None and getattr(message, self.when[0], None) not in self.when[1]:
@@ -331,6 +334,10 @@ class ProtocolSpec:
 
     def rows(self, kind: str) -> tuple[Step, ...]:
         return tuple(s for s in self.steps if s.kind == kind)
+
+    def names_of(self, kind: str) -> tuple[tuple[str, str], ...]:
+        """The name fields of messages of ``kind`` (every row's declaration)."""
+        return tuple(dict.fromkeys(n for s in self.rows(kind) for n in s.names))
 
 
 # --- the protocols ----------------------------------------------------------------------------
@@ -464,16 +471,18 @@ TRAINING = ProtocolSpec(
         Step("fit_preprocessing", _P, ("configured", "ready"), "ready", times=None,
              note=_ROWS),
         Step("load_state", _P, ("idle", "configured", "ready"), "ready", times=None,
-             opens=True),
+             opens=True, names=(("name", "state"),),
+             note="a state the sender saved (another's name: refused as unknown)"),
         Step("forward", _P, ("ready",), None, times=None,
              note=_ROWS + "; each release within the data's DP budget; pending batches "
                           "≤ policy.max_pending_batches"),
         Step("backward", _P, ("ready", "union"), None, times=None,
              note="a pending batch of this peer; the gradient's shape = its embeddings'"),
         Step("snapshot", _P, ("ready", "union"), None, times=None,
-             note="tags ≤ policy.max_snapshots"),
-        Step("restore", _P, ("ready", "union"), None, times=None),
-        Step("save_state", _P, ("ready",), None, times=None),
+             note="tags ≤ policy.max_snapshots", names=(("tag", "snapshot"),)),
+        Step("restore", _P, ("ready", "union"), None, times=None, names=(("tag", "snapshot"),)),
+        Step("save_state", _P, ("ready",), None, times=None, names=(("name", "state"),),
+             note="in the sender's own folder; names ≤ policy.max_saved_states"),
         Step("union_setup", _P, ("idle", "configured", "ready", "union"), "union",
              times=None, opens=True, note="a PSU session this party finished with the sender"),
         Step("union_forward", _P, ("union",), None, times=None,
@@ -830,6 +839,8 @@ class SessionTable:
             name = run_key(sender, run)
         else:
             name = sender
+        for fld, kind in protocol.names_of(message.kind):  # before any state or work
+            check_name(getattr(message, fld, None), kind, party=self.party)
         loaded = self._load(protocol, name, sender)
         dropped: list[Session] = []
         try:
@@ -1040,6 +1051,7 @@ def describe(protocols: Iterable[ProtocolSpec] = PROTOCOLS) -> str:
             if st.requires is not None:
                 cond.append(f"if {st.requires[0]} ∈ {{{', '.join(map(str, st.requires[1]))}}}")
             bound = "; ".join(([st.chunk.text()] if st.chunk else [])
+                              + [f"`{f}`: a {k} name" for f, k in st.names]
                               + [b.text() for b in st.bounds]
                               + [f"commits {n} = {_sized(f)}" if n != f else f"commits {n}"
                                  for n, f in st.commits] + cond

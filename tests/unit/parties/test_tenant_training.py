@@ -269,3 +269,18 @@ def test_long_and_path_like_state_names_are_refused_clearly(connect: Connect, tm
     assert not any(p.is_file() for p in tmp_path.rglob("*") if "peers" not in p.parts
                    and p.suffix in (".json", ".safetensors"))
     assert s.send(SaveState(name="fine")) == Ack(info={"saved": 1.0})  # still serving
+
+
+def test_a_bad_name_is_refused_for_its_name_whatever_the_session_state(
+        connect: Connect, tmp_path: Path) -> None:
+    """Names are checked before the protocol's state: a peer that has set nothing up learns
+    that its state name is invalid, not that save_state is out of turn."""
+    bank = new_bank(tmp_path / "state")
+    ch = connect(bank)["primary"]
+    for message in (SaveState(name="x" * 5000), LoadState(name="../../etc/passwd"),
+                    Snapshot(tag="t" * 300), Restore(tag="a/b"),
+                    SaveState(name="fine", run="../run")):
+        with pytest.raises(ProtocolError) as info:
+            ch.call("bank", message)
+        assert getattr(info.value, "code", None) in ("state.name", "snapshot.tag", "run.name")
+    assert bank.training_runs() == []  # nothing was opened for them
