@@ -347,6 +347,20 @@ class SetAlignmentDriver:
                           Ack)
             k.sent[stream] = done
 
+    def _apply(self, stream: str, f: Callable[[Elements], Elements], el: Elements) -> Elements:
+        """``f`` (a group operation on each element) on a fetched chunk, in batches with the
+        keepalive between: a chunk is the peer's work limit, which may be more than ours."""
+        b = self._batch(len(el))
+        if b >= len(el):
+            out = f(el)
+            self._tick(stream, len(el))
+            return out
+        parts = []
+        for lo in range(0, len(el), b):
+            parts.append(f(el[lo:lo + b]))
+            self._tick(stream, len(parts[-1]))
+        return np.concatenate(parts)
+
     def _ticking(self, items: Iterable[T], stream: str, size: Callable[[T], int]) -> Iterator[T]:
         """``items`` as they come, each counted as progress on ``stream``."""
         for item in items:
@@ -472,9 +486,9 @@ class SetAlignmentDriver:
             # line 7: the union of I_a^{s1 t1} and I_p^{s1 t1}, merged bucket by bucket
             merged = self._buckets(work, "merge", n_a + n_p)
             for el in self._fetch(peer, PsuFetch, session, "a_s1t1", n_a, c):
-                merged.add(g.validate(el, "I_a^{s1 t1}"))
+                merged.add(self._apply("a_s1t1", lambda x: g.validate(x, "I_a^{s1 t1}"), el))
             p_st = self._shuffled(work, "p_s1t1", (
-                (g.power(el, e.first, check="I_p^{t1}"), None)
+                (self._apply("p_t1", lambda x: g.power(x, e.first, check="I_p^{t1}"), el), None)
                 for el in self._fetch(peer, PsuFetch, session, "p_t1", n_p, c)), n_p)
             for el, _ in self._ticking(p_st.chunks(c), "p_s1t1", _first_len):
                 merged.add(el)
@@ -492,11 +506,11 @@ class SetAlignmentDriver:
             self._step("mapping", 3, steps)
             final = self._buckets(work, "U", n_u)  # line 10: U, bucket by bucket
             for el in self._fetch(peer, PsuFetch, session, "union", n_u, c):
-                final.add(g.validate(el, "U"))
+                final.add(self._apply("union", lambda x: g.validate(x, "U"), el))
             mine = self._buckets(work, "mine", n_u)
             lo = 0
             for el in self._fetch(peer, PsuFetch, session, "a_s1t123", n_a, c):  # line 11
-                z = psu.line11_finish(g, el, e)
+                z = self._apply("a_s1t123", lambda x: psu.line11_finish(g, x, e), el)
                 _, rows = a_s1.read(lo, lo + len(z))
                 mine.add(z, rows)
                 lo += len(z)
@@ -508,7 +522,8 @@ class SetAlignmentDriver:
                 _psu_rows(located, n_a, order)
             back = Spool(work.new("p_s123t2"), g.element_bytes)
             for el in self._fetch(peer, PsuFetch, session, "p_t2", n_p, c):
-                back.append(psu.raise_for_peer(g, el, e))  # line 12, in the order received
+                # line 12, in the order received
+                back.append(self._apply("p_t2", lambda x: psu.raise_for_peer(g, x, e), el))
             self._upload(peer, PsuChunk, session, "p_s123t2", (x for x, _ in back.chunks(c)),
                          n_p)
             if self.out is not None:
@@ -555,7 +570,7 @@ class SetAlignmentDriver:
             mine = self._buckets(work, "mine", n_a + n_p)
             lo = 0
             for el in self._fetch(peer, PsiFetch, session, "a_st", n_a, c):
-                el = g.validate(el, "H(x)^ab")
+                el = self._apply("a_st", lambda x: g.validate(x, "H(x)^ab"), el)
                 _, rows = sent.read(lo, lo + len(el))
                 lo += len(el)
                 mine.add(el, rows if ordered else None)
@@ -564,7 +579,7 @@ class SetAlignmentDriver:
             back = Spool(work.new("p_ts"), g.element_bytes)
             at = 0
             for el in self._fetch(peer, PsiFetch, session, "p_t", n_p, c):
-                p_ts = psi.reblind(g, el, a, keep_order=True)
+                p_ts = self._apply("p_t", lambda x: psi.reblind(g, x, a, keep_order=True), el)
                 # positions in p_t's order: the proof covers those that match
                 theirs.add(p_ts, np.arange(at, at + len(p_ts), dtype=np.int64))
                 at += len(p_ts)
@@ -1101,9 +1116,9 @@ class SetAlignmentPeer:
             raise
 
     def on_set_progress(self, sender: str, message: SetProgress) -> Ack:
-        """The driver is still computing the list the session waits for (the session table
-        checked that the list it names is the one awaited, and took the message as a sign of
-        life); here what it says it has done must grow within a few passes over both sets,
+        """The driver is still computing or working on one of the protocol's lists (the
+        session table checked the list's name and took the message as a sign of life); here
+        what it says it has done of that list must grow, within a few passes over both sets,
         so the keepalives are bounded in number, as ``policy.max_session_s`` bounds the
         session's life."""
         s = self._set_state()

@@ -684,11 +684,11 @@ class SetProgress(Message):
     ``session`` (PSU or PSI) and has ``done`` of its elements.
 
     A driver computes a whole list (PSU lines 3 and 8: a secret shuffle needs every element)
-    before it sends the first chunk; this message, sent while it computes, keeps the session
-    from expiring as idle. ``stream`` must be the list the session waits for, ``done`` grows
-    with every message and stays within the committed set sizes, and no session outlives the
-    secondary's ``policy.max_session_s`` however it is kept alive. The reply is an
-    :class:`Ack`."""
+    before it sends the first chunk, and works on each chunk it fetches; this message, sent
+    meanwhile, keeps the session from expiring as idle. ``stream`` is one of the protocol's
+    lists, ``done`` grows with every message of that list and stays within a few passes over
+    the committed set sizes, and no session outlives the secondary's ``policy.max_session_s``
+    however it is kept alive. The reply is an :class:`Ack`."""
 
     kind: ClassVar[str] = "set_progress"
     session: str

@@ -352,13 +352,12 @@ def _up(kind: str, state: str, target: str, *bounds: Bound, commit: str = "") ->
                 chunk=Chunked(state, commit=commit), bounds=bounds)
 
 
-def _alive(*states: str) -> tuple[Step, ...]:
-    """The driver's keepalive while it computes the list the session waits for (one row per
-    list: ``stream`` must be the session's state)."""
-    return tuple(Step("set_progress", _P, (state,), None, times=None,
-                      when=("stream", (state,)),
-                      note="done grows with each message, ≤ 4·(n_a + n_p); the session's age "
-                           "≤ policy.max_session_s") for state in states)
+def _alive(states: tuple[str, ...], lists: tuple[str, ...]) -> Step:
+    """The driver's keepalive while it computes or processes one of the protocol's ``lists``
+    (between two messages of any unfinished state)."""
+    return Step("set_progress", _P, states, None, times=None, when=("stream", lists),
+                note="stream: one of the protocol's lists; done grows with each message of "
+                     "that list, ≤ 4·(n_a + n_p); the session's age ≤ policy.max_session_s")
 
 
 def _down(kind: str, state: str, target: str, total: str,
@@ -375,12 +374,13 @@ def _down(kind: str, state: str, target: str, total: str,
 #: Line 11 takes no list from P_a: P_p raises the line-3 list it holds (vflink.alignment.psu),
 #: so what P_a learns about is what it committed to in line 3. The state is the list being
 #: streamed.
+_PSU_STATES = ("new", "a_s1", "a_s1t1", "p_t1", "p_s1t1", "union_s123t1", "union", "a_s1t123",
+               "p_t2", "p_s123t2", "done")
 PSU = ProtocolSpec(
     name="psu", title="Private set union (FLORIST Alg. 1), at the secondary",
     receiver="secondary", key="session", paper="FLORIST Algorithm 1", namespace="set",
     ends_on_failure=True,
-    states=("new", "a_s1", "a_s1t1", "p_t1", "p_s1t1", "union_s123t1", "union", "a_s1t123",
-            "p_t2", "p_s123t2", "done"), initial="new", final=("done",),
+    states=_PSU_STATES, initial="new", final=("done",),
     steps=(
         # lines 3-5 announced; n_p (own records) is committed here too
         Step("psu_round1", _P, ("new",), "a_s1", opens=True,
@@ -399,8 +399,8 @@ PSU = ProtocolSpec(
         _down("psu_fetch", "a_s1t123", "p_t2", "n_a"),  # line 11: the line-3 list raised
         _down("psu_fetch", "p_t2", "p_s123t2", "n_p"),  # line 12
         _up("psu_chunk", "p_s123t2", "done", equal("total", "n_p")),  # line 12
-        # while P_a computes a list (lines 3, 6-8, 10-12): no message otherwise
-        *_alive("a_s1", "p_s1t1", "union_s123t1", "p_t2", "p_s123t2"),
+        # while P_a computes a list (lines 3, 6-8, 10-12) or works on one it fetched
+        _alive(_PSU_STATES[1:-1], _PSU_STATES[1:-1]),
     ))
 
 _REVEALED = ("reveal", ("both", "secondary"))
@@ -426,7 +426,8 @@ PSI = ProtocolSpec(
              chunk=Chunked("p_ts"), bounds=(equal("total", "n_p"),),
              note="the last chunk's proof: the elements matching a_st are p_t raised to the "
                   "committed exponent (batched Chaum–Pedersen), else no row is accepted"),
-        *_alive("a_s", "p_ts"),  # while the primary blinds its set, and proves p_ts
+        # while the primary blinds its set, works on the lists it fetched, and proves p_ts
+        _alive(("a_s", "a_st", "p_t", "p_ts"), ("a_s", "a_st", "p_t", "p_ts")),
         # the intersection rows, to the party that ran the PSI only, when it is to learn them
         Step("fetch_alignment", _P, ("done",), None, times=None,
              requires=("reveal", ("both",))),
