@@ -30,6 +30,7 @@ from vflink.data.preprocess import Preprocessor
 from vflink.errors import PolicyViolation
 from vflink.models.spec import BottomSpec, bottom_parameters
 from vflink.parties.privacy import EmbeddingProtection
+from vflink.parties.recording import Recorder
 from vflink.protocol.boundary import refuse
 from vflink.protocol.names import check_name
 
@@ -99,7 +100,7 @@ class TrainingRun:
     #: union training's per-session state (:class:`vflink.parties.union.UnionPeer`)
     union: Any = None
     #: what this run received, where the party records per run (a served party)
-    recorder: Any = None
+    recorder: Recorder | None = None
     #: the data fingerprint of the state last loaded (resuming tells whether data changed)
     loaded_data: str | None = None
 
