@@ -95,6 +95,26 @@ def view_of(session: str, alignment: Alignment, *, with_similarity: bool,
     )
 
 
+def _comparators(message: FieldLink) -> list[FieldComparator]:
+    """Each field's comparison levels of a model link (the request's own, else its kind's
+    default), refused in the coordinator's words when they are not 1 to
+    :data:`~vflink.linkage.comparison.MAX_THRESHOLDS` similarities in (0, 1), highest first."""
+    out: list[FieldComparator] = []
+    problems: list[str] = []
+    for i, c in enumerate(message.fields):
+        try:
+            out.append(FieldComparator(name=f"field{i}",
+                                       thresholds=c.levels or DEFAULT_LEVELS.get(c.kind,
+                                                                                 (0.8, 0.6)),
+                                       tf=c.tf))
+        except ConfigError as exc:  # the request's own numbers: safe to tell
+            problems.extend(exc.problems)
+    if problems:
+        raise refuse(ProtocolError, "the coordinator cannot compare with the requested levels: "
+                                    + "; ".join(problems), code="link.levels")
+    return out
+
+
 class CoordinatorParty(Party):
     """Matches digests (exact) or links encodings (soft linkage) for the data parties.
 
@@ -491,12 +511,7 @@ class CoordinatorParty(Party):
         if len(exact_p) != len(specs) or len(exact_s) != len(specs):
             raise refuse(ProtocolError, "a model link needs every party's exact-agreement "
                                         "hashes, one per field", code="link.exact")
-        try:
-            comparators = [FieldComparator(
-                name=f"field{i}", thresholds=c.levels or DEFAULT_LEVELS.get(c.kind, (0.8, 0.6)),
-                tf=c.tf) for i, c in enumerate(message.fields)]
-        except ConfigError as exc:  # the request's own numbers: safe to tell
-            raise refuse(ProtocolError, "; ".join(exc.problems), code="link.fields") from None
+        comparators = _comparators(message)
         fields = [(enc, spec.metric or "hamming", a, b) for enc, spec, a, b in
                   zip(ours[0], specs, ours[1], theirs[1], strict=True)]
         codes = [value_codes(a, b) for a, b in zip(exact_p, exact_s, strict=True)]
@@ -533,6 +548,8 @@ class CoordinatorParty(Party):
         if not message.fields:
             raise refuse(ProtocolError, "a field link needs at least one field",
                          code="link.fields")
+        if message.model:
+            _comparators(message)  # the levels of every field, before any work
         needed = [sender, *message.secondaries]
         s = self._complete(message.session, needed, "fields", "field encodings")
         specs = self._field_specs(message, needed, s)

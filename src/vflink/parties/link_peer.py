@@ -241,9 +241,9 @@ class LinkingPeer(Party):
         mask = np.zeros(len(self.table), dtype=bool)
         mask[idx] = True
         self.served[peer] = mask
-        self._note_links(idx)
+        self._note_links(idx, peer)
 
-    def _note_links(self, rows: npt.NDArray[np.int64]) -> None:
-        """Hook for what the links mean to a subclass (a secondary's privacy accountant counts
-        every link of a row as one more release of its embedding)."""
+    def _note_links(self, rows: npt.NDArray[np.int64], peer: str) -> None:
+        """Hook for what ``peer``'s links mean to a subclass (a secondary's privacy accountant
+        counts every link of a row as one more release of its embedding to that peer)."""
 

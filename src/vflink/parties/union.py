@@ -18,7 +18,7 @@ import hashlib
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -35,6 +35,7 @@ from vflink.parties.guard import admit_forward, check_bottom_spec, check_embeddi
 from vflink.parties.policy import PartyPolicy
 from vflink.parties.privacy import EmbeddingProtection
 from vflink.parties.setalign import SetAlignment
+from vflink.parties.training_runs import TrainingRun
 from vflink.privacy.label_protection import LabelProtection
 from vflink.protocol.boundary import refuse
 from vflink.protocol.channel import Channel
@@ -45,7 +46,7 @@ from vflink.protocol.messages import (
     UnionForward,
     UnionSetup,
 )
-from vflink.protocol.sessions import purpose_of
+from vflink.protocol.sessions import Session, purpose_of
 from vflink.randomness import NoiseSource, keyed_generator, party_secret, secret_generator
 
 __all__ = ["BatchRecord", "UnionPeer", "UnionPrimary", "check_union_labels", "uid_rows"]
@@ -144,24 +145,28 @@ class UnionPeer:
 
     name: str
     table: PartyTable
-    spec: BottomSpec | None
-    preprocessor: Preprocessor
-    features: FeatureSource | None
     device: torch.device
-    model: torch.nn.Module | None
-    optimizer: torch.optim.Optimizer | None
     policy: PartyPolicy
     protection: EmbeddingProtection
     #: the party's own ``[privacy] reproducible_noise`` (not private; default: secret)
     reproducible_noise: bool
     out_dir: Path | None
-    _pending: dict[int, torch.Tensor]
-    _pending_since: dict[int, float]
 
     def set_alignment_with(self, session: str, peer: str
                            ) -> SetAlignment | None: ...  # from SetAlignmentPeer
 
-    def _build(self, spec: BottomSpec, pre: Preprocessor) -> None: ...  # from SecondaryParty
+    if TYPE_CHECKING:  # from SecondaryParty and Party: the run of the message being handled
+        def _run(self) -> TrainingRun: ...
+
+        def _build(self, ctx: TrainingRun, spec: BottomSpec, pre: Preprocessor) -> None: ...
+
+        def _fit_memory(self, ctx: TrainingRun, need: int, session: Session | None
+                        ) -> None: ...
+
+        def _planned(self, ctx: TrainingRun, spec: BottomSpec, pre: Preprocessor) -> int: ...
+
+        @property
+        def session(self) -> Session: ...
 
     def on_union_setup(self, sender: str, message: UnionSetup) -> Ack:
         # our own limits and protections decide, not the primary's request (as SetupBottom)
@@ -206,11 +211,14 @@ class UnionPeer:
                                 "none of our records")
         pre = Preprocessor(self.table.schema).fit(  # own rows only, gathered
             self.table.take(own, self.table.schema.features), np.arange(len(own)))
-        self._build(message.spec, pre)
-        if self.features is None:
+        ctx = self._run()
+        ctx.clear()  # this run's previous model goes before the new one is counted
+        self._fit_memory(ctx, self._planned(ctx, message.spec, pre), self.session)
+        self._build(ctx, message.spec, pre)
+        if ctx.features is None:
             raise ProtocolError(f"party {self.name!r}: no encoded features after setup")
         reproducible = self.reproducible_noise
-        key = _session_key(self.features, message.session, message.spec.seed,
+        key = _session_key(ctx.features, message.session, message.spec.seed,
                            secret=None if reproducible else party_secret(self.out_dir))
         fill = rows.copy()
         pool = np.empty(0, dtype=np.int64)
@@ -220,22 +228,23 @@ class UnionPeer:
             fill[~held] = _UNASSIGNED
             pool = syn.assigned_rows(own, int((~held).sum()),
                                      key if reproducible else keyed_generator(key, "stand-ins"))
-        self.__dict__["_union_"] = _PeerUnion(
+        ctx.union = _PeerUnion(
             rows=rows, fill=fill, pool=pool, own_rows=own, strategy=strategy,
             generator=NoiseSource(seed=int.from_bytes(key[:8], "little") >> 1)
             if reproducible else NoiseSource())
         return Ack(info={"n_features": float(pre.n_features)})
 
     def on_union_forward(self, sender: str, message: UnionForward) -> Embeddings:
-        state: _PeerUnion | None = self.__dict__.get("_union_")
-        model, features = self.model, self.features
+        ctx = self._run()
+        state: _PeerUnion | None = ctx.union
+        model, features = ctx.model, ctx.features
         if state is None or model is None or features is None:
             raise ProtocolError(f"party {self.name!r}: UnionForward before UnionSetup")
         uids = np.asarray(message.uids, dtype=np.int64)
         if uids.ndim != 1 or (uids.size and (uids.min() < 0 or uids.max() >= len(state.rows))):
             raise ProtocolError(f"party {self.name!r}: UIDs outside [0, {len(state.rows)})")
         if message.train:  # bounded: at most policy.max_pending_batches wait for a Backward
-            admit_forward(self._pending, self._pending_since, message.batch_id,
+            admit_forward(ctx.pending, ctx.pending_since, message.batch_id,
                           party=self.name, policy=self.policy)
         state.assign(uids)
         rows = state.fill[uids]
@@ -259,7 +268,7 @@ class UnionPeer:
                 out[torch.from_numpy(np.flatnonzero(~drawn))] = real_out
                 out[torch.from_numpy(np.flatnonzero(drawn))] = fake.to(real_out.dtype)
         if message.train:
-            self._pending[message.batch_id] = out
+            ctx.pending[message.batch_id] = out
         return Embeddings(batch_id=message.batch_id, embeddings=out.detach(),
                           inverse=np.arange(len(rows), dtype=np.int64))
 
@@ -321,6 +330,8 @@ class UnionPrimary:
         reproducible_noise: seed the synthetic labels and our own stand-in rows from the
             model spec's seed (``[privacy] reproducible_noise``): NOT private, since the peer
             receives that seed; by default they are secret (:mod:`vflink.randomness`).
+        run: this run's id, named in every training message (the peer keeps each run's
+            model apart); ``""``: the primary's one run.
     """
 
     def __init__(self, table: PartyTable, channel: Channel, peer: str, result: SetAlignment,
@@ -328,14 +339,15 @@ class UnionPrimary:
                  top_hidden: tuple[int, ...], fit_uids: npt.NDArray[np.int64],
                  session: str | None = None, policy: PartyPolicy | None = None,
                  labels: LabelProtection | None = None, epochs: int = 1,
-                 device: torch.device | None = None, reproducible_noise: bool = False
-                 ) -> None:
+                 device: torch.device | None = None, reproducible_noise: bool = False,
+                 run: str = "") -> None:
         schema = table.schema
         self.device = device if device is not None else torch.device("cpu")
         if schema.label is None:
             raise ProtocolError("the active party needs a label column")
         self.channel, self.peer, self.strategy = channel, peer, strategy
         self.name = channel.name
+        self.run = run
         self.policy = policy or PartyPolicy()
         self.width = spec.out_dim
         self.calibration = calibration
@@ -377,7 +389,8 @@ class UnionPrimary:
         features = "none" if strategy.schedule == "full" else strategy.features
         ack = channel.request(peer, UnionSetup(session=session or result.session, spec=spec,
                                                features=features,
-                                               fit_uids=fit_uids.astype(np.int64)), Ack)
+                                               fit_uids=fit_uids.astype(np.int64),
+                                               run=run), Ack)
         del ack
         parts: dict[str, torch.nn.Module] = {}
         width = spec.out_dim
@@ -407,7 +420,8 @@ class UnionPrimary:
         batch_id = self.next_batch_id
         self.next_batch_id += 1
         reply = self.channel.request(self.peer, UnionForward(batch_id=batch_id, uids=uids,
-                                                             train=train), Embeddings)
+                                                             train=train, run=self.run),
+                                     Embeddings)
         if reply.batch_id != batch_id:
             raise ProtocolError(f"{self.peer!r} answered batch {reply.batch_id}; expected "
                                 f"{batch_id}")
@@ -454,7 +468,8 @@ class UnionPrimary:
         grad = emb.grad if emb.grad is not None else torch.zeros_like(emb)
         if protection is not None and protection.mode in ("marvell", "max-norm"):
             grad = protection.perturb(grad, y)
-        self.channel.request(self.peer, Backward(batch_id=batch_id, grad=grad.detach()), Ack)
+        self.channel.request(self.peer, Backward(batch_id=batch_id, grad=grad.detach(),
+                                                 run=self.run), Ack)
         self.optimizer.step()
         if record:
             self.records.append(BatchRecord(

@@ -66,6 +66,7 @@ __all__ = [
     "PsuFetch",
     "PsuRound1",
     "SetChunk",
+    "SetProgress",
     "Restore",
     "SaveState",
     "SetupBottom",
@@ -82,8 +83,9 @@ __all__ = [
 
 #: Bumped whenever a message changes shape; peers refuse a different major version.
 #: 2: sessions, AlignmentView.primary; 3: chunked PSU/PSI; 4: PSU's line 11 raises the round-1
-#: list, PSI's p_ts carries a proof, round 1 answers the chunk size
-PROTOCOL_VERSION = 4
+#: list, PSI's p_ts carries a proof, round 1 answers the chunk size; 5: training messages name
+#: the primary's run, SetProgress keeps a set session alive while its driver computes
+PROTOCOL_VERSION = 5
 
 
 @dataclass(frozen=True)
@@ -430,6 +432,8 @@ class SetupBottom(Message):
 
     kind: ClassVar[str] = "setup_bottom"
     spec: BottomSpec
+    #: the primary's run this message belongs to (its own key at the secondary; "": one run)
+    run: str = ""
 
 
 @dataclass(frozen=True)
@@ -441,6 +445,8 @@ class FitPreprocessing(Message):
 
     kind: ClassVar[str] = "fit_preprocessing"
     rows: npt.NDArray[np.int64]
+    #: the primary's run this message belongs to (its own key at the secondary; "": one run)
+    run: str = ""
 
 
 @dataclass(frozen=True)
@@ -454,6 +460,8 @@ class Forward(Message):
     batch_id: int
     rows: npt.NDArray[np.int64]
     train: bool
+    #: the primary's run this message belongs to (its own key at the secondary; "": one run)
+    run: str = ""
 
 
 @dataclass(frozen=True)
@@ -477,6 +485,8 @@ class Backward(Message):
     kind: ClassVar[str] = "backward"
     batch_id: int
     grad: torch.Tensor
+    #: the primary's run this message belongs to (its own key at the secondary; "": one run)
+    run: str = ""
 
 
 @dataclass(frozen=True)
@@ -485,6 +495,8 @@ class Snapshot(Message):
 
     kind: ClassVar[str] = "snapshot"
     tag: str
+    #: the primary's run this message belongs to (its own key at the secondary; "": one run)
+    run: str = ""
 
 
 @dataclass(frozen=True)
@@ -493,6 +505,8 @@ class Restore(Message):
 
     kind: ClassVar[str] = "restore"
     tag: str
+    #: the primary's run this message belongs to (its own key at the secondary; "": one run)
+    run: str = ""
 
 
 @dataclass(frozen=True)
@@ -501,6 +515,8 @@ class SaveState(Message):
 
     kind: ClassVar[str] = "save_state"
     name: str
+    #: the primary's run this message belongs to (its own key at the secondary; "": one run)
+    run: str = ""
 
 
 @dataclass(frozen=True)
@@ -510,6 +526,8 @@ class LoadState(Message):
 
     kind: ClassVar[str] = "load_state"
     name: str
+    #: the primary's run this message belongs to (its own key at the secondary; "": one run)
+    run: str = ""
 
 
 # --- protection of what a secondary sends (VFL-AFE) ------------------------------------------
@@ -530,6 +548,8 @@ class SetupPrivacy(Message):
     settings: dict[str, str | float | int | bool | None]
     classes: int = 0
     plan: dict[str, int] = field(default_factory=dict)
+    #: the primary's run this message belongs to (its own key at the secondary; "": one run)
+    run: str = ""
 
 
 @dataclass(frozen=True)
@@ -537,6 +557,8 @@ class FetchPrivacyReport(Message):
     """Primary → secondary: send your privacy-ledger entries for this run."""
 
     kind: ClassVar[str] = "fetch_privacy_report"
+    #: the primary's run this message belongs to (its own key at the secondary; "": one run)
+    run: str = ""
 
 
 @dataclass(frozen=True)
@@ -657,6 +679,24 @@ class PsiFetch(Message):
 
 
 @dataclass(frozen=True)
+class SetProgress(Message):
+    """Primary → secondary: the primary is still computing the list ``stream`` of set session
+    ``session`` (PSU or PSI) and has ``done`` of its elements.
+
+    A driver computes a whole list (PSU lines 3 and 8: a secret shuffle needs every element)
+    before it sends the first chunk, and works on each chunk it fetches; this message, sent
+    meanwhile, keeps the session from expiring as idle. ``stream`` is one of the protocol's
+    lists, ``done`` grows with every message of that list and stays within a few passes over
+    the committed set sizes, and no session outlives the secondary's ``policy.max_session_s``
+    however it is kept alive. The reply is an :class:`Ack`."""
+
+    kind: ClassVar[str] = "set_progress"
+    session: str
+    stream: str
+    done: int
+
+
+@dataclass(frozen=True)
 class SetChunk(Message):
     """Secondary → primary: one chunk of a PSU/PSI list, in reply to a fetch."""
 
@@ -688,6 +728,8 @@ class UnionSetup(Message):
     spec: BottomSpec
     features: str
     fit_uids: npt.NDArray[np.int64]
+    #: the primary's run this message belongs to (its own key at the secondary; "": one run)
+    run: str = ""
 
 
 @dataclass(frozen=True)
@@ -699,6 +741,8 @@ class UnionForward(Message):
     batch_id: int
     uids: npt.NDArray[np.int64]
     train: bool
+    #: the primary's run this message belongs to (its own key at the secondary; "": one run)
+    run: str = ""
 
 
 MESSAGE_TYPES: dict[str, type[Message]] = {
@@ -710,7 +754,8 @@ MESSAGE_TYPES: dict[str, type[Message]] = {
         FitPreprocessing, Forward, Embeddings, Backward, Snapshot,
         Restore, SaveState, LoadState, ConfirmKey, KeyTag, FetchKeyTags, KeyTags,
         SetupPrivacy, FetchPrivacyReport, PrivacyReport,
-        PsuRound1, PsuChunk, PsuFetch, PsiRound1, PsiChunk, PsiFetch, SetChunk, UnionSetup,
+        PsuRound1, PsuChunk, PsuFetch, PsiRound1, PsiChunk, PsiFetch, SetChunk, SetProgress,
+        UnionSetup,
         UnionForward, ShareFieldEncodings,
         FieldEncodings, FieldLink,
     )

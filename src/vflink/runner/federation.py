@@ -20,6 +20,7 @@ from vflink.parties import CoordinatorParty, SecondaryParty
 from vflink.parties.policy import PartyPolicy
 from vflink.parties.recording import Recorder
 from vflink.protocol import Channel
+from vflink.protocol.sessions import new_session_name
 from vflink.runfiles.config import RunConfig
 from vflink.runfiles.inputs import Inputs
 from vflink.runner.compute import current_compute
@@ -51,6 +52,8 @@ class Federation:
         counter: messages and payload bytes per direction, shared by the whole run.
         secret: the data parties' shared secret (the primary is a data party).
         state_prefix: prefix of state file names the secondaries write (a run id across hosts).
+        run: the run's id in every training message (a served secondary keeps each run of
+            each primary apart): ``run@<random>``, a fresh one per run.
         policy: the primary's own policy (what it releases, what it accepts).
         secret_source: where the secret came from (for the run's summary; never the secret).
         state_dir: the primary's own state directory across runs (label release counts).
@@ -62,6 +65,7 @@ class Federation:
     counter: TrafficCounter
     secret: bytes
     state_prefix: str = ""
+    run: str = ""
     closer: Callable[[], None] = field(default=lambda: None)
     policy: PartyPolicy = field(default_factory=PartyPolicy)
     secret_source: str = ""
@@ -121,11 +125,14 @@ def in_process(inputs: Inputs, config: RunConfig, *, transcript: Transcript | No
                                recorder=recorder_for(config),
                                privacy=config.privacy, privacy_seed=noise_seed(config, j),
                                roles=roles, policy=policy,
-                               resources=config.training.resources())
+                               resources=config.training.resources(),
+                               peer_dirs=False)  # one run of one primary: its run directory
         party.compute = compute
         hub.register(table.name, party)
         parties[table.name] = party
+    # a run id as across hosts (the secondaries here serve this run alone): the same messages
+    # of the same size over both transports
     return Federation(channel=hub.channel(inputs.primary.name),
                       secondaries=tuple(t.name for t in inputs.secondaries),
                       coordinator=COORDINATOR, counter=counter, secret=secret, policy=policy,
-                      secret_source=source, parties=parties)
+                      secret_source=source, parties=parties, run=new_session_name("run"))

@@ -52,7 +52,7 @@ from vflink.runfiles.results import EpochRecord, FloristResult, RunResult
 from vflink.runner.context import RunContext
 from vflink.runner.evaluation import EVALUATIONS
 from vflink.runner.protections import label_settings
-from vflink.runner.setalign import Simulation, group_of, simulate
+from vflink.runner.setalign import Simulation, group_of, set_limits, simulate
 from vflink.types import Task
 
 __all__ = ["UnionPlan", "UnionTrainee", "union_fractions"]
@@ -139,7 +139,8 @@ class UnionTrainee:
                                     labels=self._label_protection(), epochs=epochs,
                                     device=resolve_device(t_cfg.resources().device,
                                                           party=sim.p_table.name),
-                                    reproducible_noise=config.privacy.reproducible_noise)
+                                    reproducible_noise=config.privacy.reproducible_noise,
+                                    run=sim.run)
         active = self._active
         if active.rate_protected and strategy.calibration is not None:
             # under a label guarantee the shift uses the protected rate, not the clean one
@@ -308,7 +309,8 @@ class UnionPlan:
                    "group": ctx.config.alignment.group, "p_a": trainee.p_a, "p_p": trainee.p_p,
                    "positive_rate": trainee.positive_rate,
                    "calibration": {"a": calib.a, "b": calib.b, "mode": strategy.calibration},
-                   "psu_communication": sim.psu_communication, **attack}
+                   "psu_communication": sim.psu_communication,
+                   "set_limits": {sim.peer: set_limits(sim.mine)}, **attack}
         extra: dict[str, Any] = {**protections, "florist": florist}
         return FloristResult(
             algorithm=strategy.name, task=sim.p_table.schema.task,  # type: ignore[arg-type]
