@@ -450,7 +450,16 @@ class AlignmentInitiator:
                    mode: str = "soft", tau: float | None = None, sigma: float | None = None,
                    delta: float = 1e-5, session: str = "soft",
                    scale: tuple[float, float] | None = None) -> dict[str, Alignment]:
-        """Fuzzy top-K soft linkage (FedSim §4.1) on encoded identifiers."""
+        """Fuzzy top-K soft linkage (FedSim §4.1) on encoded identifiers: every data party's
+        encodings (:meth:`send_identifiers`), then the link (:meth:`request_soft_link`)."""
+        self.send_identifiers(coordinator, spec, session=session)
+        return self.request_soft_link(coordinator, metric=metric, top_k=top_k, mode=mode,
+                                      tau=tau, sigma=sigma, delta=delta, session=session,
+                                      scale=scale)
+
+    def send_identifiers(self, coordinator: str, spec: EncodingSpec, *, session: str) -> None:
+        """Every data party's encoded identifiers to the coordinator: ours, then each
+        secondary's on our request (key confirmation first whenever the secret is used)."""
         self.policy.check_identifier_release(self.name, spec.encoder)  # our own release too
         if not uses_secret(spec):
             log.info("privacy is off: raw identifiers are sent to the coordinator "
@@ -465,6 +474,14 @@ class AlignmentInitiator:
         for name in self.secondaries:
             self.channel.request(name, ShareEncodings(session=session, coordinator=coordinator,
                                                       spec=spec), Ack)
+
+    def request_soft_link(self, coordinator: str, *, metric: str, top_k: int,
+                          mode: str = "soft", tau: float | None = None,
+                          sigma: float | None = None, delta: float = 1e-5,
+                          session: str = "soft", scale: tuple[float, float] | None = None
+                          ) -> dict[str, Alignment]:
+        """Ask the coordinator to link the encodings of ``session`` (top-K search, Eq. 1-2);
+        the secondaries are then told to fetch their views."""
         views = self.channel.request(coordinator, SoftLink(
             session=session, secondaries=self.secondaries, metric=metric, top_k=top_k, mode=mode,
             tau=tau, sigma=sigma, delta=delta, scale=tuple(scale or ())), AlignmentViews)
@@ -489,37 +506,66 @@ class AlignmentInitiator:
         """
         if not fields:
             raise ConfigError("a multi-field link needs at least one field")
-        for f in fields:
+        self.send_fields(coordinator,
+                         tuple(FieldEncoding(columns=f.on, spec=f.spec) for f in fields),
+                         tuple(FieldEncoding(columns=f.secondary_on, spec=f.spec)
+                               for f in fields),
+                         blocking=blocking, exact=bool(model), session=session)
+        return self.request_field_link(
+            coordinator, tuple(f.comparison for f in fields), blocking=len(blocking),
+            top_k=top_k, mode=mode, tau=tau, sigma=sigma, delta=delta, session=session,
+            scale=scale, model=model, threshold=threshold, one_to_one=one_to_one)
+
+    def send_fields(self, coordinator: str, own: Sequence[FieldEncoding],
+                    theirs: Sequence[FieldEncoding], *, blocking: Sequence[Blocking] = (),
+                    exact: bool = False, session: str) -> None:
+        """Every data party's field encodings to the coordinator: ``own`` (our columns and the
+        public encoding of each field), then each secondary's (``theirs``: its columns, the
+        same encodings) on our request; blocking keys as keyed digests, and with ``exact``
+        (a model link) each field's keyed hash of its normalised value."""
+        if not own or len(own) != len(theirs):
+            raise ConfigError("a multi-field link needs at least one field, the same on each "
+                              "side")
+        for f in own:
             self.policy.check_identifier_release(self.name, f.spec.encoder)  # our own too
-        own = tuple(FieldEncoding(columns=f.on, spec=f.spec) for f in fields)
         own_keys = tuple(BlockingKey(column=b.columns[0], prefix=b.prefix or 0,
                                      columns=b.columns[1:]) for b in blocking)
         if self.identifiers:
             check_declared(self.name, self.identifiers, own, own_keys)
-        clear = [list(f.on) for f in fields if not uses_secret(f.spec)]
+        clear = [list(f.columns) for f in own if not uses_secret(f.spec)]
         if clear:
             log.info("privacy is off for field(s) %s: their raw values are sent to the "
                      "coordinator", clear)
-        if (blocking or model or len(clear) < len(fields)) and self.secondaries:
+        if (blocking or exact or len(clear) < len(own)) and self.secondaries:
             self.confirm_key(coordinator, session)  # before any use of the secret
         raw = field_raw_values(self.frame, own, source=self.source)  # read once, used twice
         encoders, values = encode_fields(self.frame, own, self._secret, source=self.source,
                                          raw=raw)
         keys = blocking_digests(self.frame, own_keys, self._secret, source=self.source)
-        exact = exact_digests(self.frame, own, self._secret, source=self.source,
-                              raw=raw) if model else ()
+        hashes = exact_digests(self.frame, own, self._secret, source=self.source,
+                               raw=raw) if exact else ()
         self.channel.request(coordinator, FieldEncodings(
-            session=session, encoders=encoders, values=values, keys=keys, exact=exact), Ack)
-        theirs = tuple(FieldEncoding(columns=f.secondary_on, spec=f.spec) for f in fields)
+            session=session, encoders=encoders, values=values, keys=keys, exact=hashes), Ack)
         their_keys = tuple(BlockingKey(column=b.columns_s[0], prefix=b.prefix or 0,
                                        columns=b.columns_s[1:]) for b in blocking)
         for name in self.secondaries:
             self.channel.request(name, ShareFieldEncodings(
-                session=session, coordinator=coordinator, fields=theirs, blocking=their_keys,
-                exact=bool(model)), Ack)
+                session=session, coordinator=coordinator, fields=tuple(theirs),
+                blocking=their_keys, exact=exact), Ack)
+
+    def request_field_link(self, coordinator: str, comparisons: Sequence[FieldComparison], *,
+                           blocking: int = 0, top_k: int, mode: str = "soft",
+                           tau: float | None = None, sigma: float | None = None,
+                           delta: float = 1e-5, session: str = "soft",
+                           scale: tuple[float, float] | None = None, model: str = "",
+                           threshold: float = 0.5, one_to_one: str = ""
+                           ) -> dict[str, Alignment]:
+        """Ask the coordinator to link the field encodings of ``session``: how it compares each
+        field (``comparisons``), the number of ``blocking`` keys sent, K, Eq. 1-2's noise and,
+        for a model link, the model and its decisions; the secondaries then fetch their views."""
         views = self.channel.request(coordinator, FieldLink(
-            session=session, secondaries=self.secondaries,
-            fields=tuple(f.comparison for f in fields), top_k=top_k, blocking=len(blocking),
-            mode=mode, tau=tau, sigma=sigma, delta=delta, scale=tuple(scale or ()),
-            model=model, threshold=threshold, one_to_one=one_to_one), AlignmentViews)
+            session=session, secondaries=self.secondaries, fields=tuple(comparisons),
+            top_k=top_k, blocking=blocking, mode=mode, tau=tau, sigma=sigma, delta=delta,
+            scale=tuple(scale or ()), model=model, threshold=threshold,
+            one_to_one=one_to_one), AlignmentViews)
         return self._finish(coordinator, session, views)
