@@ -110,15 +110,14 @@ def test_the_primary_view_holds_only_what_the_primary_receives(
 def test_what_reaches_the_coordinator_in_a_model_link(
         febrl: tuple[pd.DataFrame, pd.DataFrame, np.ndarray]) -> None:
     """Keyed Bloom filters, keyed exact-agreement hashes and blocking digests: no value."""
+    from tests.helpers.links import linked
     from vflink.linkage.fields import Blocking, FieldSpec
-    from vflink.runner.field_link import run_field_linkage
 
     primary, secondary, _ = febrl
     transcript = Transcript()
-    run_field_linkage(primary, secondary, fields=[FieldSpec(on=(c,)) for c in FIELDS],
-                      blocking=[Blocking(on=tuple(r)) for r in RULES], top_k=1,
-                      model="fellegi-sunter", secret=SECRET.encode(), seed=0,
-                      transcript=transcript)
+    linked(primary, secondary, fields=[FieldSpec(on=(c,)) for c in FIELDS],
+           blocking=[Blocking(on=tuple(r)) for r in RULES], top_k=1, model="fellegi-sunter",
+           secret=SECRET.encode(), seed=0, transcript=transcript)
     sent = [r.message for r in transcript.records if isinstance(r.message, FieldEncodings)]
     assert len(sent) == 2
     for m in sent:

@@ -388,8 +388,8 @@ def run(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from vflink.api import link
-    from vflink.api._link import link_outputs
     from vflink.runner.encoding import resolve_privacy
+    from vflink.runner.link.charts import link_outputs
 
     opts = resolve(args)
     from vflink.cli._outputs import refuse_existing
@@ -439,7 +439,9 @@ def run(args: argparse.Namespace) -> int:
         ("sizes", f"{sizes['primary_rows']} primary × {sizes['secondary_rows']} secondary, "
                   f"K = {lk.k}, "
                   f"{n_links} links"),
-        ("time", f"{outcome.seconds:.2f} s"),
+        ("time", f"{outcome.seconds:.2f} s; by stage: " + ", ".join(
+            f"{stage} {seconds:.2f}" for stage, seconds in
+            links.summary.get("stage_seconds", {}).items() if seconds >= 0.005)),
         ("metric", f"{metric} (search: {outcome.search_metric}); privacy: "
                    f"{'Bloom filters' if outcome.privacy == 'bloom' else 'OFF (raw identifiers)'}"),
         ("μ0, σ0 (Eq. 1)", f"{lk.mu0:.6g}, {lk.sigma0:.6g}"),

@@ -2,7 +2,7 @@
 identifier or several fields), the metric the coordinator searches with, and the private
 defaults (keyed Bloom filters, FedSim App. I; the noise of Theorem 2).
 
-Shared by ``vflink link`` (:mod:`vflink.runner.link`, :mod:`vflink.runner.field_link`) and a
+Shared by the link pipeline's encode and compare stages (:mod:`vflink.runner.link`) and a
 run's alignment stage (:mod:`vflink.runner.prepare`); no party is built here.
 """
 
