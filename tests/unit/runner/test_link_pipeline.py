@@ -163,3 +163,29 @@ def test_the_clock_counts_each_second_once_for_the_stage_that_spent_it(
                              "model": 0.5}
     assert sum(clock.seconds.values()) == fake.now
     assert clock.rounded()["compare"] == 0.0
+
+
+@pytest.mark.parametrize(("options", "steps"), [
+    ({"on": "x,y", "metric": "euclidean"}, {"candidates", "decide"}),
+    ({"fields": [{"on": ["name"], "metric": "levenshtein"}]}, {"candidates", "decide"}),
+    ({"fields": [{"on": ["name"]}, {"on": ["x"]}], "model": "fellegi-sunter"},
+     {"candidates", "model"})], ids=["identifier", "fields", "model"])
+def test_the_coordinator_times_its_own_steps_and_they_go_to_their_stages(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, options: dict[str, Any],
+        steps: set[str]) -> None:
+    from vflink.runner.link.pipeline import run_link
+
+    p, s = _tables(tmp_path)
+    booked: list[dict[str, float]] = []
+    real = Clock.book
+
+    def book(self: Clock, seconds: dict[str, float]) -> None:
+        booked.append(dict(seconds))
+        real(self, seconds)
+
+    monkeypatch.setattr(Clock, "book", book)
+    ctx = run_link(LinkSettings.from_options(top_k=2, seed=0, **options), p, s)
+    assert ctx.parties is not None
+    measured = ctx.parties.seconds()
+    assert set(measured) == steps and all(v > 0 for v in measured.values())
+    assert booked == [measured]  # the decide stage booked them, once

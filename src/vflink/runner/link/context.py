@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
     from vflink.linkage import SoftLinkage
+    from vflink.linkage.fields import FieldSpec
     from vflink.protocol import EncodingSpec
     from vflink.runner.link.batches import Batches
     from vflink.runner.link.outcome import LinkOutcome
@@ -122,7 +123,7 @@ class LinkContext:
     # encode
     kind: str = ""
     encodings: tuple[EncodingSpec, ...] = ()
-    fields: tuple[Any, ...] = ()
+    fields: tuple[FieldSpec, ...] = ()
     search_metric: str = ""
     encoder: str = ""
     secret_source: str = ""
