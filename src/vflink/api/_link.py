@@ -170,7 +170,8 @@ def link(primary: TableLike, secondary: TableLike, *,
          out: str | Path | None = None, overwrite: bool = False,
          compute: Compute | None = None, parts: bool | None = None,
          stream: bool | None = None, chunk_rows: int | None = None,
-         model: str | None = None, threshold: float = 0.5, one_to_one: bool | str = False,
+         model: str | None = None, threshold: float | None = None,
+         one_to_one: bool | str = False, cardinality: str | None = None,
          view: str = "operator") -> Links:
     """Link every record of ``primary`` to its ``top_k`` most similar records of ``secondary``.
 
@@ -257,12 +258,20 @@ def link(primary: TableLike, secondary: TableLike, *,
         labels on the encodings (``vflink.linkage.model_link``): fields then need neither
         ``metric`` nor ``weight``; the links gain ``match_weight``, ``match_probability`` and
         ``match``, the summary the m/u table and the estimated precision, recall and F1.
-    threshold : float, default 0.5
-        A model link's match probability at and above which a link is a match.
+    threshold : float, optional
+        A model link's match probability at and above which a link is a match (default 0.5;
+        refused without a model, which it would not change).
     one_to_one : bool or {"optimal", "greedy"}, default False
         A model link's matches one-to-one (each record of either table matched at most
-        once): ``True`` or ``"optimal"`` maximises the total match weight, ``"greedy"`` takes
-        links by decreasing weight.
+        once), a decision step after the threshold: ``True`` or ``"optimal"`` maximises the
+        total match weight, ``"greedy"`` takes links by decreasing weight.
+    cardinality : {"one-to-one", "many-to-one", "one-to-many", "many-to-many"}, optional
+        A model link's cardinality: which records have at most one match ("many-to-one":
+        many primary records to one secondary record, the primary holds duplicates). The
+        model's posterior and its decisions follow it. Default: estimated from the data
+        (records with several near-certain counterparts), and the summary says which was
+        chosen and why (``summary["model"]["cardinality"]``); a many-to-many link's clusters
+        are in ``summary["model"]["clusters"]`` and :meth:`Links.clusters`.
     view : {"operator", "primary"}, default "operator"
         Which columns the links hold: the operator's view (an operator who holds both tables
         and runs every party: also the coordinator's exact ``distance`` and

@@ -24,6 +24,7 @@ from vflink.linkage import SearchOptions, SoftLinkage, soft_linkage
 from vflink.linkage.api import search_neighbours
 from vflink.linkage.comparison import DEFAULT_LEVELS, FieldComparator
 from vflink.linkage.decisions import ONE_TO_ONE, match_clusters
+from vflink.linkage.fellegi_sunter import CARDINALITIES
 from vflink.linkage.fields import Blocking, FieldSpec, FieldValues, field_scales, search_fields
 from vflink.linkage.model_link import MODELS, all_or_none, model_linkage
 from vflink.linkage.scoring import candidate_pairs, value_codes
@@ -517,10 +518,21 @@ class CoordinatorParty(Party):
             raise refuse(ProtocolError, f"unknown linkage model; valid: {', '.join(MODELS)}",
                          code="link.model")
         if message.one_to_one not in ("", *ONE_TO_ONE) or not (
-                0.0 < message.threshold < 1.0):
-            raise refuse(ProtocolError, "a model link's threshold is a probability in (0, 1) "
-                                        "and one_to_one one of optimal, greedy or empty",
+                0.0 < message.threshold < 1.0) or message.cardinality not in (
+                "", *CARDINALITIES):
+            raise refuse(ProtocolError, "a model link's threshold is a probability in (0, 1), "
+                                        "one_to_one one of optimal, greedy or empty, and "
+                                        "cardinality one of "
+                                        f"{', '.join(CARDINALITIES)} or empty",
                          code="link.model")
+        if message.rule_atoms and (
+                len(message.rule_atoms) != message.blocking
+                or any(not atoms or any(isinstance(a, bool) or not isinstance(a, int)
+                                        or a >= len(specs) for a in atoms)
+                       for atoms in message.rule_atoms)):
+            raise refuse(ProtocolError, "rule_atoms name, per blocking key, one field index "
+                                        "(or a negative number) per column",
+                         code="link.blocking")
         ours, theirs = s.fields[primary], s.fields[secondary]
         exact_p, exact_s = s.exact.get(primary, ()), s.exact.get(secondary, ())
         if len(exact_p) != len(specs) or len(exact_s) != len(specs):
@@ -535,16 +547,21 @@ class CoordinatorParty(Party):
         fields = [(enc, spec.metric or "hamming", a, b) for enc, spec, a, b in
                   zip(ours[0], specs, ours[1], theirs[1], strict=True)]
         codes = [value_codes(a, b) for a, b in zip(exact_p, exact_s, strict=True)]
+        # each blocking rule's key as codes (equal digests, equal codes): which rules each
+        # candidate pair satisfies, for the estimate of what the rules miss
+        rule_keys = [value_codes(a, b) for a, b in zip(ours[2], theirs[2], strict=True)]
         p = FieldValues(ours[1], tuple(_key_texts(k) for k in ours[2]))
         q = FieldValues(theirs[1], tuple(_key_texts(k) for k in theirs[2]))
         try:
             clock = time.perf_counter()
             scales = field_scales(specs, p, q)
+            searched = False
             if ours[2]:
                 rows, cols, rules = candidate_pairs(p.keys, q.keys)
             else:
                 rules = []
                 found = all_or_none(len(p), len(q))
+                searched = found is None
                 if found is None:  # each primary record's nearest by the field distance
                     near = search_fields(specs, p, q, min(len(q), max(message.top_k, 10)),
                                          scales=scales)
@@ -560,7 +577,9 @@ class CoordinatorParty(Party):
                 scale=(message.scale[0], message.scale[1]) if message.scale else None,
                 threshold=message.threshold, one_to_one=message.one_to_one or None,
                 field_weights=[c.weight for c in message.fields], scales=scales,
-                blocking=rules)
+                blocking=rules, cardinality=message.cardinality or None,
+                kinds=[c.kind for c in message.fields], rule_keys=rule_keys,
+                rule_atoms=message.rule_atoms, search_candidates=searched)
             _timed(s.seconds, "model", clock)
             return linkage
         except (LinkageError, ConfigError, DataError) as exc:

@@ -9,8 +9,10 @@ encodings reach the coordinator (FedSim §4.1; keyed Bloom filters by default, A
   encoding (:func:`vflink.runner.encoding.encoding_for`), the parties
   (:class:`~vflink.runner.link.parties.LocalParties`) and their encodings to the coordinator;
 * ``fields``: several fields, each with its own encoding
-  (:func:`vflink.runner.encoding.field_encodings`), blocking keys as keyed digests, and each
-  field's keyed exact-agreement hashes for a model link;
+  (:func:`vflink.runner.encoding.field_encodings`), blocking keys as keyed digests of the
+  same normalised values as the fields' (:func:`vflink.runner.encoding.blocking_plan`: dates
+  parsed, strings folded, phone numbers as digits), and each field's keyed exact-agreement
+  hashes for a model link;
 * ``chunks``: the streamed link's: the secondary's encodings spilled to a scratch directory
   partition by partition, the primary's encoded chunk by chunk as the candidates stage asks
   for them (memory flat in the tables' size).
@@ -38,6 +40,7 @@ from vflink.parties.linking import build_encoder, field_raw_values, identifier_v
 from vflink.protocol import FieldEncoding
 from vflink.registry import Registry
 from vflink.runner.encoding import (
+    blocking_plan,
     describe_fields,
     encoding_for,
     federal_spec,
@@ -234,7 +237,10 @@ def encode_fields(ctx: LinkContext) -> LinkContext:
                              *(c for b in s.blocking for c in b.columns_s)]),
         secret=secret, private=all(e.encoder == "bloom" for e in encodings), seed=s.seed,
         transcript=ctx.transcript)
-    ctx.parties.send_fields(own, theirs, blocking=s.blocking, exact=s.model is not None)
+    kinds, ctx.state["rule_atoms"] = blocking_plan(s.blocking, fields, encodings, p.frame,
+                                                   q.frame)
+    ctx.parties.send_fields(own, theirs, blocking=s.blocking, exact=s.model is not None,
+                            key_kinds=kinds)
     return ctx
 
 
