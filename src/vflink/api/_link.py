@@ -102,8 +102,10 @@ class Links:
         from vflink.linkage.decisions import measure, pr_curve
 
         frame = self.frame
-        rows, cols = _truth_pairs(truth, frame)
+        rows, cols, by_ids = _truth_pairs(truth, frame)
         chosen = frame[frame["match"]] if "match" in frame else frame[frame["rank"] == 0]
+        # pairs named by ids map an id without a link to a negative row (counted as missed)
+        _check_truth(rows, cols, chosen, self.summary.get("sizes", {}), by_ids=by_ids)
         out: dict[str, Any] = {
             "measured": measure(chosen["primary_index"].to_numpy(),
                                 chosen["secondary_index"].to_numpy(), rows, cols)}
@@ -117,8 +119,81 @@ class Links:
         return out
 
 
-def _truth_pairs(truth: Any, links: pd.DataFrame) -> tuple[Any, Any]:
-    """(primary rows, secondary rows) of the true pairs (see :meth:`Links.evaluate`)."""
+    def clusters(self, threshold: float | None = None) -> pd.DataFrame:
+        """A model link's clusters: the connected components of the links whose match
+        probability is at least ``threshold`` (default: the link's), over both tables'
+        records, as Splink's ``cluster_pairwise_predictions_at_threshold`` makes them; one
+        row per record (``party``: primary or secondary, ``index``: its row, ``cluster``).
+        A record in no such link is its own cluster. Meant for many-to-many links (the
+        summary's ``model.cardinality``), where a cluster may hold several records of each
+        table."""
+        import numpy as np
+        import pandas as pd
+
+        from vflink.errors import ConfigError
+        from vflink.linkage.decisions import pair_clusters
+
+        frame = self.frame
+        if "match_probability" not in frame:
+            raise ConfigError("clusters need a model link's match probabilities: link with "
+                              "model=\"fellegi-sunter\"")
+        model = self.summary.get("model", {})
+        sizes = self.summary["sizes"]
+        ids_p, ids_s = pair_clusters(
+            frame["primary_index"].to_numpy(np.int64), frame["secondary_index"].to_numpy(np.int64),
+            frame["match_probability"].to_numpy(float), int(sizes["primary_rows"]),
+            int(sizes["secondary_rows"]),
+            threshold=model.get("threshold", 0.5) if threshold is None else threshold)
+        return pd.DataFrame({
+            "party": ["primary"] * len(ids_p) + ["secondary"] * len(ids_s),
+            "index": np.concatenate([np.arange(len(ids_p)), np.arange(len(ids_s))]),
+            "cluster": np.concatenate([ids_p, ids_s])})
+
+
+def _check_truth(rows: Any, cols: Any, chosen: pd.DataFrame, sizes: Mapping[str, Any], *,
+                 by_ids: bool = False) -> None:
+    """Refuse true pairs that cannot be measured: none at all (recall would read 1.0), rows
+    outside the tables (named), or columns that look swapped (the primary's rows given as
+    the secondary's: every pair would count as missed)."""
+    import numpy as np
+
+    if len(rows) == 0:
+        raise DataError("truth holds no pair: precision, recall and F1 against it mean "
+                        "nothing (recall would read 1.0); give the true pairs")
+    n_p, n_s = sizes.get("primary_rows"), sizes.get("secondary_rows")
+    problems = []
+    for name, values, n, side in (("primary_index", rows, n_p, "primary"),
+                                  ("secondary_index", cols, n_s, "secondary")):
+        if n is None:
+            continue
+        bad = np.flatnonzero((values >= n) | ((values < 0) & (not by_ids)))
+        if bad.size:
+            shown = ", ".join(f"row {int(i)} ({int(values[i])})" for i in bad[:5])
+            problems.append(f"{name} is outside the {side} table's {n:,} rows at {shown}"
+                            f"{' …' if bad.size > 5 else ''}; {bad.size} pair(s) in all")
+    if problems:
+        swapped = (n_p is not None and n_s is not None and (cols < n_p).all()
+                   and (rows < n_s).all() and (cols >= 0).all() and (rows >= 0).all())
+        hint = (" (the columns look swapped: every primary_index fits the secondary table and "
+                "every secondary_index the primary)" if swapped else "")
+        raise DataError("truth: " + "; ".join(problems) + hint + "; rows are 0-based "
+                        "positions in the linked tables")
+    from vflink.linkage.decisions import _pair_codes
+
+    found = np.isin(_pair_codes(rows, cols),
+                    _pair_codes(chosen["primary_index"], chosen["secondary_index"])).sum()
+    crossed = np.isin(_pair_codes(cols, rows),
+                      _pair_codes(chosen["primary_index"], chosen["secondary_index"])).sum()
+    if crossed >= 0.5 * len(rows) and crossed > 5 * max(found, 1):
+        raise DataError(f"truth's columns look swapped: {crossed:,} of its {len(rows):,} pairs "
+                        f"are links when read as (secondary_index, primary_index), {found:,} "
+                        f"as given; give primary rows in primary_index and secondary rows in "
+                        f"secondary_index")
+
+
+def _truth_pairs(truth: Any, links: pd.DataFrame) -> tuple[Any, Any, bool]:
+    """(primary rows, secondary rows) of the true pairs (see :meth:`Links.evaluate`), and
+    whether they were named by record ids."""
     import numpy as np
     import pandas as pd
 
@@ -127,13 +202,17 @@ def _truth_pairs(truth: Any, links: pd.DataFrame) -> tuple[Any, Any]:
                               text_columns=("primary_id", "secondary_id"))
     if not isinstance(truth, pd.DataFrame):
         pairs = np.asarray(truth)
+        if pairs.size == 0:
+            pairs = pairs.reshape(0, 2)
         if pairs.ndim != 2 or pairs.shape[1] != 2:
             raise DataError(f"truth must be a table or (primary row, secondary row) pairs, "
                             f"got an array of shape {pairs.shape}")
-        return pairs[:, 0].astype(np.int64), pairs[:, 1].astype(np.int64)
+        if pairs.size == 0:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64), False
+        return pairs[:, 0].astype(np.int64), pairs[:, 1].astype(np.int64), False
     if {"primary_index", "secondary_index"} <= set(truth.columns):
         return (truth["primary_index"].to_numpy(dtype=np.int64),
-                truth["secondary_index"].to_numpy(dtype=np.int64))
+                truth["secondary_index"].to_numpy(dtype=np.int64), False)
     if {"primary_id", "secondary_id"} <= set(truth.columns):
         missing = [c for c in ("primary_id", "secondary_id") if c not in links.columns]
         if missing:
@@ -148,7 +227,7 @@ def _truth_pairs(truth: Any, links: pd.DataFrame) -> tuple[Any, Any]:
             # of its own never equals a link's
             rows.append(p.get(a, -1 - k))
             cols.append(s.get(b, -1 - k))
-        return np.asarray(rows, dtype=np.int64), np.asarray(cols, dtype=np.int64)
+        return np.asarray(rows, dtype=np.int64), np.asarray(cols, dtype=np.int64), True
     raise DataError("truth needs columns primary_index and secondary_index, or primary_id and "
                     f"secondary_id; it has: {', '.join(map(str, truth.columns[:20]))}")
 

@@ -253,18 +253,16 @@ def resolve(args: argparse.Namespace) -> dict[str, Any]:
     out = opts.get("out")
     if isinstance(out, (str, Path)) and Path(out).suffix.lower() not in (".csv", ".parquet"):
         problems.append(f"--out must end in .csv or .parquet, got {str(out)!r}")
-    built = True
     for name, build in (("geo", lambda: _geo(opts.get("geo"))),
                         ("bloom_filters", lambda: _bloom(opts.get("bloom_filters"),
                                                          opts.get("resolution")))):
         try:
             build()
         except ConfigError as exc:
-            built = False
             problems.extend(p if p.startswith(f"[link.{name}]") else f"[link.{name}]: {p}"
                             for p in exc.problems)
-    if built and not any(p.startswith(("fields", "blocking", "`fields`", "`blocking`"))
-                         for p in problems):
+    if not any(p.startswith(("fields", "blocking", "`fields`", "`blocking`"))
+               for p in problems):
         # every value the API checks, checked by the API's own settings: the same words
         from vflink.runner.link.settings import LinkSettings
 

@@ -75,7 +75,7 @@ def field_separation(levels: npt.NDArray[np.int8], random_levels: npt.NDArray[np
     their total-variation distance (``separation``), the share agreeing at the field's top two
     levels in each (``agree_matches``, ``agree_random``), and ``separates`` (distance ≥
     :data:`SEPARATION_MIN` and more agreement among the matches than among random pairs)."""
-    out = []
+    out: list[dict[str, Any]] = []
     qq = np.asarray(q, dtype=np.float64)
     for f, n in enumerate(n_levels):
         col, rnd = levels[:, f].astype(np.int64), random_levels[:, f].astype(np.int64)

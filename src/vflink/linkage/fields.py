@@ -64,7 +64,8 @@ from vflink.linkage.distances import euclidean_distances, haversine_distances
 from vflink.linkage.search import Neighbours
 
 __all__ = ["FIELD_METRICS", "KEY_KINDS", "Blocking", "FieldSpec", "FieldValues", "auto_metric",
-           "brute_fields", "field_resolution", "field_scales", "key_kind", "key_text",
+           "brute_fields", "column_key_kind", "field_resolution", "field_scales", "key_kind",
+           "key_text",
            "search_fields"]
 
 FIELD_METRICS = ("levenshtein", "jaro-winkler", "token-set", "exact", "euclidean", "haversine",
@@ -190,6 +191,17 @@ def key_kind(values: Sequence[Any], *, share: float = 0.9) -> str:
     if len(phones) >= share * len(present) and any(not v.isdigit() for v in phones):
         return "digits"
     return "string"
+
+
+def column_key_kind(field_kind: str | None, shown: str) -> str:
+    """A blocking column's normalisation: its field's (``field_kind``: the field encoding's
+    kind, None when the column is no field's) — dates parsed, numbers and places canonical,
+    strings folded, phone numbers as digits — else what its values show (``shown``,
+    :func:`key_kind`)."""
+    if field_kind is None:
+        return shown
+    own = {"date": "date", "numeric": "number", "geo": "number"}.get(field_kind, "string")
+    return "digits" if own == "string" and shown == "digits" else own
 
 
 def key_text(value: Any, kind: str = "string") -> str:

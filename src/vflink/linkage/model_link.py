@@ -157,9 +157,22 @@ def model_linkage(comparators: Sequence[FieldComparator],
     den = (present * w).sum(axis=1)
     pair_distance = np.where(den > 0, num / np.maximum(den, 1e-12), 1.0)
     distances = np.where(has, pair_distance[safe], np.nan)
-    chosen = estimate_quality(scored.probabilities, matches)
+    # the decisions released are those among each primary record's K links: a record with
+    # more matches than K (one-to-many, many-to-many) keeps its K best, and the estimate is
+    # of what is released
+    in_links = np.zeros(len(matches), dtype=bool)
+    in_links[pos[has]] = True
+    beyond = matches & ~in_links
+    chosen = estimate_quality(scored.probabilities, matches & in_links)
     checks = _diagnose(scored, fields, codes, kinds or ["string"] * len(comparators),
                        rule_keys, rule_atoms, blocking, n_p, n_s, search_candidates)
+    if beyond.any():
+        most = int(np.bincount(rows[matches]).max())
+        checks["warnings"].append(
+            f"{int(np.count_nonzero(np.bincount(rows[beyond])))} primary record(s) have more "
+            f"matches than top_k = {k} (at most {most}): {int(beyond.sum())} match(es) are "
+            f"beyond each record's {k} links and are left out of the links and the estimate; "
+            f"give top_k ≥ {most} to keep them")
     chosen = _estimate(chosen, checks)
     curve = threshold_curve(rows, cols, scored.probabilities,
                             cardinality=chosen_cardinality)
@@ -178,7 +191,8 @@ def model_linkage(comparators: Sequence[FieldComparator],
         "em_converged": model.converged, "candidate_pairs": int(len(rows)),
         "threshold": threshold, "one_to_one": one_to_one or "none",
         "cardinality": card,
-        "matches": int(matches.sum()), "m_u": model.table(),
+        "matches": int((matches & in_links).sum()),
+        "matches_beyond_top_k": int(beyond.sum()), "m_u": model.table(),
         "estimated": chosen, "diagnostics": checks, "threshold_curve": curve,
         "waterfall": _waterfall(scored, example), "blocking_rules": list(blocking),
         "weight_histogram": _histogram(scored.weights, matches),
@@ -216,10 +230,10 @@ def _diagnose(scored: Scored, fields: Sequence[tuple[str, str, Any, Any]],
                           n_records=min(n_p, n_s))
     warnings.extend(s["text"] for s in swaps)
     few = max(1, int(dg.FEW_COMPARISONS * min(n_p, n_s)))
-    for rule in blocking:
+    for r, rule in enumerate(blocking):
         if rule["comparisons"] < few:
             warnings.append(
-                f"blocking rule {rule['rule']} makes {rule['comparisons']:,} comparisons (fewer "
+                f"blocking rule rule{r} makes {rule['comparisons']:,} comparisons (fewer "
                 f"than {few:,}): it finds (almost) no pair; are its columns written the same "
                 f"way on both sides?")
     if rule_keys:

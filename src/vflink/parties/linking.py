@@ -37,7 +37,7 @@ from vflink.linkage.encoding import (
     normalize_string,
 )
 from vflink.linkage.encoding.dates import DateBloomEncoder, date_parts
-from vflink.linkage.fields import KEY_KINDS, Blocking, key_text
+from vflink.linkage.fields import KEY_KINDS, Blocking, column_key_kind, key_kind, key_text
 from vflink.parties.guard import check_alignment_view
 from vflink.parties.policy import PartyPolicy
 from vflink.protocol.channel import Channel
@@ -374,6 +374,19 @@ def blocking_digests(frame: pd.DataFrame, blocking: Sequence[BlockingKey], secre
     return tuple(out)
 
 
+def _key_kinds(frame: pd.DataFrame, fields: Sequence[FieldEncoding],
+               columns: Sequence[str]) -> tuple[str, ...]:
+    """How the primary normalises each column of a blocking rule when the caller did not
+    say: as its field's values when the column is a field's (dates parsed, numbers
+    canonical), else as its own values show (:func:`~vflink.linkage.fields.key_kind`)."""
+    kinds = []
+    for c in columns:
+        spec = next((f.spec for f in fields if tuple(f.columns) == (c,)), None)
+        shown = key_kind(frame[c].tolist()) if c in frame.columns else "string"
+        kinds.append(column_key_kind(None if spec is None else spec.kind, shown))
+    return tuple(kinds)
+
+
 class AlignmentInitiator:
     """The primary's part of alignment: it asks the secondaries to send digests or encodings
     to the coordinator, asks the coordinator to match, and tells the secondaries to fetch their
@@ -532,7 +545,8 @@ class AlignmentInitiator:
         same encodings) on our request; blocking keys as keyed digests (each rule's columns
         normalised as ``key_kinds[r]`` says, the same on every side; default: as strings),
         and with ``exact`` (a model link) each field's keyed hash of its normalised value."""
-        kinds = [tuple(k) for k in key_kinds] or [()] * len(blocking)
+        kinds = ([tuple(k) for k in key_kinds] if key_kinds else
+                 [_key_kinds(self.frame, own, b.columns) for b in blocking])
         if not own or len(own) != len(theirs):
             raise ConfigError("a multi-field link needs at least one field, the same on each "
                               "side")

@@ -16,7 +16,7 @@ import pandas as pd
 
 from vflink.errors import ConfigError
 from vflink.linkage import BloomConfig, GeoBloomConfig, NumericRange
-from vflink.linkage.fields import Blocking, FieldSpec, auto_metric, key_kind
+from vflink.linkage.fields import Blocking, FieldSpec, auto_metric, column_key_kind, key_kind
 from vflink.linkage.privacy import DEFAULT_FALLBACK_SIGMA, DEFAULT_TAU
 from vflink.parties.linking import LinkField, identifier_values
 from vflink.protocol import EncodingSpec, FieldComparison
@@ -293,14 +293,8 @@ def blocking_plan(blocking: Sequence[Blocking], fields: Sequence[FieldSpec],
             values = primary[c].tolist() if c in primary.columns else []
             if secondary is not None and c_s in secondary.columns:
                 values += secondary[c_s].tolist()
-            shown = key_kind(values)
             f = by_columns.get(((c,), (c_s,)))
-            if f is not None:
-                own = {"date": "date", "numeric": "number", "geo": "number"}.get(
-                    encodings[f].kind, "string")
-                kind = "digits" if own == "string" and shown == "digits" else own
-            else:
-                kind = shown
+            kind = column_key_kind(None if f is None else encodings[f].kind, key_kind(values))
             rule_kinds.append(kind)
             if f is not None and not rule.prefix and kind != "digits":
                 rule_atoms.append(f)

@@ -299,11 +299,14 @@ def _chunk(ctx: LinkContext, path: Any, row: int, pick: Any, mu0: float, sigma0:
     keep = (np.arange(n) if pick is None else pick[(pick >= row) & (pick < row + n)] - row)
     if keep.size:
         sample.append((idx[keep], dist[keep], sim[keep]))
-    return {"primary_index": np.repeat(np.arange(row, row + n, dtype=np.int64), k),
-            "secondary_index": idx.astype(np.int64, copy=False).reshape(-1),
-            "rank": np.tile(np.arange(k, dtype=np.int64), n),
-            "distance": dist.astype(np.float64, copy=False).reshape(-1),
-            "similarity": sim.astype(np.float64, copy=False).reshape(-1)}, n
+    links = {"primary_index": np.repeat(np.arange(row, row + n, dtype=np.int64), k),
+             "secondary_index": idx.astype(np.int64, copy=False).reshape(-1),
+             "rank": np.tile(np.arange(k, dtype=np.int64), n),
+             "distance": dist.astype(np.float64, copy=False).reshape(-1),
+             "similarity": sim.astype(np.float64, copy=False).reshape(-1)}
+    if s.view == "primary":  # the coordinator's exact distance stays with it
+        del links["distance"]
+    return links, n
 
 
 def _figures(ctx: LinkContext, idx: Any, dist: Any, sim: Any, mu0: float, sigma0: float,

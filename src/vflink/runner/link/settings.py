@@ -197,8 +197,8 @@ def noise_problems(problems: list[str], *, tau: Any, sigma: Any, delta: Any) -> 
         problems.append(f"`delta`: δ must be a number in (0, 1), got {delta!r}; e.g. "
                         "delta = 1e-5")
     if tau is not None and sigma is not None:
-        problems.append("`tau` and `sigma`: give at most one of them (tau sets σ through "
-                        "FedSim Theorem 2)")
+        problems.append("`tau` and `sigma`: give at most one of `tau` and `sigma` (tau sets σ "
+                        "through FedSim Theorem 2)")
 
 
 def _value_problems(s: LinkSettings) -> list[str]:
@@ -225,8 +225,9 @@ def model_problems(problems: list[str], *, model: Any, mode: Any, cardinality: A
     made one field."""
     if model is not None:
         check_choice(problems, "model", model, ("fellegi-sunter",))
-    if cardinality is not None:
-        check_choice(problems, "cardinality", cardinality, CARDINALITIES)
+    if cardinality is not None and cardinality not in CARDINALITIES:
+        problems.append(f"`cardinality` must be one of {', '.join(CARDINALITIES)} (or left out "
+                        f"to estimate it from the data), got {cardinality!r}")
     if model is None:
         given = [f"`{name}`" for name, value in (("threshold", threshold),
                                                   ("one_to_one", one_to_one),
