@@ -51,10 +51,18 @@ every candidate pair (those of the [[link.blocking]] rules; a rule may combine c
 (per field: exact agreement from keyed hashes, close levels from the Bloom filters' Dice
 similarity, u from random pairs, m and the prior by EM, term-frequency adjusted), and decides:
 match probability >= --threshold (0.5), then --one-to-one. Fields need no metric or weight.
+The EM and the decisions follow the link's --cardinality (one-to-one, many-to-one: the
+primary holds duplicates, one-to-many, many-to-many), estimated from the data unless given;
+the summary says which and why, and how many records have several near-certain counterparts.
 The links gain match_weight, match_probability and match; the summary the m/u table and the
-estimated precision, recall and F1 (no labels needed); <out>.model.png the match-weight
-histogram, the threshold chart and one pair's waterfall. --truth FILE (primary_index,
-secondary_index or primary_id, secondary_id) adds the measured precision, recall and F1.
+estimated precision, recall and F1 (no labels needed) with the conditions they rest on,
+checked on the data (fields that do not separate matches or look swapped, blocking rules that
+find nothing and what the rules miss, a poor fit): a figure that cannot be backed is left out
+and the reason given. <out>.model.png the match-weight histogram, the threshold chart and one
+pair's waterfall. --truth FILE (primary_index, secondary_index or primary_id, secondary_id)
+adds the measured precision, recall and F1. A model link's match weights rarely reach the
+private default tau = 0.05: the run then stops and says the tau it can give; pass --tau or
+--sigma to accept it.
 The links file is the operator's view (it holds the coordinator's exact distance and weights,
 labelled so in the summary's "columns" and the Parquet metadata); --view primary writes only
 what the primary receives in a deployment.
@@ -470,9 +478,20 @@ def run(args: argparse.Namespace) -> int:
                               f"λ = {model['lambda']:.4g}, EM {model['em_iterations']} "
                               f"iterations; {model['matches']} matches (p ≥ "
                               f"{model['threshold']:g}, one-to-one: {model['one_to_one']})"))
+        card = model.get("cardinality", {})
+        rows.append(("cardinality", f"{card.get('cardinality')} "
+                                    f"({'given' if card.get('given') else card.get('why')})"))
+
+        def shown(x: Any) -> str:
+            return "not estimated" if x is None else f"{x:.4f}"
+
         rows.append(("estimated (no labels)",
-                     f"precision {est['precision']:.4f}, recall {est['recall']:.4f}, F1 "
-                     f"{est['f1']:.4f}; {est['expected_matches']:.1f} expected matches"))
+                     f"precision {shown(est['precision'])}, recall {shown(est['recall'])}, F1 "
+                     f"{shown(est['f1'])}; {est['expected_matches']:.1f} expected matches"
+                     + ("" if est.get("trusted", True) else
+                        "; " + "; ".join(est.get("reasons", [])))))
+        for text in model.get("diagnostics", {}).get("warnings", []):
+            rows.append(("warning", text))
         for rule in model.get("blocking_rules", []):
             rows.append((f"blocking {rule['rule']}", f"{rule['comparisons']} comparisons, "
                                                      f"{rule['new_pairs']} new pairs"))

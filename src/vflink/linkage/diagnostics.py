@@ -99,11 +99,18 @@ def _count_equal(keys_p: npt.NDArray[Any], keys_s: npt.NDArray[Any]) -> int:
     """Pairs (i, j) with keys_p[i] == keys_s[j] (rows of integer codes, −1 anywhere: no key)."""
     ok_p = (keys_p >= 0).all(axis=1)
     ok_s = (keys_s >= 0).all(axis=1)
-    a, b = keys_p[ok_p], keys_s[ok_s]
+    a, b = keys_p[ok_p].astype(np.int64), keys_s[ok_s].astype(np.int64)
     if not len(a) or not len(b):
         return 0
     both = np.concatenate([a, b])
-    _, inverse = np.unique(both, axis=0, return_inverse=True)
+    # one int64 per row (codes are below the rows' count, < 2^31): a 1-D unique, far faster
+    # than np.unique over rows
+    flat = both[:, 0].copy()
+    for col in range(1, both.shape[1]):
+        _, flat = np.unique(flat * (int(both[:, col].max()) + 1) + both[:, col],
+                            return_inverse=True)
+        flat = flat.ravel().astype(np.int64)
+    _, inverse = np.unique(flat, return_inverse=True)
     inverse = inverse.ravel()
     n_codes = int(inverse.max()) + 1
     cp = np.bincount(inverse[:len(a)], minlength=n_codes)
