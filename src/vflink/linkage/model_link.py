@@ -45,6 +45,7 @@ from vflink.errors import LinkageError
 from vflink.linkage import diagnostics as dg
 from vflink.linkage.comparison import FieldComparator
 from vflink.linkage.decisions import decide, estimate_quality, pair_clusters, threshold_curve
+from vflink.linkage.fellegi_sunter import CARDINALITIES
 from vflink.linkage.scoring import Scored, random_pairs, score
 from vflink.linkage.search import Neighbours
 from vflink.linkage.soft import LinkMode, SoftLinkage, soft_linkage
@@ -182,8 +183,11 @@ def model_linkage(comparators: Sequence[FieldComparator],
     model = scored.model
     card = dict(model.extra["cardinality"])
     card["duplicates"] = _duplicates(card["near_certain"])
+    # the cardinality as its number in CARDINALITIES (the primary's meta holds numbers): the
+    # primary needs it to read its links' decisions and derive their probabilities
     released = {"expected_matches": chosen["expected_matches"], "lambda": model.lam,
-                "threshold": threshold}
+                "threshold": threshold,
+                "cardinality": float(CARDINALITIES.index(chosen_cardinality))}
     released.update({f"estimated_{k2}": chosen[k2] for k2 in ("precision", "recall", "f1")
                      if chosen[k2] is not None})
     summary: dict[str, Any] = {

@@ -348,6 +348,7 @@ def blocking_digests(frame: pd.DataFrame, blocking: Sequence[BlockingKey], secre
     if missing:
         raise report(source, [missing_columns(frame, missing, "blocking column")])
     out = []
+    normalised: dict[tuple[str, str], dict[Any, str]] = {}
     for position, key in enumerate(blocking):
         label = _BLOCKING_LABEL + f"|{position}|{key.prefix}|".encode()
         names = (key.column, *key.columns)
@@ -360,12 +361,18 @@ def blocking_digests(frame: pd.DataFrame, blocking: Sequence[BlockingKey], secre
             column = frame[name]
             parts.append(column.astype(object).where(column.notna(), "").tolist())
         texts = []
+        # each distinct value normalised once per column and kind (names and dates repeat,
+        # and a column serves several rules)
+        seen = [normalised.setdefault((name, kind), {}) for name, kind in zip(names, kinds,
+                                                                             strict=True)]
         for values in zip(*parts, strict=True):
             cut = []
-            for value, kind in zip(values, kinds, strict=True):
+            for value, kind, memo in zip(values, kinds, seen, strict=True):
                 # the same normalised value as the field's encoding (dates parsed, strings
                 # folded, phone numbers as digits), so that two spellings block together
-                text = key_text(value, kind)
+                text = memo.get(value)
+                if text is None:
+                    text = memo[value] = key_text(value, kind)
                 cut.append(text[:key.prefix] if key.prefix else text)
             # a combined rule's key is every column's value (unit separator between them);
             # a record missing any of them has no key (blocks nothing together)

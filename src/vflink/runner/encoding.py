@@ -284,17 +284,20 @@ def blocking_plan(blocking: Sequence[Blocking], fields: Sequence[FieldSpec],
     by_columns = {(spec.on, spec.columns_s): f for f, spec in enumerate(fields)
                   if len(spec.on) == 1}
     others: dict[tuple[str, str], int] = {}
+    shown: dict[tuple[str, str], str] = {}  # each column pair's kind, read once
     kinds: list[tuple[str, ...]] = []
     atoms: list[tuple[int, ...]] = []
     for rule in blocking:
         rule_kinds: list[str] = []
         rule_atoms: list[int] = []
         for c, c_s in zip(rule.columns, rule.columns_s, strict=True):
-            values = primary[c].tolist() if c in primary.columns else []
-            if secondary is not None and c_s in secondary.columns:
-                values += secondary[c_s].tolist()
+            if (c, c_s) not in shown:
+                values = primary[c].tolist() if c in primary.columns else []
+                if secondary is not None and c_s in secondary.columns:
+                    values += secondary[c_s].tolist()
+                shown[(c, c_s)] = key_kind(values)
             f = by_columns.get(((c,), (c_s,)))
-            kind = column_key_kind(None if f is None else encodings[f].kind, key_kind(values))
+            kind = column_key_kind(None if f is None else encodings[f].kind, shown[(c, c_s)])
             rule_kinds.append(kind)
             if f is not None and not rule.prefix and kind != "digits":
                 rule_atoms.append(f)
