@@ -63,6 +63,9 @@ FEW_COMPARISONS = 0.01
 MIN_EXPECTED = 10.0
 #: Posterior mass between 0.2 and 0.8 above this share of the expected matches: no estimate.
 UNCERTAIN_MAX = 0.15
+#: Share of the expected matches on each record's K-th nearest candidate (a link without
+#: blocking rules) up to which the matches beyond the K nearest are taken as none.
+LAST_RANK_MAX = 0.001
 #: Most agreement events enumerated exactly (2^k patterns) for the blocking recall.
 _MAX_EVENTS = 18
 

@@ -116,15 +116,15 @@ def model_linkage(comparators: Sequence[FieldComparator],
                   cardinality: str | None = None, kinds: Sequence[str] = (),
                   rule_keys: Sequence[tuple[IntArray, IntArray]] = (),
                   rule_atoms: Sequence[Sequence[int]] = (),
-                  search_candidates: bool = False) -> SoftLinkage:
+                  candidate_ranks: IntArray | None = None) -> SoftLinkage:
     """Score the ``candidates`` (rows, cols) with a model trained on them, decide the matches
     and build the linkage (module docstring). ``rng`` draws the random pairs that estimate u;
     ``noise_rng`` (default ``rng``) the Eq. 2 noise. ``cardinality``: the link's, or None to
     estimate it. The checks of :mod:`.diagnostics` use ``kinds`` (each field's kind: string,
     date, numeric, geo), ``rule_keys`` (each blocking rule's key codes on both sides) and
     ``rule_atoms`` (what each rule requires: field indices, or negative numbers for columns
-    that are no field); ``search_candidates``: the candidates are each record's nearest by the
-    field distance (not every pair, no rules)."""
+    that are no field); ``candidate_ranks``: when the candidates are each record's nearest by
+    the field distance (not every pair, no rules), each one's rank among its record's."""
     rows, cols = candidates
     n_p, n_s = len(codes[0][0]), len(codes[0][1])
     if len(comparators) < 2:
@@ -166,7 +166,7 @@ def model_linkage(comparators: Sequence[FieldComparator],
     beyond = matches & ~in_links
     chosen = estimate_quality(scored.probabilities, matches & in_links)
     checks = _diagnose(scored, fields, codes, kinds or ["string"] * len(comparators),
-                       rule_keys, rule_atoms, blocking, n_p, n_s, search_candidates)
+                       rule_keys, rule_atoms, blocking, n_p, n_s, candidate_ranks)
     if beyond.any():
         most = int(np.bincount(rows[matches]).max())
         checks["warnings"].append(
@@ -214,7 +214,7 @@ def _diagnose(scored: Scored, fields: Sequence[tuple[str, str, Any, Any]],
               codes: Sequence[tuple[IntArray, IntArray]], kinds: Sequence[str],
               rule_keys: Sequence[tuple[IntArray, IntArray]],
               rule_atoms: Sequence[Sequence[int]], blocking: Sequence[dict[str, Any]],
-              n_p: int, n_s: int, search_candidates: bool) -> dict[str, Any]:
+              n_p: int, n_s: int, ranks: IntArray | None) -> dict[str, Any]:
     """The conditions of the label-free estimate, checked (:mod:`.diagnostics`): each
     field's separation, swapped fields, the blocking rules' counts and recall, the fit."""
     model, q = scored.model, scored.probabilities
@@ -249,10 +249,23 @@ def _diagnose(scored: Scored, fields: Sequence[tuple[str, str, Any, Any]],
         recall = dg.blocking_recall(atoms, dg.capture_matrix(rule_keys, scored.rows,
                                                              scored.cols),
                                     agree, q)
-    elif search_candidates:
-        recall = {"recall": None, "reason": "the candidates are each record's nearest records "
-                                            "by the field distance; the matches beyond them "
-                                            "are not estimated"}
+    elif ranks is not None:
+        # each record's K nearest by the field distance: matches beyond the K-th are not
+        # seen; when the K-th nearest carries almost none of the expected matches, fewer
+        # still lie beyond it (their share falls with the rank)
+        k_near = int(ranks.max()) + 1 if len(ranks) else 0
+        last = float(q[ranks == k_near - 1].sum() / max(float(q.sum()), 1e-12))
+        if last <= dg.LAST_RANK_MAX:
+            recall = {"recall": 1.0, "reason": f"the candidates are each record's {k_near} "
+                                               f"nearest; the {k_near}-th nearest carries "
+                                               f"{last:.2%} of the expected matches, so few "
+                                               f"lie beyond"}
+        else:
+            recall = {"recall": None,
+                      "reason": f"the candidates are each record's {k_near} nearest by the "
+                                f"field distance, and the {k_near}-th nearest still carries "
+                                f"{last:.1%} of the expected matches: those beyond cannot be "
+                                f"counted; add blocking rules (or a larger top_k)"}
     else:
         recall = {"recall": 1.0, "reason": "every pair is a candidate"}
     fit = dg.fit_checks(converged=model.converged, iterations=model.iterations, q=q)

@@ -555,18 +555,18 @@ class CoordinatorParty(Party):
         try:
             clock = time.perf_counter()
             scales = field_scales(specs, p, q)
-            searched = False
+            ranks = None
             if ours[2]:
                 rows, cols, rules = candidate_pairs(p.keys, q.keys)
             else:
                 rules = []
                 found = all_or_none(len(p), len(q))
-                searched = found is None
                 if found is None:  # each primary record's nearest by the field distance
                     near = search_fields(specs, p, q, min(len(q), max(message.top_k, 10)),
                                          scales=scales)
                     r, c = np.nonzero(near.indices >= 0)
                     found = (r.astype(np.int64), near.indices[r, c].astype(np.int64))
+                    ranks = c.astype(np.int64)
                 rows, cols = found
             clock = _timed(s.seconds, "candidates", clock)
             linkage = model_linkage(
@@ -579,7 +579,7 @@ class CoordinatorParty(Party):
                 field_weights=[c.weight for c in message.fields], scales=scales,
                 blocking=rules, cardinality=message.cardinality or None,
                 kinds=[c.kind for c in message.fields], rule_keys=rule_keys,
-                rule_atoms=message.rule_atoms, search_candidates=searched)
+                rule_atoms=message.rule_atoms, candidate_ranks=ranks)
             _timed(s.seconds, "model", clock)
             return linkage
         except (LinkageError, ConfigError, DataError) as exc:
