@@ -309,3 +309,18 @@ def test_a_streamed_link_in_the_primary_view_leaves_the_distance_out(tmp_path: P
     assert (tmp_path / "st.csv").read_bytes() == (tmp_path / "mem.csv").read_bytes()
     assert streamed.summary["view"] == "primary" and "distance" not in streamed.summary["columns"]
     assert memory.summary["columns"] == streamed.summary["columns"]
+
+
+def test_without_rules_the_nearest_candidates_are_taken_as_complete_only_when_said(
+        febrl4: tuple[pd.DataFrame, pd.DataFrame, np.ndarray],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from vflink.linkage import model_link
+
+    a, b, truth = febrl4
+    monkeypatch.setattr(model_link, "ALL_PAIRS", 1000)  # search each record's nearest
+    links = vflink.link(a, b, **{**KW, "blocking": None})  # type: ignore[arg-type]
+    model = links.summary["model"]
+    assert model["candidate_pairs"] == 600 * 10
+    recall = model["diagnostics"]["blocking_recall"]
+    assert recall["recall"] == 1.0 and "each record's 10 nearest" in recall["reason"]
+    assert abs(model["estimated"]["f1"] - _measured(links, truth)["f1"]) <= 0.05
