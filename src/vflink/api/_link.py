@@ -97,7 +97,10 @@ class Links:
         rank 0. Returns ``measured`` (precision, recall, F1 and counts), ``pr_curve``
         (precision and recall of "score ≥ s" over the links, the score being the match
         probability or the similarity) and, for a model link, ``estimated`` (the model's
-        label-free precision, recall and F1 of the same decision).
+        label-free precision, recall and F1 of the same decision; None where a condition it
+        rests on fails, with ``reasons``). Refused (:class:`~vflink.errors.DataError`): a
+        truth with no pair (recall would read 1.0), rows outside the linked tables (named),
+        or its two columns swapped (most true pairs are links when read the other way).
         """
         from vflink.linkage.decisions import measure, pr_curve
 
@@ -281,6 +284,9 @@ def link(primary: TableLike, secondary: TableLike, *,
         Top-K soft links, only the best link (Top1Sim), or exact matches only.
     tau : float, optional
         Target success rate of the greedy attack (Theorem 2); the noise σ follows from it.
+        Default with ``privacy="bloom"``: 0.05; a link whose similarities cannot reach it
+        (τ_min ≥ 0.05: a model link's match weights, a few short fields) stops with an error
+        that gives the τ it can reach, and runs with that ``tau`` (or a ``sigma``) given.
     sigma : float, optional
         The noise scale σ of Eq. 2, given directly (at most one of ``tau`` and ``sigma``).
     delta : float, default 1e-5
