@@ -98,14 +98,14 @@ def test_link_command_without_a_privacy_option_sends_no_raw_identifier(
     p.to_csv(pp, index=False)
     s.to_csv(sp, index=False)
     transcript = Transcript()
-    import vflink.runner.link as runner_link
+    import vflink.runner.link.pipeline as pipeline
 
-    real = runner_link.run_linkage
+    real = pipeline.run_link
 
     def recorded(*a: Any, **kw: Any) -> Any:
         return real(*a, **kw, transcript=transcript)
 
-    monkeypatch.setattr(runner_link, "run_linkage", recorded)
+    monkeypatch.setattr(pipeline, "run_link", recorded)
     out = tmp_path / "links.csv"
     code = main(["link", "--primary", str(pp), "--secondary", str(sp), *args, "--top-k", "3",
                  "--seed", "0", "--out", str(out)])

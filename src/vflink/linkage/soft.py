@@ -29,6 +29,7 @@ from vflink.linkage.privacy import (
     dp_epsilon,
     sigma_for_tau,
     tau_for_sigma,
+    tau_in_words,
     tau_min,
     theorem1_delta_limit,
 )
@@ -90,9 +91,11 @@ def noise_scale(tau: float | None, sigma: float | None, sigma0: float, *,
             sigma0, resolution=resolution):
         # Both given: τ is the target and σ the noise where τ is out of reach (the private
         # default of the runners, DEFAULT_TAU / DEFAULT_FALLBACK_SIGMA).
+        given = tau_for_sigma(float(sigma), sigma0, resolution=resolution)
         log.warning("soft linkage: the target τ = %.3g is below this linkage's floor τ_min = "
-                    "%.3g (σ0 = %.3g); adding the fallback noise σ = %.3g instead", tau,
-                    tau_min(sigma0, resolution=resolution), sigma0, float(sigma))
+                    "%.3g (σ0 = %.3g); adding the fallback noise σ = %.3g instead, which gives "
+                    "τ = %.3g: %s", tau, tau_min(sigma0, resolution=resolution), sigma0,
+                    float(sigma), given, tau_in_words(given))
         return float(sigma)
     if tau is not None:
         return sigma_for_tau(tau, sigma0, resolution=resolution)

@@ -19,6 +19,7 @@ from vflink.alignment.confirm import tag_matches
 from vflink.alignment.exact import key_digests
 from vflink.data.table import PartyTable
 from vflink.errors import PolicyViolation, ProtocolError
+from vflink.linkage.fields import KEY_KINDS
 from vflink.parties.base import Party
 from vflink.parties.linking import (
     blocking_digests,
@@ -75,6 +76,11 @@ def _check_field_request(party: str, policy: PartyPolicy, message: ShareFieldEnc
             raise refuse(ProtocolError, f"a blocking key's `prefix` must be an int >= 0 (0: the "
                                         f"whole value), got {key.prefix!r}",
                          code="blocking.prefix")
+        if key.kinds and (len(key.kinds) != 1 + len(key.columns)
+                          or any(k not in KEY_KINDS for k in key.kinds)):
+            raise refuse(ProtocolError, f"a blocking key's `kinds` name one of "
+                                        f"{', '.join(KEY_KINDS)} per column",
+                         code="blocking.kinds")
     for f in message.fields:
         policy.check_encoding(party, f.spec)
 

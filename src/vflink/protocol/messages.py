@@ -349,6 +349,9 @@ class BlockingKey:
     prefix: int = 0
     #: further columns of a combined rule: the key is all the columns' values together
     columns: tuple[str, ...] = ()
+    #: how each column (``column``, then ``columns``) is normalised before the cut and the
+    #: HMAC (:data:`vflink.linkage.fields.KEY_KINDS`; empty: every column as a string)
+    kinds: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -421,6 +424,13 @@ class FieldLink(Message):
     model: str = ""
     threshold: float = 0.5
     one_to_one: str = ""
+    #: a model link's cardinality (``"one-to-one"``, ``"many-to-one"``, ``"one-to-many"``,
+    #: ``"many-to-many"``); ``""``: the coordinator estimates it from the data
+    cardinality: str = ""
+    #: per blocking key, what its rule requires, column by column: a field's index when the
+    #: column is that field's whole value, else a negative number (a column that is no field)
+    #: — public structure, no value; it lets the coordinator estimate the rules' recall
+    rule_atoms: tuple[tuple[int, ...], ...] = ()
 
 
 # --- split learning -------------------------------------------------------------------------

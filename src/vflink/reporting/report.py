@@ -267,9 +267,10 @@ def _linkage(figures: dict[str, Any] | None, alignment: dict[str, Any]) -> str:
             ("expected matches", model.get("expected_matches"), "Σ of the one-to-one "
                                                                 "posteriors"),
             ("estimated precision", model.get("estimated_precision"), "no labels used"),
-            ("estimated recall", model.get("estimated_recall"), "relative to the candidate "
-                                                                "pairs"),
-            ("estimated F1", model.get("estimated_f1"), "no labels used"),
+            ("estimated recall", model.get("estimated_recall", "not estimated"),
+             "with the blocking rules' estimated recall; not estimated where the rules' "
+             "recall or the model's fit cannot be checked"),
+            ("estimated F1", model.get("estimated_f1", "not estimated"), "no labels used"),
             ("matched fraction", model.get("matched_fraction"), "primary records with a "
                                                                  "match"),
         ]))
