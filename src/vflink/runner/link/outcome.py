@@ -41,6 +41,8 @@ class LinkOutcome:
     skipped_rows: dict[str, int] = field(default_factory=lambda: {"primary": 0, "secondary": 0})
     #: a multi-field link's comparison of each field as really made (metric or encoding)
     fields_compared: list[str] = field(default_factory=list)
+    #: the noise was seeded (a link's ``seed``): whoever knows the seed regenerates it
+    reproducible_noise: bool = False
 
     def summary(self) -> dict[str, Any]:
         lk = self.linkage
@@ -71,8 +73,7 @@ class LinkOutcome:
             return "similarities: none needed (exact matches only, no distance information)"
         said = describe_protection(lk.sigma, lk.tau, lk.epsilon, lk.delta)
         drawn = lk.sigma is not None and lk.sigma > 0.0 and lk.tau is not None and lk.tau < 1.0
-        if drawn and self.alignment.meta.get("reproducible_noise"):
-            # a seed given to the link (--seed): whoever knows it redraws the noise
+        if drawn and self.reproducible_noise:
             said = f"{said}; {NOT_PRIVATE}"
         return said
 

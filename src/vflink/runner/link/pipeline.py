@@ -139,7 +139,7 @@ def _finish(ctx: LinkContext) -> LinkContext:
         search_metric=ctx.search_metric,
         improvement=ctx.improvement, communication=ctx.communication, encoding=ctx.encoder,
         secret_source=ctx.secret_source, skipped_rows=ctx.skipped,
-        fields_compared=ctx.fields_compared)
+        fields_compared=ctx.fields_compared, reproducible_noise=s.seed is not None)
     columns = list(ctx.columns) if not ctx.streamed else [
         c for c in LINK_COLUMNS if s.view == "operator" or c != "distance"]
     ctx.summary = link_summary(ctx.outcome, columns=columns, view=s.view,
