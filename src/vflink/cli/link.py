@@ -43,8 +43,8 @@ primary_index, secondary_index (0-based row positions in the input files), rank 
 similar), distance and similarity (after noise), and primary_id / secondary_id with --id.
 Records with an empty identifier stop the link (the error names the file, column and row)
 unless --empty skip: then they keep their position, get no link, and are counted.
-Next to it: <out>.summary.json and the sorted-similarity curve of FedSim Figure 4
-(<out>.similarity.png).
+Next to it: <out>.summary.json and, with --charts, the sorted-similarity curve of FedSim
+Figure 4 (<out>.similarity.png), drawn while the links are written.
 
 Decisions (--model fellegi-sunter, or [link] model = "fellegi-sunter"): the coordinator scores
 every candidate pair (those of the [[link.blocking]] rules; a rule may combine columns, on =
@@ -53,8 +53,8 @@ every candidate pair (those of the [[link.blocking]] rules; a rule may combine c
 similarity, u from random pairs, m and the prior by EM, term-frequency adjusted), and decides:
 match probability >= --threshold (0.5), then --one-to-one. Fields need no metric or weight.
 The links gain match_weight, match_probability and match; the summary the m/u table and the
-estimated precision, recall and F1 (no labels needed); <out>.model.png the match-weight
-histogram, the threshold chart and one pair's waterfall. --truth FILE (primary_index,
+estimated precision, recall and F1 (no labels needed); with --charts, <out>.model.png the
+match-weight histogram, the threshold chart and one pair's waterfall. --truth FILE (primary_index,
 secondary_index or primary_id, secondary_id) adds the measured precision, recall and F1.
 The links file is the operator's view (it holds the coordinator's exact distance and weights,
 labelled so in the summary's "columns" and the Parquet metadata); --view primary writes only
@@ -152,8 +152,12 @@ def register(sub: Any) -> None:
     p.add_argument("--truth", type=Path, default=None,
                    help="true pairs (CSV/Parquet: primary_index, secondary_index or primary_id, "
                    "secondary_id) to measure precision, recall and F1 beside the estimate")
+    p.add_argument("--charts", action="store_true", default=None,
+                   help="draw the figures beside the links, while they are written: "
+                   "<out>.similarity.png (FedSim Figure 4) and, for a model link, "
+                   "<out>.model.png (default: none)")
     p.add_argument("--overwrite", action="store_true",
-                   help="replace an existing output (and its .summary.json and .similarity.png)")
+                   help="replace an existing output (and its .summary.json and figures)")
     p.usage = ("%(prog)s --primary P --secondary S --on COLS --metric M --top-k K --out F "
                "[options]\n       %(prog)s --config FILE [options]  (a [link] table of the same)")
     add_compute_args(p)
@@ -170,7 +174,7 @@ _KEYS = ("primary", "secondary", "on", "secondary_on", "metric", "bloom", "top_k
          "sigma", "delta", "approximate", "search", "seed", "out", "privacy", "empty", "id",
          "secondary_id", "fields", "blocking", "geo", "bloom_filters", "resolution", "delimiter",
          "encoding", "secondary_delimiter", "secondary_encoding", "decimal", "parts", "stream",
-         "model", "threshold", "one_to_one", "view", "truth")
+         "model", "threshold", "one_to_one", "view", "truth", "charts")
 
 
 #: What each [link] key must be, checked when it comes from a file (argparse checks flags).
@@ -178,7 +182,7 @@ _CHOICES = {"metric": LINK_METRICS, "privacy": PRIVACY, "mode": ("soft", "top1",
             "search": ("auto", "exact", "approximate"), "empty": ("error", "skip"),
             "model": ("fellegi-sunter",), "view": ("operator", "primary")}
 _TEXT = ("primary", "secondary", "out", "id", "secondary_id", "truth")
-_FLAGS = ("bloom", "approximate", "parts", "stream")
+_FLAGS = ("bloom", "approximate", "parts", "stream", "charts")
 
 
 def _check_value(key: str, value: Any, problems: list[str]) -> None:
@@ -424,7 +428,8 @@ def run(args: argparse.Namespace) -> int:
                 compute=compute, parts=opts.get("parts"), stream=opts.get("stream"),
                 chunk_rows=config.chunk_rows, model=opts.get("model"),
                 threshold=opts.get("threshold") or 0.5,
-                one_to_one=opts.get("one_to_one") or False, view=opts.get("view") or "operator")
+                one_to_one=opts.get("one_to_one") or False, view=opts.get("view") or "operator",
+                charts=bool(opts.get("charts")))
         except LinkageError as exc:
             if "unreachable" not in str(exc) or opts.get("tau") is None:
                 raise
@@ -485,7 +490,7 @@ def run(args: argparse.Namespace) -> int:
         summary = dict(links.summary)
         summary["quality"] = quality
         atomic_write_json(link_outputs(out)[1], summary, indent=2, default=str)
-        if model:
+        if model and opts.get("charts"):
             from vflink.reporting.plots import plot_link_model
 
             plot_link_model(model, link_outputs(out)[3], measured=quality)

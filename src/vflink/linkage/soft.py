@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -61,15 +62,12 @@ def normalize_similarities(distances: npt.ArrayLike, *,
         mu0, sigma0 = float(scale[0]), float(scale[1])
     elif not valid.any():
         return np.full_like(d, np.nan), 0.0, 0.0
-    elif all_valid:
-        # No masked copies of the n × K distances when every link is present (the usual case).
+    else:
+        # No masked copy of the n × K distances when every link is present (the usual case).
         # The std of −d is the std of d; both moments come from exact sums, so a linkage
         # streamed chunk by chunk gets the very same μ0 and σ0 (see .moments).
-        mean, sigma0 = exact_moments(d)
+        mean, sigma0 = exact_moments(d if all_valid else d[valid])
         mu0 = -mean
-    else:
-        mu0 = -float(d[valid].mean())
-        sigma0 = float(d[valid].std())
     if sigma0 > 0.0:
         rho = -d
         rho -= mu0
@@ -153,6 +151,8 @@ class SoftLinkage:
     match_probabilities: FloatArray | None = None
     matches: npt.NDArray[np.bool_] | None = None
     model: dict[str, Any] = field(default_factory=dict)
+    #: seconds of its own steps (``moments``: Eq. 1's μ0 and σ0 and ρ; ``noise``: Eq. 2)
+    seconds: dict[str, float] = field(default_factory=dict)
 
     @property
     def k(self) -> int:
@@ -234,7 +234,9 @@ def soft_linkage(
         indices[miss] = MISSING
         distances[miss] = np.nan
 
+    clock = time.perf_counter()
     rho, mu0, sigma0 = normalize_similarities(distances, scale=scale)
+    seconds = {"moments": time.perf_counter() - clock}
     step = neighbours.resolution
     noise = noise_scale(tau, sigma, sigma0, resolution=step)
     achieved_tau = tau_for_sigma(noise, sigma0, resolution=step)
@@ -243,7 +245,9 @@ def soft_linkage(
     epsilon_valid = delta < theorem1_delta_limit(epsilon)
     generator = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
     # ρ is a fresh array owned here: without noise it is the similarity itself (no copy).
+    clock = time.perf_counter()
     similarities = rho if noise == 0.0 else perturb_similarities(rho, noise, generator)
+    seconds["noise"] = time.perf_counter() - clock
     log.info("soft linkage: K=%d μ0=%.6g σ0=%.6g σ=%.6g τ=%.6g ε=%.6g", neighbours.k, mu0,
              sigma0, noise, achieved_tau, epsilon)
     return SoftLinkage(
@@ -263,4 +267,5 @@ def soft_linkage(
         exact_search=neighbours.exact,
         recall=neighbours.recall,
         resolution=float(step),
+        seconds=seconds,
     )

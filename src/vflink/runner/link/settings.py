@@ -90,6 +90,8 @@ class LinkSettings:
     threshold: float = 0.5
     one_to_one: str | None = None
     view: str = "operator"
+    #: draw the figures beside the links file (FedSim Figure 4, a model link's charts)
+    charts: bool = False
 
     def __post_init__(self) -> None:
         if self.on and not self.secondary_on:  # the same names on both sides
@@ -186,6 +188,8 @@ def _value_problems(s: LinkSettings) -> list[str]:
     if s.one_to_one is not None:
         check_choice(problems, "one_to_one", s.one_to_one, ("optimal", "greedy"))
     check_choice(problems, "view", s.view, ("operator", "primary"))
+    if not isinstance(s.charts, bool):
+        problems.append(f"`charts` must be true or false, got {s.charts!r}")
     return problems
 
 
@@ -201,7 +205,7 @@ def _from_options(*, on: Any = None, secondary_on: Any = None, metric: str | Non
                   overwrite: bool = False, parts: bool | None = None,
                   stream: bool | None = None, chunk_rows: int | None = None,
                   model: str | None = None, threshold: Any = 0.5, one_to_one: Any = False,
-                  view: Any = "operator") -> LinkSettings:
+                  view: Any = "operator", charts: Any = False) -> LinkSettings:
     found: list[str] = []  # every problem of the arguments, reported together
 
     def collect(build: Any, *args: Any) -> Any:
@@ -224,6 +228,8 @@ def _from_options(*, on: Any = None, secondary_on: Any = None, metric: str | Non
         found.append("`one_to_one` decides among a model's matches: give "
                      "model=\"fellegi-sunter\"")
     check_choice(found, "view", view, ("operator", "primary"))
+    if not isinstance(charts, bool):
+        found.append(f"`charts` must be true or false, got {charts!r}")
     if model is not None and not field_specs and on_cols is not None:
         # one identifier: a one-field model link (the metric, if any, picks the comparison)
         field_specs = [FieldSpec(on=on_cols, secondary_on=secondary_cols or (),
@@ -267,7 +273,8 @@ def _from_options(*, on: Any = None, secondary_on: Any = None, metric: str | Non
                           encoding=secondary_encoding or encoding, decimal=decimal)),
         out=target, overwrite=overwrite, parts=parts, stream=stream, chunk_rows=chunk_rows,
         model=model, threshold=threshold,
-        one_to_one="optimal" if one_to_one is True else one_to_one or None, view=view)
+        one_to_one="optimal" if one_to_one is True else one_to_one or None, view=view,
+        charts=charts)
 
 
 def _warn_column_order(on: Sequence[str] | None, secondary_on: Sequence[str] | None,
