@@ -214,7 +214,9 @@ def _row_estimates(linkage: SoftLinkage, sims: FloatArray,
         elif name == "top1sim":
             per_sum = total + float((1.0 - 2.0 * (s[:, 0] - lo) * inv).sum())
         else:
-            rows, cols = np.nonzero(baseline_matches(linkage, name))
+            # every link is present: Exact's matches are the links at distance 0
+            rows, cols = np.nonzero(linkage.distances == 0.0 if name == "exact"
+                                    else baseline_matches(linkage, name))
             picked = (s[rows, cols] - lo[rows]) * inv[rows]
             per_sum = total + picked.size - 2.0 * float(picked.sum())
         out[name] = per_sum / max(1, n)
