@@ -144,8 +144,7 @@ class ColumnSink:
 
         if self._writer is None:
             self._writer = pq.ParquetWriter(
-                self._target, table.schema, **parquet_options(table.schema.names,
-                                                              self.compression))
+                self._target, table.schema, **parquet_options(table.schema, self.compression))
         self._writer.write_table(table)
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
