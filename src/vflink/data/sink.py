@@ -11,7 +11,7 @@ part) of columns, whatever the table's length. Atomic, as every output (:mod:`vf
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
@@ -117,15 +117,15 @@ class ColumnSink:
             self._stack.callback(self._pool.shutdown, wait=True)
         return self
 
-    def write(self, columns: dict[str, Any]) -> None:
+    def write(self, columns: Mapping[str, Any]) -> None:
         if self.csv:
             import pandas as pd
 
-            pd.DataFrame(columns).to_csv(self._target, index=False, header=self._header,
+            pd.DataFrame(dict(columns)).to_csv(self._target, index=False, header=self._header,
                                          float_format="%.6g")
             self._header = False
             return
-        for piece in self._recut.push(columns):
+        for piece in self._recut.push(dict(columns)):
             self._emit(piece)
 
     def _emit(self, columns: dict[str, Any]) -> None:

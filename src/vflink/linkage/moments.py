@@ -129,7 +129,7 @@ def _serial_total(x: npt.NDArray[np.float64], minus: float | None) -> int:
     for start in range(0, x.size, _BLOCK):
         block = x[start:start + _BLOCK]
         n = block.size
-        if term is not None:
+        if term is not None and minus is not None:
             t = term[:n]
             np.subtract(block, minus, out=t)
             np.multiply(t, t, out=t)

@@ -141,7 +141,7 @@ class LinkContext:
     skipped: dict[str, int] = field(default_factory=lambda: {"primary": 0, "secondary": 0})
     #: the links' columns when held in memory (a :class:`~.outcome.LinkColumns`)
     columns: Mapping[str, npt.NDArray[Any]] = field(default_factory=dict)
-    chunks: Iterable[dict[str, npt.NDArray[Any]]] = ()
+    chunks: Iterable[Mapping[str, npt.NDArray[Any]]] = ()
     rows: int = 0
     #: the linkage whose sorted similarities the charts draw (FedSim Figure 4)
     shown: SoftLinkage | None = None
