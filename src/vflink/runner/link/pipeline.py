@@ -192,7 +192,7 @@ def _finish(ctx: LinkContext) -> LinkContext:
                                choices=ctx.choices, seconds=seconds, phases=phases)
     # the steps of FedSim §4.1 apart: the search, Eq. 1's moments (a streamed link's compare
     # stage), Eq. 2's noise (inside the coordinator's decide step; a streamed link draws it
-    # chunk by chunk as its links are written, and it is counted with them)
+    # chunk by chunk as its links are written, counted with its decide stage: None here)
     own = ctx.linkage.seconds
     steps = {"read": seconds["read"], "encode": seconds["encode"],
              "search": seconds["candidates"],
