@@ -104,6 +104,43 @@ def _in_halves(fn: Any, x: FloatArray, out: FloatArray) -> None:
         list(pool.map(lambda r: fn(flat[r], dest[r]), (slice(0, half), slice(half, None))))
 
 
+class _DrawAhead:
+    """Standard normal draws of ``shape`` from ``rng``, made by a thread of its own (numpy
+    releases the GIL while it fills an array); :meth:`result` waits for them."""
+
+    def __init__(self, rng: np.random.Generator, shape: tuple[int, ...]) -> None:
+        import threading
+
+        self._out: FloatArray | None = None
+        self._error: BaseException | None = None
+
+        def draw() -> None:
+            try:
+                self._out = rng.standard_normal(shape)
+            except BaseException as exc:  # noqa: BLE001 - handed over by result()
+                self._error = exc
+
+        self._thread = threading.Thread(target=draw, name="vflink-noise", daemon=True)
+        self._thread.start()
+
+    def result(self) -> FloatArray:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        if self._out is None:  # pragma: no cover - the thread sets one of the two
+            raise RuntimeError("no draws")
+        return self._out
+
+
+def _scaled_noise(z: FloatArray, sigma: float, rho: FloatArray) -> FloatArray:
+    """``perturb_similarities``'s values from its standard normal draws ``z``:
+    (0 + σ·z) + ρ, in that order, in place in ``z``."""
+    z *= sigma
+    z += 0.0  # Generator.normal(0, σ) is 0 + σ·z: the same bits (−0.0 becomes +0.0 too)
+    z += rho
+    return z
+
+
 def noise_scale(tau: float | None, sigma: float | None, sigma0: float, *,
                 resolution: float = 1.0) -> float:
     """σ of Eq. 2 from the target ``tau`` (Theorem 2) or the given ``sigma`` (see
@@ -261,6 +298,14 @@ def soft_linkage(
         indices[miss] = MISSING
         distances[miss] = np.nan
 
+    generator = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
+    # Eq. 2's noise, when there will be some, is drawn while Eq. 1 is computed: σ depends on
+    # σ0, but the draws do not (Generator.normal(0, σ) is 0 + σ·z for the stream's next
+    # standard normal z), so a thread of its own draws z meanwhile; the values are those of
+    # perturb_similarities, and the draws stay this generator's, in order
+    ahead = _DrawAhead(generator, distances.shape) if (
+        distances.size >= _THREADED and ((tau is not None and tau < 1.0) or bool(sigma))) \
+        else None
     clock = time.perf_counter()
     rho, mu0, sigma0 = normalize_similarities(distances, scale=scale)
     seconds = {"moments": time.perf_counter() - clock}
@@ -270,10 +315,13 @@ def soft_linkage(
     n_primary = int(indices.shape[0])
     epsilon = dp_epsilon(noise, n_primary, mu0, sigma0)
     epsilon_valid = delta < theorem1_delta_limit(epsilon)
-    generator = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
     # ρ is a fresh array owned here: without noise it is the similarity itself (no copy).
     clock = time.perf_counter()
-    similarities = rho if noise == 0.0 else perturb_similarities(rho, noise, generator)
+    if ahead is not None:
+        z = ahead.result()
+        similarities = rho if noise == 0.0 else _scaled_noise(z, noise, rho)
+    else:
+        similarities = rho if noise == 0.0 else perturb_similarities(rho, noise, generator)
     seconds["noise"] = time.perf_counter() - clock
     log.info("soft linkage: K=%d μ0=%.6g σ0=%.6g σ=%.6g τ=%.6g ε=%.6g", neighbours.k, mu0,
              sigma0, noise, achieved_tau, epsilon)

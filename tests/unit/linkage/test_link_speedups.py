@@ -200,3 +200,26 @@ def test_the_guards_fast_check_refuses_what_the_definition_refuses(
     except ProtocolError as exc:
         got = "value.finite" if "non-finite" in str(exc) else "value.range"
     assert got == want
+
+
+@pytest.mark.parametrize(("tau", "sigma"), [(0.05, None), (None, 0.4), (None, None)])
+def test_noise_drawn_ahead_equals_the_plain_draws(monkeypatch: pytest.MonkeyPatch,
+                                                  tau: float | None,
+                                                  sigma: float | None) -> None:
+    """Eq. 2's noise drawn in a thread while Eq. 1 is computed: the very bits of drawing it
+    after, from the same generator (a streamed link's chunks draw them so too)."""
+    from vflink.linkage import soft
+    from vflink.linkage.search import Neighbours
+
+    rng = np.random.default_rng(4)
+    d = np.sort(rng.gamma(3.0, 100.0, (soft._THREADED // 50 + 7, 50)), axis=1)
+    n = Neighbours(np.zeros(d.shape, dtype=np.int64), d, exact=True)
+    ahead = soft.soft_linkage(n, metric="euclidean", n_secondary=50, tau=tau, sigma=sigma,
+                              rng=11)
+    monkeypatch.setattr(soft, "_THREADED", 1 << 60)
+    plain = soft.soft_linkage(n, metric="euclidean", n_secondary=50, tau=tau, sigma=sigma,
+                              rng=11)
+    assert ahead.sigma == plain.sigma and (ahead.sigma > 0) == (tau is not None or
+                                                                  bool(sigma))
+    np.testing.assert_array_equal(ahead.similarities.view(np.int64),
+                                  plain.similarities.view(np.int64))
