@@ -133,10 +133,11 @@ def _same(a: object, b: object) -> bool:
     """Deep equality of message contents (arrays, tensors, nested dataclasses)."""
     if dataclasses.is_dataclass(a) and not isinstance(a, type):
         # a run names its sessions ``purpose@<fresh id>`` on purpose (a finished session is
-        # immutable, so every run opens new ones): compare their purposes
+        # immutable, so every run opens new ones), and its training messages its own run
+        # (``run@<fresh id>``, kept apart at a secondary): compare their purposes
         return type(a) is type(b) and all(
             purpose_of(getattr(a, f.name)) == purpose_of(getattr(b, f.name))
-            if f.name == "session" else _same(getattr(a, f.name), getattr(b, f.name))
+            if f.name in ("session", "run") else _same(getattr(a, f.name), getattr(b, f.name))
             for f in dataclasses.fields(a))
     if isinstance(a, torch.Tensor):
         return isinstance(b, torch.Tensor) and torch.equal(a, b)
@@ -226,7 +227,8 @@ def test_recording_across_hosts_equals_in_process(tmp_path: Path,
     options = {"n_samples": 600, "seed": 3}
     config = RunConfig(seed=3, algorithm="splitnn",
                        data=DataConfig(dataset="sklearn-small", options=dict(options)),
-                       training=TrainingConfig(epochs=2, patience=2), evaluation=RECORD)
+                       training=TrainingConfig(epochs=2, patience=2), evaluation=RECORD,
+                       privacy=PrivacyConfig(reproducible_noise=True))  # the same records
     local = tmp_path / "local"
     run_training(config, local)
     files = write_party_files(tmp_path / "grpc", dataset="sklearn-small", options=options,
@@ -242,7 +244,8 @@ def test_recording_across_hosts_equals_in_process(tmp_path: Path,
             run_training(config, remote, tables=Inputs(primary, ()), federation=federation)
         finally:
             federation.close()
-    state = tmp_path / "grpc" / "state" / "secondary" / "r1"
+    # a served secondary keeps each primary's states (and recordings) in its own folder
+    state = tmp_path / "grpc" / "state" / "secondary" / "peers" / "primary" / "r1"
     a, b = read_recording(local / "models" / "secondary"), read_recording(state)
     ga, ia, _ = a.get("gradients")
     gb, ib, _ = b.get("gradients")

@@ -19,6 +19,7 @@ from vflink.data.table import PartyTable
 from vflink.errors import ConfigError, PolicyViolation, ProtocolError
 from vflink.parties import CoordinatorParty, SecondaryParty
 from vflink.parties.policy import PartyPolicy
+from vflink.privacy.config import PrivacyConfig
 from vflink.protocol import (
     BlockingKey,
     EncodingSpec,
@@ -64,7 +65,9 @@ def config(tmp: Path, *, algorithm: str = "fedsim", blocking: bool = True,
                 "blocking": BLOCKING if blocking else (), **alignment}
     return RunConfig(seed=4, algorithm=algorithm, data=DataConfig(parties=parties),
                      alignment=AlignmentConfig(**settings),
-                     training=TrainingConfig(epochs=2, patience=2, knn_batch_size=32))
+                     training=TrainingConfig(epochs=2, patience=2, knn_batch_size=32),
+                     # the same run over both transports: the seeded noise, behind the switch
+                     privacy=PrivacyConfig(reproducible_noise=True))
 
 
 # --- the same run over both transports --------------------------------------------------------

@@ -150,7 +150,8 @@ def _link_tables(tmp_path: Any) -> tuple[Any, Any]:
 LINKS = {
     "identifier": {"on": "x,y", "metric": "euclidean", "top_k": 3},
     "model": {"fields": [{"on": ["given"]}, {"on": ["surname"]}], "top_k": 2,
-              "model": "fellegi-sunter", "blocking": ["surname"], "one_to_one": True},
+              "model": "fellegi-sunter", "blocking": ["surname"], "one_to_one": True,
+              "sigma": 0.5},
     "streamed": {"on": "x,y", "metric": "euclidean", "top_k": 3, "stream": True,
                  "chunk_rows": 16},
 }

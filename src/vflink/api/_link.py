@@ -98,13 +98,18 @@ class Links:
         rank 0. Returns ``measured`` (precision, recall, F1 and counts), ``pr_curve``
         (precision and recall of "score ≥ s" over the links, the score being the match
         probability or the similarity) and, for a model link, ``estimated`` (the model's
-        label-free precision, recall and F1 of the same decision).
+        label-free precision, recall and F1 of the same decision; None where a condition it
+        rests on fails, with ``reasons``). Refused (:class:`~vflink.errors.DataError`): a
+        truth with no pair (recall would read 1.0), rows outside the linked tables (named),
+        or its two columns swapped (most true pairs are links when read the other way).
         """
         from vflink.linkage.decisions import measure, pr_curve
 
         frame = self.frame
-        rows, cols = _truth_pairs(truth, frame)
+        rows, cols, by_ids = _truth_pairs(truth, frame)
         chosen = frame[frame["match"]] if "match" in frame else frame[frame["rank"] == 0]
+        # pairs named by ids map an id without a link to a negative row (counted as missed)
+        _check_truth(rows, cols, chosen, self.summary.get("sizes", {}), by_ids=by_ids)
         out: dict[str, Any] = {
             "measured": measure(chosen["primary_index"].to_numpy(),
                                 chosen["secondary_index"].to_numpy(), rows, cols)}
@@ -118,8 +123,81 @@ class Links:
         return out
 
 
-def _truth_pairs(truth: Any, links: pd.DataFrame) -> tuple[Any, Any]:
-    """(primary rows, secondary rows) of the true pairs (see :meth:`Links.evaluate`)."""
+    def clusters(self, threshold: float | None = None) -> pd.DataFrame:
+        """A model link's clusters: the connected components of the links whose match
+        probability is at least ``threshold`` (default: the link's), over both tables'
+        records, as Splink's ``cluster_pairwise_predictions_at_threshold`` makes them; one
+        row per record (``party``: primary or secondary, ``index``: its row, ``cluster``).
+        A record in no such link is its own cluster. Meant for many-to-many links (the
+        summary's ``model.cardinality``), where a cluster may hold several records of each
+        table."""
+        import numpy as np
+        import pandas as pd
+
+        from vflink.errors import ConfigError
+        from vflink.linkage.decisions import pair_clusters
+
+        frame = self.frame
+        if "match_probability" not in frame:
+            raise ConfigError("clusters need a model link's match probabilities: link with "
+                              "model=\"fellegi-sunter\"")
+        model = self.summary.get("model", {})
+        sizes = self.summary["sizes"]
+        ids_p, ids_s = pair_clusters(
+            frame["primary_index"].to_numpy(np.int64), frame["secondary_index"].to_numpy(np.int64),
+            frame["match_probability"].to_numpy(float), int(sizes["primary_rows"]),
+            int(sizes["secondary_rows"]),
+            threshold=model.get("threshold", 0.5) if threshold is None else threshold)
+        return pd.DataFrame({
+            "party": ["primary"] * len(ids_p) + ["secondary"] * len(ids_s),
+            "index": np.concatenate([np.arange(len(ids_p)), np.arange(len(ids_s))]),
+            "cluster": np.concatenate([ids_p, ids_s])})
+
+
+def _check_truth(rows: Any, cols: Any, chosen: pd.DataFrame, sizes: Mapping[str, Any], *,
+                 by_ids: bool = False) -> None:
+    """Refuse true pairs that cannot be measured: none at all (recall would read 1.0), rows
+    outside the tables (named), or columns that look swapped (the primary's rows given as
+    the secondary's: every pair would count as missed)."""
+    import numpy as np
+
+    if len(rows) == 0:
+        raise DataError("truth holds no pair: precision, recall and F1 against it mean "
+                        "nothing (recall would read 1.0); give the true pairs")
+    n_p, n_s = sizes.get("primary_rows"), sizes.get("secondary_rows")
+    problems = []
+    for name, values, n, side in (("primary_index", rows, n_p, "primary"),
+                                  ("secondary_index", cols, n_s, "secondary")):
+        if n is None:
+            continue
+        bad = np.flatnonzero((values >= n) | ((values < 0) & (not by_ids)))
+        if bad.size:
+            shown = ", ".join(f"row {int(i)} ({int(values[i])})" for i in bad[:5])
+            problems.append(f"{name} is outside the {side} table's {n:,} rows at {shown}"
+                            f"{' …' if bad.size > 5 else ''}; {bad.size} pair(s) in all")
+    if problems:
+        swapped = (n_p is not None and n_s is not None and (cols < n_p).all()
+                   and (rows < n_s).all() and (cols >= 0).all() and (rows >= 0).all())
+        hint = (" (the columns look swapped: every primary_index fits the secondary table and "
+                "every secondary_index the primary)" if swapped else "")
+        raise DataError("truth: " + "; ".join(problems) + hint + "; rows are 0-based "
+                        "positions in the linked tables")
+    from vflink.linkage.decisions import _pair_codes
+
+    found = np.isin(_pair_codes(rows, cols),
+                    _pair_codes(chosen["primary_index"], chosen["secondary_index"])).sum()
+    crossed = np.isin(_pair_codes(cols, rows),
+                      _pair_codes(chosen["primary_index"], chosen["secondary_index"])).sum()
+    if crossed >= 0.5 * len(rows) and crossed > 5 * max(found, 1):
+        raise DataError(f"truth's columns look swapped: {crossed:,} of its {len(rows):,} pairs "
+                        f"are links when read as (secondary_index, primary_index), {found:,} "
+                        f"as given; give primary rows in primary_index and secondary rows in "
+                        f"secondary_index")
+
+
+def _truth_pairs(truth: Any, links: pd.DataFrame) -> tuple[Any, Any, bool]:
+    """(primary rows, secondary rows) of the true pairs (see :meth:`Links.evaluate`), and
+    whether they were named by record ids."""
     import numpy as np
     import pandas as pd
 
@@ -128,13 +206,17 @@ def _truth_pairs(truth: Any, links: pd.DataFrame) -> tuple[Any, Any]:
                               text_columns=("primary_id", "secondary_id"))
     if not isinstance(truth, pd.DataFrame):
         pairs = np.asarray(truth)
+        if pairs.size == 0:
+            pairs = pairs.reshape(0, 2)
         if pairs.ndim != 2 or pairs.shape[1] != 2:
             raise DataError(f"truth must be a table or (primary row, secondary row) pairs, "
                             f"got an array of shape {pairs.shape}")
-        return pairs[:, 0].astype(np.int64), pairs[:, 1].astype(np.int64)
+        if pairs.size == 0:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64), False
+        return pairs[:, 0].astype(np.int64), pairs[:, 1].astype(np.int64), False
     if {"primary_index", "secondary_index"} <= set(truth.columns):
         return (truth["primary_index"].to_numpy(dtype=np.int64),
-                truth["secondary_index"].to_numpy(dtype=np.int64))
+                truth["secondary_index"].to_numpy(dtype=np.int64), False)
     if {"primary_id", "secondary_id"} <= set(truth.columns):
         missing = [c for c in ("primary_id", "secondary_id") if c not in links.columns]
         if missing:
@@ -149,7 +231,7 @@ def _truth_pairs(truth: Any, links: pd.DataFrame) -> tuple[Any, Any]:
             # of its own never equals a link's
             rows.append(p.get(a, -1 - k))
             cols.append(s.get(b, -1 - k))
-        return np.asarray(rows, dtype=np.int64), np.asarray(cols, dtype=np.int64)
+        return np.asarray(rows, dtype=np.int64), np.asarray(cols, dtype=np.int64), True
     raise DataError("truth needs columns primary_index and secondary_index, or primary_id and "
                     f"secondary_id; it has: {', '.join(map(str, truth.columns[:20]))}")
 
@@ -171,7 +253,8 @@ def link(primary: TableLike, secondary: TableLike, *,
          out: str | Path | None = None, overwrite: bool = False,
          compute: Compute | None = None, parts: bool | None = None,
          stream: bool | None = None, chunk_rows: int | None = None,
-         model: str | None = None, threshold: float = 0.5, one_to_one: bool | str = False,
+         model: str | None = None, threshold: float | None = None,
+         one_to_one: bool | str = False, cardinality: str | None = None,
          view: str = "operator", charts: bool = False) -> Links:
     """Link every record of ``primary`` to its ``top_k`` most similar records of ``secondary``.
 
@@ -202,6 +285,9 @@ def link(primary: TableLike, secondary: TableLike, *,
         Top-K soft links, only the best link (Top1Sim), or exact matches only.
     tau : float, optional
         Target success rate of the greedy attack (Theorem 2); the noise σ follows from it.
+        Default with ``privacy="bloom"``: 0.05; a link whose similarities cannot reach it
+        (τ_min ≥ 0.05: a model link's match weights, a few short fields) stops with an error
+        that gives the τ it can reach, and runs with that ``tau`` (or a ``sigma``) given.
     sigma : float, optional
         The noise scale σ of Eq. 2, given directly (at most one of ``tau`` and ``sigma``).
     delta : float, default 1e-5
@@ -258,12 +344,20 @@ def link(primary: TableLike, secondary: TableLike, *,
         labels on the encodings (``vflink.linkage.model_link``): fields then need neither
         ``metric`` nor ``weight``; the links gain ``match_weight``, ``match_probability`` and
         ``match``, the summary the m/u table and the estimated precision, recall and F1.
-    threshold : float, default 0.5
-        A model link's match probability at and above which a link is a match.
+    threshold : float, optional
+        A model link's match probability at and above which a link is a match (default 0.5;
+        refused without a model, which it would not change).
     one_to_one : bool or {"optimal", "greedy"}, default False
         A model link's matches one-to-one (each record of either table matched at most
-        once): ``True`` or ``"optimal"`` maximises the total match weight, ``"greedy"`` takes
-        links by decreasing weight.
+        once), a decision step after the threshold: ``True`` or ``"optimal"`` maximises the
+        total match weight, ``"greedy"`` takes links by decreasing weight.
+    cardinality : {"one-to-one", "many-to-one", "one-to-many", "many-to-many"}, optional
+        A model link's cardinality: which records have at most one match ("many-to-one":
+        many primary records to one secondary record, the primary holds duplicates). The
+        model's posterior and its decisions follow it. Default: estimated from the data
+        (records with several near-certain counterparts), and the summary says which was
+        chosen and why (``summary["model"]["cardinality"]``); a many-to-many link's clusters
+        are in ``summary["model"]["clusters"]`` and :meth:`Links.clusters`.
     view : {"operator", "primary"}, default "operator"
         Which columns the links hold: the operator's view (an operator who holds both tables
         and runs every party: also the coordinator's exact ``distance`` and

@@ -56,7 +56,8 @@ def link(
             :class:`~vflink.linkage.encoding.BloomEncoder` in a simulation where one process
             plays both parties).
         search: search options (exact/approximate, chunk size, threads...).
-        rng: seed or Generator for the Eq. 2 noise (None: fresh OS entropy).
+        rng: seed or Generator for the Eq. 2 noise (None: the secret source,
+            :mod:`vflink.randomness`; a seed makes the noise reproducible, not private).
         scale: (μ0, σ0) of Eq. 1 to reuse (e.g. the training linkage's, at inference).
         compute: a compute engine: the search runs as primary chunks × secondary partitions
             on it (:func:`~vflink.linkage.chunked.search_chunked`, equal results ties aside);

@@ -24,6 +24,7 @@ from vflink.linkage import SearchOptions, SoftLinkage, soft_linkage
 from vflink.linkage.api import search_neighbours
 from vflink.linkage.comparison import DEFAULT_LEVELS, FieldComparator
 from vflink.linkage.decisions import ONE_TO_ONE, match_clusters
+from vflink.linkage.fellegi_sunter import CARDINALITIES
 from vflink.linkage.fields import Blocking, FieldSpec, FieldValues, field_scales, search_fields
 from vflink.linkage.model_link import MODELS, all_or_none, model_linkage
 from vflink.linkage.scoring import candidate_pairs, value_codes
@@ -46,6 +47,7 @@ from vflink.protocol.messages import (
     SoftLink,
 )
 from vflink.protocol.sessions import COORDINATION, purpose_of
+from vflink.randomness import secret_generator
 from vflink.types import Alignment
 
 __all__ = ["CoordinatorParty"]
@@ -105,13 +107,36 @@ def view_of(session: str, alignment: Alignment, *, with_similarity: bool,
     )
 
 
+def _comparators(message: FieldLink) -> list[FieldComparator]:
+    """Each field's comparison levels of a model link (the request's own, else its kind's
+    default), refused in the coordinator's words when they are not 1 to
+    :data:`~vflink.linkage.comparison.MAX_THRESHOLDS` similarities in (0, 1), highest first."""
+    out: list[FieldComparator] = []
+    problems: list[str] = []
+    for i, c in enumerate(message.fields):
+        try:
+            out.append(FieldComparator(name=f"field{i}",
+                                       thresholds=c.levels or DEFAULT_LEVELS.get(c.kind,
+                                                                                 (0.8, 0.6)),
+                                       tf=c.tf))
+        except ConfigError as exc:  # the request's own numbers: safe to tell
+            problems.extend(exc.problems)
+    if problems:
+        raise refuse(ProtocolError, "the coordinator cannot compare with the requested levels: "
+                                    + "; ".join(problems), code="link.levels")
+    return out
+
+
 class CoordinatorParty(Party):
     """Matches digests (exact) or links encodings (soft linkage) for the data parties.
 
     Args:
         name: the coordinator's party name.
-        seed: seeds the Eq. 2 similarity noise for reproducible simulations; ``None`` draws it
-            from OS entropy. It is the coordinator's own: never taken from a data party.
+        seed: seeds the Eq. 2 similarity noise, only where the run or the coordinator's party
+            file asked for reproducible noise (``[privacy] reproducible_noise``: not private,
+            the alignment's meta says so); ``None`` (the default) draws it from the secret
+            source (:mod:`vflink.randomness`). It is the coordinator's own: never taken from a
+            data party.
         search: top-K search options (exact or approximate, chunk size, threads).
     """
 
@@ -122,7 +147,8 @@ class CoordinatorParty(Party):
                  policy: PartyPolicy | None = None) -> None:
         super().__init__(name, roles=roles, policy=policy)
         self._seed = seed
-        self._rng = np.random.default_rng(seed)
+        # secret: one ChaCha20 stream keyed from the OS for every session (vflink.randomness)
+        self._rng = secret_generator() if seed is None else np.random.default_rng(seed)
         self._search = search
 
     def _noise_rng(self, session: str) -> np.random.Generator:
@@ -360,6 +386,8 @@ class CoordinatorParty(Party):
         self._check_released(linkage, mode)
         s.linkages[anchor] = linkage
         first = linkage.to_alignment(anchor)
+        if self._seed is not None:  # the ledger says the noise can be regenerated
+            first.meta["reproducible_noise"] = 1.0
         s.alignments[anchor] = first
         views = [view_of(session, first, with_similarity=True, primary=s.primary or "")]
         hops: list[tuple[int, int, Any, Any]] = []
@@ -517,29 +545,39 @@ class CoordinatorParty(Party):
             raise refuse(ProtocolError, f"unknown linkage model; valid: {', '.join(MODELS)}",
                          code="link.model")
         if message.one_to_one not in ("", *ONE_TO_ONE) or not (
-                0.0 < message.threshold < 1.0):
-            raise refuse(ProtocolError, "a model link's threshold is a probability in (0, 1) "
-                                        "and one_to_one one of optimal, greedy or empty",
+                0.0 < message.threshold < 1.0) or message.cardinality not in (
+                "", *CARDINALITIES):
+            raise refuse(ProtocolError, "a model link's threshold is a probability in (0, 1), "
+                                        "one_to_one one of optimal, greedy or empty, and "
+                                        "cardinality one of "
+                                        f"{', '.join(CARDINALITIES)} or empty",
                          code="link.model")
+        if message.rule_atoms and (
+                len(message.rule_atoms) != message.blocking
+                or any(not atoms or any(isinstance(a, bool) or not isinstance(a, int)
+                                        or a >= len(specs) for a in atoms)
+                       for atoms in message.rule_atoms)):
+            raise refuse(ProtocolError, "rule_atoms name, per blocking key, one field index "
+                                        "(or a negative number) per column",
+                         code="link.blocking")
         ours, theirs = s.fields[primary], s.fields[secondary]
         exact_p, exact_s = s.exact.get(primary, ()), s.exact.get(secondary, ())
         if len(exact_p) != len(specs) or len(exact_s) != len(specs):
             raise refuse(ProtocolError, "a model link needs every party's exact-agreement "
                                         "hashes, one per field", code="link.exact")
-        try:
-            comparators = [FieldComparator(
-                name=f"field{i}", thresholds=c.levels or DEFAULT_LEVELS.get(c.kind, (0.8, 0.6)),
-                tf=c.tf) for i, c in enumerate(message.fields)]
-        except ConfigError as exc:  # the request's own numbers: safe to tell
-            raise refuse(ProtocolError, "; ".join(exc.problems), code="link.fields") from None
+        comparators = _comparators(message)
         fields = [(enc, spec.metric or "hamming", a, b) for enc, spec, a, b in
                   zip(ours[0], specs, ours[1], theirs[1], strict=True)]
         codes = [value_codes(a, b) for a, b in zip(exact_p, exact_s, strict=True)]
+        # each blocking rule's key as codes (equal digests, equal codes): which rules each
+        # candidate pair satisfies, for the estimate of what the rules miss
+        rule_keys = [value_codes(a, b) for a, b in zip(ours[2], theirs[2], strict=True)]
         p = FieldValues(ours[1], tuple(_key_texts(k) for k in ours[2]))
         q = FieldValues(theirs[1], tuple(_key_texts(k) for k in theirs[2]))
         try:
             clock = time.perf_counter()
             scales = field_scales(specs, p, q)
+            ranks = None
             if ours[2]:
                 rows, cols, rules = candidate_pairs(p.keys, q.keys)
             else:
@@ -550,6 +588,7 @@ class CoordinatorParty(Party):
                                          scales=scales)
                     r, c = np.nonzero(near.indices >= 0)
                     found = (r.astype(np.int64), near.indices[r, c].astype(np.int64))
+                    ranks = c.astype(np.int64)
                 rows, cols = found
             clock = _timed(s.seconds, "candidates", clock)
             linkage = model_linkage(
@@ -560,7 +599,9 @@ class CoordinatorParty(Party):
                 scale=(message.scale[0], message.scale[1]) if message.scale else None,
                 threshold=message.threshold, one_to_one=message.one_to_one or None,
                 field_weights=[c.weight for c in message.fields], scales=scales,
-                blocking=rules)
+                blocking=rules, cardinality=message.cardinality or None,
+                kinds=[c.kind for c in message.fields], rule_keys=rule_keys,
+                rule_atoms=message.rule_atoms, candidate_ranks=ranks)
             _timed(s.seconds, "model", clock)
             return linkage
         except (LinkageError, ConfigError, DataError) as exc:
@@ -572,6 +613,8 @@ class CoordinatorParty(Party):
         if not message.fields:
             raise refuse(ProtocolError, "a field link needs at least one field",
                          code="link.fields")
+        if message.model:
+            _comparators(message)  # the levels of every field, before any work
         needed = [sender, *message.secondaries]
         s = self._complete(message.session, needed, "fields", "field encodings")
         specs = self._field_specs(message, needed, s)

@@ -37,7 +37,7 @@ from vflink.linkage.encoding import (
     normalize_string,
 )
 from vflink.linkage.encoding.dates import DateBloomEncoder, date_parts
-from vflink.linkage.fields import Blocking
+from vflink.linkage.fields import KEY_KINDS, Blocking, column_key_kind, key_kind, key_text
 from vflink.parties.guard import check_alignment_view
 from vflink.parties.policy import PartyPolicy
 from vflink.protocol.channel import Channel
@@ -335,7 +335,8 @@ def exact_digests(frame: pd.DataFrame, fields: Sequence[FieldEncoding], secret: 
 def blocking_digests(frame: pd.DataFrame, blocking: Sequence[BlockingKey], secret: bytes | None,
                      *, source: str = "table") -> tuple[npt.NDArray[np.uint8], ...]:
     """Per blocking key, HMAC-SHA256 under the data parties' secret of each record's key
-    (the column normalised as strings are, cut to ``prefix`` characters), shape ``(n, 32)``;
+    (each column normalised as its ``kinds`` say, :func:`~vflink.linkage.fields.key_text`,
+    cut to ``prefix`` characters), shape ``(n, 32)``;
     all zero for a record without a key. Like exact alignment's digests, the coordinator can
     tell which keys are equal, not read them."""
     if not blocking:
@@ -347,24 +348,50 @@ def blocking_digests(frame: pd.DataFrame, blocking: Sequence[BlockingKey], secre
     if missing:
         raise report(source, [missing_columns(frame, missing, "blocking column")])
     out = []
+    normalised: dict[tuple[str, str], dict[Any, str]] = {}
     for position, key in enumerate(blocking):
         label = _BLOCKING_LABEL + f"|{position}|{key.prefix}|".encode()
+        names = (key.column, *key.columns)
+        kinds = tuple(key.kinds) or ("string",) * len(names)
+        if len(kinds) != len(names) or any(k not in KEY_KINDS for k in kinds):
+            raise ConfigError(f"blocking key {position}: `kinds` must name one of "
+                              f"{', '.join(KEY_KINDS)} per column, got {list(key.kinds)}")
         parts = []
-        for name in (key.column, *key.columns):
+        for name in names:
             column = frame[name]
             parts.append(column.astype(object).where(column.notna(), "").tolist())
         texts = []
+        # each distinct value normalised once per column and kind (names and dates repeat,
+        # and a column serves several rules)
+        seen = [normalised.setdefault((name, kind), {}) for name, kind in zip(names, kinds,
+                                                                             strict=True)]
         for values in zip(*parts, strict=True):
             cut = []
-            for value in values:
-                text = str(value)
-                text = normalize_string(text) if text.strip() else ""
+            for value, kind, memo in zip(values, kinds, seen, strict=True):
+                # the same normalised value as the field's encoding (dates parsed, strings
+                # folded, phone numbers as digits), so that two spellings block together
+                text = memo.get(value)
+                if text is None:
+                    text = memo[value] = key_text(value, kind)
                 cut.append(text[:key.prefix] if key.prefix else text)
             # a combined rule's key is every column's value (unit separator between them);
             # a record missing any of them has no key (blocks nothing together)
             texts.append("\x1f".join(cut).encode() if all(cut) else b"")
         out.append(_keyed_digests(texts, bytes(secret), label, 32))
     return tuple(out)
+
+
+def _key_kinds(frame: pd.DataFrame, fields: Sequence[FieldEncoding],
+               columns: Sequence[str]) -> tuple[str, ...]:
+    """How the primary normalises each column of a blocking rule when the caller did not
+    say: as its field's values when the column is a field's (dates parsed, numbers
+    canonical), else as its own values show (:func:`~vflink.linkage.fields.key_kind`)."""
+    kinds = []
+    for c in columns:
+        spec = next((f.spec for f in fields if tuple(f.columns) == (c,)), None)
+        shown = key_kind(frame[c].tolist()) if c in frame.columns else "string"
+        kinds.append(column_key_kind(None if spec is None else spec.kind, shown))
+    return tuple(kinds)
 
 
 class AlignmentInitiator:
@@ -518,18 +545,23 @@ class AlignmentInitiator:
 
     def send_fields(self, coordinator: str, own: Sequence[FieldEncoding],
                     theirs: Sequence[FieldEncoding], *, blocking: Sequence[Blocking] = (),
-                    exact: bool = False, session: str) -> None:
+                    exact: bool = False, session: str,
+                    key_kinds: Sequence[Sequence[str]] = ()) -> None:
         """Every data party's field encodings to the coordinator: ``own`` (our columns and the
         public encoding of each field), then each secondary's (``theirs``: its columns, the
-        same encodings) on our request; blocking keys as keyed digests, and with ``exact``
-        (a model link) each field's keyed hash of its normalised value."""
+        same encodings) on our request; blocking keys as keyed digests (each rule's columns
+        normalised as ``key_kinds[r]`` says, the same on every side; default: as strings),
+        and with ``exact`` (a model link) each field's keyed hash of its normalised value."""
+        kinds = ([tuple(k) for k in key_kinds] if key_kinds else
+                 [_key_kinds(self.frame, own, b.columns) for b in blocking])
         if not own or len(own) != len(theirs):
             raise ConfigError("a multi-field link needs at least one field, the same on each "
                               "side")
         for f in own:
             self.policy.check_identifier_release(self.name, f.spec.encoder)  # our own too
         own_keys = tuple(BlockingKey(column=b.columns[0], prefix=b.prefix or 0,
-                                     columns=b.columns[1:]) for b in blocking)
+                                     columns=b.columns[1:], kinds=k)
+                         for b, k in zip(blocking, kinds, strict=True))
         if self.identifiers:
             check_declared(self.name, self.identifiers, own, own_keys)
         clear = [list(f.columns) for f in own if not uses_secret(f.spec)]
@@ -547,7 +579,8 @@ class AlignmentInitiator:
         self.channel.request(coordinator, FieldEncodings(
             session=session, encoders=encoders, values=values, keys=keys, exact=hashes), Ack)
         their_keys = tuple(BlockingKey(column=b.columns_s[0], prefix=b.prefix or 0,
-                                       columns=b.columns_s[1:]) for b in blocking)
+                                       columns=b.columns_s[1:], kinds=k)
+                           for b, k in zip(blocking, kinds, strict=True))
         for name in self.secondaries:
             self.channel.request(name, ShareFieldEncodings(
                 session=session, coordinator=coordinator, fields=tuple(theirs),
@@ -558,7 +591,9 @@ class AlignmentInitiator:
                            tau: float | None = None, sigma: float | None = None,
                            delta: float = 1e-5, session: str = "soft",
                            scale: tuple[float, float] | None = None, model: str = "",
-                           threshold: float = 0.5, one_to_one: str = ""
+                           threshold: float = 0.5, one_to_one: str = "",
+                           cardinality: str = "",
+                           rule_atoms: Sequence[Sequence[int]] = ()
                            ) -> dict[str, Alignment]:
         """Ask the coordinator to link the field encodings of ``session``: how it compares each
         field (``comparisons``), the number of ``blocking`` keys sent, K, Eq. 1-2's noise and,
@@ -567,5 +602,6 @@ class AlignmentInitiator:
             session=session, secondaries=self.secondaries, fields=tuple(comparisons),
             top_k=top_k, blocking=blocking, mode=mode, tau=tau, sigma=sigma, delta=delta,
             scale=tuple(scale or ()), model=model, threshold=threshold,
-            one_to_one=one_to_one), AlignmentViews)
+            one_to_one=one_to_one, cardinality=cardinality,
+            rule_atoms=tuple(tuple(int(a) for a in r) for r in rule_atoms)), AlignmentViews)
         return self._finish(coordinator, session, views)

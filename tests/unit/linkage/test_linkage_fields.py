@@ -150,8 +150,8 @@ def test_weighted_fields_beat_one_concatenated_string() -> None:
     p["street"] = [" ".join(reversed(x.split())) for x in p["street"]]  # word order differs
     for frame in (p, s):
         frame["all"] = frame["first"] + " " + frame["last"] + " " + frame["street"]
-    single = linked(p, s, on=("all",), metric="levenshtein", top_k=1, seed=0)
-    multi = linked(p, s, top_k=1, seed=0, fields=[
+    single = linked(p, s, on=("all",), metric="levenshtein", top_k=1, seed=0, sigma=0.5)
+    multi = linked(p, s, top_k=1, seed=0, sigma=0.5, fields=[
         FieldSpec(on=("first", "last"), metric="levenshtein"),
         FieldSpec(on=("street",), metric="token-set")])
     r_single = float((single.linkage.indices[:, 0] == truth).mean())

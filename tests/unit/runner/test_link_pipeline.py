@@ -39,10 +39,10 @@ CHOICES = [
     ({"on": "x,y", "metric": "euclidean"},
      {"read": "tables", "encode": "identifier", "candidates": "search", "compare": "distance",
       "model": "none", "decide": "top-k", "write": "file", "charts": "none"}),
-    ({"fields": [{"on": ["name"], "metric": "levenshtein"}], "blocking": ["name"]},
+    ({"fields": [{"on": ["name"], "metric": "levenshtein"}], "blocking": ["name"], "sigma": 0.5},
      {"read": "tables", "encode": "fields", "candidates": "fields", "compare": "fields",
       "model": "none", "decide": "top-k", "write": "file", "charts": "none"}),
-    ({"on": "name", "model": "fellegi-sunter", "one_to_one": "greedy"},
+    ({"on": "name", "model": "fellegi-sunter", "one_to_one": "greedy", "sigma": 0.5},
      {"read": "tables", "encode": "fields", "candidates": "fields", "compare": "fields",
       "model": "fellegi-sunter", "decide": "matches", "write": "file", "charts": "none"}),
     ({"on": "x,y", "metric": "euclidean", "stream": True},
@@ -120,7 +120,7 @@ def test_settings_report_every_problem_at_once() -> None:
     text = str(info.value)
     for needle in ("`metric` must be one of", "`top_k` must be an int", "`mode` must be one of",
                    "--on names 2 column(s) but --secondary-on names 1",
-                   "`one_to_one` decides among a model's matches"):
+                   "`one_to_one` decide(s) among a model's matches"):
         assert needle in text
     with pytest.raises(ConfigError, match="`view` must be one of"):
         LinkSettings(on=("x",), metric="euclidean", view="everything")
@@ -171,7 +171,7 @@ def test_the_clock_counts_each_second_once_for_the_stage_that_spent_it(
 @pytest.mark.parametrize(("options", "steps"), [
     ({"on": "x,y", "metric": "euclidean"}, {"candidates", "decide"}),
     ({"fields": [{"on": ["name"], "metric": "levenshtein"}]}, {"candidates", "decide"}),
-    ({"fields": [{"on": ["name"]}, {"on": ["x"]}], "model": "fellegi-sunter"},
+    ({"fields": [{"on": ["name"]}, {"on": ["x"]}], "model": "fellegi-sunter", "sigma": 0.5},
      {"candidates", "model"})], ids=["identifier", "fields", "model"])
 def test_the_coordinator_times_its_own_steps_and_they_go_to_their_stages(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, options: dict[str, Any],

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 import vflink
 from vflink.data.parts import is_partitioned
 from vflink.engine import ComputeConfig, LocalEngine
-from vflink.errors import ConfigError
+from vflink.errors import ConfigError, LinkageError
 from vflink.linkage.moments import ExactSum, exact_moments
 from vflink.runner.link.read import table_rows
 
@@ -71,7 +71,16 @@ def test_streamed_equals_in_memory(tmp_path_factory: pytest.TempPathFactory, n: 
     metric, on = case
     k = min(3, m)
     kw = dict(on=list(on), metric=metric, top_k=k, privacy=privacy, sigma=sigma, charts=True)
-    want = _in_memory(p, s, tmp / f"mem{suffix}", **kw)
+    try:
+        want = _in_memory(p, s, tmp / f"mem{suffix}", **kw)
+    except LinkageError as refused:  # the private default out of reach: refused alike
+        assert "private default" in str(refused)
+        with pytest.raises(LinkageError) as streamed_refused:
+            vflink.link(p, s, out=tmp / f"st{suffix}", overwrite=True, stream=True, seed=5,
+                        chunk_rows=chunk, **kw)  # type: ignore[arg-type]
+        assert "private default" in str(streamed_refused.value)
+        assert not (tmp / f"st{suffix}").exists() and not (tmp / f"mem{suffix}").exists()
+        return
     streamed = vflink.link(p, s, out=tmp / f"st{suffix}", overwrite=True, stream=True, seed=5,
                            chunk_rows=chunk, **kw)  # type: ignore[arg-type]
     assert streamed.streamed and streamed.summary["stages"]["read"] == "batches"
@@ -137,7 +146,8 @@ def test_cli_stream(tmp_path: Path) -> None:
         done = subprocess.run(
             [sys.executable, "-m", "vflink.cli.main", "link", "--primary", str(p),
              "--secondary", str(s), "--on", "name", "--metric", "levenshtein", "--top-k", "3",
-             "--seed", "2", "--out", str(tmp_path / f"l{flag}.parquet"), flag],
+             "--seed", "2", "--sigma", "0.5", "--out", str(tmp_path / f"l{flag}.parquet"),
+             flag],
             capture_output=True, text=True, timeout=300, check=False,
             env={"PATH": "", "VFLINK_SECRET": "a-secret-for-the-test-only", "PYTHONPATH":
                  str(Path(vflink.__file__).parents[1])})

@@ -45,8 +45,12 @@ def search(ctx: LinkContext) -> LinkContext:
 
 @CANDIDATES.register("fields")
 def fields(ctx: LinkContext) -> LinkContext:
-    """The pairs of the blocking rules (OR-ed), or each record's nearest without rules."""
+    """The pairs of the blocking rules (OR-ed), or each record's nearest without rules; a
+    model link also says what each rule requires (which fields' whole values: public
+    structure, no value), so that the coordinator can estimate what the rules miss."""
     ctx.request.update(top_k=ctx.settings.top_k, blocking=len(ctx.settings.blocking))
+    if ctx.settings.model is not None and ctx.settings.blocking:
+        ctx.request["rule_atoms"] = ctx.state.get("rule_atoms", ())
     return ctx
 
 

@@ -30,12 +30,21 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from vflink.errors import LinkageError
 from vflink.linkage import SoftLinkage
+from vflink.linkage.diagnostics import name_fields
 from vflink.linkage.fields import Blocking, FieldSpec
 from vflink.linkage.improvement import _PLOT_ROWS, improvement_estimates
-from vflink.linkage.privacy import dp_epsilon, tau_for_sigma, theorem1_delta_limit
+from vflink.linkage.privacy import (
+    DEFAULT_TAU,
+    dp_epsilon,
+    tau_for_sigma,
+    tau_in_words,
+    theorem1_delta_limit,
+)
 from vflink.linkage.soft import noise_scale
 from vflink.protocol.sessions import purpose_of
+from vflink.randomness import secret_generator
 from vflink.registry import Registry
 from vflink.runner.encoding import default_noise
 from vflink.runner.link.context import LinkContext, Stage
@@ -51,9 +60,34 @@ DECISIONS: Registry[Stage] = Registry("link decision")
 
 
 def _noise(ctx: LinkContext) -> dict[str, Any]:
+    """The request's noise: the given τ or σ, or the private default τ = 0.05 with no
+    fallback σ: a link whose similarities cannot reach it is refused (:func:`_refused`)
+    rather than released with a weaker τ nobody asked for."""
     s = ctx.settings
     tau, sigma = default_noise(s.tau, s.sigma, private=s.privacy == "bloom", mode=s.mode)
+    if s.tau is None and s.sigma is None:
+        sigma = None
     return {"mode": s.mode, "tau": tau, "sigma": sigma, "delta": s.delta}
+
+
+def _defaulted(ctx: LinkContext) -> bool:
+    s = ctx.settings
+    return s.tau is None and s.sigma is None and s.privacy == "bloom" and s.mode != "exact"
+
+
+def _refused(exc: LinkageError) -> LinkageError:
+    """The private default's refusal, in words: what τ this link can give at best, what that
+    means, and how to accept it explicitly."""
+    return LinkageError(
+        f"the private default noise (greedy-attack bound τ = {DEFAULT_TAU:g}, FedSim Theorem "
+        f"2) cannot be held on this link: {exc}. Its similarities spread over too few steps "
+        f"of that attack for any noise to bring its success rate down to {DEFAULT_TAU:g}; a τ "
+        f"near 1 is almost no protection (the attacker then recovers a compared record's "
+        f"encoding, its Bloom filter or a model link's comparison levels, from its similarity "
+        f"about as often as without noise). Give an "
+        f"explicit `tau` (--tau) that this link can reach to accept a weaker protection, "
+        f"`sigma` (--sigma) for a noise scale, or tau = 1 to release the similarities without "
+        f"noise")
 
 
 @DECISIONS.register("top-k")
@@ -65,7 +99,8 @@ def top_k(ctx: LinkContext) -> LinkContext:
 @DECISIONS.register("matches")
 def matches(ctx: LinkContext) -> LinkContext:
     ctx.request.update(_noise(ctx), threshold=ctx.settings.threshold,
-                       one_to_one=ctx.settings.one_to_one or "")
+                       one_to_one=ctx.settings.one_to_one or "",
+                       cardinality=ctx.settings.cardinality or "")
     return _receive(ctx)
 
 
@@ -74,9 +109,15 @@ def _receive(ctx: LinkContext) -> LinkContext:
     s, parties = ctx.settings, ctx.parties
     if parties is None:  # pragma: no cover - the encode stage's
         raise RuntimeError("no parties to ask")
-    ctx.alignment = parties.request(ctx.request)
+    try:
+        ctx.alignment = parties.request(ctx.request)
+    except LinkageError as exc:
+        if _defaulted(ctx) and "unreachable" in str(exc):
+            raise _refused(exc) from None
+        raise
     ctx.clock.book(parties.seconds())
     linkage = parties.linkage()
+    _warn_tau(ctx, linkage.tau)
     ctx.improvement = improvement_estimates(linkage) if s.mode == "soft" else {}
     ctx.communication = parties.communication()
     ctx.sizes = {"primary_rows": len(linkage), "secondary_rows": linkage.n_secondary,
@@ -86,6 +127,7 @@ def _receive(ctx: LinkContext) -> LinkContext:
         linkage = _expand(ctx, linkage, keep_p, keep_s)
     if linkage.model:
         name_model(linkage.model, ctx.fields, s.blocking)
+        _report_model(linkage.model, s)
     ctx.linkage = ctx.shown = linkage
     ctx.columns = columns = linkage_columns(linkage, view=s.view)
     for side, name in ((ctx.primary, "primary_id"), (ctx.secondary, "secondary_id")):
@@ -94,6 +136,17 @@ def _receive(ctx: LinkContext) -> LinkContext:
     ctx.rows = columns.rows
     ctx.chunks = (columns,)
     return ctx
+
+
+def _warn_tau(ctx: LinkContext, tau: float) -> None:
+    """Say in words what a weak greedy-attack bound means, when noise was asked for (τ = 1,
+    σ = 0 or exact mode are an explicit release without noise)."""
+    s = ctx.settings
+    if s.mode == "exact" or s.tau == 1 or s.sigma == 0 or (s.privacy != "bloom" and s.tau
+                                                           is None and s.sigma is None):
+        return
+    if tau > DEFAULT_TAU * (1 + 1e-9):
+        log.warning("the similarities' protection: %s", tau_in_words(tau))
 
 
 def _expand(ctx: LinkContext, lk: SoftLinkage, keep_p: npt.NDArray[np.bool_],
@@ -124,12 +177,35 @@ def name_model(model: dict[str, Any], fields: Sequence[FieldSpec],
     """Name a model link's fields and blocking rules by their columns in its summary (the
     coordinator knows them by number only)."""
     names = {f"field{i}": ",".join(f.on) for i, f in enumerate(fields)}
+    names.update({f"rule{r}": b.describe() for r, b in enumerate(blocking)})
     for row in model.get("m_u", []):
         row["field"] = names.get(row["field"], row["field"])
     for row in model.get("waterfall", {}).get("fields", []):
         row["field"] = names.get(row["field"], row["field"])
     for rule, b in zip(model.get("blocking_rules", []), blocking, strict=False):
         rule["rule"] = b.describe()
+    for key in ("diagnostics", "estimated"):
+        if key in model:
+            model[key] = name_fields(model[key], names)
+
+
+def _report_model(model: dict[str, Any], s: Any) -> None:
+    """Say on the log what the operator must know of a model link: the cardinality in force
+    and why, duplicates, every diagnostic warning, and an estimate that is not given."""
+    card = model.get("cardinality", {})
+    log.info("model link: cardinality %s (%s)", card.get("cardinality"), card.get("why"))
+    if s.one_to_one and card.get("duplicates"):
+        log.warning("one_to_one keeps at most one match per record, but %s: matches of the "
+                    "duplicates are dropped (leave one_to_one out to keep them)",
+                    "; ".join(card["duplicates"]))
+    for text in model.get("diagnostics", {}).get("warnings", []):
+        log.warning("%s", text)
+    est = model.get("estimated", {})
+    if not est.get("trusted", True):
+        log.warning("the label-free estimate %s: %s",
+                    "is not given" if est.get("precision") is None else
+                    "gives precision only",
+                    "; ".join(est.get("reasons", [])))
 
 
 # --- the streamed link -------------------------------------------------------------------------
@@ -140,10 +216,16 @@ def chunks(ctx: LinkContext) -> LinkContext:
     s = ctx.settings
     mu0, sigma0 = ctx.state["scale"]
     noise_args = _noise(ctx)
-    noise = noise_scale(noise_args["tau"], noise_args["sigma"], sigma0)
+    try:
+        noise = noise_scale(noise_args["tau"], noise_args["sigma"], sigma0)
+    except LinkageError as exc:
+        if _defaulted(ctx):
+            raise _refused(exc) from None
+        raise
+    _warn_tau(ctx, tau_for_sigma(noise, sigma0))
     # the coordinator's noise stream for this session (CoordinatorParty._noise_rng)
     rng = (np.random.default_rng([s.seed, zlib.crc32(purpose_of(SESSION).encode())])
-           if s.seed is not None else np.random.default_rng())
+           if s.seed is not None else secret_generator())
     n_primary, n_secondary = ctx.primary.rows, ctx.secondary.rows
     ctx.sizes = {"primary_rows": n_primary, "secondary_rows": n_secondary, "top_k": s.top_k,
                  "links": n_primary * s.top_k}
@@ -218,11 +300,14 @@ def _chunk(ctx: LinkContext, path: Any, row: int, pick: Any, mu0: float, sigma0:
     keep = (np.arange(n) if pick is None else pick[(pick >= row) & (pick < row + n)] - row)
     if keep.size:
         sample.append((idx[keep], dist[keep], sim[keep]))
-    return {"primary_index": np.repeat(np.arange(row, row + n, dtype=np.int64), k),
-            "secondary_index": idx.astype(np.int64, copy=False).reshape(-1),
-            "rank": np.tile(np.arange(k, dtype=np.int64), n),
-            "distance": dist.astype(np.float64, copy=False).reshape(-1),
-            "similarity": sim.astype(np.float64, copy=False).reshape(-1)}, n
+    links = {"primary_index": np.repeat(np.arange(row, row + n, dtype=np.int64), k),
+             "secondary_index": idx.astype(np.int64, copy=False).reshape(-1),
+             "rank": np.tile(np.arange(k, dtype=np.int64), n),
+             "distance": dist.astype(np.float64, copy=False).reshape(-1),
+             "similarity": sim.astype(np.float64, copy=False).reshape(-1)}
+    if s.view == "primary":  # the coordinator's exact distance stays with it
+        del links["distance"]
+    return links, n
 
 
 def _figures(ctx: LinkContext, idx: Any, dist: Any, sim: Any, mu0: float, sigma0: float,

@@ -9,8 +9,10 @@ encodings reach the coordinator (FedSim §4.1; keyed Bloom filters by default, A
   encoding (:func:`vflink.runner.encoding.encoding_for`), the parties
   (:class:`~vflink.runner.link.parties.LocalParties`) and their encodings to the coordinator;
 * ``fields``: several fields, each with its own encoding
-  (:func:`vflink.runner.encoding.field_encodings`), blocking keys as keyed digests, and each
-  field's keyed exact-agreement hashes for a model link;
+  (:func:`vflink.runner.encoding.field_encodings`), blocking keys as keyed digests of the
+  same normalised values as the fields' (:func:`vflink.runner.encoding.blocking_plan`: dates
+  parsed, strings folded, phone numbers as digits), and each field's keyed exact-agreement
+  hashes for a model link;
 * ``chunks``: the streamed link's: the secondary's encodings spilled to a scratch directory
   partition by partition, the primary's encoded chunk by chunk as the candidates stage asks
   for them (memory flat in the tables' size).
@@ -38,6 +40,7 @@ from vflink.parties.linking import build_encoder, field_raw_values, identifier_v
 from vflink.protocol import FieldEncoding
 from vflink.registry import Registry
 from vflink.runner.encoding import (
+    blocking_plan,
     describe_fields,
     encoding_for,
     federal_spec,
@@ -105,6 +108,8 @@ def _encode_identifier(ctx: LinkContext) -> LinkContext:
         p_frame = p_frame[p.keep].reset_index(drop=True)
         q_frame = q_frame[q.keep].reset_index(drop=True)
         check_top_k(s.top_k, len(q_frame), q.source)
+    if metric == "levenshtein":
+        _warn_numbers_as_text(p_frame, s.on, p.source, q_frame, s.secondary_on, q.source)
     if metric in ("euclidean", "haversine", "levenshtein"):
         # Checked on the raw values here, where both tables are at hand: after Bloom encoding a
         # NaN coordinate or a latitude of 123° could no longer be told apart (in a deployment
@@ -127,6 +132,37 @@ def _encode_identifier(ctx: LinkContext) -> LinkContext:
         compute=ctx.compute, transcript=ctx.transcript)
     ctx.parties.send_identifiers(spec)
     return ctx
+
+
+def _numbers(frame: pd.DataFrame, column: str) -> npt.NDArray[np.float64] | None:
+    """The column's values as numbers when every present one is a number, else None."""
+    if column not in frame.columns:
+        return None
+    values = frame[column]
+    present = values.notna() & (values.astype(str).str.strip() != "")
+    if not present.any():
+        return None
+    x = pd.to_numeric(values[present], errors="coerce")
+    return None if x.isna().any() else x.to_numpy(dtype=np.float64)
+
+
+def _warn_numbers_as_text(p_frame: pd.DataFrame, on: Sequence[str], p_source: str,
+                          q_frame: pd.DataFrame, s_on: Sequence[str], q_source: str) -> None:
+    """Warn when Levenshtein compares numbers: it counts edits of their digits (12 and 21
+    are one swap apart, 99 and 100 three edits), and two numeric columns whose values do not
+    even overlap are most likely two different quantities."""
+    for c, c_s in zip(on, s_on, strict=False):
+        a, b = _numbers(p_frame, c), _numbers(q_frame, c_s)
+        if a is None or b is None:
+            continue
+        lo_a, hi_a, lo_b, hi_b = a.min(), a.max(), b.min(), b.max()
+        apart = hi_a < lo_b or hi_b < lo_a
+        log.warning(
+            "levenshtein compares %s:%s and %s:%s as text, by edits of their digits, but both "
+            "hold numbers%s; compare numbers with metric = \"euclidean\"", p_source, c,
+            q_source, c_s,
+            f" whose ranges do not even overlap ([{lo_a:g}, {hi_a:g}] against [{lo_b:g}, "
+            f"{hi_b:g}]): they look like two unrelated quantities" if apart else "")
 
 
 def _blank(frame: pd.DataFrame, column: str) -> npt.NDArray[np.bool_]:
@@ -234,7 +270,10 @@ def encode_fields(ctx: LinkContext) -> LinkContext:
                              *(c for b in s.blocking for c in b.columns_s)]),
         secret=secret, private=all(e.encoder == "bloom" for e in encodings), seed=s.seed,
         transcript=ctx.transcript)
-    ctx.parties.send_fields(own, theirs, blocking=s.blocking, exact=s.model is not None)
+    kinds, ctx.state["rule_atoms"] = blocking_plan(s.blocking, fields, encodings, p.frame,
+                                                   q.frame)
+    ctx.parties.send_fields(own, theirs, blocking=s.blocking, exact=s.model is not None,
+                            key_kinds=kinds)
     return ctx
 
 

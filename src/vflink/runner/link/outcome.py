@@ -94,9 +94,9 @@ LINK_COLUMNS = {
 LINK_COLUMNS_MODEL = {
     **LINK_COLUMNS,
     "match_weight": "coordinator only: the exact Fellegi-Sunter match weight (bits)",
-    "match_probability": "operator view: the coordinator's exact probability (the one-to-one "
-                         "posterior); primary view: the same posterior of the de-normalised "
-                         "noised similarities it received",
+    "match_probability": "operator view: the coordinator's exact probability (the posterior "
+                         "under the link's cardinality); primary view: the same posterior of "
+                         "the de-normalised noised similarities it received",
     "match": "primary: the decision (probability >= threshold, then one-to-one)",
 }
 VIEWS = ("operator", "primary")
@@ -111,18 +111,20 @@ def links_metadata(columns: Sequence[str], view: str = "operator") -> dict[str, 
 
 
 def primary_probability(linkage: SoftLinkage) -> npt.NDArray[np.float64]:
-    """The match probability a primary derives from what it receives: the one-to-one
-    posterior of its links' de-normalised noised weights w̃ = μ0 + σ0·s (a post-processing of
-    s; :func:`vflink.linkage.fellegi_sunter.one_to_one_posterior` over every link it holds)."""
-    from vflink.linkage.fellegi_sunter import one_to_one_posterior
+    """The match probability a primary derives from what it receives: the posterior, under
+    the link's cardinality (released with the estimates), of its links' de-normalised noised
+    weights w̃ = μ0 + σ0·s (a post-processing of s; :func:`vflink.linkage.fellegi_sunter.
+    posterior` over every link it holds)."""
+    from vflink.linkage.fellegi_sunter import posterior
 
     noised = linkage.mu0 + linkage.sigma0 * linkage.similarities
     valid = (linkage.indices >= 0) & np.isfinite(noised)
     out = np.full(noised.shape, np.nan)
     if valid.any():
         rows = np.nonzero(valid)[0].astype(np.int64)
-        out[valid] = one_to_one_posterior(rows, linkage.indices[valid].astype(np.int64),
-                                          noised[valid])
+        card = linkage.model.get("cardinality", {}).get("cardinality", "one-to-one")
+        out[valid] = posterior(rows, linkage.indices[valid].astype(np.int64), noised[valid],
+                               card)
     return out
 
 

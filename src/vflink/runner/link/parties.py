@@ -84,10 +84,12 @@ class LocalParties:
         self.initiator.send_identifiers(COORDINATOR, spec, session=SESSION)
 
     def send_fields(self, own: Sequence[FieldEncoding], theirs: Sequence[FieldEncoding], *,
-                    blocking: Sequence[Blocking], exact: bool) -> None:
-        """Each data party encodes its fields (and blocking keys, exact-agreement hashes)."""
+                    blocking: Sequence[Blocking], exact: bool,
+                    key_kinds: Sequence[Sequence[str]] = ()) -> None:
+        """Each data party encodes its fields (and blocking keys, each column normalised as
+        ``key_kinds`` say, and exact-agreement hashes)."""
         self.initiator.send_fields(COORDINATOR, own, theirs, blocking=blocking, exact=exact,
-                                   session=SESSION)
+                                   session=SESSION, key_kinds=key_kinds)
 
     def request(self, request: dict[str, Any]) -> Alignment:
         """The primary's request (a multi-field one when it names ``fields``): the

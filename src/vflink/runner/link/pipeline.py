@@ -46,7 +46,7 @@ from vflink.runner.link.context import STAGES, LinkContext, Side, Stage
 from vflink.runner.link.decide import DECISIONS
 from vflink.runner.link.encode import ENCODERS
 from vflink.runner.link.model import MODELS
-from vflink.runner.link.outcome import LinkOutcome, link_summary
+from vflink.runner.link.outcome import LINK_COLUMNS, LinkOutcome, link_summary
 from vflink.runner.link.read import READERS, streams
 from vflink.runner.link.settings import LinkSettings
 from vflink.runner.link.write import WRITERS
@@ -187,8 +187,9 @@ def _finish(ctx: LinkContext) -> LinkContext:
         improvement=ctx.improvement, communication=ctx.communication, encoding=ctx.encoder,
         secret_source=ctx.secret_source, skipped_rows=ctx.skipped,
         fields_compared=ctx.fields_compared)
-    ctx.summary = link_summary(ctx.outcome, columns=list(ctx.columns),
-                               view="operator" if ctx.streamed else s.view,
+    columns = list(ctx.columns) if not ctx.streamed else [
+        c for c in LINK_COLUMNS if s.view == "operator" or c != "distance"]
+    ctx.summary = link_summary(ctx.outcome, columns=columns, view=s.view,
                                choices=ctx.choices, seconds=seconds, phases=phases)
     # the steps of FedSim §4.1 apart: the search, Eq. 1's moments (a streamed link's compare
     # stage), Eq. 2's noise (inside the coordinator's decide step; a streamed link draws it

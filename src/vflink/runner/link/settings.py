@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,11 +30,16 @@ from vflink.data.given import columns_arg
 from vflink.errors import ConfigError
 from vflink.linkage.encoding import BloomConfig, GeoBloomConfig
 from vflink.linkage.fields import FIELD_METRICS, Blocking, FieldSpec
+from vflink.linkage.privacy import DEFAULT_TAU
 from vflink.runner.encoding import resolve_privacy
 
-__all__ = ["METRICS", "MODES", "SEARCHES", "LinkSettings", "ReadOptions"]
+__all__ = ["CARDINALITIES", "METRICS", "MODES", "SEARCHES", "LinkSettings", "ReadOptions",
+           "model_problems", "noise_problems"]
 
 METRICS = ("euclidean", "haversine", "hamming", "levenshtein")
+#: ``vflink.linkage.fellegi_sunter.CARDINALITIES`` ("many-to-one": many primary records to
+#: one secondary record)
+CARDINALITIES = ("one-to-one", "many-to-one", "one-to-many", "many-to-many")
 MODES = ("soft", "top1", "exact")
 SEARCHES = ("auto", "exact", "approximate")
 
@@ -57,7 +63,8 @@ class LinkSettings:
     ``on``/``secondary_on``/``metric``: a link of one identifier (``secondary_on`` defaults to
     the same names); ``fields`` (and ``blocking``):
     a multi-field link, decided by ``model`` when one is named (``threshold``, ``one_to_one``:
-    ``"optimal"``, ``"greedy"`` or None). ``privacy`` is resolved (``"bloom"`` unless
+    ``"optimal"``, ``"greedy"`` or None; ``cardinality``, None to estimate it from the
+    data). ``privacy`` is resolved (``"bloom"`` unless
     ``"off"`` was asked for); ``tau``/``sigma`` are as given (the decide stage applies the
     private default). ``read``: the primary's and the secondary's read options.
     """
@@ -89,6 +96,8 @@ class LinkSettings:
     model: str | None = None
     threshold: float = 0.5
     one_to_one: str | None = None
+    #: a model link's cardinality (:data:`CARDINALITIES`); None: estimated from the data
+    cardinality: str | None = None
     view: str = "operator"
     #: draw the figures beside the links file (FedSim Figure 4, a model link's charts)
     charts: bool = False
@@ -164,16 +173,34 @@ def _check(*, metric: str | None, top_k: Any, privacy: Any, mode: Any, tau: Any,
     check_choice(problems, "mode", mode, MODES)
     check_choice(problems, "search", search, SEARCHES)
     check_choice(problems, "empty", empty, ("error", "skip"))
-    # τ is a success rate in (0, 1] (1: no noise); σ ≥ 0 (0: no noise), FedSim Theorem 2
-    check_float(problems, "tau", tau, min=0.0, max=1.0, min_exclusive=True, allow_none=True)
-    check_float(problems, "sigma", sigma, min=0.0, allow_none=True)
+    noise_problems(problems, tau=tau, sigma=sigma, delta=delta)
     check_float(problems, "resolution", resolution, min=0.0, min_exclusive=True,
                 allow_none=True)
-    check_float(problems, "delta", delta, min=0.0, max=1.0, min_exclusive=True)
     if seed is not None:
         check_int(problems, "seed", seed, min=0)
+
+
+def noise_problems(problems: list[str], *, tau: Any, sigma: Any, delta: Any) -> None:
+    """The similarity-noise options (FedSim Eq. 2, Theorem 2), each problem starting with the
+    option's name in backquotes (the command line puts where it was given there) and saying
+    how to fix it: τ is a success rate in (0, 1] (1: no noise), σ ≥ 0 (0: no noise)."""
+
+    def number(v: Any) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+    if tau is not None and not (number(tau) and 0 < tau <= 1):
+        problems.append(f"`tau`: the greedy-attack bound τ must be a number in (0, 1], got "
+                        f"{tau!r}; e.g. tau = {DEFAULT_TAU:g} (the private default), or tau = 1 "
+                        "for no noise")
+    if sigma is not None and not (number(sigma) and sigma >= 0):
+        problems.append(f"`sigma`: the noise scale σ must be a number ≥ 0, got {sigma!r}; e.g. "
+                        "sigma = 0.1, or sigma = 0 for no noise")
+    if not (number(delta) and 0 < delta < 1):
+        problems.append(f"`delta`: δ must be a number in (0, 1), got {delta!r}; e.g. "
+                        "delta = 1e-5")
     if tau is not None and sigma is not None:
-        problems.append("give at most one of `tau` and `sigma`")
+        problems.append("`tau` and `sigma`: give at most one of `tau` and `sigma` (tau sets σ "
+                        "through FedSim Theorem 2)")
 
 
 def _value_problems(s: LinkSettings) -> list[str]:
@@ -182,15 +209,54 @@ def _value_problems(s: LinkSettings) -> list[str]:
     _check(metric=s.metric, top_k=s.top_k, privacy=s.privacy, mode=s.mode, tau=s.tau,
            sigma=s.sigma, delta=s.delta, seed=s.seed, search=s.search, empty=s.empty,
            resolution=None, has_on=bool(s.on), has_fields=bool(s.fields), problems=problems)
-    if s.model is not None:
-        check_choice(problems, "model", s.model, ("fellegi-sunter",))
     check_probability(problems, "threshold", s.threshold)
     if s.one_to_one is not None:
         check_choice(problems, "one_to_one", s.one_to_one, ("optimal", "greedy"))
+    model_problems(problems, model=s.model, mode=s.mode, cardinality=s.cardinality,
+                   one_to_one=s.one_to_one, threshold=None, on=s.on if s.model else ())
     check_choice(problems, "view", s.view, ("operator", "primary"))
     if not isinstance(s.charts, bool):
         problems.append(f"`charts` must be true or false, got {s.charts!r}")
     return problems
+
+
+def model_problems(problems: list[str], *, model: Any, mode: Any, cardinality: Any,
+                   one_to_one: Any, threshold: Any, on: Sequence[str] | None) -> None:
+    """The problems of a model link's options, in one wording for the API, the command line
+    and a ``[link]`` file: an unknown model or cardinality; a ``threshold``, ``one_to_one`` or
+    ``cardinality`` without a model (each decides among a model's matches); exact mode with a
+    model; one-to-one decisions against a cardinality that is not; several ``on`` columns
+    made one field."""
+    if model is not None:
+        check_choice(problems, "model", model, ("fellegi-sunter",))
+    if cardinality is not None and cardinality not in CARDINALITIES:
+        problems.append(f"`cardinality` must be one of {', '.join(CARDINALITIES)} (or left out "
+                        f"to estimate it from the data), got {cardinality!r}")
+    if model is None:
+        given = [f"`{name}`" for name, value in (("threshold", threshold),
+                                                  ("one_to_one", one_to_one),
+                                                  ("cardinality", cardinality))
+                 if value not in (None, False)]
+        if given:
+            problems.append(f"{' and '.join(given)} decide(s) among a model's matches, and this "
+                            "link has no model: give model = \"fellegi-sunter\" (--model "
+                            "fellegi-sunter), or drop them (a link without a model keeps each "
+                            "record's top-K by similarity and decides nothing)")
+        return
+    if mode == "exact":
+        problems.append("mode = \"exact\" keeps only identical identifiers, with no similarity "
+                        "left to weigh, and a model link decides matches itself from each "
+                        "field's agreement: drop `mode` (the model's matches are its \"exact\" "
+                        "links), or drop `model`")
+    if one_to_one not in (None, False) and cardinality not in (None, "one-to-one"):
+        problems.append(f"`one_to_one` keeps at most one match per record on both sides, which "
+                        f"contradicts cardinality = {cardinality!r}: drop one of them")
+    if on is not None and len(on) > 1:
+        problems.append(f"`on` names {len(on)} columns ({', '.join(on)}), which a model link "
+                        "would compare as ONE field (their values joined), so the model could "
+                        "not weigh each column's agreement: give one field per column "
+                        f"(fields = [{', '.join(f'{{on = {c!r}}}' for c in on)}] in the API, "
+                        "[[link.fields]] tables in a [link] file)")
 
 
 def _from_options(*, on: Any = None, secondary_on: Any = None, metric: str | None = None,
@@ -204,8 +270,9 @@ def _from_options(*, on: Any = None, secondary_on: Any = None, metric: str | Non
                   secondary_encoding: str | None = None, out: Any = None,
                   overwrite: bool = False, parts: bool | None = None,
                   stream: bool | None = None, chunk_rows: int | None = None,
-                  model: str | None = None, threshold: Any = 0.5, one_to_one: Any = False,
-                  view: Any = "operator", charts: Any = False) -> LinkSettings:
+                  model: str | None = None, threshold: Any = None, one_to_one: Any = False,
+                  cardinality: Any = None, view: Any = "operator",
+                  charts: Any = False) -> LinkSettings:
     found: list[str] = []  # every problem of the arguments, reported together
 
     def collect(build: Any, *args: Any) -> Any:
@@ -219,14 +286,14 @@ def _from_options(*, on: Any = None, secondary_on: Any = None, metric: str | Non
     on_failed = on is not None and on_cols is None  # named already: not "required" too
     secondary_cols = collect(columns_arg, "secondary_on", secondary_on) or on_cols
     field_specs = collect(_specs, FieldSpec, fields, "fields") or []
-    if model is not None:
-        check_choice(found, "model", model, ("fellegi-sunter",))
-    check_probability(found, "threshold", threshold)
+    if threshold is not None:
+        check_probability(found, "threshold", threshold)
     before = len(found)
     check_one_to_one(found, "one_to_one", one_to_one)
-    if len(found) == before and one_to_one and model is None:
-        found.append("`one_to_one` decides among a model's matches: give "
-                     "model=\"fellegi-sunter\"")
+    model_problems(found, model=model, mode=mode, cardinality=cardinality,
+                   one_to_one=one_to_one if len(found) == before else None,
+                   threshold=threshold,
+                   on=on_cols if model is not None and not field_specs else None)
     check_choice(found, "view", view, ("operator", "primary"))
     if not isinstance(charts, bool):
         found.append(f"`charts` must be true or false, got {charts!r}")
@@ -272,9 +339,9 @@ def _from_options(*, on: Any = None, secondary_on: Any = None, metric: str | Non
               ReadOptions(delimiter=secondary_delimiter or delimiter,
                           encoding=secondary_encoding or encoding, decimal=decimal)),
         out=target, overwrite=overwrite, parts=parts, stream=stream, chunk_rows=chunk_rows,
-        model=model, threshold=threshold,
-        one_to_one="optimal" if one_to_one is True else one_to_one or None, view=view,
-        charts=charts)
+        model=model, threshold=0.5 if threshold is None else threshold,
+        one_to_one="optimal" if one_to_one is True else one_to_one or None,
+        cardinality=cardinality, view=view, charts=charts)
 
 
 def _warn_column_order(on: Sequence[str] | None, secondary_on: Sequence[str] | None,

@@ -72,9 +72,11 @@ def write_stream(ctx: LinkContext) -> LinkContext:
     s = ctx.settings
     if s.out is None:  # pragma: no cover - a streamed link needs `out` (the read stage's)
         raise RuntimeError("a streamed link needs `out`")
-    names = ("primary_index", "secondary_index", "rank", "distance", "similarity")
+    # the primary's view leaves out the coordinator's exact distance, as in memory
+    names = tuple(c for c in ("primary_index", "secondary_index", "rank", "distance",
+                              "similarity") if s.view == "operator" or c != "distance")
     with ColumnSink(s.out, rows=ctx.rows, parts=s.parts,
-                    metadata=links_metadata(names)) as sink:
+                    metadata=links_metadata(names, s.view)) as sink:
         for columns in ctx.chunks:
             sink.write(columns)
     return ctx
