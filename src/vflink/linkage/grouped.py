@@ -24,7 +24,9 @@ indices.
 
 A group whose radius holds too many candidates (a group spread over a sparse region, or an
 outlier among its queries) is searched again query by query (``G = 1``: ``h = 0``, the radius
-is the query's own K-th distance).
+is the query's own K-th distance); a query whose own radius still holds more than 64·K points
+(thousands tied at its K-th distance) takes cKDTree's query, whose distances are the same but
+whose choice among the points tied at the K-th distance is its own.
 """
 
 from __future__ import annotations
@@ -51,6 +53,9 @@ FloatArray = npt.NDArray[np.float64]
 GROUP = 64
 #: A group with more candidates than this many per top-K (times K) is searched query by query.
 _SPLIT_FACTOR = 12
+#: A query alone with more candidates than this many per top-K (times K), all within its own
+#: K-th distance (points tied there by the thousand), takes cKDTree's query instead.
+_TIED_FACTOR = 64
 #: Squared distances computed per batch of groups (float64: 512 kB, within a core's L2 cache:
 #: 8 MB batches took 1.6 times the CPU), bounding memory per thread too.
 _BATCH_PAIRS = 1 << 16
@@ -152,8 +157,22 @@ def grouped_knn(query: FloatArray, base: FloatArray, k: int, tree: Any, *,
     split = _search(query, np.arange(n, dtype=np.int64), base, k, tree, workers, group,
                     dist, idx)
     if split.size:  # groups too spread to share candidates: each query its own group
-        _search(query, split, base, k, tree, workers, 1, dist, idx)
+        rest = _search(query, split, base, k, tree, workers, 1, dist, idx)
+        if rest.size:  # thousands of points tied at a query's K-th distance
+            _heap(query, rest, k, tree, workers, dist, idx)
     return dist, idx
+
+
+def _heap(query: FloatArray, rows: IntArray, k: int, tree: Any, workers: int,
+          dist: FloatArray, idx: IntArray) -> None:
+    """cKDTree's own query for ``rows``, each row ordered by (distance, index): the same
+    distances; which of the points tied at the K-th distance it returns is the tree's."""
+    got_d, got_i = tree.query(query[rows], k=k, workers=workers)
+    got_d = np.asarray(got_d, dtype=np.float64).reshape(len(rows), k)
+    got_i = np.asarray(got_i, dtype=np.int64).reshape(len(rows), k)
+    order = np.lexsort((got_i, got_d), axis=-1)
+    dist[rows] = np.take_along_axis(got_d, order, 1)
+    idx[rows] = np.take_along_axis(got_i, order, 1)
 
 
 def _search(query: FloatArray, rows: IntArray, base: FloatArray, k: int, tree: Any,
@@ -170,7 +189,7 @@ def _search(query: FloatArray, rows: IntArray, base: FloatArray, k: int, tree: A
     counts = np.asarray(tree.query_ball_point(centre, radius, workers=workers,
                                               return_length=True), dtype=np.int64)
     counts = np.maximum(counts, k)  # the K nearest of c are within the radius: never fewer
-    limit = base.shape[0] if g == 1 else min(base.shape[0], _SPLIT_FACTOR * k)
+    limit = min(base.shape[0], (_TIED_FACTOR if g == 1 else _SPLIT_FACTOR) * k)
     spread = counts > limit
     # widths in steps of an eighth (at least 16), so that a batch shares one candidate count
     step = np.maximum(16, 1 << np.maximum(0, np.ceil(np.log2(counts)).astype(np.int64) - 3))

@@ -8,7 +8,9 @@ convention 8); tests run both and compare distances (indices may differ on ties)
 metric         accelerated (``mode="exact"``)           ``mode="approximate"``
 =============  ======================================  ==========================================
 euclidean      faiss ``IndexFlatL2``; scipy ``cKDTree``  faiss ``IndexIVFFlat``
-               when d ≤ 4 (``dense_index="auto"``)
+               when d ≤ 4 (``dense_index="auto"``),
+               queries in groups for K ≥ 16
+               (:mod:`.grouped`)
 haversine      the same on 3-D unit vectors (chord is   faiss ``IndexIVFFlat`` on unit vectors
                monotone in the great-circle
                distance), then km

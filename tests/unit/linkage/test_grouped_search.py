@@ -99,3 +99,13 @@ def test_the_search_uses_it_for_many_neighbours() -> None:
     got = search_haversine(ll_p, ll_s, 20)
     want = brute_haversine(ll_p, ll_s, 20)
     np.testing.assert_allclose(got.distances, want.distances, rtol=1e-9)
+
+
+def test_thousands_of_ties_take_the_trees_query() -> None:
+    """Every secondary point at one place: each query's radius holds all of them; the
+    distances are still the brute force's."""
+    s = np.zeros((700, 2))
+    p = np.random.default_rng(7).uniform(-1, 1, (40, 2))
+    dist, idx = grouped_knn(p, s, 5, cKDTree(s), group=8)
+    np.testing.assert_array_equal(dist, _canonical(p, s, 5)[0])
+    assert (np.diff(idx, axis=1) > 0).all()  # ties ordered by index
