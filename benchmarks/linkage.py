@@ -39,7 +39,13 @@ Whole-process and real-table cases:
               top-K, and seconds, against the exact raw search; "gps-exact" searches the
               filters exactly
 
-Usage: python benchmarks/linkage.py [--case a|b|b-exact|c|cli|fields|gps|gps-exact|all]
+Search kernels:
+  grouped     the exact grouped k-d tree search (vflink.linkage.grouped) against
+              cKDTree(secondary).query(primary, k) at house scale, alternately in this process,
+              --repeat times on one and on --threads threads: the best and median wall and CPU
+              seconds of each and their ratio, and whether every distance and index agrees
+
+Usage: python benchmarks/linkage.py [--case a|b|b-exact|c|cli|fields|gps|gps-exact|grouped|all]
            [--scale 0.1] [--threads 2]
 """
 
@@ -48,6 +54,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import resource
 import subprocess
 import sys
@@ -73,7 +80,7 @@ from vflink.linkage import (
 SECRET = b"benchmark-secret-shared-by-P-and-S"
 #: The cases ``--case all`` runs, one subprocess each.
 CASES = ("a", "a-flat", "b", "b-exact", "c", "c-blocking", "cli", "cli-privacy-off", "fields",
-         "gps")
+         "gps", "grouped")
 
 
 def house_points(scale: float, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -266,7 +273,6 @@ def link_process(p: np.ndarray, s: np.ndarray, *, metric: str, k: int, threads: 
     """Run ``vflink link`` on (lat, lon) tables ``p`` and ``s`` as its own process: wall
     seconds (imports and output included), its summary, the links (``read_links``) and the
     output's size in bytes."""
-    import os
     import tempfile
     from pathlib import Path
 
@@ -332,7 +338,6 @@ print(json.dumps({"wall": wall, "kd": kd, "links": n,
 
 def _timed_process(cmd: Sequence[str], env: dict[str, str]) -> tuple[float, int, str]:
     """Run ``cmd``: its wall seconds, its own peak RSS (bytes, from wait4) and its stdout."""
-    import os
     import tempfile
 
     with tempfile.TemporaryFile() as out:
@@ -361,7 +366,6 @@ def case_command(threads: int, k: int, sizes: Sequence[str], repeat: int) -> Non
     process, just after), ``repeat`` times: the median and range of each, of their ratio,
     the process's own peak RSS (wait4), each stage's seconds from the summary, and the links
     the file holds."""
-    import os
     import tempfile
     from pathlib import Path
 
@@ -432,6 +436,39 @@ def case_command(threads: int, k: int, sizes: Sequence[str], repeat: int) -> Non
                 "load_average_1min": _spread(load), "cpus": os.cpu_count(),
                 "baseline": "scipy cKDTree(secondary).query(primary, k, workers=2), same run",
             }), flush=True)
+
+
+def case_grouped(scale: float, threads: int, k: int, repeat: int) -> None:
+    """The grouped search against cKDTree's query on the same points, alternately."""
+    from scipy.spatial import cKDTree
+
+    from vflink.linkage.grouped import grouped_knn
+
+    p, s = house_points(scale)
+    for workers in sorted({1, threads}):
+        times: dict[str, list[tuple[float, float]]] = {"grouped": [], "kd_tree": []}
+        same = True
+        for _ in range(repeat):
+            w, c = time.perf_counter(), time.process_time()
+            got_d, got_i = grouped_knn(p, s, k, cKDTree(s), threads=workers)
+            times["grouped"].append((time.perf_counter() - w, time.process_time() - c))
+            w, c = time.perf_counter(), time.process_time()
+            kd_d, kd_i = cKDTree(s).query(p, k=k, workers=workers)
+            times["kd_tree"].append((time.perf_counter() - w, time.process_time() - c))
+            distinct = (np.diff(kd_d, axis=1) > 0).all(axis=1)  # rows without ties
+            same = same and bool((got_d == kd_d).all()) and bool(
+                (got_i[distinct] == kd_i[distinct]).all())
+        out = {name: {"wall": _spread([t[0] for t in v]), "cpu": _spread([t[1] for t in v])}
+               for name, v in times.items()}
+        report("grouped", n_primary=len(p), n_secondary=len(s), k=k, threads=workers,
+               repeats=repeat, **out,
+               cpu_ratio_best=round(out["kd_tree"]["cpu"]["min"] / out["grouped"]["cpu"]["min"],
+                                    2),
+               wall_ratio_best=round(out["kd_tree"]["wall"]["min"]
+                                     / out["grouped"]["wall"]["min"], 2),
+               same_distances_and_untied_indices=same,
+               load_average_1min=round(os.getloadavg()[0], 2),
+               baseline="scipy cKDTree(secondary).query(primary, k, workers), same process")
 
 
 def case_fields(scale: float) -> None:
@@ -562,7 +599,7 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=None, help="K (default 100 for a/b, 10 for c)")
     ap.add_argument("--sizes", default="1e4,1e5,house",
                     help="the command case's sizes: 1e4, 1e5, house (comma-separated)")
-    ap.add_argument("--repeat", type=int, default=3, help="the command case's repeats")
+    ap.add_argument("--repeat", type=int, default=3, help="the command and grouped cases' repeats")
     args = ap.parse_args()
     if args.case == "all":
         # One subprocess per case so peak RSS is per case.
@@ -581,6 +618,8 @@ def main() -> None:
                  "off" if args.case == "cli-privacy-off" else None)
     elif args.case == "fields":
         case_fields(args.scale)
+    elif args.case == "grouped":
+        case_grouped(args.scale, args.threads, args.k or 100, args.repeat)
     elif args.case in ("gps", "gps-exact"):
         case_gps(args.scale, args.threads, args.k or 10,
                  "exact" if args.case == "gps-exact" else "auto")

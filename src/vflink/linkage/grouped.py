@@ -5,8 +5,9 @@ faster): that query walks the tree and keeps a heap of K once per query, which f
 (FedSim's K = 100) costs about 13 µs a query on one core. Queries near one another share
 almost all their candidates, so here a group of them is answered at once with numpy's
 vectorised arithmetic and SIMD sort: at FedSim's house scale (141,050 × 27,827 2-D points,
-K = 100) this took 1.7-1.9 times less CPU than ``cKDTree.query`` (the best of six runs each,
-one and two threads, on a shared 2-core machine). The tree is still scipy's: it finds each
+K = 100) this took 1.7 times less CPU than ``cKDTree.query``, and 2.1 times less wall time
+on two threads (the best of five runs each, alternately, on a shared 2-core machine:
+``benchmarks/linkage.py --case grouped``). The tree is still scipy's: it finds each
 group's candidates.
 
 The bound (the triangle inequality). Cut the queries into compact groups (the leaves of a
@@ -48,8 +49,8 @@ FloatArray = npt.NDArray[np.float64]
 
 #: Queries per group at most (the leaf size of the queries' balanced k-d tree: its leaves hold
 #: between half and all of it). At FedSim's house scale (K = 100) groups of about 35 (64)
-#: drew about 275 candidates per query and took 1.8 times less CPU than cKDTree's query;
-#: about 17 (32) drew 207 but searched twice as many centres, for the same time.
+#: drew about 275 candidates per query; about 17 (32) drew 207 but searched twice as many
+#: centres, for about the same CPU.
 GROUP = 64
 #: A group with more candidates than this many per top-K (times K) is searched query by query.
 _SPLIT_FACTOR = 12

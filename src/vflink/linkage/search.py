@@ -105,7 +105,7 @@ Identifiers = Any  # float (n, d) array, packed uint8 (n, B) array, or a sequenc
 _BRUTE_BUDGET = 128 * 2**20
 #: The exact k-d tree search answers queries in groups (:mod:`vflink.linkage.grouped`) from
 #: this K on; below it cKDTree's own query, whose heap of K is cheap for few neighbours (the
-#: grouped search was measured at K = 100 only: 1.7-1.9 times less CPU).
+#: grouped search was measured at K = 100 only: 1.7 times less CPU).
 GROUPED_FROM_K = 16
 #: Search modes: ``auto`` is exact except for large Hamming searches (see the module docstring).
 SEARCH_MODES = ("auto", "exact", "approximate")
