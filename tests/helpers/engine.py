@@ -12,6 +12,7 @@ cleanup) run on both transports in the default suite; the real engine's tests ca
 
 from __future__ import annotations
 
+import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -39,6 +40,7 @@ def fake_engine(monkeypatch: pytest.MonkeyPatch, *, behaviour: str = "") -> Iter
     from vflink.parties import setengine
 
     monkeypatch.setattr(engine_module, "CHILD", FAKE_CHILD)
+    monkeypatch.setattr(engine_module, "engine_python", lambda: sys.executable)
     monkeypatch.setattr(engine_module, "engine_missing", lambda: None)
     monkeypatch.setattr(setengine, "engine_missing", lambda: None)
     monkeypatch.setenv("VFLINK_FAKE_ENGINE", behaviour)

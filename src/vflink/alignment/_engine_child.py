@@ -1,6 +1,7 @@
 """The PSI engine's child process (see :mod:`vflink.alignment.engine`).
 
-Run by path (``python -P -s _engine_child.py job.json``) in a folder of the party's spool, with
+Run by path (``python -I _engine_child.py job.json``, by this or another environment's
+interpreter: ``$VFLINK_PSI_PYTHON``) in a folder of the party's spool, with
 ``TMPDIR`` inside it: it imports ``spu`` and nothing of vflink (no torch, no numpy 2), dies with
 its parent (``PR_SET_PDEATHSIG``), runs one ``psi_execute`` on the link the job describes, and
 writes ``result.json``: ``ok`` with libpsi's counts and its own timings, or the ``stage`` that

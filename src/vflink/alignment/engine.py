@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import binascii
 import datetime as dt
+import functools
 import hashlib
 import importlib.util
 import json
@@ -83,7 +84,9 @@ __all__ = [
     "EngineTls",
     "check_address",
     "check_protocol",
+    "PYTHON_ENV",
     "engine_missing",
+    "engine_python",
     "keyed_uids",
     "output_digest",
     "read_output",
@@ -118,9 +121,44 @@ def check_protocol(name: str, *, what: str = "protocol") -> str:
     return name
 
 
+#: an interpreter of its own for the engine's child (a Python 3.10/3.11 environment with the
+#: extra installed), where this one cannot hold it (spu pins numpy < 2; vflink runs on numpy 2)
+PYTHON_ENV = "VFLINK_PSI_PYTHON"
+_PROBE = ("import importlib.util, sys; "
+          "sys.exit(0 if importlib.util.find_spec('spu') is not None else 1)")
+
+
+@functools.lru_cache(maxsize=8)
+def _probe(python: str) -> str | None:
+    """Why ``python`` cannot run the engine's child (None: it can import ``spu``)."""
+    path = Path(python)
+    if not path.is_file() or not os.access(path, os.X_OK):
+        return f"${PYTHON_ENV} = {python!r} is not an executable file"
+    try:
+        done = subprocess.run([python, "-I", "-c", _PROBE], stdin=subprocess.DEVNULL,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              timeout=60, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"${PYTHON_ENV} = {python!r} does not run ({exc})"
+    if done.returncode != 0:
+        return (f"${PYTHON_ENV} = {python!r} has no SecretFlow spu: install it there with "
+                f"`{python} -m pip install spu==0.9.5` (Python {PYTHONS} only)")
+    return None
+
+
+def engine_python() -> str:
+    """The interpreter that runs the engine's child: ``$VFLINK_PSI_PYTHON`` when set, else
+    this one (where the extra is installed beside vflink)."""
+    return os.environ.get(PYTHON_ENV) or sys.executable
+
+
 def engine_missing() -> str | None:
     """Why the engine cannot run here (None: it can): the child imports ``spu``, which the
-    base install does not have. Nothing of ``spu`` is imported in this process."""
+    base install does not have, in this interpreter or in ``$VFLINK_PSI_PYTHON``'s. Nothing
+    of ``spu`` is imported in this process."""
+    other = os.environ.get(PYTHON_ENV)
+    if other:
+        return _probe(other)
     try:
         found = importlib.util.find_spec("spu") is not None
     except (ImportError, ValueError):
@@ -129,7 +167,8 @@ def engine_missing() -> str | None:
         return None
     here = f"{sys.version_info.major}.{sys.version_info.minor}"
     return (f"SecretFlow's spu is not installed in this environment (Python {here}): "
-            f"{INSTALL} (its wheels exist for Python {PYTHONS} only)")
+            f"{INSTALL} (its wheels exist for Python {PYTHONS} only, and pin numpy < 2), or "
+            f"point ${PYTHON_ENV} at the python of an environment that has it")
 
 
 def require_engine(protocol: str) -> None:
@@ -413,10 +452,12 @@ class EngineJob:
         self.started = time.monotonic()
         with open(self.log, "ab") as out:
             try:
-                # -P: the script's folder (vflink/alignment, with a psi.py) never shadows an
-                # import; -s: no user site; its own session: a kill takes its `sort`s along
+                # -I: the script's folder (vflink/alignment, with a psi.py) never shadows an
+                # import, no user site, no PYTHON* variables (the child may be another
+                # environment's interpreter: $VFLINK_PSI_PYTHON); its own session: a kill
+                # takes its `sort`s along
                 self.proc = subprocess.Popen(
-                    [sys.executable, "-P", "-s", str(CHILD), str(job)], cwd=self.work, env=env,
+                    [engine_python(), "-I", str(CHILD), str(job)], cwd=self.work, env=env,
                     stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                     start_new_session=True)
             except OSError as exc:
