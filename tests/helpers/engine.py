@@ -12,6 +12,7 @@ cleanup) run on both transports in the default suite; the real engine's tests ca
 
 from __future__ import annotations
 
+import os
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -22,6 +23,7 @@ import pytest
 
 from tests.helpers.network import free_port
 from vflink.alignment import engine as engine_module
+from vflink.alignment._spool import process_alive
 from vflink.alignment.engine import engine_missing
 from vflink.transport.grpc import create_dev_pki
 
@@ -49,13 +51,23 @@ def fake_engine(monkeypatch: pytest.MonkeyPatch, *, behaviour: str = "") -> Iter
         yield
 
 
+def _ours_or_orphaned(workdir: Path) -> bool:
+    """A workdir of this process, or of one that is gone (other jobs on a shared machine run
+    engines of their own, whose workdirs live while they run)."""
+    try:
+        token = (workdir / ".owner").read_text(encoding="ascii")
+    except OSError:
+        return workdir.exists()
+    return token.split()[0] == str(os.getpid()) or not process_alive(token)
+
+
 def leftovers(*folders: Path) -> list[str]:
     """What an engine run may leave behind: trace files in /tmp, engine workdirs in the
     system's temporary directory and in ``folders`` (spools)."""
     tmp = Path("/tmp")
     found = [str(p) for p in tmp.glob("psi_*.trace")]
     found += [str(p) for p in Path(tempfile.gettempdir()).glob("vflink-set-*")
-              if (p / "job.json").exists()]
+              if (p / "job.json").exists() and _ours_or_orphaned(p)]
     for folder in folders:
         if folder.exists():
             found += [str(p) for p in folder.rglob("*") if p.name != ".gitkeep"]

@@ -147,12 +147,30 @@ def test_who_learns_the_intersection(transport: str, tmp_path: Path,
 @pytest.mark.network
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_a_policy_that_refuses_the_protocol(transport: str, tmp_path: Path,
-                                            monkeypatch: pytest.MonkeyPatch) -> None:
+                                            monkeypatch: pytest.MonkeyPatch,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
     tables(tmp_path, n=20)
     with fake_engine(monkeypatch):
         if transport == "grpc":
             with pytest.raises(PolicyViolation) as exc:
                 run(transport, tmp_path, secondary_policy='psi_protocols = ["dh"]')
+            # the command says it in words, and writes nothing
+            pri, sec = engine_party_files(tmp_path, tmp_path / "bank.csv",
+                                          secondary_policy='psi_protocols = ["dh"]')
+            capsys.readouterr()
+            with served_in_threads(sec):
+                code = main(["align", "--method", "psi", "--protocol", "rr22", "--primary",
+                             str(tmp_path / "mine.csv"), "--on", "id", "--out",
+                             str(tmp_path / "cli"), "--party", str(pri)])
+            said = " ".join(capsys.readouterr().err.split())
+            assert code != 0 and "does not run PSI with 'rr22'" in said, said
+            assert "psi_protocols" in said and not (tmp_path / "cli" / "summary.json").exists()
+            # nor does a primary whose own policy refuses it start anything
+            pri.write_text(pri.read_text() + '[policy]\npsi_protocols = ["dh", "kkrt"]\n')
+            with pytest.raises(PolicyViolation, match="party 'primary' does not run PSI"):
+                align_over_network(key_table(tmp_path / "mine.csv", ("id",), name="primary"),
+                                   load_party_config(pri), "bank", method="psi",
+                                   protocol="rr22")
             # the DH PSI still runs with that party
             pri, sec = engine_party_files(tmp_path, tmp_path / "bank.csv",
                                           secondary_policy='psi_protocols = ["dh"]')
@@ -374,13 +392,13 @@ def test_spu_gives_the_dh_pairing(transport: str, protocol: str, tmp_path: Path)
 @pytest.mark.rr22
 @pytest.mark.network
 @needs_spu
-def test_spu_through_the_command_with_party_files(tmp_path: Path) -> None:
+def test_spu_through_the_command_with_party_files(tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
     mine, bank = tables(tmp_path, n=3000)
     pri, sec = engine_party_files(tmp_path, bank)
     with served_in_threads(sec):
         assert main(["align", "--method", "psi", "--protocol", "rr22", "--primary", str(mine),
                      "--on", "id", "--out", str(tmp_path / "cli"), "--party", str(pri)]) == 0
-        # a party whose policy refuses rr22
     (written,) = (tmp_path / "state" / "alignments").glob("psi@*.parquet")
     got = pairs(pd.read_parquet(tmp_path / "cli" / "primary.parquet"), pd.read_parquet(written))
     assert got == dh_pairs(mine, bank)
@@ -391,9 +409,13 @@ def test_spu_through_the_command_with_party_files(tmp_path: Path) -> None:
     refusing = tmp_path / "refusing"
     refusing.mkdir()
     pri, sec = engine_party_files(refusing, bank, secondary_policy='psi_protocols = ["dh"]')
+    capsys.readouterr()
     with served_in_threads(sec):
         assert main(["align", "--method", "psi", "--protocol", "rr22", "--primary", str(mine),
                      "--on", "id", "--out", str(refusing / "cli"), "--party", str(pri)]) != 0
+    said = " ".join(capsys.readouterr().err.split())
+    assert "does not run PSI with 'rr22'" in said and "psi_protocols" in said, said
+    assert leftovers(*spools(refusing)) == []
 
 
 @pytest.mark.rr22
