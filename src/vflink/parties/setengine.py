@@ -103,6 +103,14 @@ def engine_spool_bytes(n_a: int, n_p: int) -> int:
     return int((n_p * 200 + n_a * 40) * 1.25) + (8 << 20)
 
 
+def _link_timeout(settings: EngineSettings, n: int) -> float:
+    """The engine link's receive timeout: the party's deadline, plus the time a party may
+    spend between two messages on its own work over ``n`` records in all (libpsi reads its
+    input and fills its hash buckets before the protocol, at its own pace on each side, while
+    the other waits on the link; its default of 30 s fails a large set on a busy host)."""
+    return settings.deadline_s + n * _PER_KEY_S
+
+
 def _receiver(reveal: str) -> tuple[int, bool]:
     """(the engine's receiving rank, whether it tells the other): the primary is rank 0."""
     return (1, False) if reveal == "secondary" else (0, reveal == "both")
@@ -162,7 +170,7 @@ def drive_engine_psi(driver: SetAlignmentDriver, peer: str, session: str, *, pro
         job = EngineJob(work.path, protocol=protocol, rank=0, receiver=receiver,
                         broadcast=broadcast, parties=[("primary", listen),
                                                       ("secondary", opened.address)],
-                        tls=settings.tls, deadline_s=settings.deadline_s,
+                        tls=settings.tls, deadline_s=_link_timeout(settings, n_a + n_p),
                         connect_s=settings.connect_s, link_id=_link_id(session, uid_key))
         t = time.perf_counter()
         write_input(job.input, driver.keys.batches(driver.chunk_rows), uid_key)
@@ -469,7 +477,8 @@ class EnginePsiPeer:
             job = EngineJob(work.path, protocol=protocol, rank=1, receiver=receiver,
                             broadcast=broadcast, parties=[("primary", message.address),
                                                           ("secondary", listen)],
-                            tls=settings.tls, deadline_s=settings.deadline_s,
+                            tls=settings.tls,
+                            deadline_s=_link_timeout(settings, message.n_a + n_own),
                             connect_s=settings.connect_s,
                             link_id=_link_id(name, message.uid_key))
         except BaseException as exc:
