@@ -280,6 +280,36 @@ def test_without_the_extra_the_install_command_is_named(tmp_path: Path,
                          method="psu", protocol="rr22")
 
 
+def test_the_api_and_the_command_run_the_engine(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    import vflink
+
+    mine, bank = tables(tmp_path, n=60)
+    with fake_engine(monkeypatch):
+        got = vflink.align(mine, bank, on="id", method="psi", protocol="kkrt",
+                           out=tmp_path / "api")
+    assert set(zip(got.pairs["primary_row"], got.pairs["secondary_row"])) == \
+        dh_pairs(mine, bank)
+    assert got.summary["protocol"] == "kkrt"
+    assert got.summary["engine"]["security"] == "semi-honest"
+    written = json.loads((tmp_path / "api" / "summary.json").read_text())
+    assert written["engine"]["protocol"] == "kkrt"
+    # the command: its own time, and the share of it outside the protocol
+    with fake_engine(monkeypatch):
+        assert main(["align", "--method", "psi", "--protocol", "rr22", "--primary", str(mine),
+                     "--secondary", str(bank), "--on", "id", "--out",
+                     str(tmp_path / "cli")]) == 0
+    summary = json.loads((tmp_path / "cli" / "summary.json").read_text())
+    assert summary["command_seconds"] > 0 and "crypto_bound" not in summary
+    engine = summary["engine"]
+    assert 0 <= engine["outside_protocol_share"] <= 1
+    assert set(engine["outside_protocol"]) == {"csv", "buckets_and_sorting", "engine_start",
+                                               "other"}
+    cli = pd.read_parquet(tmp_path / "cli" / "primary.parquet")
+    assert sorted(cli["row"]) == sorted(got.primary["row"])
+    assert leftovers() == []
+
+
 def test_the_session_declaration_orders_the_engine_messages(tmp_path: Path) -> None:
     """No status or result before the session opened; nothing after it finished."""
     hub = InProcessHub()
