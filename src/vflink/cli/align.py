@@ -15,7 +15,7 @@ __all__ = ["register", "run"]
 
 HELP = """Align two tables on exact key column(s) without revealing more than the protocol's
 output. Keys are read as text and hashed to a prime-order group; only shuffled lists of blinded
-group elements cross between the parties.
+group elements cross between the parties (with --protocol rr22|kkrt: the engine's own messages).
 
   psu  private set union (FLORIST Algorithm 1): both parties get the sorted list of universal
        IDs (UIDs) of the union and a UID for each of their own records; neither learns which
@@ -24,11 +24,13 @@ group elements cross between the parties.
        (--reveal both|primary|secondary), or only its size (--reveal cardinality, dh only).
        --protocol dh (default): vflink's ECDH PSI, whose answers carry proofs against a
        deviating primary. --protocol rr22 or kkrt: OT-extension PSI (RR22, KKRT16) through
-       SecretFlow's spu, an optional extra (pip install 'vflink[rr22]', Python 3.10/3.11),
-       an order of magnitude faster, secure against a semi-honest peer only. The peers agree
-       on it in their authenticated session (a party's policy.psi_protocols may refuse it),
-       then the engine runs its own link between the [psi] addresses of their party files,
-       with mutual TLS from the same certificates; its files stay in the party's spool.
+       SecretFlow's spu, an optional extra (pip install 'vflink[rr22]', Python 3.10/3.11;
+       or $VFLINK_PSI_PYTHON naming the python of an environment with spu==0.9.5, where the
+       engine's child process runs), an order of magnitude faster, secure against a
+       semi-honest peer only. The peers agree on it in their authenticated session (a
+       party's policy.psi_protocols may refuse it), then the engine runs its own link
+       between the [psi] addresses of their party files, with mutual TLS from the same
+       certificates; its files stay in the party's spool and are removed after the run.
 
 Writes OUT/primary.parquet and OUT/secondary.parquet (columns `row`, the 0-based row position
 in the input, and `uid`, hex; for psi only the intersection rows) and OUT/summary.json (sizes,
