@@ -34,6 +34,7 @@ from vflink.cli.main import main
 from vflink.errors import ConfigError, PolicyViolation, ProtocolError, VflinkError
 from vflink.parties import SecondaryParty
 from vflink.parties.setalign import SetAlignmentDriver
+from vflink.parties.setengine import drive_engine_psi
 from vflink.protocol.messages import Ack, EnginePsiResult, EnginePsiStatus
 from vflink.runfiles.party import load_party_config
 from vflink.runner.align import AlignOutcome, align_in_process, align_over_network, key_table
@@ -189,8 +190,8 @@ def test_a_policy_that_refuses_the_protocol(transport: str, tmp_path: Path,
             driver = SetAlignmentDriver([b"a", b"b"], hub.channel("primary"),
                                         _group())
             with pytest.raises(PolicyViolation) as exc:
-                driver.engine_psi("bank", "psi@t", protocol="rr22", settings=EngineSettings(),
-                                  key_columns=1)
+                drive_engine_psi(driver, "bank", "psi@t", protocol="rr22", reveal="both",
+                                 settings=EngineSettings(), key_columns=1)
     text = str(exc.value)
     assert "does not run PSI with 'rr22'" in text and "psi_protocols" in text
     assert "[policy.psi-protocol]" in text

@@ -43,7 +43,7 @@ from vflink.alignment._spool import (
     shuffle,
     sweep_stale,
 )
-from vflink.alignment.engine import UID_BYTES, EngineSettings
+from vflink.alignment.engine import UID_BYTES
 from vflink.alignment.groups import Elements, Group, get_group
 from vflink.alignment.protocols import ENGINE_PROTOCOLS
 from vflink.data.table import PartyTable
@@ -632,17 +632,6 @@ class SetAlignmentDriver:
                                 session=session, path=self.out, limits=self._limits(opened))
         return dataclasses.replace(_psi_output(g, found, sizes), session=session,
                                    limits=self._limits(opened))
-
-    def engine_psi(self, peer: str, session: str, *, protocol: str, reveal: str = "both",
-                   settings: EngineSettings, key_columns: int) -> SetAlignment:
-        """PSI with ``peer`` through the engine's ``protocol`` (``rr22``, ``kkrt``), agreed
-        and followed through this party's session with it (:mod:`vflink.parties.setengine`);
-        ``settings``: this party's own engine link. Semi-honest only: against a deviating
-        primary the DH PSI (:meth:`psi`) is the choice."""
-        from vflink.parties.setengine import drive_engine_psi
-
-        return drive_engine_psi(self, peer, session, protocol=protocol, reveal=reveal,
-                                settings=settings, key_columns=key_columns)
 
     def fetch_rows(self, peer: str, session: str) -> AlignmentView:
         """After PSI with ``reveal="both"``: the peer's intersection rows in UID order (what

@@ -42,6 +42,7 @@ from vflink.parties.setalign import (
     SetAlignmentDriver,
     write_set_alignment,
 )
+from vflink.parties.setengine import drive_engine_psi
 from vflink.protocol.channel import Channel
 from vflink.protocol.sessions import new_session_name
 from vflink.runfiles.party import PartyConfig
@@ -385,8 +386,8 @@ def run_set_alignment(keys: Sequence[bytes] | KeyBatches, channel: Channel, peer
         if engine is None:
             raise ConfigError(f"protocol {protocol!r} needs this party's engine link "
                               "(a [psi] section with `listen` in its party file)")
-        return driver.engine_psi(peer, name, protocol=protocol, reveal=reveal,
-                                 settings=engine, key_columns=key_columns), 0
+        return drive_engine_psi(driver, peer, name, protocol=protocol, reveal=reveal,
+                                settings=engine, key_columns=key_columns), 0
     mine = driver.psu(peer, name) if method == "psu" else driver.psi(peer, name, reveal=reveal)
     return mine, g.operations
 

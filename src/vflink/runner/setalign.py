@@ -36,6 +36,7 @@ from vflink.data.table import PartyTable
 from vflink.errors import ConfigError
 from vflink.parties import SecondaryParty
 from vflink.parties.setalign import SetAlignment, SetAlignmentDriver, pair_by_uid
+from vflink.parties.setengine import drive_engine_psi
 from vflink.parties.union import uid_rows
 from vflink.protocol.channel import Channel
 from vflink.protocol.sessions import new_session_name
@@ -76,8 +77,8 @@ def psi_alignments(inputs: Inputs, federation: Federation, config: RunConfig,
         driver = SetAlignmentDriver(keys, federation.channel, group_of(config))
         session = session or new_session_name("psi")  # finished sessions are immutable
         if engine is not None:  # RR22/KKRT through the engine, agreed in the session
-            mine = driver.engine_psi(name, session, protocol=protocol, reveal="both",
-                                     settings=engine, key_columns=len(primary.schema.key))
+            mine = drive_engine_psi(driver, name, session, protocol=protocol, reveal="both",
+                                    settings=engine, key_columns=len(primary.schema.key))
         else:
             mine = driver.psi(name, session=session, reveal="both")
         view = driver.fetch_rows(name, session)
