@@ -276,26 +276,57 @@ def keyed_uids(keys: Sequence[bytes], uid_key: bytes) -> Elements:
     the engine and keeps as the record's UID."""
     if len(uid_key) != 32:
         raise ProtocolError("the engine's UID key must be 32 bytes")
-    raw = b"".join(hashlib.blake2b(k, digest_size=UID_BYTES, key=uid_key,
-                                   person=_PERSON).digest() for k in keys)
+    # one keyed state copied per key: the key block is compressed once, not once per key
+    base = hashlib.blake2b(digest_size=UID_BYTES, key=uid_key, person=_PERSON)
+
+    def one(k: bytes) -> bytes:
+        h = base.copy()
+        h.update(k)
+        return h.digest()
+
+    raw = b"".join(map(one, keys))
     return np.frombuffer(raw, dtype=np.uint8).reshape(len(keys), UID_BYTES)
+
+
+#: a UID's text in the engine's files: ``u`` and 32 hex digits (never read as a number, which
+#: an all-digit or ``1e5``-shaped hex string could be)
+_UID_PREFIX = "u"
+_HEX = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
+
+
+def _lines(uids: Elements, start: int) -> bytes:
+    """``u<hex UID>,<row>\n`` for rows ``start, start+1, ...``, built as one array (rows
+    zero-padded to the batch's widest)."""
+    n = len(uids)
+    digits = len(str(max(start + n - 1, 0)))
+    hex_end = 1 + 2 * UID_BYTES
+    out = np.empty((n, hex_end + 1 + digits + 1), dtype=np.uint8)
+    out[:, 0] = ord(_UID_PREFIX)
+    out[:, 1:hex_end:2] = _HEX[uids >> 4]
+    out[:, 2:hex_end:2] = _HEX[uids & 15]
+    out[:, hex_end] = ord(",")
+    rows = np.arange(start, start + n, dtype=np.int64)
+    for d in range(digits - 1, -1, -1):
+        out[:, hex_end + 1 + d] = 48 + rows % 10
+        rows //= 10
+    out[:, -1] = ord("\n")
+    return out.tobytes()
 
 
 def write_input(path: Path, batches: Iterable[Sequence[bytes]], uid_key: bytes,
                 *, who: str = "table") -> int:
-    """The engine's input CSV (``key``: hex UID, ``row``: the record's row) from canonical
-    key batches in row order; returns the number of rows. Keys must be unique (the engine is
-    told they are): a repeated one is refused naming its row, as the DH PSI refuses it."""
+    """The engine's input CSV (``key``: the UID's text, ``row``: the record's row) from
+    canonical key batches in row order; returns the number of rows. Keys must be unique (the
+    engine is told they are): a repeated one is refused naming its row, as the DH PSI refuses
+    it."""
     n = 0
-    w = 2 * UID_BYTES
     heads: list[npt.NDArray[np.uint64]] = []
-    with open(path, "w", encoding="ascii", newline="\n") as fh:
-        fh.write("key,row\n")
+    with open(path, "wb") as fh:
+        fh.write(b"key,row\n")
         for batch in batches:
             uids = keyed_uids(batch, uid_key)
             heads.append(uids[:, :8].copy().view(">u8").ravel().astype(np.uint64))
-            hexed = binascii.hexlify(uids.tobytes()).decode("ascii")
-            fh.write("".join(f"{hexed[i * w:(i + 1) * w]},{n + i}\n" for i in range(len(batch))))
+            fh.write(_lines(uids, n))
             n += len(batch)
     _refuse_repeats(heads, path, who)
     return n
@@ -311,9 +342,12 @@ def _refuse_repeats(heads: list[npt.NDArray[np.uint64]], path: Path, who: str) -
     same = np.flatnonzero(head[order][1:] == head[order][:-1])
     if len(same) == 0:
         return
+    import pyarrow as pa
     import pyarrow.csv as pacsv
 
-    table = pacsv.read_csv(path)  # rare: only when 64-bit prefixes collide
+    # rare: only when 64-bit prefixes collide
+    table = pacsv.read_csv(path, convert_options=pacsv.ConvertOptions(
+        column_types={"key": pa.string(), "row": pa.int64()}))
     keys = table.column("key").to_pylist()
     later = [int(max(order[i], order[i + 1])) for i in same
              if keys[int(order[i])] == keys[int(order[i + 1])]]
@@ -345,13 +379,15 @@ def read_output(path: Path, n_rows: int, *, batch_bytes: int = 1 << 24
     for batch in reader:
         rows = batch.column("row").to_numpy(zero_copy_only=False).astype(np.int64)
         keys = batch.column("key").to_pylist()
+        width = 1 + 2 * UID_BYTES
+        if any(not isinstance(k, str) or len(k) != width or k[0] != _UID_PREFIX
+               for k in keys):
+            raise EngineFailed("output", "the engine's output holds a key that is not a UID")
         try:
-            raw = binascii.unhexlify("".join(keys))
+            raw = binascii.unhexlify("".join(k[1:] for k in keys))
         except (TypeError, binascii.Error):
             raise EngineFailed("output", "the engine's output holds a key that is not a UID"
                                ) from None
-        if len(raw) != len(rows) * UID_BYTES or any(len(k) != 2 * UID_BYTES for k in keys):
-            raise EngineFailed("output", "the engine's output holds a key that is not a UID")
         if len(rows) and (rows[0] <= last or (len(rows) > 1 and np.any(np.diff(rows) <= 0))
                           or rows[-1] >= n_rows):
             raise EngineFailed("output", "the engine's output rows are not ascending rows of "
