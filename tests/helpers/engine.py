@@ -65,7 +65,7 @@ def leftovers(*folders: Path) -> list[str]:
     """What an engine run may leave behind: trace files in /tmp, engine workdirs in the
     system's temporary directory and in ``folders`` (spools)."""
     tmp = Path("/tmp")
-    found = [str(p) for p in tmp.glob("psi_*.trace")]
+    found = [str(p) for p in tmp.glob("psi_*")]  # traces and temporary folders
     found += [str(p) for p in Path(tempfile.gettempdir()).glob("vflink-set-*")
               if (p / "job.json").exists() and _ours_or_orphaned(p)]
     for folder in folders:
