@@ -116,10 +116,11 @@ class _Sampler:
         return self.peak
 
 
-def party_files(work: Path, secondary: Path) -> tuple[Path, Path]:
+def party_files(work: Path, secondary: Path, n: int = 0) -> tuple[Path, Path]:
     """A primary and a served secondary ``bank`` on loopback with mutual TLS, each with its
     own engine link (``[psi]``); the primary has no state directory: its engine's spool is the
-    system's temporary directory, which must be left clean."""
+    system's temporary directory, which must be left clean. Above the default policy's 2·10^6
+    records per list, the secondary's policy admits ``n``."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
     from vflink.transport.grpc import create_dev_pki
 
@@ -134,7 +135,9 @@ def party_files(work: Path, secondary: Path) -> tuple[Path, Path]:
         f'listen = "127.0.0.1:{port}"\nstate_dir = "{work / "state"}"\ndeadline_s = 600\n'
         f'[party.table]\npath = "{secondary}"\nkey = ["id"]\n{coord}'
         f'[security]\ntls_dir = "{certs}"\nallowed = ["primary"]\n'
-        f'[psi]\nlisten = "127.0.0.1:{_free_port()}"\n')
+        f'[psi]\nlisten = "127.0.0.1:{_free_port()}"\n'
+        + (f'[policy]\nmax_set_elements = {n}\nmax_set_guesses = {2 * n}\n'
+           if n > 2_000_000 else ""))
     pri = work / "primary.toml"
     pri.write_text(
         f'version = 1\n[party]\nname = "primary"\nrole = "primary"\ndeadline_s = 600\n'
@@ -201,7 +204,7 @@ def one_case(protocol: str, n: int, form: str, case: Path) -> dict[str, Any]:
     if form == "party":
         shutil.rmtree(state, ignore_errors=True)
         state.mkdir()
-        pri, sec = party_files(state, case / "b.csv")
+        pri, sec = party_files(state, case / "b.csv", n)
         server = serve(sec, state)
         flags += ["--party", str(pri)]
         sec_cpu0 = _cpu_s(server.pid)
