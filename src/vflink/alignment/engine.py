@@ -146,17 +146,24 @@ def _probe(python: str) -> str | None:
     return None
 
 
+def _named_python() -> str | None:
+    """``$VFLINK_PSI_PYTHON`` as an absolute path (a relative one is relative to where the
+    command runs, not to the engine's folder), or None when unset."""
+    value = os.environ.get(PYTHON_ENV)
+    return os.path.abspath(os.path.expanduser(value)) if value else None
+
+
 def engine_python() -> str:
     """The interpreter that runs the engine's child: ``$VFLINK_PSI_PYTHON`` when set, else
     this one (where the extra is installed beside vflink)."""
-    return os.environ.get(PYTHON_ENV) or sys.executable
+    return _named_python() or sys.executable
 
 
 def engine_missing() -> str | None:
     """Why the engine cannot run here (None: it can): the child imports ``spu``, which the
     base install does not have, in this interpreter or in ``$VFLINK_PSI_PYTHON``'s. Nothing
     of ``spu`` is imported in this process."""
-    other = os.environ.get(PYTHON_ENV)
+    other = _named_python()
     if other:
         return _probe(other)
     try:
