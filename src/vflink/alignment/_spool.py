@@ -19,7 +19,8 @@ is collected. A process killed before that leaves its workdir behind; each workd
 owning process (``.owner``: pid and start time), and :func:`sweep_stale` removes those whose
 owner is gone (a party runs it when it starts and before each protocol). What a workdir holds is
 keyed: the parties spool only elements blinded with the session's secret exponents, which live
-in memory and die with the process, never the unblinded hash of a record's key.
+in memory and die with the process, never the unblinded hash of a record's key (the PSI engine's
+input holds keys hashed under a key agreed per session: :mod:`vflink.alignment.engine`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -40,14 +42,47 @@ import numpy.typing as npt
 from vflink.alignment.groups import Elements
 from vflink.randomness import secret_generator
 
-__all__ = ["Buckets", "RowOrder", "Spool", "Workdir", "process_alive", "process_token", "shuffle",
-           "sweep_stale"]
+__all__ = ["ENGINE_LOG", "Buckets", "RowOrder", "Spool", "Workdir", "process_alive",
+           "process_token", "remove_engine_traces", "shuffle", "sweep_stale"]
 
 log = logging.getLogger(__name__)
 
 #: Prefix of every workdir (what :func:`sweep_stale` looks for).
 PREFIX = "vflink-set-"
 _OWNER = ".owner"
+#: The PSI engine's log in its workdir (:mod:`vflink.alignment.engine`): it names the trace
+#: file libpsi writes outside the spool, ``/tmp/psi_<random>.trace``
+ENGINE_LOG = "engine.log"
+_TRACE = re.compile(rb"Trace has been written to (/tmp/psi_[A-Za-z0-9_-]{1,64}\.trace)")
+
+
+def remove_engine_traces(folder: Path) -> int:
+    """Remove the trace files the engine's log in ``folder`` (or a folder below it) names,
+    where this user owns them; returns how many. libpsi writes its trace to ``/tmp`` whatever
+    ``TMPDIR`` says, so the engine's child, its parent and the sweeper of a stale spool each
+    remove it (whoever comes first)."""
+    removed = 0
+    try:
+        logs = [p for p in Path(folder).glob(f"**/{ENGINE_LOG}") if p.is_file()]
+    except OSError:
+        return 0
+    uid = os.getuid() if hasattr(os, "getuid") else None
+    for log_path in logs:
+        try:
+            with open(log_path, "rb") as fh:
+                text = fh.read(8 << 20)
+        except OSError:
+            continue
+        for raw in set(_TRACE.findall(text)):
+            path = Path(raw.decode("ascii"))
+            try:
+                st = path.lstat()
+                if uid is None or st.st_uid == uid:
+                    path.unlink()
+                    removed += 1
+            except OSError:
+                continue
+    return removed
 
 
 def _started(pid: int) -> str | None:
@@ -119,6 +154,7 @@ def sweep_stale(parent: Path | None = None) -> int:
             continue
         if not owner and time.time() - st.st_mtime < _UNOWNED_GRACE_S:
             continue
+        remove_engine_traces(path)  # a killed engine's trace, named in its log
         shutil.rmtree(path, ignore_errors=True)
         removed += 1
     if removed:
@@ -145,6 +181,11 @@ def _append_by_bucket(path: Path, count: npt.NDArray[np.int64], ids: npt.NDArray
             fh.write(np.ascontiguousarray(rows[lo:hi], dtype="<i8").tobytes())
         count[b] += hi - lo
 
+def _remove_workdir(path: Path) -> None:
+    remove_engine_traces(path)
+    shutil.rmtree(path, ignore_errors=True)
+
+
 class Workdir:
     """A private temporary directory (mode 0700) removed by :meth:`close`, or at collection."""
 
@@ -153,7 +194,7 @@ class Workdir:
             parent.mkdir(parents=True, exist_ok=True)
         self.path = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
         self._count = 0
-        self._finalizer = weakref.finalize(self, shutil.rmtree, self.path, True)
+        self._finalizer = weakref.finalize(self, _remove_workdir, self.path)
         (self.path / _OWNER).write_text(process_token(), encoding="ascii")
 
     def new(self, name: str) -> Path:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from vflink._checks import check_choice, check_int
+from vflink.alignment.protocols import PSI_PROTOCOLS
 from vflink.data.given import TableLike, columns_arg, read_table
 from vflink.errors import ConfigError
 
@@ -81,7 +82,8 @@ def _key_table(value: Any, argument: str, on: Sequence[str], delimiter: str | No
 
 def align(primary: TableLike, secondary: TableLike, *, on: str | Sequence[str],
           secondary_on: str | Sequence[str] | None = None, method: str = "psu",
-          group: str = "ristretto255", reveal: str = "both", workers: int | None = None,
+          group: str = "ristretto255", reveal: str = "both", protocol: str = "dh",
+          workers: int | None = None,
           seed: int | None = None, delimiter: str | None = None, encoding: str | None = None,
           secondary_delimiter: str | None = None, secondary_encoding: str | None = None,
           out: str | Path | None = None, overwrite: bool = False) -> Matches:
@@ -104,7 +106,13 @@ def align(primary: TableLike, secondary: TableLike, *, on: str | Sequence[str],
     group : {"ristretto255", "modp2048"}, default "ristretto255"
         PSI/PSU: the prime-order group (``modp2048`` is the paper's, ~60x slower).
     reveal : {"both", "primary", "secondary", "cardinality"}, default "both"
-        PSI: who learns the intersection (``cardinality``: only its size).
+        PSI: who learns the intersection (``cardinality``: only its size, ``dh`` only).
+    protocol : {"dh", "rr22", "kkrt"}, default "dh"
+        PSI: vflink's Diffie-Hellman PSI (its answers carry proofs against a deviating
+        primary), or RR22 / KKRT16 through SecretFlow's engine, an optional extra
+        (``pip install 'vflink[rr22]'``, Python 3.10/3.11): an order of magnitude faster,
+        secure against a semi-honest peer only; the summary's ``engine`` entry says what it
+        gives and where its time went.
     workers : int, optional
         PSI/PSU: threads for the exponentiations (default: every core).
     seed : int, optional
@@ -125,7 +133,8 @@ def align(primary: TableLike, secondary: TableLike, *, on: str | Sequence[str],
     Raises
     ------
     ConfigError
-        An unknown method, group or reveal, or an empty ``on``.
+        An unknown method, group, reveal or protocol, an empty ``on``, or an engine protocol
+        where the extra is not installed (the message names the install command).
     DataError
         A key column is missing from a table.
 
@@ -140,6 +149,9 @@ def align(primary: TableLike, secondary: TableLike, *, on: str | Sequence[str],
     check_choice(problems, "method", method, METHODS)
     check_choice(problems, "group", group, ("ristretto255", "modp2048"))
     check_choice(problems, "reveal", reveal, REVEAL)
+    check_choice(problems, "protocol", protocol, PSI_PROTOCOLS)
+    if protocol != "dh" and method != "psi":
+        problems.append(f"`protocol` = {protocol!r} is a PSI protocol: use method=\"psi\"")
     if workers is not None:
         check_int(problems, "workers", workers, min=1)
     if seed is not None:
@@ -163,6 +175,10 @@ def align(primary: TableLike, secondary: TableLike, *, on: str | Sequence[str],
                         f"{len(sec_keys)}; each key column needs a counterpart")
     if problems or keys is None or sec_keys is None:
         raise ConfigError("; ".join(problems), problems)
+    if protocol != "dh":
+        from vflink.alignment.engine import require_engine
+
+        require_engine(protocol)  # the install command, before the tables are read
     target = Path(out) if out is not None else None
     if target is not None and not overwrite:
         for name in ("primary.parquet", "secondary.parquet", "summary.json"):
@@ -186,7 +202,7 @@ def align(primary: TableLike, secondary: TableLike, *, on: str | Sequence[str],
     from vflink.runner.align import align_in_process, write_outcome
 
     outcome = align_in_process(p_table, s_table, method=method, group=group, reveal=reveal,
-                               workers=workers)
+                               workers=workers, protocol=protocol)
     summary = (write_outcome(outcome, target) if target is not None else outcome.summary())
     theirs = outcome.secondary
     return Matches(method, outcome.primary.frame(),

@@ -1,4 +1,5 @@
-"""``vflink align``: private set union (FLORIST Algorithm 1) or ECDH PSI between two tables."""
+"""``vflink align``: private set union (FLORIST Algorithm 1) or PSI (ECDH, or RR22/KKRT through
+the optional engine) between two tables."""
 
 from __future__ import annotations
 
@@ -14,13 +15,22 @@ __all__ = ["register", "run"]
 
 HELP = """Align two tables on exact key column(s) without revealing more than the protocol's
 output. Keys are read as text and hashed to a prime-order group; only shuffled lists of blinded
-group elements cross between the parties.
+group elements cross between the parties (with --protocol rr22|kkrt: the engine's own messages).
 
   psu  private set union (FLORIST Algorithm 1): both parties get the sorted list of universal
        IDs (UIDs) of the union and a UID for each of their own records; neither learns which
        of its records the other holds (only |A|, |B| and |A ∪ B| leak).
-  psi  ECDH private set intersection: the intersection rows and a shared UID for each
-       (--reveal both|primary|secondary), or only its size (--reveal cardinality).
+  psi  private set intersection: the intersection rows and a shared UID for each
+       (--reveal both|primary|secondary), or only its size (--reveal cardinality, dh only).
+       --protocol dh (default): vflink's ECDH PSI, whose answers carry proofs against a
+       deviating primary. --protocol rr22 or kkrt: OT-extension PSI (RR22, KKRT16) through
+       SecretFlow's spu, an optional extra (pip install 'vflink[rr22]', Python 3.10/3.11;
+       or $VFLINK_PSI_PYTHON naming the python of an environment with spu==0.9.5, where the
+       engine's child process runs), an order of magnitude faster, secure against a
+       semi-honest peer only. The peers agree on it in their authenticated session (a
+       party's policy.psi_protocols may refuse it), then the engine runs its own link
+       between the [psi] addresses of their party files, with mutual TLS from the same
+       certificates; its files stay in the party's spool and are removed after the run.
 
 Writes OUT/primary.parquet and OUT/secondary.parquet (columns `row`, the 0-based row position
 in the input, and `uid`, hex; for psi only the intersection rows) and OUT/summary.json (sizes,
@@ -36,6 +46,10 @@ machine's rates. With --party the secondary is not read here: it
 is served elsewhere by `vflink serve` (its party file's [party.table] names its key columns) and
 writes its own output into its state directory.
 
+With an engine protocol the summary has no crypto bound; its `engine` entry says what the run
+gives (semi-honest, what each side learns, the link's addresses) and where the time went: the
+protocol itself against the CSV files, the engine's hash buckets and sorting, and its start.
+
 Keys are read from the files in batches of --chunk-rows (default: [compute] chunk_rows of the
 party file, else 100,000), which is also the protocol's elements per message, and the outputs
 are written as they are computed: memory does not grow with the tables.
@@ -47,6 +61,9 @@ def register(sub: Any) -> None:
         "align", help="private set union / intersection of two tables (FLORIST PSU, ECDH PSI)",
         description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--method", choices=("psu", "psi"), default="psu")
+    p.add_argument("--protocol", choices=("dh", "rr22", "kkrt"), default="dh",
+                   help="psi: dh (vflink's ECDH PSI, default), rr22 or kkrt (the optional "
+                        "engine: pip install 'vflink[rr22]'; semi-honest only)")
     p.add_argument("--primary", type=Path, required=True,
                    help="primary table (CSV, TSV, .csv.gz, Parquet)")
     p.add_argument("--secondary", type=Path, help="secondary table (in-process run)")
@@ -96,6 +113,7 @@ def run(args: argparse.Namespace) -> int:
         align_in_process,
         align_over_network,
         bound_line,
+        engine_line,
         run_cores,
         write_outcome,
     )
@@ -129,13 +147,22 @@ def run(args: argparse.Namespace) -> int:
         compute_config = dataclasses.replace(compute_config, chunk_rows=args.chunk_rows)
     chunk_rows = compute_config.chunk_rows
     keep_large_blocks_mapped()  # freed chunks go back to the system (see cli/_heap.py)
-    probe = CostProbe(args.group)  # the group's costs before the run (unknown names refused)
+    engine = args.protocol != "dh"
+    if engine and args.method != "psi":
+        raise ConfigError(f"--protocol {args.protocol} is a PSI protocol: use --method psi")
+    if engine:
+        from vflink.alignment.engine import require_engine
+
+        require_engine(args.protocol)  # the install command, before any work
+    # the group's costs before the run (unknown names refused); an engine run has no group
+    probe = None if engine else CostProbe(args.group)
     start = time.perf_counter()
     with open_compute(compute_config) as compute, \
             Progress(TextColumn("[bold]{task.description}"), BarColumn(),
                   TextColumn("{task.fields[stage]}"), TimeElapsedColumn(), console=console,
                   transient=True) as bar:
-        task = bar.add_task(f"{args.method} ({args.group})", total=None, stage="")
+        task = bar.add_task(f"{args.method} ({args.protocol if engine else args.group})",
+                            total=None, stage="")
         cores = run_cores(compute, args.workers)
 
         def progress(stage: str, done: int, total: int) -> None:
@@ -144,7 +171,8 @@ def run(args: argparse.Namespace) -> int:
         kwargs: dict[str, Any] = {"method": args.method, "group": args.group,
                                   "reveal": args.reveal, "workers": args.workers,
                                   "progress": progress, "compute": compute,
-                                  "chunk_rows": chunk_rows, "out": args.out}
+                                  "chunk_rows": chunk_rows, "out": args.out,
+                                  "protocol": args.protocol}
         if config is not None:
             peers = config.secondaries
             peer = args.peer or (peers[0] if len(peers) == 1 else None)
@@ -161,10 +189,13 @@ def run(args: argparse.Namespace) -> int:
             outcome = align_in_process(primary, secondary, **kwargs)
     # the command's own time: engine start and stop, key passes, protocol, outputs written
     wall = time.perf_counter() - start
-    outcome = dataclasses.replace(outcome, bound=probe.bound(outcome, wall_s=wall, cores=cores))
-    summary = write_outcome(outcome, args.out)
+    if probe is not None:
+        outcome = dataclasses.replace(outcome,
+                                      bound=probe.bound(outcome, wall_s=wall, cores=cores))
+    summary = write_outcome(outcome, args.out, wall_s=wall)
     sizes = summary["sizes"]
-    console.print(f"{args.method} with {args.group}: " + ", ".join(
-        f"{k} {v}" for k, v in sizes.items()) + f"; {wall:.1f} s, "
-        f"{bound_line(summary['crypto_bound'])}; wrote {args.out}")
+    how = engine_line(summary["engine"], wall) if engine else \
+        bound_line(summary["crypto_bound"])
+    console.print(f"{args.method} with {args.protocol if engine else args.group}: " + ", ".join(
+        f"{k} {v}" for k, v in sizes.items()) + f"; {wall:.1f} s, {how}; wrote {args.out}")
     return 0

@@ -17,6 +17,7 @@ from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
 from vflink._checks import check_choice, check_float, check_int, raise_if
+from vflink.alignment.protocols import PSI_PROTOCOLS
 from vflink.errors import ConfigError, PolicyViolation, ProtocolError
 from vflink.protocol.boundary import refuse
 
@@ -53,6 +54,8 @@ SENDERS: dict[str, dict[str, frozenset[str]]] = {
         "load_state", "confirm_key", "setup_privacy", "fetch_privacy_report",
         # FLORIST PSU / PSI and union training (primary ⇄ secondary)
         "psu_round1", "psu_chunk", "psu_fetch", "psi_round1", "psi_chunk", "psi_fetch",
+        # PSI through an engine (RR22, KKRT16): agreed and followed through the session
+        "engine_psi_open", "engine_psi_status", "engine_psi_result",
         "union_setup",
         "union_forward",
         # a PSI intersection's rows go to the primary that ran it, never to a third party
@@ -178,6 +181,11 @@ class PartyPolicy:
             when it does not fit alone.
         union_features: the synthetic-feature strategies this secondary accepts in FLORIST
             union training; the default only those that carry no membership signal.
+        psi_protocols: the PSI protocols this party runs with a peer: ``dh`` (vflink's own
+            Diffie–Hellman PSI, whose answers carry proofs against a deviating primary),
+            ``rr22`` and ``kkrt`` (OT-extension PSIs through the optional engine,
+            semi-honest only: a party that must not trust its primary's conduct lists
+            ``["dh"]``). The engine also needs the ``[psi]`` section of the party file.
     """
 
     identifiers: str = "bloom"
@@ -213,6 +221,7 @@ class PartyPolicy:
     max_training_runs: int = 4
     max_training_bytes: int = 4 << 30
     union_features: tuple[str, ...] = SAFE_UNION_FEATURES
+    psi_protocols: tuple[str, ...] = PSI_PROTOCOLS
 
     def __post_init__(self) -> None:
         problems: list[str] = []
@@ -245,6 +254,14 @@ class PartyPolicy:
         else:
             for name in self.union_features:
                 check_choice(problems, "policy.union_features", name, UNION_FEATURES)
+        if isinstance(self.psi_protocols, list):  # from a TOML array
+            object.__setattr__(self, "psi_protocols", tuple(self.psi_protocols))
+        if not isinstance(self.psi_protocols, tuple) or not self.psi_protocols:
+            problems.append(f"policy.psi_protocols must be a non-empty list of "
+                            f"{', '.join(PSI_PROTOCOLS)}, got {self.psi_protocols!r}")
+        else:
+            for name in self.psi_protocols:
+                check_choice(problems, "policy.psi_protocols", name, PSI_PROTOCOLS)
         raise_if(problems, "[policy] section")
 
     @property
@@ -286,6 +303,17 @@ class PartyPolicy:
                          f"{encoder!r} encoding, which would send raw identifiers",
                          code="policy.identifiers")
 
+
+    def check_psi_protocol(self, party: str, protocol: str) -> None:
+        """Refuse a PSI protocol this party's policy does not list (``psi_protocols``)."""
+        if protocol not in self.psi_protocols:
+            others = ", ".join(self.psi_protocols)
+            guarantee = (" (an engine protocol is secure against a semi-honest peer only)"
+                         if protocol != "dh" else "")
+            raise refuse(PolicyViolation,
+                         f"party {party!r} does not run PSI with {protocol!r}{guarantee}: its "
+                         f"policy lists psi_protocols = [{others}]; use one of them",
+                         code="policy.psi-protocol")
 
     def check_set_size(self, party: str, what: str, n: int, *, own: int | None = None) -> None:
         """Refuse a PSU/PSI list of ``n`` group elements above ``max_set_elements`` (plus

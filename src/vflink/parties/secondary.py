@@ -55,6 +55,7 @@ from vflink.parties.privacy import EmbeddingProtection
 from vflink.parties.recording import Recorder
 from vflink.parties.resources import TrainingResources
 from vflink.parties.setalign import SPOOL_DIR, SetAlignmentPeer
+from vflink.parties.setengine import EnginePsiPeer
 from vflink.parties.training_runs import (
     TrainingRun,
     features_bytes,
@@ -112,7 +113,7 @@ def _prune_checkpoints(latest: Path) -> None:
             remove_state(old.parent, mo.group(0))
 
 
-class SecondaryParty(SetAlignmentPeer, UnionPeer, LinkingPeer):
+class SecondaryParty(SetAlignmentPeer, EnginePsiPeer, UnionPeer, LinkingPeer):
     """A data party without labels.
 
     Args:

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -43,7 +43,9 @@ from vflink.alignment._spool import (
     shuffle,
     sweep_stale,
 )
+from vflink.alignment.engine import UID_BYTES
 from vflink.alignment.groups import Elements, Group, get_group
+from vflink.alignment.protocols import ENGINE_PROTOCOLS
 from vflink.data.table import PartyTable
 from vflink.errors import DataError, PolicyViolation, ProtocolError, VflinkError
 from vflink.parties.policy import PartyPolicy
@@ -65,9 +67,9 @@ from vflink.protocol.messages import (
     SetChunk,
     SetProgress,
 )
+from vflink.protocol.sessions import ENGINE_PSI, ProtocolSpec, Session, SessionTable
 from vflink.protocol.sessions import PSI as PSI_PROTOCOL
 from vflink.protocol.sessions import PSU as PSU_PROTOCOL
-from vflink.protocol.sessions import ProtocolSpec, Session, SessionTable
 from vflink.types import Compute
 
 __all__ = [
@@ -123,6 +125,11 @@ class SetAlignment:
     #: what the peer's policy said in round 1 (``guess_limit``: the identifiers a deviating
     #: primary can test against its set per ``guess_window_s``; ``idle_s``: its expiry)
     limits: dict[str, float] = field(default_factory=dict)
+    #: seconds per stage, where the run measured them (the PSI engine's phases)
+    timings: dict[str, float] = field(default_factory=dict)
+    #: a run through the PSI engine (:mod:`vflink.parties.setengine`): its protocol, security
+    #: model, who learns what, and the link's addresses (this party's and the peer's)
+    engine: dict[str, Any] = field(default_factory=dict)
 
     def frame(self) -> pd.DataFrame:
         return pd.DataFrame({"row": self.rows.astype(np.int64), "uid": to_hex(self.uids)})
@@ -735,6 +742,35 @@ def spool_bytes(method: str, width: int, n_a: int, n_p: int) -> int:
     return int(need * 1.25) + (4 << 20)
 
 
+class _SetState(Protocol):
+    """What every set session's state offers (:class:`_PeerSession`, an engine run, a
+    reloaded result)."""
+
+    result: SetAlignment | None
+
+    @property
+    def failed(self) -> bool: ...
+
+    def end(self, why: str) -> None: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass
+class _Finished:
+    """A finished session's result reloaded from disk (of the engine PSI: a DH session
+    reloads as a :class:`_PeerSession`)."""
+
+    result: SetAlignment | None
+    failed: bool = False
+
+    def end(self, why: str) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 @dataclass
 class _PeerSession:
     group: Group
@@ -788,7 +824,8 @@ class _PeerSession:
 #: the messages of the set protocols: their handlers touch only their own session's state, so a
 #: served party runs them beside its other calls (one per peer at a time; the gRPC server)
 SET_KINDS = frozenset({"psu_round1", "psu_chunk", "psu_fetch", "psi_round1", "psi_chunk",
-                       "psi_fetch", "set_progress"})
+                       "psi_fetch", "set_progress", "engine_psi_open", "engine_psi_status",
+                       "engine_psi_result"})
 
 #: SetProgress counts the elements a driver has processed while preparing one list: a few
 #: passes over both sets at most (PSI's p_ts: the intersection, the matches, the proof)
@@ -797,7 +834,9 @@ _PROGRESS_PASSES = 4
 #: the record of a finished set session beside its ``alignments/<session>.parquet``
 _SIDECAR = Obj({"format": Str(), "version": Int(), "session": Str(), "method": Str(),
                 "group": Str(), "opener": Str(), "known": Bool(), "size": Int(),
-                "sizes": MapOf(Int()), "reveal": Opt(Str())})
+                "sizes": MapOf(Int()), "reveal": Opt(Str())},
+               # the PSI engine's protocol (rr22, kkrt), for a result of the engine's
+               optional={"protocol": Str()})
 
 
 class SetAlignmentPeer:
@@ -862,8 +901,9 @@ class SetAlignmentPeer:
         """A set session left the table: give back its allowance where the peer is not to
         blame (:meth:`_PeerSession.end`), then free what it held."""
         state = session.data.get("set")
-        if isinstance(state, _PeerSession):
-            state.end(session.ended)
+        end = getattr(state, "end", None)  # a DH session's or an engine run's
+        if callable(end):
+            end(session.ended)
         super()._session_dropped(session)  # type: ignore[misc]
 
     def _cap(self, what: str, n: int, *, own: int | None = None) -> None:
@@ -892,22 +932,34 @@ class SetAlignmentPeer:
         Exact sizes matter: PSU's line 12 answers fetch ``i`` with rows ``[i·size, (i+1)·size)``
         from this iterator, while a streamed table's reader may cut its batches shorter (a CSV
         block, a Parquet row group); :class:`KeyBatches` re-cuts them."""
+        yield from _hashed(group, self._own_key_batches(), size)
+
+    def _own_key_batches(self) -> KeyBatches:
+        """Own canonical keys in batches (``set_keys``, else the table's key columns, a batch
+        at a time: a streamed table is never read whole)."""
         if self.set_keys is not None:
-            yield from _hashed(group, self.set_keys, size)
-            return
+            return self.set_keys
         table, key = self.table, self.table.schema.key
 
         def read(rows: int) -> Iterator[Sequence[bytes]]:
-            # the key columns only, a batch at a time: a streamed table is never read whole
             start = 0
             for batch in table.batches(key, batch_rows=max(1, rows)):
                 yield key_bytes(batch, key, who=table.source, offset=start)
                 start += len(batch)
 
-        yield from _hashed(group, KeyBatches(len(table), read), size)
+        return KeyBatches(len(table), read)
 
     def _set_state(self) -> _PeerSession:
-        state: _PeerSession | None = self.session.data.get("set")
+        state = self._any_state()
+        if not isinstance(state, _PeerSession):  # pragma: no cover - declared per protocol
+            raise ProtocolError(f"party {self.name!r}: session {self.session.name!r} is not "
+                                "a DH set session")
+        return state
+
+    def _any_state(self) -> _SetState:
+        """The state of the session being handled, of any set protocol (a DH session's, an
+        engine run's, a reloaded result's), refused if the session failed earlier."""
+        state: _SetState | None = self.session.data.get("set")
         if state is None:  # pragma: no cover - round 1 creates it, the table orders rounds
             raise ProtocolError(f"party {self.name!r}: session {self.session.name!r} has no "
                                 "state")
@@ -918,10 +970,10 @@ class SetAlignmentPeer:
         return state
 
     def _finished(self, session: str, peer: str | None = None) -> SetAlignment | None:
-        for protocol in (PSU_PROTOCOL.name, PSI_PROTOCOL.name):
+        for protocol in (PSU_PROTOCOL.name, PSI_PROTOCOL.name, ENGINE_PSI.name):
             s = self.sessions.get(protocol, session, peer)
             if s is not None and (peer is None or s.opener == peer):
-                state: _PeerSession | None = s.data.get("set")
+                state = s.data.get("set")
                 return None if state is None else state.result
         return None
 
@@ -965,7 +1017,7 @@ class SetAlignmentPeer:
 
     def _finish(self, session: str, result: SetAlignment) -> None:
         result = dataclasses.replace(result, session=session)
-        state = self._set_state()
+        state = self._any_state()
         folder = self._result_dir()
         if folder is not None and result.known and result.path is None:
             self._refuse_finished_name(session)  # again: a run racing another of one name
@@ -979,7 +1031,8 @@ class SetAlignmentPeer:
                 "method": result.method, "group": result.group, "opener": s.opener,
                 "known": result.known, "size": int(result.size),
                 "sizes": {k: int(v) for k, v in result.sizes.items()},
-                "reveal": s.commits.get("reveal")})
+                "reveal": s.commits.get("reveal"),
+                **({"protocol": str(result.engine["protocol"])} if result.engine else {})})
         state.result = result
         state.close()
         log.info("%s: %s session %r finished (%s)", self.name, result.method, session,
@@ -1007,13 +1060,16 @@ class SetAlignmentPeer:
         except VflinkError as exc:
             log.warning("%s: finished session %r cannot be reloaded: %s", self.name, name, exc)
             return None
-        spec = PSU_PROTOCOL if doc["method"] == PSU_PROTOCOL.name else PSI_PROTOCOL
+        engine = doc.get("protocol") in ENGINE_PROTOCOLS
+        spec = ENGINE_PSI if engine else (
+            PSU_PROTOCOL if doc["method"] == PSU_PROTOCOL.name else PSI_PROTOCOL)
         now = time.monotonic()
         s = Session(spec, name, doc["opener"], spec.final[0], now, now)
         if doc["reveal"] is not None:
             s.commits["reveal"] = doc["reveal"]
-        s.data["set"] = _PeerSession(group=get_group(doc["group"], workers=1), work=None,
-                                     n_own=len(result.rows), chunk=1, local=1, result=result)
+        s.data["set"] = _Finished(result) if engine else _PeerSession(
+            group=get_group(doc["group"], workers=1), work=None, n_own=len(result.rows),
+            chunk=1, local=1, result=result)
         log.info("%s: reloaded finished %s session %r of %r from %s", self.name,
                  doc["method"], name, doc["opener"], folder)
         return s
@@ -1237,6 +1293,7 @@ class SetAlignmentPeer:
     # --- PSI (passive side) -----------------------------------------------------------------
 
     def on_psi_round1(self, sender: str, message: PsiRound1) -> Ack:
+        self.policy.check_psi_protocol(self.name, "dh")
         how = psi.check_reveal(message.reveal)
         s = self._open(sender, message.group, message.n_a, message.chunk_rows, "PsiRound1",
                        "psi")
@@ -1350,7 +1407,7 @@ class SetAlignmentPeer:
     def on_fetch_alignment(self, sender: str, message: FetchAlignment) -> AlignmentView:
         """Our intersection rows of a finished PSI session, ordered by UID, to the party that
         ran it with us only (the declaration: the session's opener, ``reveal = "both"``)."""
-        r = self._set_state().result
+        r = self._any_state().result  # of the DH PSI, or of the engine's
         if r is None or r.method != "psi" or not r.known or r.path is not None:
             raise refuse(ProtocolError, f"party {self.name!r}: no PSI intersection for session "
                                         f"{message.session!r}", code="session.no-alignment")
@@ -1375,10 +1432,16 @@ def _read_result(folder: Path, name: str, doc: dict[str, Any]) -> SetAlignment:
     """A finished session's result from its files (every value checked before use)."""
     import pyarrow.parquet as pq
 
-    group = get_group(doc["group"], workers=1)
+    if doc.get("protocol") in ENGINE_PROTOCOLS:  # the engine's keyed-hash UIDs
+        if doc["group"] != doc["protocol"]:
+            raise DataError(f"{folder / (name + '.json')}: group and protocol disagree")
+        width, group_name = UID_BYTES, str(doc["protocol"])
+    else:
+        group = get_group(doc["group"], workers=1)
+        width, group_name = group.element_bytes, group.name
     known = bool(doc["known"])
     rows = np.empty(0, dtype=np.int64)
-    uids = group.empty()
+    uids = np.empty((0, width), dtype=np.uint8)
     source = folder / f"{name}.parquet"
     if known:
         try:
@@ -1396,20 +1459,22 @@ def _read_result(folder: Path, name: str, doc: dict[str, Any]) -> SetAlignment:
             raw = b"".join(bytes.fromhex(h) for h in table.column("uid").to_pylist())
         except (TypeError, ValueError):
             raise DataError(f"{source}: key 'uid': expected hex text") from None
-        if len(raw) != len(rows) * group.element_bytes:
-            raise DataError(f"{source}: key 'uid': expected {group.element_bytes}-byte UIDs")
-        uids = np.frombuffer(raw, dtype=np.uint8).reshape(len(rows), -1).copy()
+        if len(raw) != len(rows) * width:
+            raise DataError(f"{source}: key 'uid': expected {width}-byte UIDs")
+        uids = np.frombuffer(raw, dtype=np.uint8).reshape(len(rows), width).copy()
     union = uid_index = None
     if doc["method"] == "psu" and (folder / f"{name}.union").is_file():
         raw = read_data_file(folder, f"{name}.union")
-        if len(raw) % group.element_bytes:
+        if len(raw) % width:
             raise DataError(f"{folder / (name + '.union')}: not a list of "
-                            f"{group.element_bytes}-byte elements")
-        union = np.frombuffer(raw, dtype=np.uint8).reshape(-1, group.element_bytes).copy()
+                            f"{width}-byte elements")
+        union = np.frombuffer(raw, dtype=np.uint8).reshape(-1, width).copy()
         uid_index = lookup(union, uids, "own UIDs in U")
-    return SetAlignment(method=doc["method"], group=group.name, rows=rows, uids=uids,
+    engine = ({"protocol": group_name, "security": "semi-honest"}
+              if doc.get("protocol") in ENGINE_PROTOCOLS else {})
+    return SetAlignment(method=doc["method"], group=group_name, rows=rows, uids=uids,
                         size=int(doc["size"]), union=union, uid_index=uid_index, known=known,
-                        sizes=dict(doc["sizes"]), session=name)
+                        sizes=dict(doc["sizes"]), session=name, engine=engine)
 
 
 def _uid_keys(uids: Elements) -> npt.NDArray[Any]:

@@ -39,6 +39,10 @@ __all__ = [
     "ConfirmKey",
     "Embeddings",
     "EncodingSpec",
+    "EnginePsiOpen",
+    "EnginePsiReady",
+    "EnginePsiResult",
+    "EnginePsiStatus",
     "FetchAlignment",
     "FetchKeyTags",
     "FetchPrivacyReport",
@@ -716,6 +720,75 @@ class SetChunk(Message):
     elements: npt.NDArray[np.uint8]
 
 
+# --- PSI through an engine (RR22, KKRT16: vflink.alignment.engine), primary ⇄ secondary ------
+# The engine runs its own link between the parties; these messages are how the two agree on it
+# through their authenticated session first: the protocol, the run, the set sizes, the key, the
+# addresses and the TLS settings. No element of either set travels here.
+
+
+@dataclass(frozen=True)
+class EnginePsiOpen(Message):
+    """Primary → secondary: run PSI ``session`` with the engine's ``protocol`` (``rr22``,
+    ``kkrt``) over ``n_a`` records keyed on ``key_columns`` columns; ``reveal`` says who
+    learns the intersection (``both``, ``primary``, ``secondary``).
+
+    ``uid_key`` (32 random bytes, fresh per session) keys the hash both parties feed the engine
+    and keep as UIDs; ``tls`` says whether the primary runs the engine's link with mutual TLS
+    (the secondary refuses a mismatch at once, before any link); ``address`` is where the
+    primary's engine listens, from its own party file. The reply is an
+    :class:`EnginePsiReady`."""
+
+    kind: ClassVar[str] = "engine_psi_open"
+    session: str
+    protocol: str
+    reveal: str
+    n_a: int
+    key_columns: int
+    tls: bool
+    address: str
+    uid_key: bytes
+
+
+@dataclass(frozen=True)
+class EnginePsiReady(Message):
+    """Secondary → primary: the engine run is accepted; ``address`` is where the secondary's
+    engine listens (its own party file); ``info`` holds ``n_p`` (its set size), ``idle_s``
+    (its session's idle expiry) and its dictionary limit (``guess_limit``,
+    ``guess_window_s``), as PSI's round 1 answers them."""
+
+    kind: ClassVar[str] = "engine_psi_ready"
+    session: str
+    address: str
+    info: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class EnginePsiStatus(Message):
+    """Primary → secondary: how far the primary's side of engine session ``session`` is
+    (``preparing`` its input, ``ready`` to start its engine, ``running``, ``done``,
+    ``failed``); the reply is an :class:`Ack` whose ``info["state"]`` is the secondary's:
+    0 preparing, 1 running (its engine started: the primary starts its own), 2 done. A failed
+    engine on the secondary's side is an error naming why; a ``failed`` primary ends the
+    session. The messages keep the session alive while the engines run."""
+
+    kind: ClassVar[str] = "engine_psi_status"
+    session: str
+    state: str
+
+
+@dataclass(frozen=True)
+class EnginePsiResult(Message):
+    """Primary → secondary: both engines finished. When both learn the intersection, ``size``
+    and ``digest`` (:func:`vflink.alignment.engine.output_digest`) let the secondary check that
+    the two outputs agree (else ``size = -1``, ``digest`` empty: neither learns more). The
+    reply is an :class:`Ack`; the session is finished."""
+
+    kind: ClassVar[str] = "engine_psi_result"
+    session: str
+    size: int
+    digest: bytes = b""
+
+
 # --- training over the PSU union (FLORIST §2.3-2.4), primary ⇄ secondary -----------------------
 
 
@@ -765,6 +838,7 @@ MESSAGE_TYPES: dict[str, type[Message]] = {
         Restore, SaveState, LoadState, ConfirmKey, KeyTag, FetchKeyTags, KeyTags,
         SetupPrivacy, FetchPrivacyReport, PrivacyReport,
         PsuRound1, PsuChunk, PsuFetch, PsiRound1, PsiChunk, PsiFetch, SetChunk, SetProgress,
+        EnginePsiOpen, EnginePsiReady, EnginePsiStatus, EnginePsiResult,
         UnionSetup,
         UnionForward, ShareFieldEncodings,
         FieldEncodings, FieldLink,

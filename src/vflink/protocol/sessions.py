@@ -57,6 +57,7 @@ log = logging.getLogger(__name__)
 
 __all__ = [
     "ANY_DATA",
+    "ENGINE_PSI",
     "Bound",
     "Chunked",
     "PROTOCOLS",
@@ -433,6 +434,33 @@ PSI = ProtocolSpec(
              requires=("reveal", ("both",))),
     ))
 
+#: PSI through an engine (RR22, KKRT16: vflink.alignment.engine) as the secondary enforces it.
+#: The engine's own link carries the protocol; this session is how the secondary agrees to it
+#: (its policy's protocols, its set-size limits and allowance, the TLS settings, the key
+#: columns) and follows it: the primary's status while the two engines run (each one keeps the
+#: session alive), then the result, checked against the secondary's own output.
+ENGINE_PSI = ProtocolSpec(
+    name="engine_psi", title="PSI through an engine (RR22, KKRT16), at the secondary",
+    receiver="secondary", key="session", paper="RR22 (Raghuraman–Rindal 2022); KKRT16",
+    namespace="set", ends_on_failure=True,
+    states=("new", "running", "done"), initial="new", final=("done",),
+    steps=(
+        Step("engine_psi_open", _P, ("new",), "running", opens=True,
+             commits=(("n_a", "n_a"), ("reveal", "reveal"), ("protocol", "protocol")),
+             note="protocol ∈ policy.psi_protocols; policy.min_set_elements ≤ n_a ≤ "
+                  "policy.max_set_elements; key_columns = this party's; tls = this party's "
+                  "own setting (a mismatch is refused before any link)"),
+        Step("engine_psi_status", _P, ("running",), None, times=None,
+             note="state: one of preparing, ready, running, done, failed (failed ends the "
+                  "session); the session's age ≤ policy.max_session_s"),
+        Step("engine_psi_result", _P, ("running",), "done",
+             note="after this party's engine finished; with reveal = both, size and digest "
+                  "equal this party's own output's, else no row is accepted"),
+        # the intersection rows, to the party that ran the PSI only, when it is to learn them
+        Step("fetch_alignment", _P, ("done",), None, times=None,
+             requires=("reveal", ("both",))),
+    ))
+
 #: The data party's side of alignment through a coordinator (exact keys, soft linkage of
 #: FedSim §4.1, several fields): key confirmation, one submission, then the coordinator's view.
 DATA_ALIGNMENT = ProtocolSpec(
@@ -511,7 +539,8 @@ COORDINATION = ProtocolSpec(
         Step("fetch_alignment", ANY_DATA, ("linked",), None, times=None, per_sender=True),
     ))
 
-PROTOCOLS: tuple[ProtocolSpec, ...] = (PSU, PSI, DATA_ALIGNMENT, TRAINING, COORDINATION)
+PROTOCOLS: tuple[ProtocolSpec, ...] = (PSU, PSI, ENGINE_PSI, DATA_ALIGNMENT, TRAINING,
+                                        COORDINATION)
 
 
 def protocols_for(role: str) -> tuple[ProtocolSpec, ...]:
@@ -843,6 +872,9 @@ class SessionTable:
         for fld, kind in protocol.names_of(message.kind):  # before any state or work
             check_name(getattr(message, fld, None), kind, party=self.party)
         loaded = self._load(protocol, name, sender)
+        shared = self._shared.get(message.kind)
+        if shared is not None and loaded is not None and loaded.protocol in shared:
+            protocol = loaded.protocol  # a finished session reloaded as what it was
         dropped: list[Session] = []
         try:
             return self._admit(protocol, name, sender, sender_role, message, dropped, loaded)

@@ -24,7 +24,8 @@ from vflink.randomness import NOT_PRIVATE, REPRODUCIBLE, SECRET, SWITCH, describ
 if TYPE_CHECKING:
     from vflink.runfiles.results import RunResult
 
-__all__ = ["LABELS_IN_CLEAR", "build_run_ledger", "explain_dictionary_limit", "explain_tau",
+__all__ = ["LABELS_IN_CLEAR", "build_run_ledger", "explain_dictionary_limit", "explain_engine",
+           "explain_tau",
            "noise_sources", "privacy_summary", "write_run_ledger"]
 
 #: The warning on the gradients a primary sends back with ``[privacy] labels = "off"``.
@@ -68,6 +69,16 @@ _CARRIES: dict[str, str] = {
                     "keeps the session alive); no element",
     "privacy_report": "the secondary's ledger entries: its protections' public parameters and "
                       "guarantees",
+    "engine_psi_open": "control: the PSI engine's run as the primary proposes it (protocol, set "
+                       "size, number of key columns, whether its link uses TLS, its engine's "
+                       "address) and a fresh key for the UIDs the two parties hash their keys "
+                       "with; no key and no element of either set",
+    "engine_psi_ready": "control: the secondary's set size, its engine's address and its "
+                        "policy's limits",
+    "engine_psi_status": "control: how far each party's engine has come; no element",
+    "engine_psi_result": "the size of the intersection and a SHA-256 digest of its UIDs, "
+                         "which both parties already learnt (with reveal = both only): the "
+                         "secondary checks that the two engines' outputs agree",
     "union_setup": "union positions of the secondary's own training records, and model "
                    "hyperparameters: it learns how many of its records train, not which of the "
                    "primary's records exist (FLORIST §2.3)",
@@ -123,7 +134,8 @@ def _set_limits(result: RunResult, alignment: dict[str, Any]) -> list[dict[str, 
     limits = alignment.get("set_limits") or florist.get("set_limits") or {}
     # the round that opens the session (the primary sends it: no message of the secondary's
     # changes its protection entry)
-    opens = "psi_round1" if alignment.get("set_limits") else "psu_round1"
+    opens = ("engine_psi_open" if alignment.get("engine") else
+             "psi_round1" if alignment.get("set_limits") else "psu_round1")
     out = []
     for party, figures in sorted(dict(limits).items()):
         if not isinstance(figures, dict) or "guess_limit" not in figures:
@@ -138,11 +150,45 @@ def _set_limits(result: RunResult, alignment: dict[str, Any]) -> list[dict[str, 
     return out
 
 
+def explain_engine(party: str, engine: dict[str, Any]) -> str:
+    """What a PSI run through the engine gives, as one sentence (the ledger's)."""
+    protocol = str(engine.get("protocol", "the engine"))
+    reveal = str(engine.get("reveal", "both"))
+    who = {"both": "both parties learn the intersection (its rows and a UID per row)",
+           "primary": "the primary learns the intersection, the secondary only its own set",
+           "secondary": "the secondary learns the intersection, the primary only its own set"
+           }.get(reveal, "as agreed")
+    tls = "mutual TLS from the parties' certificates" if engine.get("tls") else "plaintext"
+    return (f"{protocol.upper()} private set intersection with {party} through SecretFlow's "
+            f"engine, secure against a semi-honest peer ONLY: a party that deviates inside "
+            f"the engine can learn more than the intersection, and the receiver can misreport "
+            f"it; against a deviating primary use the DH PSI (protocol \"dh\"), whose "
+            f"answers carry proofs. Each party learns the other's set size; {who}. The "
+            f"engine's own link ({tls}) listened on {engine.get('listen', '?')} here and "
+            f"dialed {engine.get('peer_address', '?')} ({party}'s engine)")
+
+
+def _engine_entries(engines: dict[str, Any]) -> list[dict[str, Any]]:
+    """One entry per secondary that ran PSI through the engine."""
+    out = []
+    for party, engine in sorted(engines.items()):
+        if not isinstance(engine, dict):
+            continue
+        out.append({"kind": "psi-engine", "party": str(party), "applies_to": "engine_psi_open",
+                    "params": {k: engine.get(k) for k in ("protocol", "reveal", "tls",
+                                                           "listen", "peer_address")},
+                    "guarantee": {"security": "semi-honest"},
+                    "explanation": explain_engine(str(party), engine)})
+    return out
+
+
 def _protections(result: RunResult) -> list[dict[str, Any]]:
     """The alignment's own protections, from the run's alignment summary."""
     a = result.extra.get("alignment", {}) or {}
     method = a.get("method")
     out: list[dict[str, Any]] = _set_limits(result, a)
+    if method == "psi" and isinstance(a.get("engine"), dict):
+        out.extend(_engine_entries(a["engine"]))
     if method == "exact":
         out.append({"kind": "keyed-hash", "party": "data parties", "applies_to": "key_digests",
                     "params": {"hash": "HMAC-SHA256"}, "guarantee": {},

@@ -140,7 +140,7 @@ def _algorithm_kind(name: Any) -> tuple[str, bool]:
 #: the alignment settings each method reads (the others keep their defaults, unused)
 _ALIGNMENT_KEYS: dict[str, tuple[str, ...]] = {
     "exact": ("method", "unmatched", "secret_env"),
-    "psi": ("method", "group", "unmatched"),
+    "psi": ("method", "protocol", "group", "unmatched"),
     "psu": ("method", "group", "alpha", "beta"),
     "soft": ("method", "unmatched", "metric", "top_k", "tau", "sigma", "delta", "privacy",
              "search", "pool", "fields", "blocking", "model", "threshold", "one_to_one",

@@ -21,6 +21,7 @@ from vflink._checks import (
     raise_if,
     table_problems,
 )
+from vflink.alignment.protocols import PSI_PROTOCOLS
 from vflink.data.featurestore import FEATURE_STORES
 from vflink.data.schema import PartySchema
 from vflink.engine import ComputeConfig  # the [compute] section
@@ -121,6 +122,9 @@ class AlignmentConfig:
     # FLORIST (psi | psu): the DH group, and for union-training simulations the fractions of
     # training records hidden from the secondary (α, synthetic features) and primary (β)
     group: str = "ristretto255"
+    # psi: vflink's own DH PSI ("dh", with proofs), or an OT-extension PSI through the optional
+    # engine ("rr22", "kkrt": `pip install 'vflink[rr22]'`; semi-honest only)
+    protocol: str = "dh"
     alpha: float = 0.0
     beta: float = 0.0
     pool: str = "all"
@@ -141,6 +145,10 @@ class AlignmentConfig:
         self._build_fields(problems)
         check_choice(problems, "alignment.method", self.method, ("exact", "soft", "psi", "psu"))
         check_choice(problems, "alignment.group", self.group, ("ristretto255", "modp2048"))
+        check_choice(problems, "alignment.protocol", self.protocol, PSI_PROTOCOLS)
+        if self.protocol != "dh" and self.method != "psi":
+            problems.append(f"`alignment.protocol = {self.protocol!r}` is a PSI protocol: set "
+                            f"`alignment.method = \"psi\"` (got {self.method!r})")
         check_float(problems, "alignment.alpha", self.alpha, min=0.0, max=0.99)
         check_float(problems, "alignment.beta", self.beta, min=0.0, max=0.99)
         check_choice(problems, "alignment.unmatched", self.unmatched, ("drop", "keep"))

@@ -44,6 +44,16 @@
     num_cpus = 4                   # CPUs of a cluster started here
     chunk_rows = 100000            # rows per task
 
+    [psi]                          # the optional PSI engine's link (RR22, KKRT: `pip install
+                                   # 'vflink[rr22]'`), each party its own; never from a peer
+    listen = "127.0.0.1:50071"     # where this party's engine listens (both parties listen and
+                                   # dial; mutual TLS from [security]'s certificates)
+    advertise = "bank.example:50071"  # the address its peer dials (default: listen)
+    connect_s = 30                 # how long the link tries to reach the peer
+    # tls = true                   # default: mutual TLS unless security.insecure; false: a
+                                   # plaintext engine link (a private network only); both
+                                   # parties must agree (a mismatch is refused at once)
+
     [training]                     # where this party trains; never sent to a peer
     device = "cpu"                 # "cpu", "cuda" or "auto" (CUDA where there is one)
     feature_store = "auto"         # "memory", "mmap" (per batch from a mapped Arrow file) or
@@ -74,7 +84,8 @@ from vflink.parties.policy import ROLE_UNKNOWN, PartyPolicy
 from vflink.parties.resources import TrainingResources
 from vflink.privacy.config import PrivacyConfig
 
-__all__ = ["PartyConfig", "PeerConfig", "load_party_config", "party_roles", "party_table"]
+__all__ = ["PartyConfig", "PeerConfig", "PsiLinkConfig", "load_party_config", "party_roles",
+           "party_table"]
 
 ROLES = ("primary", "secondary", "coordinator")
 
@@ -84,6 +95,39 @@ class PeerConfig:
     name: str
     address: str
     role: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class PsiLinkConfig:
+    """``[psi]``: where this party's PSI engine listens, the address its peer dials, and how
+    long the link tries to reach the peer (:mod:`vflink.alignment.engine`)."""
+
+    listen: str
+    advertise: str | None = None
+    connect_s: float = 30.0
+    #: mutual TLS on the engine's link: None follows [security] (TLS unless insecure)
+    tls: bool | None = None
+
+    def __post_init__(self) -> None:
+        from vflink.alignment.engine import check_address
+
+        problems: list[str] = []
+        if self.tls is not None and not isinstance(self.tls, bool):
+            problems.append(f"psi.tls must be true or false, got {self.tls!r}")
+        for name in ("listen", "advertise"):
+            value = getattr(self, name)
+            if value is None and name == "advertise":
+                continue
+            try:
+                check_address(value, f"psi.{name}")
+            except ConfigError as exc:
+                problems.append(str(exc))
+        if not problems and self.advertise is None and \
+                check_address(self.listen, "psi.listen")[0] in ("0.0.0.0", "::"):
+            problems.append(f"psi.listen = {self.listen!r} binds every interface: set "
+                            "psi.advertise to the host:port the peer dials")
+        check_float(problems, "psi.connect_s", self.connect_s, min=0.0, min_exclusive=True)
+        raise_if(problems, "[psi] section")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -111,6 +155,8 @@ class PartyConfig:
     #: this party's device and feature store ([training]; unset: the defaults, or for the
     #: primary its run file's [training] keys)
     training: TrainingResources | None = None
+    #: this party's PSI engine link ([psi]); None: it runs no engine PSI
+    psi: PsiLinkConfig | None = None
 
     def __post_init__(self) -> None:
         problems: list[str] = []
@@ -143,6 +189,9 @@ class PartyConfig:
         if not self.insecure and self.tls_dir is None:
             problems.append("set `security.tls_dir` (certificates from `vflink certs`), or "
                             "`security.insecure = true` for a local plaintext experiment")
+        if self.psi is not None and self.psi.tls and self.tls_dir is None:
+            problems.append("`psi.tls = true` needs `security.tls_dir` (the engine's link uses "
+                            "the party's certificates from `vflink certs`)")
         roles = [p.role for p in self.peers]
         if self.role == "primary" and roles.count("coordinator") != 1:
             problems.append("the primary needs exactly one peer with role = \"coordinator\"")
@@ -188,10 +237,16 @@ def load_party_config(path: Path) -> PartyConfig:
     party = dict(raw.get("party", {}))
     security = dict(raw.get("security", {}))
     unknown = sorted(set(raw) - {"version", "party", "peers", "security", "policy",
-                                  "privacy", "compute", "training"})
+                                  "privacy", "compute", "training", "psi"})
     if unknown:
         problems.append(f"unknown top-level key(s) {unknown}; known: party, peers, security, "
-                        "policy, privacy, compute, training")
+                        "policy, privacy, compute, training, psi")
+    psi_link = None
+    if "psi" in raw:
+        try:
+            psi_link = from_table(PsiLinkConfig, raw["psi"], "[psi]")
+        except ConfigError as exc:
+            problems.extend(exc.problems)
     compute = ComputeConfig()
     if "compute" in raw:
         try:
@@ -273,7 +328,7 @@ def load_party_config(path: Path) -> PartyConfig:
             secret_env=str(security.get("secret_env", "VFLINK_SECRET")), source=str(path),
             caller_roles={str(k): str(v) for k, v in roles_raw.items()}, policy=policy,
             record=bool(party.get("record", False)), privacy=privacy, compute=compute,
-            training=training)
+            training=training, psi=psi_link)
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}", exc.problems) from None
 

@@ -1,5 +1,8 @@
 """Run PSU or PSI between two parties, in one process or with the secondary served elsewhere,
-and write each party's ``row``/``uid`` table and a summary (``vflink align``)."""
+and write each party's ``row``/``uid`` table and a summary (``vflink align``).
+
+PSI runs vflink's own Diffie-Hellman protocol (``protocol = "dh"``) or an OT-extension one
+through the optional engine (``"rr22"``, ``"kkrt"``: :mod:`vflink.parties.setengine`)."""
 
 from __future__ import annotations
 
@@ -19,8 +22,10 @@ from vflink._files import table_format
 from vflink.alignment._dh import as_rows, key_bytes
 from vflink.alignment._spool import Buckets, Workdir, bucket_bits
 from vflink.alignment.cost import OpCosts, crypto_bound_s, protocol_ops, sample_costs
+from vflink.alignment.engine import EngineSettings, check_protocol, require_engine
 from vflink.alignment.exact import check_keys_present, normalise_key
 from vflink.alignment.groups import default_workers, get_group
+from vflink.alignment.protocols import ENGINE_REVEALS
 from vflink.alignment.psi import check_reveal
 from vflink.data.batches import read_frame_header, scan_frame
 from vflink.data.schema import PartySchema
@@ -37,6 +42,7 @@ from vflink.parties.setalign import (
     SetAlignmentDriver,
     write_set_alignment,
 )
+from vflink.parties.setengine import drive_engine_psi
 from vflink.protocol.channel import Channel
 from vflink.protocol.sessions import new_session_name
 from vflink.runfiles.party import PartyConfig
@@ -48,6 +54,7 @@ from vflink.types import Alignment, Compute
 
 __all__ = ["METHODS", "AlignOutcome", "CostProbe", "ExactOutcome", "KeyFile",
            "align_exact_in_process", "align_in_process", "align_over_network", "bound_line",
+           "engine_line", "engine_summary",
            "file_key_batches", "key_frame", "key_table", "run_cores", "run_set_alignment",
            "text_key_bytes", "write_outcome"]
 
@@ -70,6 +77,8 @@ class AlignOutcome:
     reveal: str = "both"
     #: the run against its crypto bound (:meth:`CostProbe.bound`), when it was measured
     bound: dict[str, Any] | None = None
+    #: the PSI protocol: "dh" (the group's), or the engine's "rr22"/"kkrt"
+    protocol: str = "dh"
 
     @property
     def sizes(self) -> dict[str, int]:
@@ -78,15 +87,61 @@ class AlignOutcome:
             sizes.update({k: v for k, v in self.secondary.sizes.items() if k not in sizes})
         return sizes
 
-    def summary(self) -> dict[str, Any]:
-        out = {"method": self.method, "group": self.group, "sizes": self.sizes,
+    def summary(self, wall_s: float | None = None) -> dict[str, Any]:
+        """The run's summary; an engine run's time is shared out against ``wall_s`` (the
+        command's own time), default the run's."""
+        out: dict[str, Any] = {"method": self.method, "group": self.group, "sizes": self.sizes,
                "seconds": round(self.seconds, 3), "bytes": {
                    k: v["bytes"] for k, v in self.communication.items()},
                "messages": {k: v["messages"] for k, v in self.communication.items()},
                "group_operations_here": self.operations}
         if self.bound is not None:
             out["crypto_bound"] = self.bound
+        if self.protocol != "dh":
+            out["protocol"] = self.protocol
+            engine = engine_summary(self.primary, self.seconds if wall_s is None else wall_s)
+            if self.secondary is not None and self.secondary.timings:
+                engine["secondary_seconds"] = self.secondary.timings
+            out["engine"] = engine
         return out
+
+
+def engine_summary(result: SetAlignment, wall_s: float) -> dict[str, Any]:
+    """What an engine run gave, and where its time went: the protocol itself (libpsi's online
+    phase) against everything around it (the CSV files, libpsi's hash buckets and sorting,
+    starting the engine and its link), as seconds and as a share of ``wall_s``."""
+    t = dict(result.timings)
+    csv = t.get("input_csv", 0.0) + t.get("engine_init", 0.0) + t.get("output", 0.0)
+    sort = (t.get("engine_preprocess", 0.0) + t.get("engine_postprocess", 0.0)
+            + t.get("engine_finalize", 0.0))
+    start = t.get("engine_import", 0.0) + t.get("engine_link", 0.0)
+    protocol = t.get("engine_online", 0.0)
+    wall = max(float(wall_s), 1e-9)
+    learns = {"both": "both parties learn the intersection (rows, and a UID per row)",
+              "primary": "the primary learns the intersection; the secondary nothing more",
+              "secondary": "the secondary learns the intersection; the primary nothing more"}
+    return {**{k: v for k, v in result.engine.items()},
+            "learns": "each party learns the other's set size; "
+                      + learns.get(str(result.engine.get("reveal", "both")), ""),
+            "security_note": "semi-honest only: a party that deviates inside the engine can "
+                             "learn more than the intersection; against a deviating primary "
+                             "use protocol \"dh\" (its answers carry proofs)",
+            "seconds": t,
+            "protocol_seconds": round(protocol, 3),
+            "outside_protocol": {"csv": round(csv, 3), "buckets_and_sorting": round(sort, 3),
+                                 "engine_start": round(start, 3),
+                                 "other": round(max(0.0, wall - protocol - csv - sort - start),
+                                                3)},
+            "outside_protocol_share": round(1.0 - protocol / wall, 3)}
+
+
+def engine_line(engine: dict[str, Any], wall_s: float) -> str:
+    """An engine run's :func:`engine_summary` in a few words, for the command's last line."""
+    out = engine["outside_protocol"]
+    return (f"{engine.get('protocol')} (semi-honest): protocol "
+            f"{engine['protocol_seconds']:.1f} s, {engine['outside_protocol_share']:.0%} of "
+            f"{wall_s:.1f} s outside it (CSV {out['csv']:.1f} s, buckets and sorting "
+            f"{out['buckets_and_sorting']:.1f} s, engine start {out['engine_start']:.1f} s)")
 
 
 def run_cores(compute: Compute | None, workers: int | None = None) -> int:
@@ -292,27 +347,47 @@ def warn_key_order(primary: PartyTable | KeyFile, secondary: PartyTable | KeyFil
         log.warning("%s", text.replace("--secondary-on", "--secondary-on (or secondary_on)"))
 
 
-def _check(method: str, reveal: str) -> None:
+def _check(method: str, reveal: str, protocol: str = "dh") -> None:
     if method not in METHODS:
         raise ConfigError(f"`method` must be one of {', '.join(METHODS)}, got {method!r}")
     check_reveal(reveal)
+    check_protocol(protocol)
+    if protocol != "dh":
+        if method != "psi":
+            raise ConfigError(f"`protocol` = {protocol!r} is a PSI protocol: the union (psu) "
+                              "runs on vflink's own DH protocol only")
+        if reveal not in ENGINE_REVEALS:
+            raise ConfigError(f"`reveal` = {reveal!r} is not offered by the {protocol} engine "
+                              f"(it offers {', '.join(ENGINE_REVEALS)}); the DH PSI "
+                              "(protocol \"dh\") reveals only the size with cardinality")
+        require_engine(protocol)
 
 
 def run_set_alignment(keys: Sequence[bytes] | KeyBatches, channel: Channel, peer: str, *,
                       method: str, group: str, reveal: str = "both", session: str | None = None,
                       workers: int | None = None, progress: StepProgress | None = None,
                       compute: Compute | None = None, chunk_rows: int | None = None,
-                      out: Path | None = None) -> tuple[SetAlignment, int]:
+                      out: Path | None = None, protocol: str = "dh",
+                      engine: EngineSettings | None = None, key_columns: int = 1
+                      ) -> tuple[SetAlignment, int]:
     """Drive PSU/PSI with ``peer`` over ``channel``; (own output, own group operations).
     With ``compute``, the group operations run in buckets on that engine.
     ``chunk_rows``: elements per message (default: ``compute``'s, else 100,000); ``out``:
-    stream the own output to that Parquet file instead of holding it."""
-    _check(method, reveal)
+    stream the own output to that Parquet file instead of holding it. ``protocol``
+    ``rr22``/``kkrt``: PSI through the engine on this party's link ``engine``, on keys joined
+    from ``key_columns`` columns."""
+    _check(method, reveal, protocol)
     g = get_group(group, workers=workers, compute=compute)
     driver = SetAlignmentDriver(keys, channel, g, progress=progress, chunk_rows=chunk_rows,
                                 out=out)
     # a finished session is immutable: every run opens a new one
     name = session or new_session_name(method)
+    if protocol != "dh":
+        if engine is None:
+            raise ConfigError(f"protocol {protocol!r} needs this party's engine link "
+                              "(a [psi] section with `listen` in its party file)")
+        return drive_engine_psi(driver, peer, name, protocol=protocol, reveal=reveal,
+                                settings=engine, key_columns=key_columns), 0
     mine = driver.psu(peer, name) if method == "psu" else driver.psi(peer, name, reveal=reveal)
     return mine, g.operations
 
@@ -335,15 +410,19 @@ def align_in_process(primary: PartyTable | KeyFile, secondary: PartyTable | KeyF
                      method: str, group: str = "ristretto255", reveal: str = "both",
                      workers: int | None = None, progress: StepProgress | None = None,
                      transcript: Transcript | None = None, compute: Compute | None = None,
-                     chunk_rows: int | None = None, out: Path | None = None) -> AlignOutcome:
+                     chunk_rows: int | None = None, out: Path | None = None,
+                     protocol: str = "dh") -> AlignOutcome:
     """Both parties in this process, talking through an in-process channel (both on
     ``compute``, this process's engine, when given).
 
     A :class:`KeyFile` is read in batches of ``chunk_rows`` (default: ``compute``'s,
     else 100,000; also the protocol's elements per message), and with ``out`` (a directory)
     both outputs are streamed to ``out/primary.parquet`` and ``out/secondary.parquet``
-    instead of held: with both, this process's memory does not grow with the tables."""
-    _check(method, reveal)
+    instead of held: with both, this process's memory does not grow with the tables.
+
+    ``protocol`` ``rr22``/``kkrt``: PSI through the engine, each party's link on loopback
+    (a free port each, no TLS: both parties are this process)."""
+    _check(method, reveal, protocol)
     warn_key_order(primary, secondary)
     for table in (primary, secondary):  # named here, where both tables are at hand
         if isinstance(table, PartyTable):
@@ -356,6 +435,7 @@ def align_in_process(primary: PartyTable | KeyFile, secondary: PartyTable | KeyF
     peer = SecondaryParty(table, hub.channel(secondary.name))
     peer.compute = compute
     peer.set_chunk_rows = chunk
+    peer.psi_engine = EngineSettings()  # loopback, a free port per run
     if isinstance(secondary, KeyFile):
         peer.set_keys = file_key_batches(secondary, chunk_rows=chunk)
     if out is not None:
@@ -366,27 +446,51 @@ def align_in_process(primary: PartyTable | KeyFile, secondary: PartyTable | KeyF
     mine, ops = run_set_alignment(keys, hub.channel(primary.name), secondary.name,
                                   method=method, group=group, reveal=reveal, workers=workers,
                                   progress=progress, compute=compute, chunk_rows=chunk,
-                                  out=None if out is None else out / "primary.parquet")
+                                  out=None if out is None else out / "primary.parquet",
+                                  protocol=protocol, engine=EngineSettings(),
+                                  key_columns=_key_columns(primary))
     seconds = time.perf_counter() - start
     theirs = peer.set_alignment(mine.session)
-    return AlignOutcome(method, group, mine, theirs, seconds,
-                        TrafficCounter.delta(counter.snapshot(), {}), ops, reveal)
+    return AlignOutcome(method, _group_name(group, protocol), mine, theirs, seconds,
+                        TrafficCounter.delta(counter.snapshot(), {}), ops, reveal,
+                        protocol=protocol)
+
+
+def _key_columns(source: PartyTable | KeyFile) -> int:
+    return len(source.on) if isinstance(source, KeyFile) else len(source.schema.key)
+
+
+def _group_name(group: str, protocol: str) -> str:
+    """What the summary names as the run's group: the DH group, or the engine's protocol."""
+    return group if protocol == "dh" else protocol
 
 
 def align_over_network(primary: PartyTable | KeyFile, config: PartyConfig, peer: str, *,
                        method: str, group: str = "ristretto255", reveal: str = "both",
                        workers: int | None = None, progress: StepProgress | None = None,
                        transcript: Transcript | None = None, compute: Compute | None = None,
-                       chunk_rows: int | None = None, out: Path | None = None
-                       ) -> AlignOutcome:
+                       chunk_rows: int | None = None, out: Path | None = None,
+                       protocol: str = "dh") -> AlignOutcome:
     """The secondary ``peer`` is served elsewhere (``vflink serve``); we are the primary of
     ``config``. The secondary writes its own output into its state directory.
 
     ``chunk_rows`` (default: ``config``'s ``[compute] chunk_rows``) and ``out`` (a directory:
-    the own output streamed to ``out/primary.parquet``) as for :func:`align_in_process`."""
+    the own output streamed to ``out/primary.parquet``) as for :func:`align_in_process`.
+    ``protocol`` ``rr22``/``kkrt``: PSI through the engine on the link of ``config``'s
+    ``[psi]`` section, mutual TLS from its certificates unless ``security.insecure``."""
+    from vflink.runner.network import engine_settings
     from vflink.transport.grpc import GrpcChannel, TlsConfig
 
-    _check(method, reveal)
+    _check(method, reveal, protocol)
+    engine = None
+    if protocol != "dh":
+        config.policy.check_psi_protocol(config.name, protocol)  # our own policy too
+        engine = engine_settings(config)
+        if engine is None:
+            raise ConfigError(f"{config.source}: protocol {protocol!r} runs the PSI engine, "
+                              "whose link this party's file configures: add a [psi] section "
+                              "with `listen = \"host:port\"` (a port of this host the peer "
+                              "can reach)")
     if peer not in config.addresses:
         raise ConfigError(f"{config.source}: no peer {peer!r} (peers: "
                           f"{', '.join(config.addresses)})")
@@ -407,11 +511,15 @@ def align_over_network(primary: PartyTable | KeyFile, config: PartyConfig, peer:
         mine, ops = run_set_alignment(keys, channel, peer, method=method, group=group,
                                       reveal=reveal, workers=workers, progress=progress,
                                       compute=compute, chunk_rows=chunk,
-                                      out=None if out is None else out / "primary.parquet")
+                                      out=None if out is None else out / "primary.parquet",
+                                      protocol=protocol, engine=engine,
+                                      key_columns=_key_columns(primary))
     finally:
         channel.close()
-    return AlignOutcome(method, group, mine, None, time.perf_counter() - start,
-                        TrafficCounter.delta(counter.snapshot(), {}), ops, reveal)
+    return AlignOutcome(method, _group_name(group, protocol), mine, None,
+                        time.perf_counter() - start,
+                        TrafficCounter.delta(counter.snapshot(), {}), ops, reveal,
+                        protocol=protocol)
 
 
 @dataclass(frozen=True)
@@ -466,15 +574,19 @@ def align_exact_in_process(primary: PartyTable, secondary: PartyTable, *,
                         TrafficCounter.delta(counter.snapshot(), {}), source)
 
 
-def write_outcome(outcome: AlignOutcome, out: Path) -> dict[str, Any]:
+def write_outcome(outcome: AlignOutcome, out: Path, *, wall_s: float | None = None
+                  ) -> dict[str, Any]:
     """``out/primary.parquet``, ``out/secondary.parquet`` (when held here), ``summary.json``
-    (an output already streamed to its file is left as it is)."""
+    (an output already streamed to its file is left as it is); ``wall_s``: the command's own
+    time, against which an engine run's time is shared out."""
     out.mkdir(parents=True, exist_ok=True)
     for name, result in (("primary", outcome.primary), ("secondary", outcome.secondary)):
         if result is None or result.path is not None:
             continue
         # a party that learns only the size writes an empty table
         write_set_alignment(result, out / f"{name}.parquet")
-    summary = outcome.summary()
+    summary = outcome.summary(wall_s)
+    if wall_s is not None:  # the command's own time: engine start, key passes, outputs
+        summary["command_seconds"] = round(wall_s, 3)
     write_json(out / "summary.json", summary)
     return summary

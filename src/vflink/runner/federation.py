@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from vflink.alignment.engine import EngineSettings
 from vflink.linkage import SearchOptions
 from vflink.parties import CoordinatorParty, SecondaryParty
 from vflink.parties.policy import PartyPolicy
@@ -74,6 +75,9 @@ class Federation:
     #: the primary's own state directory across runs (its party file's ``state_dir``), where
     #: it keeps the release counts of its labels; ``None``: the run's directory
     state_dir: Path | None = None
+    #: the primary's PSI engine link (its party file's ``[psi]``; loopback in one process),
+    #: for ``alignment.protocol = "rr22"``/``"kkrt"``; None: none configured
+    psi_engine: EngineSettings | None = None
 
     def close(self) -> None:
         self.closer()
@@ -101,7 +105,8 @@ def noise_seed(config: RunConfig, j: int) -> int | None:
     if not config.privacy.reproducible_noise:
         return None
     base = config.privacy.seed if config.privacy.seed is not None else config.seed
-    return int(np.random.SeedSequence([base, 0xAFE, j]).generate_state(1, np.uint64)[0] >> 1)
+    # int() first: numpy 1.x has no right shift of a uint64 by a Python int
+    return int(np.random.SeedSequence([base, 0xAFE, j]).generate_state(1, np.uint64)[0]) >> 1
 
 
 def in_process(inputs: Inputs, config: RunConfig, *, transcript: Transcript | None = None,
@@ -128,6 +133,7 @@ def in_process(inputs: Inputs, config: RunConfig, *, transcript: Transcript | No
                                resources=config.training.resources(),
                                peer_dirs=False)  # one run of one primary: its run directory
         party.compute = compute
+        party.psi_engine = EngineSettings()  # the engine's link on loopback, a free port
         hub.register(table.name, party)
         parties[table.name] = party
     # a run id as across hosts (the secondaries here serve this run alone): the same messages
@@ -135,4 +141,5 @@ def in_process(inputs: Inputs, config: RunConfig, *, transcript: Transcript | No
     return Federation(channel=hub.channel(inputs.primary.name),
                       secondaries=tuple(t.name for t in inputs.secondaries),
                       coordinator=COORDINATOR, counter=counter, secret=secret, policy=policy,
-                      secret_source=source, parties=parties, run=new_session_name("run"))
+                      secret_source=source, parties=parties, run=new_session_name("run"),
+                      psi_engine=EngineSettings())

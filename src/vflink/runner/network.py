@@ -8,8 +8,10 @@ import re
 import signal
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from types import FrameType
 
+from vflink.alignment.engine import EngineSettings, EngineTls
 from vflink.errors import ConfigError
 from vflink.parties import CoordinatorParty, SecondaryParty
 from vflink.parties.recording import Recorder
@@ -23,7 +25,7 @@ from vflink.transport import TrafficCounter, Transcript
 from vflink.transport.grpc import GrpcChannel, GrpcServer, TlsConfig
 from vflink.types import Compute
 
-__all__ = ["network_federation", "serve"]
+__all__ = ["engine_settings", "network_federation", "serve"]
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +36,28 @@ def _tls(config: PartyConfig) -> TlsConfig | None:
     if config.tls_dir is None:
         raise ConfigError("security.tls_dir is required unless security.insecure = true")
     return TlsConfig.for_party(config.tls_dir, config.name)
+
+
+def engine_settings(config: PartyConfig) -> EngineSettings | None:
+    """This party's PSI engine link from its own party file (``[psi]``; None without one):
+    its addresses, mutual TLS from its certificates (unless ``security.insecure``, or
+    ``psi.tls = false``), its spool under its state directory, and its deadline as the link's
+    timeouts."""
+    if config.psi is None:
+        return None
+    tls = None
+    if config.psi.tls if config.psi.tls is not None else not config.insecure:
+        if config.tls_dir is None:
+            raise ConfigError(f"{config.source}: the PSI engine's mutual TLS needs "
+                              "security.tls_dir")
+        t = TlsConfig.for_party(config.tls_dir, config.name)
+        tls = EngineTls(cert=Path(t.cert), key=Path(t.key), ca=Path(t.ca))
+    from vflink.parties.setalign import SPOOL_DIR
+
+    return EngineSettings(listen=config.psi.listen, advertise=config.psi.advertise, tls=tls,
+                          spool=None if config.state_dir is None
+                          else Path(config.state_dir) / SPOOL_DIR,
+                          deadline_s=config.deadline_s, connect_s=config.psi.connect_s)
 
 
 def _channel(config: PartyConfig, *, counter: TrafficCounter | None = None,
@@ -69,7 +93,8 @@ def network_federation(config: PartyConfig, *, run_id: str,
                       counter=counter, secret=shared_secret(config.secret_env, required=True),
                       state_prefix=f"{label}/", run=new_session_name("run"),
                       closer=channel.close, policy=config.policy,
-                      secret_source=f"${config.secret_env}", state_dir=config.state_dir)
+                      secret_source=f"${config.secret_env}", state_dir=config.state_dir,
+                      psi_engine=engine_settings(config))
 
 
 def build_handler(config: PartyConfig, *, compute: Compute | None = None) -> MessageHandler:
@@ -92,8 +117,9 @@ def build_handler(config: PartyConfig, *, compute: Compute | None = None) -> Mes
                           "coordinator; the primary drives runs with `vflink train --party`")
     # the party's own compute engine runs its chunked stages; it is never named to a peer
     party.compute = compute
-    if isinstance(party, SecondaryParty):  # its own batches in PSU/PSI
+    if isinstance(party, SecondaryParty):  # its own batches in PSU/PSI; its PSI engine link
         party.set_chunk_rows = config.compute.chunk_rows
+        party.psi_engine = engine_settings(config)
     log.info("%s: policy %s; roles %s", config.name, config.policy, config.roles)
     if isinstance(party, SecondaryParty):
         # the figure a deviating primary can test against our set (docs/security.md)

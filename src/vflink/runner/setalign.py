@@ -29,12 +29,14 @@ import numpy.typing as npt
 import pandas as pd
 
 from vflink.alignment._dh import key_bytes
+from vflink.alignment.engine import EngineSettings, require_engine
 from vflink.alignment.groups import Group, get_group
 from vflink.data.split import split_rows
 from vflink.data.table import PartyTable
 from vflink.errors import ConfigError
 from vflink.parties import SecondaryParty
 from vflink.parties.setalign import SetAlignment, SetAlignmentDriver, pair_by_uid
+from vflink.parties.setengine import drive_engine_psi
 from vflink.parties.union import uid_rows
 from vflink.protocol.channel import Channel
 from vflink.protocol.sessions import new_session_name
@@ -59,17 +61,26 @@ def group_of(config: RunConfig) -> Group:
 
 
 def psi_alignments(inputs: Inputs, federation: Federation, config: RunConfig,
-                   session: str | None = None) -> dict[str, Alignment]:
+                   session: str | None = None,
+                   engines: dict[str, dict[str, Any]] | None = None) -> dict[str, Alignment]:
     """Exact alignment by ECDH PSI with each secondary under ``session`` (new per run): both
     learn the intersection and a UID per intersecting record; the secondary then tells the
-    primary its rows in UID order."""
+    primary its rows in UID order. With ``alignment.protocol`` = ``rr22``/``kkrt`` the
+    intersection comes from the PSI engine instead (:mod:`vflink.parties.setengine`), and
+    ``engines`` receives each secondary's engine run (protocol, security, addresses)."""
     primary = inputs.primary
     keys = key_bytes(primary.frame, primary.schema.key, who=primary.source)
+    protocol = config.alignment.protocol
+    engine = _engine_of(federation, protocol)
     out: dict[str, Alignment] = {}
     for name in federation.secondaries:
         driver = SetAlignmentDriver(keys, federation.channel, group_of(config))
         session = session or new_session_name("psi")  # finished sessions are immutable
-        mine = driver.psi(name, session=session, reveal="both")
+        if engine is not None:  # RR22/KKRT through the engine, agreed in the session
+            mine = drive_engine_psi(driver, name, session, protocol=protocol, reveal="both",
+                                    settings=engine, key_columns=len(primary.schema.key))
+        else:
+            mine = driver.psi(name, session=session, reveal="both")
         view = driver.fetch_rows(name, session)
         own, theirs = pair_by_uid(mine, view.secondary_index)
         sec = np.full(len(primary), -1, dtype=np.int64)
@@ -77,7 +88,23 @@ def psi_alignments(inputs: Inputs, federation: Federation, config: RunConfig,
         out[name] = Alignment(np.arange(len(primary), dtype=np.int64), sec[:, None], None, name,
                               {"matched": float(len(own) / max(len(primary), 1)),
                                **set_limits(mine)})
+        if mine.engine and engines is not None:
+            engines[name] = {**mine.engine, "seconds": dict(mine.timings)}
     return out
+
+
+def _engine_of(federation: Federation, protocol: str) -> EngineSettings | None:
+    """The primary's engine link for ``protocol`` (None: the DH PSI), refused with the install
+    command or what to configure where it cannot run."""
+    if protocol == "dh":
+        return None
+    require_engine(protocol)
+    federation.policy.check_psi_protocol("primary", protocol)
+    if federation.psi_engine is None:
+        raise ConfigError(f"alignment.protocol = {protocol!r} runs the PSI engine, whose link "
+                          "the primary's party file configures: add a [psi] section with "
+                          "`listen = \"host:port\"` (docs/how-to/scale-out.md)")
+    return federation.psi_engine
 
 
 def set_limits(result: SetAlignment) -> dict[str, float]:
@@ -245,23 +272,34 @@ def prepare_psu(config: RunConfig, inputs: Inputs, federation: Federation | None
 
 def prepare_psi(config: RunConfig, inputs: Inputs, federation: Federation, **_: Any
                 ) -> Prepared:
-    """``psi``: the intersection by ECDH PSI, as exact alignment gives it."""
+    """``psi``: the intersection by ECDH PSI (or by the PSI engine's ``alignment.protocol``),
+    as exact alignment gives it."""
     n = len(inputs.primary)
     rows = np.arange(n, dtype=np.int64)
     if get_algorithm(config.algorithm).kind == "florist":
         raise ConfigError(f"algorithm {config.algorithm!r} trains over the PSU union: set "
                           "alignment.method = \"psu\"")
     before = federation.counter.snapshot()
+    before_kinds = federation.counter.kinds()
     session = new_session_name("psi")  # a finished session is immutable: new per run
-    base = psi_alignments(inputs, federation, config, session)
+    engines: dict[str, dict[str, Any]] = {}
+    base = psi_alignments(inputs, federation, config, session, engines)
     if config.alignment.unmatched == "drop":
         for a in base.values():
             rows = rows[a.for_primary_rows(n)[rows, 0] != MISSING]
-    summary = {"method": "psi", "group": config.alignment.group,
+    protocol = config.alignment.protocol
+    summary = {"method": "psi", "protocol": protocol,
+               # the report names the group; an engine run names its protocol and model
+               "group": (f"{protocol} engine, semi-honest" if protocol != "dh"
+                         else config.alignment.group),
+               **({"engine": engines} if engines else {}),
                "matched_fraction": {k: float(np.mean(a.matched)) for k, a in base.items()},
                "unmatched": config.alignment.unmatched,
                "set_limits": {k: {m: a.meta[m] for m in ("guess_limit", "guess_window_s")
-                                  if m in a.meta} for k, a in base.items()}}
+                                  if m in a.meta} for k, a in base.items()},
+               # every kind that crossed, for the ledger (as the coordinator's methods list)
+               "messages": TrafficCounter.kinds_delta(federation.counter.kinds(),
+                                                      before_kinds)}
     return Prepared(inputs, {"base": base, "top1": base, "exact": base},
                     dict.fromkeys(("base", "top1", "exact"), session), rows,
                     TrafficCounter.delta(federation.counter.snapshot(), before), federation,

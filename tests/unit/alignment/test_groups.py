@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -67,3 +72,16 @@ def test_invalid_peer_elements_are_refused(name: str) -> None:
     bad = np.full((1, g.element_bytes), 0xFF, dtype=np.uint8)  # ≥ p, or a non-canonical point
     with pytest.raises(ProtocolError):
         g.validate(bad, "peer")
+
+
+def test_the_ristretto_group_leaves_nothing_in_the_temporary_directory(tmp_path: Path) -> None:
+    """rbcl writes its bundled libsodium to a temporary file it never removes; a process that
+    imports the group removes it once loaded (the group still works)."""
+    code = ("from vflink.alignment.groups import get_group\n"
+            "g = get_group('ristretto255', workers=1)\n"
+            "assert len(g.hash_to_group([b'a', b'b'])) == 2\n")
+    done = subprocess.run([sys.executable, "-c", code],
+                          env={**os.environ, "TMPDIR": str(tmp_path)},
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert list(tmp_path.iterdir()) == []

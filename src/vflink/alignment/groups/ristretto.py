@@ -12,6 +12,8 @@ libsodium and exposes exactly these.
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Sequence
 
 import numpy as np
@@ -20,6 +22,23 @@ import rbcl
 from vflink.alignment.groups.base import Elements, Group
 
 __all__ = ["Ristretto255"]
+
+
+def _remove_rbcl_copy() -> None:
+    """rbcl loads its bundled libsodium from a copy it writes to the temporary directory
+    (``NamedTemporaryFile(delete=False)``) and never removes: 2.7 MB left in ``/tmp`` by every
+    process that imports it. Once loaded, the file is no longer needed (the mapping outlives
+    its name on POSIX; on Windows the removal fails and the file stays, as before)."""
+    module = sys.modules.get("rbcl._sodium") or sys.modules.get("_sodium")
+    path = getattr(module, "lib_path", None)
+    if isinstance(path, str) and os.path.basename(path).startswith("tmp"):
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+
+_remove_rbcl_copy()
 
 #: The order of the ristretto255 group: 2^252 + 27742317777372353535851937790883648493.
 ORDER = 2**252 + 27742317777372353535851937790883648493
