@@ -170,6 +170,9 @@ class SecondaryParty(SetAlignmentPeer, UnionPeer, LinkingPeer):
         self.protection.start()
         if self.recorder is not None:
             self.recorder.new_training()
+            # what this party was told: a white-box attack tries every seed it received
+            self.recorder.note("setup", sender, {"message": message.kind,
+                                                 "seed": int(message.spec.seed)})
         return Ack()
 
     def on_setup_privacy(self, sender: str, message: SetupPrivacy) -> Ack:
@@ -285,7 +288,7 @@ class SecondaryParty(SetAlignmentPeer, UnionPeer, LinkingPeer):
             out, emb = self.protection.protect(out, unique, x.cpu())  # VFL-AFE Alg. 1 l. 6-9
             self._pending[message.batch_id] = out
             if self.recorder is not None:
-                self.recorder.forward_rows(message.batch_id, unique)
+                self.recorder.forward_rows(message.batch_id, unique, rows)
         else:
             if self.model.training:
                 self.model.eval()

@@ -33,6 +33,7 @@ from vflink.models.spec import BottomSpec
 from vflink.parties.guard import admit_forward, check_bottom_spec, check_embeddings
 from vflink.parties.policy import PartyPolicy
 from vflink.parties.privacy import EmbeddingProtection
+from vflink.parties.recording import Recorder
 from vflink.parties.setalign import SetAlignment
 from vflink.privacy.label_protection import LabelProtection
 from vflink.protocol.boundary import refuse
@@ -141,6 +142,7 @@ class UnionPeer:
     optimizer: torch.optim.Optimizer | None
     policy: PartyPolicy
     protection: EmbeddingProtection
+    recorder: Recorder | None
     _pending: dict[int, torch.Tensor]
     _pending_since: dict[int, float]
 
@@ -195,6 +197,9 @@ class UnionPeer:
         self._build(message.spec, pre)
         if self.features is None:
             raise ProtocolError(f"party {self.name!r}: no encoded features after setup")
+        if self.recorder is not None:  # what it was told (white-box attacks try the seed)
+            self.recorder.note("setup", sender, {"message": message.kind,
+                                                 "seed": int(message.spec.seed)})
         key = _session_key(self.features, message.session, message.spec.seed)
         fill = rows.copy()
         pool = np.empty(0, dtype=np.int64)
