@@ -9,13 +9,18 @@ line per run to a ``*-runs.jsonl`` file::
      "test": {"accuracy": ..., "auc": ...}, "best_epoch": 17, "seconds": 9.1,
      "attacks": {"label-norm": {"auc": 0.51}, ...}, "guarantee": {...}}
 
-The functions here read those lines (pure: no training) and build the docs' Markdown tables
+:func:`measure` is one point of that grid (one label mode × the attacks × one dataset × one
+seed: whatever ``config`` says): it trains, runs each attack on the run and returns the line.
+The other functions read those lines (pure: no training) and build the docs' Markdown tables
 (mean ± std over seeds) and the privacy-utility figure.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
+import time
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -25,17 +30,81 @@ import numpy as np
 
 from vflink.errors import ConfigError
 from vflink.privacy.config import LABEL_MODES
+from vflink.runfiles.config import EvaluationConfig, RunConfig
+from vflink.runfiles.inputs import Inputs
 
-__all__ = ["ATTACK_COLUMNS", "adjusting_table", "curve_table", "load_runs", "plot_curve",
-           "power_table", "protection_table", "run_key"]
+__all__ = ["ATTACK_COLUMNS", "LABEL_ATTACKS", "WHITE_BOX_COLUMNS", "adjusting_table", "curve_table",
+           "load_runs", "measure", "plot_curve", "power_table", "protection_table", "run_key"]
 
 #: the attacks of the tables, in column order, with their short headings
 ATTACK_COLUMNS = (("label-norm", "norm"), ("label-direction", "direction"),
                   ("label-kmeans", "k-means"), ("label-spectral", "spectral"),
                   ("label-fcm", "FCM"), ("label-completion", "completion"))
 
+#: the white-box label attacks (vflink.attacks.whitebox), with their short headings
+WHITE_BOX_COLUMNS = (("label-noise-subtraction", "noise subtraction"),
+                     ("label-epoch-average", "epoch average"), ("label-residual", "residual"))
+
 #: protections in table order
 MODES = LABEL_MODES
+
+#: what an attack's result keeps in a runs line
+_KEPT = ("auc", "accuracy", "auc_features_only", "accuracy_features_only", "majority",
+         "auc_per_batch", "auc_per_record")
+
+
+#: every label attack of the tables
+LABEL_ATTACKS = tuple(name for name, _ in ATTACK_COLUMNS + WHITE_BOX_COLUMNS)
+
+
+def measure(config: RunConfig, attacks: Sequence[str] = LABEL_ATTACKS, *,
+            tables: Inputs | None = None,
+            params: dict[str, dict[str, Any]] | None = None,
+            out: Path | None = None) -> dict[str, Any]:
+    """One point of the label-protection grid: train ``config`` (its label mode, dataset and
+    seed) with every party recording what it received, run each of ``attacks`` on the run
+    (``params``: an attack's parameters by name) and return one runs line: the test and
+    validation metrics, the decision threshold, each attack's figures with the most AUC the
+    protection's stated guarantee allows and whether it stayed within it, and the ledger's
+    guarantee. The run directory is ``out`` (kept) or a scratch one (removed)."""
+    from vflink.runner.attack import run_attack
+    from vflink.runner.train import run_training
+
+    config = config.replace(evaluation=EvaluationConfig(
+        record=True, record_rows=max(config.evaluation.record_rows, 20_000)))
+    scratch = Path(tempfile.mkdtemp(prefix="vflink-label-")) if out is None else None
+    run_dir = Path(out) if out is not None else Path(str(scratch)) / "run"
+    try:
+        start = time.perf_counter()
+        result = run_training(config, run_dir, tables=tables, overwrite=out is not None)
+        seconds = time.perf_counter() - start
+        figures: dict[str, Any] = {}
+        for name in attacks:
+            res = run_attack(run_dir, name, params=(params or {}).get(name))
+            protection = res.details.get("protection") or {}
+            figures[name] = {**{k: v for k, v in res.metrics.items() if k in _KEPT},
+                             **{k: protection.get(k) for k in ("limit", "within_limit")
+                                if k in protection}}
+            if res.details.get("found") is not None:
+                figures[name]["found"] = res.details["found"]["how"]
+    finally:
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
+    privacy = config.privacy
+    labelled = privacy.labels in ("dp", "rr-prior")
+    label = next((p for p in result.extra.get("protections", [])
+                  if str(p.get("kind", "")).startswith("label-")), None)
+    guarantee = {k: v for k, v in ((label or {}).get("guarantee") or {}).items()
+                 if not isinstance(v, (dict, list, str))}
+    return {"dataset": config.data.dataset, "labels": privacy.labels,
+            "epsilon": privacy.label_epsilon if labelled else None,
+            "power": privacy.marvell_power if privacy.labels == "marvell" else None,
+            "embeddings": privacy.embeddings, "seed": config.seed,
+            "algorithm": config.algorithm, "test": result.metrics["test"],
+            "validation": result.metrics["validation"], "best_epoch": result.best_epoch,
+            "decision": result.extra.get("decision"), "seconds": seconds,
+            "attacks": figures, "guarantee": guarantee,
+            "holds": all(f.get("within_limit", True) for f in figures.values())}
 
 
 def run_key(run: dict[str, Any]) -> tuple[Any, ...]:
@@ -88,6 +157,13 @@ def _attack_value(run: dict[str, Any], name: str) -> float | None:
     return None if value is None else float(value)
 
 
+def _model_auc(guarantee: dict[str, Any]) -> float | None:
+    """Marvell's per-batch AUC figure of its two-Gaussian model (named ``leak_auc_bound_max``
+    in runs measured before it stopped being stated as a bound)."""
+    value = guarantee.get("model_auc_max", guarantee.get("leak_auc_bound_max"))
+    return None if value is None else float(value)
+
+
 def _guarantee(runs: Sequence[dict[str, Any]]) -> str:
     g = [r.get("guarantee") or {} for r in runs]
     mode = runs[0].get("labels")
@@ -100,8 +176,8 @@ def _guarantee(runs: Sequence[dict[str, Any]]) -> str:
     if mode == "rr-prior":
         return f"ε = {np.nanmax(_values(g, lambda x: x['epsilon'])):.2f} (pure)"
     if mode == "marvell":
-        bound = _values(g, lambda x: x["leak_auc_bound_max"])
-        return f"leak AUC ≤ {np.nanmax(bound):.3f} per batch"
+        bound = _values(g, _model_auc)
+        return f"none (model's figure {np.nanmax(bound):.3f} per batch)"
     return "none"
 
 
@@ -173,19 +249,20 @@ def adjusting_table(runs: Sequence[dict[str, Any]]) -> str:
 def power_table(runs: Sequence[dict[str, Any]]) -> str:
     """Markdown: one row per Marvell power s (the ``marvell`` runs), test accuracy (%), its
     change against the unprotected run of the same seed (the ``off`` runs among ``runs``), test
-    AUC, the norm and direction attacks' AUC and the largest per-batch leak-AUC bound."""
+    AUC, the norm and direction attacks' AUC and the largest per-batch AUC figure of Marvell's
+    two-Gaussian model (a model's figure, not a bound on the attacks)."""
     off = {int(r["seed"]): r for r in runs if r.get("labels") == "off"}
     powers = sorted({float(r["power"]) for r in runs
                      if r.get("labels") == "marvell" and r.get("power") is not None})
     head = ["s", "test accuracy (%)", "Δ accuracy (points)", "test AUC", "norm", "direction",
-            "leak-AUC bound (max)"]
+            "model AUC figure (max)"]
     lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
     for power in powers:
         rs = [r for r in runs if r.get("labels") == "marvell" and r.get("power") == power]
         paired = [r for r in rs if int(r["seed"]) in off]
         delta = _values(paired, lambda r: r["test"]["accuracy"]) - _values(
             [off[int(r["seed"])] for r in paired], lambda r: r["test"]["accuracy"])
-        bound = _values(rs, lambda r: r["guarantee"]["leak_auc_bound_max"])
+        bound = _values(rs, lambda r: _model_auc(r["guarantee"]))
         lines.append("| " + " | ".join([
             f"{power:g}", _cell(_values(rs, lambda r: r["test"]["accuracy"]), percent=True),
             _cell(delta, percent=True), _cell(_values(rs, lambda r: r["test"].get("auc"))),
