@@ -19,6 +19,7 @@ from vflink import __version__
 from vflink.cli import align as align_cmd
 from vflink.cli import (
     attack,
+    audit,
     certs,
     demo,
     experiment,
@@ -33,8 +34,8 @@ from vflink.cli._errors import EXIT_CODES_HELP, Terminated, report_failure
 
 __all__ = ["main"]
 
-COMMANDS = (train, link, experiment, predict, demo, serve, certs, align_cmd, attack, report,
-            privacy_budget)
+COMMANDS = (train, link, experiment, predict, demo, serve, certs, align_cmd, attack, audit,
+            report, privacy_budget)
 
 
 def build_parser() -> argparse.ArgumentParser:
