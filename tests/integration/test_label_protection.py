@@ -18,6 +18,7 @@ from dp_accounting.pld import PLDAccountant
 from tests.helpers.imbalanced import imbalanced_inputs
 from tests.helpers.network import served_in_threads, write_party_files
 from vflink.alignment.synthetic import STRATEGIES
+from vflink.attacks.limits import dp_auc_ceiling
 from vflink.errors import ConfigError
 from vflink.privacy.config import PrivacyConfig
 from vflink.privacy.label_protection import LabelProtection
@@ -150,7 +151,10 @@ def test_off_is_bit_identical_to_the_code_before_label_protection() -> None:
     """`labels = "off"` draws nothing and reorders nothing: the same metrics and messages as
     before label protection existed (every existing figure stays); the default protects."""
     runs = []
-    for cfg in (config("off"), config("off")):
+    # pinned when model selection watched validation accuracy; the gradients sent do not
+    # depend on it (both epochs run), the epoch kept does (the default is now AUC)
+    old_selection = TrainingConfig(epochs=2, patience=2, select="accuracy")
+    for cfg in (config("off").replace(training=old_selection),) * 2:
         transcript = Transcript()
         runs.append((run_training(cfg, transcript=transcript), sent_gradients(transcript)))
     (a, grads_a), (b, grads_b) = runs
@@ -177,7 +181,8 @@ def test_fedsim_k_links_go_through_the_protection() -> None:
             assert entry["guarantee"]["max_releases"] == 2
         else:
             assert entry["guarantee"]["batches"] > 0
-            assert entry["guarantee"]["leak_auc_bound_max"] < 1.0
+            assert entry["guarantee"]["model_auc_max"] < 1.0
+            assert entry["guarantee"]["limit"] is None  # a model's figure, no stated bound
         assert np.isfinite(result.metrics["test"]["accuracy"])
 
 
@@ -229,7 +234,12 @@ def test_the_attacks_and_the_report_read_the_protection(tmp_path: Path) -> None:
     for attack in ("label-norm", "label-direction"):
         held = aucs[("dp", attack)]
         assert abs(held.metrics["auc"] - 0.5) <= 0.1
-        assert held.details["protection"] == {"mode": "dp", "defeated": True, "within": 0.1}
+        protection = held.details["protection"]
+        assert {k: protection[k] for k in ("mode", "defeated", "within")} == {
+            "mode": "dp", "defeated": True, "within": 0.1}
+        # beside it, the most AUC (ε = 4, δ = 1e-5) allows any test of one record's label
+        assert protection["limit"] == pytest.approx(dp_auc_ceiling(4.0, 1e-5), abs=1e-3)
+        assert protection["within_limit"] is True
         assert "labels = dp" in held.explanation
     with pytest.raises(ConfigError, match="in memory"):
         run_attack(tmp_path / "dp", "label-completion")  # its own table is not on disk

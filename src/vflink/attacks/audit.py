@@ -115,35 +115,38 @@ class GuessFigures:
 
 
 def audit_guesses(scores: npt.ArrayLike, bits: npt.ArrayLike, *, delta: float = 0.0,
-                  confidence: float = 0.95,
+                  confidence: float = 0.95, threshold: float | None = None,
                   fractions: Sequence[float] = (0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
                   ) -> GuessFigures:
-    """Guess the canaries' bits from ``scores`` (high: bit 1): for each fraction f, the f·m/2
-    highest as 1 and the f·m/2 lowest as 0, abstaining on the rest; the ε lower bound of each
-    at the Bonferroni-corrected level, the best kept."""
+    """Guess the canaries' bits from ``scores`` (high: bit 1) against ``threshold`` (default:
+    the scores' median; the runner fits it on records whose labels the auditor knows): for
+    each fraction f, the f·m canaries whose scores lie furthest from the threshold are guessed
+    (1 above it, 0 below), the rest abstained on; the ε lower bound of each at the
+    Bonferroni-corrected level, the best kept."""
     s = np.asarray(scores, dtype=np.float64)
     b = np.asarray(bits, dtype=np.int64)
     m = len(s)
     if m < 2 or len(b) != m:
         raise ValueError(f"need at least 2 canaries with one bit each, got {m} scores and "
                          f"{len(b)} bits")
-    order = np.argsort(s, kind="stable")
-    ks = sorted({max(1, min(m // 2, int(round(f * m / 2)))) for f in fractions})
-    per_test = 1.0 - (1.0 - confidence) / len(ks)
+    t = float(np.median(s)) if threshold is None else float(threshold)
+    order = np.argsort(-np.abs(s - t), kind="stable")  # the most confident first
+    right = (s >= t).astype(np.int64) == b
+    rs = sorted({max(1, min(m, int(round(f * m)))) for f in fractions})
+    per_test = 1.0 - (1.0 - confidence) / len(rs)
     best: tuple[float, int, int] | None = None
-    for k in ks:
-        correct = int((b[order[-k:]] == 1).sum() + (b[order[:k]] == 0).sum())
-        eps = one_run_epsilon_lower(m, 2 * k, correct, delta, per_test)
-        if best is None or eps > best[0] or (eps == best[0] and correct / (2 * k)
-                                             > best[2] / (2 * best[1])):
-            best = (eps, k, correct)
-    if best is None:  # pragma: no cover - ks is never empty
+    for r in rs:
+        correct = int(right[order[:r]].sum())
+        eps = one_run_epsilon_lower(m, r, correct, delta, per_test)
+        if best is None or eps > best[0] or (eps == best[0] and correct / r
+                                             > best[2] / best[1]):
+            best = (eps, r, correct)
+    if best is None:  # pragma: no cover - rs is never empty
         raise ValueError("no guesses")
-    eps, k, correct = best
-    r = 2 * k
+    eps, r, correct = best
     lo, hi = clopper_pearson(correct, r, confidence)
     return GuessFigures(canaries=m, guesses=r, correct=correct, epsilon_lower=eps,
-                        confidence=confidence, tried=tuple(2 * x for x in ks),
+                        confidence=confidence, tried=tuple(rs),
                         accuracy=correct / r, accuracy_interval=(lo, hi),
                         epsilon_point=logit(correct / r),
                         epsilon_interval=(logit(lo), logit(hi)))

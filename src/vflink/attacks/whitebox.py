@@ -261,9 +261,10 @@ def dp_scores(batch: Batch, noise: FloatArray, per_record: int = 1) -> tuple[flo
 
 
 def _em_two_lines(p: FloatArray, z0: FloatArray, t: FloatArray, iters: int = 30) -> FloatArray:
-    """Posterior of the smaller of two components, each explaining a row by p = a + b·z0 +
-    N(0, τ²) and t = m + N(0, κ²) (Marvell: along Δ̂ a class mean plus its noise, across it the
-    coefficient on the known perpendicular draw)."""
+    """Posterior of the component whose mean along the direction is the larger, of two
+    components each explaining a row by p = a + b·z0 + N(0, τ²) and t = m + N(0, κ²)
+    (Marvell: along Δ̂ a class mean plus its noise, across it the coefficient on the known
+    perpendicular draw)."""
     n = len(p)
     lo, hi = np.percentile(t, [25, 75])
     centres = np.array([lo, hi])
@@ -273,6 +274,7 @@ def _em_two_lines(p: FloatArray, z0: FloatArray, t: FloatArray, iters: int = 30)
                             for k in range(2)])
     resp = np.stack([a == 0, a == 1], axis=1).astype(np.float64) * 0.8 + 0.1
     design = np.stack([np.ones(n), z0], axis=1)
+    means = np.zeros(2)
     for _ in range(iters):
         ll = np.zeros((n, 2))
         for k in range(2):
@@ -280,6 +282,7 @@ def _em_two_lines(p: FloatArray, z0: FloatArray, t: FloatArray, iters: int = 30)
             total = float(w.sum()) + 1e-12
             xtw = design.T * w
             coef = np.linalg.solve(xtw @ design + 1e-9 * np.eye(2), xtw @ p)
+            means[k] = coef[0]
             res = p - design @ coef
             tau2 = max(float((w * res ** 2).sum()) / total, 1e-30)
             mt = float((w * t).sum()) / total
@@ -289,18 +292,22 @@ def _em_two_lines(p: FloatArray, z0: FloatArray, t: FloatArray, iters: int = 30)
         ll -= ll.max(axis=1, keepdims=True)
         resp = np.exp(ll)
         resp /= resp.sum(axis=1, keepdims=True)
-    small = int(np.argmin(resp.sum(axis=0)))
-    return np.asarray(resp[:, small], dtype=np.float64)
+    return np.asarray(resp[:, int(np.argmax(means))], dtype=np.float64)
 
 
-def marvell_scores(batch: Batch, normal: FloatArray) -> tuple[float, FloatArray]:
+def marvell_scores(batch: Batch, normal: FloatArray, ref: FloatArray | None = None
+                   ) -> tuple[float, FloatArray]:
     """``marvell`` with the batch's draws known (``normal``: (slots, d + 1), ξ₀ then ξ):
-    (z of the fit, the logit of each row's posterior of the smaller component)."""
+    (z of the fit, the logit of each row's posterior of the component further along the
+    batch's class-mean direction, that direction's sign taken from ``ref`` so that every
+    batch names the same class)."""
     z = batch.per_row(np.asarray(normal, dtype=np.float64))
     if z.shape[1] != batch.rows.shape[1] + 1:
         return 0.0, np.zeros(len(batch.ids))
     centred = batch.rows - batch.rows.mean(axis=0)
     v = top_direction(batch.rows)
+    if ref is not None and float(v @ ref) < 0:
+        v = -v
     p = centred @ v
     z0 = z[:, 0]
     corr = _corr(p, z0)
@@ -338,12 +345,12 @@ def _shapes(mechanism: str, batch: Batch, per_record: int, secondaries: int
     return [shape] * secondaries  # the other secondaries' draws taken as the same size
 
 
-def _fit(mechanism: str, batch: Batch, draw: FloatArray, per_record: int
-         ) -> tuple[float, FloatArray]:
+def _fit(mechanism: str, batch: Batch, draw: FloatArray, per_record: int,
+         ref: FloatArray | None = None) -> tuple[float, FloatArray]:
     if mechanism == "dp":
         return dp_scores(batch, draw, per_record)
     if mechanism == "marvell":
-        return marvell_scores(batch, draw)
+        return marvell_scores(batch, draw, ref)
     return max_norm_scores(batch, draw)
 
 
@@ -490,8 +497,13 @@ def subtract_noise(batches: Sequence[Batch], found: Found) -> list[FloatArray]:
     draws = regenerate(found.candidate.seed, found.mechanism, batches, position=found.position,
                        secondaries=found.secondaries, per_record=found.per_record)
     out = []
+    ref: FloatArray | None = None
     for batch, draw in zip(batches, draws, strict=True):
-        _, scores = _fit(found.mechanism, batch, draw, found.per_record)
+        _, scores = _fit(found.mechanism, batch, draw, found.per_record, ref)
+        if len(batch.ids) >= 3:  # the class-mean direction, its sign kept batch to batch
+            v = top_direction(batch.rows)
+            v = v if ref is None or float(v @ ref) >= 0 else -v
+            ref = v if ref is None else _unit(0.8 * ref + 0.2 * v)
         out.append(scores)
     if found.mechanism == "dp":
         return out  # oriented by the fit: (p − y) < 0 is a positive label

@@ -12,8 +12,9 @@ scores each canary from its own recording only:
   every seed the secondary received and small seeds tried.
 
 The auditor knows every label but the canaries' (label DP protects one label given all the
-others), and uses the non-canary records' labels only to tell which way the scores run. It
-guesses the most confident canaries, counts the correct guesses and reports the empirical ε
+others), and uses the non-canary records' labels only to tell which way the scores run and
+where to cut them (the best balanced accuracy on them). It guesses the canaries whose scores
+lie furthest from that cut, counts the correct guesses and reports the empirical ε
 lower bound with its Clopper–Pearson interval beside the ε the ledger claims. The result goes
 to ``audit.json`` in the run directory and, as an attack named ``label-audit``, into its
 ledger (the report lists it).
@@ -40,6 +41,7 @@ from vflink.attacks.limits import gdp_mu
 from vflink.attacks.whitebox import LabelEpochAverageAttack, LabelNoiseSubtraction
 from vflink.data.table import PartyTable
 from vflink.errors import ConfigError
+from vflink.metrics.functional import auc, choose_threshold
 from vflink.privacy.ledger import LEDGER_FILE, Ledger
 from vflink.runfiles.config import EvaluationConfig, RunConfig
 from vflink.runfiles.inputs import Inputs, load_inputs
@@ -157,14 +159,16 @@ def _audit_run(run_dir: Path, inputs: Inputs, rows: npt.NDArray[np.int64],
                          if r not in canary_ids and r in labels], dtype=np.int64)
     y_others = np.asarray([labels[int(ids[i])] for i in others], dtype=np.int64)
     s = scores[trained[seen]]
-    flipped = False
+    flipped, threshold = False, None
     if len(np.unique(y_others)) == 2:
-        from vflink.metrics.functional import auc
-
+        # which way the scores run and where to cut them, from the other records' labels
+        # (label DP protects one label given every other)
         flipped = auc(y_others, scores[others]) < 0.5
-    if flipped:
-        s = -s
-    fig = audit_guesses(s, bits[seen], delta=_delta(run_dir), confidence=confidence)
+        sign = -1.0 if flipped else 1.0
+        threshold = choose_threshold(y_others, sign * scores[others], "balanced-accuracy")
+        s = sign * s
+    fig = audit_guesses(s, bits[seen], delta=_delta(run_dir), confidence=confidence,
+                        threshold=threshold)
     ledger_path = run_dir / LEDGER_FILE
     ledger = Ledger.read(ledger_path)
     entry = label_protection_in_force(ledger)
@@ -181,7 +185,7 @@ def _audit_run(run_dir: Path, inputs: Inputs, rows: npt.NDArray[np.int64],
         "canaries": int(len(rows)), "canaries_trained": int(seen.sum()),
         "epsilon_claimed": claimed, "delta": _delta(run_dir),
         **{k: v for k, v in asdict(fig).items() if k != "canaries"},
-        "scores_flipped": bool(flipped), "gaussian_mu": mu,
+        "scores_flipped": bool(flipped), "threshold": threshold, "gaussian_mu": mu,
         "holds": holds if claimed is not None else None,
         "attack_details": {k: v for k, v in details.items() if k != "received_seeds"}}
     figures["explanation"] = _explain(figures)
