@@ -18,14 +18,16 @@ another party's files:
   the run seed), the label-noise seed the runner derives from a run seed (``SeedSequence([run
   seed, 0x1AB])``, :func:`vflink.runner.protections.label_noise_seed`), the seeds of the
   budget's later streams (``SeedSequence([seed, 0x1AB5, k])``), and every small integer up to
-  ``brute_force`` as a ``labels_seed`` or as a run seed. A candidate is kept when its first
-  batch's draws explain the received rows (a correlation far beyond chance, confirmed on the
-  next batch). With the noise known, each mode falls to a least-squares fit:
+  ``brute_force`` as a ``labels_seed`` or as a run seed. A candidate is kept when its draws
+  explain the received rows of the first batches (a correlation far beyond chance: the brute
+  force screens on the first batch, vectorised, then confirms). With the noise known, each
+  mode falls to a least-squares fit:
 
   - ``dp``: the row sent for record i is c_i·(p_i − y_i + σ·n_i)·J_i (J_i the Jacobian of its
     logit). Projected on the batch's top singular direction it is s_i ≈ c·(p_i − y_i + σ n_i);
     the slope of s on n estimates c·σ, and s/slope − n ≈ (p_i − y_i)/σ is negative for a
-    positive label, positive for a negative one;
+    positive label, positive for a negative one; over a record's epochs the fit of s/slope on
+    n gives its own scale c_i/c̄ as the slope, and (p_i − y_i)/σ as intercept over slope;
   - ``marvell``: the noise is ξ₀·√(λ₁c − λ₂c)·Δ̂ + √λ₂c·ξ for class c; with ξ₀, ξ known, each
     row is explained by one of two linear models (mean, slope on ξ₀ along Δ̂, coefficient on
     ξ across), fitted by EM; the posterior of the smaller component is the score;
@@ -70,7 +72,8 @@ from vflink.metrics.functional import auc
 
 __all__ = ["Batch", "Candidate", "Found", "LabelEpochAverageAttack", "LabelNoiseSubtraction",
            "LabelResidualAttack", "MECHANISMS", "batches_of", "brute_force_candidates",
-           "derived_label_seed", "dp_scores", "epoch_average_scores", "find_seed",
+           "derived_label_seed", "dp_parts", "dp_record_scores", "dp_scores",
+           "epoch_average_scores", "find_seed",
            "marvell_scores", "max_norm_scores", "received_candidates", "regenerate",
            "residual_scores", "stream_seed", "subtract_noise", "top_direction"]
 
@@ -244,9 +247,12 @@ def _minority_high(scores: FloatArray) -> FloatArray:
 
 # --- the mechanisms, with their noise known ------------------------------------------------
 
-def dp_scores(batch: Batch, noise: FloatArray, per_record: int = 1) -> tuple[float, FloatArray]:
+def dp_parts(batch: Batch, noise: FloatArray, per_record: int = 1
+             ) -> tuple[float, FloatArray, FloatArray]:
     """``dp`` with the batch's logit noise known (``noise``: (B, 1), one per record of the
-    primary's batch): (z of the fit, (p − y)/σ per unique row, negated: high = positive)."""
+    primary's batch): (z of the fit, u = s/slope per unique row, its noise n). The row sent for
+    record i projects to s_i ≈ c_i·(p_i − y_i + σ·n_i); the slope of s on n is c̄·σ, so
+    u_i = (c_i/c̄)·((p_i − y_i)/σ + n_i)."""
     n_slot = np.repeat(np.asarray(noise, dtype=np.float64)[:, 0], per_record)[:batch.slots]
     counts = np.maximum(batch.counts(), 1.0)
     n = batch.per_row(n_slot) / counts
@@ -256,8 +262,43 @@ def dp_scores(batch: Batch, noise: FloatArray, per_record: int = 1) -> tuple[flo
     coef = np.linalg.lstsq(design, s, rcond=None)[0]
     slope = float(coef[1])
     if slope == 0.0:
-        return 0.0, np.zeros(len(s))
-    return _z(corr, len(s)), -(s / slope - n)
+        return 0.0, np.zeros(len(s)), n
+    return _z(corr, len(s)), s / slope, n
+
+
+def dp_scores(batch: Batch, noise: FloatArray, per_record: int = 1) -> tuple[float, FloatArray]:
+    """``dp`` per row (:func:`dp_parts`): (z of the fit, −(u − n) ≈ (y − p)/σ: high =
+    positive)."""
+    z, u, n = dp_parts(batch, noise, per_record)
+    return z, -(u - n)
+
+
+def dp_record_scores(batches: Sequence[Batch], draws: Sequence[FloatArray],
+                     per_record: int = 1) -> tuple[IntArray, FloatArray, IntArray]:
+    """``dp`` per record over its epochs: u = κ·((p − y)/σ + n) with κ = c_i/c̄ the record's
+    own scale, nearly the same in every epoch, so the fit of u on n over the record's rows
+    has slope κ and intercept κ·(p − y)/σ; their ratio is read (the mean of u − n where fewer
+    than three rows or a flat slope leave no fit)."""
+    us: dict[int, list[float]] = {}
+    ns: dict[int, list[float]] = {}
+    for batch, draw in zip(batches, draws, strict=True):
+        _, u, n = dp_parts(batch, draw, per_record)
+        for row, ui, ni in zip(batch.ids.tolist(), u.tolist(), n.tolist(), strict=True):
+            us.setdefault(row, []).append(ui)
+            ns.setdefault(row, []).append(ni)
+    ids = np.asarray(sorted(us), dtype=np.int64)
+    scores = np.zeros(len(ids))
+    counts = np.zeros(len(ids), dtype=np.int64)
+    for k, row in enumerate(ids.tolist()):
+        u, n = np.asarray(us[row]), np.asarray(ns[row])
+        counts[k] = len(u)
+        fallback = -float(np.mean(u - n))
+        if len(u) >= 3 and float(np.var(n)) > 0:
+            slope, intercept = np.polyfit(n, u, 1)
+            scores[k] = -float(intercept / slope) if slope > 0.2 else fallback
+        else:
+            scores[k] = fallback
+    return ids, scores, counts
 
 
 def _em_two_lines(p: FloatArray, z0: FloatArray, t: FloatArray, iters: int = 30) -> FloatArray:
@@ -295,8 +336,8 @@ def _em_two_lines(p: FloatArray, z0: FloatArray, t: FloatArray, iters: int = 30)
     return np.asarray(resp[:, int(np.argmax(means))], dtype=np.float64)
 
 
-def marvell_scores(batch: Batch, normal: FloatArray, ref: FloatArray | None = None
-                   ) -> tuple[float, FloatArray]:
+def marvell_scores(batch: Batch, normal: FloatArray, ref: FloatArray | None = None, *,
+                   z_only: bool = False) -> tuple[float, FloatArray]:
     """``marvell`` with the batch's draws known (``normal``: (slots, d + 1), ξ₀ then ξ):
     (z of the fit, the logit of each row's posterior of the component further along the
     batch's class-mean direction, that direction's sign taken from ``ref`` so that every
@@ -311,6 +352,8 @@ def marvell_scores(batch: Batch, normal: FloatArray, ref: FloatArray | None = No
     p = centred @ v
     z0 = z[:, 0]
     corr = _corr(p, z0)
+    if z_only:  # checking a seed: the fit's strength, not the scores
+        return _z(corr, len(p)), np.zeros(len(p))
     perp = centred - np.outer(p, v)
     zp = z[:, 1:] - np.outer(z[:, 1:] @ v, v)
     den = np.einsum("ij,ij->i", zp, zp)
@@ -346,11 +389,11 @@ def _shapes(mechanism: str, batch: Batch, per_record: int, secondaries: int
 
 
 def _fit(mechanism: str, batch: Batch, draw: FloatArray, per_record: int,
-         ref: FloatArray | None = None) -> tuple[float, FloatArray]:
+         ref: FloatArray | None = None, *, z_only: bool = False) -> tuple[float, FloatArray]:
     if mechanism == "dp":
         return dp_scores(batch, draw, per_record)
     if mechanism == "marvell":
-        return marvell_scores(batch, draw, ref)
+        return marvell_scores(batch, draw, ref, z_only=z_only)
     return max_norm_scores(batch, draw)
 
 
@@ -465,30 +508,67 @@ def _screen(candidates: Iterable[Candidate], first: Batch, mechanisms: Sequence[
     return hits
 
 
+#: a candidate is kept when its draws explain the first few batches this well on average (a
+#: correlation in units of its spread under independence: about 0.8 for a wrong seed)
+Z_CONFIRM = 3.0
+_CHECKED = 4
+
+
+def _quality(seed: int, mechanism: str, batches: Sequence[Batch], *, position: int,
+             secondaries: int, per_record: int) -> float:
+    """The mean z of the fit over the first few batches with these draws."""
+    head = list(batches[:_CHECKED])
+    draws = regenerate(seed, mechanism, head, position=position, secondaries=secondaries,
+                       per_record=per_record)
+    return float(np.mean([_fit(mechanism, b, d, per_record, z_only=True)[0]
+                          for b, d in zip(head, draws, strict=True)]))
+
+
+def _layouts(mechanism: str, positions: int, per_record: Sequence[int],
+             position: int | None = None) -> list[tuple[int, int, int]]:
+    """(position, secondaries, records' slots) to try: dp draws once per batch whatever the
+    secondaries; Marvell and max-norm once per secondary (the others taken as the same
+    size)."""
+    if mechanism == "dp":
+        return [(0, 1, k) for k in per_record]
+    pos = range(positions) if position is None else (position,)
+    return [(j, s, 1) for j in pos for s in range(j + 1, max(positions, j + 1) + 1)]
+
+
 def find_seed(batches: Sequence[Batch], candidates: Iterable[Candidate], *,
               mechanisms: Sequence[str] = MECHANISMS, positions: int = 4,
-              per_record: Sequence[int] = (1,), z_min: float = 5.0) -> Found | None:
-    """The candidate whose draws explain the first recorded batch best (z ≥ ``z_min``) and
-    the next one too (with the number of secondaries that makes it so), or ``None``."""
+              per_record: Sequence[int] = (1,), z_min: float = 4.0,
+              thorough: bool = False) -> Found | None:
+    """The candidate whose draws explain the recorded batches best, or ``None``.
+
+    ``thorough`` (a few candidates: the seeds received): every candidate, mechanism and
+    layout is regenerated over the first batches and kept when its mean z reaches
+    ``Z_CONFIRM``. Otherwise (many candidates: brute force) the first batch screens them,
+    vectorised, at z ≥ ``z_min``, and a hit is confirmed the same way."""
     usable = [b for b in batches if len(b.ids) >= 8]
     if not batches or not usable or usable[0] is not batches[0]:
         return None
-    first = batches[0]
-    hits = _screen(candidates, first, mechanisms, positions, per_record, z_min)
-    # the mechanism that explains the batch best first (max-norm's ξ also correlates with a
-    # dp fit, being the same draws: the better fit names the mechanism)
-    for cand, mech, pos, k, z in sorted(hits, key=lambda h: -h[4]):
-        if len(batches) == 1:
-            if z >= z_min + 2:  # one batch only: a stricter test in place of a second one
-                return Found(cand, mech, pos, pos + 1, k, z)
-            continue
-        counts = (1,) if mech == "dp" else tuple(range(pos + 1, pos + 1 + positions))
-        for secondaries in counts:
-            draws = regenerate(cand.seed, mech, batches[:2], position=pos,
-                               secondaries=secondaries, per_record=k)
-            z2, _ = _fit(mech, batches[1], draws[1], k)
-            if z2 >= z_min:
-                return Found(cand, mech, pos, secondaries, k, min(z, z2))
+    best: Found | None = None
+    if thorough:
+        for cand in candidates:
+            for mech in mechanisms:
+                for pos, count, k in _layouts(mech, positions, per_record):
+                    q = _quality(cand.seed, mech, batches, position=pos, secondaries=count,
+                                 per_record=k)
+                    if q >= Z_CONFIRM and (best is None or q > best.z):
+                        best = Found(cand, mech, pos, count, k, q)
+        return best
+    hits = _screen(candidates, batches[0], mechanisms, positions, per_record, z_min)
+    for cand, _, pos, k, _ in sorted(hits, key=lambda h: -h[4]):
+        for mech2 in mechanisms:  # the draws may fit another mechanism's model better
+            for p2, count, k2 in _layouts(mech2, positions, (k,),
+                                          position=None if mech2 == "dp" else pos):
+                q = _quality(cand.seed, mech2, batches, position=p2, secondaries=count,
+                             per_record=k2)
+                if q >= Z_CONFIRM and (best is None or q > best.z):
+                    best = Found(cand, mech2, p2, count, k2, q)
+        if best is not None:
+            return best
     return None
 
 
@@ -667,8 +747,9 @@ class LabelNoiseSubtraction(_RecordAttack):
     positions: int = 4
     #: the budget's noise streams tried per seed (0 is a data set's first run)
     streams: int = 4
-    #: a candidate must explain a batch with a correlation this many times its spread
-    z_min: float = 5.0
+    #: brute force: a candidate must explain the first batch with a correlation this many
+    #: times its spread (then the first batches, on average, ``Z_CONFIRM`` times)
+    z_min: float = 4.0
 
     def __post_init__(self) -> None:
         problems: list[str] = []
@@ -694,7 +775,7 @@ class LabelNoiseSubtraction(_RecordAttack):
         links = int(view.extra.get("links", 1) or 1)
         per_record = (1,) if links <= 1 else (1, links)
         found = find_seed(batches, candidates, mechanisms=mechanisms, positions=self.positions,
-                          per_record=per_record, z_min=self.z_min)
+                          per_record=per_record, z_min=self.z_min, thorough=True)
         tried = len(candidates)
         if found is None and self.brute_force > 0:
             found = find_seed(batches, brute_force_candidates(self.brute_force),
@@ -712,6 +793,10 @@ class LabelNoiseSubtraction(_RecordAttack):
                             "mechanism": found.mechanism, "position": found.position,
                             "secondaries": found.secondaries, "z": found.z}
         scores = subtract_noise(batches, found)
+        if found.mechanism == "dp":  # per record: each record's own scale fitted over epochs
+            draws = regenerate(found.candidate.seed, "dp", batches, position=found.position,
+                               secondaries=found.secondaries, per_record=found.per_record)
+            return batches, scores, dp_record_scores(batches, draws, found.per_record), details
         return batches, scores, _per_record(batches, scores), details
 
     def evaluate(self, view: AttackView, truth: Mapping[str, Any]) -> AttackResult:
