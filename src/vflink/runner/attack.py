@@ -29,6 +29,7 @@ from vflink._typed import Arr, load_arrays
 from vflink.attacks import ATTACKS, AttackResult, AttackView, get_attack
 from vflink.attacks.limits import dp_auc_ceiling, gdp_auc_ceiling, gdp_mu, leak
 from vflink.errors import ConfigError, DataError, VflinkError
+from vflink.metrics.attacks import auc_stderr
 from vflink.parties.recording import RECORDING_DIR, Recording, read_recording
 from vflink.privacy.label_protection import DEFEATED_WITHIN
 from vflink.privacy.ledger import LEDGER_FILE, Ledger
@@ -212,7 +213,8 @@ def run_attack(run_dir: Path, name: str, *, party: str | None = None,
     ledger_path = home / LEDGER_FILE
     ledger = Ledger.read(ledger_path) if os.path.lexists(ledger_path) else Ledger()
     if name.startswith("label-"):
-        result = with_label_verdict(result, ledger)
+        records = None if view.ids is None else int(np.unique(np.asarray(view.ids)).size)
+        result = with_label_verdict(result, ledger, records=records)
     ledger.add_attack(result.to_json())
     ledger.write(ledger_path)
     if target is not None:
@@ -261,12 +263,15 @@ def stated_limit(entry: dict[str, Any] | None) -> tuple[float | None, str, dict[
         mode, f"{mode} states no limit"), {}
 
 
-def with_label_verdict(result: AttackResult, ledger: Ledger) -> AttackResult:
+def with_label_verdict(result: AttackResult, ledger: Ledger, *,
+                       records: int | None = None) -> AttackResult:
     """``result`` with which label protection was in force, the most AUC its stated guarantee
     allows (:func:`stated_limit`) and whether the attack stayed within it: its leak
-    max(AUC, 1 − AUC) at most that limit, or, where none is stated, within
-    ``DEFEATED_WITHIN`` of chance (either way: 0.4 is as leaky as 0.6). A multi-class accuracy
-    is judged against always guessing the most frequent class."""
+    max(AUC, 1 − AUC), less twice its standard error over the ``records`` attacked (Hanley &
+    McNeil; a record's rows over the epochs are not independent draws), at most that limit,
+    or, where none is stated, within ``DEFEATED_WITHIN`` of chance (either way: 0.4 is as
+    leaky as 0.6). A multi-class accuracy is judged against always guessing the most frequent
+    class."""
     entry = label_protection_in_force(ledger)
     mode = "off" if entry is None else str(entry["kind"]).removeprefix("label-")
     m = result.metrics
@@ -283,8 +288,14 @@ def with_label_verdict(result: AttackResult, ledger: Ledger) -> AttackResult:
         return result
     defeated = bool(gap <= DEFEATED_WITHIN)
     limit, limit_words, figures = stated_limit(entry)
+    stderr = math.nan
+    n = int(m.get("records", records or 0) or 0)
+    rate = float(m.get("positive_rate", math.nan))
+    if leak_value is not None and n > 0 and math.isfinite(rate):
+        stderr = auc_stderr(leak_value, round(n * rate), n - round(n * rate))
     if limit is not None and leak_value is not None and math.isfinite(leak_value):
-        within = bool(leak_value <= limit)
+        margin = 2.0 * stderr if math.isfinite(stderr) else 0.0
+        within = bool(leak_value - margin <= limit)
     else:
         within = defeated
     guarantee = dict((entry or {}).get("guarantee") or {})
@@ -294,15 +305,21 @@ def with_label_verdict(result: AttackResult, ledger: Ledger) -> AttackResult:
             "rr-prior": f"labels = rr-prior (ε = {guarantee.get('epsilon', float('nan')):.3g})",
             "marvell": "labels = marvell (no formal guarantee)",
             "max-norm": "labels = max-norm (no formal guarantee)"}.get(mode, f"labels = {mode}")
+    spread = f" (± {stderr:.3f})" if math.isfinite(stderr) else ""
+    if within:
+        against = f"the attack stays within it{spread}."
+    elif limit is not None:
+        against = (f"the attack goes BEYOND it, by more than twice its standard error{spread}."
+                   if spread else "the attack goes BEYOND it.")
+    else:
+        against = "the attack reads beyond chance, which nothing stated covers."
     verdict = (f"Protection in force: {what}; "
                + (f"it defeats this attack ({reading}, within {DEFEATED_WITHIN:g})"
                   if defeated else f"it does not defeat this attack ({reading})")
-               + f". Stated limit: {limit_words}; "
-               + ("the attack stays within it." if within else "the attack goes BEYOND it."
-                  if limit is not None else "the attack reads beyond chance, which nothing "
-                  "stated covers."))
+               + f". Stated limit: {limit_words}; {against}")
     details = {**result.details, "protection": {
         "mode": mode, "defeated": defeated, "within": DEFEATED_WITHIN, "leak": leak_value,
+        "leak_stderr": None if not math.isfinite(stderr) else stderr,
         "limit": limit, "limit_words": limit_words, "within_limit": within, **figures}}
     return dataclasses.replace(result, explanation=f"{result.explanation}. {verdict}",
                                details=details)

@@ -111,8 +111,9 @@ def test_the_verdict_names_the_protection_and_whether_it_holds() -> None:
     assert "no label protection" in off.explanation and "does not defeat" in off.explanation
     assert off.details["protection"] == {
         "mode": "off", "defeated": False, "within": 0.1, "leak": pytest.approx(
-            max(leaky.metrics["auc"], 1 - leaky.metrics["auc"])), "limit": None,
-        "limit_words": "no protection: nothing is promised", "within_limit": False}
+            max(leaky.metrics["auc"], 1 - leaky.metrics["auc"])), "leak_stderr": None,
+        "limit": None, "limit_words": "no protection: nothing is promised",
+        "within_limit": False}
     ledger = Ledger()
     ledger.add_protection(kind="label-dp", party="primary", applies_to="backward", params={},
                           guarantee={"epsilon": 4.0, "delta": 1e-5}, explanation="")
@@ -133,3 +134,9 @@ def test_the_verdict_names_the_protection_and_whether_it_holds() -> None:
     judged = with_label_verdict(beyond, ledger)
     assert judged.details["protection"]["within_limit"] is False
     assert "goes BEYOND it" in judged.explanation
+    # over few records the same AUC is within the limit's sampling error, over many beyond it
+    few = with_label_verdict(beyond, ledger, records=60)
+    assert few.details["protection"]["within_limit"] is True
+    assert few.details["protection"]["leak_stderr"] > 0.0065
+    assert with_label_verdict(beyond, ledger, records=20_000).details["protection"][
+        "within_limit"] is False
