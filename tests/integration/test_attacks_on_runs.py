@@ -63,7 +63,9 @@ def test_each_party_records_only_what_it_received_in_its_own_directory(splitnn_r
     bank = read_recording(splitnn_run / "models" / "bank")
     assert primary.role == "primary" and bank.role == "secondary"
     assert {s["kind"] for s in primary.manifest["streams"]} == {"embeddings", "indices"}
-    assert {s["kind"] for s in bank.manifest["streams"]} == {"gradients", "indices"}
+    # the secondary also keeps the primary's order of each batch's rows (what it was asked)
+    assert {s["kind"] for s in bank.manifest["streams"]} == {"gradients", "indices",
+                                                             "requests"}
     grads, ids, batch = bank.get("gradients")
     emb, emb_ids, emb_batch = primary.get("embeddings")
     # what one side sent is what the other recorded: same rows, same batches, same shapes

@@ -14,7 +14,7 @@ import pytest
 
 from tests.helpers.imbalanced import imbalanced_inputs
 from vflink.data import PartySchema, PartyTable
-from vflink.errors import ConfigError
+from vflink.errors import ConfigError, RunError
 from vflink.runfiles.config import (
     AlignmentConfig,
     DataConfig,
@@ -23,6 +23,7 @@ from vflink.runfiles.config import (
     TrainingConfig,
 )
 from vflink.runfiles.inputs import Inputs
+from vflink.runner.predict import decision_threshold, predict_records
 from vflink.runner.train import run_training
 
 
@@ -74,6 +75,15 @@ def test_log_loss_selection_and_a_fixed_threshold(tables: object, tmp_path: Path
     written = json.loads((out / "metrics.json").read_text())
     assert written["decision"]["threshold"] == 0.3
     assert written["decision"]["criterion"] == "fixed"
+    # predictions cut at the run's threshold
+    records = tables.primary.frame.iloc[:300].drop(columns=["y"])  # type: ignore[attr-defined]
+    predicted = predict_records(out, records, tables=tables).frame  # type: ignore[arg-type]
+    assert ((predicted["probability"] >= 0.3).astype(int) == predicted["prediction"]).all()
+    assert decision_threshold(out) == 0.3
+    written["decision"]["threshold"] = 1.5
+    (out / "metrics.json").write_text(json.dumps(written))
+    with pytest.raises(RunError, match="decision.threshold"):
+        decision_threshold(out)
     assert set(written["decision"]["test"]) == {"accuracy", "balanced_accuracy", "precision",
                                                 "recall", "f1", "predicted_positive"}
 
