@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from tests.helpers.imbalanced import imbalanced_inputs
+from tests.helpers.noise import SEEDED
 from vflink.cli.main import main
 from vflink.linkage.privacy import tau_for_sigma
 from vflink.parties.recording import read_recording
@@ -228,7 +229,8 @@ def test_recording_across_hosts_equals_in_process(tmp_path: Path,
     options = {"n_samples": 600, "seed": 3}
     config = RunConfig(seed=3, algorithm="splitnn",
                        data=DataConfig(dataset="sklearn-small", options=dict(options)),
-                       training=TrainingConfig(epochs=2, patience=2), evaluation=RECORD)
+                       training=TrainingConfig(epochs=2, patience=2), evaluation=RECORD,
+                       privacy=PrivacyConfig(**SEEDED))  # the same gradients both ways
     local = tmp_path / "local"
     run_training(config, local)
     files = write_party_files(tmp_path / "grpc", dataset="sklearn-small", options=options,
@@ -258,7 +260,7 @@ def test_recording_across_hosts_equals_in_process(tmp_path: Path,
     result = run_attack(state, "label-norm", truth_dir=remote)
     assert result.party == "secondary" and result.metrics["rows"] > 0
     assert Ledger.read(remote / "privacy.json").attacks[-1]["attack"] == "label-norm"
-    # served, the secondary holds the same seed: today's seeded label noise is regenerated
+    # served, the secondary holds the same seed: the seeded label noise is regenerated
     white = run_attack(state, "label-noise-subtraction", truth_dir=remote,
                        params={"brute_force": 0})
     assert white.details["found"] is not None

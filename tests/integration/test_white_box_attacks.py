@@ -3,9 +3,9 @@ holds (the rows each Forward asked for, in order; the seed of the spec it was se
 reads with it, and each attack judged against the most AUC the protection's stated guarantee
 allows (`vflink attack`, the ledger, the report).
 
-The label noise of a run without ``labels_seed`` and the secure source is seeded from the run
-seed today (``runner/protections.py``), which the secondary receives: noise subtraction reads
-every label. The tests that say so are named for it; the secure source reads nothing."""
+Label noise seeded from the run seed (``runner/protections.py``), which the secondary
+receives, is regenerated and every label read; secret noise reads nothing. Which privacy keys
+make the noise seeded or secret is ``tests/helpers/noise.py``'s."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ import pytest
 
 from tests.helpers.cli import clean
 from tests.helpers.imbalanced import imbalanced_inputs
+from tests.helpers.noise import secret, seeded
 from vflink.attacks.limits import dp_auc_ceiling
 from vflink.cli.main import main
 from vflink.parties.recording import read_recording
@@ -35,8 +36,8 @@ from vflink.runner.attack import run_attack
 from vflink.runner.train import run_training
 from vflink.transport import Transcript
 
-RUNS = {"dp": {"labels": "dp"}, "dp-secure": {"labels": "dp", "labels_secure_rng": True},
-        "dp-seed-7": {"labels": "dp", "labels_seed": 7}, "marvell": {"labels": "marvell"},
+RUNS = {"dp": seeded(labels="dp"), "dp-secure": secret(labels="dp"),
+        "dp-seed-7": seeded(labels="dp", labels_seed=7), "marvell": seeded(labels="marvell"),
         "off": {"labels": "off"}}
 
 

@@ -273,12 +273,17 @@ def dp_scores(batch: Batch, noise: FloatArray, per_record: int = 1) -> tuple[flo
     return z, -(u - n)
 
 
+#: a record's own scale is fitted from this many rows (epochs) on; fewer read the mean
+_FIT_ROWS = 5
+
+
 def dp_record_scores(batches: Sequence[Batch], draws: Sequence[FloatArray],
                      per_record: int = 1) -> tuple[IntArray, FloatArray, IntArray]:
     """``dp`` per record over its epochs: u = κ·((p − y)/σ + n) with κ = c_i/c̄ the record's
     own scale, nearly the same in every epoch, so the fit of u on n over the record's rows
     has slope κ and intercept κ·(p − y)/σ; their ratio is read (the mean of u − n where fewer
-    than three rows or a flat slope leave no fit)."""
+    than ``_FIT_ROWS`` rows or a flat slope leave no fit: with three epochs, the fit of three
+    points read one canary of 346 wrong where the mean read none)."""
     us: dict[int, list[float]] = {}
     ns: dict[int, list[float]] = {}
     for batch, draw in zip(batches, draws, strict=True):
@@ -293,7 +298,7 @@ def dp_record_scores(batches: Sequence[Batch], draws: Sequence[FloatArray],
         u, n = np.asarray(us[row]), np.asarray(ns[row])
         counts[k] = len(u)
         fallback = -float(np.mean(u - n))
-        if len(u) >= 3 and float(np.var(n)) > 0:
+        if len(u) >= _FIT_ROWS and float(np.var(n)) > 0:
             slope, intercept = np.polyfit(n, u, 1)
             scores[k] = -float(intercept / slope) if slope > 0.2 else fallback
         else:

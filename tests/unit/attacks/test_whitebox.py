@@ -30,7 +30,7 @@ from vflink.types import Task
 N, BATCH, WIDTH, EPOCHS = 600, 100, 8, 3
 
 
-def planted_run(mode: str, *, seed: int | None, secure: bool = False, positive: float = 0.1,
+def planted_run(mode: str, *, seed: int | None, positive: float = 0.1,
                 rng_seed: int = 0) -> tuple[AttackView, dict[str, np.ndarray], np.ndarray]:
     """EPOCHS epochs of N records in batches of BATCH, the rows a secondary receives under
     ``mode`` from LabelProtection itself, in the primary's order (shuffled per epoch); the
@@ -39,7 +39,7 @@ def planted_run(mode: str, *, seed: int | None, secure: bool = False, positive: 
     y = (rng.random(N) < positive).astype(np.int64)
     jac = rng.normal(size=WIDTH)
     own = 0.15 * rng.normal(size=(N, WIDTH))  # each record's Jacobian: a shared part and its own
-    settings = {"mode": mode, "epsilon": 4.0, "delta": 1e-5, "seed": seed, "secure_rng": secure}
+    settings = {"mode": mode, "epsilon": 4.0, "delta": 1e-5, "seed": seed}  # None: secret
     protection = LabelProtection(settings, task=Task.BINARY, party="primary", n_rows=N,
                                  classes=2)
     protection.plan(np.arange(N), EPOCHS)
@@ -102,7 +102,7 @@ def test_the_seed_derived_from_a_received_one_is_found_without_brute_force() -> 
 
 def test_secret_noise_reads_nothing() -> None:
     for mode in ("dp", "marvell"):
-        view, truth, _ = planted_run(mode, seed=None, secure=True)
+        view, truth, _ = planted_run(mode, seed=None)
         result = get_attack("label-noise-subtraction", brute_force=200).evaluate(view, truth)
         assert result.details["found"] is None
         assert result.metrics["auc"] == 0.5 and "reads nothing" in result.explanation
