@@ -30,7 +30,6 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT))
 
 from tests.helpers.imbalanced import imbalanced_inputs  # noqa: E402
-
 from vflink.privacy.config import PrivacyConfig  # noqa: E402
 from vflink.runfiles.config import (  # noqa: E402
     AlignmentConfig,

@@ -162,3 +162,19 @@ def test_the_cli_prints_the_limit_and_the_report_the_verdict(
     page = write_report(run_dir, tmp_path / "report.html").read_text()
     assert "labels = marvell: does NOT hold within its stated limit" in page
     assert "BEYOND" not in page or "chance (no limit stated)" in page
+
+
+def test_one_point_of_the_label_grid() -> None:
+    """The label-protection grid's unit of work: one mode × the attacks × one data set × one
+    seed, trained and attacked, as one runs line."""
+    from vflink.experiments.label_protection import measure
+
+    line = measure(config(**secret(labels="dp")), ("label-norm", "label-epoch-average"),
+                   tables=imbalanced_inputs(600, positive=0.1, seed=2))
+    assert line["labels"] == "dp" and line["seed"] == 4 and line["epsilon"] == 4.0
+    assert set(line["attacks"]) == {"label-norm", "label-epoch-average"}
+    for figures in line["attacks"].values():
+        assert figures["limit"] == pytest.approx(dp_auc_ceiling(4.0, 1e-5), abs=1e-3)
+        assert figures["within_limit"] is True and 0.0 <= figures["auc"] <= 1.0
+    assert line["holds"] is True and line["guarantee"]["label_dp"] is True
+    assert 0.0 < line["decision"]["threshold"] < 1.0 and "auc" in line["test"]
