@@ -270,9 +270,9 @@ def memory_case(case: str, chunk_rows: int) -> dict[str, Any]:
     """One case in this process, on a Ray cluster started here with 2 CPUs."""
     import pandas as pd
 
+    import vflink
     from vflink.data.schema import PartySchema
     from vflink.data.table import PartyTable
-    from vflink.runner.link import run_linkage
 
     kind, n_text = case.split(":")
     n = int(n_text)
@@ -337,7 +337,7 @@ def memory_case(case: str, chunk_rows: int) -> dict[str, Any]:
             rng = np.random.default_rng(0)
             p = pd.DataFrame(rng.uniform(0, 1000, size=(n, 2)), columns=["x", "y"])
             s = pd.DataFrame(rng.uniform(0, 1000, size=(10 * n, 2)), columns=["x", "y"])
-            run_linkage(p, s, on=["x", "y"], metric="euclidean", top_k=10, privacy="off",
+            vflink.link(p, s, on=["x", "y"], metric="euclidean", top_k=10, privacy="off",
                         tau=0.9, seed=0, compute=engine)
             sizes = {"primary_rows": n, "secondary_rows": 10 * n, "k": 10}
         seconds = time.perf_counter() - t

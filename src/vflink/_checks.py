@@ -123,15 +123,19 @@ def from_table(cls: type[T], raw: Any, where: str, *, what: str | None = None) -
 def table_problems(cls: type, raw: Any, where: str) -> list[str]:
     """What keeps the table ``raw`` from building the config dataclass ``cls``: not a table,
     unknown keys (the known ones listed, the likeliest named for a typo), required keys left
-    out. Empty when ``cls(**raw)`` may be called (its own validation then speaks)."""
+    out. Empty when ``cls(**raw)`` may be called (its own validation then speaks).
+
+    A key of an earlier version that ``cls`` lists in a ``RETIRED_KEYS`` mapping (key → what
+    to write instead) is refused with that sentence rather than as unknown."""
     import difflib
 
     if not isinstance(raw, dict):
         return [f"{where} must be a table, got {type(raw).__name__}"]
     fields = [f for f in dataclasses.fields(cls) if f.init]  # type: ignore[arg-type]
     known = sorted(f.name for f in fields)
-    problems = []
-    unknown = sorted(map(str, set(raw) - set(known)))
+    retired: dict[str, str] = dict(getattr(cls, "RETIRED_KEYS", {}))
+    problems = [retired[k] for k in sorted(map(str, raw)) if k in retired]
+    unknown = sorted(map(str, set(raw) - set(known) - set(retired)))
     if unknown:
         guesses = [f"{c[0]!r} for {k!r}" for k in unknown
                    if (c := difflib.get_close_matches(k, known, n=1))]

@@ -20,6 +20,7 @@ from typing import Any
 import grpc
 import numpy as np
 import pandas as pd
+import torch
 
 from tests.helpers.network import free_port, start_process, stop_processes
 from vflink.alignment import proofs, psu
@@ -29,7 +30,22 @@ from vflink.cli.main import main
 from vflink.errors import VflinkError
 from vflink.models.spec import BottomSpec
 from vflink.parties.setalign import SetAlignment, SetAlignmentDriver
-from vflink.protocol import Ack, AlignmentView, FetchAlignment, Hello, Message, SetupBottom
+from vflink.protocol import (
+    Ack,
+    AlignmentReady,
+    AlignmentView,
+    Backward,
+    Embeddings,
+    FetchAlignment,
+    FitPreprocessing,
+    Forward,
+    Hello,
+    LoadState,
+    Message,
+    SaveState,
+    SetupBottom,
+    Snapshot,
+)
 from vflink.protocol.messages import (
     PsiChunk,
     PsiFetch,
@@ -360,3 +376,113 @@ def setup_bottom(ch: GrpcChannel) -> Message:
 
 def final_result(out: SetAlignment) -> tuple[int, ...]:
     return tuple(int(r) for r in out.rows)
+
+
+# --- training at the served secondary ----------------------------------------------------------
+
+#: each honest primary's bottom model (different, so that one's model in the other's place shows)
+TRAIN_SPECS = {"primary": BottomSpec(hidden=(8,), out_dim=4, seed=1, lr=0.05),
+               "primary2": BottomSpec(hidden=(6,), out_dim=4, seed=2, lr=0.05),
+               "hostile": BottomSpec(hidden=(7,), out_dim=4, seed=3, lr=0.5)}
+
+
+def training_grad(emb: Any) -> Any:
+    """The gradient a test primary sends back: a function of the embeddings it received, so
+    that the model's path shows in every later answer."""
+    return 0.1 * emb + 0.01
+
+
+@dataclass
+class Training:
+    """One primary's training verbs against the served secondary, recorded to be replayed
+    against a secondary serving that primary alone (:func:`trained_alone`)."""
+
+    t: Tenancy
+    who: str
+    ch: GrpcChannel
+    rows: np.ndarray
+    run: str = ""
+    sent: list[Message] = field(default_factory=list)
+    batch: int = 0
+
+    def send(self, message: Message) -> Message:
+        self.sent.append(message)
+        return self.ch.call("secondary", message)
+
+    def setup(self, spec: BottomSpec | None = None) -> None:
+        self.send(SetupBottom(spec=spec or TRAIN_SPECS[self.who], run=self.run))
+        self.send(FitPreprocessing(rows=self.rows, run=self.run))
+
+    def step(self) -> None:
+        self.batch += 1  # every primary numbers its batches 1, 2, 3, ...
+        rows = self.rows[self.batch % 3::3]
+        reply = self.send(Forward(batch_id=self.batch, rows=rows, train=True, run=self.run))
+        assert isinstance(reply, Embeddings), reply
+        self.send(Backward(batch_id=self.batch, grad=training_grad(reply.embeddings),
+                           run=self.run))
+
+    def embeddings(self) -> Any:
+        reply = self.send(Forward(batch_id=99_999, rows=self.rows, train=False, run=self.run))
+        assert isinstance(reply, Embeddings), reply
+        return reply.embeddings[torch.from_numpy(reply.inverse)]
+
+
+def align_for_training(t: Tenancy, who: str, ch: GrpcChannel, n: int = 40) -> np.ndarray:
+    """An honest PSI of ``who`` with the secondary (both learn the intersection) and its
+    AlignmentReady: the secondary's rows it may then train on (the plaintext oracle's)."""
+    session = new_session_name("psi")
+    SetAlignmentDriver(keys(honest_ids(t, who, n)), ch, G).psi("secondary", session,
+                                                               reveal="both")
+    ch.request("secondary", AlignmentReady(session=session, coordinator="coordinator"), Ack)
+    return np.asarray(expected_run(t, who, n)["theirs"], dtype=np.int64)
+
+
+def honest_training(t: Tenancy, who: str, steps: int = 4) -> tuple[Training, Any]:
+    """``who`` aligns, sets up, trains ``steps`` batches, snapshots and saves its state;
+    returns its script and the embeddings its model then gives."""
+    with t.channel(who) as ch:
+        rows = align_for_training(t, who, ch)
+        tr = Training(t, who, ch, rows, run=f"soak-{who}@{os.getpid()}")
+        tr.setup()
+        for _ in range(steps):
+            tr.step()
+        tr.send(Snapshot(tag="best", run=tr.run))
+        tr.send(SaveState(name=f"{tr.run.split('@')[0]}/best", run=tr.run))
+        return tr, tr.embeddings()
+
+
+def trained_alone(tr: Training) -> Any:
+    """What ``tr``'s messages give at a secondary that serves its primary alone (the same
+    table, in this process): the oracle of a served run."""
+    from vflink.parties import SecondaryParty
+    from vflink.runfiles.party import load_party_config, party_table
+    from vflink.transport import InProcessHub
+
+    ref = SecondaryParty(party_table(load_party_config(tr.t.party_file)),
+                         InProcessHub().channel("secondary"))
+    ref.set_linked_rows(tr.rows, peer=tr.who)
+    out = None
+    for m in tr.sent:
+        if isinstance(m, (SaveState, LoadState)):
+            continue  # no files in the reference; neither verb moves a model
+        reply = ref.handle(tr.who, m)
+        if isinstance(reply, Embeddings):
+            out = reply.embeddings[torch.from_numpy(reply.inverse)]
+    return out
+
+
+def hostile_training(t: Tenancy, ch: GrpcChannel) -> list[Message | VflinkError]:
+    """The hostile peer's training verbs on the honest primaries' names: a setup and steps
+    of its own, and the honest runs' state names saved over and loaded."""
+    out: list[Message | VflinkError] = []
+    for message in (SetupBottom(spec=TRAIN_SPECS["hostile"]),
+                    *(SetupBottom(spec=TRAIN_SPECS["hostile"], run=f"soak-{w}@{os.getpid()}")
+                      for w in ("primary", "primary2")),
+                    *(LoadState(name=f"soak-{w}/best") for w in ("primary", "primary2")),
+                    *(SaveState(name=f"soak-{w}/best") for w in ("primary", "primary2")),
+                    SaveState(name="x" * 5000), LoadState(name="../../etc/passwd")):
+        try:
+            out.append(ch.call("secondary", message))
+        except VflinkError as exc:
+            out.append(exc)
+    return out

@@ -36,18 +36,22 @@ def _toml(value: object) -> str:
 
 
 def write_party_files(tmp: Path, *, dataset: str | None = None,
-                      options: dict[str, object] | None = None, seed: int,
+                      options: dict[str, object] | None = None, seed: int | None,
                       secondary: str = "secondary", primary: str = "primary",
                       insecure: bool = False, private: bool = True,
                       tables: dict[str, dict[str, object]] | None = None,
-                      secondary_table: dict[str, object] | None = None) -> dict[str, Path]:
+                      secondary_table: dict[str, object] | None = None,
+                      reproducible_secondary: bool = False) -> dict[str, Path]:
     """Certificates and party files for primary, one secondary and the coordinator.
 
     ``private=False``: every party opts out of the private defaults of its [policy] (raw
     identifiers may reach the coordinator, similarities with any noise), for runs whose
     ``alignment.privacy = "off"``. ``tables``: each data party's own [party.table] (path,
     identifiers, numeric...) instead of its part of ``dataset``; ``secondary_table``: the
-    secondary's only (the primary keeps its part of ``dataset``).
+    secondary's only (the primary keeps its part of ``dataset``). ``seed``: the coordinator's
+    similarity-noise seed, with ``[privacy] reproducible_noise = true`` (``None``: secret
+    noise); ``reproducible_secondary``: the secondary's own switch too (union training's
+    stand-ins repeat across hosts).
     """
     if secondary_table is not None:
         tables = {**(tables or {}), secondary: secondary_table}
@@ -66,21 +70,28 @@ def write_party_files(tmp: Path, *, dataset: str | None = None,
                 f'[security]\ntls_dir = "{certs}"\n')
     data_policy = "" if private else '[policy]\nidentifiers = "any"\n'
     coordinator_policy = "" if private else "[policy]\nmax_tau = 1.0\n"
+    # a seeded coordinator is a reproducible one, behind the one switch (not private): the
+    # transports' results then agree with an in-process run of the same switch
+    coordinator_seed = "" if seed is None else f"seed = {seed}\n"
+    coordinator_privacy = "" if seed is None else "[privacy]\nreproducible_noise = true\n"
+    secondary_privacy = ("[privacy]\nreproducible_noise = true\n" if reproducible_secondary
+                         else "")
     files = {}
     files["coordinator"] = tmp / "coordinator.toml"
     files["coordinator"].write_text(
         f'version = 1\n[party]\nname = "coordinator"\nrole = "coordinator"\n'
-        f'listen = "127.0.0.1:{ports["coordinator"]}"\nseed = {seed}\n'
+        f'listen = "127.0.0.1:{ports["coordinator"]}"\n{coordinator_seed}'
         f'{security}allowed = ["{primary}", "{secondary}"]\n'
         f'roles = {{ {primary} = "primary", {secondary} = "secondary" }}\n'
-        f'{coordinator_policy}')
+        f'{coordinator_policy}{coordinator_privacy}')
     files[secondary] = tmp / f"{secondary}.toml"
     files[secondary].write_text(
         f'version = 1\n[party]\nname = "{secondary}"\nrole = "secondary"\n'
         f'listen = "127.0.0.1:{ports[secondary]}"\nstate_dir = "{tmp / "state" / secondary}"\n'
         f'deadline_s = 20\n{data(secondary)}'
         f'[peers.coordinator]\naddress = "127.0.0.1:{ports["coordinator"]}"\n'
-        f'role = "coordinator"\n{security}allowed = ["{primary}"]\n{data_policy}')
+        f'role = "coordinator"\n{security}allowed = ["{primary}"]\n{data_policy}'
+        f'{secondary_privacy}')
     files[primary] = tmp / f"{primary}.toml"
     files[primary].write_text(
         f'version = 1\n[party]\nname = "{primary}"\nrole = "primary"\n'

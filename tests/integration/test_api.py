@@ -39,6 +39,8 @@ numeric = ["s0", "s1", "s2", "s3", "s4", "s5", "s6", "s7"]
 epochs = 2
 [evaluation]
 record = true
+[privacy]
+reproducible_noise = true  # the API and the CLI must give the same figures
 """
 
 #: The same run as RUN, as a mapping with the tables handed over in memory (no paths).
@@ -50,6 +52,7 @@ RUN_DICT = {
         {"name": "bank", "role": "secondary", "key": ["id"],
          "numeric": [f"s{i}" for i in range(8)]}]},
     "training": {"epochs": 2}, "evaluation": {"record": True},
+    "privacy": {"reproducible_noise": True},
 }
 
 

@@ -12,7 +12,6 @@ import pytest
 import torch
 
 from tests.helpers.imbalanced import imbalanced_inputs
-from tests.helpers.noise import SEEDED
 from vflink.cli.main import main
 from vflink.linkage.privacy import tau_for_sigma
 from vflink.parties.recording import read_recording
@@ -136,10 +135,11 @@ def _same(a: object, b: object) -> bool:
     """Deep equality of message contents (arrays, tensors, nested dataclasses)."""
     if dataclasses.is_dataclass(a) and not isinstance(a, type):
         # a run names its sessions ``purpose@<fresh id>`` on purpose (a finished session is
-        # immutable, so every run opens new ones): compare their purposes
+        # immutable, so every run opens new ones), and its training messages its own run
+        # (``run@<fresh id>``, kept apart at a secondary): compare their purposes
         return type(a) is type(b) and all(
             purpose_of(getattr(a, f.name)) == purpose_of(getattr(b, f.name))
-            if f.name == "session" else _same(getattr(a, f.name), getattr(b, f.name))
+            if f.name in ("session", "run") else _same(getattr(a, f.name), getattr(b, f.name))
             for f in dataclasses.fields(a))
     if isinstance(a, torch.Tensor):
         return isinstance(b, torch.Tensor) and torch.equal(a, b)
@@ -230,7 +230,7 @@ def test_recording_across_hosts_equals_in_process(tmp_path: Path,
     config = RunConfig(seed=3, algorithm="splitnn",
                        data=DataConfig(dataset="sklearn-small", options=dict(options)),
                        training=TrainingConfig(epochs=2, patience=2), evaluation=RECORD,
-                       privacy=PrivacyConfig(**SEEDED))  # the same gradients both ways
+                       privacy=PrivacyConfig(reproducible_noise=True))  # the same records
     local = tmp_path / "local"
     run_training(config, local)
     files = write_party_files(tmp_path / "grpc", dataset="sklearn-small", options=options,
@@ -246,7 +246,8 @@ def test_recording_across_hosts_equals_in_process(tmp_path: Path,
             run_training(config, remote, tables=Inputs(primary, ()), federation=federation)
         finally:
             federation.close()
-    state = tmp_path / "grpc" / "state" / "secondary" / "r1"
+    # a served secondary keeps each primary's states (and recordings) in its own folder
+    state = tmp_path / "grpc" / "state" / "secondary" / "peers" / "primary" / "r1"
     a, b = read_recording(local / "models" / "secondary"), read_recording(state)
     ga, ia, _ = a.get("gradients")
     gb, ib, _ = b.get("gradients")

@@ -180,7 +180,7 @@ def test_a_partys_internal_error_names_its_trace_file(
     def boom(*args: object, **kwargs: object) -> None:
         raise ZeroDivisionError("a planted bug in the search")
 
-    monkeypatch.setattr(coordinator, "link", boom)
+    monkeypatch.setattr(coordinator, "search_neighbours", boom)
     monkeypatch.setenv("VFLINK_LOG_DIR", str(tmp_path / "logs"))
     tour = Path(__file__).resolve().parents[2] / "examples" / "tour"
     code, err = run_cli(["link", "--primary", str(tour / "houses.csv"), "--secondary",
@@ -199,7 +199,8 @@ def test_a_partys_internal_error_names_its_trace_file(
     # handler is the first command's of a process)
     planted = ("import sys\nimport vflink.parties.coordinator as c\n"
                "def boom(*a, **k):\n    raise ZeroDivisionError('a planted bug')\n"
-               "c.link = boom\nfrom vflink.cli.main import main\nsys.exit(main(sys.argv[1:]))\n")
+               "c.search_neighbours = boom\nfrom vflink.cli.main import main\n"
+               "sys.exit(main(sys.argv[1:]))\n")
     done = subprocess.run(
         [sys.executable, "-c", planted, "-vv", "link", "--primary", str(tour / "houses.csv"),
          "--secondary", str(tour / "places.csv"), "--on", "latitude,longitude", "--metric",

@@ -71,8 +71,15 @@ def parties(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Any]]:
     yield made
 
 
+def models_of(party: Any) -> list[Any]:
+    """A party's models: its own, or (a secondary) those of every training run it holds."""
+    if isinstance(party, SecondaryParty):
+        return [r.model for r in party.training_runs() if r.model is not None]
+    return [party.model] if getattr(party, "model", None) is not None else []
+
+
 def assert_on_the_device(parties: list[Any]) -> None:
-    models = [p.model for p in parties if getattr(p, "model", None) is not None]
+    models = [m for p in parties for m in models_of(p)]
     assert models, "no party built a model"
     for model in models:
         assert all(isinstance(t, FakeCudaTensor) for t in model.parameters()), model
@@ -202,9 +209,9 @@ def test_a_primary_on_cuda_trains_with_a_served_secondary_on_the_cpu(
             federation.close()
     on_device = [p for p in parties if isinstance(p, PrimaryParty)]
     assert_on_the_device(on_device)
-    served = [p for p in parties if isinstance(p, SecondaryParty) and p.model is not None]
+    served = [m for p in parties if isinstance(p, SecondaryParty) for m in models_of(p)]
     assert served and all(not isinstance(t, FakeCudaTensor)
-                          for p in served for t in p.model.parameters())
+                          for m in served for t in m.parameters())
     cpu = run_training(config(scenario), tmp_path / "cpu")
     assert cuda.metrics == cpu.metrics
     assert [h.train_loss for h in cuda.history] == [h.train_loss for h in cpu.history]

@@ -28,6 +28,8 @@ top_k = 4
 privacy = "off"
 [training]
 epochs = 2
+[privacy]
+reproducible_noise = true   # the same numbers on a re-run: the noise seeded from the seeds
 """
 
 

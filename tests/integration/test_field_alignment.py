@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.helpers.links import linked
 from tests.helpers.network import bank_federation
 from tests.helpers.tables import places_frames
 from vflink.data.schema import PartySchema
@@ -18,6 +19,7 @@ from vflink.data.table import PartyTable
 from vflink.errors import ConfigError, PolicyViolation, ProtocolError
 from vflink.parties import CoordinatorParty, SecondaryParty
 from vflink.parties.policy import PartyPolicy
+from vflink.privacy.config import PrivacyConfig
 from vflink.protocol import (
     BlockingKey,
     EncodingSpec,
@@ -31,7 +33,6 @@ from vflink.runfiles.config import AlignmentConfig, DataConfig, RunConfig, Train
 from vflink.runfiles.inputs import Inputs, load_inputs
 from vflink.runfiles.results import RunResult
 from vflink.runner.federation import in_process
-from vflink.runner.field_link import run_field_linkage
 from vflink.runner.predict import predict_records
 from vflink.runner.prepare import prepare
 from vflink.runner.train import run_training
@@ -64,7 +65,9 @@ def config(tmp: Path, *, algorithm: str = "fedsim", blocking: bool = True,
                 "blocking": BLOCKING if blocking else (), **alignment}
     return RunConfig(seed=4, algorithm=algorithm, data=DataConfig(parties=parties),
                      alignment=AlignmentConfig(**settings),
-                     training=TrainingConfig(epochs=2, patience=2, knn_batch_size=32))
+                     training=TrainingConfig(epochs=2, patience=2, knn_batch_size=32),
+                     # the same run over both transports: the seeded noise, behind the switch
+                     privacy=PrivacyConfig(reproducible_noise=True))
 
 
 # --- the same run over both transports --------------------------------------------------------
@@ -116,9 +119,9 @@ def test_fedsim_on_a_name_and_coordinates_gives_the_same_run_over_both_transport
 # --- the same linkage as `vflink link --config` -----------------------------------------------
 
 
-def test_training_alignment_equals_run_field_linkage(tmp_path: Path,
+def test_training_alignment_equals_the_link_pipelines(tmp_path: Path,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    """The coordinator of a training run computes the linkage of ``run_field_linkage`` (the
+    """The coordinator of a training run computes the linkage of the link pipeline (the
     in-process `vflink link --config` path) on the same data, fields, blocking and secret."""
     monkeypatch.setenv("VFLINK_SECRET", SECRET)
     truth = write_tables(tmp_path)
@@ -128,13 +131,13 @@ def test_training_alignment_equals_run_field_linkage(tmp_path: Path,
     prepared = prepare(cfg, inputs, federation=federation)
     trained = federation.parties["coordinator"].linkage("soft", "bank")
     a = cfg.alignment
-    linked = run_field_linkage(inputs.primary.frame, inputs.secondaries[0].frame,
-                               fields=a.fields, blocking=a.blocking, top_k=a.top_k, sigma=a.sigma,
-                               secret=SECRET.encode(), seed=cfg.seed).linkage
-    np.testing.assert_array_equal(trained.indices, linked.indices)
-    np.testing.assert_array_equal(trained.distances, linked.distances)
+    linkage = linked(inputs.primary.frame, inputs.secondaries[0].frame, fields=a.fields,
+                     blocking=a.blocking, top_k=a.top_k, sigma=a.sigma, secret=SECRET.encode(),
+                     seed=cfg.seed).linkage
+    np.testing.assert_array_equal(trained.indices, linkage.indices)
+    np.testing.assert_array_equal(trained.distances, linkage.distances)
     assert (trained.mu0, trained.sigma0, trained.sigma, trained.tau) == (
-        linked.mu0, linked.sigma0, linked.sigma, linked.tau)
+        linkage.mu0, linkage.sigma0, linkage.sigma, linkage.tau)
     # the alignment the primary trains on is the coordinator's, and it finds the true places
     topk = prepared.alignments["topk"]["bank"]
     np.testing.assert_array_equal(topk.secondary_index, trained.indices)

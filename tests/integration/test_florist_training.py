@@ -10,6 +10,7 @@ import pytest
 
 from tests.helpers.network import served_in_threads, start_process, write_party_files
 from vflink.alignment.synthetic import STRATEGIES
+from vflink.privacy.config import PrivacyConfig
 from vflink.runfiles.config import (
     AlignmentConfig,
     DataConfig,
@@ -33,7 +34,9 @@ def union_config(algorithm: str, alpha: float, beta: float, epochs: int = 1) -> 
                      alignment=AlignmentConfig(method="psu", alpha=alpha, beta=beta),
                      model=ModelConfig(hidden=(16,), cut_dim=8, top_hidden=(8,)),
                      training=TrainingConfig(epochs=epochs, batch_size=128,
-                                             split=(0.5, 0.2, 0.3)))
+                                             split=(0.5, 0.2, 0.3)),
+                     # runs compared number for number: the seeded draws, behind the switch
+                     privacy=PrivacyConfig(reproducible_noise=True))
 
 
 def test_every_strategy_trains_over_the_union() -> None:
@@ -70,7 +73,8 @@ def run_psi(transport: str, tmp_path: Path) -> RunResult:
     config = RunConfig(seed=3, algorithm="splitnn",
                        data=DataConfig(dataset="sklearn-small", options=dict(OPTIONS)),
                        alignment=AlignmentConfig(method="psi"),
-                       training=TrainingConfig(epochs=2, patience=2))
+                       training=TrainingConfig(epochs=2, patience=2),
+                       privacy=PrivacyConfig(reproducible_noise=True))
     out = tmp_path / f"psi-{transport}"
     if transport == "inprocess":
         return run_training(config, out)
@@ -93,7 +97,8 @@ def test_psi_alignment_is_the_exact_alignment_over_both_transports(
     remote = run_psi("grpc", tmp_path)
     exact = run_training(RunConfig(seed=3, algorithm="splitnn", data=DataConfig(
         dataset="sklearn-small", options=dict(OPTIONS)), alignment=AlignmentConfig(
-        method="exact"), training=TrainingConfig(epochs=2, patience=2)))
+        method="exact"), training=TrainingConfig(epochs=2, patience=2),
+        privacy=PrivacyConfig(reproducible_noise=True)))
     for split in ("train", "validation", "test"):
         assert remote.metrics[split] == pytest.approx(local.metrics[split], rel=1e-6)
         # PSI links exactly the records keyed-hash matching links: the same run
@@ -130,7 +135,8 @@ def test_union_training_is_the_same_over_both_transports(
     files = write_party_files(tmp_path, dataset="kdd-protein", options={"max_rows": 1500},
                               seed=1, primary=primary.name, secondary=s_schema.name,
                               secondary_table={"path": s_path, "key": list(s_schema.key),
-                                               "numeric": list(s_schema.numeric)})
+                                               "numeric": list(s_schema.numeric)},
+                              reproducible_secondary=True)  # its stand-ins repeat too
     with files[s_schema.name].open("a") as f:  # fea-gaussian leaks membership by design
         f.write('[policy]\nunion_features = ["fea-sampling", "fea-gaussian", "none"]\n')
     proc = start_process(files[s_schema.name], tmp_path / "passive.log")

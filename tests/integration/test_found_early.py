@@ -133,7 +133,7 @@ def test_a_decimal_comma_in_link_identifiers_gets_the_hint(
     out = str(tmp_path / "l.csv")
     args = ["link", "--primary", str(tmp_path / "a.csv"), "--secondary",
             str(tmp_path / "a.csv"), "--on", "lat,lon", "--metric", "haversine", "--top-k",
-            "1", "--seed", "0", "--out", out]
+            "1", "--seed", "0", "--sigma", "0.5", "--out", out]
     code, err = run_cli(args, capsys)
     assert code == EXIT_USAGE
     assert "identifier column 'lat' must be numeric" in err

@@ -27,7 +27,7 @@ from vflink.alignment._dh import key_bytes
 from vflink.alignment.confirm import new_nonce
 from vflink.alignment.groups import get_group
 from vflink.cli.main import main
-from vflink.errors import PolicyViolation, VflinkError
+from vflink.errors import PolicyViolation, ProtocolError, VflinkError
 from vflink.models.spec import BottomSpec
 from vflink.parties import SecondaryParty
 from vflink.parties.linking import encode_identifiers, send_key_tag
@@ -58,6 +58,7 @@ from vflink.protocol import (
     Snapshot,
     SoftLink,
 )
+from vflink.protocol.messages import FieldComparison, FieldEncodings, FieldLink
 from vflink.protocol.sessions import new_session_name
 from vflink.runfiles.party import load_party_config, party_table
 from vflink.transport import InProcessHub
@@ -117,7 +118,7 @@ def fed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Federation]:
     coordinator = tmp / "coordinator.toml"
     coordinator.write_text(
         f'version = 1\n[party]\nname = "coordinator"\nrole = "coordinator"\n'
-        f'listen = "{addresses["coordinator"]}"\nseed = 1\n'
+        f'listen = "{addresses["coordinator"]}"\n'
         f'[security]\ntls_dir = "{certs}"\nallowed = ["primary", "secondary"]\n'
         f'roles = {{ primary = "primary", secondary = "secondary" }}\n'
         f'[policy]\nmax_sessions = 6\n')
@@ -289,6 +290,23 @@ def test_bad_requests_reveal_no_values_or_paths(fed: Federation) -> None:
         assert isinstance(ch.call("secondary", Hello(party="primary", role="primary")), Hello)
 
 
+def test_a_200_level_field_is_refused_in_the_coordinators_words(fed: Federation) -> None:
+    """A Fellegi-Sunter field of 127 levels or more crashed the coordinator's handler (an
+    OverflowError in int8 levels): now a clear refusal, and the coordinator keeps serving."""
+    with fed.channel() as ch:
+        session = new_session_name("fields")
+        ch.request("coordinator", FieldEncodings(session=session, encoders=("bloom",),
+                                                 values=(np.zeros((4, 8), dtype=np.uint8),)),
+                   Ack)
+        err = refused(fed, lambda: ch.call("coordinator", FieldLink(
+            session=session, secondaries=("secondary",), top_k=1, tau=0.99,
+            model="fellegi-sunter", fields=(FieldComparison(
+                metric="hamming", levels=tuple(np.linspace(0.995, 0.005, 200))),))))
+        assert isinstance(err, ProtocolError) and "[link.levels]" in str(err)
+        assert "1 to 32 similarity thresholds" in str(err) and "internal" not in str(err)
+        assert isinstance(ch.call("coordinator", Hello(party="primary", role="primary")), Hello)
+
+
 def reference_party(fed: Federation) -> SecondaryParty:
     """The same secondary in this process, fed only the legitimate messages (the oracle)."""
     party = SecondaryParty(party_table(load_party_config(fed.secondary_file)),
@@ -383,6 +401,9 @@ def test_error_codes_travel_in_metadata(fed: Federation) -> None:
     f = env.fields.add()
     f.name = "tag"
     f.value.str_value = "no-such-tag"
+    r = env.fields.add()
+    r.name = "run"
+    r.value.str_value = ""
     err = _raw_call(fed, "secondary", env)
     trailing = dict(err.trailing_metadata() or ())
     assert trailing[CODE_KEY] == "protocol-error"
@@ -404,3 +425,4 @@ def test_unexpected_errors_stay_in_the_servers_log(fed: Federation) -> None:
         assert name in str(err) and str(fed.tmp) not in str(err)
         trace = Path(os.environ["VFLINK_LOG_DIR"]) / name
         assert trace.is_file() and "Traceback" in trace.read_text()
+

@@ -1,8 +1,13 @@
 """A soak test with a hostile tenant: a secondary (`vflink serve`, issued certificates, loopback)
 served to two honest primaries and one hostile peer that runs the reported cases in a loop.
 
-The honest primaries first run alone (both at once), then beside the hostile peer for the
-soak's duration; their results must equal the plaintext oracle every time, and (the long
+Each honest primary aligns (PSU and PSI) and then trains (set-up, training steps, a snapshot
+and a saved state) in a loop, both primaries at once, so the secondary holds two primaries'
+models while the hostile peer sets up its own, saves over and loads the honest runs' state
+names, and runs the set-protocol attacks. The honest primaries first run alone (both at once),
+then beside the hostile peer for the soak's duration; their alignments must equal the
+plaintext oracle and their models what the same messages give at a secondary serving that
+primary alone, every time, and (the long
 version, marked ``slow``) their median run must take at most 1.5 times its median alone. The
 secondary's resident memory and spool disk are sampled throughout: its spool never exceeds the
 per-peer disk quotas, its memory stays near what the honest runs alone needed.
@@ -22,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from tests.helpers.hostile import (
     PEERS,
@@ -29,12 +35,15 @@ from tests.helpers.hostile import (
     abandon_sessions,
     expected_run,
     honest_run,
+    honest_training,
+    hostile_training,
     maximal_chunk,
     out_of_policy_sizes,
     psi_forged_rows,
     psu_dictionary,
     setup_bottom,
     tenancy,
+    trained_alone,
     trickle,
 )
 from vflink.errors import VflinkError
@@ -57,6 +66,7 @@ def _hostile_cases(t: Tenancy) -> list[Callable[[], object]]:
         lambda: out_of_policy_sizes(t, ch),
         lambda: ch.call("secondary", FetchAlignment(session="psi@somebody-else")),
         lambda: setup_bottom(ch),
+        lambda: hostile_training(t, ch),
     ]
 
 
@@ -87,7 +97,11 @@ def _honest(t: Tenancy, n: int, until: Callable[[], bool], runs: dict[str, list[
             ) -> list[threading.Thread]:
     def loop(who: str) -> None:
         while not until():
-            runs[who].append(honest_run(t, who, n))
+            run = honest_run(t, who, n)
+            started = time.monotonic()
+            run["training"] = honest_training(t, who)  # a model of its own beside the other's
+            run["training_s"] = time.monotonic() - started
+            runs[who].append(run)
 
     threads = [threading.Thread(target=loop, args=(who,)) for who in HONEST]
     for th in threads:
@@ -156,6 +170,9 @@ def check(out: dict[str, Any], *, timings: bool) -> None:
         want = expected_run(t, who, out["n"])
         for run in out["alone"][who] + out["beside"][who]:
             assert {k: run[k] for k in want} == want, who  # identical to the oracle
+            script, got = run["training"]
+            # its model only: what its messages give at a secondary serving it alone
+            assert torch.allclose(got, trained_alone(script), atol=1e-6), who
         assert out["beside"][who], who
     # disk within the per-peer spool quotas; memory near what the honest runs alone needed
     assert out["spool"] <= out["quota"], (out["spool"], out["quota"])

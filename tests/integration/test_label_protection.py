@@ -4,7 +4,6 @@ and the attacks; `off` leaves every run as it was."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -41,9 +40,22 @@ from vflink.runner.train import run_training
 from vflink.transport import Transcript
 
 OPTIONS = {"n_samples": 900, "sigma_cf": 0.1, "seed": 3}
-#: SHA-256 of every gradient the unprotected run of `config()` sends, recorded before label
-#: protection existed (main at 8a045c6)
-PINNED_GRADIENTS = "6792da4db1c57cc89fe1866eae78247262139830b5ad6fbf42d6e86cf9c041bf"
+#: Every gradient batch the unprotected run of `config()` sends (selection on accuracy), as
+#: (rows, Σ‖row‖, Σ i·‖row_i‖ / Σ i): its size, scale and row order. Measured with the code
+#: before label protection existed (main at 8a045c6, torch 2.13.0 CPU) and with this code: the
+#: same to every printed digit. Statistics, not the raw bytes: float32 kernels differ in their
+#: last bits between CPUs (AVX2, AVX-512, AMX), which a digest of the bytes would fail on.
+PINNED_GRADIENTS = (
+    (128, 0.07511243628643724, 0.0005876707143221781),
+    (128, 0.0719740983631823, 0.0005581890551175064),
+    (128, 0.07158421764892203, 0.0005605509695598059),
+    (128, 0.06991634258557673, 0.0005513291166118349),
+    (118, 0.06940328027403236, 0.000591270384792621),
+    (128, 0.06999363223292607, 0.000547321872690662),
+    (128, 0.06989008049159895, 0.0005477710224354864),
+    (128, 0.06850667663732775, 0.0005372575096558445),
+    (128, 0.07078964531782062, 0.0005485433374333028),
+    (118, 0.07178178225795781, 0.0006108806084922951))
 MODES = ("dp", "marvell", "max-norm", "rr-prior")
 
 
@@ -92,7 +104,8 @@ def test_every_mode_is_applied_by_the_primary_over_both_transports(
     results = {}
     for transport in ("inprocess", "grpc"):
         transcript = Transcript()
-        result = run(config(mode), transport, tmp_path, transcript)
+        # compared over the transports: the seeded noise, behind the one switch
+        result = run(config(mode, reproducible_noise=True), transport, tmp_path, transcript)
         sent = sent_gradients(transcript)
         assert len(sent) == len(unprotected)
         if mode == "rr-prior":  # labels randomised before training: the first batch differs
@@ -160,13 +173,21 @@ def test_off_is_bit_identical_to_the_code_before_label_protection() -> None:
     (a, grads_a), (b, grads_b) = runs
     assert a.metrics == b.metrics
     assert all(torch.equal(x, y) for x, y in zip(grads_a, grads_b, strict=True))
-    # as the code before label protection existed (main at 8a045c6, torch 2.13.0 CPU)
-    assert b.metrics["test"] == {"accuracy": 0.5303867403314917, "auc": 0.6160430423086329}
-    assert [e.train_loss for e in b.history] == [0.6934886574745178, 0.6879523515701294]
-    digest = hashlib.sha256()
-    for grad in grads_b:
-        digest.update(grad.numpy().tobytes())
-    assert digest.hexdigest() == PINNED_GRADIENTS
+    # as the code before label protection existed (main at 8a045c6, torch 2.13.0 CPU): the
+    # figures rounded (a CPU's float32 kernels move the last bits), the gradients' statistics
+    # within a relative 1e-5 (one more draw, or a batch or its rows reordered, moves them by
+    # far more)
+    assert b.metrics["test"]["accuracy"] == pytest.approx(0.5303867403314917, rel=1e-9)
+    assert b.metrics["test"]["auc"] == pytest.approx(0.6160430423086329, rel=1e-6)
+    assert [e.train_loss for e in b.history] == pytest.approx(
+        [0.6934886574745178, 0.6879523515701294], rel=1e-6)
+    assert len(grads_b) == len(PINNED_GRADIENTS)
+    for grad, (rows, total, weighted) in zip(grads_b, PINNED_GRADIENTS, strict=True):
+        norms = grad.double().norm(dim=1)
+        w = torch.arange(1, norms.shape[0] + 1, dtype=torch.float64)
+        assert norms.shape[0] == rows
+        assert float(norms.sum()) == pytest.approx(total, rel=1e-5)
+        assert float((w * norms).sum() / w.sum()) == pytest.approx(weighted, rel=1e-5)
 
 
 def test_fedsim_k_links_go_through_the_protection() -> None:
@@ -199,7 +220,9 @@ def test_union_training_noises_real_and_synthetic_labels() -> None:
         assert entry["kind"] == f"label-{mode}"
         if mode == "dp":
             g = entry["guarantee"]
-            assert g["max_releases"] == 2 and g["epsilon"] <= 4.0 + 1e-9
+            # two epochs and the one noisy release of the rate of positives that fills the
+            # synthetic labels and shifts the logits (charged to the same records)
+            assert g["max_releases"] == 3 and g["epsilon"] <= 4.0 + 1e-9
             # the shifted (-tr) loss: its sensitivity measured per record
             assert entry["params"]["sensitivity"] > 0
         assert 0.0 <= result.metrics["test"]["auc"] <= 1.0
@@ -346,7 +369,7 @@ def test_an_interrupted_run_resumes_to_the_same_model_and_the_same_releases(
     from vflink.errors import PeerUnavailable
     from vflink.parties import SecondaryParty
 
-    cfg = config(mode, epochs=4)
+    cfg = config(mode, epochs=4, reproducible_noise=True)  # compared with the whole run
     whole = run_training(cfg, tmp_path / "whole")
     calls = {"n": 0}
     original = SecondaryParty.on_forward

@@ -9,10 +9,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from tests.helpers.links import linked
 from vflink.cli.main import main
 from vflink.linkage import brute_haversine, brute_levenshtein
 from vflink.protocol import AlignmentView, IdentifierEncodings
-from vflink.runner.link import run_linkage
 from vflink.transport import Transcript
 
 
@@ -26,8 +26,8 @@ def places(n: int, seed: int) -> pd.DataFrame:
 def test_only_encodings_reach_the_coordinator(bloom: bool) -> None:
     p, s = places(300, 0), places(120, 1)
     transcript = Transcript()
-    out = run_linkage(p, s, on=("lat", "lon"), metric="haversine", top_k=5, bloom=bloom,
-                      tau=0.9, seed=3, transcript=transcript)
+    out = linked(p, s, on=("lat", "lon"), metric="haversine", top_k=5,
+                 privacy="bloom" if bloom else "off", tau=0.9, seed=3, transcript=transcript)
     to_coord = [r for r in transcript.records if r.receiver == "coordinator"]
     assert {r.message.kind for r in to_coord} <= {"identifier_encodings", "soft_link",
                                                   "fetch_alignment", "key_tag",
@@ -50,8 +50,7 @@ def test_only_encodings_reach_the_coordinator(bloom: bool) -> None:
 
 def test_exact_search_through_parties_equals_brute_force() -> None:
     p, s = places(200, 4), places(90, 5)
-    out = run_linkage(p, s, on=("lat", "lon"), metric="haversine", top_k=7, seed=0,
-                      privacy="off")
+    out = linked(p, s, on=("lat", "lon"), metric="haversine", top_k=7, seed=0, privacy="off")
     truth = brute_haversine(p[["lat", "lon"]].to_numpy(), s[["lat", "lon"]].to_numpy(), 7).distances
     np.testing.assert_allclose(out.linkage.distances, truth, rtol=1e-6, atol=1e-6)
     # Eq. 1 before noise: mean 0, standard deviation 1
@@ -62,8 +61,8 @@ def test_exact_search_through_parties_equals_brute_force() -> None:
 def test_titles_by_levenshtein() -> None:
     p = pd.DataFrame({"title": ["The Matrix", "Alien", "Heat", "Up"]})
     s = pd.DataFrame({"name": ["Matrix, The", "Aliens", "Heat!", "Up", "Jaws", "Ran"]})
-    out = run_linkage(p, s, on=("title",), secondary_on=("name",), metric="levenshtein",
-                      top_k=2, seed=0, privacy="off")
+    out = linked(p, s, on=("title",), secondary_on=("name",), metric="levenshtein", top_k=2,
+                 seed=0, privacy="off")
     assert out.linkage.indices[2, 0] == 2 and out.linkage.indices[3, 0] == 3
     from vflink.linkage import normalize_string
 

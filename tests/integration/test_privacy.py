@@ -4,6 +4,7 @@ noised (VFL-AFE Algorithm 1 runs inside the secondary)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -215,10 +216,12 @@ def test_a_secondary_refuses_a_run_that_would_weaken_its_protection(
 
 def test_in_process_noise_is_reproducible_and_exactly_2_sigma_t() -> None:
     """In-process, recompute the clipped embeddings from the secondary's own model and check
-    that what the primary received differs from them by exactly the calibrated noise."""
+    that what the primary received differs from them by exactly the calibrated noise: the same
+    noise from the same seed behind the one switch, fresh secret noise without it."""
     config = RunConfig(seed=1, data=DataConfig(dataset="sklearn-small", options=dict(OPTIONS)),
                        training=TrainingConfig(epochs=1),
-                       privacy=PrivacyConfig(embeddings="vanilla", epsilon=0.5, clip=0.5))
+                       privacy=PrivacyConfig(embeddings="vanilla", epsilon=0.5, clip=0.5,
+                                             reproducible_noise=True))
     runs = []
     for _ in range(2):
         transcript = Transcript()
@@ -226,6 +229,11 @@ def test_in_process_noise_is_reproducible_and_exactly_2_sigma_t() -> None:
         runs.append((_received(transcript, "primary"), result.metrics))
     torch.testing.assert_close(runs[0][0], runs[1][0])  # same seed, same noise
     assert runs[0][1] == runs[1][1]
+    secret = config.replace(privacy=dataclasses.replace(config.privacy,
+                                                        reproducible_noise=False))
+    transcript = Transcript()
+    run_training(secret, transcript=transcript)
+    assert not torch.equal(_received(transcript, "primary"), runs[0][0])
     # Lemma 3.3 (ε < 1): noise std 2σt ≈ 6.2 against clipped signal of norm ≤ t = 0.5
     noise_std = 2 * calibrate(0.5, 1e-2).sigma * 0.5
     assert float(runs[0][0].std()) == pytest.approx(noise_std, rel=0.05)

@@ -85,7 +85,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
              'secondary2 = "secondary", coordinator = "coordinator" }\n')
     (tmp / "coordinator.toml").write_text(
         f'version = 1\n[party]\nname = "coordinator"\nrole = "coordinator"\n'
-        f'listen = "{addresses["coordinator"]}"\nseed = 1\n'
+        f'listen = "{addresses["coordinator"]}"\n'
         f'[security]\ntls_dir = "{certs}"\nallowed = ["primary", "secondary", "secondary2"]\n'
         + roles)
     (tmp / "secondary.toml").write_text(

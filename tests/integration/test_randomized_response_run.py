@@ -62,7 +62,9 @@ def _config(epochs: int = 2, quantiser: str = "simhash") -> RunConfig:
                      alignment=AlignmentConfig(method="exact"),
                      training=TrainingConfig(epochs=epochs, patience=epochs),
                      privacy=PrivacyConfig(embeddings="randomized-response", total_epsilon=8.0,
-                                           delta=1e-5, code_bits=4, quantiser=quantiser))
+                                           delta=1e-5, code_bits=4, quantiser=quantiser,
+                                           # compared over both transports: seeded noise
+                                           reproducible_noise=True))
 
 
 def _run(transport: str, tmp_path: Path, transcript: Transcript, quantiser: str) -> RunResult:
@@ -75,7 +77,7 @@ def _run(transport: str, tmp_path: Path, transcript: Transcript, quantiser: str)
     with files["secondary"].open("a") as f:  # the secondary's own settings, same noise seed
         f.write('[privacy]\nembeddings = "randomized-response"\ntotal_epsilon = 8.0\n'
                 f'delta = 1e-5\ncode_bits = 4\nquantiser = "{quantiser}"\n'
-                f'seed = {noise_seed(config, 0)}\n')
+                f'reproducible_noise = true\nseed = {noise_seed(config, 0)}\n')
     with served_in_threads(files["coordinator"], files["secondary"]):
         federation = network_federation(load_party_config(files["primary"]), run_id=out.name,
                                         transcript=transcript)

@@ -18,6 +18,7 @@ from tests.helpers.network import start_process, stop_processes, write_party_fil
 from vflink.cli.train import summarise
 from vflink.errors import PeerUnavailable
 from vflink.parties import SecondaryParty
+from vflink.privacy.config import PrivacyConfig
 from vflink.protocol import Forward
 from vflink.runfiles.config import (
     AlignmentConfig,
@@ -38,7 +39,10 @@ def config(epochs: int = 6) -> RunConfig:
                      data=DataConfig(dataset="sklearn-small", options=dict(OPTIONS)),
                      alignment=AlignmentConfig(method="soft", top_k=4, privacy="off",
                                                sigma=0.1),
-                     training=TrainingConfig(epochs=epochs, patience=epochs, lr=3e-3))
+                     training=TrainingConfig(epochs=epochs, patience=epochs, lr=3e-3),
+                     # a resume re-links: the same similarities (and the same final model as
+                     # an uninterrupted run) need the seeded noise, behind the one switch
+                     privacy=PrivacyConfig(reproducible_noise=True))
 
 
 def test_in_process_interruption_and_resume(tmp_path: Path,
@@ -105,6 +109,8 @@ sigma = 0.1
 epochs = 12
 patience = 12
 lr = 0.003
+[privacy]
+reproducible_noise = true
 """
 
 

@@ -154,7 +154,9 @@ def test_changed_secondary_data_is_refused_over_grpc(tmp_path: Path,
             train(resume=False)
         monkeypatch.setattr(SecondaryParty, "on_forward", original)
     assert (staging_dir(out) / "models" / "primary" / "checkpoint.json").exists()
-    assert list((tmp_path / "state" / "secondary" / "net").glob("checkpoint-*.json"))
+    # the secondary's checkpoints, in the folder it keeps for this primary
+    assert list((tmp_path / "state" / "secondary" / "peers" / "primary" / "net")
+                .glob("checkpoint-*.json"))
     # the secondary comes back with other data (its identifiers' noise changed)
     text = files["secondary"].read_text()
     files["secondary"].write_text(text.replace("sigma_cf = 0.1", "sigma_cf = 0.2"))

@@ -102,9 +102,11 @@ def test_psu_transcript_is_what_the_simulators_produce(group: str) -> None:
     for record in transcript.records:
         m = record.message
         if isinstance(m, Ack):
-            # the closing Acks carry nothing; the opening one the secondary's set size and the
-            # chunk size it accepts only
-            assert m.info == {} or set(m.info) == {"n_p", "chunk_rows"}, m.info
+            # the closing Acks carry nothing; the opening one the secondary's set size, the
+            # chunk size it accepts and its policy's public figures only (the idle expiry and
+            # the dictionary limit)
+            assert m.info == {} or set(m.info) == {"n_p", "chunk_rows", "idle_s",
+                                                   "guess_limit", "guess_window_s"}, m.info
             assert m.info.get("n_p", n_p) == n_p
             continue
         arrays = _arrays(m)

@@ -41,7 +41,7 @@ def test_link_warns_when_coordinates_are_swapped(tmp_path: Path,
     pd.DataFrame({"lat": lat[:40], "lon": lon[:40]}).to_csv(tmp_path / "h.csv", index=False)
     pd.DataFrame({"lat": lat, "lon": lon}).to_csv(tmp_path / "p.csv", index=False)
     common = ["link", "--primary", str(tmp_path / "h.csv"), "--secondary", str(tmp_path / "p.csv"),
-              "--metric", "haversine", "--top-k", "1", "--seed", "0"]
+              "--metric", "haversine", "--top-k", "1", "--seed", "0", "--sigma", "0.5"]
     with caplog.at_level(logging.WARNING):
         code, _ = run_cli([*common, "--on", "lon,lat", "--secondary-on", "lat,lon", "--out",
                            str(tmp_path / "swapped.csv")], capsys)

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.network import served_in_threads, write_party_files
+from vflink.privacy.config import PrivacyConfig
 from vflink.runfiles.config import (
     AlignmentConfig,
     DataConfig,
@@ -39,7 +40,10 @@ def run(scenario: str, transport: str, tmp_path: Path) -> RunResult:
     config = RunConfig(seed=3, algorithm=algorithm,
                        data=DataConfig(dataset="sklearn-small", options=dict(OPTIONS)),
                        alignment=alignment, training=TrainingConfig(epochs=3, patience=3),
-                       model=MODELS.get(scenario, ModelConfig()))
+                       model=MODELS.get(scenario, ModelConfig()),
+                       # the same figures over both transports: the seeded noise (the default
+                       # label protection's and the coordinator's), behind the one switch
+                       privacy=PrivacyConfig(reproducible_noise=True))
     out = tmp_path / f"{scenario}-{transport}"
     if transport == "inprocess":
         return run_training(config, out)

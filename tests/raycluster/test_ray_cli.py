@@ -105,7 +105,7 @@ def test_train_cli_equal(ray_cluster: str, tmp_path: Path) -> None:
     run.write_text('version = 1\nseed = 1\nalgorithm = "fedsim"\n[data]\ndataset = "sklearn"\n'
                    '[data.options]\nn_samples = 600\nsigma_cf = 0.1\nseed = 5\n'
                    '[alignment]\nmethod = "soft"\nmetric = "euclidean"\ntop_k = 3\n'
-                   '[training]\nepochs = 2\n')
+                   '[training]\nepochs = 2\n[privacy]\nreproducible_noise = true\n')
     for name, flags in _engines(ray_cluster).items():
         _vflink("train", "--config", str(run), "--out", str(tmp_path / f"run-{name}"), *flags,
                 cwd=tmp_path)

@@ -124,3 +124,50 @@ def test_the_check_sees_a_call_back_up() -> None:
     found = re_entries(lambda: pipeline.run_pipeline(ctx, (stage_module["back_up"],)))
     assert found[0] == ("vflink/runner/pipeline.py:run_pipeline → vflink/runner/planted.py:"
                         "back_up → vflink/runner/pipeline.py:run_pipeline")
+
+
+# --- the link pipeline -----------------------------------------------------------------------
+
+
+def _link_tables(tmp_path: Any) -> tuple[Any, Any]:
+    import numpy as np
+    import pandas as pd
+
+    rng = np.random.default_rng(0)
+    names = ["anna", "bert", "carla", "dirk", "emma", "femke", "gijs", "hugo"]
+
+    def table(n: int) -> pd.DataFrame:
+        return pd.DataFrame({"x": rng.normal(size=n), "y": rng.normal(size=n),
+                             "given": [names[i % 8] for i in range(n)],
+                             "surname": [f"smith{i % 13}" for i in range(n)]})
+
+    p, s = tmp_path / "p.csv", tmp_path / "s.csv"
+    table(60).to_csv(p, index=False)
+    table(40).to_csv(s, index=False)
+    return p, s
+
+
+LINKS = {
+    "identifier": {"on": "x,y", "metric": "euclidean", "top_k": 3},
+    "model": {"fields": [{"on": ["given"]}, {"on": ["surname"]}], "top_k": 2,
+              "model": "fellegi-sunter", "blocking": ["surname"], "one_to_one": True,
+              "sigma": 0.5},
+    "streamed": {"on": "x,y", "metric": "euclidean", "top_k": 3, "stream": True,
+                 "chunk_rows": 16},
+}
+
+
+@pytest.mark.parametrize("kind", sorted(LINKS))
+def test_the_path_of_a_link_never_re_enters_a_file(kind: str, tmp_path: Any) -> None:
+    """``vflink.link`` (what ``vflink link`` and a [link] file run) goes api → pipeline →
+    each stage → parties or the linkage package, and never back: a streamed link's lazy
+    work (the primary's encodings, the links the write stage takes) included."""
+    import vflink
+
+    p, s = _link_tables(tmp_path)
+    found = re_entries(lambda: vflink.link(p, s, out=tmp_path / "links.parquet", seed=0,
+                                           **LINKS[kind]))
+    assert not found, "re-entered a file it had left:\n" + "\n".join(found[:10])
+    summary = vflink.link(p, s, out=tmp_path / "again.parquet", seed=0, **LINKS[kind]).summary
+    assert list(summary["stage_seconds"]) == ["read", "encode", "candidates", "compare",
+                                              "model", "decide", "write", "charts"]

@@ -3,7 +3,6 @@ shuffles, and mapping final elements to positions in a sorted list."""
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Sequence
 
 import numpy as np
@@ -13,6 +12,7 @@ import pandas as pd
 from vflink.alignment.exact import check_keys_present, normalise_key
 from vflink.alignment.groups import Elements
 from vflink.errors import DataError, ProtocolError
+from vflink.randomness import secret_generator
 
 __all__ = ["as_rows", "key_bytes", "lookup", "secure_permutation", "sorted_unique", "to_hex"]
 
@@ -42,12 +42,13 @@ def key_bytes(frame: pd.DataFrame, key: Sequence[str], *, who: str = "table",
 
 
 def secure_permutation(n: int) -> npt.NDArray[np.int64]:
-    """A uniformly random permutation of ``range(n)`` seeded from the OS secure source.
+    """A uniformly random permutation of ``range(n)`` from the secret source.
 
-    The shuffles of Algorithm 1 hide which received element came from which record; the seed
-    (128 bits from :mod:`secrets`) is never reused or shared.
+    The shuffles of Algorithm 1 hide which received element came from which record: drawn
+    from a fresh ChaCha20 stream keyed by the OS (:func:`vflink.randomness.secret_generator`),
+    never reproducible, whatever the run's noise switch.
     """
-    rng = np.random.Generator(np.random.PCG64(secrets.randbits(128)))
+    rng = secret_generator()
     return rng.permutation(n).astype(np.int64)
 
 

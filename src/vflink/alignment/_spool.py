@@ -27,7 +27,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import secrets
 import shutil
 import tempfile
 import time
@@ -39,8 +38,10 @@ import numpy as np
 import numpy.typing as npt
 
 from vflink.alignment.groups import Elements
+from vflink.randomness import secret_generator
 
-__all__ = ["Buckets", "RowOrder", "Spool", "Workdir", "shuffle", "sweep_stale"]
+__all__ = ["Buckets", "RowOrder", "Spool", "Workdir", "process_alive", "process_token", "shuffle",
+           "sweep_stale"]
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +76,18 @@ def _alive(owner: str) -> bool:
         return False
     started = _started(int(parts[0]))
     return started is not None and (started == parts[1] or started == "" or parts[1] == "-")
+
+
+def process_token() -> str:
+    """This process's identity as ``"<pid> <start time>"`` (what a workdir's owner file
+    holds), for records that must tell later whether their process is still running."""
+    pid = os.getpid()
+    return f"{pid} {_started(pid) or '-'}"
+
+
+def process_alive(token: str) -> bool:
+    """Whether the process :func:`process_token` named is still running."""
+    return _alive(token)
 
 
 #: A workdir without its owner file is being created (or predates them): left alone this long.
@@ -141,8 +154,7 @@ class Workdir:
         self.path = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
         self._count = 0
         self._finalizer = weakref.finalize(self, shutil.rmtree, self.path, True)
-        pid = os.getpid()
-        (self.path / _OWNER).write_text(f"{pid} {_started(pid) or '-'}", encoding="ascii")
+        (self.path / _OWNER).write_text(process_token(), encoding="ascii")
 
     def new(self, name: str) -> Path:
         """A fresh sub-path for one list."""
@@ -215,8 +227,7 @@ class Buckets:
     def __init__(self, path: Path, width: int, *, bits: int, random: bool = False) -> None:
         self.path, self.width, self.bits, self.random = path, width, bits, random
         self.count = np.zeros(1 << bits, dtype=np.int64)
-        self._rng = np.random.Generator(np.random.PCG64(secrets.randbits(128))) \
-            if random else None
+        self._rng = secret_generator() if random else None
         path.mkdir(parents=True, exist_ok=True)
 
     def __len__(self) -> int:
@@ -258,7 +269,7 @@ class Buckets:
 def shuffle(source: Buckets, out: Spool) -> Spool:
     """Append ``source``'s elements (drawn into random buckets) to ``out`` in a uniformly
     random order; ``source`` is removed."""
-    rng = np.random.Generator(np.random.PCG64(secrets.randbits(128)))
+    rng = secret_generator()  # vflink.randomness: never reproducible
     for e, r in source:
         perm = rng.permutation(len(e))
         out.append(e[perm], r[perm] if out.has_rows else None)

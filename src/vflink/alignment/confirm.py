@@ -24,12 +24,12 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-import secrets
 
 import numpy as np
 import numpy.typing as npt
 
 from vflink.errors import ConfigError
+from vflink.randomness import secret_bytes
 
 __all__ = ["LABEL", "TAG_SIZE", "confirmation_tag", "new_nonce", "tag_matches"]
 
@@ -58,4 +58,4 @@ def tag_matches(secret: bytes, tag: npt.NDArray[np.uint8] | bytes, *, session: s
 
 def new_nonce() -> str:
     """A fresh 128-bit nonce from the OS's secure generator (hex)."""
-    return secrets.token_hex(16)
+    return secret_bytes(16).hex()

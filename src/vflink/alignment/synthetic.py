@@ -17,6 +17,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from vflink.randomness import NoiseSource, as_source
 from vflink.registry import Registry
 
 __all__ = [
@@ -54,7 +55,9 @@ class LabelContext:
 
     n: int
     positive_rate: float
-    generator: torch.Generator
+    #: the active party's noise source (secret unless the run asked for reproducible noise:
+    #: vflink.randomness); a seeded ``torch.Generator`` is a reproducible one
+    generator: NoiseSource | torch.Generator
     probabilities: torch.Tensor | None = None
     embeddings: torch.Tensor | None = None
     real_embeddings: torch.Tensor | None = None
@@ -77,7 +80,7 @@ def _minority(ctx: LabelContext) -> torch.Tensor:
 
 def _random_pos(ctx: LabelContext) -> torch.Tensor:
     # §3.1 (2): Bernoulli with the positive rate of the active party's own labels
-    return (torch.rand(ctx.n, generator=ctx.generator) < ctx.positive_rate).float()
+    return (as_source(ctx.generator).uniform((ctx.n,)) < ctx.positive_rate).float()
 
 
 def _random_pred(ctx: LabelContext) -> torch.Tensor:
@@ -86,7 +89,7 @@ def _random_pred(ctx: LabelContext) -> torch.Tensor:
     if ctx.probabilities is None:
         raise ValueError("label-random-pred needs the model's predicted probabilities")
     p = ctx.probabilities.detach().reshape(-1).clamp(0.0, 1.0)
-    draws = torch.rand((max(1, ctx.samples), ctx.n), generator=ctx.generator) < p
+    draws = as_source(ctx.generator).uniform((max(1, ctx.samples), ctx.n)) < p
     return draws.float().mean(dim=0)
 
 
@@ -144,7 +147,7 @@ def sampled_rows(own_rows: npt.NDArray[np.int64], n: int, rng: np.random.Generat
     return own_rows[rng.integers(0, len(own_rows), size=n)]
 
 
-def assigned_rows(own_rows: npt.NDArray[np.int64], n: int, key: bytes
+def assigned_rows(own_rows: npt.NDArray[np.int64], n: int, key: bytes | np.random.Generator
                   ) -> npt.NDArray[np.int64]:
     """fea-sampling with a fixed keyed assignment: a real record of our own for each
     of ``n`` missing rows, drawn once per session from ``key`` instead of afresh on every call.
@@ -156,24 +159,28 @@ def assigned_rows(own_rows: npt.NDArray[np.int64], n: int, key: bytes
     ⌊n/|own|⌋ or ⌈n/|own|⌉ missing rows, which keeps groups of identical embeddings as even in
     size as they can be (their sizes are what duplicates still reveal:
     docs/how-to/private-set-union.md).
+
+    ``key``: a generator keyed by the party's secret (:func:`vflink.randomness.keyed_generator`),
+    or bytes seeding numpy's default generator (reproducible noise only).
     """
     if n == 0:
         return np.empty(0, dtype=np.int64)
     if len(own_rows) == 0:
         raise ValueError("fea-sampling needs at least one own record")
-    rng = np.random.default_rng(int.from_bytes(key, "little"))
+    rng = key if isinstance(key, np.random.Generator) else \
+        np.random.default_rng(int.from_bytes(key, "little"))
     reps = -(-n // len(own_rows))
     pool = np.concatenate([rng.permutation(own_rows) for _ in range(reps)])
     return pool[:n].astype(np.int64)
 
 
-def gaussian_embeddings(real: torch.Tensor, n: int, generator: torch.Generator, *,
-                        s: float = 1.0) -> torch.Tensor:
+def gaussian_embeddings(real: torch.Tensor, n: int, generator: NoiseSource | torch.Generator,
+                        *, s: float = 1.0) -> torch.Tensor:
     """fea-gaussian (§3.2 (1)): N(0, (s/d)·max_i ||f(x_i)||² I) over the batch's real rows."""
     d = real.shape[1]
     scale = float(real.detach().norm(dim=1).max()) if len(real) else 1.0
     std = math.sqrt(s / d) * scale
-    return torch.randn((n, d), generator=generator) * std
+    return as_source(generator).normal((n, d)) * std
 
 
 @dataclass
@@ -196,11 +203,11 @@ class EmbeddingStats:
 
 
 def moving_average_embeddings(stats: EmbeddingStats, n: int, d: int,
-                              generator: torch.Generator) -> torch.Tensor:
+                              generator: NoiseSource | torch.Generator) -> torch.Tensor:
     """fea-random (§3.2 (2)): N(μ, σ²) with the moving averages of the real embeddings."""
     mean = stats.mean if stats.mean is not None else torch.zeros(d)
     std = stats.std if stats.std is not None else torch.ones(d)
-    return mean + std * torch.randn((n, d), generator=generator)
+    return mean + std * as_source(generator).normal((n, d))
 
 
 # --- logits-shift calibration (App. E-G) -------------------------------------------------------

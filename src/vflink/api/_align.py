@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from vflink._checks import check_choice, check_int
-from vflink.api._tables import TableLike, columns_arg, read_table
+from vflink.data.given import TableLike, columns_arg, read_table
 from vflink.errors import ConfigError
 
 if TYPE_CHECKING:

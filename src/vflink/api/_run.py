@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
 
-from vflink.api._tables import TableLike, read_table
+from vflink.data.given import TableLike, read_table
 from vflink.errors import ConfigError, RunError
 
 if TYPE_CHECKING:

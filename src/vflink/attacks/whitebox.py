@@ -9,19 +9,20 @@ secondary received and kept (its recording: the gradients, the rows each trainin
 ``Forward`` asked for in the primary's order, and the seeds of the setup messages), never on
 another party's files:
 
-* ``label-noise-subtraction`` regenerates the primary's label noise. A seeded noise stream is
-  ``torch.Generator().manual_seed(seed)`` drawing ``torch.randn(shape, float64)`` once per
-  training batch (``dp``: shape (B, C), the logit noise; ``marvell``: (rows, d + 1) per
-  secondary; ``max-norm``: (rows,) per secondary), as :class:`vflink.privacy.label_protection.
-  LabelProtection` draws it. The seeds tried are every seed the secondary received (the
-  ``SetupBottom`` spec's seed is the run seed + 1 + the secondary's index; union training sends
-  the run seed), the label-noise seed the runner derives from a run seed (``SeedSequence([run
-  seed, 0x1AB])``, :func:`vflink.runner.protections.label_noise_seed`), the seeds of the
-  budget's later streams (``SeedSequence([seed, 0x1AB5, k])``), and every small integer up to
-  ``brute_force`` as a ``labels_seed`` or as a run seed. A candidate is kept when its draws
-  explain the received rows of the first batches (a correlation far beyond chance: the brute
-  force screens on the first batch, vectorised, then confirms). With the noise known, each
-  mode falls to a least-squares fit:
+* ``label-noise-subtraction`` regenerates the primary's label noise. Under ``[privacy]
+  reproducible_noise`` (not private) the noise stream is :class:`vflink.randomness.NoiseSource`
+  ``(seed=seed)`` (the draws of ``torch.Generator().manual_seed(seed)``) drawing ``normal(shape,
+  float64)`` once per training batch (``dp``: shape (B, C), the logit noise; ``marvell``:
+  (rows, d + 1) per secondary; ``max-norm``: (rows,) per secondary), as
+  :class:`vflink.privacy.label_protection.LabelProtection` draws it. The seeds tried are every
+  seed the secondary received (the ``SetupBottom`` spec's seed is the run seed + 1 + the
+  secondary's index; union training sends the run seed), the label-noise seed the runner derives
+  from a run seed (``SeedSequence([run seed, 0x1AB])``,
+  :func:`vflink.runner.protections.label_noise_seed`), the seeds of the budget's later streams
+  (``SeedSequence([seed, 0x1AB5, k])``), and every small integer up to ``brute_force`` as a
+  ``labels_seed`` or as a run seed. A candidate is kept when its draws explain the received rows
+  of the first batches (a correlation far beyond chance: the brute force screens on the first
+  batch, vectorised, then confirms). With the noise known, each mode falls to a least-squares fit:
 
   - ``dp``: the row sent for record i is c_i·(p_i − y_i + σ·n_i)·J_i (J_i the Jacobian of its
     logit). Projected on the batch's top singular direction it is s_i ≈ c·(p_i − y_i + σ n_i);
@@ -34,8 +35,9 @@ another party's files:
   - ``max-norm``: row i is g_i·(1 + ξ_i σ_i) with E‖row‖² = max_j‖g_j‖² = M; a small gradient
     (a negative) sends ‖row‖/√M ≈ |ξ_i|, a large one (a positive) ≈ 1.
 
-  A record's scores are averaged over the epochs recorded. With a secret seed (the secure
-  source) no candidate explains the rows and the attack reads nothing (every score 0).
+  A record's scores are averaged over the epochs recorded. With the secret source (the
+  default: ChaCha20 keyed by the operating system, nothing a peer received enters it) no
+  candidate explains the rows and the attack reads nothing (every score 0).
 
 * ``label-epoch-average`` (black-box, label-free): a record's rows over every recorded epoch,
   each projected on its batch's class-mean direction (the batch's top principal direction,
@@ -69,6 +71,7 @@ from vflink.attacks.label_leakage import _LabelAttack, explain_auc, labelled_row
 from vflink.errors import ConfigError, DataError
 from vflink.metrics.attacks import grouped_auc
 from vflink.metrics.functional import auc
+from vflink.randomness import NoiseSource
 
 __all__ = ["Batch", "Candidate", "Found", "LabelEpochAverageAttack", "LabelNoiseSubtraction",
            "LabelResidualAttack", "MECHANISMS", "batches_of", "brute_force_candidates",
@@ -77,8 +80,8 @@ __all__ = ["Batch", "Candidate", "Found", "LabelEpochAverageAttack", "LabelNoise
            "marvell_scores", "max_norm_scores", "received_candidates", "regenerate",
            "residual_scores", "stream_seed", "subtract_noise", "top_direction"]
 
-#: runner/protections.py ``label_noise_seed``: SeedSequence([run seed, 0x1AB]) without
-#: ``labels_seed`` and the secure source
+#: runner/protections.py ``label_noise_seed``: SeedSequence([run seed, 0x1AB]) under
+#: ``reproducible_noise`` without ``labels_seed``
 LABEL_SEED_SALT = 0x1AB
 #: ``LabelProtection._claim_stream``: the k-th stream (k ≥ 1) of a seed, SeedSequence([seed,
 #: 0x1AB5, k]) (the budget numbers the runs on the same data)
@@ -417,11 +420,12 @@ class Found:
 
 def regenerate(seed: int, mechanism: str, batches: Sequence[Batch], *, position: int,
                secondaries: int, per_record: int) -> list[FloatArray]:
-    """The draws for this secondary in each batch, as the primary's seeded stream made them."""
-    gen = torch.Generator().manual_seed(int(seed))
+    """The draws for this secondary in each batch, as the primary's reproducible source
+    (:class:`~vflink.randomness.NoiseSource` of ``seed``) made them."""
+    source = NoiseSource(seed=int(seed))
     out = []
     for batch in batches:
-        draws = [torch.randn(shape, generator=gen, dtype=torch.float64).numpy()
+        draws = [source.normal(shape, dtype=torch.float64).numpy()
                  for shape in _shapes(mechanism, batch, per_record, secondaries)]
         out.append(draws[0] if mechanism == "dp" else draws[position])
     return out
@@ -466,6 +470,8 @@ def _screen(candidates: Iterable[Candidate], first: Batch, mechanisms: Sequence[
             hits.append((pending[i], mech, int(j), k, float(z[i, j])))
 
     def flush() -> None:
+        # NoiseSource(seed=s)'s draws are torch.Generator().manual_seed(s)'s (vflink.randomness):
+        # one generator reseeded per candidate, drawn into preallocated rows, screens faster
         gen = torch.Generator()
         m = len(pending)
         # one draw per record (dp) or per slot (max-norm): the same values where the sizes

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import math
 import re
 from pathlib import Path
 from typing import Any
@@ -52,10 +51,18 @@ every candidate pair (those of the [[link.blocking]] rules; a rule may combine c
 (per field: exact agreement from keyed hashes, close levels from the Bloom filters' Dice
 similarity, u from random pairs, m and the prior by EM, term-frequency adjusted), and decides:
 match probability >= --threshold (0.5), then --one-to-one. Fields need no metric or weight.
+The EM and the decisions follow the link's --cardinality (one-to-one, many-to-one: the
+primary holds duplicates, one-to-many, many-to-many), estimated from the data unless given;
+the summary says which and why, and how many records have several near-certain counterparts.
 The links gain match_weight, match_probability and match; the summary the m/u table and the
-estimated precision, recall and F1 (no labels needed); <out>.model.png the match-weight
-histogram, the threshold chart and one pair's waterfall. --truth FILE (primary_index,
-secondary_index or primary_id, secondary_id) adds the measured precision, recall and F1.
+estimated precision, recall and F1 (no labels needed) with the conditions they rest on,
+checked on the data (fields that do not separate matches or look swapped, blocking rules that
+find nothing and what the rules miss, a poor fit): a figure that cannot be backed is left out
+and the reason given. <out>.model.png the match-weight histogram, the threshold chart and one
+pair's waterfall. --truth FILE (primary_index, secondary_index or primary_id, secondary_id)
+adds the measured precision, recall and F1. A model link's match weights rarely reach the
+private default tau = 0.05: the run then stops and says the tau it can give; pass --tau or
+--sigma to accept it.
 The links file is the operator's view (it holds the coordinator's exact distance and weights,
 labelled so in the summary's "columns" and the Parquet metadata); --view primary writes only
 what the primary receives in a deployment.
@@ -111,7 +118,8 @@ def register(sub: Any) -> None:
                    "length follows from it and the agreed range (default: 512 bits per "
                    "dimension). Places on the globe (haversine): see [link.geo] resolution_km")
     p.add_argument("--seed", type=int, default=None,
-                   help="seed of the coordinator's noise (default: OS entropy)")
+                   help="seed of the coordinator's noise: reproducible, NOT private (default: "
+                   "secret noise from the OS)")
     p.add_argument("--empty", choices=("error", "skip"), default=None,
                    help="records with an empty identifier: error (default: stop, naming the "
                    "file, column and row) or skip (no link for them; the count is reported)")
@@ -144,8 +152,14 @@ def register(sub: Any) -> None:
     p.add_argument("--threshold", type=float, default=None,
                    help="a model link's match probability for a match (default 0.5)")
     p.add_argument("--one-to-one", choices=("optimal", "greedy"), default=None,
-                   help="a model link's matches one-to-one: optimal (largest total weight) or "
-                   "greedy (by decreasing weight)")
+                   help="a model link's matches one-to-one, a decision step after the "
+                   "threshold: optimal (largest total weight) or greedy (by decreasing weight)")
+    p.add_argument("--cardinality", default=None,
+                   choices=("one-to-one", "many-to-one", "one-to-many", "many-to-many"),
+                   help="a model link's cardinality: which records have at most one match "
+                   "(many-to-one: many primary records to one secondary record, i.e. the "
+                   "primary holds duplicates); the model's posterior and decisions follow it "
+                   "(default: estimated from the data; the summary says which and why)")
     p.add_argument("--view", choices=("operator", "primary"), default=None,
                    help="operator (default): every column, the coordinator's exact distance "
                    "and weights included; primary: only what the primary receives")
@@ -170,25 +184,21 @@ _KEYS = ("primary", "secondary", "on", "secondary_on", "metric", "bloom", "top_k
          "sigma", "delta", "approximate", "search", "seed", "out", "privacy", "empty", "id",
          "secondary_id", "fields", "blocking", "geo", "bloom_filters", "resolution", "delimiter",
          "encoding", "secondary_delimiter", "secondary_encoding", "decimal", "parts", "stream",
-         "model", "threshold", "one_to_one", "view", "truth")
+         "model", "threshold", "one_to_one", "cardinality", "view", "truth")
 
 
-#: What each [link] key must be, checked when it comes from a file (argparse checks flags).
-_CHOICES = {"metric": LINK_METRICS, "privacy": PRIVACY, "mode": ("soft", "top1", "exact"),
-            "search": ("auto", "exact", "approximate"), "empty": ("error", "skip"),
-            "model": ("fellegi-sunter",), "view": ("operator", "primary")}
+#: What a [link] key must be that only a file can get wrong (a path, a flag, a column list)
+#: or that only the command reads (CSV options); every other value is checked by the link's
+#: own settings (vflink.runner.link.settings), in the words of the Python API.
 _TEXT = ("primary", "secondary", "out", "id", "secondary_id", "truth")
 _FLAGS = ("bloom", "approximate", "parts", "stream")
 
 
 def _check_value(key: str, value: Any, problems: list[str]) -> None:
     """One problem (if any) for a [link] value of the wrong kind."""
-    from vflink._checks import check_float, check_int, check_one_to_one, check_probability
     from vflink.data.schema import check_decimal, check_delimiter, check_encoding
 
-    if key in _CHOICES and value not in _CHOICES[key]:
-        problems.append(f"`{key}` must be one of {', '.join(_CHOICES[key])}, got {value!r}")
-    elif key in _TEXT and not isinstance(value, (str, Path)):
+    if key in _TEXT and not isinstance(value, (str, Path)):
         problems.append(f"`{key}` must be a string, got {value!r}")
     elif key in _FLAGS and not isinstance(value, bool):
         problems.append(f"`{key}` must be true or false, got {value!r}")
@@ -197,16 +207,6 @@ def _check_value(key: str, value: Any, problems: list[str]) -> None:
                                        and all(isinstance(v, str) for v in value))):
         problems.append(f"`{key}` must be a column name, \"a,b\" or a list of names, "
                         f"got {value!r}")
-    elif key == "top_k":
-        check_int(problems, key, value, min=1)
-    elif key == "threshold":
-        check_probability(problems, key, value)
-    elif key == "one_to_one":
-        check_one_to_one(problems, key, value)
-    elif key == "seed":
-        check_int(problems, key, value, min=0)
-    elif key in ("tau", "sigma", "delta", "resolution"):
-        check_float(problems, key, value, min=0.0, min_exclusive=True)
     elif key in ("delimiter", "secondary_delimiter"):
         check_delimiter(problems, key, value)
     elif key in ("encoding", "secondary_encoding"):
@@ -256,7 +256,6 @@ def resolve(args: argparse.Namespace) -> dict[str, Any]:
                     if opts.get(k) is None)
     if opts.get("fields"):
         _fields(opts, problems)
-    _noise_problems(opts, args, problems)
     privacy, bloom = opts.get("privacy"), opts.get("bloom")
     if privacy in PRIVACY and bloom is not None and (privacy == "bloom") != bool(bloom):
         problems.append(f"--bloom contradicts --privacy {privacy}; give one of them")
@@ -271,6 +270,18 @@ def resolve(args: argparse.Namespace) -> dict[str, Any]:
         except ConfigError as exc:
             problems.extend(p if p.startswith(f"[link.{name}]") else f"[link.{name}]: {p}"
                             for p in exc.problems)
+    if not any(p.startswith(("fields", "blocking", "`fields`", "`blocking`"))
+               for p in problems):
+        # every value the API checks, checked by the API's own settings: the same words
+        from vflink.runner.link.settings import LinkSettings
+
+        try:
+            LinkSettings.from_options(**_api_options(opts, check=True))
+        except ConfigError as exc:
+            problems.extend(_placed(p, args) for p in exc.problems
+                            if not p.startswith("`on` is required")
+                            and not p.startswith("`metric` is required")
+                            and p not in problems)
     if problems:
         if where and len(problems) > 1:
             listing = "\n  - ".join(problems)
@@ -296,28 +307,45 @@ def _where(args: argparse.Namespace, key: str) -> str:
     return f"{args.config}: {key}"
 
 
-def _noise_problems(opts: dict[str, Any], args: argparse.Namespace,
-                    problems: list[str]) -> None:
-    """The similarity-noise options (FedSim Eq. 2, Theorem 2), each problem with where it was
-    given and how to fix it."""
-    tau, sigma, delta = opts.get("tau"), opts.get("sigma"), opts.get("delta")
+def _placed(problem: str, args: argparse.Namespace) -> str:
+    """A settings problem about the noise with where its option was given (the flag, or the
+    file's line and column) in place of its backquoted name."""
+    if problem.startswith("`tau` and `sigma`:"):
+        return f"{_where(args, 'tau')} and {_where(args, 'sigma')}:" + problem.split(":", 1)[1]
+    for key in ("tau", "sigma", "delta"):
+        if problem.startswith(f"`{key}`:"):
+            return f"{_where(args, key)}:" + problem.split(":", 1)[1]
+    return problem
 
-    def number(v: Any) -> bool:
-        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
-    if tau is not None and not (number(tau) and 0 < tau <= 1):
-        problems.append(f"{_where(args, 'tau')}: the greedy-attack bound τ must be a number in "
-                        f"(0, 1], got {tau!r}; e.g. tau = {DEFAULT_TAU:g} (the private "
-                        "default), or tau = 1 for no noise")
-    if sigma is not None and not (number(sigma) and sigma >= 0):
-        problems.append(f"{_where(args, 'sigma')}: the noise scale σ must be a number ≥ 0, got "
-                        f"{sigma!r}; e.g. sigma = 0.1, or sigma = 0 for no noise")
-    if delta is not None and not (number(delta) and 0 < delta < 1):
-        problems.append(f"{_where(args, 'delta')}: δ must be a number in (0, 1), got "
-                        f"{delta!r}; e.g. delta = 1e-5")
-    if tau is not None and sigma is not None:
-        problems.append(f"{_where(args, 'tau')} and {_where(args, 'sigma')}: give at most one "
-                        "of --tau and --sigma (tau sets σ through FedSim Theorem 2)")
+def _api_options(opts: dict[str, Any], *, check: bool = False) -> dict[str, Any]:
+    """The keyword arguments of :func:`vflink.link` from the resolved options (``check``:
+    for the settings' checks only, before the tables and outputs are looked at)."""
+    from vflink.runner.encoding import resolve_privacy
+
+    fields, blocking = _fields(opts, []) if opts.get("fields") else ([], [])
+    privacy = opts.get("privacy")
+    if check:  # a contradiction with --bloom is the command's own problem, reported apart
+        privacy = privacy if privacy in PRIVACY else None
+    else:
+        privacy = resolve_privacy(privacy, opts.get("bloom"))
+    top_k = opts.get("top_k")
+    return dict(
+        on=_columns(opts.get("on")), secondary_on=_columns(opts.get("secondary_on")),
+        metric=opts.get("metric"), top_k=10 if check and top_k is None else top_k,
+        privacy=privacy, mode=opts.get("mode") or "soft", tau=opts.get("tau"),
+        sigma=opts.get("sigma"),
+        delta=1e-5 if opts.get("delta") is None else opts.get("delta"), seed=opts.get("seed"),
+        search="approximate" if opts.get("approximate") else opts.get("search") or "auto",
+        empty=opts.get("empty") or "error", id=opts.get("id"),
+        secondary_id=opts.get("secondary_id"), fields=fields or None,
+        blocking=blocking or None, delimiter=opts.get("delimiter"),
+        encoding=opts.get("encoding"), decimal=opts.get("decimal"),
+        secondary_delimiter=opts.get("secondary_delimiter"),
+        secondary_encoding=opts.get("secondary_encoding"), parts=opts.get("parts"),
+        stream=opts.get("stream"), model=opts.get("model"), threshold=opts.get("threshold"),
+        one_to_one=opts.get("one_to_one") or False, cardinality=opts.get("cardinality"),
+        view=opts.get("view") or "operator")
 
 
 def _file_compute(args: argparse.Namespace) -> Any:
@@ -388,8 +416,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from vflink.api import link
-    from vflink.api._link import link_outputs
-    from vflink.runner.encoding import resolve_privacy
+    from vflink.runner.link.charts import link_outputs
 
     opts = resolve(args)
     from vflink.cli._outputs import refuse_existing
@@ -397,8 +424,6 @@ def run(args: argparse.Namespace) -> int:
 
     out = Path(opts["out"])
     refuse_existing(*link_outputs(out), overwrite=args.overwrite)
-    on = _columns(opts.get("on"))
-    fields, blocking = _fields(opts, []) if opts.get("fields") else ([], [])
     console = Console()
     metric = opts.get("metric") or "fields"
     with console.status(f"linking {opts['primary']} with {opts['secondary']} "
@@ -406,25 +431,10 @@ def run(args: argparse.Namespace) -> int:
             open_compute(config := compute_from_args(args, _file_compute(args))) as compute:
         try:
             links = link(
-                Path(opts["primary"]), Path(opts["secondary"]), on=on,
-                secondary_on=_columns(opts.get("secondary_on")), metric=opts.get("metric"),
-                top_k=int(opts["top_k"]),
-                privacy=resolve_privacy(opts.get("privacy"), opts.get("bloom")),
-                mode=opts.get("mode") or "soft", tau=opts.get("tau"), sigma=opts.get("sigma"),
-                delta=opts.get("delta") or 1e-5, seed=opts.get("seed"),
-                search="approximate" if opts.get("approximate") else opts.get("search") or "auto",
-                empty=opts.get("empty") or "error", id=opts.get("id"),
-                secondary_id=opts.get("secondary_id"), fields=fields or None,
-                blocking=blocking or None, bloom_filters=_bloom(opts.get("bloom_filters"),
-                                                                opts.get("resolution")),
-                geo=_geo(opts.get("geo")), delimiter=opts.get("delimiter"),
-                encoding=opts.get("encoding"), decimal=opts.get("decimal"),
-                secondary_delimiter=opts.get("secondary_delimiter"),
-                secondary_encoding=opts.get("secondary_encoding"), out=out, overwrite=True,
-                compute=compute, parts=opts.get("parts"), stream=opts.get("stream"),
-                chunk_rows=config.chunk_rows, model=opts.get("model"),
-                threshold=opts.get("threshold") or 0.5,
-                one_to_one=opts.get("one_to_one") or False, view=opts.get("view") or "operator")
+                Path(opts["primary"]), Path(opts["secondary"]), **_api_options(opts),
+                bloom_filters=_bloom(opts.get("bloom_filters"), opts.get("resolution")),
+                geo=_geo(opts.get("geo")), out=out, overwrite=True, compute=compute,
+                chunk_rows=config.chunk_rows)
         except LinkageError as exc:
             if "unreachable" not in str(exc) or opts.get("tau") is None:
                 raise
@@ -439,7 +449,9 @@ def run(args: argparse.Namespace) -> int:
         ("sizes", f"{sizes['primary_rows']} primary × {sizes['secondary_rows']} secondary, "
                   f"K = {lk.k}, "
                   f"{n_links} links"),
-        ("time", f"{outcome.seconds:.2f} s"),
+        ("time", f"{outcome.seconds:.2f} s; by stage: " + ", ".join(
+            f"{stage} {seconds:.2f}" for stage, seconds in
+            links.summary.get("stage_seconds", {}).items() if seconds >= 0.005)),
         ("metric", f"{metric} (search: {outcome.search_metric}); privacy: "
                    f"{'Bloom filters' if outcome.privacy == 'bloom' else 'OFF (raw identifiers)'}"),
         ("μ0, σ0 (Eq. 1)", f"{lk.mu0:.6g}, {lk.sigma0:.6g}"),
@@ -467,9 +479,20 @@ def run(args: argparse.Namespace) -> int:
                               f"λ = {model['lambda']:.4g}, EM {model['em_iterations']} "
                               f"iterations; {model['matches']} matches (p ≥ "
                               f"{model['threshold']:g}, one-to-one: {model['one_to_one']})"))
+        card = model.get("cardinality", {})
+        rows.append(("cardinality", f"{card.get('cardinality')} "
+                                    f"({'given' if card.get('given') else card.get('why')})"))
+
+        def shown(x: Any) -> str:
+            return "not estimated" if x is None else f"{x:.4f}"
+
         rows.append(("estimated (no labels)",
-                     f"precision {est['precision']:.4f}, recall {est['recall']:.4f}, F1 "
-                     f"{est['f1']:.4f}; {est['expected_matches']:.1f} expected matches"))
+                     f"precision {shown(est['precision'])}, recall {shown(est['recall'])}, F1 "
+                     f"{shown(est['f1'])}; {est['expected_matches']:.1f} expected matches"
+                     + ("" if est.get("trusted", True) else
+                        "; " + "; ".join(est.get("reasons", [])))))
+        for text in model.get("diagnostics", {}).get("warnings", []):
+            rows.append(("warning", text))
         for rule in model.get("blocking_rules", []):
             rows.append((f"blocking {rule['rule']}", f"{rule['comparisons']} comparisons, "
                                                      f"{rule['new_pairs']} new pairs"))

@@ -54,6 +54,10 @@ def _serve(args: argparse.Namespace) -> int:
         console.print(f"[bold]{config.name}[/] ({config.role}) serving on {address} with "
                       f"{security}; accepting calls from: {', '.join(config.allowed) or 'nobody'}"
                       "; Ctrl-C to stop", highlight=False)
+        if config.role == "secondary":  # what its PSU/PSI answers can reveal (security.md)
+            console.print(f"dictionary limit per peer: "
+                          f"{config.policy.describe_dictionary_limit()}", highlight=False,
+                          soft_wrap=True)
 
     serve(config, on_ready=ready)
     console.print(f"{config.name} stopped")

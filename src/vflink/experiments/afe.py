@@ -36,11 +36,18 @@ from vflink.data.table import PartyTable
 from vflink.errors import ConfigError
 from vflink.models.device import module_device
 from vflink.parties import PrimaryParty, SecondaryParty
+from vflink.parties.training_runs import TrainingRun
 from vflink.protocol.messages import Embeddings, Forward
 from vflink.runfiles.config import RunConfig
 from vflink.runfiles.inputs import Inputs, load_inputs
 from vflink.runfiles.results import RunResult
-from vflink.runner.federation import COORDINATOR, Federation, noise_seed, shared_secret
+from vflink.runner.federation import (
+    COORDINATOR,
+    Federation,
+    coordinator_seed,
+    noise_seed,
+    shared_secret,
+)
 from vflink.runner.train import run_training
 from vflink.transport import InProcessHub, TrafficCounter
 from vflink.types import MISSING
@@ -68,7 +75,7 @@ def _federation(inputs: Inputs, config: RunConfig) -> tuple[Federation, dict[str
     counter = TrafficCounter()
     hub = InProcessHub(counter=counter)
     hub.register(COORDINATOR, CoordinatorParty(
-        COORDINATOR, seed=config.seed,
+        COORDINATOR, seed=coordinator_seed(config),
         search=SearchOptions(mode=config.alignment.search)))  # type: ignore[arg-type]
     parties = {}
     for j, table in enumerate(inputs.secondaries):
@@ -91,7 +98,7 @@ def _release(victim: SecondaryParty, primary: str, rows: npt.NDArray[np.int64]
     return reply.embeddings[torch.from_numpy(reply.inverse)].double().numpy()
 
 
-def _mechanism(config: RunConfig, victim: SecondaryParty) -> dict[str, Any]:
+def _mechanism(config: RunConfig, victim: TrainingRun) -> dict[str, Any]:
     dp = victim.protection.dp
     if dp is None:
         return {}
@@ -102,7 +109,7 @@ def _mechanism(config: RunConfig, victim: SecondaryParty) -> dict[str, Any]:
             "rescale": config.privacy.rescale, "normalize": config.privacy.normalize}
 
 
-def _code_bottom(victim: SecondaryParty) -> CodeBottom | None:
+def _code_bottom(victim: TrainingRun) -> CodeBottom | None:
     """``randomized-response``: the victim's fixed quantiser as a bottom model (public: the
     attacker is given its layout and seed, a worst case)."""
     dp = victim.protection.dp
@@ -158,9 +165,12 @@ def train_and_attack(config: RunConfig, aux: Inputs, *, victim: str | None = Non
             raise ConfigError("the auxiliary records must be complete (every party's part)")
         blocks.append(table.frame[list(table.schema.numeric)].to_numpy(np.float32)[idx])
     shadow_x = np.concatenate(blocks, axis=1)
-    mechanism = _mechanism(config, target)
-    code_bottom = _code_bottom(target)
-    model, pre = target.model, target.preprocessor
+    trained = target.training_run(primary.name)  # the victim's model of this run
+    if trained is None:
+        raise ConfigError(f"{name!r} has no trained model")
+    mechanism = _mechanism(config, trained)
+    code_bottom = _code_bottom(trained)
+    model, pre = trained.model, trained.preprocessor
     if code_bottom is not None:  # the shadows code the victim's (preprocessed) part
         shadow_x = pre.transform(aux_frame)
     emb = _release(target, primary.name, links[cand])

@@ -15,12 +15,12 @@ import numpy as np
 
 from vflink.linkage.chunked import search_chunked
 from vflink.linkage.encoding.base import Encoder
-from vflink.linkage.search import METRICS, SearchOptions
+from vflink.linkage.search import METRICS, Neighbours, SearchOptions
 from vflink.linkage.soft import LinkMode, SoftLinkage, soft_linkage
 from vflink.linkage.validation import validate_identifiers
 from vflink.types import Compute
 
-__all__ = ["link"]
+__all__ = ["link", "search_neighbours"]
 
 log = logging.getLogger(__name__)
 
@@ -56,12 +56,25 @@ def link(
             :class:`~vflink.linkage.encoding.BloomEncoder` in a simulation where one process
             plays both parties).
         search: search options (exact/approximate, chunk size, threads...).
-        rng: seed or Generator for the Eq. 2 noise (None: fresh OS entropy).
+        rng: seed or Generator for the Eq. 2 noise (None: the secret source,
+            :mod:`vflink.randomness`; a seed makes the noise reproducible, not private).
         scale: (μ0, σ0) of Eq. 1 to reuse (e.g. the training linkage's, at inference).
         compute: a compute engine: the search runs as primary chunks × secondary partitions
             on it (:func:`~vflink.linkage.chunked.search_chunked`, equal results ties aside);
             ``None`` searches in this process.
     """
+    neighbours, n_secondary = search_neighbours(primary_ids, secondary_ids, metric=metric,
+                                                top_k=top_k, encoder=encoder, search=search,
+                                                compute=compute)
+    return soft_linkage(neighbours, metric=metric, n_secondary=n_secondary, mode=mode, tau=tau,
+                        sigma=sigma, delta=delta, rng=rng, scale=scale)
+
+
+def search_neighbours(primary_ids: Any, secondary_ids: Any, *, metric: str, top_k: int,
+                      encoder: Encoder | None = None, search: SearchOptions | None = None,
+                      compute: Compute | None = None) -> tuple[Neighbours, int]:
+    """The search of :func:`link` (its arguments): each primary record's ``top_k`` nearest
+    secondary records and their distances, and the number of secondary records."""
     if encoder is not None:
         primary_ids = encoder.encode(primary_ids)
         secondary_ids = encoder.encode(secondary_ids)
@@ -73,5 +86,4 @@ def link(
         neighbours = search_chunked(metric, p, s, top_k, compute=compute, options=search)
     log.info("linked %d primary to %d secondary records with %s, K=%d", len(p), len(s), metric,
              top_k)
-    return soft_linkage(neighbours, metric=metric, n_secondary=len(s), mode=mode, tau=tau,
-                        sigma=sigma, delta=delta, rng=rng, scale=scale)
+    return neighbours, len(s)

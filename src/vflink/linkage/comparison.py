@@ -26,6 +26,7 @@ component keeps at least 1/3 of its tokens (:mod:`vflink.linkage.encoding.dates`
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -35,7 +36,7 @@ import numpy.typing as npt
 
 from vflink.errors import ConfigError
 
-__all__ = ["DEFAULT_LEVELS", "FieldComparator", "bloom_dice", "field_levels",
+__all__ = ["DEFAULT_LEVELS", "MAX_THRESHOLDS", "FieldComparator", "bloom_dice", "field_levels",
            "level_names", "pair_levels"]
 
 #: Similarity thresholds (highest first) of each kind of field, between ``exact`` and ``else``.
@@ -47,6 +48,11 @@ DEFAULT_LEVELS: dict[str, tuple[float, ...]] = {
 }
 Int8Array = npt.NDArray[np.int8]
 FloatArray = npt.NDArray[np.float64]
+#: Most similarity thresholds of one field. Levels are stored as int8 (``else`` = 0, one per
+#: threshold, ``exact``, and -1 for missing): 126 thresholds would still fit, but a field
+#: needs a handful (Splink's comparisons have 3 to 5 levels) and every level is one more m
+#: and u to estimate from the same pairs, so the cap is far below the storage's.
+MAX_THRESHOLDS = 32
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -60,7 +66,16 @@ class FieldComparator:
     tf: bool = False
 
     def __post_init__(self) -> None:
-        t = tuple(float(x) for x in self.thresholds)
+        if not isinstance(self.thresholds, (tuple, list)) or \
+                not 0 < len(self.thresholds) <= MAX_THRESHOLDS:
+            n = len(self.thresholds) if isinstance(self.thresholds, (tuple, list)) else None
+            raise ConfigError(f"field {self.name!r}: comparison `levels` must list 1 to "
+                              f"{MAX_THRESHOLDS} similarity thresholds, got "
+                              f"{n if n is not None else type(self.thresholds).__name__}")
+        try:
+            t = tuple(float(x) for x in self.thresholds)
+        except (TypeError, ValueError):
+            t = (math.nan,)
         if any(not 0.0 < x < 1.0 for x in t) or any(a <= b for a, b in zip(t, t[1:])):
             raise ConfigError(f"field {self.name!r}: comparison `levels` must be similarities "
                               f"in (0, 1), strictly decreasing, got {list(self.thresholds)}")
@@ -106,6 +121,9 @@ def field_levels(similarity: FloatArray, exact: npt.NDArray[np.bool_],
     """Levels of one field for each pair (module docstring): exact agreement first, then the
     highest threshold the similarity reaches, ``0`` below all, ``-1`` where missing."""
     t = np.asarray(sorted(thresholds), dtype=np.float64)
+    if len(t) > MAX_THRESHOLDS:  # the exact level, len(t) + 1, must fit an int8
+        raise ConfigError(f"a field has at most {MAX_THRESHOLDS} comparison thresholds, got "
+                          f"{len(t)}")
     level = np.searchsorted(t, np.asarray(similarity, dtype=np.float64), side="right")
     out = level.astype(np.int8)
     out[np.asarray(exact, dtype=bool)] = len(t) + 1

@@ -9,15 +9,22 @@
 * **Clusters** for more than two parties: connected components of the matched pairs over all
   parties' records (:func:`match_clusters`).
 
-**Quality without labels.** The match probabilities are the one-to-one posterior q of the
-trained model (:func:`vflink.linkage.fellegi_sunter.one_to_one_posterior`): the probability
-that (i, j) is the match when i and j each have at most one. If they are calibrated, then for a
-set S of chosen pairs, with M = Σ q over all candidates the expected number of true matches,
+**Quality without labels.** The match probabilities are the posterior q of the trained model
+under the link's cardinality (:func:`vflink.linkage.fellegi_sunter.posterior`): one-to-one, the
+probability that (i, j) is the match when i and j each have at most one; many-to-one, when i
+has at most one. If they are calibrated, then for a set S of chosen pairs, with M = Σ q over
+all candidates the expected number of true matches,
 
     TP̂ = Σ_S q,  precision̂ = TP̂ / |S|,  recall̂ = TP̂ / M,  F1̂ = 2·TP̂ / (|S| + M).
 
-Matches outside the candidates (missed by blocking) are not counted: the estimated recall is
-relative to the candidate pairs. :func:`threshold_curve` gives the estimates at every threshold.
+Matches outside the candidates (missed by blocking) are not counted here: this recall is
+relative to the candidate pairs (:mod:`vflink.linkage.diagnostics` estimates what the blocking
+rules miss and checks the conditions these figures rest on). :func:`threshold_curve` gives the
+estimates at every threshold.
+
+**Clusters** of a many-to-many link (:func:`pair_clusters`): the connected components of the
+pairs at or above a probability, over both tables' records (Splink's
+``cluster_pairwise_predictions_at_threshold``).
 
 **Quality with labels**: :func:`measure` (precision, recall, F1 of chosen pairs against true
 pairs) and :func:`pr_curve`.
@@ -36,11 +43,11 @@ from scipy.optimize import linear_sum_assignment
 from scipy.sparse.csgraph import connected_components
 
 from vflink.errors import ConfigError
-from vflink.linkage.fellegi_sunter import one_to_one_posterior
+from vflink.linkage.fellegi_sunter import _check_cardinality, one_to_one_posterior
 
 __all__ = ["ONE_TO_ONE", "check_threshold", "decide", "estimate_quality", "greedy_one_to_one",
-           "match_clusters", "measure", "one_to_one_posterior", "optimal_one_to_one", "pr_curve",
-           "threshold_curve"]
+           "greedy_within", "match_clusters", "measure", "one_to_one_posterior",
+           "optimal_one_to_one", "pair_clusters", "pr_curve", "threshold_curve"]
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +80,26 @@ def greedy_one_to_one(rows: IntArray, cols: IntArray, weights: FloatArray) -> Bo
         used_r.add(r)
         used_c.add(c)
         keep[i] = True
+    return keep
+
+
+def greedy_within(rows: IntArray, cols: IntArray, weights: FloatArray,
+                  cardinality: str = "one-to-one") -> BoolArray:
+    """Pairs taken by decreasing weight while the records the ``cardinality`` constrains are
+    free: both (one-to-one, :func:`greedy_one_to_one`), the primary record (many-to-one), the
+    secondary record (one-to-many), neither (many-to-many: every pair)."""
+    by_rows, by_cols = _check_cardinality(cardinality)
+    if by_rows and by_cols:
+        return greedy_one_to_one(rows, cols, weights)
+    keep = np.ones(len(rows), dtype=bool)
+    if not (by_rows or by_cols) or not len(rows):
+        return keep
+    side = np.asarray(rows if by_rows else cols)
+    order = np.lexsort((np.arange(len(side)), -np.asarray(weights), side))
+    first = np.ones(len(order), dtype=bool)
+    first[1:] = side[order][1:] != side[order][:-1]
+    keep[:] = False
+    keep[order[first]] = True
     return keep
 
 
@@ -150,16 +177,18 @@ def estimate_quality(posterior: FloatArray, chosen: BoolArray) -> dict[str, floa
 
 
 def threshold_curve(rows: IntArray, cols: IntArray, probabilities: FloatArray,
-                    thresholds: Sequence[float] | None = None) -> dict[str, list[float]]:
-    """Estimated precision, recall and F1 of "probability ≥ t, then greedy one-to-one" at
-    each threshold t (default 0.01 … 0.99), the probabilities being the one-to-one posterior
-    (module docstring). Greedy on a prefix of the pairs sorted by probability is the prefix of
-    the greedy solution, so one pass gives every threshold."""
+                    thresholds: Sequence[float] | None = None, *,
+                    cardinality: str = "one-to-one") -> dict[str, list[float]]:
+    """Estimated precision, recall and F1 of "probability ≥ t, then greedy within the
+    cardinality" (:func:`greedy_within`) at each threshold t (default 0.01 … 0.99), the
+    probabilities being the posterior under that cardinality (module docstring). Greedy on a
+    prefix of the pairs sorted by probability is the prefix of the greedy solution, so one pass
+    gives every threshold."""
     ts = np.asarray(thresholds if thresholds is not None else np.linspace(0.01, 0.99, 99))
     q = np.asarray(probabilities, dtype=np.float64)
     expected = float(q.sum())
     order = np.argsort(-q, kind="stable")
-    kept = greedy_one_to_one(rows[order], cols[order], q[order])
+    kept = greedy_within(rows[order], cols[order], q[order], cardinality)
     sorted_q = q[order]
     n_cum = np.cumsum(kept)
     tp_cum = np.cumsum(np.where(kept, sorted_q, 0.0))
@@ -233,3 +262,23 @@ def match_clusters(sizes: Sequence[int], pairs: Sequence[tuple[int, int, Any, An
     graph = sparse.coo_matrix((np.ones(len(s)), (s, d)), shape=(n, n))
     _, label = connected_components(graph, directed=False)
     return [label[offsets[i]:offsets[i + 1]].astype(np.int64) for i in range(len(sizes))]
+
+
+def pair_clusters(rows: IntArray, cols: IntArray, probabilities: FloatArray, n_primary: int,
+                  n_secondary: int, *, threshold: float = 0.5
+                  ) -> tuple[IntArray, IntArray]:
+    """Cluster ids of every primary and every secondary record: the connected components of
+    the pairs whose probability is at least ``threshold`` (as Splink's
+    ``cluster_pairwise_predictions_at_threshold``); a record in no such pair is its own
+    cluster. Ids are numbered from 0 in order of each cluster's first primary, then secondary,
+    record."""
+    check_threshold(threshold)
+    keep = np.asarray(probabilities, dtype=np.float64) >= threshold
+    labels = match_clusters([n_primary, n_secondary],
+                            [(0, 1, np.asarray(rows)[keep], np.asarray(cols)[keep])])
+    both = np.concatenate(labels)
+    _, first, inverse = np.unique(both, return_index=True, return_inverse=True)
+    rank = np.empty(len(first), dtype=np.int64)
+    rank[np.argsort(first, kind="stable")] = np.arange(len(first))
+    ids = rank[inverse.ravel()]
+    return ids[:n_primary], ids[n_primary:]

@@ -33,7 +33,12 @@ distance from a sample of primary records to their nearest secondary record on t
 
 Blocking (optional) restricts the comparison to pairs that agree on at least one key the user
 names: a column's normalised value, or its first ``prefix`` characters, or several columns
-together (a combined rule: ``on = ["surname", "postcode"]`` keeps pairs equal on both).
+together (a combined rule: ``on = ["surname", "postcode"]`` keeps pairs equal on both). The
+key is computed from the same normalised value as the field's encoding (:func:`key_text`):
+dates parsed to ``YYYYMMDD`` (so ``19560409`` and ``09/04/1956`` block together), strings
+case-, accent-, spacing- and punctuation-folded, phone numbers reduced to their digits,
+numbers to one canonical form; a column that is no field gets the kind its values show
+(:func:`key_kind`).
 Without blocking every
 pair is compared (chunked, so memory stays bounded). :func:`brute_fields` is the plain
 reference: one scorer call per pair.
@@ -42,6 +47,7 @@ reference: one scorer call per pair.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -57,8 +63,10 @@ from vflink.linkage.comparison import packed_words
 from vflink.linkage.distances import euclidean_distances, haversine_distances
 from vflink.linkage.search import Neighbours
 
-__all__ = ["FIELD_METRICS", "Blocking", "FieldSpec", "FieldValues", "auto_metric",
-           "brute_fields", "field_resolution", "field_scales", "search_fields"]
+__all__ = ["FIELD_METRICS", "KEY_KINDS", "Blocking", "FieldSpec", "FieldValues", "auto_metric",
+           "brute_fields", "column_key_kind", "field_resolution", "field_scales", "key_kind",
+           "key_text",
+           "search_fields"]
 
 FIELD_METRICS = ("levenshtein", "jaro-winkler", "token-set", "exact", "euclidean", "haversine",
                  "hamming", "date")
@@ -159,6 +167,71 @@ def auto_metric(values: Sequence[Any]) -> str:
     if all(math.isfinite(x) for x in numbers) and any(x != int(x) for x in numbers):
         return "euclidean"
     return "jaro-winkler"
+
+
+#: How a blocking key's column is normalised (:func:`key_text`).
+KEY_KINDS = ("string", "date", "digits", "number")
+_PHONE = re.compile(r"^\+?[\d\s().\-/]{6,}$")
+
+
+def key_kind(values: Sequence[Any], *, share: float = 0.9) -> str:
+    """The normalisation a blocking column's values call for: ``date`` when they read as
+    dates, ``digits`` when they are phone numbers (digits with spaces, dashes, dots,
+    parentheses or a leading +, at least 6 digits, some of them written with a separator),
+    else ``string``."""
+    from vflink.linkage.encoding.dates import looks_like_dates
+
+    present = [str(v).strip() for v in values
+               if v is not None and not (isinstance(v, float) and v != v) and str(v).strip()]
+    if not present:
+        return "string"
+    if looks_like_dates(present, share=share):
+        return "date"
+    phones = [v for v in present if _PHONE.match(v) and sum(c.isdigit() for c in v) >= 6]
+    if len(phones) >= share * len(present) and any(not v.isdigit() for v in phones):
+        return "digits"
+    return "string"
+
+
+def column_key_kind(field_kind: str | None, shown: str) -> str:
+    """A blocking column's normalisation: its field's (``field_kind``: the field encoding's
+    kind, None when the column is no field's) — dates parsed, numbers and places canonical,
+    strings folded, phone numbers as digits — else what its values show (``shown``,
+    :func:`key_kind`)."""
+    if field_kind is None:
+        return shown
+    own = {"date": "date", "numeric": "number", "geo": "number"}.get(field_kind, "string")
+    return "digits" if own == "string" and shown == "digits" else own
+
+
+def key_text(value: Any, kind: str = "string") -> str:
+    """One column's part of a blocking key, normalised as the field's encoding normalises it:
+    ``date``: ``YYYYMMDD`` (:func:`~vflink.linkage.encoding.dates.date_parts`; a value that
+    is no date falls back to ``string``); ``digits``: its digits only; ``number``: the float's
+    shortest form (``1.50`` and ``1.5`` agree); ``string``: case, accents, punctuation and
+    spacing folded (:func:`~vflink.linkage.encoding.normalize_string`). ``""``: no key."""
+    from vflink.linkage.encoding import normalize_string
+    from vflink.linkage.encoding.dates import date_parts
+
+    if value is None or (isinstance(value, float) and value != value):
+        return ""
+    text = str(value).strip()
+    if not text:
+        return ""
+    if kind == "date":
+        parts = date_parts(text)
+        if parts is not None:
+            return "".join(parts)
+    elif kind == "digits":
+        return "".join(c for c in text if c.isdigit())
+    elif kind == "number":
+        try:
+            x = float(text)
+        except ValueError:
+            pass
+        else:
+            return repr(x) if math.isfinite(x) else ""
+    return normalize_string(text)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -58,6 +58,7 @@ __all__ = [
     "DEFAULT_FALLBACK_SIGMA",
     "DEFAULT_TAU",
     "describe_protection",
+    "tau_in_words",
     "dp_epsilon",
     "dp_sensitivity",
     "sigma_for_tau",
@@ -139,6 +140,19 @@ def sigma_for_tau(tau: float, sigma0: float, *, resolution: float = 1.0) -> floa
     x = float(erfinv(tau))
     s0 = sigma0 / resolution
     return 1.0 / math.sqrt(8.0 * s0 * s0 * x * x - 1.0)
+
+
+def tau_in_words(tau: float) -> str:
+    """What a greedy-attack bound τ means, in words (FedSim Theorem 2)."""
+    what = (f"τ = {tau:.3g} bounds the chance that a peer who receives the similarities "
+            f"recovers a compared record's encoding (its Bloom filter, or a model link's "
+            f"comparison levels) by FedSim's greedy attack")
+    if tau >= 0.5:
+        return (f"{what}; near 1 it is almost no protection: the attack then succeeds about "
+                f"as often as without any noise")
+    if tau > DEFAULT_TAU:
+        return f"{what}; it is weaker than the private default τ = {DEFAULT_TAU:g}"
+    return what
 
 
 def describe_protection(sigma: float | None, tau: float | None, epsilon: float | None = None,

@@ -13,9 +13,11 @@ on the encodings it holds (no party, no protocol):
    hashes of the normalised values are equal (−1: missing); exact agreement and term
    frequencies come from these codes.
 4. :func:`score`: levels (:mod:`.comparison`), u from random pairs, m and λ by EM under the
-   one-to-one constraint (:mod:`.fellegi_sunter`), term-frequency adjustment, then each
-   pair's match weight, per-field contributions and match probability (the one-to-one
-   posterior, which the decisions and the label-free estimates use).
+   link's cardinality (:mod:`.fellegi_sunter`; estimated from the data unless given: a first
+   fit one-to-one, then, when a table shows duplicates, a second under the cardinality they
+   imply), term-frequency adjustment, then each pair's match weight, per-field contributions
+   and match probability (the posterior under that cardinality, which the decisions and the
+   label-free estimates use).
 """
 
 from __future__ import annotations
@@ -35,10 +37,13 @@ from vflink.linkage.distances import haversine_paired
 from vflink.linkage.encoding.dates import set_dice, token_sets
 from vflink.linkage.fellegi_sunter import (
     FSModel,
+    estimate_cardinality,
     estimate_u,
     fit_em,
     match_weights,
-    one_to_one_posterior,
+    near_certain_counts,
+    posterior,
+    prior_matches,
     term_frequencies,
 )
 
@@ -185,13 +190,14 @@ def pair_similarities(encoder: str, metric: str, a: Any, b: Any, rows: IntArray,
 @dataclass(frozen=True, eq=False)
 class Scored:
     """Every candidate pair scored: rows and columns, the match weight, the match probability
-    (the one-to-one posterior) and per-field contributions, the levels, and the trained
-    model."""
+    (the posterior under the link's cardinality) and per-field contributions, the levels, and
+    the trained model (``model.extra["cardinality"]``: which cardinality, given or estimated,
+    and why)."""
 
     rows: IntArray
     cols: IntArray
     weights: FloatArray
-    #: the one-to-one posterior of each pair (:func:`~.fellegi_sunter.one_to_one_posterior`)
+    #: each pair's posterior under the cardinality (:func:`~.fellegi_sunter.posterior`)
     probabilities: FloatArray
     contributions: FloatArray
     levels: npt.NDArray[np.int8]
@@ -228,11 +234,13 @@ def _levels(comparators: Sequence[FieldComparator], sims: Sequence[Any],
 def score(comparators: Sequence[FieldComparator], fields: Sequence[tuple[str, str, Any, Any]],
           codes: Sequence[tuple[IntArray, IntArray]], rows: IntArray, cols: IntArray, *,
           rng: np.random.Generator, n_random: int = RANDOM_PAIRS,
-          scales: Sequence[float] = ()) -> Scored:
+          scales: Sequence[float] = (), cardinality: str | None = None) -> Scored:
     """Train the model on the candidate pairs (``rows``, ``cols``) and score them.
 
     ``fields[f]`` = (encoder, metric, primary values, secondary values) of field f,
     ``codes[f]`` its :func:`value_codes`; ``rng`` draws the random pairs that estimate u.
+    ``cardinality``: the link's (:data:`~.fellegi_sunter.CARDINALITIES`), or None to estimate
+    it (:func:`~.fellegi_sunter.estimate_cardinality` on a first fit one-to-one).
     """
     if not len(rows):
         raise LinkageError("no candidate pairs to score: the blocking rules put no primary "
@@ -246,21 +254,56 @@ def score(comparators: Sequence[FieldComparator], fields: Sequence[tuple[str, st
                 for f, (enc, metric, a, b) in enumerate(fields)]
 
     rr, rc = random_pairs(n_p, n_s, n_random, rng)
-    u = estimate_u(_levels(comparators, sims_for(rr, rc), rr, rc, codes), n_levels)
+    random_levels = _levels(comparators, sims_for(rr, rc), rr, rc, codes)
+    u = estimate_u(random_levels, n_levels)
     candidate_sims = sims_for(rows, cols)
     levels = _levels(comparators, candidate_sims, rows, cols, codes)
-    # EM over all n_P·n_S pairs under the one-to-one constraint (fit_em), those outside the
+    # EM over all n_P·n_S pairs under the cardinality's constraint (fit_em), those outside the
     # candidates counting as non-matches: λ is the prior of any pair, and a candidate that
     # agrees only on its blocking rule's fields keeps the weight those agreements have
     # between random records (blocking that keeps nearly every match loses little)
     names = [c.name for c in comparators]
     labels = [level_names(c.thresholds) for c in comparators]
-    model = fit_em(levels, n_levels, u, rows, cols, total_pairs=float(n_p) * float(n_s),
-                   lam=float(min(n_p, n_s)) / (float(n_p) * float(n_s)), names=names,
-                   level_names=labels)
+    total = float(n_p) * float(n_s)
+    first = cardinality or "one-to-one"
+    model = fit_em(levels, n_levels, u, rows, cols, total_pairs=total,
+                   lam=prior_matches(n_p, n_s, first) / total, names=names,
+                   level_names=labels, cardinality=first)
+    tf = _term_frequencies(comparators, codes, rows)
+    chosen: dict[str, Any] = {"cardinality": first, "given": cardinality is not None}
+    if cardinality is None:
+        # the cardinality the data show, from the weights of the one-to-one fit; a second fit
+        # under it when a table holds duplicates (m starts from the first fit's)
+        estimated, why, counts = estimate_cardinality(rows, cols,
+                                                      match_weights(model, levels, tf=tf)[0])
+        chosen.update(cardinality=estimated, why=why, near_certain=counts)
+        if estimated != first:
+            model = fit_em(levels, n_levels, u, rows, cols, total_pairs=total,
+                           lam=prior_matches(n_p, n_s, estimated) / total, m=model.m,
+                           names=names, level_names=labels, cardinality=estimated)
     if not model.converged:
         log.warning("Fellegi–Sunter EM stopped after %d iterations without converging",
                     model.iterations)
+    model.extra["tf_fields"] = [c.name for c, t in zip(comparators, tf, strict=True)
+                                if t is not None]
+    weights, contrib = match_weights(model, levels, tf=tf)
+    if chosen["given"]:
+        chosen["why"] = "given"
+    # records with several near-certain counterparts under the final model: duplicates
+    chosen["near_certain"] = near_certain_counts(rows, cols, weights)
+    model.extra["cardinality"] = chosen
+    return Scored(rows=rows, cols=cols, weights=weights,
+                  probabilities=posterior(rows, cols, weights, chosen["cardinality"]),
+                  contributions=contrib, levels=levels, model=model,
+                  extra={"similarities": np.stack([s[0] for s in candidate_sims], axis=1
+                                                  ).astype(np.float32),
+                         "random_levels": random_levels})
+
+
+def _term_frequencies(comparators: Sequence[FieldComparator],
+                      codes: Sequence[tuple[IntArray, IntArray]], rows: IntArray
+                      ) -> list[FloatArray | None]:
+    """Per field, the agreeing value's frequency of each pair (None: not adjusted)."""
     tf: list[FloatArray | None] = []
     for comp, (cp, cs) in zip(comparators, codes, strict=True):
         if not comp.tf or frequency_skew(cp, cs) < TF_SKEW:
@@ -269,11 +312,4 @@ def score(comparators: Sequence[FieldComparator], fields: Sequence[tuple[str, st
         tf_p, _ = term_frequencies(cp, cs)
         # the agreeing value's frequency (on an exact agreement the two codes are equal)
         tf.append(np.asarray(tf_p[rows]))
-    model.extra["tf_fields"] = [c.name for c, t in zip(comparators, tf, strict=True)
-                                if t is not None]
-    weights, contrib = match_weights(model, levels, tf=tf)
-    return Scored(rows=rows, cols=cols, weights=weights,
-                  probabilities=one_to_one_posterior(rows, cols, weights), contributions=contrib,
-                  levels=levels, model=model,
-                  extra={"similarities": np.stack([s[0] for s in candidate_sims], axis=1
-                                                  ).astype(np.float32)})
+    return tf

@@ -29,10 +29,12 @@ from vflink.linkage.privacy import (
     dp_epsilon,
     sigma_for_tau,
     tau_for_sigma,
+    tau_in_words,
     tau_min,
     theorem1_delta_limit,
 )
 from vflink.linkage.search import Neighbours
+from vflink.randomness import secret_generator
 from vflink.types import MISSING, Alignment
 
 __all__ = ["LinkMode", "SoftLinkage", "noise_scale", "normalize_similarities",
@@ -89,9 +91,11 @@ def noise_scale(tau: float | None, sigma: float | None, sigma0: float, *,
             sigma0, resolution=resolution):
         # Both given: τ is the target and σ the noise where τ is out of reach (the private
         # default of the runners, DEFAULT_TAU / DEFAULT_FALLBACK_SIGMA).
+        given = tau_for_sigma(float(sigma), sigma0, resolution=resolution)
         log.warning("soft linkage: the target τ = %.3g is below this linkage's floor τ_min = "
-                    "%.3g (σ0 = %.3g); adding the fallback noise σ = %.3g instead", tau,
-                    tau_min(sigma0, resolution=resolution), sigma0, float(sigma))
+                    "%.3g (σ0 = %.3g); adding the fallback noise σ = %.3g instead, which gives "
+                    "τ = %.3g: %s", tau, tau_min(sigma0, resolution=resolution), sigma0,
+                    float(sigma), given, tau_in_words(given))
         return float(sigma)
     if tau is not None:
         return sigma_for_tau(tau, sigma0, resolution=resolution)
@@ -241,7 +245,10 @@ def soft_linkage(
     n_primary = int(indices.shape[0])
     epsilon = dp_epsilon(noise, n_primary, mu0, sigma0)
     epsilon_valid = delta < theorem1_delta_limit(epsilon)
-    generator = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
+    # None: the secret source (vflink.randomness); a seed only where the caller asked for
+    # reproducible noise (not private: the seed regenerates it)
+    generator = rng if isinstance(rng, np.random.Generator) else (
+        secret_generator() if rng is None else np.random.default_rng(rng))
     # ρ is a fresh array owned here: without noise it is the similarity itself (no copy).
     similarities = rho if noise == 0.0 else perturb_similarities(rho, noise, generator)
     log.info("soft linkage: K=%d μ0=%.6g σ0=%.6g σ=%.6g τ=%.6g ε=%.6g", neighbours.k, mu0,

@@ -50,6 +50,7 @@ from vflink.errors import ConfigError, DataError
 from vflink.linkage.chunked import merge_topk
 from vflink.linkage.privacy import dp_epsilon, sigma_for_tau, tau_for_sigma
 from vflink.linkage.search import METRICS, SearchOptions
+from vflink.randomness import secret_generator
 from vflink.types import Compute
 
 __all__ = ["STREAM_METRICS", "link_streamed", "search_chunk_against_file",
@@ -210,7 +211,8 @@ def link_streamed(primary: Path | str, secondary: Path | str, *, on: Sequence[st
         mu0, sigma0 = -mean, math.sqrt(m2 / count)
         noise = (sigma_for_tau(tau, sigma0) if tau is not None else
                  0.0 if sigma is None else float(sigma))
-        rng = np.random.default_rng(seed)
+        # the Eq. 2 noise: secret unless a seed asks for reproducible noise (vflink.randomness)
+        rng = secret_generator() if seed is None else np.random.default_rng(seed)
         with PartitionedWriter(out, meta={"metric": metric, "top_k": top_k}) as writer:
             for path in parts:
                 with np.load(path) as raw:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextvars
 import logging
-import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -13,22 +12,17 @@ from vflink.errors import ProtocolError, VflinkError
 from vflink.parties.policy import PartyPolicy, check_sender
 from vflink.protocol.boundary import boundary_error, local_detail, refuse
 from vflink.protocol.messages import PROTOCOL_VERSION, Ack, Health, Hello, Message
+from vflink.protocol.names import check_name, name_parts
 from vflink.protocol.sessions import Admission, Session, SessionLimits, SessionTable
 from vflink.types import Compute
 
 __all__ = ["Party", "state_path"]
 
-_SAFE_PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-
-
-def state_path(root: Path, name: str) -> Path:
-    """``root / name`` for a state file name sent by a peer, refusing anything that could
-    leave ``root`` (absolute paths, ``..``, odd characters)."""
-    parts = Path(name).parts
-    if not parts or any(not _SAFE_PART.match(p) or p in (".", "..") for p in parts):
-        raise ProtocolError(f"invalid state file name {name!r}: use relative names of letters, "
-                            "digits, '.', '_' and '-'")
-    return root.joinpath(*parts)
+def state_path(root: Path, name: str, *, party: str | None = None) -> Path:
+    """``root / name`` for a state name sent by a peer, refused before any file is touched
+    unless it is a valid state name (:func:`vflink.protocol.names.check_name`: relative, no
+    ``..``, no odd characters, at most 200 characters), so it never leaves ``root``."""
+    return root.joinpath(*name_parts(check_name(name, "state", party=party)))
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +76,8 @@ class Party:
         self._policy = policy
         self.sessions.limits = SessionLimits(
             max_sessions=policy.max_sessions, ttl_s=policy.session_ttl_s,
-            max_finished_per_peer=policy.max_finished_sessions)
+            max_finished_per_peer=policy.max_finished_sessions,
+            max_life_s=policy.max_session_s, max_runs_per_peer=policy.max_training_runs)
 
     def _session_dropped(self, session: Session) -> None:
         """A session left the table (expired, evicted, failed): free what its handlers kept

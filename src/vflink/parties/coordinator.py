@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import time
 import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -19,9 +20,11 @@ import numpy.typing as npt
 
 from vflink.alignment.exact import exact_alignment
 from vflink.errors import ConfigError, DataError, LinkageError, PolicyViolation, ProtocolError
-from vflink.linkage import SearchOptions, SoftLinkage, link, soft_linkage
+from vflink.linkage import SearchOptions, SoftLinkage, soft_linkage
+from vflink.linkage.api import search_neighbours
 from vflink.linkage.comparison import DEFAULT_LEVELS, FieldComparator
 from vflink.linkage.decisions import ONE_TO_ONE, match_clusters
+from vflink.linkage.fellegi_sunter import CARDINALITIES
 from vflink.linkage.fields import Blocking, FieldSpec, FieldValues, field_scales, search_fields
 from vflink.linkage.model_link import MODELS, all_or_none, model_linkage
 from vflink.linkage.scoring import candidate_pairs, value_codes
@@ -44,6 +47,7 @@ from vflink.protocol.messages import (
     SoftLink,
 )
 from vflink.protocol.sessions import COORDINATION, purpose_of
+from vflink.randomness import secret_generator
 from vflink.types import Alignment
 
 __all__ = ["CoordinatorParty"]
@@ -65,6 +69,8 @@ class _Session:
         default_factory=dict)
     #: per party, each field's exact-agreement hashes (a model link)
     exact: dict[str, tuple[Any, ...]] = field(default_factory=dict)
+    #: seconds the link spent in each of its steps (candidates, model, decide): coordinator-side
+    seconds: dict[str, float] = field(default_factory=dict)
 
 
 #: Which comparison metrics each field encoder admits: keyed Bloom filters are
@@ -78,6 +84,13 @@ def _key_texts(digests: npt.NDArray[np.uint8]) -> list[str]:
     present = np.asarray(digests.any(axis=1), dtype=bool).tolist()
     return [row.tobytes().hex() if has else "" for row, has in zip(digests, present,
                                                                      strict=True)]
+
+
+def _timed(seconds: dict[str, float], step: str, since: float) -> float:
+    """Add the time since ``since`` to ``seconds[step]``; the time now."""
+    now = time.perf_counter()
+    seconds[step] = seconds.get(step, 0.0) + now - since
+    return now
 
 
 def view_of(session: str, alignment: Alignment, *, with_similarity: bool,
@@ -94,13 +107,36 @@ def view_of(session: str, alignment: Alignment, *, with_similarity: bool,
     )
 
 
+def _comparators(message: FieldLink) -> list[FieldComparator]:
+    """Each field's comparison levels of a model link (the request's own, else its kind's
+    default), refused in the coordinator's words when they are not 1 to
+    :data:`~vflink.linkage.comparison.MAX_THRESHOLDS` similarities in (0, 1), highest first."""
+    out: list[FieldComparator] = []
+    problems: list[str] = []
+    for i, c in enumerate(message.fields):
+        try:
+            out.append(FieldComparator(name=f"field{i}",
+                                       thresholds=c.levels or DEFAULT_LEVELS.get(c.kind,
+                                                                                 (0.8, 0.6)),
+                                       tf=c.tf))
+        except ConfigError as exc:  # the request's own numbers: safe to tell
+            problems.extend(exc.problems)
+    if problems:
+        raise refuse(ProtocolError, "the coordinator cannot compare with the requested levels: "
+                                    + "; ".join(problems), code="link.levels")
+    return out
+
+
 class CoordinatorParty(Party):
     """Matches digests (exact) or links encodings (soft linkage) for the data parties.
 
     Args:
         name: the coordinator's party name.
-        seed: seeds the Eq. 2 similarity noise for reproducible simulations; ``None`` draws it
-            from OS entropy. It is the coordinator's own: never taken from a data party.
+        seed: seeds the Eq. 2 similarity noise, only where the run or the coordinator's party
+            file asked for reproducible noise (``[privacy] reproducible_noise``: not private,
+            the alignment's meta says so); ``None`` (the default) draws it from the secret
+            source (:mod:`vflink.randomness`). It is the coordinator's own: never taken from a
+            data party.
         search: top-K search options (exact or approximate, chunk size, threads).
     """
 
@@ -111,7 +147,8 @@ class CoordinatorParty(Party):
                  policy: PartyPolicy | None = None) -> None:
         super().__init__(name, roles=roles, policy=policy)
         self._seed = seed
-        self._rng = np.random.default_rng(seed)
+        # secret: one ChaCha20 stream keyed from the OS for every session (vflink.randomness)
+        self._rng = secret_generator() if seed is None else np.random.default_rng(seed)
         self._search = search
 
     def _noise_rng(self, session: str) -> np.random.Generator:
@@ -137,14 +174,26 @@ class CoordinatorParty(Party):
     def linkage(self, session: str, secondary: str) -> SoftLinkage:
         """The coordinator's full linkage result (raw distances included): coordinator-side.
         ``session`` is a session's name or, when one session has it, its purpose."""
+        name, state = self._named(session)
+        try:
+            return state.linkages[secondary]
+        except KeyError:
+            raise ProtocolError(f"no linkage for {secondary!r} in session {name!r}") from None
+
+    def seconds(self, session: str) -> dict[str, float]:
+        """How long the link of ``session`` took in each of its steps, coordinator-side: the
+        candidates (the search, or the blocking rules' pairs), the model (a model link's
+        scores and decisions) and the decisions (Eq. 1-2: normalise, then noise)."""
+        return dict(self._named(session)[1].seconds)
+
+    def _named(self, session: str) -> tuple[str, _Session]:
+        """A session's name and state, by its name or, when one session has it, its purpose."""
         sessions = self._sessions
         if session not in sessions:
             named = [n for n in sessions if purpose_of(n) == session]
             session = named[0] if len(named) == 1 else session
-        try:
-            return sessions[session].linkages[secondary]
-        except KeyError:
-            raise ProtocolError(f"no linkage for {secondary!r} in session {session!r}") from None
+        state = sessions.get(session)
+        return session, state if state is not None else _Session()
 
     def _session(self, session: str, sender: str | None = None) -> _Session:
         """The state of the session being handled; the session table admitted the message
@@ -238,9 +287,22 @@ class CoordinatorParty(Party):
                          f"{policy.max_tau:g} (its policy); the request asks for sigma = "
                          f"{message.sigma}, tau = {tau}", code="policy.noise")
 
-    def _link(self, *args: Any, **kwargs: Any) -> SoftLinkage:
+    def _link(self, primary: Any, secondary: Any, *, metric: str, top_k: int, mode: str,
+              rng: np.random.Generator, seconds: dict[str, float], tau: float | None = None,
+              sigma: float | None = None, delta: float = 1e-5,
+              scale: tuple[float, float] | None = None) -> SoftLinkage:
+        """The top-K search, then Eq. 1-2 (:func:`soft_linkage`), each step timed."""
         try:
-            return link(*args, **kwargs)
+            clock = time.perf_counter()
+            neighbours, n_secondary = search_neighbours(primary, secondary, metric=metric,
+                                                        top_k=top_k, search=self._search,
+                                                        compute=self.compute)
+            clock = _timed(seconds, "candidates", clock)
+            linkage = soft_linkage(neighbours, metric=metric, n_secondary=n_secondary,
+                                   mode=mode,  # type: ignore[arg-type]
+                                   tau=tau, sigma=sigma, delta=delta, rng=rng, scale=scale)
+            _timed(seconds, "decide", clock)
+            return linkage
         except LinkageError as exc:
             # The linkage package's errors concern parameters and sizes (an unreachable τ and
             # its τ_min, K against the table size), never identifier values: safe to tell.
@@ -302,17 +364,17 @@ class CoordinatorParty(Party):
         s.primary = sender
         anchor = message.secondaries[0]
         linkage = self._link(s.encodings[sender][1], s.encodings[anchor][1], metric=message.metric,
-                       top_k=message.top_k, mode=message.mode,  # type: ignore[arg-type]
-                       tau=message.tau, sigma=message.sigma, delta=message.delta,
-                       search=self._search, compute=self.compute,
-                       rng=self._noise_rng(message.session),
-                       scale=(message.scale[0], message.scale[1]) if message.scale else None)
+                             top_k=message.top_k, mode=message.mode, tau=message.tau,
+                             sigma=message.sigma, delta=message.delta,
+                             rng=self._noise_rng(message.session), seconds=s.seconds,
+                             scale=(message.scale[0], message.scale[1]) if message.scale
+                             else None)
         return self._release(message.session, s, message.secondaries, message.mode, linkage,
                              lambda sec: self._link(
                                  s.encodings[anchor][1], s.encodings[sec][1],
                                  metric=message.metric, top_k=1, mode="top1",
-                                 search=self._search, compute=self.compute,
-                                 rng=self._noise_rng(f"{message.session}/{sec}")))
+                                 rng=self._noise_rng(f"{message.session}/{sec}"),
+                                 seconds=s.seconds))
 
     def _release(self, session: str, s: _Session, secondaries: tuple[str, ...], mode: str,
                  linkage: SoftLinkage, hop_to: Callable[[str], SoftLinkage]) -> AlignmentViews:
@@ -324,6 +386,8 @@ class CoordinatorParty(Party):
         self._check_released(linkage, mode)
         s.linkages[anchor] = linkage
         first = linkage.to_alignment(anchor)
+        if self._seed is not None:  # the ledger says the noise can be regenerated
+            first.meta["reproducible_noise"] = 1.0
         s.alignments[anchor] = first
         views = [view_of(session, first, with_similarity=True, primary=s.primary or "")]
         hops: list[tuple[int, int, Any, Any]] = []
@@ -449,19 +513,25 @@ class CoordinatorParty(Party):
                      secondary: tuple[Any, ...], *, top_k: int, mode: str,
                      tau: float | None = None, sigma: float | None = None,
                      delta: float = 1e-5, rng: np.random.Generator,
-                     scale: tuple[float, ...] = ()) -> SoftLinkage:
+                     scale: tuple[float, ...] = (),
+                     seconds: dict[str, float] | None = None) -> SoftLinkage:
         """search_fields (weighted mean of per-field normalised distances, blocking on equal
         digests) then Eq. 1-2 (:func:`soft_linkage`) on the weighted distance."""
         n_keys = len(primary[2])
         p = FieldValues(primary[1], tuple(_key_texts(k) for k in primary[2]))
         q = FieldValues(secondary[1], tuple(_key_texts(k) for k in secondary[2]))
         blocking = tuple(Blocking(on=f"key{b}") for b in range(n_keys))
+        seconds = {} if seconds is None else seconds
         try:
+            clock = time.perf_counter()
             neighbours = search_fields(specs, p, q, top_k, blocking=blocking)
-            return soft_linkage(neighbours, metric="fields", n_secondary=len(q),
-                                mode=mode, tau=tau, sigma=sigma,  # type: ignore[arg-type]
-                                delta=delta, rng=rng,
-                                scale=(scale[0], scale[1]) if scale else None)
+            clock = _timed(seconds, "candidates", clock)
+            linkage = soft_linkage(neighbours, metric="fields", n_secondary=len(q),
+                                   mode=mode, tau=tau, sigma=sigma,  # type: ignore[arg-type]
+                                   delta=delta, rng=rng,
+                                   scale=(scale[0], scale[1]) if scale else None)
+            _timed(seconds, "decide", clock)
+            return linkage
         except (LinkageError, ConfigError, DataError) as exc:
             # parameters and sizes (K against the table size, an unreachable τ), never values
             raise refuse(LinkageError, str(exc), code="link.parameters") from None
@@ -475,28 +545,39 @@ class CoordinatorParty(Party):
             raise refuse(ProtocolError, f"unknown linkage model; valid: {', '.join(MODELS)}",
                          code="link.model")
         if message.one_to_one not in ("", *ONE_TO_ONE) or not (
-                0.0 < message.threshold < 1.0):
-            raise refuse(ProtocolError, "a model link's threshold is a probability in (0, 1) "
-                                        "and one_to_one one of optimal, greedy or empty",
+                0.0 < message.threshold < 1.0) or message.cardinality not in (
+                "", *CARDINALITIES):
+            raise refuse(ProtocolError, "a model link's threshold is a probability in (0, 1), "
+                                        "one_to_one one of optimal, greedy or empty, and "
+                                        "cardinality one of "
+                                        f"{', '.join(CARDINALITIES)} or empty",
                          code="link.model")
+        if message.rule_atoms and (
+                len(message.rule_atoms) != message.blocking
+                or any(not atoms or any(isinstance(a, bool) or not isinstance(a, int)
+                                        or a >= len(specs) for a in atoms)
+                       for atoms in message.rule_atoms)):
+            raise refuse(ProtocolError, "rule_atoms name, per blocking key, one field index "
+                                        "(or a negative number) per column",
+                         code="link.blocking")
         ours, theirs = s.fields[primary], s.fields[secondary]
         exact_p, exact_s = s.exact.get(primary, ()), s.exact.get(secondary, ())
         if len(exact_p) != len(specs) or len(exact_s) != len(specs):
             raise refuse(ProtocolError, "a model link needs every party's exact-agreement "
                                         "hashes, one per field", code="link.exact")
-        try:
-            comparators = [FieldComparator(
-                name=f"field{i}", thresholds=c.levels or DEFAULT_LEVELS.get(c.kind, (0.8, 0.6)),
-                tf=c.tf) for i, c in enumerate(message.fields)]
-        except ConfigError as exc:  # the request's own numbers: safe to tell
-            raise refuse(ProtocolError, "; ".join(exc.problems), code="link.fields") from None
+        comparators = _comparators(message)
         fields = [(enc, spec.metric or "hamming", a, b) for enc, spec, a, b in
                   zip(ours[0], specs, ours[1], theirs[1], strict=True)]
         codes = [value_codes(a, b) for a, b in zip(exact_p, exact_s, strict=True)]
+        # each blocking rule's key as codes (equal digests, equal codes): which rules each
+        # candidate pair satisfies, for the estimate of what the rules miss
+        rule_keys = [value_codes(a, b) for a, b in zip(ours[2], theirs[2], strict=True)]
         p = FieldValues(ours[1], tuple(_key_texts(k) for k in ours[2]))
         q = FieldValues(theirs[1], tuple(_key_texts(k) for k in theirs[2]))
         try:
+            clock = time.perf_counter()
             scales = field_scales(specs, p, q)
+            ranks = None
             if ours[2]:
                 rows, cols, rules = candidate_pairs(p.keys, q.keys)
             else:
@@ -507,8 +588,10 @@ class CoordinatorParty(Party):
                                          scales=scales)
                     r, c = np.nonzero(near.indices >= 0)
                     found = (r.astype(np.int64), near.indices[r, c].astype(np.int64))
+                    ranks = c.astype(np.int64)
                 rows, cols = found
-            return model_linkage(
+            clock = _timed(s.seconds, "candidates", clock)
+            linkage = model_linkage(
                 comparators, fields, codes, candidates=(rows, cols), top_k=message.top_k,
                 rng=np.random.default_rng(rng.integers(2**63)), noise_rng=rng,
                 mode=message.mode,  # type: ignore[arg-type]
@@ -516,7 +599,11 @@ class CoordinatorParty(Party):
                 scale=(message.scale[0], message.scale[1]) if message.scale else None,
                 threshold=message.threshold, one_to_one=message.one_to_one or None,
                 field_weights=[c.weight for c in message.fields], scales=scales,
-                blocking=rules)
+                blocking=rules, cardinality=message.cardinality or None,
+                kinds=[c.kind for c in message.fields], rule_keys=rule_keys,
+                rule_atoms=message.rule_atoms, candidate_ranks=ranks)
+            _timed(s.seconds, "model", clock)
+            return linkage
         except (LinkageError, ConfigError, DataError) as exc:
             # parameters and sizes (K, blocking sizes, an unreachable τ), never values
             raise refuse(LinkageError, str(exc), code="link.parameters") from None
@@ -526,6 +613,8 @@ class CoordinatorParty(Party):
         if not message.fields:
             raise refuse(ProtocolError, "a field link needs at least one field",
                          code="link.fields")
+        if message.model:
+            _comparators(message)  # the levels of every field, before any work
         needed = [sender, *message.secondaries]
         s = self._complete(message.session, needed, "fields", "field encodings")
         specs = self._field_specs(message, needed, s)
@@ -544,11 +633,12 @@ class CoordinatorParty(Party):
             linkage = self._link_fields(specs, s.fields[sender], s.fields[anchor],
                                         top_k=message.top_k, mode=message.mode, tau=message.tau,
                                         sigma=message.sigma, delta=message.delta,
-                                        rng=self._noise_rng(session), scale=message.scale)
+                                        rng=self._noise_rng(session), scale=message.scale,
+                                        seconds=s.seconds)
         return self._release(session, s, message.secondaries, message.mode, linkage,
                              lambda sec: self._link_fields(
                                  specs, s.fields[anchor], s.fields[sec], top_k=1, mode="top1",
-                                 rng=self._noise_rng(f"{session}/{sec}")))
+                                 rng=self._noise_rng(f"{session}/{sec}"), seconds=s.seconds))
 
     def adopt(self, session: str, alignments: dict[str, Alignment], *,
               primary: str = "") -> None:

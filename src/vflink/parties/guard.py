@@ -24,6 +24,7 @@ from vflink.models.spec import BottomSpec, bottom_parameters
 from vflink.parties.policy import PartyPolicy
 from vflink.protocol.boundary import refuse
 from vflink.protocol.messages import AlignmentView, Backward, Embeddings
+from vflink.protocol.names import check_name
 
 if TYPE_CHECKING:
     import torch
@@ -131,10 +132,9 @@ def check_backward(pending: MutableMapping[int, torch.Tensor], applied: set[int]
 
 def admit_snapshot(snapshots: MutableMapping[str, Any], tag: str, *, party: str,
                    policy: PartyPolicy) -> None:
-    """Refuse a new snapshot tag beyond ``policy.max_snapshots`` (a known tag is replaced)."""
-    if len(tag) > 200:
-        raise refuse(ProtocolError, f"party {party!r}: snapshot tags are at most 200 "
-                                    "characters", code="snapshot.tag")
+    """Refuse an invalid snapshot tag (:func:`vflink.protocol.names.check_name`), or a new
+    one beyond ``policy.max_snapshots`` (a known tag is replaced)."""
+    check_name(tag, "snapshot", party=party)
     if tag not in snapshots and len(snapshots) >= policy.max_snapshots:
         raise refuse(PolicyViolation,
                      f"party {party!r} already keeps {len(snapshots)} snapshots (its limit, "

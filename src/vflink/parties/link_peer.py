@@ -19,6 +19,7 @@ from vflink.alignment.confirm import tag_matches
 from vflink.alignment.exact import key_digests
 from vflink.data.table import PartyTable
 from vflink.errors import PolicyViolation, ProtocolError
+from vflink.linkage.fields import KEY_KINDS
 from vflink.parties.base import Party
 from vflink.parties.linking import (
     blocking_digests,
@@ -75,6 +76,11 @@ def _check_field_request(party: str, policy: PartyPolicy, message: ShareFieldEnc
             raise refuse(ProtocolError, f"a blocking key's `prefix` must be an int >= 0 (0: the "
                                         f"whole value), got {key.prefix!r}",
                          code="blocking.prefix")
+        if key.kinds and (len(key.kinds) != 1 + len(key.columns)
+                          or any(k not in KEY_KINDS for k in key.kinds)):
+            raise refuse(ProtocolError, f"a blocking key's `kinds` name one of "
+                                        f"{', '.join(KEY_KINDS)} per column",
+                         code="blocking.kinds")
     for f in message.fields:
         policy.check_encoding(party, f.spec)
 
@@ -241,9 +247,9 @@ class LinkingPeer(Party):
         mask = np.zeros(len(self.table), dtype=bool)
         mask[idx] = True
         self.served[peer] = mask
-        self._note_links(idx)
+        self._note_links(idx, peer)
 
-    def _note_links(self, rows: npt.NDArray[np.int64]) -> None:
-        """Hook for what the links mean to a subclass (a secondary's privacy accountant counts
-        every link of a row as one more release of its embedding)."""
+    def _note_links(self, rows: npt.NDArray[np.int64], peer: str) -> None:
+        """Hook for what ``peer``'s links mean to a subclass (a secondary's privacy accountant
+        counts every link of a row as one more release of its embedding to that peer)."""
 

@@ -37,7 +37,7 @@ from vflink.linkage.encoding import (
     normalize_string,
 )
 from vflink.linkage.encoding.dates import DateBloomEncoder, date_parts
-from vflink.linkage.fields import Blocking
+from vflink.linkage.fields import KEY_KINDS, Blocking, column_key_kind, key_kind, key_text
 from vflink.parties.guard import check_alignment_view
 from vflink.parties.policy import PartyPolicy
 from vflink.protocol.channel import Channel
@@ -335,7 +335,8 @@ def exact_digests(frame: pd.DataFrame, fields: Sequence[FieldEncoding], secret: 
 def blocking_digests(frame: pd.DataFrame, blocking: Sequence[BlockingKey], secret: bytes | None,
                      *, source: str = "table") -> tuple[npt.NDArray[np.uint8], ...]:
     """Per blocking key, HMAC-SHA256 under the data parties' secret of each record's key
-    (the column normalised as strings are, cut to ``prefix`` characters), shape ``(n, 32)``;
+    (each column normalised as its ``kinds`` say, :func:`~vflink.linkage.fields.key_text`,
+    cut to ``prefix`` characters), shape ``(n, 32)``;
     all zero for a record without a key. Like exact alignment's digests, the coordinator can
     tell which keys are equal, not read them."""
     if not blocking:
@@ -347,24 +348,50 @@ def blocking_digests(frame: pd.DataFrame, blocking: Sequence[BlockingKey], secre
     if missing:
         raise report(source, [missing_columns(frame, missing, "blocking column")])
     out = []
+    normalised: dict[tuple[str, str], dict[Any, str]] = {}
     for position, key in enumerate(blocking):
         label = _BLOCKING_LABEL + f"|{position}|{key.prefix}|".encode()
+        names = (key.column, *key.columns)
+        kinds = tuple(key.kinds) or ("string",) * len(names)
+        if len(kinds) != len(names) or any(k not in KEY_KINDS for k in kinds):
+            raise ConfigError(f"blocking key {position}: `kinds` must name one of "
+                              f"{', '.join(KEY_KINDS)} per column, got {list(key.kinds)}")
         parts = []
-        for name in (key.column, *key.columns):
+        for name in names:
             column = frame[name]
             parts.append(column.astype(object).where(column.notna(), "").tolist())
         texts = []
+        # each distinct value normalised once per column and kind (names and dates repeat,
+        # and a column serves several rules)
+        seen = [normalised.setdefault((name, kind), {}) for name, kind in zip(names, kinds,
+                                                                             strict=True)]
         for values in zip(*parts, strict=True):
             cut = []
-            for value in values:
-                text = str(value)
-                text = normalize_string(text) if text.strip() else ""
+            for value, kind, memo in zip(values, kinds, seen, strict=True):
+                # the same normalised value as the field's encoding (dates parsed, strings
+                # folded, phone numbers as digits), so that two spellings block together
+                text = memo.get(value)
+                if text is None:
+                    text = memo[value] = key_text(value, kind)
                 cut.append(text[:key.prefix] if key.prefix else text)
             # a combined rule's key is every column's value (unit separator between them);
             # a record missing any of them has no key (blocks nothing together)
             texts.append("\x1f".join(cut).encode() if all(cut) else b"")
         out.append(_keyed_digests(texts, bytes(secret), label, 32))
     return tuple(out)
+
+
+def _key_kinds(frame: pd.DataFrame, fields: Sequence[FieldEncoding],
+               columns: Sequence[str]) -> tuple[str, ...]:
+    """How the primary normalises each column of a blocking rule when the caller did not
+    say: as its field's values when the column is a field's (dates parsed, numbers
+    canonical), else as its own values show (:func:`~vflink.linkage.fields.key_kind`)."""
+    kinds = []
+    for c in columns:
+        spec = next((f.spec for f in fields if tuple(f.columns) == (c,)), None)
+        shown = key_kind(frame[c].tolist()) if c in frame.columns else "string"
+        kinds.append(column_key_kind(None if spec is None else spec.kind, shown))
+    return tuple(kinds)
 
 
 class AlignmentInitiator:
@@ -450,7 +477,16 @@ class AlignmentInitiator:
                    mode: str = "soft", tau: float | None = None, sigma: float | None = None,
                    delta: float = 1e-5, session: str = "soft",
                    scale: tuple[float, float] | None = None) -> dict[str, Alignment]:
-        """Fuzzy top-K soft linkage (FedSim §4.1) on encoded identifiers."""
+        """Fuzzy top-K soft linkage (FedSim §4.1) on encoded identifiers: every data party's
+        encodings (:meth:`send_identifiers`), then the link (:meth:`request_soft_link`)."""
+        self.send_identifiers(coordinator, spec, session=session)
+        return self.request_soft_link(coordinator, metric=metric, top_k=top_k, mode=mode,
+                                      tau=tau, sigma=sigma, delta=delta, session=session,
+                                      scale=scale)
+
+    def send_identifiers(self, coordinator: str, spec: EncodingSpec, *, session: str) -> None:
+        """Every data party's encoded identifiers to the coordinator: ours, then each
+        secondary's on our request (key confirmation first whenever the secret is used)."""
         self.policy.check_identifier_release(self.name, spec.encoder)  # our own release too
         if not uses_secret(spec):
             log.info("privacy is off: raw identifiers are sent to the coordinator "
@@ -465,6 +501,14 @@ class AlignmentInitiator:
         for name in self.secondaries:
             self.channel.request(name, ShareEncodings(session=session, coordinator=coordinator,
                                                       spec=spec), Ack)
+
+    def request_soft_link(self, coordinator: str, *, metric: str, top_k: int,
+                          mode: str = "soft", tau: float | None = None,
+                          sigma: float | None = None, delta: float = 1e-5,
+                          session: str = "soft", scale: tuple[float, float] | None = None
+                          ) -> dict[str, Alignment]:
+        """Ask the coordinator to link the encodings of ``session`` (top-K search, Eq. 1-2);
+        the secondaries are then told to fetch their views."""
         views = self.channel.request(coordinator, SoftLink(
             session=session, secondaries=self.secondaries, metric=metric, top_k=top_k, mode=mode,
             tau=tau, sigma=sigma, delta=delta, scale=tuple(scale or ())), AlignmentViews)
@@ -489,37 +533,75 @@ class AlignmentInitiator:
         """
         if not fields:
             raise ConfigError("a multi-field link needs at least one field")
-        for f in fields:
+        self.send_fields(coordinator,
+                         tuple(FieldEncoding(columns=f.on, spec=f.spec) for f in fields),
+                         tuple(FieldEncoding(columns=f.secondary_on, spec=f.spec)
+                               for f in fields),
+                         blocking=blocking, exact=bool(model), session=session)
+        return self.request_field_link(
+            coordinator, tuple(f.comparison for f in fields), blocking=len(blocking),
+            top_k=top_k, mode=mode, tau=tau, sigma=sigma, delta=delta, session=session,
+            scale=scale, model=model, threshold=threshold, one_to_one=one_to_one)
+
+    def send_fields(self, coordinator: str, own: Sequence[FieldEncoding],
+                    theirs: Sequence[FieldEncoding], *, blocking: Sequence[Blocking] = (),
+                    exact: bool = False, session: str,
+                    key_kinds: Sequence[Sequence[str]] = ()) -> None:
+        """Every data party's field encodings to the coordinator: ``own`` (our columns and the
+        public encoding of each field), then each secondary's (``theirs``: its columns, the
+        same encodings) on our request; blocking keys as keyed digests (each rule's columns
+        normalised as ``key_kinds[r]`` says, the same on every side; default: as strings),
+        and with ``exact`` (a model link) each field's keyed hash of its normalised value."""
+        kinds = ([tuple(k) for k in key_kinds] if key_kinds else
+                 [_key_kinds(self.frame, own, b.columns) for b in blocking])
+        if not own or len(own) != len(theirs):
+            raise ConfigError("a multi-field link needs at least one field, the same on each "
+                              "side")
+        for f in own:
             self.policy.check_identifier_release(self.name, f.spec.encoder)  # our own too
-        own = tuple(FieldEncoding(columns=f.on, spec=f.spec) for f in fields)
         own_keys = tuple(BlockingKey(column=b.columns[0], prefix=b.prefix or 0,
-                                     columns=b.columns[1:]) for b in blocking)
+                                     columns=b.columns[1:], kinds=k)
+                         for b, k in zip(blocking, kinds, strict=True))
         if self.identifiers:
             check_declared(self.name, self.identifiers, own, own_keys)
-        clear = [list(f.on) for f in fields if not uses_secret(f.spec)]
+        clear = [list(f.columns) for f in own if not uses_secret(f.spec)]
         if clear:
             log.info("privacy is off for field(s) %s: their raw values are sent to the "
                      "coordinator", clear)
-        if (blocking or model or len(clear) < len(fields)) and self.secondaries:
+        if (blocking or exact or len(clear) < len(own)) and self.secondaries:
             self.confirm_key(coordinator, session)  # before any use of the secret
         raw = field_raw_values(self.frame, own, source=self.source)  # read once, used twice
         encoders, values = encode_fields(self.frame, own, self._secret, source=self.source,
                                          raw=raw)
         keys = blocking_digests(self.frame, own_keys, self._secret, source=self.source)
-        exact = exact_digests(self.frame, own, self._secret, source=self.source,
-                              raw=raw) if model else ()
+        hashes = exact_digests(self.frame, own, self._secret, source=self.source,
+                               raw=raw) if exact else ()
         self.channel.request(coordinator, FieldEncodings(
-            session=session, encoders=encoders, values=values, keys=keys, exact=exact), Ack)
-        theirs = tuple(FieldEncoding(columns=f.secondary_on, spec=f.spec) for f in fields)
+            session=session, encoders=encoders, values=values, keys=keys, exact=hashes), Ack)
         their_keys = tuple(BlockingKey(column=b.columns_s[0], prefix=b.prefix or 0,
-                                       columns=b.columns_s[1:]) for b in blocking)
+                                       columns=b.columns_s[1:], kinds=k)
+                           for b, k in zip(blocking, kinds, strict=True))
         for name in self.secondaries:
             self.channel.request(name, ShareFieldEncodings(
-                session=session, coordinator=coordinator, fields=theirs, blocking=their_keys,
-                exact=bool(model)), Ack)
+                session=session, coordinator=coordinator, fields=tuple(theirs),
+                blocking=their_keys, exact=exact), Ack)
+
+    def request_field_link(self, coordinator: str, comparisons: Sequence[FieldComparison], *,
+                           blocking: int = 0, top_k: int, mode: str = "soft",
+                           tau: float | None = None, sigma: float | None = None,
+                           delta: float = 1e-5, session: str = "soft",
+                           scale: tuple[float, float] | None = None, model: str = "",
+                           threshold: float = 0.5, one_to_one: str = "",
+                           cardinality: str = "",
+                           rule_atoms: Sequence[Sequence[int]] = ()
+                           ) -> dict[str, Alignment]:
+        """Ask the coordinator to link the field encodings of ``session``: how it compares each
+        field (``comparisons``), the number of ``blocking`` keys sent, K, Eq. 1-2's noise and,
+        for a model link, the model and its decisions; the secondaries then fetch their views."""
         views = self.channel.request(coordinator, FieldLink(
-            session=session, secondaries=self.secondaries,
-            fields=tuple(f.comparison for f in fields), top_k=top_k, blocking=len(blocking),
-            mode=mode, tau=tau, sigma=sigma, delta=delta, scale=tuple(scale or ()),
-            model=model, threshold=threshold, one_to_one=one_to_one), AlignmentViews)
+            session=session, secondaries=self.secondaries, fields=tuple(comparisons),
+            top_k=top_k, blocking=blocking, mode=mode, tau=tau, sigma=sigma, delta=delta,
+            scale=tuple(scale or ()), model=model, threshold=threshold,
+            one_to_one=one_to_one, cardinality=cardinality,
+            rule_atoms=tuple(tuple(int(a) for a in r) for r in rule_atoms)), AlignmentViews)
         return self._finish(coordinator, session, views)

@@ -103,8 +103,13 @@ class PartyPolicy:
         max_snapshots: distinct snapshot tags kept.
         max_sessions: unfinished protocol sessions one peer may hold open at once (each peer
             has its own share: one peer's abandoned sessions never lock another out).
-        session_ttl_s: an unfinished session that makes no progress for this long is dropped
-            (minutes: an honest driver sends its next message well within it).
+        session_ttl_s: an unfinished session that receives no message for this long is dropped
+            (minutes: an honest driver sends its next message well within it, and a PSU/PSI
+            driver that computes a whole list first sends ``SetProgress`` meanwhile); one
+            whose handler is still running never is. The peer's next message is told the
+            session expired (``[session.ended]``).
+        max_session_s: an unfinished session is dropped this long after it opened, however it
+            is kept alive (``SetProgress`` must not let a peer hold its share for ever).
         max_finished_sessions: finished sessions of one peer kept in memory; its least
             recently used make room (a finished alignment is reloaded from
             ``alignments/<session>.parquet`` when asked for again, so nothing is lost).
@@ -120,7 +125,14 @@ class PartyPolicy:
             a peer can test (docs/security.md, "Threat model of the set protocols").
         max_set_sessions: PSU and PSI sessions one peer may open within
             ``set_session_window_s`` (counted in the party's state directory, across
-            restarts); each session's answer is information about this party's set.
+            restarts); each session's answer is information about this party's set. A
+            session that ends before this party's first blinded own element left it (expired,
+            or failed through this party's own fault, or cut off by a restart) gives it back.
+        max_set_guesses: elements one peer may align with this party within
+            ``set_session_window_s``, its sessions' ``n_a`` summed (counted and given back as
+            the sessions are): each is one guessed identifier to a deviating primary
+            (docs/security.md); with the session limit it gives
+            :attr:`dictionary_limit`, the figure ``vflink serve`` logs at start.
         set_session_window_s: the window of ``max_set_sessions`` (a day by default).
         max_message_work_s: the work one message of a peer may cause this party, in seconds
             of its own measured speed: the chunk size of PSU/PSI lists is derived from it and
@@ -143,8 +155,16 @@ class PartyPolicy:
         receive_timeout_s: a peer's streamed request must send each chunk (its first one
             included) within this of the one before,
         min_receive_bytes_per_s: ... and all of it at this rate at least, or it is cancelled.
-        max_saved_states: distinct state files (``SaveState`` names) a secondary keeps in its
-            own directory; a peer names them, so their number is bounded (disk).
+        max_saved_states: distinct state files (``SaveState`` names) a secondary keeps for one
+            peer (a served party keeps each peer's under ``peers/<peer>/``); a peer names
+            them, so their number is bounded (disk).
+        max_training_runs: training runs (models, optimisers, preprocessing, snapshots) a
+            secondary holds in memory for one peer; a peer's new run drops its own least
+            recently used one, never another peer's.
+        max_training_bytes: memory one peer's training runs may hold at a secondary (model
+            parameters with their optimiser state, snapshots, features encoded in memory); a
+            new model that would not fit drops the peer's own older runs first, and is refused
+            when it does not fit alone.
         union_features: the synthetic-feature strategies this secondary accepts in FLORIST
             union training; the default only those that carry no membership signal.
     """
@@ -159,12 +179,14 @@ class PartyPolicy:
     max_snapshots: int = 8
     max_sessions: int = 16
     session_ttl_s: float = 600.0
+    max_session_s: float = 86400.0
     max_finished_sessions: int = 64
     max_top_k: int = 1000
     max_model_parameters: int = 50_000_000
     max_set_elements: int = 2_000_000
     min_set_elements: int = 1
     max_set_sessions: int = 200
+    max_set_guesses: int = 20_000_000
     set_session_window_s: float = 86400.0
     max_message_work_s: float = 2.0
     max_spool_bytes: int = 8 << 30
@@ -176,6 +198,8 @@ class PartyPolicy:
     receive_timeout_s: float = 10.0
     min_receive_bytes_per_s: float = 262144.0
     max_saved_states: int = 1000
+    max_training_runs: int = 4
+    max_training_bytes: int = 4 << 30
     union_features: tuple[str, ...] = SAFE_UNION_FEATURES
 
     def __post_init__(self) -> None:
@@ -191,10 +215,11 @@ class PartyPolicy:
                      "max_model_parameters", "max_set_elements", "max_bloom_bits",
                      "max_bloom_hashes", "max_bloom_centres", "max_concurrent_calls",
                      "max_saved_states", "max_finished_sessions", "min_set_elements",
-                     "max_set_sessions", "max_spool_bytes"):
+                     "max_set_sessions", "max_spool_bytes", "max_set_guesses",
+                     "max_training_runs", "max_training_bytes"):
             check_int(problems, f"policy.{name}", getattr(self, name), min=1)
         check_int(problems, "policy.max_calls_per_peer", self.max_calls_per_peer, min=0)
-        for name in ("pending_ttl_s", "session_ttl_s", "set_session_window_s",
+        for name in ("pending_ttl_s", "session_ttl_s", "max_session_s", "set_session_window_s",
                      "max_message_work_s", "receive_timeout_s", "min_receive_bytes_per_s"):
             check_float(problems, f"policy.{name}", getattr(self, name), min=0.0,
                         min_exclusive=True)
@@ -207,6 +232,25 @@ class PartyPolicy:
             for name in self.union_features:
                 check_choice(problems, "policy.union_features", name, UNION_FEATURES)
         raise_if(problems, "[policy] section")
+
+    @property
+    def dictionary_limit(self) -> int:
+        """Identifiers one peer can test against this party's set within
+        ``set_session_window_s``: a deviating primary learns, for each element it aligns,
+        whether this party holds it (docs/security.md), and its elements per window are
+        bounded by ``max_set_guesses`` and by ``max_set_sessions`` sessions of at most
+        ``max_set_elements`` each."""
+        return min(self.max_set_guesses, self.max_set_sessions * self.max_set_elements)
+
+    def describe_dictionary_limit(self) -> str:
+        """The dictionary limit as one sentence (the serve log, the ledger, the docs)."""
+        window = self.set_session_window_s
+        span = (f"{window / 86400:g} day(s)" if window >= 86400 and window % 86400 == 0
+                else f"{window:g} s")
+        return (f"a deviating primary can test at most {self.dictionary_limit:,} guessed "
+                f"identifiers against this party's set per {span} "
+                f"(min(max_set_guesses = {self.max_set_guesses:,}, max_set_sessions = "
+                f"{self.max_set_sessions} x max_set_elements = {self.max_set_elements:,}))")
 
     @property
     def requires_noise(self) -> bool:

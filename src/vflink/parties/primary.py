@@ -129,6 +129,8 @@ class PrimaryParty(Party):
         budget_dir: where the release counts of its labels are kept (``[privacy] labels``),
             keyed by its data's fingerprint; default ``out_dir/_privacy-budget``, ``None``
             without ``out_dir``: in memory for this object's life.
+        run: this run's id, named in every training message: a secondary keeps each run of
+            each primary apart (its own model and states); ``""``: the primary's one run.
     """
 
     role = "primary"
@@ -138,8 +140,9 @@ class PrimaryParty(Party):
                  recorder: Recorder | None = None, roles: Mapping[str, str] | None = None,
                  policy: PartyPolicy | None = None,
                  resources: TrainingResources | None = None,
-                 budget_dir: Path | None = None) -> None:
+                 budget_dir: Path | None = None, run: str = "") -> None:
         super().__init__(table.name, roles=roles, policy=policy)
+        self.run = run
         self.resources = resources or TrainingResources()
         self.device = resolve_device(self.resources.device, party=table.name)
         self.recorder = recorder
@@ -241,15 +244,15 @@ class PrimaryParty(Party):
         dims = []
         for j, name in enumerate(self.secondaries):
             spec = BottomSpec(**{**plan.bottom.__dict__, "seed": plan.bottom.seed + 1 + j})
-            self.channel.request(name, SetupBottom(spec=spec), Ack)
+            self.channel.request(name, SetupBottom(spec=spec, run=self.run), Ack)
             if plan.privacy is not None:
                 classes = len(self.codec.classes) if self.task.is_classification else 0
                 self.channel.request(name, SetupPrivacy(
                     settings=dict(plan.privacy), classes=classes,
-                    plan={k: int(v) for k, v in (release_plan or {}).items()}), Ack)
+                    plan={k: int(v) for k, v in (release_plan or {}).items()}, run=self.run), Ack)
             linked = self.links[name][train_rows].ravel()
             linked = np.unique(linked[linked != MISSING])
-            self.channel.request(name, FitPreprocessing(rows=linked), Ack)
+            self.channel.request(name, FitPreprocessing(rows=linked, run=self.run), Ack)
             dims.append(spec.out_dim)
         self._build(plan, pre, dims)
         self._start_labels(plan)
@@ -331,7 +334,8 @@ class PrimaryParty(Party):
             d = int(model.missing[j].shape[0]) if learn_missing else None
             if present.any():
                 reply = self.channel.request(
-                    name, Forward(batch_id=batch_id, rows=links[present], train=train),
+                    name, Forward(batch_id=batch_id, rows=links[present], train=train,
+                                  run=self.run),
                     Embeddings)
                 if reply.batch_id != batch_id or len(reply.inverse) != int(present.sum()):
                     raise ProtocolError(f"{name!r} answered batch {reply.batch_id} with "
@@ -431,14 +435,15 @@ class PrimaryParty(Party):
                 labels = y_all[idx[torch.from_numpy(slot.owners)]]
                 grads[slot.name] = slot.perturbed(protection, labels, grads[slot.name])
         for name, _ in leaves:
-            self.channel.request(name, Backward(batch_id=batch_id, grad=grads[name]), Ack)
+            self.channel.request(name, Backward(batch_id=batch_id, grad=grads[name],
+                                                run=self.run), Ack)
         return float(loss.detach())
 
     def privacy_reports(self) -> list[dict[str, Any]]:
         """Every secondary's privacy-ledger entries for this run (its own figures)."""
         entries: list[dict[str, Any]] = []
         for name in self.secondaries:
-            reply = self.channel.request(name, FetchPrivacyReport(), PrivacyReport)
+            reply = self.channel.request(name, FetchPrivacyReport(run=self.run), PrivacyReport)
             entries.extend(dict(e) for e in reply.entries)
         return entries
 
@@ -480,7 +485,7 @@ class PrimaryParty(Party):
     def snapshot(self, tag: str) -> None:
         self._snapshots[tag] = copy.deepcopy(self._state())
         for name in self.secondaries:
-            self.channel.request(name, Snapshot(tag=tag), Ack)
+            self.channel.request(name, Snapshot(tag=tag, run=self.run), Ack)
 
     def restore(self, tag: str) -> None:
         state = self._snapshots[tag]
@@ -489,7 +494,7 @@ class PrimaryParty(Party):
         if self.optimizer is not None:
             self.optimizer.load_state_dict(state["optimizer"])
         for name in self.secondaries:
-            self.channel.request(name, Restore(tag=tag), Ack)
+            self.channel.request(name, Restore(tag=tag, run=self.run), Ack)
 
     def _full_state(self) -> dict[str, Any]:
         plan = self._plan
@@ -511,7 +516,7 @@ class PrimaryParty(Party):
         A state is ``NAME.json`` plus ``NAME.<digest>.safetensors`` (``models/statefile.py``).
         """
         for sec in self.secondaries:
-            self.channel.request(sec, SaveState(name=secondary_name or name), Ack)
+            self.channel.request(sec, SaveState(name=secondary_name or name, run=self.run), Ack)
         if self.out_dir is not None:
             save_state(self.out_dir, name, {**self._full_state(), **(extra or {}),
                                             "secondary_state": secondary_name or name},
@@ -534,7 +539,8 @@ class PrimaryParty(Party):
         source = str(state_json_path(self.out_dir, name))
         changed = []
         for sec in self.secondaries:
-            ack = self.channel.request(sec, LoadState(name=state.get("secondary_state", name)),
+            ack = self.channel.request(sec, LoadState(name=state.get("secondary_state", name),
+                                                          run=self.run),
                                        Ack)
             if ack.info.get("data_changed"):
                 changed.append(sec)

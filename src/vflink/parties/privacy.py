@@ -11,9 +11,11 @@ secondary that has none.
 
 Release counts belong to the party's data, not to a run or a session: one
 :class:`~vflink.privacy.budget.ReleaseBudget` per party object, kept in the party's state
-directory under its data fingerprint when it has one. A new ``SetupBottom``, ``SetupPrivacy``,
-``LoadState``, session, run or process starts a new :class:`EmbeddingDP` (the run's own counts
-and noise) on the *same* budget, so once a record's budget is spent no request of the primary
+directory under its data fingerprint when it has one. Each training run of each primary has its
+own protection (:meth:`EmbeddingProtection.for_run`: that primary's links, the run's training
+rows, its own :class:`EmbeddingDP`), and every one counts on the *same* budget; a new
+``SetupBottom``, ``SetupPrivacy``, ``LoadState``, session, run or process starts a new
+:class:`EmbeddingDP` on it, so once a record's budget is spent no request of any primary
 releases it again; only the party's operator resets it (``vflink privacy-budget --reset``).
 """
 
@@ -64,11 +66,36 @@ class EmbeddingProtection:
         self._budget_dir = budget_dir
         self._fingerprint = fingerprint
         self._budget: ReleaseBudget | None = None
+        #: the party's protection a run's protection counts on (None: this is the party's)
+        self._parent: EmbeddingProtection | None = None
         self.start()
+
+    def for_run(self, secondary_index: npt.NDArray[np.int64] | None = None
+                ) -> EmbeddingProtection:
+        """One training run's protection: this party's settings, on this party's budget, with
+        the links of the run's primary (``secondary_index``: that primary's alignment) and
+        nothing else of another run (its training rows, fields, noise and counts)."""
+        run = EmbeddingProtection.__new__(EmbeddingProtection)
+        run.party, run.n_rows, run.own, run._own_given = (self.party, self.n_rows, self.own,
+                                                          self._own_given)
+        run.seed = self.seed
+        run.dp = None
+        run._observer = self._observer
+        run._links = np.zeros(self.n_rows, dtype=np.int64)
+        run._train_rows = np.zeros(0, dtype=np.int64)
+        run._code_fields = None
+        run._budget_dir, run._fingerprint, run._budget = None, None, None
+        run._parent = self
+        if secondary_index is not None:
+            run.note_links(secondary_index)
+        run.start()
+        return run
 
     @property
     def budget(self) -> ReleaseBudget:
         """The release counts of this party's data (loaded from its file on first use)."""
+        if self._parent is not None:
+            return self._parent.budget
         if self._budget is None:
             if self._budget_dir is not None and self._fingerprint is not None:
                 self._budget = ReleaseBudget.open(self._budget_dir, self._fingerprint(),

@@ -86,6 +86,15 @@ class Recorder:
         self.meta: dict[str, Any] = {}
         self._dirty = False
 
+    def for_run(self) -> Recorder:
+        """A recorder for one training run of a party that trains with several primaries
+        (its own batches), holding what this one recorded of the alignments so far."""
+        run = Recorder(max_rows=self.max_rows)
+        run._whole = dict(self._whole)
+        run.meta = dict(self.meta)
+        run._dirty = bool(run._whole)
+        return run
+
     # --- what a party calls from its handlers ----------------------------------------------
 
     def new_training(self) -> None:

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -31,7 +31,7 @@ from vflink._files import (
     open_data_bytes,
     read_data_file,
 )
-from vflink._typed import Bool, Int, ListOf, MapOf, Num, Obj, Opt, Str, read_typed_json
+from vflink._typed import Bool, Int, MapOf, Obj, Opt, Str, read_typed_json
 from vflink.alignment import proofs, psi, psu
 from vflink.alignment._dh import as_rows, key_bytes, lookup, sorted_unique, to_hex
 from vflink.alignment._spool import (
@@ -47,6 +47,7 @@ from vflink.alignment.groups import Elements, Group, get_group
 from vflink.data.table import PartyTable
 from vflink.errors import DataError, PolicyViolation, ProtocolError, VflinkError
 from vflink.parties.policy import PartyPolicy
+from vflink.parties.setquota import Grant, SetAllowance, SpoolQuota
 from vflink.protocol.boundary import refuse
 from vflink.protocol.channel import Channel
 from vflink.protocol.messages import (
@@ -62,6 +63,7 @@ from vflink.protocol.messages import (
     PsuFetch,
     PsuRound1,
     SetChunk,
+    SetProgress,
 )
 from vflink.protocol.sessions import PSI as PSI_PROTOCOL
 from vflink.protocol.sessions import PSU as PSU_PROTOCOL
@@ -83,6 +85,9 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+M = TypeVar("M", bound=Message)
 
 #: Where a passive party's running sessions spool, under its state directory.
 SPOOL_DIR = ".set-tmp"
@@ -115,6 +120,9 @@ class SetAlignment:
     #: set when the output was streamed to this Parquet file instead of being held: then
     #: ``rows``/``uids`` are empty and ``union``/``uid_index`` None (a table too large to hold)
     path: Path | None = None
+    #: what the peer's policy said in round 1 (``guess_limit``: the identifiers a deviating
+    #: primary can test against its set per ``guess_window_s``; ``idle_s``: its expiry)
+    limits: dict[str, float] = field(default_factory=dict)
 
     def frame(self) -> pd.DataFrame:
         return pd.DataFrame({"row": self.rows.astype(np.int64), "uid": to_hex(self.uids)})
@@ -249,6 +257,20 @@ def _hashed(group: Group, keys: KeyBatches, size: int
         lo += len(batch)
 
 
+@dataclass
+class _Keepalive:
+    """The driver's side of a session's idle expiry: while it computes a list, it tells the
+    peer how far it has come (:class:`SetProgress`) at a quarter of the peer's idle time."""
+
+    peer: str
+    session: str
+    every_s: float
+    #: most elements a SetProgress may claim (the peer's bound: a few passes over both sets)
+    bound: int
+    done: dict[str, int] = field(default_factory=dict)
+    sent: dict[str, int] = field(default_factory=dict)
+
+
 class SetAlignmentDriver:
     """The active party's side of PSU and PSI.
 
@@ -282,10 +304,83 @@ class SetAlignmentDriver:
                                 f"{self.chunk_rows}")
         self.tmp_dir = tmp_dir
         self.out = out
+        self._alive: _Keepalive | None = None
+        self._last = time.monotonic()
 
     def _step(self, stage: str, done: int, total: int) -> None:
         if self.progress is not None:
             self.progress(stage, done, total)
+
+    # --- keeping the session alive ---------------------------------------------------------
+
+    def _request(self, peer: str, message: Message, reply: type[M]) -> M:
+        """A request to the peer (every message keeps the session alive)."""
+        out = self.channel.request(peer, message, reply)
+        self._last = time.monotonic()
+        return out
+
+    def _open(self, peer: str, session: str, round1: PsuRound1 | PsiRound1, n_a: int
+              ) -> tuple[Ack, int, int]:
+        """Round 1: the peer's answer, its set size and the chunk size it accepts; from here
+        on the driver keeps the session alive while it computes."""
+        opened = self._request(peer, round1, Ack)
+        n_p = _count(opened, peer, "n_p")
+        c = self._agreed_chunk(opened, peer)
+        idle = opened.info.get("idle_s")
+        self._alive = None if idle is None or not idle > 0 else _Keepalive(
+            peer=peer, session=session, every_s=float(idle) / 4.0,
+            bound=_PROGRESS_PASSES * (n_a + n_p))
+        return opened, n_p, c
+
+    def _tick(self, stream: str, n: int) -> None:
+        """``n`` more elements of ``stream`` computed: a SetProgress if the peer has not heard
+        from us for a third of its idle time."""
+        k = self._alive
+        if k is None:
+            return
+        k.done[stream] = k.done.get(stream, 0) + n
+        if time.monotonic() - self._last < k.every_s:
+            return
+        done = min(k.done[stream], k.bound)
+        if done > k.sent.get(stream, 0):
+            self._request(k.peer, SetProgress(session=k.session, stream=stream, done=done),
+                          Ack)
+            k.sent[stream] = done
+
+    def _apply(self, stream: str, f: Callable[[Elements], Elements], el: Elements) -> Elements:
+        """``f`` (a group operation on each element) on a fetched chunk, in batches with the
+        keepalive between: a chunk is the peer's work limit, which may be more than ours."""
+        b = self._batch(len(el))
+        if b >= len(el):
+            out = f(el)
+            self._tick(stream, len(el))
+            return out
+        parts = []
+        for lo in range(0, len(el), b):
+            parts.append(f(el[lo:lo + b]))
+            self._tick(stream, len(parts[-1]))
+        return np.concatenate(parts)
+
+    def _ticking(self, items: Iterable[T], stream: str, size: Callable[[T], int]) -> Iterator[T]:
+        """``items`` as they come, each counted as progress on ``stream``."""
+        for item in items:
+            yield item
+            self._tick(stream, size(item))
+
+    def _batch(self, c: int) -> int:
+        """Elements per batch of our own group operations: at most a chunk, and few enough
+        that one batch (a hash and an exponentiation each, at this machine's single-core speed
+        whatever its workers: a loaded machine gives them no spare core) takes a quarter of
+        the keepalive's interval."""
+        k = self._alive
+        if k is None:
+            return c
+        per = 2.0 * exponentiation_seconds(self.group)
+        return max(1, min(c, int(0.25 * k.every_s / per)))
+
+    def _limits(self, opened: Ack) -> dict[str, float]:
+        return {k: float(opened.info[k]) for k in ("guess_limit", "guess_window_s", "idle_s")
+                if k in opened.info}
 
     # --- streaming -------------------------------------------------------------------------
 
@@ -299,13 +394,13 @@ class SetAlignmentDriver:
             if len(el) == 0:
                 continue
             extra = last() if last is not None and sent + len(el) == total else {}
-            self.channel.request(peer, kind(session=session, stream=stream, index=index,
+            self._request(peer, kind(session=session, stream=stream, index=index,
                                             total=total, elements=el, **extra), Ack)
             sent += len(el)
             index += 1
         if total == 0:  # an empty list is one empty chunk, so its round still closes
             extra = last() if last is not None else {}
-            self.channel.request(peer, kind(session=session, stream=stream, index=0, total=0,
+            self._request(peer, kind(session=session, stream=stream, index=0, total=0,
                                             elements=self.group.empty(), **extra), Ack)
         if sent != total:  # pragma: no cover - our own lists
             raise ProtocolError(f"{stream}: sent {sent} elements of {total}")
@@ -315,7 +410,7 @@ class SetAlignmentDriver:
         got = index = 0
         while got < total or index == 0:
             want = min(chunk, total - got)
-            reply = self.channel.request(peer, kind(session=session, stream=stream,
+            reply = self._request(peer, kind(session=session, stream=stream,
                                                     index=index), SetChunk)
             el = self.group.check(reply.elements, stream)
             if reply.stream != stream or reply.index != index or len(el) != want:
@@ -378,31 +473,32 @@ class SetAlignmentDriver:
         try:
             e = psu.PsuExponents.draw(g)  # line 1
             self._step("round 1", 1, steps)
-            opened = self.channel.request(peer, PsuRound1(session=session, group=g.name,
-                                                          n_a=n_a, chunk_rows=self.chunk_rows),
-                                          Ack)
-            n_p = _count(opened, peer, "n_p")
-            c = self._agreed_chunk(opened, peer)
+            opened, n_p, c = self._open(peer, session, PsuRound1(
+                session=session, group=g.name, n_a=n_a, chunk_rows=self.chunk_rows), n_a)
             # line 3: I_a^{s1} in a secret order; the spool keeps each position's record row,
-            # by which line 11's answer (in this order) comes back to our records
-            a_s1 = self._shuffled(work, "a_s1", ((g.power(h, e.first), rows) for rows, h in
-                                                 _hashed(g, self.keys, c)), n_a, rows=True)
+            # by which line 11's answer (in this order) comes back to our records. A shuffle
+            # needs the whole list before its first chunk: the peer hears of our progress
+            a_s1 = self._shuffled(work, "a_s1", self._ticking(
+                ((g.power(h, e.first), rows) for rows, h in _hashed(g, self.keys, self._batch(c))),
+                "a_s1", _first_len), n_a, rows=True)
             self._upload(peer, PsuChunk, session, "a_s1", (x for x, _ in a_s1.chunks(c)), n_a)
             self._step("round 2", 2, steps)
             # line 7: the union of I_a^{s1 t1} and I_p^{s1 t1}, merged bucket by bucket
             merged = self._buckets(work, "merge", n_a + n_p)
             for el in self._fetch(peer, PsuFetch, session, "a_s1t1", n_a, c):
-                merged.add(g.validate(el, "I_a^{s1 t1}"))
+                merged.add(self._apply("a_s1t1", lambda x: g.validate(x, "I_a^{s1 t1}"), el))
             p_st = self._shuffled(work, "p_s1t1", (
-                (g.power(el, e.first, check="I_p^{t1}"), None)
+                (self._apply("p_t1", lambda x: g.power(x, e.first, check="I_p^{t1}"), el), None)
                 for el in self._fetch(peer, PsuFetch, session, "p_t1", n_p, c)), n_p)
-            for el, _ in p_st.chunks(c):
+            for el, _ in self._ticking(p_st.chunks(c), "p_s1t1", _first_len):
                 merged.add(el)
             self._upload(peer, PsuChunk, session, "p_s1t1", (x for x, _ in p_st.chunks(c)),
                          n_p)  # line 6
             x23 = g.combine(e.second, e.third)
-            union = self._shuffled(work, "union", ((g.power(u, x23), None) for u in (
-                sorted_unique(el) for el, _ in merged) if len(u)), n_a + n_p)  # line 8
+            b = self._batch(c)
+            union = self._shuffled(work, "union", self._ticking(
+                ((g.power(u[i:i + b], x23), None) for u in (sorted_unique(el) for el, _ in merged)
+                 for i in range(0, len(u), b)), "union_s123t1", _first_len), n_a + n_p)  # line 8
             merged.drop()
             n_u = len(union)
             self._upload(peer, PsuChunk, session, "union_s123t1",
@@ -410,23 +506,24 @@ class SetAlignmentDriver:
             self._step("mapping", 3, steps)
             final = self._buckets(work, "U", n_u)  # line 10: U, bucket by bucket
             for el in self._fetch(peer, PsuFetch, session, "union", n_u, c):
-                final.add(g.validate(el, "U"))
+                final.add(self._apply("union", lambda x: g.validate(x, "U"), el))
             mine = self._buckets(work, "mine", n_u)
             lo = 0
             for el in self._fetch(peer, PsuFetch, session, "a_s1t123", n_a, c):  # line 11
-                z = psu.line11_finish(g, el, e)
+                z = self._apply("a_s1t123", lambda x: psu.line11_finish(g, x, e), el)
                 _, rows = a_s1.read(lo, lo + len(z))
                 mine.add(z, rows)
                 lo += len(z)
+            located = self._ticking(zip(final, mine, strict=True), "p_t2", _pair_len)
             if self.out is None:
-                result = psu.locate_buckets(zip(final, mine, strict=True), n_a,
-                                            g.element_bytes)
+                result = psu.locate_buckets(located, n_a, g.element_bytes)
             else:  # each record's UID to disk, in row order
                 order = RowOrder(work.new("rows"), g.element_bytes, n_a, c)
-                _psu_rows(zip(final, mine, strict=True), n_a, order)
+                _psu_rows(located, n_a, order)
             back = Spool(work.new("p_s123t2"), g.element_bytes)
             for el in self._fetch(peer, PsuFetch, session, "p_t2", n_p, c):
-                back.append(psu.raise_for_peer(g, el, e))  # line 12, in the order received
+                # line 12, in the order received
+                back.append(self._apply("p_t2", lambda x: psu.raise_for_peer(g, x, e), el))
             self._upload(peer, PsuChunk, session, "p_s123t2", (x for x, _ in back.chunks(c)),
                          n_p)
             if self.out is not None:
@@ -439,8 +536,9 @@ class SetAlignmentDriver:
         if self.out is not None:
             return SetAlignment(method="psu", group=g.name, rows=np.empty(0, dtype=np.int64),
                                 uids=g.empty(), size=n_u, sizes=sizes, session=session,
-                                path=self.out)
-        return dataclasses.replace(_psu_output(g, result, sizes), session=session)
+                                path=self.out, limits=self._limits(opened))
+        return dataclasses.replace(_psu_output(g, result, sizes), session=session,
+                                   limits=self._limits(opened))
 
     def psi(self, peer: str, session: str = "psi", reveal: str = "both") -> SetAlignment:
         """ECDH PSI with ``peer``; this party learns the intersection unless ``reveal`` is
@@ -461,19 +559,18 @@ class SetAlignmentDriver:
         try:
             a = g.random_exponent()
             self._step("round 1", 1, 3)
-            opened = self.channel.request(peer, PsiRound1(
+            opened, n_p, c = self._open(peer, session, PsiRound1(
                 session=session, group=g.name, reveal=how, n_a=n_a, chunk_rows=self.chunk_rows,
-                commitment=proofs.commit(g, a)[0].tobytes()), Ack)
-            n_p = _count(opened, peer, "n_p")
-            c = self._agreed_chunk(opened, peer)
+                commitment=proofs.commit(g, a)[0].tobytes()), n_a)
             # H(x)^a in a secret order; ``sent`` remembers each position's record row
-            sent = self._shuffled(work, "a_s", ((g.power(h, a), rows) for rows, h in
-                                                _hashed(g, self.keys, c)), n_a, rows=True)
+            sent = self._shuffled(work, "a_s", self._ticking(
+                ((g.power(h, a), rows) for rows, h in _hashed(g, self.keys, self._batch(c))),
+                "a_s", _first_len), n_a, rows=True)
             self._upload(peer, PsiChunk, session, "a_s", (x for x, _ in sent.chunks(c)), n_a)
             mine = self._buckets(work, "mine", n_a + n_p)
             lo = 0
             for el in self._fetch(peer, PsiFetch, session, "a_st", n_a, c):
-                el = g.validate(el, "H(x)^ab")
+                el = self._apply("a_st", lambda x: g.validate(x, "H(x)^ab"), el)
                 _, rows = sent.read(lo, lo + len(el))
                 lo += len(el)
                 mine.add(el, rows if ordered else None)
@@ -482,7 +579,7 @@ class SetAlignmentDriver:
             back = Spool(work.new("p_ts"), g.element_bytes)
             at = 0
             for el in self._fetch(peer, PsiFetch, session, "p_t", n_p, c):
-                p_ts = psi.reblind(g, el, a, keep_order=True)
+                p_ts = self._apply("p_t", lambda x: psi.reblind(g, x, a, keep_order=True), el)
                 # positions in p_t's order: the proof covers those that match
                 theirs.add(p_ts, np.arange(at, at + len(p_ts), dtype=np.int64))
                 at += len(p_ts)
@@ -490,17 +587,29 @@ class SetAlignmentDriver:
                     p_t.append(g.check(el, "H(y)^b"))
                     back.append(p_ts)
             order = None
+            # with p_ts to send, the peer waits for it while we intersect and prove: keep it
+            # alive (without, its session is done once it has sent p_t)
+
+            def buckets() -> Iterator[tuple[tuple[Elements, npt.NDArray[np.int64]],
+                                            tuple[Elements, npt.NDArray[np.int64]]]]:
+                pairs = zip(mine, theirs, strict=True)
+                return self._ticking(pairs, "p_ts", _pair_len) if told else pairs
+
             if self.out is not None and ordered:  # the intersection rows to disk, in row order
                 order = RowOrder(work.new("rows"), g.element_bytes, n_a, c)
-                found = psi.PsiResult(rows=None, uids=None, size=_psi_rows(
-                    zip(mine, theirs, strict=True), order))
+                found = psi.PsiResult(rows=None, uids=None, size=_psi_rows(buckets(), order))
             else:
-                found = psi.intersect_buckets(lambda: zip(mine, theirs, strict=True),
-                                              n_rows=n_a, ordered=ordered and self.out is None)
+                found = psi.intersect_buckets(buckets, n_rows=n_a,
+                                              ordered=ordered and self.out is None)
             if told and p_t is not None:
                 self._step("round 2", 2, 3)
-                matched = _matched_positions(mine, theirs, n_p)
-                pairs = _gathered(p_t, back, matched, c)
+                matched = _matched_positions(mine, theirs, n_p,
+                                             tick=lambda n: self._tick("p_ts", n))
+                gathered = _gathered(p_t, back, matched, self._batch(c))
+
+                def pairs() -> Iterator[tuple[Elements, Elements]]:
+                    return self._ticking(gathered(), "p_ts", _first_len)
+
                 self._upload(peer, PsiChunk, session, "p_ts", (x for x, _ in back.chunks(c)),
                              n_p, last=lambda: {"proof": proofs.prove_batches(
                                  g, a, pairs, ctx=proofs.context(session, "p_ts", -1))})
@@ -513,13 +622,14 @@ class SetAlignmentDriver:
         if self.out is not None:
             return SetAlignment(method="psi", group=g.name, rows=np.empty(0, dtype=np.int64),
                                 uids=g.empty(), size=found.size, known=ordered, sizes=sizes,
-                                session=session, path=self.out)
-        return dataclasses.replace(_psi_output(g, found, sizes), session=session)
+                                session=session, path=self.out, limits=self._limits(opened))
+        return dataclasses.replace(_psi_output(g, found, sizes), session=session,
+                                   limits=self._limits(opened))
 
     def fetch_rows(self, peer: str, session: str) -> AlignmentView:
         """After PSI with ``reveal="both"``: the peer's intersection rows in UID order (what
         exact alignment gives the primary; used to train on the intersection)."""
-        return self.channel.request(peer, FetchAlignment(session=session), AlignmentView)
+        return self._request(peer, FetchAlignment(session=session), AlignmentView)
 
 
 def _count(reply: Ack, peer: str, name: str) -> int:
@@ -529,11 +639,23 @@ def _count(reply: Ack, peer: str, name: str) -> int:
     return int(value)
 
 
-def _matched_positions(mine: Buckets, theirs: Buckets, n: int) -> npt.NDArray[np.int64]:
+def _first_len(item: tuple[Any, ...]) -> int:
+    return len(item[0])
+
+
+def _pair_len(item: tuple[tuple[Any, ...], tuple[Any, ...]]) -> int:
+    return len(item[0][0]) + len(item[1][0])
+
+
+def _matched_positions(mine: Buckets, theirs: Buckets, n: int,
+                       tick: Callable[[int], None] | None = None) -> npt.NDArray[np.int64]:
     """Ascending positions (the rows stored with ``theirs``) of ``theirs``'s elements that
-    ``mine`` holds, bucket by bucket; a repeated element of ``theirs`` is refused."""
+    ``mine`` holds, bucket by bucket; a repeated element of ``theirs`` is refused. ``tick``
+    is told each bucket pair's size (a driver's keepalive)."""
     mask = np.zeros(n, dtype=bool)
     for (m, _), (t, rows) in zip(mine, theirs, strict=True):
+        if tick is not None:
+            tick(len(m) + len(t))
         if len(t) == 0 or len(m) == 0:
             continue
         if len(sorted_unique(t)) != len(t):
@@ -569,7 +691,7 @@ def _gathered(xs: Spool, ys: Spool, positions: npt.NDArray[np.int64], chunk: int
 
 #: measured seconds of one exponentiation on one core, per group (see exponentiation_seconds)
 _RATES: dict[str, float] = {}
-#: guards the lazy creation of a party's set-session log and spool quota
+#: guards the lazy creation of a party's set-session allowance and spool quota
 _RESOURCES_LOCK = threading.Lock()
 _RATE_LOCK = threading.Lock()
 
@@ -613,81 +735,6 @@ def spool_bytes(method: str, width: int, n_a: int, n_p: int) -> int:
     return int(need * 1.25) + (4 << 20)
 
 
-class _SetSessionLog:
-    """PSU/PSI sessions each peer opened within the policy's window: every session's answer is
-    information about this party's set (PSU reveals |I_a ∩ I_p|), so their number is bounded
-    per peer and kept across restarts (``<state_dir>/_set-sessions.json``)."""
-
-    FILE = "_set-sessions.json"
-    SCHEMA = Obj({"version": Int(), "peers": MapOf(ListOf(Num(finite=True)))})
-
-    def __init__(self, directory: Path | None) -> None:
-        self.path = None if directory is None else Path(directory) / self.FILE
-        self._lock = threading.Lock()
-        self._peers: dict[str, list[float]] | None = None
-
-    def _load(self) -> dict[str, list[float]]:
-        if self._peers is None:
-            self._peers = {}
-            if self.path is not None and self.path.is_file():
-                try:
-                    doc = read_typed_json(self.path.parent, self.path.name, self.SCHEMA)
-                    self._peers = {str(k): list(v) for k, v in doc["peers"].items()}
-                except VflinkError as exc:
-                    # writes are atomic, so only a hand-edited or damaged file gets here: the
-                    # count restarts (the operator is told) rather than refusing every peer
-                    log.warning("%s unreadable (%s); counting from now", self.path, exc)
-        return self._peers
-
-    def admit(self, party: str, peer: str, policy: PartyPolicy, what: str) -> None:
-        now = time.time()
-        with self._lock:
-            peers = self._load()
-            recent = [t for t in peers.get(peer, []) if now - t < policy.set_session_window_s]
-            if len(recent) >= policy.max_set_sessions:
-                raise refuse(PolicyViolation,
-                             f"party {party!r}: {peer!r} opened {len(recent)} set-alignment "
-                             f"sessions in the last {policy.set_session_window_s:g} s (its "
-                             "limit, policy.max_set_sessions); each one is information about "
-                             f"this party's set, so {what} waits for the window to pass",
-                             code="limit.set-sessions")
-            peers[peer] = [*recent, now]
-            if self.path is not None:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-                atomic_write_json(self.path, {"version": 1, "peers": peers}, indent=None)
-
-
-class _SpoolQuota:
-    """Disk reserved by each peer's running set sessions (``policy.max_spool_bytes`` each)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.reserved: dict[str, int] = {}
-
-    def reserve(self, party: str, peer: str, n: int, limit: int) -> Callable[[], None]:
-        with self._lock:
-            held = self.reserved.get(peer, 0)
-            if held + n > limit:
-                raise refuse(PolicyViolation,
-                             f"party {party!r}: this session would spool about {n:,} bytes "
-                             f"and {peer!r}'s running sessions hold {held:,}; its limit is "
-                             f"{limit:,} (policy.max_spool_bytes): finish or abandon them "
-                             "first", code="limit.spool")
-            self.reserved[peer] = held + n
-        done = [False]
-
-        def release() -> None:
-            with self._lock:
-                if not done[0]:
-                    done[0] = True
-                    left = self.reserved.get(peer, 0) - n
-                    if left > 0:
-                        self.reserved[peer] = left
-                    else:
-                        self.reserved.pop(peer, None)
-        return release
-
-
 @dataclass
 class _PeerSession:
     group: Group
@@ -707,10 +754,24 @@ class _PeerSession:
     release: Callable[[], None] | None = None  # the peer's spool reservation
     #: our records' hashes, a chunk at a time, for line 12 (in memory only)
     own: Iterator[tuple[npt.NDArray[np.int64], Elements]] | None = None
+    #: the session's share of its peer's allowance (sessions and elements per window)
+    grant: Grant | None = None
+    #: how far the driver said it has come with each list it computes (SetProgress)
+    progress: dict[str, int] = field(default_factory=dict)
+    #: a handler failed through this party's own fault (not a refusal of what was sent)
+    our_fault: bool = False
 
     @property
     def failed(self) -> bool:
         return self.result is None and (self.work is None or self.work.closed)
+
+    def end(self, why: str) -> None:
+        """The session ended (``why``: the session table's reason): the allowance goes back
+        if nothing was revealed and the peer is not to blame (an expiry, our own failure)."""
+        if self.grant is not None and self.result is None and (why == "expired"
+                                                               or self.our_fault):
+            self.grant.give_back("expired" if why == "expired" else "this party's failure")
+        self.close()
 
     def close(self) -> None:
         if self.work is not None:
@@ -727,7 +788,11 @@ class _PeerSession:
 #: the messages of the set protocols: their handlers touch only their own session's state, so a
 #: served party runs them beside its other calls (one per peer at a time; the gRPC server)
 SET_KINDS = frozenset({"psu_round1", "psu_chunk", "psu_fetch", "psi_round1", "psi_chunk",
-                       "psi_fetch"})
+                       "psi_fetch", "set_progress"})
+
+#: SetProgress counts the elements a driver has processed while preparing one list: a few
+#: passes over both sets at most (PSI's p_ts: the intersection, the matches, the proof)
+_PROGRESS_PASSES = 4
 
 #: the record of a finished set session beside its ``alignments/<session>.parquet``
 _SIDECAR = Obj({"format": Str(), "version": Int(), "session": Str(), "method": Str(),
@@ -754,10 +819,12 @@ class SetAlignmentPeer:
     cannot rewrite a result). A handler that fails removes the session's files and ends it.
 
     What a peer can make this party do is bounded per peer (docs/security.md): its set size
-    (``policy.min_set_elements`` .. ``max_set_elements``), its sessions in a window
-    (``max_set_sessions``), the disk its running sessions spool (``max_spool_bytes``,
-    reserved at round 1), and the work of one message (``max_message_work_s``: the chunk size
-    announced in round 1). Nothing on disk is an unkeyed hash of this party's IDs: every
+    (``policy.min_set_elements`` .. ``max_set_elements``), its sessions and elements in a
+    window (``max_set_sessions``, ``max_set_guesses``: :mod:`vflink.parties.setquota`), the
+    disk its running sessions spool (``max_spool_bytes``, reserved at round 1), the work of one
+    message (``max_message_work_s``: the chunk size announced in round 1), and a session's
+    life (``session_ttl_s`` without a message, ``SetProgress`` included; ``max_session_s`` in
+    all). Nothing on disk is an unkeyed hash of this party's IDs: every
     spooled list is blinded with the session's secret exponents, which live only in memory,
     and a restarted party sweeps the spools a killed process left (:func:`sweep_stale`).
     """
@@ -779,17 +846,25 @@ class SetAlignmentPeer:
         """Set-protocol handlers run beside the serialised ones (see :data:`SET_KINDS`)."""
         return message.kind in SET_KINDS
 
-    def _set_resources(self) -> tuple[_SetSessionLog, _SpoolQuota]:
-        """This party's session log and spool quota, made once: different peers' first rounds
-        run concurrently, and two of each would count their sessions and spools apart."""
+    def _set_resources(self) -> tuple[SetAllowance, SpoolQuota]:
+        """This party's set-session allowance and spool quota, made once: different peers'
+        first rounds run concurrently, and two of each would count their sessions and spools
+        apart."""
         with _RESOURCES_LOCK:
             res = self.__dict__.get("_set_res")
             if res is None:
                 out_dir = getattr(self, "out_dir", None)
-                res = (_SetSessionLog(None if out_dir is None else Path(out_dir)),
-                       _SpoolQuota())
+                res = (SetAllowance(None if out_dir is None else Path(out_dir)), SpoolQuota())
                 self.__dict__["_set_res"] = res
         return res  # type: ignore[no-any-return]
+
+    def _session_dropped(self, session: Session) -> None:
+        """A set session left the table: give back its allowance where the peer is not to
+        blame (:meth:`_PeerSession.end`), then free what it held."""
+        state = session.data.get("set")
+        if isinstance(state, _PeerSession):
+            state.end(session.ended)
+        super()._session_dropped(session)  # type: ignore[misc]
 
     def _cap(self, what: str, n: int, *, own: int | None = None) -> None:
         """Refuse a peer's list above policy.max_set_elements before any work on it."""
@@ -961,21 +1036,34 @@ class SetAlignmentPeer:
         own_work = 2 * n_own if method == "psu" else n_own
         self._afford(group, own_work, kind)  # our own set, once
         chunk = min(chunk_rows, chunk_cap(group, self.policy.max_message_work_s))
-        sessions_log, quota = self._set_resources()
+        allowance, quota = self._set_resources()
         release = quota.reserve(self.name, sender,
                                 spool_bytes(method, group.element_bytes, n_a, n_own),
                                 self.policy.max_spool_bytes)
+        grant = None
         try:
-            sessions_log.admit(self.name, sender, self.policy, kind)
+            grant = allowance.admit(self.name, sender, self.policy, kind,
+                                    session=self.session.name, elements=n_a)
             out_dir = getattr(self, "out_dir", None)
             work = Workdir(None if out_dir is None else Path(out_dir) / SPOOL_DIR)
-        except BaseException:
+        except BaseException as exc:
             release()
+            if grant is not None and not isinstance(exc, VflinkError):
+                grant.give_back("this party's failure")  # our disk, not the peer's doing
             raise
         local = max(1, min(int(self.set_chunk_rows or chunk), MAX_CHUNK_ROWS))
         self.session.commit("chunk", chunk)  # what the session table bounds chunks with
         return _PeerSession(group=group, work=work, n_own=n_own, chunk=chunk, local=local,
-                            release=release)
+                            release=release, grant=grant)
+
+    def _opened(self, s: _PeerSession) -> Ack:
+        """Round 1's answer: our set size, the chunk size we accept, the idle time after
+        which the session expires (a driver keeps it alive meanwhile, :class:`SetProgress`)
+        and the dictionary limit of our policy (the figure the primary's ledger states)."""
+        return Ack(info={"n_p": float(s.n_own), "chunk_rows": float(s.chunk),
+                         "idle_s": float(self.policy.session_ttl_s),
+                         "guess_limit": float(self.policy.dictionary_limit),
+                         "guess_window_s": float(self.policy.set_session_window_s)})
 
     def _new_path(self, s: _PeerSession, name: str) -> Path:
         if s.work is None:  # pragma: no cover - a reloaded session takes no more messages
@@ -1016,14 +1104,34 @@ class SetAlignmentPeer:
         return SetChunk(stream=message.stream, index=message.index, elements=el)
 
     def _guarded(self, handler: Callable[[], Message]) -> Message:
-        """Run a set handler; on failure the session's files are removed and it ends."""
+        """Run a set handler; on failure the session's files are removed and it ends (its
+        allowance given back if the failure is this party's own and nothing was revealed)."""
         try:
             return handler()
-        except BaseException:
+        except BaseException as exc:
             state: _PeerSession | None = self.session.data.get("set")
             if state is not None and state.result is None:
-                state.close()
+                state.our_fault = not isinstance(exc, VflinkError)
+                state.end("failed")
             raise
+
+    def on_set_progress(self, sender: str, message: SetProgress) -> Ack:
+        """The driver is still computing or working on one of the protocol's lists (the
+        session table checked the list's name and took the message as a sign of life); here
+        what it says it has done of that list must grow, within a few passes over both sets,
+        so the keepalives are bounded in number, as ``policy.max_session_s`` bounds the
+        session's life."""
+        s = self._set_state()
+        session = self.session
+        bound = _PROGRESS_PASSES * (int(session.commits.get("n_a", 0)) + s.n_own)
+        done = message.done
+        last = s.progress.get(message.stream, 0)
+        if isinstance(done, bool) or not isinstance(done, int) or not last < done <= bound:
+            raise refuse(ProtocolError, f"party {self.name!r}: SetProgress of "
+                                        f"{message.stream!r} must say more done than before "
+                                        f"({last}) and at most {bound}", code="session.progress")
+        s.progress[message.stream] = done
+        return Ack()
 
     # --- PSU (passive side of Algorithm 1) ------------------------------------------------
 
@@ -1042,7 +1150,7 @@ class SetAlignmentPeer:
                 draw.add(g.power(h, e.first))
             self._shuffled_draw(s, "p_t1")
             self.session.commit("n_p", s.n_own)  # later lists are bound to both set sizes
-            return Ack(info={"n_p": float(s.n_own), "chunk_rows": float(s.chunk)})
+            return self._opened(s)
         return self._guarded(run)  # type: ignore[return-value]
 
     def on_psu_chunk(self, sender: str, message: PsuChunk) -> Ack:
@@ -1120,6 +1228,10 @@ class SetAlignmentPeer:
                 raise ProtocolError(f"party {self.name!r}: our records changed during PSU")
             return SetChunk(stream="p_t2", index=message.index,
                             elements=psu.blind_own(g, h, e))
+        if message.stream == "p_t1" and s.grant is not None:
+            # our blinded set leaves (with a_s1t1, the primary counts the intersection):
+            # from here on the session has used its allowance whatever happens
+            s.grant.reveal()
         return self._serve(s, message)
 
     # --- PSI (passive side) -----------------------------------------------------------------
@@ -1148,7 +1260,7 @@ class SetAlignmentPeer:
                 draw.add(g.power(h, s.psi_e), r)
             self._shuffled_draw(s, "p_t", rows=True)
             self.session.commit("n_p", s.n_own)
-            return Ack(info={"n_p": float(s.n_own), "chunk_rows": float(s.chunk)})
+            return self._opened(s)
         return self._guarded(run)  # type: ignore[return-value]
 
     def on_psi_chunk(self, sender: str, message: PsiChunk) -> Ack:
@@ -1222,6 +1334,8 @@ class SetAlignmentPeer:
         s = self._set_state()
 
         def run() -> SetChunk:
+            if message.stream == "p_t" and s.grant is not None:
+                s.grant.reveal()  # our blinded set leaves: the intersection can be counted
             reply = self._serve(s, message)
             last = (message.index + 1) * s.chunk >= s.n_own
             if message.stream == "p_t" and last and s.reveal in ("primary", "cardinality"):

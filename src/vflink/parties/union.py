@@ -17,7 +17,8 @@ from __future__ import annotations
 import hashlib
 import logging
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -27,7 +28,7 @@ from vflink.alignment import synthetic as syn
 from vflink.data.featurestore import FeatureSource
 from vflink.data.preprocess import Preprocessor
 from vflink.data.table import PartyTable
-from vflink.errors import PolicyViolation, ProtocolError
+from vflink.errors import ConfigError, PolicyViolation, ProtocolError
 from vflink.models.mlp import build_mlp, build_optimizer, seeded_init
 from vflink.models.spec import BottomSpec
 from vflink.parties.guard import admit_forward, check_bottom_spec, check_embeddings
@@ -35,6 +36,7 @@ from vflink.parties.policy import PartyPolicy
 from vflink.parties.privacy import EmbeddingProtection
 from vflink.parties.recording import Recorder
 from vflink.parties.setalign import SetAlignment
+from vflink.parties.training_runs import TrainingRun
 from vflink.privacy.label_protection import LabelProtection
 from vflink.protocol.boundary import refuse
 from vflink.protocol.channel import Channel
@@ -45,9 +47,10 @@ from vflink.protocol.messages import (
     UnionForward,
     UnionSetup,
 )
-from vflink.protocol.sessions import purpose_of
+from vflink.protocol.sessions import Session, purpose_of
+from vflink.randomness import NoiseSource, keyed_generator, party_secret, secret_generator
 
-__all__ = ["BatchRecord", "UnionPeer", "UnionPrimary", "uid_rows"]
+__all__ = ["BatchRecord", "UnionPeer", "UnionPrimary", "check_union_labels", "uid_rows"]
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +77,8 @@ class _PeerUnion:
     pool: npt.NDArray[np.int64]
     own_rows: npt.NDArray[np.int64]
     strategy: syn.FeatureStrategy | None
-    generator: torch.Generator
+    #: fea-gaussian / fea-random draws (vflink.randomness: secret unless reproducible)
+    generator: NoiseSource
     stats: syn.EmbeddingStats = field(default_factory=syn.EmbeddingStats)
     handed: int = 0
 
@@ -89,15 +93,23 @@ class _PeerUnion:
         self.handed += len(new)
 
 
-def _session_key(features: FeatureSource, session: str, seed: int) -> bytes:
+def _session_key(features: FeatureSource, session: str, seed: int, *,
+                 secret: bytes | None = None) -> bytes:
     """This party's secret for the synthetic rows of one union-training session.
 
-    Derived from its own encoded table (which the peer does not hold: a peer that held it would
-    know which records we have without asking), the PSU session and the run seed, so that a run
-    repeats from its seed in one process and across hosts, while the peer cannot predict which
-    of our records stands in for a UID we lack.
+    Keyed by the party's long-lived ``secret`` (:func:`vflink.randomness.party_secret`, kept in
+    its own state directory) and derived from the PSU session's purpose, the run seed and its
+    own encoded table, so that the same stand-ins answer in every run of a session and seed (a
+    peer comparing two runs' first answers cannot tell members from stand-ins) while nothing
+    the peer holds or guesses predicts them: the run seed and the session come from the peer,
+    and a table the peer knows (a public data set) must not be the only secret.
+
+    Without ``secret`` (``[privacy] reproducible_noise``: not private) the key is derived from
+    the table, the session and the seed only, so that a simulation repeats in one process and
+    across hosts; a peer that knows the table regenerates it.
     """
-    h = hashlib.blake2b(digest_size=32, person=b"vflink-union-v1")
+    h = hashlib.blake2b(digest_size=32, person=b"vflink-union-v1",
+                        key=secret if secret is not None else b"")
     # the session's purpose, not its per-run name: the same stand-ins in every run of this
     # seed, so that comparing two runs' first answers cannot tell members from stand-ins
     h.update(purpose_of(session).encode())
@@ -134,22 +146,30 @@ class UnionPeer:
 
     name: str
     table: PartyTable
-    spec: BottomSpec | None
-    preprocessor: Preprocessor
-    features: FeatureSource | None
     device: torch.device
-    model: torch.nn.Module | None
-    optimizer: torch.optim.Optimizer | None
     policy: PartyPolicy
     protection: EmbeddingProtection
-    recorder: Recorder | None
-    _pending: dict[int, torch.Tensor]
-    _pending_since: dict[int, float]
+    #: the party's own ``[privacy] reproducible_noise`` (not private; default: secret)
+    reproducible_noise: bool
+    out_dir: Path | None
 
     def set_alignment_with(self, session: str, peer: str
                            ) -> SetAlignment | None: ...  # from SetAlignmentPeer
 
-    def _build(self, spec: BottomSpec, pre: Preprocessor) -> None: ...  # from SecondaryParty
+    if TYPE_CHECKING:  # from SecondaryParty and Party: the run of the message being handled
+        def _run(self) -> TrainingRun: ...
+
+        def _recorder(self, ctx: TrainingRun) -> Recorder | None: ...
+
+        def _build(self, ctx: TrainingRun, spec: BottomSpec, pre: Preprocessor) -> None: ...
+
+        def _fit_memory(self, ctx: TrainingRun, need: int, session: Session | None
+                        ) -> None: ...
+
+        def _planned(self, ctx: TrainingRun, spec: BottomSpec, pre: Preprocessor) -> int: ...
+
+        @property
+        def session(self) -> Session: ...
 
     def on_union_setup(self, sender: str, message: UnionSetup) -> Ack:
         # our own limits and protections decide, not the primary's request (as SetupBottom)
@@ -194,35 +214,44 @@ class UnionPeer:
                                 "none of our records")
         pre = Preprocessor(self.table.schema).fit(  # own rows only, gathered
             self.table.take(own, self.table.schema.features), np.arange(len(own)))
-        self._build(message.spec, pre)
-        if self.features is None:
+        ctx = self._run()
+        ctx.clear()  # this run's previous model goes before the new one is counted
+        self._fit_memory(ctx, self._planned(ctx, message.spec, pre), self.session)
+        self._build(ctx, message.spec, pre)
+        if ctx.features is None:
             raise ProtocolError(f"party {self.name!r}: no encoded features after setup")
-        if self.recorder is not None:  # what it was told (white-box attacks try the seed)
-            self.recorder.note("setup", sender, {"message": message.kind,
-                                                 "seed": int(message.spec.seed)})
-        key = _session_key(self.features, message.session, message.spec.seed)
+        recorder = self._recorder(ctx)
+        if recorder is not None:  # what it was told (white-box attacks try the seed)
+            recorder.note("setup", sender, {"message": message.kind,
+                                            "seed": int(message.spec.seed)})
+        reproducible = self.reproducible_noise
+        key = _session_key(ctx.features, message.session, message.spec.seed,
+                           secret=None if reproducible else party_secret(self.out_dir))
         fill = rows.copy()
         pool = np.empty(0, dtype=np.int64)
         if strategy is not None and strategy.raw and not held.all():
             # handed out in the order UIDs are first asked for, not in U's order: U's order
             # comes from PSU's secret exponents, so a run would not repeat from its seed
             fill[~held] = _UNASSIGNED
-            pool = syn.assigned_rows(own, int((~held).sum()), key)
-        self.__dict__["_union_"] = _PeerUnion(
+            pool = syn.assigned_rows(own, int((~held).sum()),
+                                     key if reproducible else keyed_generator(key, "stand-ins"))
+        ctx.union = _PeerUnion(
             rows=rows, fill=fill, pool=pool, own_rows=own, strategy=strategy,
-            generator=torch.Generator().manual_seed(int.from_bytes(key[:8], "little") >> 1))
+            generator=NoiseSource(seed=int.from_bytes(key[:8], "little") >> 1)
+            if reproducible else NoiseSource())
         return Ack(info={"n_features": float(pre.n_features)})
 
     def on_union_forward(self, sender: str, message: UnionForward) -> Embeddings:
-        state: _PeerUnion | None = self.__dict__.get("_union_")
-        model, features = self.model, self.features
+        ctx = self._run()
+        state: _PeerUnion | None = ctx.union
+        model, features = ctx.model, ctx.features
         if state is None or model is None or features is None:
             raise ProtocolError(f"party {self.name!r}: UnionForward before UnionSetup")
         uids = np.asarray(message.uids, dtype=np.int64)
         if uids.ndim != 1 or (uids.size and (uids.min() < 0 or uids.max() >= len(state.rows))):
             raise ProtocolError(f"party {self.name!r}: UIDs outside [0, {len(state.rows)})")
         if message.train:  # bounded: at most policy.max_pending_batches wait for a Backward
-            admit_forward(self._pending, self._pending_since, message.batch_id,
+            admit_forward(ctx.pending, ctx.pending_since, message.batch_id,
                           party=self.name, policy=self.policy)
         state.assign(uids)
         rows = state.fill[uids]
@@ -246,9 +275,32 @@ class UnionPeer:
                 out[torch.from_numpy(np.flatnonzero(~drawn))] = real_out
                 out[torch.from_numpy(np.flatnonzero(drawn))] = fake.to(real_out.dtype)
         if message.train:
-            self._pending[message.batch_id] = out
+            ctx.pending[message.batch_id] = out
         return Embeddings(batch_id=message.batch_id, embeddings=out.detach(),
                           inverse=np.arange(len(rows), dtype=np.int64))
+
+
+def check_union_labels(mode: str, strategy: syn.Strategy) -> None:
+    """Refuse a strategy whose synthetic labels a label guarantee cannot account for.
+
+    ``label-neighbors`` gives each synthetic row the majority of the 3 nearest *real* labels
+    of its batch (FLORIST §3.1 (4)), so one real label can set the synthetic label of every
+    row of its batch whose neighbours include it: changing it moves its own logit gradient by
+    Δ and up to m synthetic rows' by Δ each, an L2 sensitivity of √(1 + m)·Δ per batch, while
+    the noise of ``dp`` is calibrated for Δ. Charging it at √(1 + m)·Δ would need noise
+    √(1 + m) times larger on every row; ``dp`` refuses it instead. (``rr-prior`` is fine: the
+    neighbours' labels are the randomised ones, so the synthetic labels are post-processing.)
+    """
+    if mode == "dp" and strategy.labels == "label-neighbors":
+        raise ConfigError(
+            f"`privacy.labels = \"dp\"` cannot train union strategy {strategy.name!r}: "
+            "label-neighbors copies the majority of the 3 nearest real labels of a batch into "
+            "its synthetic rows, so one real label can set the label of every synthetic row of "
+            "its batch (sensitivity up to √(1 + m)·Δ for m synthetic rows), which the noise "
+            "calibrated for one row (Δ) does not cover; use a strategy whose synthetic labels "
+            "read no real label (label-majority, label-minority or label-random-pos, from a "
+            "noisy rate of positives charged to the labels' budget, or label-random-pred), or "
+            "`privacy.labels = \"rr-prior\"`")
 
 
 @dataclass
@@ -282,6 +334,11 @@ class UnionPrimary:
         device: where this party's own models run (``training.device``; default the CPU).
             What crosses to the peer stays on the CPU, and so do the synthetic labels (drawn
             from CPU generators, as on the CPU).
+        reproducible_noise: seed the synthetic labels and our own stand-in rows from the
+            model spec's seed (``[privacy] reproducible_noise``): NOT private, since the peer
+            receives that seed; by default they are secret (:mod:`vflink.randomness`).
+        run: this run's id, named in every training message (the peer keeps each run's
+            model apart); ``""``: the primary's one run.
     """
 
     def __init__(self, table: PartyTable, channel: Channel, peer: str, result: SetAlignment,
@@ -289,40 +346,58 @@ class UnionPrimary:
                  top_hidden: tuple[int, ...], fit_uids: npt.NDArray[np.int64],
                  session: str | None = None, policy: PartyPolicy | None = None,
                  labels: LabelProtection | None = None, epochs: int = 1,
-                 device: torch.device | None = None) -> None:
+                 device: torch.device | None = None, reproducible_noise: bool = False,
+                 run: str = "") -> None:
         schema = table.schema
         self.device = device if device is not None else torch.device("cpu")
         if schema.label is None:
             raise ProtocolError("the active party needs a label column")
         self.channel, self.peer, self.strategy = channel, peer, strategy
         self.name = channel.name
+        self.run = run
         self.policy = policy or PartyPolicy()
         self.width = spec.out_dim
         self.calibration = calibration
         self.rows = uid_rows(result)
         y = table.frame[schema.label].to_numpy(dtype=np.float32)
         own_fit = np.unique(self.rows[fit_uids][self.rows[fit_uids] >= 0])
+        #: π, the rate of positives among our own training records: it fills the labels we
+        #: lack and shifts the logits (App. E-G); under a label guarantee it is derived from
+        #: protected releases only (``rate_protected``), never from the clean labels
         self.positive_rate = float(y[own_fit].mean()) if own_fit.size else 0.0
         self.y = torch.from_numpy(y)
         self.own_rows = own_fit.astype(np.int64)
         self.labels = labels
         #: the labels we train on (rr-prior: randomised once; ``y`` stays for evaluation)
         self.y_train = self.y
+        self.rate_protected = labels is not None and labels.mode in ("dp", "rr-prior")
         if labels is not None:
+            check_union_labels(labels.mode, strategy)
+            if labels.mode == "dp":  # charged before the plan, whose σ leaves room for it
+                self.positive_rate = labels.release_positive_rate(y[own_fit], self.own_rows)
             labels.plan(self.own_rows, epochs)
             if labels.mode == "rr-prior":
                 self.y_train = labels.randomize(self.y, self.own_rows)
+                self.positive_rate = labels.randomized_positive_rate()
         self.pre = Preprocessor(schema).fit(table.frame, own_fit) if schema.features else None
         self.x = torch.from_numpy(self.pre.transform(table.frame)) if self.pre else None
-        self.rng = np.random.default_rng([spec.seed, 202])
-        self.generator = torch.Generator().manual_seed(spec.seed * 104729 + 7)
+        # our own stand-in rows (fea-sampling, locally) and the synthetic labels: the peer
+        # receives spec.seed, so they are seeded from it only when the run asked for
+        # reproducible noise (not private); otherwise secret (vflink.randomness)
+        if reproducible_noise:
+            self.rng = np.random.default_rng([spec.seed, 202])
+            self.generator = NoiseSource(seed=spec.seed * 104729 + 7)
+        else:
+            self.rng = secret_generator()
+            self.generator = NoiseSource()
         # "none" only where nothing is hidden (baseline-full): the peer refuses it unless it
         # holds every UID. baseline-partial names its strategy's fill, which it never uses (it
         # asks only for the intersection), so that its requests look like any union run's.
         features = "none" if strategy.schedule == "full" else strategy.features
         ack = channel.request(peer, UnionSetup(session=session or result.session, spec=spec,
                                                features=features,
-                                               fit_uids=fit_uids.astype(np.int64)), Ack)
+                                               fit_uids=fit_uids.astype(np.int64),
+                                               run=run), Ack)
         del ack
         parts: dict[str, torch.nn.Module] = {}
         width = spec.out_dim
@@ -352,7 +427,8 @@ class UnionPrimary:
         batch_id = self.next_batch_id
         self.next_batch_id += 1
         reply = self.channel.request(self.peer, UnionForward(batch_id=batch_id, uids=uids,
-                                                             train=train), Embeddings)
+                                                             train=train, run=self.run),
+                                     Embeddings)
         if reply.batch_id != batch_id:
             raise ProtocolError(f"{self.peer!r} answered batch {reply.batch_id}; expected "
                                 f"{batch_id}")
@@ -399,7 +475,8 @@ class UnionPrimary:
         grad = emb.grad if emb.grad is not None else torch.zeros_like(emb)
         if protection is not None and protection.mode in ("marvell", "max-norm"):
             grad = protection.perturb(grad, y)
-        self.channel.request(self.peer, Backward(batch_id=batch_id, grad=grad.detach()), Ack)
+        self.channel.request(self.peer, Backward(batch_id=batch_id, grad=grad.detach(),
+                                                 run=self.run), Ack)
         self.optimizer.step()
         if record:
             self.records.append(BatchRecord(

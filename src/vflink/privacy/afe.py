@@ -6,7 +6,8 @@ state (generator, release counts) and calls them in the order of Algorithm 1:
 * line 6, Eq. 2: :func:`clip_norm` (each embedding to norm ≤ t);
 * lines 7-8, Eqs. 3-5: :func:`sensitivity_estimate` (μh + k·σh of the batch's pairwise
   distances) and :func:`rescale` (by Δ̃/(2t), as printed; optionally capped, a departure);
-* line 9: :func:`gaussian_noise` / :func:`secure_gaussian_noise` (N(0, 4σ²t²));
+* line 9: N(0, 4σ²t²), drawn by the party's noise source (:mod:`vflink.randomness`;
+  :func:`gaussian_noise` draws it from a given generator, for simulations and attacks);
 * line 16, Eq. 7: :func:`fuzzy_cmeans` on the gradients the secondary received;
 * line 17, Eqs. 6 and 8: :func:`kl_regulariser` and :func:`contrastive_loss` (its sign is
   the text's, not the printed formula's: see there).
@@ -15,10 +16,7 @@ state (generator, release counts) and calls them in the order of Algorithm 1:
 from __future__ import annotations
 
 import math
-import os
 
-import numpy as np
-import numpy.typing as npt
 import torch
 
 __all__ = [
@@ -30,8 +28,6 @@ __all__ = [
     "normalize_to_sphere",
     "pairwise_distances",
     "rescale",
-    "secure_gaussian_noise",
-    "secure_uniform",
     "sensitivity_estimate",
 ]
 
@@ -98,32 +94,9 @@ def rescale(h: torch.Tensor, t: float, delta_tilde: torch.Tensor | float, *,
 
 def gaussian_noise(shape: tuple[int, ...], std: float,
                    generator: torch.Generator) -> torch.Tensor:
-    """Line 9: N(0, std²) noise from a seeded generator (reproducible runs)."""
+    """Line 9: N(0, std²) noise from a seeded generator (attacks' simulations; a party's own
+    noise comes from :class:`vflink.randomness.NoiseSource`)."""
     return torch.randn(shape, generator=generator, dtype=torch.float32) * std
-
-
-def secure_uniform(n: int) -> npt.NDArray[np.float64]:
-    """``n`` uniforms on [0, 1) with 53 random bits each, from ``os.urandom`` (a secure source:
-    a peer cannot reconstruct it as it could a seeded generator's state)."""
-    raw = np.frombuffer(os.urandom(8 * n), dtype=np.uint64)
-    return (raw >> np.uint64(11)).astype(np.float64) * 2.0**-53
-
-
-def secure_gaussian_noise(shape: tuple[int, ...], std: float) -> torch.Tensor:
-    """Line 9 with the operating system's secure random source (``os.urandom``).
-
-    Box-Muller on 53-bit uniforms drawn from ``os.urandom``: torch and numpy generators are not
-    cryptographically secure, and a peer that reconstructs a seeded generator's state could
-    subtract the noise. (Floating-point attacks on naive samplers, Mironov 2012, are outside
-    this model, as in the paper.)
-    """
-    n = math.prod(shape)
-    k = (n + 1) // 2
-    u1 = secure_uniform(k) + 2.0**-53  # (0, 1]
-    u2 = secure_uniform(k)  # [0, 1)
-    r = np.sqrt(-2.0 * np.log(u1))
-    z = np.concatenate([r * np.cos(2 * np.pi * u2), r * np.sin(2 * np.pi * u2)])[:n]
-    return torch.from_numpy((z * std).astype(np.float32)).reshape(shape)
 
 
 def kl_regulariser(d: torch.Tensor, *, grid: int = 32, span: float = 4.0,

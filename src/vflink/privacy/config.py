@@ -16,10 +16,12 @@
     fcm_threshold = 0.7    # c: confidence below which a soft label is ignored (§3.3)
     rescale_sigmas = 3.0   # Eq. 5: Δ̃ = μh + 3σh, p2 = Φ(3) ≈ 0.9987
     rescale_cap = false    # true: cap Δ̃ at 2t so rescaling never shrinks (not in the paper)
-    secure_rng = false     # noise from the operating system's secure source
     code_bits = 8          # randomized-response: k = 2^code_bits codes (default 8)
     quantiser = "auto"     # randomized-response: auto | fields | simhash
-    seed = 0               # noise seed (the secondary's own; never sent to the primary)
+    reproducible_noise = false   # true: every protective draw is seeded (NOT private: whoever
+                           # knows the seed regenerates the noise); for simulations only
+    seed = 0               # with reproducible_noise only: the embedding noise seed (default:
+                           # from the run's seed; a served secondary must give it)
     budget = 50.0          # optional: total ε of any record over the run (= total_epsilon when
                            # that is set)
     labels = "dp"          # the primary's labels on the backward gradients: off | max-norm |
@@ -29,8 +31,14 @@
     labels_delta = 1e-5    # dp: δ of the composition
     labels_clip = 1.0      # dp, regression: the per-record gradient is clipped to [−C, C]
     labels_marvell_power = 4.0   # marvell: noise power P = s·‖ḡ₁ − ḡ₀‖² per batch (Li et al. §4)
-    labels_seed = 0        # the primary's label-noise seed (default: from the run's seed)
-    labels_secure_rng = false    # label noise from the operating system's secure source
+    labels_seed = 0        # with reproducible_noise only: the label-noise seed (default: from
+                           # the run's seed)
+
+Every protective draw (the noise on embeddings and on gradients, randomized response, the
+similarity noise, union training's synthetic rows and labels) is secret by default: a ChaCha20
+stream keyed by the operating system (:mod:`vflink.randomness`). ``reproducible_noise = true``
+is the one switch that seeds them instead, so that a simulation repeats its figures; the
+ledger, the summary line and the report then say "not private: the noise can be regenerated".
 
 Budget first: with ``total_epsilon`` the per-release ε is derived. The primary announces the
 run's plan (epochs, batches, evaluation passes) and each secondary bounds, from its own links,
@@ -51,14 +59,14 @@ secondary (not in :data:`PUBLIC_SETTINGS`), and apply wherever the primary sends
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from vflink._checks import check_choice, check_float, check_int, raise_if
 from vflink.types import Task
 
 __all__ = ["DEFAULT_CODE_BITS", "DEFAULT_EPSILON", "DEFAULT_LABELS", "DEFAULT_LABELS_EPSILON",
            "DEFAULT_MARVELL_POWER", "LABEL_MODES", "MAX_CODE_BITS", "MODES", "PUBLIC_SETTINGS",
-           "QUANTISERS", "PrivacyConfig"]
+           "QUANTISERS", "RETIRED_KEYS", "PrivacyConfig"]
 
 #: Table 2 of VFL-AFE: vanilla (§3.1), +R (§3.2), +D (§3.3), both (VFL-AFE); and the
 #: departures from the paper (:data:`vflink.privacy.afe.VARIANTS`): ``normalized`` scales every
@@ -108,6 +116,17 @@ DEFAULT_LABELS_EPSILON = 4.0
 #: ``labels_marvell_power`` when not given: s of P = s·‖ḡ₁ − ḡ₀‖² (Li et al. §4)
 DEFAULT_MARVELL_POWER = 4.0
 
+#: Keys of earlier versions, and what to write instead (a file that still has one is refused
+#: with this sentence: silently ignoring them would leave a reader believing what they said).
+RETIRED_KEYS = {
+    "secure_rng": "`privacy.secure_rng` is gone: every protective draw is secret by default "
+                  "now (the operating system's CSPRNG); remove it (`privacy.reproducible_noise "
+                  "= true` is the only way to seed the noise, for simulations)",
+    "labels_secure_rng": "`privacy.labels_secure_rng` is gone: the label noise is secret by "
+                         "default now (the operating system's CSPRNG); remove it "
+                         "(`privacy.reproducible_noise = true` is the only way to seed it)",
+}
+
 #: Settings the primary may know and must agree on (never the noise seed or generator).
 PUBLIC_SETTINGS = ("embeddings", "epsilon", "total_epsilon", "reserve_releases", "delta",
                    "clip", "alpha", "beta", "fcm_clusters", "fcm_threshold", "rescale_sigmas",
@@ -126,6 +145,9 @@ def label_mode_for(named: str | None, task: Task | None) -> str:
 class PrivacyConfig:
     """Differential privacy on the embeddings every secondary sends (VFL-AFE Algorithm 1)."""
 
+    #: keys of earlier versions, refused with what to write instead (``_checks.from_table``)
+    RETIRED_KEYS: ClassVar[dict[str, str]] = RETIRED_KEYS
+
     embeddings: str = "off"
     #: per release (the paper's form); ``None``: derived from ``total_epsilon``, else 2.0
     epsilon: float | None = None
@@ -142,7 +164,10 @@ class PrivacyConfig:
     rescale_sigmas: float = 3.0
     #: a departure from Eq. 4 (off by default): cap Δ̃ at the ball's diameter 2t
     rescale_cap: bool = False
-    secure_rng: bool = False
+    #: the one switch that seeds every protective draw (not private: the noise can be
+    #: regenerated by whoever knows the seed); ``False``: secret, :mod:`vflink.randomness`
+    reproducible_noise: bool = False
+    #: with ``reproducible_noise`` only: the embedding noise seed (``None``: from the run seed)
     seed: int | None = None
     budget: float | None = None
     #: ``randomized-response`` only: k = 2^code_bits codes (``None``: DEFAULT_CODE_BITS)
@@ -161,10 +186,8 @@ class PrivacyConfig:
     labels_clip: float = 1.0
     #: ``marvell``: s of the per-batch noise power P = s·‖ḡ₁ − ḡ₀‖² (``None``: the default)
     labels_marvell_power: float | None = None
-    #: the label noise seed (the primary's own; ``None``: derived from the run's seed)
+    #: with ``reproducible_noise`` only: the label noise seed (``None``: from the run's seed)
     labels_seed: int | None = None
-    #: label noise from the operating system's secure source
-    labels_secure_rng: bool = False
 
     def __post_init__(self) -> None:
         problems: list[str] = []
@@ -197,14 +220,19 @@ class PrivacyConfig:
         if not isinstance(self.rescale_cap, bool):
             problems.append(f"`privacy.rescale_cap` must be true or false, got "
                             f"{self.rescale_cap!r}")
-        if not isinstance(self.secure_rng, bool):
-            problems.append(f"`privacy.secure_rng` must be true or false, got "
-                            f"{self.secure_rng!r}")
-        if self.seed is not None:
-            check_int(problems, "privacy.seed", self.seed, min=0)
-            if self.secure_rng is True:
-                problems.append("`privacy.seed` has no effect with `privacy.secure_rng = true` "
-                                "(the noise comes from the operating system): remove one")
+        if not isinstance(self.reproducible_noise, bool):
+            problems.append(f"`privacy.reproducible_noise` must be true or false, got "
+                            f"{self.reproducible_noise!r}")
+        for key in ("seed", "labels_seed"):
+            value = getattr(self, key)
+            if value is None:
+                continue
+            check_int(problems, f"privacy.{key}", value, min=0)
+            if self.reproducible_noise is not True:
+                problems.append(f"`privacy.{key}` seeds the noise, which is secret unless "
+                                "`privacy.reproducible_noise = true` (not private: whoever knows "
+                                "the seed regenerates the noise); remove it, or turn the switch "
+                                "on for a simulation")
         check_float(problems, "privacy.budget", self.budget, min=0.0, min_exclusive=True,
                     allow_none=True)
         if (self.budget is not None and isinstance(self.budget, (int, float))
@@ -249,14 +277,6 @@ class PrivacyConfig:
                     min_exclusive=True)
         check_float(problems, "privacy.labels_marvell_power", self.labels_marvell_power,
                     min=0.0, min_exclusive=True, allow_none=True)
-        if self.labels_seed is not None:
-            check_int(problems, "privacy.labels_seed", self.labels_seed, min=0)
-            if self.labels_secure_rng is True:
-                problems.append("`privacy.labels_seed` has no effect with "
-                                "`privacy.labels_secure_rng = true`: remove one")
-        if not isinstance(self.labels_secure_rng, bool):
-            problems.append(f"`privacy.labels_secure_rng` must be true or false, got "
-                            f"{self.labels_secure_rng!r}")
         mode = self.labels if self.labels is not None else DEFAULT_LABELS
         if self.labels_total_epsilon is not None and mode not in ("dp", "rr-prior"):
             problems.append(f"`privacy.labels_total_epsilon` applies to `privacy.labels = "
@@ -290,11 +310,12 @@ class PrivacyConfig:
     def label_settings(self) -> dict[str, Any]:
         """The primary's own label settings (its training plan carries them; never sent);
         ``mode`` is ``None`` for the task's default (resolved by the party, which knows its
-        task: :func:`vflink.privacy.label_protection.resolve_settings`)."""
+        task: :func:`vflink.privacy.label_protection.resolve_settings`). ``seed`` is the
+        explicit ``labels_seed`` (reproducible noise only); the run fills in the one it
+        derives."""
         return {"mode": self.labels, "epsilon": self.label_epsilon,
                 "delta": float(self.labels_delta), "clip": float(self.labels_clip),
-                "marvell_power": self.marvell_power, "seed": self.labels_seed,
-                "secure_rng": bool(self.labels_secure_rng)}
+                "marvell_power": self.marvell_power, "seed": self.labels_seed}
 
     @property
     def budget_first(self) -> bool:

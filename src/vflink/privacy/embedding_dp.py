@@ -15,7 +15,6 @@ outlives runs, sessions and restarts: a new session must not reset a record's bu
 from __future__ import annotations
 
 import logging
-import secrets
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -43,6 +42,7 @@ from vflink.privacy.accounting import (
 from vflink.privacy.budget import ReleaseBudget, ReleaseSetting, check_within
 from vflink.privacy.config import PUBLIC_SETTINGS, PrivacyConfig
 from vflink.privacy.ledger import explain_epsilon
+from vflink.randomness import NOT_PRIVATE, REPRODUCIBLE, NoiseSource, describe, secret_int
 
 __all__ = ["PLAN_KEYS", "EmbeddingDP", "Observer", "agree_settings", "check_plan"]
 
@@ -126,7 +126,9 @@ class EmbeddingDP:
         config: the settings (mode, ε, δ, t, α, β, ...).
         party: the secondary's name (for messages and the ledger).
         n_rows: the number of records of the party (release counts are per record).
-        seed: the noise seed (ignored with ``secure_rng``; ``None``: a fresh secret seed).
+        seed: the noise seed, given only where the party asked for reproducible noise
+            (``[privacy] reproducible_noise``: not private); ``None``: the secret source
+            (:mod:`vflink.randomness`).
         classes: C of Eq. 7 when ``fcm_clusters`` is not set (the number of classes).
         budget: the release counts of the party's data, shared by every run on the same data
             (``None``: counts of this object only).
@@ -162,13 +164,17 @@ class EmbeddingDP:
         if not config.budget_first:
             self._set_calibration(calibrate(config.release_epsilon, config.delta))
         self._seed_given = seed is not None
-        seed = int(seed) if seed is not None else secrets.randbits(63)
+        # every protective draw (the Gaussian noise, randomized response) comes from here:
+        # secret unless the party asked for reproducible noise (vflink.randomness)
+        self._noise = NoiseSource(seed=seed)
+        # FCM initialisation, sub-sampling and SimHash's data-independent hyperplanes hide
+        # nothing; they draw apart from the noise (their own seed, from the noise seed when
+        # reproducible, else from the OS) so the noise sequence does not depend on how often
+        # they draw.
+        seed = int(seed) if seed is not None else secret_int(63)
         self._seed = seed
         # a fixed seed's stream is claimed from the budget at the first release (see release)
-        self._stream_claimed = not self._seed_given or config.secure_rng
-        self._noise = torch.Generator().manual_seed(seed)
-        # FCM initialisation and sub-sampling are not secret; a separate stream keeps the noise
-        # sequence independent of how often they draw.
+        self._stream_claimed = not self._seed_given
         self._aux = torch.Generator().manual_seed((seed * 7919 + 17) % (2**63))
         self.observer: Observer | None = None
         self._cache: torch.Tensor | None = None  # release-once: each record's release
@@ -363,7 +369,16 @@ class EmbeddingDP:
         self._stream_claimed = True
         derived = self.budget.claim_stream_seed(self._seed, 0x5EED)
         if derived is not None:
-            self._noise.manual_seed(derived)
+            self._noise.reseed(derived)
+
+    @property
+    def noise_kind(self) -> str:
+        """``"secret"`` or ``"reproducible"`` (vflink.randomness)."""
+        return self._noise.kind
+
+    def _gaussian(self, shape: tuple[int, ...]) -> torch.Tensor:
+        """Line 9: N(0, (2σt)²) noise (float32)."""
+        return self._noise.normal(shape, dtype=torch.float32) * self.noise_std
 
     def release(self, out: torch.Tensor, rows: npt.NDArray[np.int64],
                 inputs: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -416,10 +431,7 @@ class EmbeddingDP:
                 figures["estimate"] = float(estimate) / (2.0 * t)
                 scale = float(torch.linalg.vector_norm(before.detach()).clamp_min(1e-12))
                 figures["factor"] = float(torch.linalg.vector_norm(z.detach())) / scale
-        if self.config.secure_rng:  # line 9: N(0, 4σ²t²)
-            noise = afe.secure_gaussian_noise(tuple(z.shape), self.noise_std)
-        else:
-            noise = afe.gaussian_noise(tuple(z.shape), self.noise_std, self._noise)
+        noise = self._gaussian(tuple(z.shape))  # line 9: N(0, 4σ²t²)
         released = z.detach() + noise
         # write-ahead: the release is counted (and on disk, with a state directory) before the
         # caller can send it; if that fails nothing is sent
@@ -445,10 +457,7 @@ class EmbeddingDP:
             self._check_budget(fresh)
             z = afe.normalize_to_sphere(out.detach()[torch.from_numpy(np.flatnonzero(new))]
                                         .float(), self.config.clip)
-            if self.config.secure_rng:
-                noise = afe.secure_gaussian_noise(tuple(z.shape), self.noise_std)
-            else:
-                noise = afe.gaussian_noise(tuple(z.shape), self.noise_std, self._noise)
+            noise = self._gaussian(tuple(z.shape))
             if not self._stream_claimed:
                 self._claim_stream()
             setting = self.setting
@@ -496,12 +505,9 @@ class EmbeddingDP:
             self._check_budget(fresh)
             codes = self.quantise(inputs[torch.from_numpy(np.flatnonzero(new))])
             epsilon = self.calibration.epsilon if self.calibration is not None else 0.0
-            if self.config.secure_rng:
-                released = rr.secure_randomized_response(codes, k, epsilon)
-            else:
-                if not self._stream_claimed:
-                    self._claim_stream()
-                released = rr.randomized_response(codes, k, epsilon, self._noise)
+            if not self._stream_claimed:
+                self._claim_stream()
+            released = rr.randomized_response(codes, k, epsilon, self._noise)
             if self.setting is not None:  # write-ahead, as every release
                 self.budget.record(self.setting, fresh)
             self.counts[fresh] += 1
@@ -546,7 +552,7 @@ class EmbeddingDP:
         """This party's ledger entry (keyword arguments of ``Ledger.add_protection``)."""
         cfg = self.config
         if cfg.randomized_response:
-            return self._report_response()
+            return self._mark(self._report_response())
         budget = self.budget
         sigma = self.sigma  # budget first: calibrates now if nothing was released yet
         calibration = self.calibration
@@ -572,7 +578,7 @@ class EmbeddingDP:
             "fcm_threshold": cfg.fcm_threshold if cfg.adjust else None,
             "rescale_sigmas": self.rescale_sigmas if cfg.rescale else None,
             "rescale_cap": cfg.rescale_cap if cfg.rescale else None,
-            "secure_rng": cfg.secure_rng, "budget": cfg.spending_limit,
+            "noise": self.noise_kind, "budget": cfg.spending_limit,
             "total_epsilon": cfg.total_epsilon,
         }
         guarantee: dict[str, Any] = {
@@ -592,8 +598,17 @@ class EmbeddingDP:
                        f"release costs ε = {per_release:.3g} at δ = {self.delta:g}, and its "
                        f"most-released record was sent {m} times"
                        + (" (counting earlier runs on the same data)." if earlier > 0 else "."))
-        return {"kind": "embedding-dp", "party": self.party, "applies_to": "embeddings",
-                "params": params, "guarantee": guarantee, "explanation": explanation}
+        return self._mark({"kind": "embedding-dp", "party": self.party,
+                           "applies_to": "embeddings", "params": params,
+                           "guarantee": guarantee, "explanation": explanation})
+
+    def _mark(self, entry: dict[str, Any]) -> dict[str, Any]:
+        """A reproducible source's entry says first that it is not private."""
+        if self.noise_kind == REPRODUCIBLE:
+            entry["guarantee"] = {**entry["guarantee"], "private": False}
+            entry["explanation"] = (f"{NOT_PRIVATE.upper()}: {describe(REPRODUCIBLE)}. "
+                                    "Otherwise: " + entry["explanation"])
+        return entry
 
     def _counted(self, eps_total: float, delta_total: float) -> dict[str, Any]:
         """The ledger's release counts and composed total, the same for every mode (budget
@@ -639,7 +654,7 @@ class EmbeddingDP:
             "k": k, "keep_probability": keep,
             "quantiser": self.quantiser, "quantiser_detail": detail,
             "sigma": 0.0, "noise_std": 0.0,
-            "secure_rng": cfg.secure_rng, "budget": cfg.spending_limit,
+            "noise": self.noise_kind, "budget": cfg.spending_limit,
             "total_epsilon": cfg.total_epsilon,
         }
         guarantee: dict[str, Any] = {
@@ -684,14 +699,19 @@ class EmbeddingDP:
                             [f.start, f.width, None if f.ranks is None else list(f.ranks)]
                             for f in self.code_fields]},
                     "codes": self._codes.copy(),
-                    "noise": self._noise.get_state(), "aux": self._aux.get_state()}
+                    "noise": self._noise_state(), "aux": self._aux.get_state()}
         return {"settings": self.config.public_settings(), "counts": self.counts.copy(),
                 "classes": self.classes, "max_links": self.max_links, "plan": self.plan,
                 "calibration": None if self.calibration is None or not self.config.budget_first
                 else {"sigma": self.calibration.sigma, "epsilon": self.calibration.epsilon,
                       "delta": self.delta, "rescale_sigmas": self.rescale_sigmas,
                       "planned": self.planned},
-                "noise": self._noise.get_state(), "aux": self._aux.get_state()}
+                "noise": self._noise_state(), "aux": self._aux.get_state()}
+
+    def _noise_state(self) -> dict[str, Any] | None:
+        """A reproducible stream's position (a resumed run continues it); a secret stream's
+        key is never written: its replays after a resume are counted as new releases."""
+        return self._noise.state() if self._seed_given else None
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         counts = np.asarray(state["counts"], dtype=np.int64)
@@ -732,7 +752,11 @@ class EmbeddingDP:
             self.budget.merge(self.setting, counts)
         self.classes = state.get("classes", self.classes)
         self.max_links = int(state.get("max_links", self.max_links))
-        if not self.config.secure_rng and self._seed_given:
-            self._noise.set_state(state["noise"])
+        saved_noise = state.get("noise")
+        if isinstance(saved_noise, torch.Tensor):  # an older checkpoint's generator state
+            saved_noise = {"kind": REPRODUCIBLE, "torch": saved_noise}
+        if self._seed_given and isinstance(saved_noise, Mapping) \
+                and saved_noise.get("kind") == REPRODUCIBLE:
+            self._noise.set_state(dict(saved_noise))
             self._stream_claimed = True  # resuming continues the checkpoint's stream
         self._aux.set_state(state["aux"])

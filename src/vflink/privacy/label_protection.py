@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import logging
 import math
-import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -38,7 +37,6 @@ from dp_accounting import gaussian_mechanism
 from vflink.errors import ConfigError, PrivacyBudgetExceeded
 from vflink.privacy import label_dp, marvell, rr_prior
 from vflink.privacy.accounting import ACCOUNTANT, calibrate_total, max_releases_within
-from vflink.privacy.afe import secure_gaussian_noise, secure_uniform
 from vflink.privacy.budget import ReleaseBudget, ReleaseSetting, check_within
 from vflink.privacy.config import (
     DEFAULT_LABELS_EPSILON,
@@ -48,6 +46,7 @@ from vflink.privacy.config import (
 )
 from vflink.privacy.ledger import explain_epsilon
 from vflink.privacy.randomized_response import keep_probability
+from vflink.randomness import NOT_PRIVATE, REPRODUCIBLE, NoiseSource, describe
 from vflink.types import Task
 
 __all__ = ["LabelProtection", "LabelSettings", "check_label_task", "resolve_settings"]
@@ -56,6 +55,23 @@ log = logging.getLogger(__name__)
 
 #: How the budget and the ledger name a calibration of the ``dp`` mode.
 DP_CALIBRATION = "labels total-epsilon (PLD)"
+#: σ_π of the one release of the rate of positives (union training, ``dp``): noise std on the
+#: count, whose sensitivity is 1. It costs about 1/(2·20²) of a Gaussian budget (under 1 % of
+#: a typical run's) and errs by 20/n on the rate of n records.
+RATE_NOISE_MULTIPLIER = 20.0
+#: How the budget and the ledger name that release's calibration.
+RATE_CALIBRATION = "labels positive rate (Gaussian on the count)"
+
+#: What a label guarantee (``dp``, ``rr-prior``) does not cover: figures the primary computes
+#: from its clean labels for its own eyes, and choices made on them (docs/how-to/
+#: label-protection.md, "What is not covered"). A primary that publishes them releases more.
+DOES_NOT_COVER = ("validation-based model selection, early stopping and the decision "
+                  "threshold (chosen on the clean validation labels); the training loss and "
+                  "the training-split metrics the run reports (computed from the clean "
+                  "training labels, for the primary's own eyes: metrics.json, the summary, "
+                  "the report); the class count or a regression label's scaling; features "
+                  "and membership")
+
 #: The attack AUC within this distance of 0.5 counts as defeated (docs: label-protection.md).
 DEFEATED_WITHIN = 0.1
 
@@ -70,12 +86,13 @@ class LabelSettings:
     delta: float = 1e-5
     clip: float = 1.0
     marvell_power: float = DEFAULT_MARVELL_POWER
+    #: the noise seed, given only where the run asked for reproducible noise (``[privacy]
+    #: reproducible_noise``: not private); ``None``: the secret source (vflink.randomness)
     seed: int | None = None
-    secure_rng: bool = False
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> LabelSettings:
-        known = {"mode", "epsilon", "delta", "clip", "marvell_power", "seed", "secure_rng"}
+        known = {"mode", "epsilon", "delta", "clip", "marvell_power", "seed"}
         unknown = sorted(set(data) - known)
         if unknown or data.get("mode") not in LABEL_MODES:
             raise ConfigError(f"label protection settings: unknown key(s) {unknown} or mode "
@@ -138,10 +155,10 @@ class LabelProtection:
                               f"{self.budget.n_rows} records, the party has {n_rows}")
         self.counts = np.zeros(self.n_rows, dtype=np.int64)
         seed = self.settings.seed
-        self._seed_given = seed is not None and not self.settings.secure_rng
-        self._seed = int(seed) if seed is not None and self._seed_given else \
-            secrets.randbits(63)
-        self._noise = torch.Generator().manual_seed(self._seed)
+        self._seed_given = seed is not None
+        self._seed = int(seed) if seed is not None else 0
+        #: every draw of this protection (vflink.randomness): secret unless a seed was given
+        self._noise = NoiseSource(seed=seed)
         self._stream_claimed = not self._seed_given
         # dp: the calibration (σ, planned releases); refused releases raise before any noise
         self.sigma: float | None = None
@@ -151,6 +168,8 @@ class LabelProtection:
         self.max_sensitivity = 0.0
         #: releases a resumed run replays (see :meth:`load_state_dict`), per record
         self._replay = np.zeros(self.n_rows, dtype=np.int64)
+        #: the checkpoint's noise state was restored (see load_state_dict)
+        self.noise_restored = False
         # marvell: per (batch, secondary) figures; the last solution for one-class batches
         self.kl: list[float] = []
         self.kl_before: list[float] = []
@@ -158,6 +177,8 @@ class LabelProtection:
         self.one_class_batches = 0
         # rr-prior: the randomised training labels (kept: a resumed run trains on the same)
         self.randomized: dict[str, Any] | None = None
+        #: union training: how the rate of positives was released (dp) or estimated (rr-prior)
+        self.rate_release: dict[str, Any] | None = None
 
     @property
     def mode(self) -> str:
@@ -173,22 +194,23 @@ class LabelProtection:
         self._stream_claimed = True
         derived = self.budget.claim_stream_seed(self._seed, 0x1AB5)
         if derived is not None:
-            self._noise.manual_seed(derived)
+            self._noise.reseed(derived)
+
+    @property
+    def noise_kind(self) -> str:
+        """``"secret"`` or ``"reproducible"`` (vflink.randomness)."""
+        return self._noise.kind
 
     def _normal(self, shape: tuple[int, ...]) -> torch.Tensor:
-        """Standard normal draws (float64) from the seeded stream or the secure source."""
+        """Standard normal draws (float64) from this protection's source."""
         if not self._stream_claimed:
             self._claim_stream()
-        if self.settings.secure_rng:
-            return secure_gaussian_noise(shape, 1.0).double()
-        return torch.randn(shape, generator=self._noise, dtype=torch.float64)
+        return self._noise.normal(shape, dtype=torch.float64)
 
     def _uniform(self, shape: tuple[int, ...]) -> npt.NDArray[np.float64]:
         if not self._stream_claimed:
             self._claim_stream()
-        if self.settings.secure_rng:
-            return secure_uniform(math.prod(shape)).reshape(shape)
-        return torch.rand(shape, generator=self._noise, dtype=torch.float64).numpy()
+        return self._noise.uniform(shape, dtype=torch.float64).numpy()
 
     # --- dp -------------------------------------------------------------------------------------
 
@@ -238,8 +260,11 @@ class LabelProtection:
             raise ConfigError(f"party {self.party!r}: label DP is not calibrated (call plan)")
         rows = np.unique(np.asarray(rows, dtype=np.int64))
         s = self.settings
-        replayed = self._replay[rows] > 0
-        if replayed.any():  # the same release again (see load_state_dict): not a new one
+        # A record's release after the checkpoint, replayed by a resumed run with the noise
+        # restored bit for bit, is not a new release (see load_state_dict) — but only for a
+        # closed-form loss: a measured loss's gradient difference may depend on the label.
+        replayed = (self._replay[rows] > 0) if loss is None else np.zeros(len(rows), bool)
+        if replayed.any():
             self._replay[rows[replayed]] -= 1
         fresh = rows[~replayed]
         check_within(self.budget, self.setting, fresh, limit=s.epsilon, delta=s.delta,
@@ -261,6 +286,59 @@ class LabelProtection:
         self.budget.record(self.setting, fresh)
         self.counts[rows] += 1
         return noisy.to(g.dtype)
+
+    # --- figures derived from the labels (union training) -------------------------------------
+
+    def release_positive_rate(self, labels: npt.NDArray[Any], rows: npt.NDArray[np.int64]
+                              ) -> float:
+        """``dp``: the rate of positives among ``rows`` (0/1 ``labels``), released once with
+        Gaussian noise and charged to every one of those records, before :meth:`plan` (whose σ
+        then leaves room for it).
+
+        Union training fills the labels it lacks from this rate (label-majority, -minority,
+        -random-pos) and shifts its logits with it (FLORIST App. E-G): every synthetic label
+        and every record's shifted loss depend on it, so the clean rate would leak every
+        label into the gradients beyond the accounting. Sensitivity: one record's label
+        changes the count of positives by at most 1 (the number of records is fixed, not a
+        label), so N(0, σ_π²) on the count with σ_π = RATE_NOISE_MULTIPLIER is a Gaussian
+        mechanism of multiplier σ_π, composed with the training releases (PLD). Everything
+        computed from the noisy rate is post-processing."""
+        if self.mode != "dp":
+            raise ConfigError(f"party {self.party!r}: only `dp` releases a noisy rate")
+        s = self.settings
+        rows = np.unique(np.asarray(rows, dtype=np.int64))
+        setting = ReleaseSetting(
+            sigma=RATE_NOISE_MULTIPLIER,
+            epsilon=float(gaussian_mechanism.get_epsilon_gaussian(RATE_NOISE_MULTIPLIER,
+                                                                  s.delta)),
+            delta=s.delta, calibration=RATE_CALIBRATION, mode="labels-dp-rate")
+        check_within(self.budget, setting, rows, limit=s.epsilon, delta=s.delta,
+                     allowed=max_releases_within(RATE_NOISE_MULTIPLIER, s.delta, s.epsilon),
+                     who=f"party {self.party!r} (labels)", key="privacy.labels_total_epsilon")
+        count = float(np.asarray(labels, dtype=np.float64).sum())
+        noisy = count + float(self._normal((1,))[0]) * RATE_NOISE_MULTIPLIER
+        self.budget.record(setting, rows)  # write-ahead, as every release
+        rate = min(max(noisy / max(len(rows), 1), 0.0), 1.0)
+        self.rate_release = {"records": int(len(rows)), "noise_multiplier":
+                             RATE_NOISE_MULTIPLIER, "rate": rate,
+                             "sensitivity": "1 on the count of positives",
+                             "uses": "synthetic labels and the logits shift of union training"}
+        return rate
+
+    def randomized_positive_rate(self) -> float:
+        """``rr-prior``: the rate of positives estimated from the randomised training labels
+        alone (post-processing of their release): with keep probability p, a randomised rate
+        r = pπ + (1 − p)(1 − π), so π = (r − (1 − p)) / (2p − 1), clipped to [0, 1]."""
+        if self.randomized is None:
+            raise ConfigError(f"party {self.party!r}: the labels are not randomised yet")
+        noisy = np.asarray(self.randomized["labels"], dtype=np.float64)
+        keep = keep_probability(self.settings.epsilon, 2)
+        r = float(noisy.mean()) if noisy.size else 0.0
+        rate = min(max((r - (1.0 - keep)) / (2.0 * keep - 1.0), 0.0), 1.0)
+        self.rate_release = {"records": int(noisy.size), "rate": rate,
+                             "from": "the randomised labels (post-processing)",
+                             "uses": "synthetic labels and the logits shift of union training"}
+        return rate
 
     # --- marvell / max-norm -------------------------------------------------------------------
 
@@ -331,7 +409,26 @@ class LabelProtection:
     # --- ledger and state -----------------------------------------------------------------------
 
     def report(self) -> dict[str, Any]:
-        """This protection's ledger entry (keyword arguments of ``Ledger.add_protection``)."""
+        """This protection's ledger entry (keyword arguments of ``Ledger.add_protection``):
+        its figures, where its noise came from (``params["noise"]``; a reproducible source
+        makes the entry say it is not private) and what it does not cover."""
+        entry = self._report()
+        kind = self.noise_kind
+        entry["params"] = {**entry["params"], "noise": kind}
+        guarantee = dict(entry["guarantee"])
+        if self.mode in ("dp", "rr-prior"):
+            guarantee["does_not_cover"] = DOES_NOT_COVER
+            entry["explanation"] += f". Not covered: {DOES_NOT_COVER}"
+        if self.rate_release is not None:
+            guarantee["positive_rate"] = dict(self.rate_release)
+        if kind == REPRODUCIBLE:
+            guarantee["private"] = False
+            entry["explanation"] = f"{NOT_PRIVATE.upper()}: {describe(kind)}. Otherwise: " \
+                + entry["explanation"]
+        entry["guarantee"] = guarantee
+        return entry
+
+    def _report(self) -> dict[str, Any]:
         s = self.settings
         entry = {"kind": f"label-{self.mode}", "party": self.party, "applies_to": "backward"}
         if self.mode == "dp":
@@ -344,8 +441,7 @@ class LabelProtection:
                 "mode": self.mode, "mechanism": "RRWithPrior (Ghazi et al., NeurIPS 2021, "
                 "Algorithm 2), uniform prior: k-ary randomized response",
                 "k": k, "keep_probability": keep, "total_epsilon": s.epsilon,
-                "changed_fraction": (self.randomized or {}).get("changed"),
-                "secure_rng": s.secure_rng},
+                "changed_fraction": (self.randomized or {}).get("changed")},
                 "guarantee": {"epsilon": eps, "delta": 0.0, "label_dp": True,
                               **self._counts(), "accountant": "pure ε-DP (one release)"},
                 "explanation": (
@@ -357,7 +453,7 @@ class LabelProtection:
                     "covered)")}
         if self.mode == "marvell":
             return {**entry, **self._report_marvell()}
-        return {**entry, "params": {"mode": self.mode, "secure_rng": s.secure_rng},
+        return {**entry, "params": {"mode": self.mode},
                 "guarantee": {"label_dp": False},
                 "explanation": ("no formal guarantee: every gradient row sent was scaled by "
                                 "random noise so that its expected norm is the batch's largest "
@@ -379,8 +475,7 @@ class LabelProtection:
                  if bounds else "— (no batch sent)")
         return {"params": {
             "mode": self.mode, "power": s.marvell_power,
-            "power_rule": "P = s·‖ḡ₁ − ḡ₀‖² per batch and secondary",
-            "secure_rng": s.secure_rng},
+            "power_rule": "P = s·‖ḡ₁ − ḡ₀‖² per batch and secondary"},
             "guarantee": {
                 "label_dp": False, "limit": None,
                 "batches": len(self.kl), "one_class_batches": self.one_class_batches,
@@ -440,18 +535,14 @@ class LabelProtection:
                        "where": "each record's loss gradient at the logits, back-propagated "
                                 "through the primary's whole network", "loss": loss,
                        "clip": s.clip if self.task is Task.REGRESSION else None,
-                       "total_epsilon": s.epsilon, "delta": s.delta,
-                       "secure_rng": s.secure_rng},
+                       "total_epsilon": s.epsilon, "delta": s.delta},
             "guarantee": {
                 "epsilon": eps, "delta": s.delta, "sigma": sigma, **counts,
                 "releases_of_worst_record": releases, "planned": self.planned,
                 "accountant": ACCOUNTANT, "subsampling_amplification": False,
                 "label_dp": True,
                 "covers": "every gradient sent to every secondary (colluding or not) and the "
-                          "primary's trained model, w.r.t. each record's label",
-                "does_not_cover": "validation-based model selection and early stopping (clean "
-                                  "labels), the class count or a regression label's scaling, "
-                                  "features and membership"},
+                          "primary's trained model, w.r.t. each record's label"},
             "explanation": (
                 f"{explain_epsilon(eps, s.delta)}. Each record's label entered training only "
                 f"through its loss gradient at the logits, released with Gaussian noise "
@@ -467,7 +558,10 @@ class LabelProtection:
                 # the data's releases under this run's setting at this checkpoint: a resumed
                 # run tells from them which releases it replays (load_state_dict)
                 "budget_counts": None if i is None else self.budget.counts[i].copy(),
-                "planned": self.planned, "noise": self._noise.get_state(),
+                "planned": self.planned,
+                # this protection's noise position (a secret source's key and counter: the
+                # checkpoint stays in the primary's own directory): a resume replays exactly
+                "noise": self._noise.state(),
                 "kl": list(self.kl), "kl_before": list(self.kl_before),
                 "one_class_batches": self.one_class_batches,
                 # a one-class batch after a resume reuses these, as the uninterrupted run would
@@ -481,6 +575,28 @@ class LabelProtection:
                     "k": int(self.randomized["k"]),
                     "changed": float(self.randomized["changed"])}}
 
+    @property
+    def replay_is_free(self) -> bool:
+        """A release replayed after a resume is no new release: the noise was restored bit
+        for bit from the checkpoint and the loss's gradient at the logits differs between two
+        inputs by a label-free amount (cross-entropy; not a clipped squared error)."""
+        return self.noise_restored and self.task is not Task.REGRESSION
+
+    def _restore_noise(self, saved: Any) -> bool:
+        """Continue the checkpoint's noise stream; ``True`` when it was restored exactly.
+
+        A secret stream cannot be re-derived, but its state (its ChaCha20 key and counter)
+        travels in the primary's own checkpoint, which is as private as the labels beside it
+        and is never sent; a checkpoint written before noise states were saved, or by a source
+        of the other kind, is not restored (every replay is then counted)."""
+        if isinstance(saved, torch.Tensor):  # an older checkpoint: a torch.Generator state
+            saved = {"kind": REPRODUCIBLE, "torch": saved}
+        if not isinstance(saved, Mapping) or saved.get("kind") != self.noise_kind:
+            return False
+        self._noise.set_state(dict(saved))
+        self._stream_claimed = True  # resuming continues the checkpoint's stream
+        return True
+
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume a run: its calibration, noise stream and figures; never fewer releases."""
         if state.get("mode") != self.mode:
@@ -489,23 +605,26 @@ class LabelProtection:
         counts = np.asarray(state["counts"], dtype=np.int64)
         if counts.shape == self.counts.shape:
             self.counts = np.maximum(self.counts, counts)
+        self.noise_restored = self._restore_noise(state.get("noise"))
         if state.get("sigma") is not None:
             self._set_sigma(float(state["sigma"]))
             saved = state.get("budget_counts")
             i = self.budget.find(self.setting) if self.setting is not None else None
-            if saved is not None and i is not None:
+            if saved is not None and i is not None and self.replay_is_free:
                 # Releases after the checkpoint (the interrupted epoch's first batches) were
-                # sent and counted. Resuming replays them bit for bit: the same model, batches,
-                # embeddings and noise stream (restored below), so the same values are sent
-                # again, which releases nothing new; they are not counted twice.
+                # sent and counted. Resuming replays the same batches with the noise restored
+                # bit for bit (the same draw for the same record at the same place): a record
+                # replayed gets g'ᵢ + nᵢ beside the gᵢ + nᵢ it already released, and their
+                # difference σ(z') − σ(z) (softmax for several classes) does not involve its
+                # label, whatever embeddings a secondary sends the second time. So the pair is
+                # worth one release, and the replay is not counted twice. Otherwise (noise not
+                # restored, or a clipped regression gradient whose difference does depend on
+                # the label) every replayed release is counted as a new one.
                 self._replay = np.maximum(
                     self.budget.counts[i] - np.asarray(saved, dtype=np.int64), 0)
             if self.setting is not None:
                 self.budget.merge(self.setting, self.counts)
         self.planned = state.get("planned")
-        if self._seed_given:
-            self._noise.set_state(state["noise"])
-            self._stream_claimed = True  # resuming continues the checkpoint's stream
         self.kl = [float(v) for v in state.get("kl", [])]
         self.kl_before = [float(v) for v in state.get("kl_before", [])]
         self.one_class_batches = int(state.get("one_class_batches", 0))

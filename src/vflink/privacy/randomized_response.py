@@ -47,8 +47,8 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from vflink.privacy.afe import secure_uniform
 from vflink.privacy.config import MAX_CODE_BITS
+from vflink.randomness import NoiseSource, as_source
 
 __all__ = [
     "MAX_CODE_BITS",
@@ -60,7 +60,6 @@ __all__ = [
     "noise_parameter",
     "one_hot",
     "randomized_response",
-    "secure_randomized_response",
     "simhash_codes",
     "simhash_planes",
 ]
@@ -123,29 +122,17 @@ def _respond(codes: npt.NDArray[np.int64], k: int, keep: float,
 
 
 def randomized_response(codes: npt.NDArray[np.int64], k: int, epsilon: float,
-                        generator: torch.Generator) -> npt.NDArray[np.int64]:
-    """k-ary randomized response at ε of each code (one independent draw per code)."""
+                        source: NoiseSource | torch.Generator) -> npt.NDArray[np.int64]:
+    """k-ary randomized response at ε of each code (one independent draw per code), drawn
+    from the party's noise source (:mod:`vflink.randomness`: secret unless reproducible)."""
     codes = np.asarray(codes, dtype=np.int64)
     if codes.size and (codes.min() < 0 or codes.max() >= k):
         raise ValueError(f"codes outside [0, {k})")
     n = codes.shape[0]
-    u = torch.rand(n, generator=generator, dtype=torch.float64).numpy()
-    pick = torch.randint(0, k - 1, (n,), generator=generator).numpy().astype(np.int64)
+    draws = as_source(source)
+    u = draws.uniform((n,), dtype=torch.float64).numpy()
+    pick = draws.integers(k - 1, (n,)).numpy().astype(np.int64)
     return _respond(codes, k, keep_probability(epsilon, k), u, pick)
-
-
-def secure_randomized_response(codes: npt.NDArray[np.int64], k: int, epsilon: float
-                               ) -> npt.NDArray[np.int64]:
-    """:func:`randomized_response` with the operating system's secure random source
-    (``os.urandom``): 53-bit uniforms, and the other code by rejection-free scaling of a
-    64-bit draw (bias below 2^-50 for k ≤ 2^12)."""
-    codes = np.asarray(codes, dtype=np.int64)
-    if codes.size and (codes.min() < 0 or codes.max() >= k):
-        raise ValueError(f"codes outside [0, {k})")
-    n = codes.shape[0]
-    u = secure_uniform(n)
-    pick = (secure_uniform(n) * (k - 1)).astype(np.int64)
-    return _respond(codes, k, keep_probability(epsilon, k), u, np.minimum(pick, k - 2))
 
 
 def one_hot(codes: npt.NDArray[np.int64], k: int) -> torch.Tensor:

@@ -66,6 +66,7 @@ __all__ = [
     "PsuFetch",
     "PsuRound1",
     "SetChunk",
+    "SetProgress",
     "Restore",
     "SaveState",
     "SetupBottom",
@@ -82,8 +83,9 @@ __all__ = [
 
 #: Bumped whenever a message changes shape; peers refuse a different major version.
 #: 2: sessions, AlignmentView.primary; 3: chunked PSU/PSI; 4: PSU's line 11 raises the round-1
-#: list, PSI's p_ts carries a proof, round 1 answers the chunk size
-PROTOCOL_VERSION = 4
+#: list, PSI's p_ts carries a proof, round 1 answers the chunk size; 5: training messages name
+#: the primary's run, SetProgress keeps a set session alive while its driver computes
+PROTOCOL_VERSION = 5
 
 
 @dataclass(frozen=True)
@@ -347,6 +349,9 @@ class BlockingKey:
     prefix: int = 0
     #: further columns of a combined rule: the key is all the columns' values together
     columns: tuple[str, ...] = ()
+    #: how each column (``column``, then ``columns``) is normalised before the cut and the
+    #: HMAC (:data:`vflink.linkage.fields.KEY_KINDS`; empty: every column as a string)
+    kinds: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -419,6 +424,13 @@ class FieldLink(Message):
     model: str = ""
     threshold: float = 0.5
     one_to_one: str = ""
+    #: a model link's cardinality (``"one-to-one"``, ``"many-to-one"``, ``"one-to-many"``,
+    #: ``"many-to-many"``); ``""``: the coordinator estimates it from the data
+    cardinality: str = ""
+    #: per blocking key, what its rule requires, column by column: a field's index when the
+    #: column is that field's whole value, else a negative number (a column that is no field)
+    #: — public structure, no value; it lets the coordinator estimate the rules' recall
+    rule_atoms: tuple[tuple[int, ...], ...] = ()
 
 
 # --- split learning -------------------------------------------------------------------------
@@ -430,6 +442,8 @@ class SetupBottom(Message):
 
     kind: ClassVar[str] = "setup_bottom"
     spec: BottomSpec
+    #: the primary's run this message belongs to (its own key at the secondary; "": one run)
+    run: str = ""
 
 
 @dataclass(frozen=True)
@@ -441,6 +455,8 @@ class FitPreprocessing(Message):
 
     kind: ClassVar[str] = "fit_preprocessing"
     rows: npt.NDArray[np.int64]
+    #: the primary's run this message belongs to (its own key at the secondary; "": one run)
+    run: str = ""
 
 
 @dataclass(frozen=True)
@@ -454,6 +470,8 @@ class Forward(Message):
     batch_id: int
     rows: npt.NDArray[np.int64]
     train: bool
+    #: the primary's run this message belongs to (its own key at the secondary; "": one run)
+    run: str = ""
 
 
 @dataclass(frozen=True)
@@ -477,6 +495,8 @@ class Backward(Message):
     kind: ClassVar[str] = "backward"
     batch_id: int
     grad: torch.Tensor
+    #: the primary's run this message belongs to (its own key at the secondary; "": one run)
+    run: str = ""
 
 
 @dataclass(frozen=True)
@@ -485,6 +505,8 @@ class Snapshot(Message):
 
     kind: ClassVar[str] = "snapshot"
     tag: str
+    #: the primary's run this message belongs to (its own key at the secondary; "": one run)
+    run: str = ""
 
 
 @dataclass(frozen=True)
@@ -493,6 +515,8 @@ class Restore(Message):
 
     kind: ClassVar[str] = "restore"
     tag: str
+    #: the primary's run this message belongs to (its own key at the secondary; "": one run)
+    run: str = ""
 
 
 @dataclass(frozen=True)
@@ -501,6 +525,8 @@ class SaveState(Message):
 
     kind: ClassVar[str] = "save_state"
     name: str
+    #: the primary's run this message belongs to (its own key at the secondary; "": one run)
+    run: str = ""
 
 
 @dataclass(frozen=True)
@@ -510,6 +536,8 @@ class LoadState(Message):
 
     kind: ClassVar[str] = "load_state"
     name: str
+    #: the primary's run this message belongs to (its own key at the secondary; "": one run)
+    run: str = ""
 
 
 # --- protection of what a secondary sends (VFL-AFE) ------------------------------------------
@@ -530,6 +558,8 @@ class SetupPrivacy(Message):
     settings: dict[str, str | float | int | bool | None]
     classes: int = 0
     plan: dict[str, int] = field(default_factory=dict)
+    #: the primary's run this message belongs to (its own key at the secondary; "": one run)
+    run: str = ""
 
 
 @dataclass(frozen=True)
@@ -537,6 +567,8 @@ class FetchPrivacyReport(Message):
     """Primary → secondary: send your privacy-ledger entries for this run."""
 
     kind: ClassVar[str] = "fetch_privacy_report"
+    #: the primary's run this message belongs to (its own key at the secondary; "": one run)
+    run: str = ""
 
 
 @dataclass(frozen=True)
@@ -657,6 +689,24 @@ class PsiFetch(Message):
 
 
 @dataclass(frozen=True)
+class SetProgress(Message):
+    """Primary → secondary: the primary is still computing the list ``stream`` of set session
+    ``session`` (PSU or PSI) and has ``done`` of its elements.
+
+    A driver computes a whole list (PSU lines 3 and 8: a secret shuffle needs every element)
+    before it sends the first chunk, and works on each chunk it fetches; this message, sent
+    meanwhile, keeps the session from expiring as idle. ``stream`` is one of the protocol's
+    lists, ``done`` grows with every message of that list and stays within a few passes over
+    the committed set sizes, and no session outlives the secondary's ``policy.max_session_s``
+    however it is kept alive. The reply is an :class:`Ack`."""
+
+    kind: ClassVar[str] = "set_progress"
+    session: str
+    stream: str
+    done: int
+
+
+@dataclass(frozen=True)
 class SetChunk(Message):
     """Secondary → primary: one chunk of a PSU/PSI list, in reply to a fetch."""
 
@@ -688,6 +738,8 @@ class UnionSetup(Message):
     spec: BottomSpec
     features: str
     fit_uids: npt.NDArray[np.int64]
+    #: the primary's run this message belongs to (its own key at the secondary; "": one run)
+    run: str = ""
 
 
 @dataclass(frozen=True)
@@ -699,6 +751,8 @@ class UnionForward(Message):
     batch_id: int
     uids: npt.NDArray[np.int64]
     train: bool
+    #: the primary's run this message belongs to (its own key at the secondary; "": one run)
+    run: str = ""
 
 
 MESSAGE_TYPES: dict[str, type[Message]] = {
@@ -710,7 +764,8 @@ MESSAGE_TYPES: dict[str, type[Message]] = {
         FitPreprocessing, Forward, Embeddings, Backward, Snapshot,
         Restore, SaveState, LoadState, ConfirmKey, KeyTag, FetchKeyTags, KeyTags,
         SetupPrivacy, FetchPrivacyReport, PrivacyReport,
-        PsuRound1, PsuChunk, PsuFetch, PsiRound1, PsiChunk, PsiFetch, SetChunk, UnionSetup,
+        PsuRound1, PsuChunk, PsuFetch, PsiRound1, PsiChunk, PsiFetch, SetChunk, SetProgress,
+        UnionSetup,
         UnionForward, ShareFieldEncodings,
         FieldEncodings, FieldLink,
     )

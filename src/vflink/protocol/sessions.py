@@ -40,7 +40,6 @@ protocol tables from that output at every build (a test keeps them equal).
 from __future__ import annotations
 
 import logging
-import re
 import secrets
 import threading
 import time
@@ -52,6 +51,7 @@ from typing import Any
 from vflink.errors import PolicyViolation, ProtocolError
 from vflink.protocol.boundary import refuse
 from vflink.protocol.messages import Message
+from vflink.protocol.names import check_name
 
 log = logging.getLogger(__name__)
 
@@ -72,13 +72,14 @@ __all__ = [
     "new_session_name",
     "protocols_for",
     "purpose_of",
+    "run_key",
 ]
 
 #: Any data party (primary, secondary, or a data party of unknown role at a coordinator).
 ANY_DATA = ("primary", "secondary", "data")
-#: A session name: printable, no path separators, at most this many characters.
-MAX_NAME = 200
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@:+=-]*$")
+#: Recently ended sessions remembered per table, so that a late message learns why its
+#: session is gone (expired, evicted) instead of finding "no session".
+_ENDED_KEPT = 4096
 #: ``<purpose>@<run id>``: the part before ``@`` says what the session is for
 RUN_SEPARATOR = "@"
 
@@ -91,6 +92,12 @@ def new_session_name(purpose: str) -> str:
     (the coordinator's Eq. 2 noise with a fixed seed) derive it from :func:`purpose_of`.
     """
     return f"{purpose}{RUN_SEPARATOR}{secrets.token_hex(6)}"
+
+
+def run_key(peer: str, run: str) -> str:
+    """The session name of ``peer``'s training run ``run`` (the peer's name for its one
+    default run, ``""``)."""
+    return f"{peer}/{run}" if run else peer
 
 
 def purpose_of(name: str) -> str:
@@ -279,6 +286,9 @@ class Step:
     #: what the receiving party's handler binds the message to beyond sizes (its aligned rows,
     #: its data's release budget): part of the declaration a reader checks, enforced by the party
     note: str = ""
+    #: ``(field, kind)``: fields that name something the party keeps (a state file, a snapshot
+    #: tag), checked by :func:`vflink.protocol.names.check_name` before anything else
+    names: tuple[tuple[str, str], ...] = ()
 
     def applies(self, message: Message, commits: Mapping[str, Any]) -> bool:
         if self.when is not None and getattr(message, self.when[0], None) not in self.when[1]:
@@ -291,8 +301,11 @@ class ProtocolSpec:
     """A protocol as one party (``receiver``) enforces it.
 
     ``key``: ``"session"``: sessions are named by the message's ``session`` field;
-    ``"peer"``: one session per sending peer (protocols whose messages carry no session name,
-    e.g. split training, which is bound to the alignment completed with that peer).
+    ``"peer"``: one session per sending peer (protocols whose messages carry no session name);
+    ``"run"``: one session per sending peer and run it names (the message's ``run`` field,
+    empty for a peer's one run): split training, bound to the alignment completed with that
+    peer, where each run of each primary keeps its own model (at most
+    ``max_runs_per_peer`` per peer, its least recently used making room).
     ``two_party``: only the party that opened a session may send to it afterwards.
     """
 
@@ -322,6 +335,10 @@ class ProtocolSpec:
     def rows(self, kind: str) -> tuple[Step, ...]:
         return tuple(s for s in self.steps if s.kind == kind)
 
+    def names_of(self, kind: str) -> tuple[tuple[str, str], ...]:
+        """The name fields of messages of ``kind`` (every row's declaration)."""
+        return tuple(dict.fromkeys(n for s in self.rows(kind) for n in s.names))
+
 
 # --- the protocols ----------------------------------------------------------------------------
 
@@ -333,6 +350,14 @@ def _up(kind: str, state: str, target: str, *bounds: Bound, commit: str = "") ->
     """One uploaded list of a round, in chunks."""
     return Step(kind, _P, (state,), target, times=None, when=("stream", (state,)),
                 chunk=Chunked(state, commit=commit), bounds=bounds)
+
+
+def _alive(states: tuple[str, ...], lists: tuple[str, ...]) -> Step:
+    """The driver's keepalive while it computes or processes one of the protocol's ``lists``
+    (between two messages of any unfinished state)."""
+    return Step("set_progress", _P, states, None, times=None, when=("stream", lists),
+                note="stream: one of the protocol's lists; done grows with each message of "
+                     "that list, ≤ 4·(n_a + n_p); the session's age ≤ policy.max_session_s")
 
 
 def _down(kind: str, state: str, target: str, total: str,
@@ -349,12 +374,13 @@ def _down(kind: str, state: str, target: str, total: str,
 #: Line 11 takes no list from P_a: P_p raises the line-3 list it holds (vflink.alignment.psu),
 #: so what P_a learns about is what it committed to in line 3. The state is the list being
 #: streamed.
+_PSU_STATES = ("new", "a_s1", "a_s1t1", "p_t1", "p_s1t1", "union_s123t1", "union", "a_s1t123",
+               "p_t2", "p_s123t2", "done")
 PSU = ProtocolSpec(
     name="psu", title="Private set union (FLORIST Alg. 1), at the secondary",
     receiver="secondary", key="session", paper="FLORIST Algorithm 1", namespace="set",
     ends_on_failure=True,
-    states=("new", "a_s1", "a_s1t1", "p_t1", "p_s1t1", "union_s123t1", "union", "a_s1t123",
-            "p_t2", "p_s123t2", "done"), initial="new", final=("done",),
+    states=_PSU_STATES, initial="new", final=("done",),
     steps=(
         # lines 3-5 announced; n_p (own records) is committed here too
         Step("psu_round1", _P, ("new",), "a_s1", opens=True,
@@ -373,6 +399,8 @@ PSU = ProtocolSpec(
         _down("psu_fetch", "a_s1t123", "p_t2", "n_a"),  # line 11: the line-3 list raised
         _down("psu_fetch", "p_t2", "p_s123t2", "n_p"),  # line 12
         _up("psu_chunk", "p_s123t2", "done", equal("total", "n_p")),  # line 12
+        # while P_a computes a list (lines 3, 6-8, 10-12) or works on one it fetched
+        _alive(_PSU_STATES[1:-1], _PSU_STATES[1:-1]),
     ))
 
 _REVEALED = ("reveal", ("both", "secondary"))
@@ -398,6 +426,8 @@ PSI = ProtocolSpec(
              chunk=Chunked("p_ts"), bounds=(equal("total", "n_p"),),
              note="the last chunk's proof: the elements matching a_st are p_t raised to the "
                   "committed exponent (batched Chaum–Pedersen), else no row is accepted"),
+        # while the primary blinds its set, works on the lists it fetched, and proves p_ts
+        _alive(("a_s", "a_st", "p_t", "p_ts"), ("a_s", "a_st", "p_t", "p_ts")),
         # the intersection rows, to the party that ran the PSI only, when it is to learn them
         Step("fetch_alignment", _P, ("done",), None, times=None,
              requires=("reveal", ("both",))),
@@ -429,7 +459,7 @@ DATA_ALIGNMENT = ProtocolSpec(
 #: with that primary (rows) or to a PSU session it ran (UIDs). Release budgets are the data's.
 TRAINING = ProtocolSpec(
     name="training", title="Split training, evaluation and prediction, at a secondary",
-    receiver="secondary", key="peer", paper="FedSim Algorithm 1; VFL-AFE Algorithm 1; "
+    receiver="secondary", key="run", paper="FedSim Algorithm 1; VFL-AFE Algorithm 1; "
                                              "FLORIST §2.3-2.4",
     states=("idle", "configured", "ready", "union"), initial="idle", final=(),
     steps=(
@@ -442,16 +472,18 @@ TRAINING = ProtocolSpec(
         Step("fit_preprocessing", _P, ("configured", "ready"), "ready", times=None,
              note=_ROWS),
         Step("load_state", _P, ("idle", "configured", "ready"), "ready", times=None,
-             opens=True),
+             opens=True, names=(("name", "state"),),
+             note="a state the sender saved (another's name: refused as unknown)"),
         Step("forward", _P, ("ready",), None, times=None,
              note=_ROWS + "; each release within the data's DP budget; pending batches "
                           "≤ policy.max_pending_batches"),
         Step("backward", _P, ("ready", "union"), None, times=None,
              note="a pending batch of this peer; the gradient's shape = its embeddings'"),
         Step("snapshot", _P, ("ready", "union"), None, times=None,
-             note="tags ≤ policy.max_snapshots"),
-        Step("restore", _P, ("ready", "union"), None, times=None),
-        Step("save_state", _P, ("ready",), None, times=None),
+             note="tags ≤ policy.max_snapshots", names=(("tag", "snapshot"),)),
+        Step("restore", _P, ("ready", "union"), None, times=None, names=(("tag", "snapshot"),)),
+        Step("save_state", _P, ("ready",), None, times=None, names=(("name", "state"),),
+             note="in the sender's own folder; names ≤ policy.max_saved_states"),
         Step("union_setup", _P, ("idle", "configured", "ready", "union"), "union",
              times=None, opens=True, note="a PSU session this party finished with the sender"),
         Step("union_forward", _P, ("union",), None, times=None,
@@ -508,6 +540,11 @@ class Session:
     busy: set[str] = field(default_factory=set)
     #: what the party keeps for this session (handlers' own objects)
     data: dict[str, Any] = field(default_factory=dict)
+    #: handlers of this session running now: a session is never expired under one
+    handling: int = 0
+    #: why the table dropped it: "expired", "evicted", "failed", "aged" (past its life limit)
+    #: or "" (still held); the party's ``on_drop`` hook reads it
+    ended: str = ""
 
     @property
     def finished(self) -> bool:
@@ -532,13 +569,20 @@ class SessionLimits:
     ``max_sessions``: unfinished sessions one peer may hold open; ``ttl_s``: an unfinished
     session untouched for this long is dropped; ``max_finished_per_peer``: finished sessions of
     one peer kept in memory (its least recently used make room); ``max_finished_names``:
-    finished names remembered so they can never open a new session.
+    finished names remembered so they can never open a new session; ``max_life_s``: the age
+    at which an unfinished session is dropped whatever it receives; ``max_runs_per_peer``: the
+    training runs (``key = "run"`` sessions) one peer holds.
     """
 
     max_sessions: int = 16
     ttl_s: float = 600.0
     max_finished_names: int = 100_000
     max_finished_per_peer: int = 64
+    #: an unfinished named session is dropped this long after it opened, however it is kept
+    #: alive (a keepalive must not hold a peer's share for ever)
+    max_life_s: float = 86400.0
+    #: sessions of a ``key = "run"`` protocol one peer holds (its training runs' models)
+    max_runs_per_peer: int = 4
 
 
 @dataclass(frozen=True)
@@ -575,14 +619,24 @@ class SessionTable:
         self.limits = limits or SessionLimits()
         self.protocols = tuple(protocols) if protocols is not None else protocols_for(role)
         self._by_kind: dict[str, ProtocolSpec] = {}
+        #: kinds several protocols of one namespace declare (PSU's and PSI's SetProgress): the
+        #: session the message names decides which protocol applies
+        self._shared: dict[str, tuple[ProtocolSpec, ...]] = {}
         for p in self.protocols:
             for kind in p.kinds():
-                if kind in self._by_kind and self._by_kind[kind] is not p:
-                    raise ProtocolError(f"message kind {kind!r} is declared by two protocols "
-                                        f"of a {role} ({self._by_kind[kind].name}, {p.name})")
+                first = self._by_kind.get(kind)
+                if first is not None and first is not p:
+                    if first.space != p.space or first.key != "session":
+                        raise ProtocolError(f"message kind {kind!r} is declared by two "
+                                            f"protocols of a {role} ({first.name}, {p.name})")
+                    self._shared[kind] = (*self._shared.get(kind, (first,)), p)
+                    continue
                 self._by_kind[kind] = p
         self._sessions: dict[tuple[str, str], Session] = {}
         self._finished: OrderedDict[tuple[str, str], None] = OrderedDict()
+        #: sessions dropped before they finished: (space, name) → (opener, why), so that the
+        #: opener's late message is told why (bounded; the oldest are forgotten)
+        self._ended: OrderedDict[tuple[str, str], tuple[str, str]] = OrderedDict()
         self._lock = threading.RLock()
         self._clock = clock
 
@@ -663,25 +717,56 @@ class SessionTable:
                       f"{state!r}: {kind} refused: {why}", code=code)
 
     def _check_name(self, protocol: ProtocolSpec, name: Any) -> None:
-        if not isinstance(name, str) or not 0 < len(name) <= MAX_NAME or not _NAME.match(name):
-            raise self._refuse(protocol, "-", "session",
-                               f"session names are 1 to {MAX_NAME} characters of letters, "
-                               "digits and ._@:+=- starting with a letter or digit",
-                               code="session.name")
+        check_name(name, "session", party=self.party)
+
+    def _drop(self, key: tuple[str, str], s: Session, why: str,
+              dropped: list[Session]) -> None:
+        """Remove an unfinished session (under the lock), remembering why for its opener."""
+        del self._sessions[key]
+        s.ended = why
+        dropped.append(s)
+        self._ended[key] = (s.opener, why)
+        self._ended.move_to_end(key)
+        while len(self._ended) > _ENDED_KEPT:
+            self._ended.popitem(last=False)
+
+    def _why_ended(self, protocol: ProtocolSpec, name: str, sender: str) -> str | None:
+        """Why the sender's own session ``name`` is gone (None: unknown, or another's)."""
+        opener, why = self._ended.get((protocol.space, name), ("", ""))
+        if opener != sender or not why:
+            return None
+        limits = self.limits
+        return {
+            "expired": f"session {name!r} expired: no message of it arrived for "
+                       f"{limits.ttl_s:g} s (policy.session_ttl_s); a new run opens a new "
+                       "session",
+            "aged": f"session {name!r} was dropped {limits.max_life_s:g} s after it opened "
+                    "(policy.max_session_s); a new run opens a new session",
+            "evicted": f"training run {name[len(sender) + 1:]!r} was dropped to make room "
+                       f"for a newer run of yours (policy.max_training_runs = "
+                       f"{limits.max_runs_per_peer}, or policy.max_training_bytes); set it up "
+                       "again or load a saved state",
+            "failed": f"session {name!r} failed earlier and ended; a new run opens a new "
+                      "session",
+        }.get(why)
 
     def _expire(self, dropped: list[Session]) -> float:
-        """Drop unfinished named sessions idle for ``ttl_s`` (a peer's per-peer session, e.g.
-        its training, is one per peer and stays; finished ones stay within their peer's
-        share)."""
+        """Drop unfinished named sessions idle for ``ttl_s``, or older than ``max_life_s``
+        (never one whose handler is running; a peer's training runs are bounded in number
+        instead; finished ones stay within their peer's share)."""
         now = self._clock()
-        ttl = self.limits.ttl_s
+        ttl, life = self.limits.ttl_s, self.limits.max_life_s
         for key, s in list(self._sessions.items()):
-            if not s.finished and s.protocol.key == "session" and not s.busy \
-                    and now - s.touched > ttl:
-                del self._sessions[key]
-                dropped.append(s)
-                log.info("party %r: %s session %r of %r expired after %g s without progress",
+            if s.finished or s.protocol.key != "session" or s.busy or s.handling:
+                continue
+            if now - s.touched > ttl:
+                self._drop(key, s, "expired", dropped)
+                log.info("party %r: %s session %r of %r expired after %g s without a message",
                          self.party, s.protocol.name, s.name, s.opener, ttl)
+            elif now - s.created > life:
+                self._drop(key, s, "aged", dropped)
+                log.info("party %r: %s session %r of %r dropped at its age limit of %g s",
+                         self.party, s.protocol.name, s.name, s.opener, life)
         return now
 
     def _check_room(self, protocol: ProtocolSpec, name: str, opener: str, now: float,
@@ -690,6 +775,19 @@ class SessionTable:
             raise self._refuse(protocol, "done", "opening",
                                f"session {name!r} is finished and immutable; a new run opens a "
                                "new session", code="session.finished")
+        if protocol.key == "run":  # a new run of this peer: its own oldest runs make room
+            mine = sorted(((k, x) for k, x in self._sessions.items()
+                           if x.protocol is protocol and x.opener == opener),
+                          key=lambda kx: kx[1].touched)
+            idle = [(k, x) for k, x in mine if not x.handling]
+            while len(mine) >= self.limits.max_runs_per_peer and idle:
+                key, old = idle.pop(0)
+                mine.remove((key, old))
+                self._drop(key, old, "evicted", dropped)
+                log.info("party %r: %s run %r of %r dropped to make room for its run %r "
+                         "(policy.max_training_runs)", self.party, protocol.name, old.name,
+                         opener, name)
+            return
         if protocol.key != "session":
             return  # one per peer by construction
         open_ = [s for s in self._sessions.values() if s.opener == opener
@@ -731,8 +829,19 @@ class SessionTable:
             raw = getattr(message, "session", None)
             self._check_name(protocol, raw)
             name = str(raw)
+            shared = self._shared.get(message.kind)
+            if shared is not None:
+                with self._lock:
+                    held = self._sessions.get((protocol.space, name))
+                if held is not None and held.protocol in shared:
+                    protocol = held.protocol
+        elif protocol.key == "run":
+            run = check_name(getattr(message, "run", ""), "run", party=self.party)
+            name = run_key(sender, run)
         else:
             name = sender
+        for fld, kind in protocol.names_of(message.kind):  # before any state or work
+            check_name(getattr(message, fld, None), kind, party=self.party)
         loaded = self._load(protocol, name, sender)
         dropped: list[Session] = []
         try:
@@ -770,6 +879,12 @@ class SessionTable:
                                    f"session {name!r} is already {state} and immutable; a new "
                                    "run opens a new session", code="session.finished")
             step = next((r for r in rows if state in r.source or "*" in r.source), None)
+            if new and (step is None or not step.opens):
+                # the sender's own session that ended is told why (expired, evicted), not
+                # that its message does not fit a fresh session's state
+                why = self._why_ended(protocol, name, sender)
+                if why is not None:
+                    raise self._refuse(protocol, "-", message.kind, why, code="session.ended")
             if step is None:
                 allowed = sorted({r.kind for r in protocol.steps
                                   if state in r.source and r.applies(message, commits)})
@@ -810,9 +925,11 @@ class SessionTable:
                 self._check_room(protocol, name, sender, now, dropped)
                 s = Session(protocol, name, sender, protocol.initial, now, now)
                 self._sessions[(protocol.space, name)] = s
+                self._ended.pop((protocol.space, name), None)
             if s is None:  # pragma: no cover - set just above
                 raise ProtocolError("session vanished")
             s.touched = now
+            s.handling += 1
             if step.chunk is not None:
                 s.busy.add(step.chunk.stream)
             return Admission(s, step, sender, new, stream)
@@ -840,6 +957,7 @@ class SessionTable:
         """The handler succeeded: count the message, commit its sizes, move the state."""
         s, step = admission.session, admission.step
         with self._lock:
+            s.handling = max(0, s.handling - 1)
             if step.chunk is not None:
                 s.busy.discard(step.chunk.stream)
             key = (message.kind, admission.sender if step.per_sender else "")
@@ -869,6 +987,7 @@ class SessionTable:
         s = admission.session
         dropped: list[Session] = []
         with self._lock:
+            s.handling = max(0, s.handling - 1)
             if admission.step.chunk is not None:
                 s.busy.discard(admission.step.chunk.stream)
             p = s.protocol
@@ -877,9 +996,33 @@ class SessionTable:
             if fresh or ends:
                 key = (p.space, s.name)
                 if self._sessions.get(key) is s:
-                    del self._sessions[key]
-                    dropped.append(s)
+                    if fresh:  # nothing was kept: as if it never opened
+                        del self._sessions[key]
+                        s.ended = "failed"
+                        dropped.append(s)
+                    else:
+                        self._drop(key, s, "failed", dropped)
         self._dropped(dropped)
+
+    def evict(self, protocol: str, opener: str, *, keep: Session) -> bool:
+        """Drop ``opener``'s least recently used session of ``protocol`` other than ``keep``
+        (its own share making room, e.g. for a larger model); False when none can go."""
+        dropped: list[Session] = []
+        try:
+            with self._lock:
+                mine = sorted(((k, x) for k, x in self._sessions.items()
+                               if x.protocol.name == protocol and x.opener == opener
+                               and x is not keep and not x.handling),
+                              key=lambda kx: kx[1].touched)
+                if not mine:
+                    return False
+                key, old = mine[0]
+                self._drop(key, old, "evicted", dropped)
+                log.info("party %r: %s run %r of %r dropped to make room (its memory limit)",
+                         self.party, protocol, old.name, opener)
+                return True
+        finally:
+            self._dropped(dropped)
 
 
 # --- documentation ------------------------------------------------------------------------------
@@ -909,6 +1052,7 @@ def describe(protocols: Iterable[ProtocolSpec] = PROTOCOLS) -> str:
             if st.requires is not None:
                 cond.append(f"if {st.requires[0]} ∈ {{{', '.join(map(str, st.requires[1]))}}}")
             bound = "; ".join(([st.chunk.text()] if st.chunk else [])
+                              + [f"`{f}`: a {k} name" for f, k in st.names]
                               + [b.text() for b in st.bounds]
                               + [f"commits {n} = {_sized(f)}" if n != f else f"commits {n}"
                                  for n, f in st.commits] + cond

@@ -19,12 +19,14 @@ from typing import TYPE_CHECKING, Any
 
 from vflink.linkage.privacy import describe_protection
 from vflink.privacy.ledger import LEDGER_FILE, Ledger, explain_epsilon
+from vflink.randomness import NOT_PRIVATE, REPRODUCIBLE, SECRET, SWITCH, describe
 
 if TYPE_CHECKING:
     from vflink.runfiles.results import RunResult
 
-__all__ = ["LABELS_IN_CLEAR", "WHITE_BOX_ATTACKS", "build_run_ledger", "explain_tau",
-           "label_verdict", "privacy_summary", "write_run_ledger"]
+__all__ = ["LABELS_IN_CLEAR", "WHITE_BOX_ATTACKS", "build_run_ledger",
+           "explain_dictionary_limit", "explain_tau", "label_verdict", "noise_sources",
+           "privacy_summary", "write_run_ledger"]
 
 #: The label attacks that use what a secondary knows of the code (``vflink.attacks.whitebox``):
 #: a protection is not called holding before they were run.
@@ -68,6 +70,8 @@ _CARRIES: dict[str, str] = {
     "setup_privacy": "control: the public settings of the embedding protection (never a noise "
                      "seed)",
     "fetch_privacy_report": "control: a request for the secondary's ledger entries",
+    "set_progress": "control: how far the primary has come computing a PSU/PSI list (it "
+                    "keeps the session alive); no element",
     "privacy_report": "the secondary's ledger entries: its protections' public parameters and "
                       "guarantees",
     "union_setup": "union positions of the secondary's own training records, and model "
@@ -108,11 +112,43 @@ def explain_tau(tau: float) -> str:
             "time per record")
 
 
+def explain_dictionary_limit(party: str, limit: float, window_s: float) -> str:
+    """The dictionary limit of a secondary's policy as one sentence (docs/security.md)."""
+    span = (f"{window_s / 86400:g} day(s)" if window_s >= 86400 and window_s % 86400 == 0
+            else f"{window_s:g} s")
+    return (f"a primary that deviates from PSU or PSI (it blinds guessed identifiers as if "
+            f"they were its records) learns, for each one, whether {party} holds it: "
+            f"{party}'s policy bounds this at {int(limit):,} guessed identifiers per {span} "
+            "(min(max_set_guesses, max_set_sessions x max_set_elements); an honest run tests "
+            "only the primary's own records)")
+
+
+def _set_limits(result: RunResult, alignment: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each secondary's dictionary limit as its PSU/PSI round 1 stated it."""
+    florist = result.extra.get("florist", {}) or {}
+    limits = alignment.get("set_limits") or florist.get("set_limits") or {}
+    # the round that opens the session (the primary sends it: no message of the secondary's
+    # changes its protection entry)
+    opens = "psi_round1" if alignment.get("set_limits") else "psu_round1"
+    out = []
+    for party, figures in sorted(dict(limits).items()):
+        if not isinstance(figures, dict) or "guess_limit" not in figures:
+            continue  # an older peer that did not say
+        limit, window = float(figures["guess_limit"]), float(figures.get("guess_window_s",
+                                                                          86400.0))
+        out.append({"kind": "set-dictionary-limit", "party": str(party),
+                    "applies_to": opens,
+                    "params": {"guess_limit": int(limit), "window_s": window},
+                    "guarantee": {"guesses_per_window": int(limit)},
+                    "explanation": explain_dictionary_limit(str(party), limit, window)})
+    return out
+
+
 def _protections(result: RunResult) -> list[dict[str, Any]]:
     """The alignment's own protections, from the run's alignment summary."""
     a = result.extra.get("alignment", {}) or {}
     method = a.get("method")
-    out: list[dict[str, Any]] = []
+    out: list[dict[str, Any]] = _set_limits(result, a)
     if method == "exact":
         out.append({"kind": "keyed-hash", "party": "data parties", "applies_to": "key_digests",
                     "params": {"hash": "HMAC-SHA256"}, "guarantee": {},
@@ -148,14 +184,20 @@ def _protections(result: RunResult) -> list[dict[str, Any]]:
                                            eps_f, delta) + ". " + explain_epsilon(
                 eps_f, delta) + "; " + (
                 explain_tau(float(tau)) if tau is not None else "no τ bound")
+            noise = str(a.get("noise") or SECRET)
+            guarantee_private: dict[str, Any] = {}
+            if noise == REPRODUCIBLE:
+                sentence = f"{NOT_PRIVATE.upper()}: {describe(noise)}. Otherwise: " + sentence
+                guarantee_private["private"] = False
             out.append({"kind": "similarity-noise", "party": "coordinator",
                         "applies_to": "alignment_views",
-                        "params": {"sigma": sigma, "mu0": a.get("mu0"),
+                        "params": {"noise": noise, "sigma": sigma, "mu0": a.get("mu0"),
                                    "sigma0": a.get("sigma0"), "top_k": a.get("top_k"),
                                    **({"resolution": a["resolution"]}
                                       if "resolution" in a else {})},
                         "guarantee": {"tau": tau, "epsilon": eps_f, "delta": delta,
-                                      "theorem": "FedSim Theorem 1 (ε), Theorem 2 (τ)"},
+                                      "theorem": "FedSim Theorem 1 (ε), Theorem 2 (τ)",
+                                      **guarantee_private},
                         "explanation": sentence})
         if model:
             out.append({"kind": "linkage-model", "party": "coordinator",
@@ -263,6 +305,14 @@ def privacy_summary(result: RunResult) -> str:
         parts.append(f"labels of {label['party']}: {mode}, {what}")
     elif sent_back:
         parts.append("labels: " + LABELS_IN_CLEAR)
+    alignment = result.extra.get("alignment", {}) or {}
+    seeded = sorted({str(p.get("party")) for p in protections
+                     if (p.get("params") or {}).get("noise") == REPRODUCIBLE}
+                    | ({"coordinator"} if alignment.get("noise") == REPRODUCIBLE else set()))
+    if seeded:  # first, so that nobody reads an ε without it
+        parts.insert(0, f"{NOT_PRIVATE.upper()} ({', '.join(seeded)}: `{SWITCH} = true`)")
+    elif parts and any("noise" in (p.get("params") or {}) for p in protections):
+        parts.append("noise: secret (OS CSPRNG)")
     return ("privacy: " + "; ".join(parts)) if parts else ""
 
 
@@ -304,3 +354,10 @@ def _leak(protection: dict[str, Any]) -> str:
         return "beyond chance"
     return f"{value:.3f}" + (f" > {limit:.3f}" if isinstance(limit, (int, float))
                              else ", no limit stated")
+
+
+def noise_sources(protections: list[dict[str, Any]]) -> dict[str, str]:
+    """Where each protection's noise came from, by ``kind/party`` (``"secret"`` or
+    ``"reproducible"``): the report's and the summary's reading of the ledger."""
+    return {f"{p.get('kind')}/{p.get('party')}": str((p.get("params") or {})["noise"])
+            for p in protections if "noise" in (p.get("params") or {})}

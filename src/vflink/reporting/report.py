@@ -31,6 +31,7 @@ from vflink._typed import typed
 from vflink.errors import DataError
 from vflink.metrics.attacks import auc_verdict
 from vflink.privacy.ledger import LEDGER_FILE, Ledger, explain_epsilon
+from vflink.randomness import NOT_PRIVATE, REPRODUCIBLE, SWITCH
 from vflink.reporting.ledger import explain_tau, label_verdict
 from vflink.runfiles.results import METRICS_SCHEMA
 
@@ -54,6 +55,7 @@ th { background: #f3f3f7; } td.num { text-align: right; font-variant-numeric: ta
 figure { margin: .5rem 0 1rem; } figure img { max-width: 100%; border: 1px solid #e3e3e8; }
 figcaption { color: #555; font-size: .88rem; }
 .note { color: #555; font-size: .9rem; } .explain { color: #333; max-width: 42rem; }
+.not-private { color: #a00; font-weight: bold; }
 .badge { display: inline-block; padding: 0 .4rem; border-radius: .3rem; font-size: .82rem;
          background: #eef; } .badge.none { background: #fde8e8; }
 #summary { background: #f7f7fa; border: 1px solid #e3e3e8; border-radius: .4rem;
@@ -265,9 +267,10 @@ def _linkage(figures: dict[str, Any] | None, alignment: dict[str, Any]) -> str:
             ("expected matches", model.get("expected_matches"), "Σ of the one-to-one "
                                                                 "posteriors"),
             ("estimated precision", model.get("estimated_precision"), "no labels used"),
-            ("estimated recall", model.get("estimated_recall"), "relative to the candidate "
-                                                                "pairs"),
-            ("estimated F1", model.get("estimated_f1"), "no labels used"),
+            ("estimated recall", model.get("estimated_recall", "not estimated"),
+             "with the blocking rules' estimated recall; not estimated where the rules' "
+             "recall or the model's fit cannot be checked"),
+            ("estimated F1", model.get("estimated_f1", "not estimated"), "no labels used"),
             ("matched fraction", model.get("matched_fraction"), "primary records with a "
                                                                  "match"),
         ]))
@@ -361,6 +364,16 @@ def _ledger(ledger: Ledger | None) -> str:
     parts.append("</div>")
     if ledger.protections:
         parts.append("<h3>Protections</h3>")
+        seeded = _seeded(ledger)
+        if seeded:
+            parts.append(f'<p class="not-private">{_e(NOT_PRIVATE.upper())}: the noise of '
+                         f"{_e(', '.join(seeded))} was seeded ({_e(SWITCH)} = true): whoever "
+                         "holds the seed regenerates it and subtracts it, so no figure below "
+                         "protects anything against that party.</p>")
+        elif any("noise" in (p.get("params") or {}) for p in ledger.protections):
+            parts.append('<p class="note">Every noise below came from the secret source (a '
+                         "ChaCha20 stream keyed by the operating system's random source); "
+                         "no seed a peer holds regenerates it.</p>")
         parts.append(_table(("protection", "party", "applies to", "parameters", "guarantee",
                              "what it means"),
                             [(p["kind"], p["party"], p["applies_to"],
@@ -519,6 +532,12 @@ def _soft_links_line(a: dict[str, Any], primary: Any, linked: dict[str, Any]) ->
     return "; ".join(parts)
 
 
+def _seeded(ledger: Ledger) -> list[str]:
+    """The protections whose noise came from a reproducible (seeded) source."""
+    return [f"{p.get('kind')} ({p.get('party')})" for p in ledger.protections
+            if (p.get("params") or {}).get("noise") == REPRODUCIBLE]
+
+
 def _privacy_line(ledger: Ledger | None) -> str:
     if ledger is None:
         return "no privacy ledger in this run directory"
@@ -527,6 +546,9 @@ def _privacy_line(ledger: Ledger | None) -> str:
     protected = sorted({f"{m['kind']} ({m['protection']})" for m in data
                         if m.get("protection") != "none"})
     parts = []
+    seeded = _seeded(ledger)
+    if seeded:  # before any figure: the figures protect nothing against the seed's holder
+        parts.append(f"{NOT_PRIVATE.upper()} ({', '.join(seeded)})")
     if protected:
         parts.append("protected: " + ", ".join(protected))
     if clear:

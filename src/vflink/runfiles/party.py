@@ -9,7 +9,8 @@
     listen = "127.0.0.1:50061"     # where a secondary or the coordinator serves
     state_dir = "state/bank"       # this party's checkpoints and models
     deadline_s = 60                # every call to a peer fails after this long
-    seed = 0                       # coordinator only: seeds its similarity noise
+    seed = 0                       # coordinator only, with [privacy] reproducible_noise = true:
+                                   # seeds its similarity noise (NOT private; default: secret)
     record = false                 # keep a sample of what this party receives (vflink attack)
 
     [party.table]                  # this party's data (like one [[data.parties]] entry)
@@ -48,9 +49,11 @@
     feature_store = "auto"         # "memory", "mmap" (per batch from a mapped Arrow file) or
                                    # "auto" (mmap from 10^6 rows); results are the same
 
-    [privacy]                      # secondary only: its own embedding protection (VFL-AFE);
+    [privacy]                      # secondary: its own embedding protection (VFL-AFE);
     embeddings = "afe"             # same keys as a run file's [privacy]; a run that expects
     epsilon = 2.0                  # other settings is refused
+    reproducible_noise = false     # any role: true seeds this party's noise (with `seed`; a
+                                   # coordinator: `party.seed`): NOT private, simulations only
 """
 
 from __future__ import annotations
@@ -120,8 +123,19 @@ class PartyConfig:
                             "[security]")
         check_choice(problems, "party.role", self.role, ROLES)
         check_float(problems, "party.deadline_s", self.deadline_s, min=0.0, min_exclusive=True)
+        reproducible = self.privacy is not None and self.privacy.reproducible_noise
         if self.seed is not None:
             check_int(problems, "party.seed", self.seed, min=0)
+            if not reproducible:
+                problems.append("`party.seed` seeds the coordinator's similarity noise, which "
+                                "is secret unless `[privacy] reproducible_noise = true` (not "
+                                "private: whoever knows the seed regenerates the noise); "
+                                "remove it, or turn the switch on for a simulation")
+        if (reproducible and self.role == "secondary" and self.privacy is not None
+                and self.privacy.enabled and self.privacy.seed is None):
+            problems.append("`[privacy] reproducible_noise = true` on a served secondary that "
+                            "protects its embeddings needs its own `privacy.seed` (never one a "
+                            "peer sends)")
         if self.role in ("secondary", "coordinator") and not self.listen:
             problems.append(f"a {self.role} party needs `party.listen` (host:port)")
         if self.role == "secondary" and self.table is None and self.dataset is None:

@@ -4,9 +4,12 @@ What it holds: the run pipeline (``train.run_training`` → ``pipeline``: load �
 train → evaluate → write), its registries (``prepare.ALIGNMENTS``, ``plans.PLANS``,
 ``protections.PROTECTIONS``, ``evaluation.EVALUATIONS``, ``writers.WRITERS``), the one
 training loop (``loop``), where the parties live (``federation``, ``network``, ``local``), and
-the orchestration of ``vflink link`` (``link``, ``field_link``, ``encoding``), ``align``,
-``predict`` and ``attack``. A new alignment method, training plan or protection is a registry
-entry plus a party-side hook (docs/architecture.md), never a branch here.
+the link pipeline of ``vflink link`` and ``vflink.link`` (``link/``: read → encode → candidates →
+compare → model → decide → write → charts, each stage's entry chosen from its registry by the
+link's settings; the encodings in ``encoding``, shared with a run's alignment stage), and the
+orchestration of ``align``, ``predict`` and ``attack``. A new alignment method, training plan
+or protection is a registry entry plus a party-side hook (docs/architecture.md), never a branch
+here.
 
 What it may import: run files (``vflink.runfiles``), reporting (``vflink.reporting``), the
 transport, parties and everything below. Experiments, the API and the CLI import it; it never

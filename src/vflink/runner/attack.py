@@ -333,7 +333,6 @@ def _with_bottom_outputs(view: AttackView, run_dir: Path, tables: Inputs | None
     import torch
 
     from vflink.parties import SecondaryParty
-    from vflink.protocol.messages import LoadState
     from vflink.runfiles.inputs import load_inputs
     from vflink.runner.loop import FINAL
     from vflink.runner.predict import load_run_config
@@ -353,10 +352,11 @@ def _with_bottom_outputs(view: AttackView, run_dir: Path, tables: Inputs | None
     if table is None or not state_dir.is_dir():
         raise ConfigError(f"the attack needs party {view.party!r}'s own table and saved model "
                           f"({state_dir}); across hosts, run it where that party keeps them")
-    party = SecondaryParty(table, InProcessHub().channel(view.party), out_dir=state_dir)
-    party.on_load_state(view.party, LoadState(name=FINAL))
-    model, features = party.model, party.features
-    if model is None or features is None:  # pragma: no cover - on_load_state built them
+    party = SecondaryParty(table, InProcessHub().channel(view.party), out_dir=state_dir,
+                           peer_dirs=False)
+    run = party.load_saved(FINAL)
+    model, features = run.model, run.features
+    if model is None or features is None:  # pragma: no cover - load_saved built them
         raise ConfigError(f"party {view.party!r}: no model in {state_dir}")
     model.eval()
     rows = np.arange(len(table), dtype=np.int64)

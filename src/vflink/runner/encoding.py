@@ -2,7 +2,7 @@
 identifier or several fields), the metric the coordinator searches with, and the private
 defaults (keyed Bloom filters, FedSim App. I; the noise of Theorem 2).
 
-Shared by ``vflink link`` (:mod:`vflink.runner.link`, :mod:`vflink.runner.field_link`) and a
+Shared by the link pipeline's encode and compare stages (:mod:`vflink.runner.link`) and a
 run's alignment stage (:mod:`vflink.runner.prepare`); no party is built here.
 """
 
@@ -16,12 +16,13 @@ import pandas as pd
 
 from vflink.errors import ConfigError
 from vflink.linkage import BloomConfig, GeoBloomConfig, NumericRange
-from vflink.linkage.fields import Blocking, FieldSpec, auto_metric
+from vflink.linkage.fields import Blocking, FieldSpec, auto_metric, column_key_kind, key_kind
 from vflink.linkage.privacy import DEFAULT_FALLBACK_SIGMA, DEFAULT_TAU
 from vflink.parties.linking import LinkField, identifier_values
 from vflink.protocol import EncodingSpec, FieldComparison
 
-__all__ = ["ENCODINGS", "LINK_METRICS", "PRIVACY", "compared_as", "default_noise",
+__all__ = ["ENCODINGS", "LINK_METRICS", "PRIVACY", "blocking_plan", "compared_as",
+           "default_noise",
            "describe_fields", "encoding_for", "encoding_summary", "federal_spec",
            "field_encodings", "fields_encoder", "identifier_kind", "link_fields",
            "resolve_fields", "resolve_privacy"]
@@ -263,3 +264,45 @@ def fields_encoder(encodings: Sequence[EncodingSpec]) -> str:
     """The summary's ``encoding`` of a multi-field link: ``bloom`` when every field is a keyed
     Bloom filter, else ``raw`` (some field's raw values reached the coordinator)."""
     return "bloom" if all(e.encoder == "bloom" for e in encodings) else "raw"
+
+
+def blocking_plan(blocking: Sequence[Blocking], fields: Sequence[FieldSpec],
+                  encodings: Sequence[EncodingSpec], primary: pd.DataFrame,
+                  secondary: pd.DataFrame | None = None
+                  ) -> tuple[tuple[tuple[str, ...], ...], tuple[tuple[int, ...], ...]]:
+    """How each blocking rule's columns are normalised, and what each rule requires.
+
+    ``kinds[r]``: per column of rule r, the normalisation of its key
+    (:func:`~vflink.linkage.fields.key_text`): a field's column gets its field's (dates
+    parsed, numbers canonical, strings folded; phone numbers as digits), any other column the
+    kind its values show on both tables (:func:`~vflink.linkage.fields.key_kind`), so that
+    ``19560409`` and ``09/04/1956`` block together. ``atoms[r]``: per column, the index of the
+    field whose whole value the column is (no prefix, the same columns on both sides, the same
+    normalisation: the rule then agrees exactly when the field does), else a negative number
+    (−1 − the column's number among such columns): public structure the coordinator uses to
+    estimate what the rules miss."""
+    by_columns = {(spec.on, spec.columns_s): f for f, spec in enumerate(fields)
+                  if len(spec.on) == 1}
+    others: dict[tuple[str, str], int] = {}
+    shown: dict[tuple[str, str], str] = {}  # each column pair's kind, read once
+    kinds: list[tuple[str, ...]] = []
+    atoms: list[tuple[int, ...]] = []
+    for rule in blocking:
+        rule_kinds: list[str] = []
+        rule_atoms: list[int] = []
+        for c, c_s in zip(rule.columns, rule.columns_s, strict=True):
+            if (c, c_s) not in shown:
+                values = primary[c].tolist() if c in primary.columns else []
+                if secondary is not None and c_s in secondary.columns:
+                    values += secondary[c_s].tolist()
+                shown[(c, c_s)] = key_kind(values)
+            f = by_columns.get(((c,), (c_s,)))
+            kind = column_key_kind(None if f is None else encodings[f].kind, shown[(c, c_s)])
+            rule_kinds.append(kind)
+            if f is not None and not rule.prefix and kind != "digits":
+                rule_atoms.append(f)
+            else:
+                rule_atoms.append(-1 - others.setdefault((c, c_s), len(others)))
+        kinds.append(tuple(rule_kinds))
+        atoms.append(tuple(rule_atoms))
+    return tuple(kinds), tuple(atoms)

@@ -20,13 +20,16 @@ from vflink.parties import CoordinatorParty, SecondaryParty
 from vflink.parties.policy import PartyPolicy
 from vflink.parties.recording import Recorder
 from vflink.protocol import Channel
+from vflink.protocol.sessions import new_session_name
 from vflink.runfiles.config import RunConfig
 from vflink.runfiles.inputs import Inputs
 from vflink.runner.compute import current_compute
 from vflink.runner.local import COORDINATOR, local_roles, secret_with_source, shared_secret
+from vflink.runner.protections import coordinator_seed
 from vflink.transport import InProcessHub, TrafficCounter, Transcript
 
-__all__ = ["COORDINATOR", "Federation", "in_process", "local_roles", "noise_seed",
+__all__ = ["COORDINATOR", "Federation", "coordinator_seed", "in_process", "local_roles",
+           "noise_seed",
            "recorder_for", "run_policy", "secret_with_source", "shared_secret"]
 
 log = logging.getLogger(__name__)
@@ -49,6 +52,8 @@ class Federation:
         counter: messages and payload bytes per direction, shared by the whole run.
         secret: the data parties' shared secret (the primary is a data party).
         state_prefix: prefix of state file names the secondaries write (a run id across hosts).
+        run: the run's id in every training message (a served secondary keeps each run of
+            each primary apart): ``run@<random>``, a fresh one per run.
         policy: the primary's own policy (what it releases, what it accepts).
         secret_source: where the secret came from (for the run's summary; never the secret).
         state_dir: the primary's own state directory across runs (label release counts).
@@ -60,6 +65,7 @@ class Federation:
     counter: TrafficCounter
     secret: bytes
     state_prefix: str = ""
+    run: str = ""
     closer: Callable[[], None] = field(default=lambda: None)
     policy: PartyPolicy = field(default_factory=PartyPolicy)
     secret_source: str = ""
@@ -89,9 +95,10 @@ def run_policy(config: RunConfig) -> PartyPolicy:
 
 
 def noise_seed(config: RunConfig, j: int) -> int | None:
-    """In-process runs are reproducible: the noise seed comes from the run seed (or
-    ``privacy.seed``), one stream per secondary."""
-    if config.privacy.secure_rng:
+    """Secondary ``j``'s embedding-noise seed, only with ``[privacy] reproducible_noise`` (not
+    private): from ``privacy.seed`` or the run seed, one stream per secondary. ``None``
+    otherwise: each secondary's noise is secret (:mod:`vflink.randomness`)."""
+    if not config.privacy.reproducible_noise:
         return None
     base = config.privacy.seed if config.privacy.seed is not None else config.seed
     return int(np.random.SeedSequence([base, 0xAFE, j]).generate_state(1, np.uint64)[0] >> 1)
@@ -106,8 +113,8 @@ def in_process(inputs: Inputs, config: RunConfig, *, transcript: Transcript | No
     search = SearchOptions(mode=config.alignment.search)  # type: ignore[arg-type]
     policy = run_policy(config)
     roles = local_roles(inputs.primary.name, [t.name for t in inputs.secondaries])
-    coordinator = CoordinatorParty(COORDINATOR, seed=config.seed, search=search, roles=roles,
-                                   policy=policy)
+    coordinator = CoordinatorParty(COORDINATOR, seed=coordinator_seed(config), search=search,
+                                   roles=roles, policy=policy)
     # one process plays every party: they share its engine (the run's [compute])
     compute = coordinator.compute = current_compute()
     hub.register(COORDINATOR, coordinator)
@@ -118,11 +125,14 @@ def in_process(inputs: Inputs, config: RunConfig, *, transcript: Transcript | No
                                recorder=recorder_for(config),
                                privacy=config.privacy, privacy_seed=noise_seed(config, j),
                                roles=roles, policy=policy,
-                               resources=config.training.resources())
+                               resources=config.training.resources(),
+                               peer_dirs=False)  # one run of one primary: its run directory
         party.compute = compute
         hub.register(table.name, party)
         parties[table.name] = party
+    # a run id as across hosts (the secondaries here serve this run alone): the same messages
+    # of the same size over both transports
     return Federation(channel=hub.channel(inputs.primary.name),
                       secondaries=tuple(t.name for t in inputs.secondaries),
                       coordinator=COORDINATOR, counter=counter, secret=secret, policy=policy,
-                      secret_source=source, parties=parties)
+                      secret_source=source, parties=parties, run=new_session_name("run"))

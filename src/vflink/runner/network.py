@@ -4,6 +4,7 @@ federation of remote peers over gRPC with mutual TLS."""
 from __future__ import annotations
 
 import logging
+import re
 import signal
 import threading
 from collections.abc import Callable
@@ -14,6 +15,7 @@ from vflink.parties import CoordinatorParty, SecondaryParty
 from vflink.parties.recording import Recorder
 from vflink.privacy.budget import BUDGET_DIR, BudgetLock
 from vflink.protocol import MessageHandler
+from vflink.protocol.sessions import new_session_name
 from vflink.runfiles.party import PartyConfig, party_table
 from vflink.runner.compute import open_compute
 from vflink.runner.federation import Federation, shared_secret
@@ -40,9 +42,20 @@ def _channel(config: PartyConfig, *, counter: TrafficCounter | None = None,
                        deadline_s=config.deadline_s, counter=counter, transcript=transcript)
 
 
+def run_label(run_id: str) -> str:
+    """``run_id`` (a run directory's name) as a name a secondary accepts in a state name and a
+    run id (:mod:`vflink.protocol.names`): other characters become ``-``."""
+    label = re.sub(r"[^A-Za-z0-9._-]", "-", run_id)[:100].lstrip("._-")
+    return label or "run"
+
+
 def network_federation(config: PartyConfig, *, run_id: str,
                        transcript: Transcript | None = None) -> Federation:
-    """The primary's federation: its peers served elsewhere, reached over gRPC."""
+    """The primary's federation: its peers served elsewhere, reached over gRPC.
+
+    The secondaries write this run's states as ``<run_id>/...`` in the primary's own folder
+    of theirs, and keep its model apart from any other run's under a fresh ``run@<random>``
+    (two runs of the same name, even at once, never share one)."""
     if config.role != "primary":
         raise ConfigError(f"party file {config.source}: `vflink train --party` needs the "
                           f"primary's party file, got role {config.role!r}")
@@ -51,9 +64,11 @@ def network_federation(config: PartyConfig, *, run_id: str,
         raise ConfigError(f"{config.source}: no coordinator among [peers]")
     counter = TrafficCounter()
     channel = _channel(config, counter=counter, transcript=transcript)
+    label = run_label(run_id)
     return Federation(channel=channel, secondaries=config.secondaries, coordinator=coordinator,
                       counter=counter, secret=shared_secret(config.secret_env, required=True),
-                      state_prefix=f"{run_id}/", closer=channel.close, policy=config.policy,
+                      state_prefix=f"{label}/", run=new_session_name("run"),
+                      closer=channel.close, policy=config.policy,
                       secret_source=f"${config.secret_env}", state_dir=config.state_dir)
 
 
@@ -80,6 +95,10 @@ def build_handler(config: PartyConfig, *, compute: Compute | None = None) -> Mes
     if isinstance(party, SecondaryParty):  # its own batches in PSU/PSI
         party.set_chunk_rows = config.compute.chunk_rows
     log.info("%s: policy %s; roles %s", config.name, config.policy, config.roles)
+    if isinstance(party, SecondaryParty):
+        # the figure a deviating primary can test against our set (docs/security.md)
+        log.info("%s: dictionary limit per peer: %s", config.name,
+                 config.policy.describe_dictionary_limit())
     return party
 
 

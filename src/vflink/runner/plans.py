@@ -418,7 +418,8 @@ class PrimaryPlan:
                                    secondaries=federation.secondaries, out_dir=primary_dir,
                                    recorder=recorder_for(config), policy=federation.policy,
                                    resources=config.training.resources(),
-                                   budget_dir=None if own is None else own / BUDGET_DIR)
+                                   budget_dir=None if own is None else own / BUDGET_DIR,
+                                   run=federation.run)
             # every secondary fetches the view of the alignment this algorithm uses
             for name in federation.secondaries:
                 federation.channel.request(name, AlignmentReady(

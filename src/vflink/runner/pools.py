@@ -36,7 +36,7 @@ from vflink.protocol import EncodingSpec
 from vflink.runfiles.config import RunConfig
 from vflink.runfiles.inputs import Inputs
 from vflink.runner.federation import COORDINATOR, Federation, local_roles
-from vflink.runner.protections import Protection, request_settings
+from vflink.runner.protections import Protection, coordinator_seed, request_settings
 from vflink.transport import InProcessHub
 from vflink.types import MISSING, Alignment
 
@@ -94,7 +94,7 @@ def link_by_split(config: RunConfig, inputs: Inputs, federation: Federation,
         policy = federation.policy
         roles = local_roles(inputs.primary.name, names)
         hub.register(COORDINATOR, CoordinatorParty(
-            COORDINATOR, seed=config.seed * 7 + i,
+            COORDINATOR, seed=coordinator_seed(config, config.seed * 7 + i),
             search=SearchOptions(mode=a.search),  # type: ignore[arg-type]
             roles=roles, policy=policy))
         tables = {t.name: t for t in inputs.secondaries}

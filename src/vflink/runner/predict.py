@@ -160,7 +160,7 @@ def predict_records(run_dir: Path, records: pd.DataFrame, *, source: str = "inpu
     for table in secondaries:
         party = SecondaryParty(table, hub.channel(table.name), out_dir=models / table.name,
                                roles=roles, policy=run_policy(config),
-                               resources=config.training.resources())
+                               resources=config.training.resources(), peer_dirs=False)
         party.set_linked_rows(alignments[table.name].secondary_index, peer=new_primary.name)
         hub.register(table.name, party)
     primary = PrimaryParty(new_primary, hub.channel(new_primary.name),

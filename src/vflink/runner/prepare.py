@@ -51,7 +51,7 @@ from vflink.runner.encoding import (
     resolve_fields,
 )
 from vflink.runner.federation import Federation, in_process
-from vflink.runner.link import check_top_k
+from vflink.runner.link.read import check_top_k
 from vflink.runner.pools import link_by_split, run_splits
 from vflink.runner.protections import ALIGNMENT, Protection, chosen, request_settings
 from vflink.runner.setalign import prepare_psi, prepare_psu

@@ -35,6 +35,7 @@ from vflink.errors import ConfigError
 from vflink.linkage.privacy import describe_protection
 from vflink.privacy.config import PrivacyConfig
 from vflink.privacy.label_protection import check_label_task
+from vflink.randomness import REPRODUCIBLE, SECRET
 from vflink.registry import Registry
 from vflink.runfiles.config import RunConfig
 from vflink.types import Task
@@ -43,7 +44,8 @@ if TYPE_CHECKING:
     from vflink.parties import PrimaryParty
 
 __all__ = ["ALIGNMENT", "PROTECTIONS", "TRAINING", "Protection", "check_privacy_task", "chosen",
-           "label_noise_seed", "label_settings", "merge_reports", "request_settings"]
+           "coordinator_seed", "label_noise_seed", "label_settings", "merge_reports",
+           "request_settings"]
 
 #: the stages a protection acts on: the alignment request, or the training plan
 ALIGNMENT, TRAINING = "alignment", "training"
@@ -110,6 +112,8 @@ def _noise_report(meta: Any) -> dict[str, Any]:
         out["resolution"] = meta["resolution"]
     out["similarity_protection"] = describe_protection(
         meta.get("sigma"), meta.get("tau"), meta.get("epsilon"), meta.get("delta"))
+    # where the coordinator drew it (its meta says when it was seeded: not private)
+    out["noise"] = REPRODUCIBLE if meta.get("reproducible_noise") else SECRET
     return out
 
 
@@ -163,15 +167,25 @@ def merge_reports(reports: Sequence[dict[str, Any]]) -> dict[str, Any]:
 # -- label protection (the primary's gradients) ---------------------------------------------
 
 def label_noise_seed(config: RunConfig) -> int | None:
-    """The primary's label-noise seed: ``privacy.labels_seed``, else one derived from the run
-    seed (in-process runs are reproducible), ``None`` with the secure source."""
+    """The primary's label-noise seed, only with ``[privacy] reproducible_noise`` (not
+    private): ``privacy.labels_seed``, else one derived from the run seed. ``None`` otherwise:
+    the label noise is secret (:mod:`vflink.randomness`)."""
     privacy = config.privacy
-    if privacy.labels_secure_rng:
+    if not privacy.reproducible_noise:
         return None
     if privacy.labels_seed is not None:
         return int(privacy.labels_seed)
     seq = np.random.SeedSequence([config.seed, 0x1AB])
     return int(seq.generate_state(1, np.uint64)[0] >> 1)
+
+
+def coordinator_seed(config: RunConfig, derived: int | None = None) -> int | None:
+    """The in-process coordinator's similarity-noise seed, only with ``[privacy]
+    reproducible_noise`` (not private): the run seed, or ``derived`` from it by the caller.
+    ``None`` otherwise: the coordinator's noise is secret (:mod:`vflink.randomness`)."""
+    if not config.privacy.reproducible_noise:
+        return None
+    return config.seed if derived is None else derived
 
 
 def label_settings(config: RunConfig) -> dict[str, Any]:

@@ -47,7 +47,8 @@ from vflink.runner.federation import Federation, run_policy
 from vflink.transport import InProcessHub, TrafficCounter, Transcript
 from vflink.types import MISSING, Alignment
 
-__all__ = ["Simulation", "group_of", "prepare_psi", "prepare_psu", "psi_alignments", "simulate"]
+__all__ = ["Simulation", "group_of", "prepare_psi", "prepare_psu", "psi_alignments",
+           "set_limits", "simulate"]
 
 log = logging.getLogger(__name__)
 
@@ -74,8 +75,15 @@ def psi_alignments(inputs: Inputs, federation: Federation, config: RunConfig,
         sec = np.full(len(primary), -1, dtype=np.int64)
         sec[own] = theirs
         out[name] = Alignment(np.arange(len(primary), dtype=np.int64), sec[:, None], None, name,
-                              {"matched": float(len(own) / max(len(primary), 1))})
+                              {"matched": float(len(own) / max(len(primary), 1)),
+                               **set_limits(mine)})
     return out
+
+
+def set_limits(result: SetAlignment) -> dict[str, float]:
+    """What the peer's policy said of the guesses a deviating primary can test against its set
+    (``guess_limit`` per ``guess_window_s``), for the run's ledger; empty if it did not say."""
+    return {k: v for k, v in result.limits.items() if k in ("guess_limit", "guess_window_s")}
 
 
 def _subset(table: PartyTable, keep: npt.NDArray[np.int64]) -> PartyTable:
@@ -108,6 +116,8 @@ class Simulation:
     positive_rate: float
     psu_communication: dict[str, dict[str, int]]
     sizes: dict[str, int]
+    #: the primary's run id in its training messages (``Federation.run``)
+    run: str = ""
 
 
 def _local_secondary(config: RunConfig, inputs: Inputs, p_keys: list[bytes],
@@ -127,7 +137,8 @@ def _local_secondary(config: RunConfig, inputs: Inputs, p_keys: list[bytes],
     hub = InProcessHub(transcript=transcript, counter=counter)
     # the run's own policy: one operator owns both parties in a simulation (run_policy)
     peer = SecondaryParty(_subset(secondary, keep_s), hub.channel(secondary.name),
-                          policy=run_policy(config), resources=config.training.resources())
+                          policy=run_policy(config), resources=config.training.resources(),
+                          reproducible_noise=config.privacy.reproducible_noise)
     peer.compute = current_compute()
     hub.register(secondary.name, peer)
     return peer, hub.channel(inputs.primary.name), counter, len(hidden_s_rows)
@@ -203,7 +214,9 @@ def simulate(config: RunConfig, inputs: Inputs, alpha: float, beta: float,
         sizes["hidden_from_secondary"] = n_hidden_s
     return Simulation(alpha, beta, p_table, counter, channel, peer, mine, p_rows, s_rows,
                        s_table, train_uids, val_uids, test_uids, len(held_out), n_secondary,
-                       float(np.mean(y_all[np.setdiff1d(train, hide_p)])), psu_bytes, sizes)
+                       float(np.mean(y_all[np.setdiff1d(train, hide_p)])), psu_bytes, sizes,
+                       federation.run if federation is not None and remote
+                       else new_session_name("run"))
 
 
 def _canonical(uids: npt.NDArray[np.int64], p_rows: npt.NDArray[np.int64]
@@ -246,7 +259,9 @@ def prepare_psi(config: RunConfig, inputs: Inputs, federation: Federation, **_: 
             rows = rows[a.for_primary_rows(n)[rows, 0] != MISSING]
     summary = {"method": "psi", "group": config.alignment.group,
                "matched_fraction": {k: float(np.mean(a.matched)) for k, a in base.items()},
-               "unmatched": config.alignment.unmatched}
+               "unmatched": config.alignment.unmatched,
+               "set_limits": {k: {m: a.meta[m] for m in ("guess_limit", "guess_window_s")
+                                  if m in a.meta} for k, a in base.items()}}
     return Prepared(inputs, {"base": base, "top1": base, "exact": base},
                     dict.fromkeys(("base", "top1", "exact"), session), rows,
                     TrafficCounter.delta(federation.counter.snapshot(), before), federation,

@@ -23,6 +23,7 @@ import logging
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -38,7 +39,8 @@ from vflink.metrics.functional import accuracy, auc
 from vflink.models.device import resolve_device
 from vflink.models.spec import BottomSpec
 from vflink.parties.setalign import SetAlignmentDriver
-from vflink.parties.union import UnionPrimary
+from vflink.parties.union import UnionPrimary, check_union_labels
+from vflink.privacy.budget import BUDGET_DIR, ReleaseBudget
 from vflink.privacy.label_protection import (
     LabelProtection,
     check_label_task,
@@ -50,7 +52,7 @@ from vflink.runfiles.results import EpochRecord, FloristResult, RunResult
 from vflink.runner.context import RunContext
 from vflink.runner.evaluation import EVALUATIONS
 from vflink.runner.protections import label_settings
-from vflink.runner.setalign import Simulation, group_of, simulate
+from vflink.runner.setalign import Simulation, group_of, set_limits, simulate
 from vflink.types import Task
 
 __all__ = ["UnionPlan", "UnionTrainee", "union_fractions"]
@@ -92,8 +94,12 @@ class UnionTrainee:
 
     metric: str | None = None  # a fixed number of epochs: FLORIST reports the last
 
-    def __init__(self, config: RunConfig, strategy: Strategy, sim: Simulation) -> None:
+    def __init__(self, config: RunConfig, strategy: Strategy, sim: Simulation,
+                 budget_dir: Path | None = None) -> None:
         self.config, self.strategy, self.sim = config, strategy, sim
+        #: where the primary keeps its labels' release counts across runs (like a SplitNN
+        #: primary's): its state directory, else its directory of this run
+        self.budget_dir = budget_dir
         self.calibration = Calibration()
         self.p_a = self.p_p = 0.0
         self.n_train = 0
@@ -132,8 +138,25 @@ class UnionTrainee:
                                     top_hidden=m_cfg.top_hidden, fit_uids=train_uids,
                                     labels=self._label_protection(), epochs=epochs,
                                     device=resolve_device(t_cfg.resources().device,
-                                                          party=sim.p_table.name))
+                                                          party=sim.p_table.name),
+                                    reproducible_noise=config.privacy.reproducible_noise,
+                                    run=sim.run)
+        active = self._active
+        if active.rate_protected and strategy.calibration is not None:
+            # under a label guarantee the shift uses the protected rate, not the clean one
+            self.calibration = active.calibration = Calibration.for_synthetic(
+                labels=strategy.calibrate in ("labels", "both") and self.p_a < 1.0,
+                features=strategy.calibrate in ("features", "both") and self.p_p < 1.0,
+                p_a=self.p_a, p_p=self.p_p, positive_rate=active.positive_rate)
         return train_uids
+
+    @property
+    def positive_rate(self) -> float:
+        """π as the run reports it: the protected one under a label guarantee."""
+        active = self._active
+        if active is not None and active.rate_protected:
+            return active.positive_rate
+        return self.sim.positive_rate
 
     def _label_protection(self) -> LabelProtection | None:
         """``[privacy] labels``: the active party protects its labels (and the synthetic ones)
@@ -143,8 +166,10 @@ class UnionTrainee:
         if settings is None:
             return None
         check_label_task(settings["mode"], Task.BINARY)
+        budget = (ReleaseBudget.open(self.budget_dir, table.fingerprint(), len(table),
+                                     party=table.name) if self.budget_dir is not None else None)
         return LabelProtection(settings, task=Task.BINARY, party=table.name,
-                               n_rows=len(table), classes=2)
+                               n_rows=len(table), classes=2, budget=budget)
 
     def batches(self, rows: Rows, batch_size: int, rng: np.random.Generator) -> Iterator[Rows]:
         order = rng.permutation(rows)
@@ -238,7 +263,9 @@ class UnionPlan:
     checkpoints: bool = False  # FLORIST's runs are short: no states to resume from
 
     def check(self, config: RunConfig) -> None:
-        get_strategy(config.algorithm)
+        strategy = get_strategy(config.algorithm)
+        if config.privacy.protects_labels:  # before any work: dp cannot account for some
+            check_union_labels(config.privacy.label_mode(Task.BINARY), strategy)
 
     def build(self, ctx: RunContext) -> None:
         config = ctx.config
@@ -257,7 +284,12 @@ class UnionPlan:
         ctx.counter = sim.counter
         ctx.splits = (sim.train_uids, sim.val_uids, sim.test_uids)
         ctx.batch_size = config.training.batch_size
-        ctx.trainee = UnionTrainee(config, get_strategy(config.algorithm), sim)
+        federation = ctx.federation
+        state = federation.state_dir if federation is not None else None
+        own = state if state is not None else (
+            None if ctx.models_dir is None else ctx.models_dir / sim.p_table.name)
+        ctx.trainee = UnionTrainee(config, get_strategy(config.algorithm), sim,
+                                   budget_dir=None if own is None else own / BUDGET_DIR)
         ctx.state.update(fractions=(alpha, beta))
 
     def evaluate(self, ctx: RunContext) -> RunResult:
@@ -275,9 +307,10 @@ class UnionPlan:
             "protections": [labels.report()]}
         florist = {"strategy": strategy.name, "alpha": alpha, "beta": beta,
                    "group": ctx.config.alignment.group, "p_a": trainee.p_a, "p_p": trainee.p_p,
-                   "positive_rate": sim.positive_rate,
+                   "positive_rate": trainee.positive_rate,
                    "calibration": {"a": calib.a, "b": calib.b, "mode": strategy.calibration},
-                   "psu_communication": sim.psu_communication, **attack}
+                   "psu_communication": sim.psu_communication,
+                   "set_limits": {sim.peer: set_limits(sim.mine)}, **attack}
         extra: dict[str, Any] = {**protections, "florist": florist}
         return FloristResult(
             algorithm=strategy.name, task=sim.p_table.schema.task,  # type: ignore[arg-type]

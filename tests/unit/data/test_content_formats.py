@@ -23,7 +23,7 @@ from vflink.data.streamed import _row_bound
 from vflink.data.table import load_table, read_frame
 from vflink.errors import DataError
 from vflink.runner.align import KeyFile, file_key_batches, key_table
-from vflink.runner.link_stream import table_rows
+from vflink.runner.link.read import table_rows
 
 FRAME = pd.DataFrame({"id": ["a1", "a2", "a3"], "lat": [1.5, 2.0, -3.25],
                       "label": [0, 1, 0]})

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.helpers.links import linked
 from vflink.errors import ConfigError
 from vflink.linkage import (
     BloomConfig,
@@ -22,8 +23,6 @@ from vflink.linkage import (
     soft_linkage,
 )
 from vflink.linkage.fields import Blocking, FieldSpec, FieldValues, brute_fields, search_fields
-from vflink.runner.field_link import run_field_linkage
-from vflink.runner.link import run_linkage
 
 SECRET = b"fields-test-secret-0123456789"
 FIRST = ["anna", "bob", "carl", "dora", "emil", "fay", "gus", "hana", "ivan", "jo"]
@@ -151,8 +150,8 @@ def test_weighted_fields_beat_one_concatenated_string() -> None:
     p["street"] = [" ".join(reversed(x.split())) for x in p["street"]]  # word order differs
     for frame in (p, s):
         frame["all"] = frame["first"] + " " + frame["last"] + " " + frame["street"]
-    single = run_linkage(p, s, on=("all",), metric="levenshtein", top_k=1, seed=0)
-    multi = run_field_linkage(p, s, top_k=1, seed=0, fields=[
+    single = linked(p, s, on=("all",), metric="levenshtein", top_k=1, seed=0, sigma=0.5)
+    multi = linked(p, s, top_k=1, seed=0, sigma=0.5, fields=[
         FieldSpec(on=("first", "last"), metric="levenshtein"),
         FieldSpec(on=("street",), metric="token-set")])
     r_single = float((single.linkage.indices[:, 0] == truth).mean())
@@ -160,7 +159,7 @@ def test_weighted_fields_beat_one_concatenated_string() -> None:
     assert r_multi >= r_single and r_multi >= 0.95
 
 
-# --- run_field_linkage runs as parties: the same result as the pure functions -------------------
+# --- a multi-field link runs as parties: the same result as the pure functions -------------------
 
 
 def reference_field_linkage(p: pd.DataFrame, s: pd.DataFrame, specs: list[FieldSpec],
@@ -211,7 +210,7 @@ def reference_field_linkage(p: pd.DataFrame, s: pd.DataFrame, specs: list[FieldS
 
 
 @pytest.mark.parametrize("privacy", ["bloom", "off"])
-def test_run_field_linkage_through_the_parties_equals_the_direct_computation(
+def test_a_field_link_through_the_parties_equals_the_direct_computation(
         privacy: str) -> None:
     p, s = people(40, 6), people(70, 7)
     p.loc[3, "street"] = ""  # a missing value: left out of that record's mean
@@ -222,8 +221,8 @@ def test_run_field_linkage_through_the_parties_equals_the_direct_computation(
              FieldSpec(on=("lat", "lon"), metric="haversine", weight=2.0),
              FieldSpec(on=("lon",), metric="euclidean", weight=0.25)]
     keys = [Blocking(on="last", secondary_on="surname", prefix=1), Blocking(on="first")]
-    got = run_field_linkage(p, s, fields=specs, blocking=keys, top_k=3, sigma=0.1, seed=2,
-                            secret=SECRET, privacy=privacy)
+    got = linked(p, s, fields=specs, blocking=keys, top_k=3, sigma=0.1, seed=2, secret=SECRET,
+                 privacy=privacy)
     want = reference_field_linkage(p, s, specs, keys, top_k=3, sigma=0.1, seed=2,
                                    secret=SECRET if privacy == "bloom" else None)
     lk = got.linkage

@@ -8,11 +8,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.helpers.links import linked
 from vflink.errors import DataError
 from vflink.linkage import GeoBloomConfig, bloom_geo, brute_hamming, brute_haversine
 from vflink.linkage.distances import hamming_distances
 from vflink.runner.encoding import encoding_for
-from vflink.runner.link import run_linkage
 
 SECRET = b"geo-test-secret-0123456789"
 
@@ -89,10 +89,10 @@ def test_bad_rows_are_reported() -> None:
 
 def test_private_link_uses_no_bounding_box() -> None:
     p, s = places(200, 3), places(2000, 4)
-    outcome = run_linkage(pd.DataFrame({"lat": p[:, 0], "lon": p[:, 1]}),
-                          pd.DataFrame({"lat": s[:, 0], "lon": s[:, 1]}),
-                          on=("lat", "lon"), metric="haversine", top_k=5, bloom=True,
-                          secret=SECRET, seed=0)
+    outcome = linked(pd.DataFrame({"lat": p[:, 0], "lon": p[:, 1]}),
+                     pd.DataFrame({"lat": s[:, 0], "lon": s[:, 1]}),
+                     on=("lat", "lon"), metric="haversine", top_k=5, privacy="bloom",
+                     secret=SECRET, seed=0)
     assert outcome.privacy == "bloom" and outcome.search_metric == "hamming"
     truth = brute_haversine(p, s, 5)
     top1 = outcome.linkage.indices[:, 0]

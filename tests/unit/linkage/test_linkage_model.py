@@ -456,3 +456,22 @@ def test_date_similarities_of_pairs_and_matrices_equal_the_per_pair_reference() 
     matrix = _string_matrix("date", a, b, workers=1)
     want = np.asarray([[_pair_string("date", x, y) for y in b] for x in a], dtype=np.float32)
     np.testing.assert_array_equal(matrix, want)
+
+
+def test_comparison_levels_are_capped_below_what_their_storage_holds() -> None:
+    """Levels are int8: 127 thresholds used to overflow (the exact level is 128). The cap is
+    32 thresholds; a field at the cap still compares, exact agreement on its top level."""
+    from vflink.linkage.comparison import MAX_THRESHOLDS, field_levels
+
+    at_cap = tuple(float(t) for t in np.linspace(0.99, 0.01, MAX_THRESHOLDS))
+    c = FieldComparator(name="x", thresholds=at_cap)
+    sim = np.array([0.0, 0.5, 0.995, 1.0])
+    got = field_levels(sim, np.array([False, False, False, True]), np.zeros(4, dtype=bool),
+                       c.thresholds)
+    assert got.dtype == np.int8 and got.tolist() == [0, 16, MAX_THRESHOLDS, MAX_THRESHOLDS + 1]
+    for n in (MAX_THRESHOLDS + 1, 127, 200):
+        too_many = tuple(float(t) for t in np.linspace(0.995, 0.005, n))
+        with pytest.raises(ConfigError, match=f"1 to {MAX_THRESHOLDS} similarity thresholds"):
+            FieldComparator(name="x", thresholds=too_many)
+        with pytest.raises(ConfigError):
+            field_levels(sim, np.zeros(4, dtype=bool), np.zeros(4, dtype=bool), too_many)

@@ -52,7 +52,13 @@ from vflink.protocol import (
     SoftLink,
 )
 from vflink.protocol.boundary import boundary_error, error_code, is_boundary, refuse
-from vflink.protocol.messages import SaveState, UnionSetup
+from vflink.protocol.messages import (
+    FieldComparison,
+    FieldEncodings,
+    FieldLink,
+    SaveState,
+    UnionSetup,
+)
 from vflink.protocol.sessions import SessionLimits, SessionTable
 from vflink.runfiles.config import AlignmentConfig, DataConfig, RunConfig, parse_config
 from vflink.runfiles.party import load_party_config
@@ -307,7 +313,8 @@ def test_pending_forwards_are_limited_and_expire(monkeypatch: pytest.MonkeyPatch
     ch.call("bank", Forward(batch_id=3, rows=rows, train=False))  # evaluation holds nothing
     now[0] = 111.0
     ch.call("bank", Forward(batch_id=4, rows=rows, train=True))  # the old ones expired
-    assert sorted(bank._pending) == [4]
+    run = bank.training_run("primary")
+    assert run is not None and sorted(run.pending) == [4]
 
 
 def test_snapshot_tags_are_limited() -> None:
@@ -334,10 +341,11 @@ def test_wrong_gradients_leave_the_batch_for_a_retry_that_applies_once() -> None
     assert ch.call("bank", good) == Ack()
     assert ch.call("bank", good) == Ack(info={"duplicate": 1.0})
     ref_ch.call("bank", good)
-    for party in (bank, ref):
-        assert party.model is not None
-    assert all(torch.equal(a, b) for a, b in zip(bank.model.parameters(),  # type: ignore[union-attr]
-                                                 ref.model.parameters()))  # type: ignore[union-attr]
+    got, want = bank.training_run("primary"), ref.training_run("primary")
+    assert got is not None and got.model is not None
+    assert want is not None and want.model is not None
+    assert all(torch.equal(a, b) for a, b in zip(got.model.parameters(),
+                                                 want.model.parameters()))
 
 
 def test_huge_bottom_models_are_refused_before_building() -> None:
@@ -463,4 +471,36 @@ def test_saved_states_a_peer_names_are_limited(tmp_path: Path) -> None:
     with pytest.raises(PolicyViolation, match="limit.saved-states"):
         ch.call("bank", SaveState(name="s3"))
     ch.call("bank", SaveState(name="s1"))  # an existing name is replaced, as before
-    assert sorted(p.name for p in tmp_path.glob("*.json")) == ["s0.json", "s1.json", "s2.json"]
+    # a served party keeps each peer's states in that peer's own folder
+    assert sorted(p.name for p in (tmp_path / "peers" / "primary").glob("*.json")) == [
+        "s0.json", "s1.json", "s2.json"]
+
+
+@pytest.mark.network
+def test_comparison_levels_are_capped_and_refused_in_the_coordinators_words(
+        transport: Any) -> None:
+    """A Fellegi-Sunter field with 127 or more levels crashed the coordinator's handler
+    (int8 levels); a levels list beyond the cap, or not decreasing similarities, is refused
+    before any work, saying what a levels list may be."""
+    fed = Federation()
+    ch = transport(fed)
+    session = "fields-levels"
+    ch.request("coordinator", FieldEncodings(session=session, encoders=("bloom",),
+                                             values=(np.zeros((3, 8), dtype=np.uint8),)), Ack)
+
+    def link(levels: tuple[float, ...]) -> Any:
+        return ch.call("coordinator", FieldLink(
+            session=session, secondaries=("bank",), top_k=1, tau=0.99, model="fellegi-sunter",
+            fields=(FieldComparison(metric="hamming", levels=levels),)))
+
+    for levels, why in ((tuple(np.linspace(0.995, 0.005, 200)), "1 to 32 similarity"),
+                        (tuple(np.linspace(0.99, 0.01, 127)), "1 to 32 similarity"),
+                        ((0.5, 0.7), "strictly decreasing"), ((1.5,), "in (0, 1)")):
+        with pytest.raises(ProtocolError) as info:
+            link(levels)
+        text = str(info.value)
+        assert "[link.levels]" in text and why in text and "internal" not in text, text
+    # a list within the cap passes the check (the link then waits for the bank's encodings)
+    with pytest.raises(VflinkError) as info:
+        link(tuple(np.linspace(0.95, 0.05, 32)))
+    assert "link.levels" not in str(info.value)

@@ -116,7 +116,9 @@ def test_repeated_setups_after_the_refusal_release_nothing_more(
     assert sum(answers) == ALLOWED and answers[:ALLOWED] == [True] * ALLOWED
     counts = bank.protection.budget.totals
     assert counts[rows].tolist() == [ALLOWED] * len(rows) and counts[8:].sum() == 0
-    g = bank.protection.report()[0]["guarantee"]
+    run = bank.training_run("primary")
+    assert run is not None
+    g = run.protection.report()[0]["guarantee"]
     assert g["max_releases"] == ALLOWED
     assert g["epsilon_total"] == composed_epsilon(calibrate(2.0, 1e-2).sigma, ALLOWED, 1e-2)
     assert g["epsilon_total"] <= PRIVACY.budget  # type: ignore[operator]

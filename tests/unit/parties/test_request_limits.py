@@ -229,6 +229,7 @@ def test_pending_union_forwards_are_bounded() -> None:
     with pytest.raises(PolicyViolation) as info:
         channel.call("bank", UnionForward(batch_id=99, uids=uids, train=True))
     assert getattr(info.value, "code", None) == "limit.pending-batches"
-    assert len(party._pending) == POLICY.max_pending_batches
+    run = party.training_run("primary")
+    assert run is not None and len(run.pending) == POLICY.max_pending_batches
     # evaluation forwards keep nothing pending and are still answered
     channel.call("bank", UnionForward(batch_id=100, uids=uids, train=False))

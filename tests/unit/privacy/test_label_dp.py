@@ -144,11 +144,11 @@ def test_releases_are_counted_and_refused_past_the_budget_before_any_noise() -> 
     p.noisy_logit_gradient(z, y, rows)
     p.noisy_logit_gradient(z, y, rows)
     assert p.budget.totals[:10].tolist() == [2] * 10 and p.budget.totals[10:].sum() == 0
-    state = p._noise.get_state()
+    state = p._noise.state()["torch"]
     with pytest.raises(PrivacyBudgetExceeded, match="labels_total_epsilon"):
         p.noisy_logit_gradient(z, y, rows[:3])
     assert p.budget.totals[:10].tolist() == [2] * 10  # nothing counted ...
-    assert torch.equal(p._noise.get_state(), state)  # ... nor drawn
+    assert torch.equal(p._noise.state()["torch"], state)  # ... nor drawn
     entry = p.report()
     assert entry["kind"] == "label-dp" and entry["applies_to"] == "backward"
     g = entry["guarantee"]
@@ -196,8 +196,9 @@ def test_a_fixed_seed_never_repeats_its_noise_on_the_same_data() -> None:
     assert not torch.equal(ga, gb)
 
 
-def test_secure_noise_and_the_settings_checks() -> None:
-    p = _protection(4.0, seed=None, labels_secure_rng=True)
+def test_secret_noise_by_default_and_the_settings_checks() -> None:
+    p = _protection(4.0, seed=None)
+    assert p.noise_kind == "secret"
     p.plan(np.arange(400), epochs=1)
     noisy = p.noisy_logit_gradient(torch.zeros(400, 1), torch.zeros(400), np.arange(400))
     assert float(noisy.std()) == pytest.approx(p.sigma, rel=0.15)

@@ -18,6 +18,7 @@ from vflink.privacy.accounting import composed_epsilon_with_responses, max_respo
 from vflink.privacy.budget import ReleaseBudget
 from vflink.privacy.config import PrivacyConfig
 from vflink.privacy.embedding_dp import EmbeddingDP
+from vflink.randomness import NoiseSource
 
 PLAN = {"epochs": 5, "train_batches": 3, "train_chunks": 1, "validation_chunks": 1,
         "test_chunks": 1}
@@ -35,8 +36,8 @@ def test_keep_rate_and_the_other_codes_follow_the_formula(k: int, eps: float,
                                                           secure: bool) -> None:
     n = 200_000
     codes = np.random.default_rng(0).integers(0, k, n)
-    out = (rr.secure_randomized_response(codes, k, eps) if secure
-           else rr.randomized_response(codes, k, eps, torch.Generator().manual_seed(1)))
+    out = rr.randomized_response(codes, k, eps, NoiseSource() if secure
+                                 else torch.Generator().manual_seed(1))
     p = math.exp(eps) / (math.exp(eps) + k - 1)  # the formula, written out
     assert rr.keep_probability(eps, k) == pytest.approx(p)
     assert out.min() >= 0 and out.max() < k

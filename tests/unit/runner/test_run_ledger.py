@@ -87,3 +87,28 @@ def test_key_confirmation_and_set_rounds_are_protected_by_construction() -> None
     ledger = build_run_ledger(result({"alignment": {"method": "psu", "messages": msgs}}))
     assert {m["kind"]: m["protection"] for m in ledger.messages} == {
         "key_tag": "hmac-tag", "psu_round1": "dh-blinding", "set_chunk": "dh-blinding"}
+
+
+def test_the_ledger_states_each_secondarys_dictionary_limit() -> None:
+    """A PSI or PSU run's ledger says how many guessed identifiers a deviating primary can test
+    against each secondary under the policy the secondary stated in round 1."""
+    from vflink.parties.policy import PartyPolicy
+
+    default = PartyPolicy()
+    assert default.dictionary_limit == 20_000_000  # min(2·10⁷, 200 × 2·10⁶)
+    alignment = {"method": "psi", "set_limits": {
+        "bank": {"guess_limit": float(default.dictionary_limit), "guess_window_s": 86400.0},
+        "old-bank": {}},  # a peer that did not say: no entry, no invented figure
+        "messages": [{"kind": "psi_round1", "sender": "primary", "receiver": "bank",
+                      "messages": 1, "bytes": 80}]}
+    ledger = build_run_ledger(result({"alignment": alignment}))
+    (entry,) = [p for p in ledger.protections if p["kind"] == "set-dictionary-limit"]
+    assert entry["party"] == "bank" and entry["guarantee"] == {"guesses_per_window": 20_000_000}
+    assert "20,000,000 guessed identifiers per 1 day(s)" in entry["explanation"]
+    # the round-1 message keeps its own protection (the blinding)
+    assert ledger.messages[0]["protection"] == "dh-blinding"
+    florist = build_run_ledger(result({"florist": {"set_limits": {"bank": {
+        "guess_limit": 1e6, "guess_window_s": 3600.0}}}}))
+    (entry,) = florist.protections
+    assert "1,000,000 guessed identifiers per 3600 s" in entry["explanation"]
+    assert entry["applies_to"] == "psu_round1"

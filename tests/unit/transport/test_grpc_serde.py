@@ -251,7 +251,7 @@ def array_value(dtype: str, shape: tuple[int, ...], data: bytes, arm: str = "nda
 def good_forward(**override: Any) -> Any:
     fields = {"batch_id": int_value(1),
               "rows": array_value("int64", (2,), np.arange(2, dtype="<i8").tobytes()),
-              "train": bool_value(True)}
+              "train": bool_value(True), "run": lambda v: setattr(v, "str_value", "r1")}
     fields.update(override)
     return envelope("forward", **{k: v for k, v in fields.items() if v is not None})
 
@@ -259,6 +259,7 @@ def good_forward(**override: Any) -> Any:
 def test_hand_built_envelope_decodes() -> None:
     message = message_from_proto(good_forward())
     assert isinstance(message, Forward) and message.rows.tolist() == [0, 1]
+    assert message.run == "r1"
 
 
 @pytest.mark.parametrize(("env", "error"), [

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import secrets
 import weakref
 from abc import ABC, abstractmethod
 from collections import deque
@@ -24,6 +23,7 @@ import numpy.typing as npt
 
 from vflink._cancel import checkpoint
 from vflink.errors import ProtocolError
+from vflink.randomness import secret_below, secret_bytes
 from vflink.types import Compute
 
 __all__ = ["Elements", "Group", "default_workers", "hash_input", "scalar_width"]
@@ -268,8 +268,10 @@ class Group(ABC):
         return exponentiations * self.min_power_s / self.workers
 
     def random_exponent(self) -> int:
-        """A secret exponent, uniform in ``[1, order)``, from the OS secure source."""
-        return 1 + secrets.randbelow(self.order - 1)
+        """A secret exponent, uniform in ``[1, order)``, from the OS CSPRNG
+        (:func:`vflink.randomness.secret_below`: :func:`secrets.randbelow`; never
+        reproducible, whatever the run's noise switch)."""
+        return 1 + secret_below(self.order - 1)
 
     def combine(self, *exponents: int) -> int:
         """The product of exponents modulo the group order (``x^a^b = x^(a·b)``)."""
@@ -403,4 +405,4 @@ class Group(ABC):
 
     def random_elements(self, n: int) -> Elements:
         """``n`` uniformly random elements (the simulators of FLORIST App. A draw these)."""
-        return self.hash_to_group([secrets.token_bytes(32) for _ in range(n)])
+        return self.hash_to_group([secret_bytes(32) for _ in range(n)])

@@ -1,4 +1,5 @@
-"""Tables given to the Python API: a DataFrame, or the path of a CSV/TSV/Parquet file."""
+"""Tables given to the Python API or a command: a DataFrame, or the path of a CSV/TSV/Parquet
+file (read as `vflink` reads files), and column arguments ("a", "a,b" or a list)."""
 
 from __future__ import annotations
 
