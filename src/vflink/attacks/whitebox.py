@@ -75,7 +75,8 @@ from vflink.randomness import NoiseSource
 
 __all__ = ["Batch", "Candidate", "Found", "LabelEpochAverageAttack", "LabelNoiseSubtraction",
            "LabelResidualAttack", "MECHANISMS", "batches_of", "brute_force_candidates",
-           "derived_label_seed", "dp_parts", "dp_record_scores", "dp_scores",
+           "derived_label_seed", "dp_parts", "dp_posterior_record_scores", "dp_record_scores",
+           "dp_scores",
            "epoch_average_scores", "find_seed",
            "marvell_scores", "max_norm_scores", "received_candidates", "regenerate",
            "residual_scores", "stream_seed", "subtract_noise", "top_direction"]
@@ -603,6 +604,75 @@ def subtract_noise(batches: Sequence[Batch], found: Found) -> list[FloatArray]:
     return [-s if flip else s for s in out]
 
 
+#: σ (the release's noise multiplier) tried by the posterior reading; the best fit is kept
+POSTERIOR_SIGMAS = (0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0, 11.0, 16.0)
+
+
+def _release_fit(batches: Sequence[Batch], draws: Sequence[FloatArray], per_record: int
+                 ) -> float:
+    """How well each release explains its batch under ``dp`` used as drawn: the mean over
+    batches of corr(s, n)², s the rows' projection and n their noise (:func:`dp_parts`)."""
+    out = []
+    for batch, draw in zip(batches, draws, strict=True):
+        if len(batch.ids) < 8:
+            continue
+        n_slot = np.repeat(np.asarray(draw, dtype=np.float64)[:, 0], per_record)[:batch.slots]
+        n = batch.per_row(n_slot) / np.maximum(batch.counts(), 1.0)
+        out.append(_corr(batch.rows @ top_direction(batch.rows, centre=False), n) ** 2)
+    return float(np.mean(out)) if out else 0.0
+
+
+def dp_posterior_record_scores(batches: Sequence[Batch], draws: Sequence[FloatArray],
+                               per_record: int = 1, sigmas: Sequence[float] = POSTERIOR_SIGMAS
+                               ) -> tuple[IntArray, FloatArray, IntArray, float, float]:
+    """``dp`` with the posterior (``labels_denoise = "posterior"``, the default on a binary
+    task) and its noise known: (record ids, scores, rows per record, fit, σ).
+
+    The primary sends c·(p_i − σ(L_i)), L_i = m(2y_i − 1)/(2σ²) − N_i/σ after m releases
+    whose draws sum to N_i (:mod:`vflink.privacy.label_dp`). With the draws regenerated, the
+    label-free part π⁰_i = σ(−N_i/σ) is known for a trial σ: within a batch s ≈ c·(p − π⁰) −
+    c·(label shift), so the slope of s on π⁰ is −c and r_i = −s_i/c − π⁰_i ≈ (the label's
+    shift of the posterior, ±) − p_i. r averaged over a record's rows is its score; the σ whose
+    π⁰ explains the batches best (mean corr(s, π⁰)²) is kept. The model's own prediction p_i
+    (unknown to the secondary, and drawn towards the label by training) stays in the score:
+    the reading is weaker than against the releases used as drawn."""
+    best: tuple[IntArray, FloatArray, IntArray, float, float] | None = None
+    for sigma in sigmas:
+        cum: dict[int, float] = {}
+        sums: dict[int, float] = {}
+        rows: dict[int, int] = {}
+        fits = []
+        for batch, draw in zip(batches, draws, strict=True):
+            n_slot = np.repeat(np.asarray(draw, dtype=np.float64)[:, 0],
+                               per_record)[:batch.slots]
+            n = batch.per_row(n_slot) / np.maximum(batch.counts(), 1.0)
+            ids = batch.ids.tolist()
+            for row, v in zip(ids, n.tolist(), strict=True):
+                cum[row] = cum.get(row, 0.0) + v
+            pi0 = 1.0 / (1.0 + np.exp(np.asarray([cum[r] for r in ids]) / float(sigma)))
+            sproj = batch.rows @ top_direction(batch.rows, centre=False)
+            if len(ids) < 8 or float(np.var(pi0)) == 0.0:
+                continue
+            corr = _corr(sproj, pi0)
+            fits.append(corr ** 2)
+            slope = float(np.polyfit(pi0, sproj, 1)[0])
+            if slope == 0.0:
+                continue
+            r = sproj / slope - pi0  # −s/c − π⁰ with c = −slope
+            for row, v in zip(ids, r.tolist(), strict=True):
+                sums[row] = sums.get(row, 0.0) + v
+                rows[row] = rows.get(row, 0) + 1
+        fit = float(np.mean(fits)) if fits else 0.0
+        if best is None or fit > best[3]:
+            ids_ = np.asarray(sorted(sums), dtype=np.int64)
+            scores = np.asarray([sums[r] / rows[r] for r in ids_.tolist()], dtype=np.float64)
+            counts = np.asarray([rows[r] for r in ids_.tolist()], dtype=np.int64)
+            best = (ids_, scores, counts, fit, float(sigma))
+    if best is None:
+        return (np.zeros(0, np.int64), np.zeros(0), np.zeros(0, np.int64), 0.0, math.nan)
+    return best
+
+
 # --- black-box, label-free: over epochs, and across the class-mean direction ----------------
 
 def epoch_average_scores(batches: Sequence[Batch]) -> tuple[IntArray, FloatArray, IntArray]:
@@ -807,6 +877,18 @@ class LabelNoiseSubtraction(_RecordAttack):
         if found.mechanism == "dp":  # per record: each record's own scale fitted over epochs
             draws = regenerate(found.candidate.seed, "dp", batches, position=found.position,
                                secondaries=found.secondaries, per_record=found.per_record)
+            # which use of the releases explains the rows better: each as drawn, or the
+            # posterior of all of a record's releases so far (the default on a binary task)
+            release = _release_fit(batches, draws, found.per_record)
+            ids, post, counts, fit, sigma = dp_posterior_record_scores(
+                batches, draws, found.per_record)
+            details["found"]["release_fit"] = release
+            details["found"]["posterior_fit"] = fit
+            if fit > release:
+                details["found"]["reading"] = "posterior"
+                details["found"]["sigma"] = sigma
+                return batches, None, (ids, post, counts), details
+            details["found"]["reading"] = "release"
             return batches, scores, dp_record_scores(batches, draws, found.per_record), details
         return batches, scores, _per_record(batches, scores), details
 

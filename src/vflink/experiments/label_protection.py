@@ -33,8 +33,9 @@ from vflink.privacy.config import LABEL_MODES
 from vflink.runfiles.config import EvaluationConfig, RunConfig
 from vflink.runfiles.inputs import Inputs
 
-__all__ = ["ATTACK_COLUMNS", "LABEL_ATTACKS", "WHITE_BOX_COLUMNS", "adjusting_table", "curve_table",
-           "load_runs", "measure", "plot_curve", "power_table", "protection_table", "run_key"]
+__all__ = ["ATTACK_COLUMNS", "LABEL_ATTACKS", "WHITE_BOX_COLUMNS", "adjusting_table",
+           "curve_table", "grid_table", "load_runs", "measure", "plot_curve", "point_name",
+           "power_table", "protection_table", "run_key"]
 
 #: the attacks of the tables, in column order, with their short headings
 ATTACK_COLUMNS = (("label-norm", "norm"), ("label-direction", "direction"),
@@ -80,7 +81,7 @@ def measure(config: RunConfig, attacks: Sequence[str] = LABEL_ATTACKS, *,
         seconds = time.perf_counter() - start
         figures: dict[str, Any] = {}
         for name in attacks:
-            res = run_attack(run_dir, name, params=(params or {}).get(name))
+            res = run_attack(run_dir, name, params=(params or {}).get(name), tables=tables)
             protection = res.details.get("protection") or {}
             figures[name] = {**{k: v for k, v in res.metrics.items() if k in _KEPT},
                              **{k: protection.get(k) for k in ("limit", "within_limit")
@@ -96,9 +97,11 @@ def measure(config: RunConfig, attacks: Sequence[str] = LABEL_ATTACKS, *,
                   if str(p.get("kind", "")).startswith("label-")), None)
     guarantee = {k: v for k, v in ((label or {}).get("guarantee") or {}).items()
                  if not isinstance(v, (dict, list, str))}
+    denoise = ((label or {}).get("params") or {}).get("denoise")
     return {"dataset": config.data.dataset, "labels": privacy.labels,
             "epsilon": privacy.label_epsilon if labelled else None,
             "power": privacy.marvell_power if privacy.labels == "marvell" else None,
+            "denoise": denoise if privacy.labels == "dp" else None,
             "embeddings": privacy.embeddings, "seed": config.seed,
             "algorithm": config.algorithm, "test": result.metrics["test"],
             "validation": result.metrics["validation"], "best_epoch": result.best_epoch,
@@ -110,7 +113,7 @@ def measure(config: RunConfig, attacks: Sequence[str] = LABEL_ATTACKS, *,
 def run_key(run: dict[str, Any]) -> tuple[Any, ...]:
     """What identifies a run of the measurements (one per seed of a point)."""
     return (run.get("dataset"), run.get("labels"), run.get("epsilon"), run.get("embeddings"),
-            run.get("power"), run.get("algorithm"), int(run["seed"]))
+            run.get("power"), run.get("algorithm"), int(run["seed"]), run.get("denoise"))
 
 
 def load_runs(sources: Iterable[Path]) -> list[dict[str, Any]]:
@@ -339,3 +342,67 @@ def plot_curve(runs: Sequence[dict[str, Any]], path: Path, *, title: str,
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def point_name(run: dict[str, Any]) -> str:
+    """A grid point's row name: the mode, its ε, and how ``dp`` used its releases."""
+    mode = str(run.get("labels"))
+    if mode in ("dp", "rr-prior") and run.get("epsilon") is not None:
+        mode += f" ε={float(run['epsilon']):g}"
+    if run.get("labels") == "dp" and run.get("denoise") == "none":
+        mode += " (each release as drawn)"
+    return mode
+
+
+def _single_class(run: dict[str, Any]) -> bool:
+    """Whether the run's model predicts one class only on the test split, at its decision
+    threshold or at 1/2."""
+    decision = run.get("decision") or {}
+    shares = [(decision.get("test") or {}).get("predicted_positive"),
+              (decision.get("predicted_positive_at_0.5") or {}).get("test")]
+    return any(v is not None and float(v) in (0.0, 1.0) for v in shares)
+
+
+def grid_table(runs: Sequence[dict[str, Any]], dataset: str,
+               attacks: Sequence[tuple[str, str]] = ATTACK_COLUMNS + WHITE_BOX_COLUMNS) -> str:
+    """Markdown, one dataset of the label-protection grid: one row per point (mode, ε, use of
+    the releases), columns test AUC (mean ± std over seeds), its change against the
+    unprotected run of the same seed, each attack's AUC (mean ± std) with the most its
+    protection's stated guarantee allows in brackets (— : none stated, so only chance), the
+    seeds in which every attack stayed within its limit, and the seeds whose model predicts
+    one class (at its threshold or at 1/2)."""
+    mine = [r for r in runs if r.get("dataset") == dataset]
+    points: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for run in mine:
+        points[point_name(run)].append(run)
+    off = {int(r["seed"]): r for r in mine if r.get("labels") == "off"}
+    head = ["labels", "test AUC", "Δ AUC", *(h for _, h in attacks), "holds", "one class"]
+    lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+    order: dict[Any, int] = {m: i for i, m in enumerate(MODES)}
+    for name in sorted(points, key=lambda n: (order.get(points[n][0].get("labels"), 99),
+                                              points[n][0].get("epsilon") or 0,
+                                              str(points[n][0].get("denoise")))):
+        rs = points[name]
+        paired = [r for r in rs if int(r["seed"]) in off]
+        delta = _values(paired, lambda r: r["test"]["auc"]) - _values(
+            [off[int(r["seed"])] for r in paired], lambda r: r["test"]["auc"])
+        cells = [name, _cell(_values(rs, lambda r: r["test"].get("auc"))),
+                 _cell(delta) if rs[0].get("labels") != "off" else ""]
+        for attack, _ in attacks:
+            value = _cell(_values(rs, lambda r, a=attack: _attack_value(r, a)))
+            limits = _values(rs, lambda r, a=attack: ((r.get("attacks") or {}).get(a) or {})
+                             .get("limit"))
+            limit = f"{np.nanmax(limits):.3f}" if np.isfinite(limits).any() else "—"
+            cells.append(f"{value} ({limit})" if value != "—" else value)
+        cells.append(f"{sum(bool(r.get('holds')) for r in rs)}/{len(rs)}")
+        cells.append(f"{sum(_single_class(r) for r in rs)}/{len(rs)}")
+        lines.append("| " + " | ".join(cells) + " |")
+    seeds = sorted({int(r["seed"]) for r in mine})
+    lines += ["", f"Mean ± std over seeds {seeds}; Δ AUC against the unprotected run of the "
+                  "same seed. Attack columns: AUC (read by its distance from 0.5, either way) "
+                  "and, in brackets, the most AUC the protection's stated guarantee allows "
+                  "(—: none stated, so only chance ± 0.1 counts as holding); holds: seeds in "
+                  "which every attack stayed within its limit (within twice its standard "
+                  "error); one class: seeds whose model predicts a single class on the test "
+                  "split at its decision threshold or at 1/2."]
+    return "\n".join(lines)

@@ -466,7 +466,8 @@ class UnionPrimary:
             # noisy per-record logit gradients (a synthetic label's too), our own records'
             # releases counted; the shifted loss has no closed form: its sensitivity is measured
             noisy = protection.noisy_logit_gradient(logits, target, rows[held],
-                                                    loss=self._shifted_loss if shift else None)
+                                                    loss=self._shifted_loss if shift else None,
+                                                    keys=rows)  # −1: a synthetic row
             loss = loss_fn(logits.detach(), target)
             logits.backward(noisy / len(uids))
         else:

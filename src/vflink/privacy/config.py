@@ -31,6 +31,9 @@
     labels_delta = 1e-5    # dp: δ of the composition
     labels_clip = 1.0      # dp, regression: the per-record gradient is clipped to [−C, C]
     labels_marvell_power = 4.0   # marvell: noise power P = s·‖ḡ₁ − ḡ₀‖² per batch (Li et al. §4)
+    labels_denoise = "posterior" # dp: train on the posterior of each label given all its
+                           # releases so far (classification; the default, except with
+                           # reproducible_noise), or "none": each release as drawn
     labels_seed = 0        # with reproducible_noise only: the label-noise seed (default: from
                            # the run's seed)
 
@@ -188,6 +191,11 @@ class PrivacyConfig:
     labels_marvell_power: float | None = None
     #: with ``reproducible_noise`` only: the label noise seed (``None``: from the run's seed)
     labels_seed: int | None = None
+    #: ``dp``: how the primary uses its releases: ``"posterior"`` (the posterior mean of each
+    #: record's gradient given all its releases so far: post-processing; the default on a
+    #: classification task) or ``"none"`` (each release as drawn; regression always, and the
+    #: default with ``reproducible_noise``, whose published figures used each release so)
+    labels_denoise: str | None = None
 
     def __post_init__(self) -> None:
         problems: list[str] = []
@@ -281,6 +289,12 @@ class PrivacyConfig:
         if self.labels_total_epsilon is not None and mode not in ("dp", "rr-prior"):
             problems.append(f"`privacy.labels_total_epsilon` applies to `privacy.labels = "
                             f"\"dp\"` or `\"rr-prior\"`, got {mode!r}: remove it")
+        if self.labels_denoise is not None:
+            check_choice(problems, "privacy.labels_denoise", self.labels_denoise,
+                         ("posterior", "none"))
+            if mode != "dp":
+                problems.append(f"`privacy.labels_denoise` applies to `privacy.labels = "
+                                f"\"dp\"`, got {mode!r}: remove it")
         if self.labels_marvell_power is not None and mode != "marvell":
             problems.append(f"`privacy.labels_marvell_power` applies to `privacy.labels = "
                             f"\"marvell\"`, got {mode!r}: remove it")
@@ -315,7 +329,8 @@ class PrivacyConfig:
         derives."""
         return {"mode": self.labels, "epsilon": self.label_epsilon,
                 "delta": float(self.labels_delta), "clip": float(self.labels_clip),
-                "marvell_power": self.marvell_power, "seed": self.labels_seed}
+                "marvell_power": self.marvell_power, "seed": self.labels_seed,
+                "denoise": self.labels_denoise}
 
     @property
     def budget_first(self) -> bool:

@@ -158,6 +158,16 @@ class PrimaryTrainee:
     def batches(self, rows: Rows, batch_size: int, rng: np.random.Generator) -> Iterator[Rows]:
         return self.primary.batches(rows, batch_size, rng)
 
+    def earliest_stop(self) -> int:
+        """``dp`` on the labels: every planned epoch. σ was calibrated for one release per
+        planned epoch (stopping early leaves that budget unspent, the noise just as large),
+        and the posterior's evidence grows with every release, so validation may still
+        improve after a plateau; the best validation epoch is still the one kept."""
+        protection = self.primary.label_protection
+        if protection is not None and protection.mode == "dp" and protection.planned:
+            return int(protection.planned.get("epochs", 1))
+        return 1
+
     def begin_epoch(self, epoch: int, last: bool) -> None:
         pass
 

@@ -106,6 +106,9 @@ class UnionTrainee:
         self.last = False
         self._active: UnionPrimary | None = None
 
+    def earliest_stop(self) -> int:
+        return 1  # a fixed number of epochs (no early stopping)
+
     @property
     def active(self) -> UnionPrimary:
         if self._active is None:
