@@ -14,6 +14,7 @@ from tests.helpers.tables import places_frames
 from vflink.cli import link as cli_link
 from vflink.cli.main import main
 from vflink.linkage import DEFAULT_TAU, tau_for_sigma
+from vflink.randomness import NOT_PRIVATE
 from vflink.runfiles.config import AlignmentConfig, DataConfig, RunConfig, TrainingConfig
 from vflink.runner.train import run_training
 
@@ -53,6 +54,15 @@ def test_vflink_link_without_privacy_options_noises_and_says_so(
     printed = re.sub(r"[│\s]+", " ", capsys.readouterr().out)  # the table wraps its cells
     assert "protection" in printed and "Gaussian noise σ" in printed
     assert "greedy-attack bound τ = 0.05" in printed
+    # --seed made the noise reproducible: the summary and the printed line say so
+    assert summary["similarity_protection"].endswith(NOT_PRIVATE)
+    assert NOT_PRIVATE in printed
+    unseeded = tmp_path / "unseeded.csv"
+    assert main(["link", "--primary", str(p), "--secondary", str(s), "--on", "name",
+                 "--secondary-on", "title", "--metric", "levenshtein", "--top-k", "3",
+                 "--out", str(unseeded)]) == 0
+    assert NOT_PRIVATE not in json.loads(
+        Path(f"{unseeded}.summary.json").read_text())["similarity_protection"]
 
 
 def test_tau_1_is_the_explicit_opt_out(tmp_path: Path) -> None:

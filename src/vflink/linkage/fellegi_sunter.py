@@ -230,8 +230,11 @@ def prior_matches(n_p: int, n_s: int, cardinality: str = "one-to-one") -> float:
 #: independent) gives a probability of at least this.
 NEAR_CERTAIN = 0.99
 #: Share of the records with a near-certain counterpart that must have several before a side
-#: is said to hold duplicates (and at least :data:`DUPLICATES_MIN` records).
-DUPLICATES_SHARE = 0.02
+#: is said to hold duplicates (and at least :data:`DUPLICATES_MIN` records). Distinct look-alike
+#: records reach it too: on the Fodor's–Zagat guides, 4.4 % of the records with a near-certain
+#: counterpart have several (a hotel's restaurants share an address and a telephone), and
+#: deciding those many-to-one costs precision (F1 0.965 against 0.978 one-to-one).
+DUPLICATES_SHARE = 0.05
 DUPLICATES_MIN = 5
 
 

@@ -16,6 +16,7 @@ import pandas as pd
 from vflink.errors import ConfigError
 from vflink.linkage import SoftLinkage
 from vflink.linkage.privacy import describe_protection
+from vflink.randomness import NOT_PRIVATE
 from vflink.runner.encoding import encoding_summary
 from vflink.types import Alignment
 
@@ -68,7 +69,12 @@ class LinkOutcome:
         lk = self.linkage
         if lk.mode == "exact":
             return "similarities: none needed (exact matches only, no distance information)"
-        return describe_protection(lk.sigma, lk.tau, lk.epsilon, lk.delta)
+        said = describe_protection(lk.sigma, lk.tau, lk.epsilon, lk.delta)
+        drawn = lk.sigma is not None and lk.sigma > 0.0 and lk.tau is not None and lk.tau < 1.0
+        if drawn and self.alignment.meta.get("reproducible_noise"):
+            # a seed given to the link (--seed): whoever knows it redraws the noise
+            said = f"{said}; {NOT_PRIVATE}"
+        return said
 
 
 #: Who holds each column of the links file: in a deployment the primary receives the indices,
