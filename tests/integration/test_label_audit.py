@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+import vflink
 from tests.helpers.cli import clean
 from tests.helpers.imbalanced import imbalanced_inputs
 from tests.helpers.noise import SECRET, secret, seeded
@@ -98,6 +99,13 @@ def test_vflink_audit_from_a_run_file(tmp_path: Path, capsys: pytest.CaptureFixt
     assert (out / "audit.json").is_file()
     assert main(["audit", "--config", str(run_file), "--out", str(out), "--canaries", "200",
                  "--brute-force", "10"]) == 2  # --brute-force without --white-box
+    # the same from the Python API
+    figures = vflink.audit(run_file, canaries=200, canary_seed=0)
+    assert figures["epsilon_claimed"] == pytest.approx(4.0, abs=0.01)
+    assert figures["holds"] is True and figures["epsilon_lower"] <= figures["epsilon_claimed"]
+    assert "empirical ε ≥" in clean(figures["explanation"])
+    with pytest.raises(ConfigError, match="white_box"):
+        vflink.audit(run_file, canaries=200, brute_force=10)
 
 
 @pytest.mark.slow
