@@ -100,10 +100,13 @@ class LabelSettings:
     seed: int | None = None
     #: ``dp``: how the releases are used (:data:`DENOISERS`; ``None``: by the task)
     denoise: str | None = None
+    #: ``dp`` with the posterior: releases per record in a run (``None``: one per epoch)
+    releases: int | None = None
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> LabelSettings:
-        known = {"mode", "epsilon", "delta", "clip", "marvell_power", "seed", "denoise"}
+        known = {"mode", "epsilon", "delta", "clip", "marvell_power", "seed", "denoise",
+                 "releases"}
         unknown = sorted(set(data) - known)
         if unknown or data.get("mode") not in LABEL_MODES:
             raise ConfigError(f"label protection settings: unknown key(s) {unknown} or mode "
@@ -117,7 +120,7 @@ def _finite(value: float) -> float | None:
 
 def resolve_settings(settings: Mapping[str, Any] | None, task: Task
                      ) -> dict[str, Any] | None:
-    """``settings`` with the task's mode when they name none (the default: Marvell on a binary
+    """``settings`` with the task's mode when they name none (the default: ``dp`` on a binary
     task, off on others), or ``None`` when the labels go unprotected."""
     if settings is None:
         return None
@@ -177,6 +180,10 @@ class LabelProtection:
                               f"got {denoise!r} for a {task.value} task")
         #: ``dp``: how the releases are used (:data:`DENOISERS`)
         self.denoise = denoise
+        if self.settings.releases is not None and denoise != "posterior":
+            raise ConfigError("`privacy.labels_releases` needs `labels_denoise = "
+                              "\"posterior\"`: the epochs after a record's last release train "
+                              "on the posterior of its releases")
         #: ``dp`` with the posterior: each record's summed log-likelihood of every class over
         #: its releases so far (post-processing of the releases; allocated at the first one)
         self.evidence: npt.NDArray[np.float64] | None = None
@@ -248,7 +255,8 @@ class LabelProtection:
         if self.mode != "dp":
             return
         s = self.settings
-        planned = label_dp.planned_label_releases(self.n_rows, train_rows, epochs)
+        per_record = int(epochs) if s.releases is None else min(int(epochs), int(s.releases))
+        planned = label_dp.planned_label_releases(self.n_rows, train_rows, per_record)
         budget = self.budget
         loss = budget.gaussian_loss() if budget.settings else None
         try:
@@ -262,6 +270,7 @@ class LabelProtection:
         self._set_sigma(sigma)
         m = int(planned.max(initial=0))
         self.planned = {"epsilon_target": s.epsilon, "delta": s.delta, "epochs": int(epochs),
+                        "releases_per_record": per_record,
                         "max_releases": m, "records_planned": int((planned > 0).sum())}
         log.info("party %r: labels ε = %g at δ = %g over at most %d releases per record: "
                  "σ = %.4g", self.party, s.epsilon, s.delta, m, sigma)
@@ -295,6 +304,12 @@ class LabelProtection:
         batch_rows = np.asarray(rows, dtype=np.int64)
         rows = np.unique(batch_rows)
         s = self.settings
+        cap = (self.planned or {}).get("releases_per_record") if s.releases is not None else None
+        # with labels_releases, a record past its releases this run is not released again:
+        # it trains on the posterior of the releases it had (post-processing)
+        spent = (self.counts[rows] >= int(cap)) if cap is not None else np.zeros(len(rows), bool)
+        done = rows[spent]
+        rows = rows[~spent]
         # A record's release after the checkpoint, replayed by a resumed run with the noise
         # restored bit for bit, is not a new release (see load_state_dict) — but only for a
         # closed-form loss: a measured loss's gradient difference may depend on the label.
@@ -327,12 +342,16 @@ class LabelProtection:
         if keys.shape[0] != g.shape[0]:
             raise ConfigError(f"party {self.party!r}: {keys.shape[0]} record keys for "
                               f"{g.shape[0]} logits")
-        return self._posterior(logits, noisy, keys, delta, loss).to(g.device, g.dtype)
+        return self._posterior(logits, noisy, keys, delta, loss,
+                               held=done).to(g.device, g.dtype)
 
     def _posterior(self, logits: torch.Tensor, noisy: torch.Tensor,
                    keys: npt.NDArray[np.int64], delta: torch.Tensor | float,
-                   loss: label_dp.LossFn | None) -> torch.Tensor:
-        """E[g_i | every release of record i's label so far], uniform prior (label_dp)."""
+                   loss: label_dp.LossFn | None,
+                   held: npt.NDArray[np.int64] | None = None) -> torch.Tensor:
+        """E[g_i | every release of record i's label so far], uniform prior (label_dp).
+        ``held``: records not released this time (their releases are spent): their rows of
+        ``noisy`` are ignored, only their earlier evidence counts."""
         cands = label_dp.candidate_gradients(self.task, logits.detach().cpu().double(),
                                              loss=loss)
         scale = (delta.detach().cpu().double().reshape(-1) if isinstance(delta, torch.Tensor)
@@ -343,10 +362,12 @@ class LabelProtection:
         keyed = keys >= 0
         total = ll.copy()
         if keyed.any():
-            mine = keys[keyed]
+            adds = keyed.copy()
+            if held is not None and len(held):
+                adds &= ~np.isin(keys, held)
             # a record appears once per batch: add its release, then read its sum
-            np.add.at(self.evidence, mine, ll[keyed])
-            total[keyed] = self.evidence[mine]
+            np.add.at(self.evidence, keys[adds], ll[adds])
+            total[keyed] = self.evidence[keys[keyed]]
         return label_dp.posterior_gradient(cands, torch.from_numpy(total))
 
     # --- figures derived from the labels (union training) -------------------------------------

@@ -159,13 +159,15 @@ class PrimaryTrainee:
         return self.primary.batches(rows, batch_size, rng)
 
     def earliest_stop(self) -> int:
-        """``dp`` on the labels: every planned epoch. σ was calibrated for one release per
-        planned epoch (stopping early leaves that budget unspent, the noise just as large),
-        and the posterior's evidence grows with every release, so validation may still
-        improve after a plateau; the best validation epoch is still the one kept."""
+        """``dp`` on the labels: every epoch that releases (one per epoch, or the first
+        ``labels_releases``). σ was calibrated for those releases (stopping early leaves
+        that budget unspent, the noise just as large), and the posterior's evidence grows
+        with every release, so validation may still improve after a plateau; the best
+        validation epoch is still the one kept."""
         protection = self.primary.label_protection
         if protection is not None and protection.mode == "dp" and protection.planned:
-            return int(protection.planned.get("epochs", 1))
+            planned = protection.planned
+            return int(planned.get("releases_per_record", planned.get("epochs", 1)))
         return 1
 
     def begin_epoch(self, epoch: int, last: bool) -> None:

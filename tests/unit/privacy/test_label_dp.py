@@ -295,3 +295,29 @@ def test_dp_trains_on_the_posterior_of_every_release_so_far_by_default() -> None
         _protection(8.0, seed=None, n=n, task=Task.REGRESSION, labels_denoise="posterior")
     with pytest.raises(ConfigError, match="applies to"):
         PrivacyConfig(labels="marvell", labels_denoise="posterior")
+
+
+def test_labels_releases_releases_each_label_that_often_then_trains_on_its_posterior() -> None:
+    """σ is calibrated for the releases, not the epochs; a record past them is not released
+    again (not counted, no new evidence): the gradient is the posterior of what it had."""
+    n, epochs = 300, 6
+    p = _protection(4.0, seed=None, n=n, labels_releases=2)
+    rows = np.arange(n)
+    p.plan(rows, epochs=epochs)
+    assert p.planned is not None and p.planned["releases_per_record"] == 2
+    assert p.sigma == pytest.approx(calibrate_total(
+        4.0, 1e-5, label_dp.planned_label_releases(n, rows, 2)))
+    y = (torch.arange(n) % 2).float()
+    z = torch.zeros(n, 1)
+    outs = [p.noisy_logit_gradient(z, y, rows) for _ in range(epochs)]
+    assert (p.counts == 2).all()
+    assert all(p.budget.releases_of(r) == ((p.sigma, 2),) for r in (0, 1, n - 1))
+    assert p.evidence is not None
+    expected = label_dp.posterior_gradient(label_dp.candidate_gradients(Task.BINARY, z),
+                                           torch.from_numpy(p.evidence))
+    for out in outs[1:]:  # from the second release on: the posterior of both releases
+        torch.testing.assert_close(out.double(), expected.double(), atol=1e-6, rtol=0)
+    with pytest.raises(ConfigError, match="labels_releases"):
+        PrivacyConfig(labels="dp", labels_denoise="none", labels_releases=1)
+    with pytest.raises(ConfigError, match="labels_releases"):
+        PrivacyConfig(labels="dp", labels_releases=0)
