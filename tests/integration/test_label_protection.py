@@ -19,7 +19,7 @@ from tests.helpers.network import served_in_threads, write_party_files
 from vflink.alignment.synthetic import STRATEGIES
 from vflink.attacks.limits import dp_auc_ceiling
 from vflink.errors import ConfigError
-from vflink.privacy.config import DEFAULT_LABELS_EPSILON, PrivacyConfig
+from vflink.privacy.config import DEFAULT_PROTECTION_EPSILON, PrivacyConfig
 from vflink.privacy.label_protection import LabelProtection
 from vflink.privacy.ledger import Ledger
 from vflink.protocol.messages import Backward, Embeddings, Forward
@@ -353,7 +353,8 @@ def test_the_default_protects_a_binary_task_and_leaves_others_off() -> None:
     binary = run_training(base)
     (entry,) = [p for p in binary.extra["protections"] if p["applies_to"] == "backward"]
     assert entry["kind"] == "label-dp" and entry["params"]["denoise"] == "posterior"
-    assert entry["guarantee"]["epsilon"] <= DEFAULT_LABELS_EPSILON + 1e-9
+    assert entry["guarantee"]["epsilon"] <= DEFAULT_PROTECTION_EPSILON + 1e-9
+    assert entry["guarantee"]["max_releases"] == 1  # each label released once
     assert entry["params"]["noise"] == "secret"
     multi = run_training(base.replace(data=DataConfig(
         dataset="sklearn-small", options={**OPTIONS, "n_classes": 3})))

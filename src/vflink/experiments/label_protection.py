@@ -92,16 +92,21 @@ def measure(config: RunConfig, attacks: Sequence[str] = LABEL_ATTACKS, *,
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
     privacy = config.privacy
-    labelled = privacy.labels in ("dp", "rr-prior")
     label = next((p for p in result.extra.get("protections", [])
                   if str(p.get("kind", "")).startswith("label-")), None)
+    # the mode in force (the task's default where the run named none)
+    mode = (str(label["kind"]).removeprefix("label-") if label is not None
+            else privacy.labels or "off")
+    labelled = mode in ("dp", "rr-prior")
     guarantee = {k: v for k, v in ((label or {}).get("guarantee") or {}).items()
                  if not isinstance(v, (dict, list, str))}
     denoise = ((label or {}).get("params") or {}).get("denoise")
-    return {"dataset": config.data.dataset, "labels": privacy.labels,
+    return {"dataset": config.data.dataset, "labels": mode,
+            "default": privacy.labels is None,
             "epsilon": privacy.label_epsilon if labelled else None,
-            "power": privacy.marvell_power if privacy.labels == "marvell" else None,
-            "denoise": denoise if privacy.labels == "dp" else None,
+            "releases": privacy.label_releases if mode == "dp" else None,
+            "power": privacy.marvell_power if mode == "marvell" else None,
+            "denoise": denoise if mode == "dp" else None,
             "embeddings": privacy.embeddings, "seed": config.seed,
             "algorithm": config.algorithm, "test": result.metrics["test"],
             "validation": result.metrics["validation"], "best_epoch": result.best_epoch,
@@ -113,7 +118,8 @@ def measure(config: RunConfig, attacks: Sequence[str] = LABEL_ATTACKS, *,
 def run_key(run: dict[str, Any]) -> tuple[Any, ...]:
     """What identifies a run of the measurements (one per seed of a point)."""
     return (run.get("dataset"), run.get("labels"), run.get("epsilon"), run.get("embeddings"),
-            run.get("power"), run.get("algorithm"), int(run["seed"]), run.get("denoise"))
+            run.get("power"), run.get("algorithm"), int(run["seed"]), run.get("denoise"),
+            run.get("releases"), bool(run.get("default")))
 
 
 def load_runs(sources: Iterable[Path]) -> list[dict[str, Any]]:
@@ -351,7 +357,9 @@ def point_name(run: dict[str, Any]) -> str:
         mode += f" ε={float(run['epsilon']):g}"
     if run.get("labels") == "dp" and run.get("denoise") == "none":
         mode += " (each release as drawn)"
-    return mode
+    if run.get("labels") == "dp" and run.get("releases") is not None:
+        mode += f", {int(run['releases'])} release{'s' if int(run['releases']) > 1 else ''}"
+    return f"default: {mode}" if run.get("default") else mode
 
 
 def _single_class(run: dict[str, Any]) -> bool:

@@ -71,6 +71,7 @@ from vflink._checks import check_choice, check_float, check_int, raise_if
 from vflink.types import Task
 
 __all__ = ["DEFAULT_CODE_BITS", "DEFAULT_EPSILON", "DEFAULT_LABELS", "DEFAULT_LABELS_EPSILON",
+           "DEFAULT_PROTECTION_EPSILON", "DEFAULT_PROTECTION_RELEASES",
            "DEFAULT_MARVELL_POWER", "LABEL_MODES", "MAX_CODE_BITS", "MODES", "PUBLIC_SETTINGS",
            "QUANTISERS", "RETIRED_KEYS", "PrivacyConfig"]
 
@@ -118,8 +119,15 @@ LABEL_MODES = ("off", "max-norm", "marvell", "dp", "rr-prior")
 #: measured cost in test AUC. A multi-class or regression task keeps the labels ``off``
 #: unless the run names a mode (its cost there is not measured).
 DEFAULT_LABELS = "dp"
-#: ``labels_total_epsilon`` when not given (``dp`` and ``rr-prior``)
+#: ``labels_total_epsilon`` when not given (``dp`` and ``rr-prior`` named by the run)
 DEFAULT_LABELS_EPSILON = 4.0
+#: The default protection (no ``labels`` key, a binary task): ``dp`` at this ε (δ =
+#: ``labels_delta``), each label released once (``labels_releases``) and trained on through
+#: its posterior: the point of the measured trade-off that kept the test AUC closest to the
+#: unprotected run's on the rare-label tasks (docs/how-to/label-protection.md, "The default").
+#: A run that names ``labels = "dp"`` keeps DEFAULT_LABELS_EPSILON and one release per epoch.
+DEFAULT_PROTECTION_EPSILON = 8.0
+DEFAULT_PROTECTION_RELEASES = 1
 #: ``labels_marvell_power`` when not given: s of P = s·‖ḡ₁ − ḡ₀‖² (Li et al. §4)
 DEFAULT_MARVELL_POWER = 4.0
 
@@ -320,8 +328,9 @@ class PrivacyConfig:
     @property
     def label_epsilon(self) -> float:
         """ε of the labels (``dp``: the run's total; ``rr-prior``: the one release)."""
-        return (float(self.labels_total_epsilon) if self.labels_total_epsilon is not None
-                else DEFAULT_LABELS_EPSILON)
+        if self.labels_total_epsilon is not None:
+            return float(self.labels_total_epsilon)
+        return DEFAULT_PROTECTION_EPSILON if self.labels is None else DEFAULT_LABELS_EPSILON
 
     @property
     def marvell_power(self) -> float:
@@ -348,7 +357,20 @@ class PrivacyConfig:
         return {"mode": self.labels, "epsilon": self.label_epsilon,
                 "delta": float(self.labels_delta), "clip": float(self.labels_clip),
                 "marvell_power": self.marvell_power, "seed": self.labels_seed,
-                "denoise": self.labels_denoise, "releases": self.labels_releases}
+                "denoise": (self.labels_denoise if self.labels is not None
+                            or self.labels_denoise is not None else "posterior"),
+                "releases": self.label_releases}
+
+    @property
+    def label_releases(self) -> int | None:
+        """``dp``: releases of each label in a run (``None``: one per epoch); the default
+        protection releases each label DEFAULT_PROTECTION_RELEASES times, unless it uses each
+        release as drawn."""
+        if self.labels_releases is not None:
+            return int(self.labels_releases)
+        if self.labels is None and self.labels_denoise != "none":
+            return DEFAULT_PROTECTION_RELEASES
+        return None
 
     @property
     def budget_first(self) -> bool:

@@ -321,3 +321,28 @@ def test_labels_releases_releases_each_label_that_often_then_trains_on_its_poste
         PrivacyConfig(labels="dp", labels_denoise="none", labels_releases=1)
     with pytest.raises(ConfigError, match="labels_releases"):
         PrivacyConfig(labels="dp", labels_releases=0)
+
+
+def test_the_default_protection_is_dp_once_per_label_through_the_posterior() -> None:
+    """No ``labels`` key: dp at DEFAULT_PROTECTION_EPSILON, one release per label, the
+    posterior (also under the reproducible switch); ``labels = "dp"`` named keeps ε = 4 and
+    one release per epoch."""
+    from vflink.privacy.config import (
+        DEFAULT_LABELS_EPSILON,
+        DEFAULT_PROTECTION_EPSILON,
+        DEFAULT_PROTECTION_RELEASES,
+    )
+    from vflink.privacy.label_protection import resolve_settings
+
+    for reproducible in (False, True):
+        cfg = PrivacyConfig(reproducible_noise=reproducible)
+        settings = resolve_settings(cfg.label_settings(), Task.BINARY)
+        assert settings is not None and settings["mode"] == "dp"
+        assert settings["epsilon"] == DEFAULT_PROTECTION_EPSILON
+        assert settings["releases"] == DEFAULT_PROTECTION_RELEASES
+        p = LabelProtection({**settings, "seed": 3 if reproducible else None}, task=Task.BINARY,
+                            party="bank", n_rows=50, classes=2)
+        assert p.denoise == "posterior"
+        assert resolve_settings(cfg.label_settings(), Task.MULTICLASS) is None  # off
+    named = PrivacyConfig(labels="dp").label_settings()
+    assert named["epsilon"] == DEFAULT_LABELS_EPSILON and named["releases"] is None
