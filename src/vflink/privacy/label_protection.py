@@ -642,8 +642,11 @@ class LabelProtection:
                 f"sensitivity); the primary trained on {use}, back-propagated through its "
                 "whole network: every gradient sent and the primary's model are "
                 f"post-processing; its most-released record was released "
-                f"{counts['max_releases']} times, composed with the PLD accountant (no "
-                "subsampling amplification)"
+                f"{counts['max_releases']} time{'s' if counts['max_releases'] != 1 else ''}, "
+                "composed with the PLD accountant (no subsampling amplification)"
+                + (f"; each label was released in its first {s.releases} epoch(s) only, the "
+                   "later epochs trained on the posterior of those releases without new ones"
+                   if s.releases is not None else "")
                 + ("; the gradients sent carry the evidence gathered so far, so an attack "
                    "that reads them approaches the Gaussian figure above rather than chance"
                    if posterior else ""))}
