@@ -280,7 +280,7 @@ class UnionPeer:
                           inverse=np.arange(len(rows), dtype=np.int64))
 
 
-def check_union_labels(mode: str, strategy: syn.Strategy) -> None:
+def check_union_labels(mode: str, strategy: syn.Strategy, *, default: bool = False) -> None:
     """Refuse a strategy whose synthetic labels a label guarantee cannot account for.
 
     ``label-neighbors`` gives each synthetic row the majority of the 3 nearest *real* labels
@@ -292,8 +292,10 @@ def check_union_labels(mode: str, strategy: syn.Strategy) -> None:
     neighbours' labels are the randomised ones, so the synthetic labels are post-processing.)
     """
     if mode == "dp" and strategy.labels == "label-neighbors":
+        which = ("the default label protection (`dp`: no `privacy.labels` key)" if default
+                 else "`privacy.labels = \"dp\"`")
         raise ConfigError(
-            f"`privacy.labels = \"dp\"` cannot train union strategy {strategy.name!r}: "
+            f"{which} cannot train union strategy {strategy.name!r}: "
             "label-neighbors copies the majority of the 3 nearest real labels of a batch into "
             "its synthetic rows, so one real label can set the label of every synthetic row of "
             "its batch (sensitivity up to √(1 + m)·Δ for m synthetic rows), which the noise "

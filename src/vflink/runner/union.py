@@ -268,7 +268,8 @@ class UnionPlan:
     def check(self, config: RunConfig) -> None:
         strategy = get_strategy(config.algorithm)
         if config.privacy.protects_labels:  # before any work: dp cannot account for some
-            check_union_labels(config.privacy.label_mode(Task.BINARY), strategy)
+            check_union_labels(config.privacy.label_mode(Task.BINARY), strategy,
+                               default=config.privacy.labels is None)
 
     def build(self, ctx: RunContext) -> None:
         config = ctx.config
