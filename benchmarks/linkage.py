@@ -39,7 +39,13 @@ Whole-process and real-table cases:
               top-K, and seconds, against the exact raw search; "gps-exact" searches the
               filters exactly
 
-Usage: python benchmarks/linkage.py [--case a|b|b-exact|c|cli|fields|gps|gps-exact|all]
+Search kernels:
+  grouped     the exact grouped k-d tree search (vflink.linkage.grouped) against
+              cKDTree(secondary).query(primary, k) at house scale, alternately in this process,
+              --repeat times on one and on --threads threads: the best and median wall and CPU
+              seconds of each and their ratio, and whether every distance and index agrees
+
+Usage: python benchmarks/linkage.py [--case a|b|b-exact|c|cli|fields|gps|gps-exact|grouped|all]
            [--scale 0.1] [--threads 2]
 """
 
@@ -48,6 +54,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import resource
 import subprocess
 import sys
@@ -73,7 +80,7 @@ from vflink.linkage import (
 SECRET = b"benchmark-secret-shared-by-P-and-S"
 #: The cases ``--case all`` runs, one subprocess each.
 CASES = ("a", "a-flat", "b", "b-exact", "c", "c-blocking", "cli", "cli-privacy-off", "fields",
-         "gps")
+         "gps", "grouped")
 
 
 def house_points(scale: float, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -266,7 +273,6 @@ def link_process(p: np.ndarray, s: np.ndarray, *, metric: str, k: int, threads: 
     """Run ``vflink link`` on (lat, lon) tables ``p`` and ``s`` as its own process: wall
     seconds (imports and output included), its summary, the links (``read_links``) and the
     output's size in bytes."""
-    import os
     import tempfile
     from pathlib import Path
 
@@ -303,6 +309,166 @@ def case_cli(scale: float, threads: int, k: int, privacy: str | None = None) -> 
            stage_seconds=summary.get("stage_seconds"),
            imports_and_startup_seconds=round(wall - sum(phases.values()), 3),
            output_bytes=size, target_seconds=8.0)
+
+
+#: The sizes of the ``command`` case: primary rows (the secondary in FedSim's house ratio).
+COMMAND_SIZES = {"1e4": 10_000, "1e5": 100_000, "house": 141_050}
+
+_API_SCRIPT = """
+import json, resource, sys, time
+t0 = time.perf_counter()
+import vflink
+links = vflink.link(sys.argv[1], sys.argv[2], on="lat,lon", metric="euclidean",
+                    top_k=int(sys.argv[4]), seed=0, privacy=sys.argv[5] or None,
+                    out=sys.argv[3], overwrite=True)
+wall = time.perf_counter() - t0
+n = len(links)
+del links
+import numpy as np, pandas as pd
+from scipy.spatial import cKDTree
+p = pd.read_parquet(sys.argv[1]).to_numpy()
+s = pd.read_parquet(sys.argv[2]).to_numpy()
+t1 = time.perf_counter()
+cKDTree(s).query(p, k=int(sys.argv[4]), workers=2)
+kd = time.perf_counter() - t1
+print(json.dumps({"wall": wall, "kd": kd, "links": n,
+                  "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
+"""
+
+
+def _timed_process(cmd: Sequence[str], env: dict[str, str]) -> tuple[float, int, str]:
+    """Run ``cmd``: its wall seconds, its own peak RSS (bytes, from wait4) and its stdout."""
+    import tempfile
+
+    with tempfile.TemporaryFile() as out:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.PIPE)
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - t0
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        err = proc.stderr.read().decode() if proc.stderr else ""
+        if proc.returncode:
+            raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}): {err[-2000:]}")
+        out.seek(0)
+        return wall, usage.ru_maxrss * 1024, out.read().decode()
+
+
+def _spread(values: Sequence[float]) -> dict[str, float]:
+    return {"median": round(float(np.median(values)), 3), "min": round(min(values), 3),
+            "max": round(max(values), 3)}
+
+
+def case_command(threads: int, k: int, sizes: Sequence[str], repeat: int) -> None:
+    """``vflink link`` (whole process: start, imports, read, link, write) at each size, with
+    privacy off and with the private default, and ``vflink.link`` (a fresh process: the
+    import of vflink and the link), each against ``cKDTree(secondary).query(primary, k,
+    workers=2)`` timed in the same run (this process, just before; the API's in its own
+    process, just after), ``repeat`` times: the median and range of each, of their ratio,
+    the process's own peak RSS (wait4), each stage's seconds from the summary, and the links
+    the file holds."""
+    import tempfile
+    from pathlib import Path
+
+    import pandas as pd
+    import pyarrow.dataset as ds
+    from scipy.spatial import cKDTree
+
+    env = {**os.environ, "VFLINK_SECRET": SECRET.decode(), "OMP_WAIT_POLICY": "PASSIVE"}
+    for size in sizes:
+        n = COMMAND_SIZES[size]
+        p, s = house_points(n / 141_050)
+        with tempfile.TemporaryDirectory() as tmp:
+            d = Path(tmp)
+            pd.DataFrame({"lat": p[:, 0], "lon": p[:, 1]}).to_parquet(d / "p.parquet")
+            pd.DataFrame({"lat": s[:, 0], "lon": s[:, 1]}).to_parquet(d / "s.parquet")
+            runs: dict[str, dict[str, list[Any]]] = {}
+            load = [os.getloadavg()[0]]
+            for _ in range(repeat):
+                for variant, privacy in (("off", "off"), ("private", "")):
+                    t0 = time.perf_counter()
+                    cKDTree(s).query(p, k=k, workers=2)
+                    kd = time.perf_counter() - t0
+                    out = d / f"links-{variant}.parquet"
+                    cmd = [sys.executable, "-m", "vflink.cli.main", "link", "--primary",
+                           str(d / "p.parquet"), "--secondary", str(d / "s.parquet"), "--on",
+                           "lat,lon", "--metric", "euclidean", "--top-k", str(k), "--seed",
+                           "0", "--out", str(out), "--overwrite",
+                           *(("--privacy", privacy) if privacy else ())]
+                    wall, rss, _ = _timed_process(cmd, env)
+                    summary = json.loads(Path(f"{out}.summary.json").read_text())
+                    written = ds.dataset(str(out), format="parquet").count_rows()
+                    r = runs.setdefault(f"command-{variant}", {})
+                    for key, value in (("wall", wall), ("kd", kd), ("ratio", wall / kd),
+                                       ("rss", rss), ("links", written),
+                                       ("steps", summary["step_seconds"]),
+                                       ("stages", summary["stage_seconds"])):
+                        r.setdefault(key, []).append(value)
+                for variant, privacy in (("api-off", "off"), ("api-private", "")):
+                    out = d / f"api-{variant}.parquet"
+                    _, rss, text = _timed_process(
+                        [sys.executable, "-c", _API_SCRIPT, str(d / "p.parquet"),
+                         str(d / "s.parquet"), str(out), str(k), privacy], env)
+                    got = json.loads(text.strip().splitlines()[-1])
+                    r = runs.setdefault(variant, {})
+                    for key, value in (("wall", got["wall"]), ("kd", got["kd"]),
+                                       ("ratio", got["wall"] / got["kd"]), ("rss", rss),
+                                       ("links", got["links"])):
+                        r.setdefault(key, []).append(value)
+                load.append(os.getloadavg()[0])
+        report_sizes = {"n_primary": len(p), "n_secondary": len(s), "k": k,
+                        "expected_links": len(p) * k}
+        for name, r in runs.items():
+            steps = {}
+            for key in ("steps", "stages"):
+                if key in r:
+                    steps[key] = {stage: _spread([x[stage] for x in r[key]
+                                                  if x[stage] is not None] or [0.0])
+                                  for stage in r[key][0]}
+            print(json.dumps({
+                "case": "command", "size": size, "run": name, **report_sizes,
+                "threads_kd": 2, "repeats": repeat,
+                "seconds": _spread(r["wall"]), "kd_tree_seconds": _spread(r["kd"]),
+                "ratio_to_kd_tree": _spread(r["ratio"]),
+                "peak_rss_gib": _spread([x / 2**30 for x in r["rss"]]),
+                "links_written": sorted(set(r["links"])),
+                **({"step_seconds": steps["steps"], "stage_seconds": steps["stages"]}
+                   if steps else {}),
+                "load_average_1min": _spread(load), "cpus": os.cpu_count(),
+                "baseline": "scipy cKDTree(secondary).query(primary, k, workers=2), same run",
+            }), flush=True)
+
+
+def case_grouped(scale: float, threads: int, k: int, repeat: int) -> None:
+    """The grouped search against cKDTree's query on the same points, alternately."""
+    from scipy.spatial import cKDTree
+
+    from vflink.linkage.grouped import grouped_knn
+
+    p, s = house_points(scale)
+    for workers in sorted({1, threads}):
+        times: dict[str, list[tuple[float, float]]] = {"grouped": [], "kd_tree": []}
+        same = True
+        for _ in range(repeat):
+            w, c = time.perf_counter(), time.process_time()
+            got_d, got_i = grouped_knn(p, s, k, cKDTree(s), threads=workers)
+            times["grouped"].append((time.perf_counter() - w, time.process_time() - c))
+            w, c = time.perf_counter(), time.process_time()
+            kd_d, kd_i = cKDTree(s).query(p, k=k, workers=workers)
+            times["kd_tree"].append((time.perf_counter() - w, time.process_time() - c))
+            distinct = (np.diff(kd_d, axis=1) > 0).all(axis=1)  # rows without ties
+            same = same and bool((got_d == kd_d).all()) and bool(
+                (got_i[distinct] == kd_i[distinct]).all())
+        out = {name: {"wall": _spread([t[0] for t in v]), "cpu": _spread([t[1] for t in v])}
+               for name, v in times.items()}
+        report("grouped", n_primary=len(p), n_secondary=len(s), k=k, threads=workers,
+               repeats=repeat, **out,
+               cpu_ratio_best=round(out["kd_tree"]["cpu"]["min"] / out["grouped"]["cpu"]["min"],
+                                    2),
+               wall_ratio_best=round(out["kd_tree"]["wall"]["min"]
+                                     / out["grouped"]["wall"]["min"], 2),
+               same_distances_and_untied_indices=same,
+               load_average_1min=round(os.getloadavg()[0], 2),
+               baseline="scipy cKDTree(secondary).query(primary, k, workers), same process")
 
 
 def case_fields(scale: float) -> None:
@@ -427,10 +593,13 @@ def case_gps(scale: float, threads: int, k: int, search: str = "auto") -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("--case", default="all",
-                    choices=[*CASES, "gps-exact", "all"])
+                    choices=[*CASES, "command", "gps-exact", "all"])
     ap.add_argument("--scale", type=float, default=1.0)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--k", type=int, default=None, help="K (default 100 for a/b, 10 for c)")
+    ap.add_argument("--sizes", default="1e4,1e5,house",
+                    help="the command case's sizes: 1e4, 1e5, house (comma-separated)")
+    ap.add_argument("--repeat", type=int, default=3, help="the command and grouped cases' repeats")
     args = ap.parse_args()
     if args.case == "all":
         # One subprocess per case so peak RSS is per case.
@@ -441,12 +610,16 @@ def main() -> None:
                 cmd += ["--k", str(args.k)]
             subprocess.run(cmd, check=True)
         return
-    if args.case in ("cli", "cli-privacy-off"):
+    if args.case == "command":
+        case_command(args.threads, args.k or 100, args.sizes.split(","), args.repeat)
+    elif args.case in ("cli", "cli-privacy-off"):
         # the default (keyed Bloom filters) and raw identifiers (--privacy off)
         case_cli(args.scale, args.threads, args.k or 100,
                  "off" if args.case == "cli-privacy-off" else None)
     elif args.case == "fields":
         case_fields(args.scale)
+    elif args.case == "grouped":
+        case_grouped(args.scale, args.threads, args.k or 100, args.repeat)
     elif args.case in ("gps", "gps-exact"):
         case_gps(args.scale, args.threads, args.k or 10,
                  "exact" if args.case == "gps-exact" else "auto")

@@ -93,9 +93,11 @@ def test_link_gives_the_cli_links_from_paths_and_from_dataframes(tmp_path: Path,
 
     api_out = tmp_path / "api.csv"
     from_paths = vflink.link(p, s, on="lat,lon", metric="haversine", top_k=3, tau=0.9, seed=1,
-                             privacy=privacy, id="pid", secondary_id="sid", out=api_out)
+                             privacy=privacy, id="pid", secondary_id="sid", out=api_out,
+                             charts=True)
     assert api_out.read_bytes() == cli_out.read_bytes()  # the same file, byte for byte
-    assert api_out.with_name("api.csv.similarity.png").exists()
+    assert api_out.with_name("api.csv.similarity.png").exists()  # drawn: charts=True
+    assert not cli_out.with_name("cli.csv.similarity.png").exists()  # not asked for
 
     frames = vflink.link(pd.read_csv(p), pd.read_csv(s, dtype={"sid": str}),
                          on=["lat", "lon"], metric="haversine", top_k=3, tau=0.9, seed=1,

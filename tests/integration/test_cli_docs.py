@@ -180,6 +180,7 @@ def test_every_input_a_command_names_is_there_where_the_reader_stands() -> None:
         made.update(outputs(argv))
 
 
+@pytest.mark.slow
 def test_every_short_documented_command_runs_as_written(tmp_path: Path) -> None:
     """A new user copies the commands of the README and of every documentation page into a
     fresh clone. Each one that needs no served peer runs here, in the pages' order (`vflink

@@ -108,6 +108,7 @@ def test_a_plan_on_cuda_trains_as_on_the_cpu(scenario: str, tmp_path: Path, part
     assert_same_run(cuda, cpu, tmp_path / "cuda", tmp_path / "cpu")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("labels", LABELS)
 def test_label_protection_on_cuda_releases_what_the_cpu_releases(
         labels: str, tmp_path: Path, parties: list[Any],
@@ -135,6 +136,7 @@ def test_union_training_runs_on_cuda(tmp_path: Path, parties: list[Any],
     assert 0.0 <= result.metrics["test"]["auc"] <= 1.0
 
 
+@pytest.mark.slow
 def test_predict_and_attacks_on_a_cuda_run_equal_the_cpu_runs(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``vflink predict`` runs the saved models on the run's device, and the attacks that
@@ -157,6 +159,7 @@ def test_predict_and_attacks_on_a_cuda_run_equal_the_cpu_runs(
         assert cuda_attacks[name].metrics == result.metrics, name
 
 
+@pytest.mark.slow
 def test_an_interrupted_cuda_run_resumes_to_the_cpu_runs_model(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A checkpoint written from the device (optimiser moments, the dropout streams) is read

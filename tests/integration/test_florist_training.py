@@ -118,6 +118,7 @@ def test_psi_alignment_is_the_exact_alignment_over_both_transports(
 SAME_OVER_BOTH = ("fea-sampling", "fea-gaussian", "fea-sampling-tr", "baseline-partial")
 
 
+@pytest.mark.slow
 @pytest.mark.network
 def test_union_training_is_the_same_over_both_transports(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

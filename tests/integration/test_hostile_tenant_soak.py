@@ -185,6 +185,7 @@ def check(out: dict[str, Any], *, timings: bool) -> None:
             assert beside <= 1.5 * alone, (who, beside, alone)
 
 
+@pytest.mark.slow
 def test_a_short_soak_with_a_hostile_tenant(tmp_path: Path) -> None:
     out = soak(tmp_path, n_secondary=300, n=60, alone_runs=1, seconds=6.0, pause_s=0.2)
     check(out, timings=False)

@@ -198,6 +198,7 @@ epochs = 1
 """
 
 
+@pytest.mark.slow
 @pytest.mark.network
 def test_three_processes_with_different_secrets_exit_nonzero_naming_the_mismatch(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -84,7 +84,7 @@ def test_link_command_writes_table_summary_and_plot(tmp_path: Path, ext: str) ->
     out = tmp_path / f"links.{ext}"
     code = main(["link", "--primary", str(pp), "--secondary", str(sp), "--on", "lat,lon",
                  "--metric", "haversine", "--top-k", "4", "--tau", "0.95", "--bloom",
-                 "--seed", "1", "--out", str(out)])
+                 "--seed", "1", "--out", str(out), "--charts"])
     assert code == 0
     table = pd.read_csv(out) if ext == "csv" else pd.read_parquet(out)
     assert list(table.columns) == ["primary_index", "secondary_index", "rank", "distance",

@@ -60,7 +60,8 @@ def test_a_model_link_decides_matches_without_labels(
     out = tmp_path / "links.parquet"
     links = vflink.link(primary, secondary, fields=[{"on": [c]} for c in FIELDS],
                         blocking=[{"on": r} for r in RULES], model="fellegi-sunter",
-                        one_to_one=True, top_k=3, seed=0, out=out, id="rec_id", sigma=0.5)
+                        one_to_one=True, top_k=3, seed=0, out=out, id="rec_id", sigma=0.5,
+                        charts=True)
     quality = links.evaluate(truth)
     measured, estimated = quality["measured"], quality["estimated"]
     assert measured["precision"] >= 0.98 and measured["recall"] >= 0.92  # blocking: ~0.95

@@ -117,6 +117,7 @@ def budget_json(files: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> d
     return json.loads(capsys.readouterr().out)  # type: ignore[no-any-return]
 
 
+@pytest.mark.slow
 def test_budget_survives_setups_and_restarts_and_only_the_operator_resets_it(
         files: dict[str, Path], serve: Callable[[], GrpcChannel],
         capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture) -> None:

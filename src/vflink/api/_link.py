@@ -80,7 +80,8 @@ class Links:
     def __len__(self) -> int:
         if self.streamed:
             return int(self.summary["sizes"]["links"])
-        return len(self.columns["rank"])
+        rows = getattr(self.columns, "rows", None)  # LinkColumns: without making a column
+        return int(rows) if rows is not None else len(self.columns["rank"])
 
     def __repr__(self) -> str:
         s = self.summary
@@ -254,7 +255,7 @@ def link(primary: TableLike, secondary: TableLike, *,
          stream: bool | None = None, chunk_rows: int | None = None,
          model: str | None = None, threshold: float | None = None,
          one_to_one: bool | str = False, cardinality: str | None = None,
-         view: str = "operator") -> Links:
+         view: str = "operator", charts: bool = False) -> Links:
     """Link every record of ``primary`` to its ``top_k`` most similar records of ``secondary``.
 
     Runs FedSim's soft linkage (§4.1) with the three parties in this process: each data party
@@ -315,8 +316,8 @@ def link(primary: TableLike, secondary: TableLike, *,
     delimiter, encoding, decimal, secondary_delimiter, secondary_encoding : str, optional
         How to read CSV paths (detected delimiter, UTF-8 and ``.`` by default).
     out : str or path, optional
-        Also write the links (``.csv`` or ``.parquet``), ``<out>.summary.json`` and the
-        sorted-similarity curve ``<out>.similarity.png``, as ``vflink link --out`` does.
+        Also write the links (``.csv`` or ``.parquet``) and ``<out>.summary.json``, as
+        ``vflink link --out`` does.
     overwrite : bool, default False
         Replace existing output files instead of stopping.
     compute : Compute, optional
@@ -361,6 +362,11 @@ def link(primary: TableLike, secondary: TableLike, *,
         Which columns the links hold: the operator's view (an operator who holds both tables
         and runs every party: also the coordinator's exact ``distance`` and
         ``match_weight``), or only what the primary receives in a deployment.
+    charts : bool, default False
+        Also draw the figures beside ``out``, while the links are written: the
+        sorted-similarity curve of FedSim Figure 4 (``<out>.similarity.png``) and, for a
+        model link, its charts (``<out>.model.png``). Off by default: matplotlib and the
+        drawing would otherwise be on every link's path.
 
     Returns
     -------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import re
 from pathlib import Path
 from typing import Any
@@ -42,8 +43,8 @@ primary_index, secondary_index (0-based row positions in the input files), rank 
 similar), distance and similarity (after noise), and primary_id / secondary_id with --id.
 Records with an empty identifier stop the link (the error names the file, column and row)
 unless --empty skip: then they keep their position, get no link, and are counted.
-Next to it: <out>.summary.json and the sorted-similarity curve of FedSim Figure 4
-(<out>.similarity.png).
+Next to it: <out>.summary.json and, with --charts, the sorted-similarity curve of FedSim
+Figure 4 (<out>.similarity.png), drawn while the links are written.
 
 Decisions (--model fellegi-sunter, or [link] model = "fellegi-sunter"): the coordinator scores
 every candidate pair (those of the [[link.blocking]] rules; a rule may combine columns, on =
@@ -58,11 +59,11 @@ The links gain match_weight, match_probability and match; the summary the m/u ta
 estimated precision, recall and F1 (no labels needed) with the conditions they rest on,
 checked on the data (fields that do not separate matches or look swapped, blocking rules that
 find nothing and what the rules miss, a poor fit): a figure that cannot be backed is left out
-and the reason given. <out>.model.png the match-weight histogram, the threshold chart and one
-pair's waterfall. --truth FILE (primary_index, secondary_index or primary_id, secondary_id)
-adds the measured precision, recall and F1. A model link's match weights rarely reach the
-private default tau = 0.05: the run then stops and says the tau it can give; pass --tau or
---sigma to accept it.
+and the reason given. With --charts, <out>.model.png the match-weight histogram, the threshold
+chart and one pair's waterfall. --truth FILE (primary_index, secondary_index or primary_id,
+secondary_id) adds the measured precision, recall and F1. A model link's match weights rarely
+reach the private default tau = 0.05: the run then stops and says the tau it can give; pass
+--tau or --sigma to accept it.
 The links file is the operator's view (it holds the coordinator's exact distance and weights,
 labelled so in the summary's "columns" and the Parquet metadata); --view primary writes only
 what the primary receives in a deployment.
@@ -166,8 +167,12 @@ def register(sub: Any) -> None:
     p.add_argument("--truth", type=Path, default=None,
                    help="true pairs (CSV/Parquet: primary_index, secondary_index or primary_id, "
                    "secondary_id) to measure precision, recall and F1 beside the estimate")
+    p.add_argument("--charts", action="store_true", default=None,
+                   help="draw the figures beside the links, while they are written: "
+                   "<out>.similarity.png (FedSim Figure 4) and, for a model link, "
+                   "<out>.model.png (default: none)")
     p.add_argument("--overwrite", action="store_true",
-                   help="replace an existing output (and its .summary.json and .similarity.png)")
+                   help="replace an existing output (and its .summary.json and figures)")
     p.usage = ("%(prog)s --primary P --secondary S --on COLS --metric M --top-k K --out F "
                "[options]\n       %(prog)s --config FILE [options]  (a [link] table of the same)")
     add_compute_args(p)
@@ -184,14 +189,14 @@ _KEYS = ("primary", "secondary", "on", "secondary_on", "metric", "bloom", "top_k
          "sigma", "delta", "approximate", "search", "seed", "out", "privacy", "empty", "id",
          "secondary_id", "fields", "blocking", "geo", "bloom_filters", "resolution", "delimiter",
          "encoding", "secondary_delimiter", "secondary_encoding", "decimal", "parts", "stream",
-         "model", "threshold", "one_to_one", "cardinality", "view", "truth")
+         "model", "threshold", "one_to_one", "cardinality", "view", "truth", "charts")
 
 
 #: What a [link] key must be that only a file can get wrong (a path, a flag, a column list)
 #: or that only the command reads (CSV options); every other value is checked by the link's
 #: own settings (vflink.runner.link.settings), in the words of the Python API.
 _TEXT = ("primary", "secondary", "out", "id", "secondary_id", "truth")
-_FLAGS = ("bloom", "approximate", "parts", "stream")
+_FLAGS = ("bloom", "approximate", "parts", "stream", "charts")
 
 
 def _check_value(key: str, value: Any, problems: list[str]) -> None:
@@ -345,7 +350,7 @@ def _api_options(opts: dict[str, Any], *, check: bool = False) -> dict[str, Any]
         secondary_encoding=opts.get("secondary_encoding"), parts=opts.get("parts"),
         stream=opts.get("stream"), model=opts.get("model"), threshold=opts.get("threshold"),
         one_to_one=opts.get("one_to_one") or False, cardinality=opts.get("cardinality"),
-        view=opts.get("view") or "operator")
+        view=opts.get("view") or "operator", charts=bool(opts.get("charts")))
 
 
 def _file_compute(args: argparse.Namespace) -> Any:
@@ -412,6 +417,17 @@ def _bloom(table: Any, resolution: float | None) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
+    # The cyclic garbage collector, run by allocation counts, walked every module object the
+    # link's imports create, again and again: a tenth of the command's start. A link makes no
+    # reference cycles worth collecting before it ends, so the collector waits until then.
+    gc.disable()
+    try:
+        return _run(args)
+    finally:
+        gc.enable()
+
+
+def _run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
@@ -506,7 +522,7 @@ def run(args: argparse.Namespace) -> int:
         summary = dict(links.summary)
         summary["quality"] = quality
         atomic_write_json(link_outputs(out)[1], summary, indent=2, default=str)
-        if model:
+        if model and opts.get("charts"):
             from vflink.reporting.plots import plot_link_model
 
             plot_link_model(model, link_outputs(out)[3], measured=quality)

@@ -7,6 +7,7 @@ use them, so ``vflink --help`` and every ``vflink COMMAND --help`` answer at onc
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import os
 import signal
@@ -16,29 +17,33 @@ from types import FrameType
 from typing import Any
 
 from vflink import __version__
-from vflink.cli import align as align_cmd
-from vflink.cli import (
-    attack,
-    audit,
-    certs,
-    demo,
-    experiment,
-    link,
-    predict,
-    privacy_budget,
-    report,
-    serve,
-    train,
-)
 from vflink.cli._errors import EXIT_CODES_HELP, Terminated, report_failure
 
 __all__ = ["main"]
 
-COMMANDS = (train, link, experiment, predict, demo, serve, certs, align_cmd, attack, audit,
-            report, privacy_budget)
+#: Each command's name and the module (``vflink.cli.<module>``) that registers it, in the
+#: order ``vflink --help`` lists them.
+COMMAND_MODULES = {"train": "train", "link": "link", "experiment": "experiment",
+                   "predict": "predict", "demo": "demo", "serve": "serve", "certs": "certs",
+                   "align": "align", "attack": "attack", "audit": "audit", "report": "report",
+                   "privacy-budget": "privacy_budget"}
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _command(argv: Sequence[str]) -> str | None:
+    """The command a command line names (its first word that is not a global option), when
+    it is one of :data:`COMMAND_MODULES`."""
+    for word in argv:
+        if word.startswith("-"):
+            if word in ("-h", "--help", "--version"):
+                return None
+            continue  # -v, -vv, --verbose
+        return word if word in COMMAND_MODULES else None
+    return None
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The ``vflink`` parser; ``only``: with that command's sub-parser alone (a run of one
+    command imports only its own module: ``vflink link`` does not load the attacks)."""
     parser = argparse.ArgumentParser(
         prog="vflink",
         description="Vertical federated learning across organisations whose records do not "
@@ -53,8 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="more log output (-v: info, -vv: debug, with the traces of "
                              "errors a party logged)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for module in COMMANDS:
-        module.register(sub)
+    for name, module in COMMAND_MODULES.items():
+        if only is None or name == only:
+            importlib.import_module(f"vflink.cli.{module}").register(sub)
     return parser
 
 
@@ -68,8 +74,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     # measured). Sleeping waiters cost nothing measurable when the cores are free. Set before
     # the first OpenMP runtime is loaded; a value the user exported wins.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    words = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(_command(words))
+    args = parser.parse_args(words)
     from rich.console import Console
 
     from vflink.cli._errors import console_log_handler

@@ -10,7 +10,9 @@ part) of columns, whatever the table's length. Atomic, as every output (:mod:`vf
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import logging
+from collections.abc import Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
 from types import TracebackType
@@ -19,9 +21,18 @@ from typing import Any
 import numpy as np
 
 from vflink._files import atomic_open
-from vflink.data.parts import AUTO_PARTS_ROWS, PART_ROWS, PartitionedWriter, is_partitioned
+from vflink.data.parts import (
+    AUTO_PARTS_ROWS,
+    PART_ROWS,
+    PartitionedWriter,
+    arrow_table,
+    is_partitioned,
+    parquet_options,
+)
 
 __all__ = ["ROW_GROUP_ROWS", "ColumnSink"]
+
+log = logging.getLogger(__name__)
 
 #: pyarrow's default ``row_group_size`` of ``write_table`` (1024 × 1024 rows, pyarrow ≥ 15).
 ROW_GROUP_ROWS = 1024 * 1024
@@ -46,7 +57,15 @@ class _Recut:
             yield self._take(self._rows)
 
     def _take(self, n: int) -> dict[str, Any]:
-        keys = list(self._held[0])
+        first = self._held[0]
+        if len(next(iter(first.values()))) >= n:  # no copy: views of the first chunk
+            rest = {k: v[n:] for k, v in first.items()}
+            self._held[0] = rest
+            if not len(next(iter(rest.values()))):
+                self._held.pop(0)
+            self._rows -= n
+            return {k: v[:n] for k, v in first.items()}
+        keys = list(first)
         joined = {k: np.concatenate([np.asarray(c[k]) for c in self._held]) for k in keys}
         self._held = [{k: v[n:] for k, v in joined.items()}] if self._rows > n else []
         self._rows -= n
@@ -59,6 +78,11 @@ class ColumnSink:
     ``rows``: the table's total length, known beforehand (it decides, as in
     :func:`~vflink.data.parts.write_columns`, whether ``parts=None`` means parts); ``out``
     ending in ``.csv`` is written as ``DataFrame.to_csv(index=False, float_format="%.6g")``.
+
+    Parquet is compressed and written beside the caller, which meanwhile makes the next chunk:
+    the parts of a dataset by :class:`~vflink.data.parts.PartitionedWriter`'s threads, the
+    row groups of a single file by one thread, in order. An error in a write surfaces at the
+    next ``write`` or at the block's end, and the output is then not published.
     """
 
     def __init__(self, out: Path | str, *, rows: int, parts: bool | None = None,
@@ -75,6 +99,8 @@ class ColumnSink:
         self._target: Any = None
         self._writer: Any = None
         self._header = True
+        self._pool: ThreadPoolExecutor | None = None
+        self._last: Future[None] | None = None
 
     def __enter__(self) -> ColumnSink:
         self.out.parent.mkdir(parents=True, exist_ok=True)
@@ -85,32 +111,40 @@ class ColumnSink:
             self._target = self._stack.enter_context(atomic_open(self.out, "w", newline=""))
         else:
             self._target = self._stack.enter_context(atomic_open(self.out, "wb"))
+            # one thread keeps the row groups in order; registered after the file, so it is
+            # shut down (its last write done) before the file is closed and published
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="vflink-sink")
+            self._stack.callback(self._pool.shutdown, wait=True)
         return self
 
-    def write(self, columns: dict[str, Any]) -> None:
+    def write(self, columns: Mapping[str, Any]) -> None:
         if self.csv:
             import pandas as pd
 
-            pd.DataFrame(columns).to_csv(self._target, index=False, header=self._header,
+            pd.DataFrame(dict(columns)).to_csv(self._target, index=False, header=self._header,
                                          float_format="%.6g")
             self._header = False
             return
-        for piece in self._recut.push(columns):
+        for piece in self._recut.push(dict(columns)):
             self._emit(piece)
 
     def _emit(self, columns: dict[str, Any]) -> None:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
         if self.parts:
             self._target.write(columns)
             return
-        table = pa.table(columns)
-        if self.metadata:
-            table = table.replace_schema_metadata(self.metadata)
+        table = arrow_table(columns, self.metadata)
+        if self._last is not None:
+            self._last.result()  # one row group waits at most: memory stays one chunk
+        if self._pool is None:  # pragma: no cover - made in __enter__
+            raise RuntimeError("ColumnSink used outside its `with` block")
+        self._last = self._pool.submit(self._write_group, table)
+
+    def _write_group(self, table: Any) -> None:
+        import pyarrow.parquet as pq
+
         if self._writer is None:
-            self._writer = pq.ParquetWriter(self._target, table.schema,
-                                            compression=self.compression)
+            self._writer = pq.ParquetWriter(
+                self._target, table.schema, **parquet_options(table.schema, self.compression))
         self._writer.write_table(table)
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
@@ -119,7 +153,25 @@ class ColumnSink:
             if kind is None and not self.csv:
                 for piece in self._recut.rest():
                     self._emit(piece)
+                if self._last is not None:
+                    self._last.result()
                 if self._writer is not None:
                     self._writer.close()
-        finally:
-            self._stack.__exit__(kind, exc, tb)
+        except BaseException as failed:  # a failed last write: nothing is published
+            self._abandon()
+            self._stack.__exit__(type(failed), failed, failed.__traceback__)
+            raise
+        if kind is not None:
+            self._abandon()
+        self._stack.__exit__(kind, exc, tb)
+
+    def _abandon(self) -> None:
+        """Stop the writer of a file that will not be published (its temporary file goes)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+        if self._writer is not None:
+            try:
+                self._writer.close()
+            except Exception:  # noqa: BLE001 - the file is removed whatever its state
+                log.debug("closing an abandoned Parquet writer failed", exc_info=True)
+            self._writer = None

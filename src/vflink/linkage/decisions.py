@@ -38,9 +38,6 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from scipy import sparse
-from scipy.optimize import linear_sum_assignment
-from scipy.sparse.csgraph import connected_components
 
 from vflink.errors import ConfigError
 from vflink.linkage.fellegi_sunter import _check_cardinality, one_to_one_posterior
@@ -116,6 +113,9 @@ def optimal_one_to_one(rows: IntArray, cols: IntArray, weights: FloatArray, *,
     ur, r_idx = np.unique(rows, return_inverse=True)
     uc, c_idx = np.unique(cols, return_inverse=True)
     n_r, n_c = len(ur), len(uc)
+    from scipy import sparse  # scipy here, not at import: every link imports this module
+    from scipy.sparse.csgraph import connected_components
+
     graph = sparse.coo_matrix((np.ones(len(rows)), (r_idx, n_r + c_idx)),
                               shape=(n_r + n_c, n_r + n_c))
     _, label = connected_components(graph, directed=False)
@@ -135,6 +135,8 @@ def optimal_one_to_one(rows: IntArray, cols: IntArray, weights: FloatArray, *,
             continue
         matrix = np.zeros((len(pr), len(pc)))
         matrix[pr_idx, pc_idx] = gain[part]
+        from scipy.optimize import linear_sum_assignment
+
         ar, ac = linear_sum_assignment(matrix, maximize=True)
         chosen = np.zeros((len(pr), len(pc)), dtype=bool)
         chosen[ar, ac] = True
@@ -259,6 +261,9 @@ def match_clusters(sizes: Sequence[int], pairs: Sequence[tuple[int, int, Any, An
     n = int(offsets[-1])
     s = np.concatenate(src) if src else np.zeros(0, dtype=np.int64)
     d = np.concatenate(dst) if dst else np.zeros(0, dtype=np.int64)
+    from scipy import sparse
+    from scipy.sparse.csgraph import connected_components
+
     graph = sparse.coo_matrix((np.ones(len(s)), (s, d)), shape=(n, n))
     _, label = connected_components(graph, directed=False)
     return [label[offsets[i]:offsets[i + 1]].astype(np.int64) for i in range(len(sizes))]

@@ -164,6 +164,9 @@ def improvement_estimates(linkage: SoftLinkage, baselines: tuple[str, ...] = BAS
     """
     if scaled is None:
         sims = linkage.similarities if noisy else linkage.raw_similarities()
+        fast = _row_estimates(linkage, sims, baselines) if scale == "row" else None
+        if fast is not None:
+            return fast
         scaled = scale_similarities(sims, scale=scale)
     valid = linkage.indices != MISSING
     all_valid = bool(valid.all())
@@ -182,6 +185,41 @@ def improvement_estimates(linkage: SoftLinkage, baselines: tuple[str, ...] = BAS
             picked = scaled[m]
             per_sum = float(row_sum.sum() + picked.size - 2.0 * picked.sum())
         out[name] = per_sum / n if scaled.size else 0.0
+    return out
+
+
+def _row_estimates(linkage: SoftLinkage, sims: FloatArray,
+                   baselines: tuple[str, ...]) -> dict[str, float] | None:
+    """:func:`improvement_estimates` with row scaling when every link is present and every
+    similarity finite (the usual soft linkage), from each row's minimum, maximum and sum
+    instead of the n × K scaled matrix: a row's scaled sum is (Σ s − K·min) / span, so Δ
+    needs three passes over the similarities and none over a scaled copy (at FedSim's house
+    scale, 14 M similarities, that halves the summary's cost). ``None``: not that case."""
+    s = np.asarray(sims, dtype=np.float64)
+    if s.ndim != 2 or s.shape[1] == 0 or not (linkage.indices != MISSING).all():
+        return None
+    lo, hi = s.min(axis=1), s.max(axis=1)
+    if not (np.isfinite(lo).all() and np.isfinite(hi).all()):
+        return None
+    n, k = s.shape
+    span = hi - lo
+    flat = span <= 0
+    inv = np.where(flat, 0.0, 1.0 / np.where(flat, 1.0, span))  # a flat row scales to 0
+    row_sum = (s.sum(axis=1) - k * lo) * inv  # Σ_j scaled s_ij of each row
+    total = float(row_sum.sum())
+    out: dict[str, float] = {}
+    for name in baselines:
+        if name == "avgsim":
+            per_sum = k * n - total
+        elif name == "top1sim":
+            per_sum = total + float((1.0 - 2.0 * (s[:, 0] - lo) * inv).sum())
+        else:
+            # every link is present: Exact's matches are the links at distance 0
+            rows, cols = np.nonzero(linkage.distances == 0.0 if name == "exact"
+                                    else baseline_matches(linkage, name))
+            picked = (s[rows, cols] - lo[rows]) * inv[rows]
+            per_sum = total + picked.size - 2.0 * float(picked.sum())
+        out[name] = per_sum / max(1, n)
     return out
 
 

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import logging
 import math
+import os
+import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -63,22 +65,82 @@ def normalize_similarities(distances: npt.ArrayLike, *,
         mu0, sigma0 = float(scale[0]), float(scale[1])
     elif not valid.any():
         return np.full_like(d, np.nan), 0.0, 0.0
-    elif all_valid:
-        # No masked copies of the n × K distances when every link is present (the usual case).
+    else:
+        # No masked copy of the n × K distances when every link is present (the usual case).
         # The std of −d is the std of d; both moments come from exact sums, so a linkage
         # streamed chunk by chunk gets the very same μ0 and σ0 (see .moments).
-        mean, sigma0 = exact_moments(d)
+        mean, sigma0 = exact_moments(d if all_valid else d[valid])
         mu0 = -mean
-    else:
-        mu0 = -float(d[valid].mean())
-        sigma0 = float(d[valid].std())
     if sigma0 > 0.0:
-        rho = -d
-        rho -= mu0
-        rho /= sigma0
+        rho = np.empty_like(d)
+        _in_halves(lambda a, out: _rho(a, mu0, sigma0, out), d, rho)
     else:
         rho = np.where(valid, 0.0, np.nan)
     return rho, mu0, sigma0
+
+
+def _rho(d: FloatArray, mu0: float, sigma0: float, out: FloatArray) -> None:
+    """Eq. 1 into ``out``: (−d − μ0) / σ0, in this order of operations (a streamed link's
+    chunks compute the very same bits)."""
+    np.negative(d, out=out)
+    out -= mu0
+    out /= sigma0
+
+
+#: Elements from which an elementwise pass is split between two threads.
+_THREADED = 1 << 21
+
+
+def _in_halves(fn: Any, x: FloatArray, out: FloatArray) -> None:
+    """``fn(x, out)`` elementwise, a large array in two threads (numpy releases the GIL in
+    its loops; each element is computed as it would be in one)."""
+    if x.size < _THREADED or (os.cpu_count() or 1) < 2 or not (x.flags.c_contiguous
+                                                                and out.flags.c_contiguous):
+        fn(x, out)
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    flat, dest = x.reshape(-1), out.reshape(-1)
+    half = flat.size // 2
+    with ThreadPoolExecutor(2) as pool:
+        list(pool.map(lambda r: fn(flat[r], dest[r]), (slice(0, half), slice(half, None))))
+
+
+class _DrawAhead:
+    """Standard normal draws of ``shape`` from ``rng``, made by a thread of its own (numpy
+    releases the GIL while it fills an array); :meth:`result` waits for them."""
+
+    def __init__(self, rng: np.random.Generator, shape: tuple[int, ...]) -> None:
+        import threading
+
+        self._out: FloatArray | None = None
+        self._error: BaseException | None = None
+
+        def draw() -> None:
+            try:
+                self._out = rng.standard_normal(shape)
+            except BaseException as exc:  # noqa: BLE001 - handed over by result()
+                self._error = exc
+
+        self._thread = threading.Thread(target=draw, name="vflink-noise", daemon=True)
+        self._thread.start()
+
+    def result(self) -> FloatArray:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        if self._out is None:  # pragma: no cover - the thread sets one of the two
+            raise RuntimeError("no draws")
+        return self._out
+
+
+def _scaled_noise(z: FloatArray, sigma: float, rho: FloatArray) -> FloatArray:
+    """``perturb_similarities``'s values from its standard normal draws ``z``:
+    (0 + σ·z) + ρ, in that order, in place in ``z``."""
+    z *= sigma
+    z += 0.0  # Generator.normal(0, σ) is 0 + σ·z: the same bits (−0.0 becomes +0.0 too)
+    z += rho
+    return z
 
 
 def noise_scale(tau: float | None, sigma: float | None, sigma0: float, *,
@@ -157,6 +219,8 @@ class SoftLinkage:
     match_probabilities: FloatArray | None = None
     matches: npt.NDArray[np.bool_] | None = None
     model: dict[str, Any] = field(default_factory=dict)
+    #: seconds of its own steps (``moments``: Eq. 1's μ0 and σ0 and ρ; ``noise``: Eq. 2)
+    seconds: dict[str, float] = field(default_factory=dict)
 
     @property
     def k(self) -> int:
@@ -238,19 +302,34 @@ def soft_linkage(
         indices[miss] = MISSING
         distances[miss] = np.nan
 
+    # None: the secret source (vflink.randomness); a seed only where the caller asked for
+    # reproducible noise (not private: the seed regenerates it)
+    generator = rng if isinstance(rng, np.random.Generator) else (
+        secret_generator() if rng is None else np.random.default_rng(rng))
+    # Eq. 2's noise, when there will be some, is drawn while Eq. 1 is computed: σ depends on
+    # σ0, but the draws do not (Generator.normal(0, σ) is 0 + σ·z for the stream's next
+    # standard normal z), so a thread of its own draws z meanwhile; the values are those of
+    # perturb_similarities, and the draws stay this generator's, in order
+    ahead = _DrawAhead(generator, distances.shape) if (
+        distances.size >= _THREADED and ((tau is not None and tau < 1.0) or bool(sigma))) \
+        else None
+    clock = time.perf_counter()
     rho, mu0, sigma0 = normalize_similarities(distances, scale=scale)
+    seconds = {"moments": time.perf_counter() - clock}
     step = neighbours.resolution
     noise = noise_scale(tau, sigma, sigma0, resolution=step)
     achieved_tau = tau_for_sigma(noise, sigma0, resolution=step)
     n_primary = int(indices.shape[0])
     epsilon = dp_epsilon(noise, n_primary, mu0, sigma0)
     epsilon_valid = delta < theorem1_delta_limit(epsilon)
-    # None: the secret source (vflink.randomness); a seed only where the caller asked for
-    # reproducible noise (not private: the seed regenerates it)
-    generator = rng if isinstance(rng, np.random.Generator) else (
-        secret_generator() if rng is None else np.random.default_rng(rng))
     # ρ is a fresh array owned here: without noise it is the similarity itself (no copy).
-    similarities = rho if noise == 0.0 else perturb_similarities(rho, noise, generator)
+    clock = time.perf_counter()
+    if ahead is not None:
+        z = ahead.result()
+        similarities = rho if noise == 0.0 else _scaled_noise(z, noise, rho)
+    else:
+        similarities = rho if noise == 0.0 else perturb_similarities(rho, noise, generator)
+    seconds["noise"] = time.perf_counter() - clock
     log.info("soft linkage: K=%d μ0=%.6g σ0=%.6g σ=%.6g τ=%.6g ε=%.6g", neighbours.k, mu0,
              sigma0, noise, achieved_tau, epsilon)
     return SoftLinkage(
@@ -270,4 +349,5 @@ def soft_linkage(
         exact_search=neighbours.exact,
         recall=neighbours.recall,
         resolution=float(step),
+        seconds=seconds,
     )

@@ -240,7 +240,8 @@ class LinkingPeer(Party):
         """Remember which of our rows are linked with ``peer`` (a primary); its requests for
         other rows are refused, and a primary without such an alignment gets nothing."""
         idx = np.asarray(secondary_index).ravel()
-        idx = idx[idx != MISSING]
+        if idx.size and idx.min() == MISSING:  # (no masked copy when every link is present)
+            idx = idx[idx != MISSING]
         if idx.size and (idx.min() < 0 or idx.max() >= len(self.table)):
             raise ProtocolError(f"party {self.name!r}: alignment refers to rows outside "
                                 f"[0, {len(self.table)})")

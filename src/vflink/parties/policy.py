@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DATA_ROLES",
+    "DEFAULT_MAX_COMBINED_TAU",
     "DEFAULT_MAX_TAU",
     "IDENTIFIER_RELEASES",
     "PartyPolicy",
@@ -81,6 +82,9 @@ UNION_FEATURES = ("fea-sampling", "fea-gaussian", "fea-random", "none")
 SAFE_UNION_FEATURES = ("fea-sampling", "none")
 #: Noise-free similarities have τ = 1 (Theorem 2 with σ = 0): the default refuses them.
 DEFAULT_MAX_TAU = 0.9999
+#: A primary's releases of one secondary's similarities, averaged together: at the private
+#: default τ = 0.05 per release, about 30 releases reach 0.25 (docs/security.md).
+DEFAULT_MAX_COMBINED_TAU = 0.25
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -94,6 +98,13 @@ class PartyPolicy:
         max_tau: coordinator: the largest Theorem 2 greedy-attack bound τ it accepts
             (τ = 1 means no noise, so any value below 1 requires noise). Links in
             ``mode = "exact"`` carry no distance information and are exempt.
+        max_combined_tau: coordinator: the largest Theorem 2 bound τ that all the noisy
+            similarities one primary has received of one secondary may reach together. Each
+            release draws fresh noise, so a primary that asks for the same link n times and
+            averages what it gets attacks noise of σ/√n: the coordinator adds up each
+            release's precision (1/σ² in distance units), and refuses a release whose
+            combined τ would exceed this (or the release's own τ, when that is larger).
+            Kept in memory for the coordinator process's life.
         embeddings: the DP this party requires on the embeddings it releases. Only ``"any"``
             exists for now; the VFL-AFE embedding DP adds its (ε, δ) minimum here.
         max_abs_value: largest magnitude accepted in received gradients, embeddings and
@@ -172,6 +183,7 @@ class PartyPolicy:
     identifiers: str = "bloom"
     min_sigma: float = 0.0
     max_tau: float = DEFAULT_MAX_TAU
+    max_combined_tau: float = DEFAULT_MAX_COMBINED_TAU
     embeddings: str = "any"
     max_abs_value: float = 1e6
     max_pending_batches: int = 8
@@ -208,6 +220,8 @@ class PartyPolicy:
         check_float(problems, "policy.min_sigma", self.min_sigma, min=0.0)
         check_float(problems, "policy.max_tau", self.max_tau, min=0.0, max=1.0,
                     min_exclusive=True)
+        check_float(problems, "policy.max_combined_tau", self.max_combined_tau, min=0.0,
+                    max=1.0, min_exclusive=True)
         check_choice(problems, "policy.embeddings", self.embeddings, ("any",))
         check_float(problems, "policy.max_abs_value", self.max_abs_value, min=0.0,
                     min_exclusive=True)
@@ -260,7 +274,7 @@ class PartyPolicy:
     def permissive(cls, *, identifiers: str = "any") -> PartyPolicy:
         """No release restriction (limits unchanged): for a run whose single operator owns
         every party and chose the release explicitly (see ``vflink.runner.federation``)."""
-        return cls(identifiers=identifiers, min_sigma=0.0, max_tau=1.0,
+        return cls(identifiers=identifiers, min_sigma=0.0, max_tau=1.0, max_combined_tau=1.0,
                    union_features=UNION_FEATURES)
 
     def check_identifier_release(self, party: str, encoder: str) -> None:

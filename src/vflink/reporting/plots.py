@@ -43,13 +43,14 @@ def plot_link_model(model: dict[str, Any], path: Path,
     """A model link's charts in one figure: the match-weight histogram of the candidate pairs
     (matched and not), the estimated precision, recall and F1 at every threshold (with the
     measured PR curve when labels were given), and the waterfall of one pair (each field's
-    contribution to its match weight)."""
-    import matplotlib
+    contribution to its match weight).
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    Drawn on a bare :class:`~matplotlib.figure.Figure` (the Agg canvas, no pyplot state), so
+    that a link can draw it in a thread beside its write."""
+    from matplotlib.figure import Figure
 
-    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(15, 4), dpi=100)
+    fig = Figure(figsize=(15, 4), dpi=100)
+    ax1, ax2, ax3 = fig.subplots(1, 3)
     hist = model.get("weight_histogram", {})
     edges = hist.get("edges", [])
     if len(edges) > 1:
@@ -93,4 +94,3 @@ def plot_link_model(model: dict[str, Any], path: Path,
     fig.tight_layout()
     with atomic_open(path, "wb") as fh:
         fig.savefig(fh, format="png")
-    plt.close(fig)

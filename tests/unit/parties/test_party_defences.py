@@ -30,6 +30,7 @@ from vflink.errors import (
     TransportError,
     VflinkError,
 )
+from vflink.linkage import tau_for_sigma
 from vflink.models.spec import BottomSpec
 from vflink.parties import CoordinatorParty, SecondaryParty
 from vflink.parties.guard import bottom_parameters, check_values
@@ -228,6 +229,42 @@ def test_the_coordinator_enforces_its_noise_minimum(transport: Any) -> None:
     _link_session(fed, ch, "e")
     ch.call("coordinator", SoftLink(session="e", secondaries=("bank",), metric="levenshtein",
                                     top_k=1, mode="exact"))
+
+
+@pytest.mark.network
+def test_repeated_releases_of_one_link_are_bounded_together(transport: Any) -> None:
+    """Averaging n releases of one link (fresh noise each) leaves noise σ/√n: the coordinator
+    refuses the release whose combined Theorem 2 bound would pass max_combined_tau, exactly
+    where the formula says, and stores nothing of it."""
+    fed = Federation(PartyPolicy(max_combined_tau=0.5))
+    ch = transport(fed)
+    precision, released = 0.0, 0
+    for n in range(1, 40):
+        session = f"r{n}"
+        _link_session(fed, ch, session)
+        request = SoftLink(session=session, secondaries=("bank",), metric="levenshtein",
+                           top_k=2, sigma=0.5)
+        lk = fed.coordinator._sessions["r1"].linkages["bank"] if released else None
+        if lk is not None:
+            precision_next = precision + 1.0 / (lk.sigma * lk.sigma0) ** 2
+            combined = tau_for_sigma(1.0 / (math.sqrt(precision_next) * lk.sigma0), lk.sigma0)
+            if combined > 0.5:
+                with pytest.raises(PolicyViolation, match=r"policy.combined_noise"):
+                    ch.call("coordinator", request)
+                assert fed.coordinator._sessions[session].alignments == {}
+                break
+        views = ch.call("coordinator", request)
+        meta = views.views[0].meta
+        assert meta["tau"] < 0.5
+        precision += 1.0 / (meta["sigma"] * meta["sigma0"]) ** 2
+        released += 1
+    assert 2 <= released < 39  # refused, after more than one release
+    # exact links carry no distance information: never counted
+    _link_session(fed, ch, "e")
+    ch.call("coordinator", SoftLink(session="e", secondaries=("bank",), metric="levenshtein",
+                                    top_k=1, mode="exact"))
+    assert PartyPolicy().max_combined_tau == 0.25
+    assert PartyPolicy.permissive().max_combined_tau == 1.0
 
 
 def test_a_tau_request_is_checked_against_the_achieved_bound() -> None:

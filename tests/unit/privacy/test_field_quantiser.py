@@ -78,6 +78,7 @@ def _rows(draw: st.DrawFn) -> tuple[np.ndarray, tuple[rr.CodeField, ...], int]:
     return np.hstack(blocks).astype(np.float32), tuple(fields), draw(st.integers(1, 12))
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None)
 @given(_rows())
 def test_codes_match_the_brute_force_reference(case: tuple) -> None:

@@ -38,21 +38,24 @@ def _tables(tmp_path: Path, n: int = 50, m: int = 30) -> tuple[Path, Path]:
 CHOICES = [
     ({"on": "x,y", "metric": "euclidean"},
      {"read": "tables", "encode": "identifier", "candidates": "search", "compare": "distance",
-      "model": "none", "decide": "top-k", "write": "file", "charts": "figures"}),
+      "model": "none", "decide": "top-k", "write": "file", "charts": "none"}),
     ({"fields": [{"on": ["name"], "metric": "levenshtein"}], "blocking": ["name"], "sigma": 0.5},
      {"read": "tables", "encode": "fields", "candidates": "fields", "compare": "fields",
-      "model": "none", "decide": "top-k", "write": "file", "charts": "figures"}),
+      "model": "none", "decide": "top-k", "write": "file", "charts": "none"}),
     ({"on": "name", "model": "fellegi-sunter", "one_to_one": "greedy", "sigma": 0.5},
      {"read": "tables", "encode": "fields", "candidates": "fields", "compare": "fields",
-      "model": "fellegi-sunter", "decide": "matches", "write": "file", "charts": "figures"}),
+      "model": "fellegi-sunter", "decide": "matches", "write": "file", "charts": "none"}),
     ({"on": "x,y", "metric": "euclidean", "stream": True},
      {"read": "batches", "encode": "chunks", "candidates": "chunks", "compare": "moments",
-      "model": "none", "decide": "chunks", "write": "stream", "charts": "figures"}),
+      "model": "none", "decide": "chunks", "write": "stream", "charts": "none"}),
+    ({"on": "x,y", "metric": "euclidean", "charts": True},
+     {"read": "tables", "encode": "identifier", "candidates": "search", "compare": "distance",
+      "model": "none", "decide": "top-k", "write": "file", "charts": "figures"}),
 ]
 
 
 @pytest.mark.parametrize(("options", "want"), CHOICES, ids=["identifier", "fields", "model",
-                                                            "streamed"])
+                                                            "streamed", "charts"])
 def test_the_settings_choose_every_stage_and_the_summary_says_which(
         tmp_path: Path, options: dict[str, Any], want: dict[str, str]) -> None:
     p, s = _tables(tmp_path)
@@ -100,7 +103,7 @@ def test_the_command_and_a_link_file_build_the_same_pipeline_as_the_api(
         f'[link]\nprimary = "{p.name}"\nsecondary = "{s.name}"\non = "x,y"\n'
         'metric = "euclidean"\ntop_k = 3\nseed = 1\ntau = 0.5\nout = "file.parquet"\n')
     assert main(["link", "--config", str(tmp_path / "link.toml")]) == 0
-    timing = ("seconds", "phase_seconds", "stage_seconds")
+    timing = ("seconds", "phase_seconds", "stage_seconds", "step_seconds")
     for name in ("cli", "file"):
         assert ((tmp_path / f"{name}.parquet").read_bytes()
                 == (tmp_path / "api.parquet").read_bytes())

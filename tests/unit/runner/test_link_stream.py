@@ -26,7 +26,8 @@ from vflink.runner.link.read import table_rows
 WORDS = ["anna", "bert", "carla", "dieter", "emil", "frieda", "gustav", "hanna"]
 CASES = [("euclidean", ("x", "y")), ("haversine", ("lat", "lon")), ("levenshtein", ("name",)),
          ("hamming", ("name",))]
-SKIP = ("seconds", "phase_seconds", "stage_seconds", "stages", "communication")
+SKIP = ("seconds", "phase_seconds", "stage_seconds", "step_seconds", "stages", "communication",
+        "charts")
 
 
 def _write(tmp: Path, n: int, m: int, seed: int) -> tuple[Path, Path]:
@@ -69,7 +70,7 @@ def test_streamed_equals_in_memory(tmp_path_factory: pytest.TempPathFactory, n: 
     p, s = _write(tmp, n, m, seed)
     metric, on = case
     k = min(3, m)
-    kw = dict(on=list(on), metric=metric, top_k=k, privacy=privacy, sigma=sigma)
+    kw = dict(on=list(on), metric=metric, top_k=k, privacy=privacy, sigma=sigma, charts=True)
     try:
         want = _in_memory(p, s, tmp / f"mem{suffix}", **kw)
     except LinkageError as refused:  # the private default out of reach: refused alike

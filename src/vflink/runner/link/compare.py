@@ -19,7 +19,7 @@ import math
 
 import numpy as np
 
-from vflink.linkage.moments import ExactSum
+from vflink.linkage.moments import ExactSum, squares_total
 from vflink.registry import Registry
 from vflink.runner.encoding import compared_as, link_fields
 from vflink.runner.link.context import LinkContext, Stage
@@ -50,8 +50,9 @@ def moments(ctx: LinkContext) -> LinkContext:
     squares = ExactSum()
     for path in ctx.state["raw"]:
         with np.load(path) as r:
-            dev = r["distances"] - mean
-        dev *= dev
-        squares.add(dev)
+            part = squares_total(r["distances"], mean)
+        squares.total += part.total
+        squares.count += part.count
     ctx.state["scale"] = (-mean, math.sqrt(squares.mean()))
+    ctx.state["moments"] = "exact"
     return ctx

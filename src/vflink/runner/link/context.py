@@ -139,8 +139,9 @@ class LinkContext:
     improvement: dict[str, float] = field(default_factory=dict)
     communication: dict[str, dict[str, int]] = field(default_factory=dict)
     skipped: dict[str, int] = field(default_factory=lambda: {"primary": 0, "secondary": 0})
-    columns: dict[str, npt.NDArray[Any]] = field(default_factory=dict)
-    chunks: Iterable[dict[str, npt.NDArray[Any]]] = ()
+    #: the links' columns when held in memory (a :class:`~.outcome.LinkColumns`)
+    columns: Mapping[str, npt.NDArray[Any]] = field(default_factory=dict)
+    chunks: Iterable[Mapping[str, npt.NDArray[Any]]] = ()
     rows: int = 0
     #: the linkage whose sorted similarities the charts draw (FedSim Figure 4)
     shown: SoftLinkage | None = None

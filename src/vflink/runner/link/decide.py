@@ -132,8 +132,8 @@ def _receive(ctx: LinkContext) -> LinkContext:
     ctx.columns = columns = linkage_columns(linkage, view=s.view)
     for side, name in ((ctx.primary, "primary_id"), (ctx.secondary, "secondary_id")):
         if side.ids is not None:
-            columns[name] = side.ids[columns[f"{name[:-3]}_index"]]
-    ctx.rows = len(columns["rank"])
+            columns.add_ids(name, side.ids)
+    ctx.rows = columns.rows
     ctx.chunks = (columns,)
     return ctx
 

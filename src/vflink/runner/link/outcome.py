@@ -5,7 +5,7 @@ alignment, the figures), the columns of the links file and who holds each, and t
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,8 +20,14 @@ from vflink.randomness import NOT_PRIVATE
 from vflink.runner.encoding import encoding_summary
 from vflink.types import Alignment
 
-__all__ = ["LINK_COLUMNS", "LINK_COLUMNS_MODEL", "VIEWS", "LinkOutcome", "link_summary",
-           "linkage_columns", "linkage_table", "links_metadata", "primary_probability"]
+__all__ = ["LINK_COLUMNS", "LINK_COLUMNS_MODEL", "VIEWS", "LinkColumns", "LinkOutcome",
+           "link_summary", "linkage_columns", "linkage_table", "links_metadata",
+           "primary_probability"]
+
+
+#: How Eq. 1's μ0 and σ0 were computed, as the summary says (:mod:`vflink.linkage.moments`).
+MOMENTS = ("exact: the mean and population deviation of the n × K links' distances (Eq. 1), "
+           "each rounded once from an exact sum; the same bits whole or in chunks")
 
 
 @dataclass(frozen=True)
@@ -41,6 +47,8 @@ class LinkOutcome:
     skipped_rows: dict[str, int] = field(default_factory=lambda: {"primary": 0, "secondary": 0})
     #: a multi-field link's comparison of each field as really made (metric or encoding)
     fields_compared: list[str] = field(default_factory=list)
+    #: the noise was seeded (a link's ``seed``): whoever knows the seed regenerates it
+    reproducible_noise: bool = False
 
     def summary(self) -> dict[str, Any]:
         lk = self.linkage
@@ -58,7 +66,7 @@ class LinkOutcome:
             "sigma0": lk.sigma0, "sigma": lk.sigma, "tau": lk.tau, "epsilon": lk.epsilon,
             "delta": lk.delta, "epsilon_valid": lk.epsilon_valid,
             "resolution": lk.resolution, "similarity_protection": self.protection(),
-            "exact_search": lk.exact_search, "recall": lk.recall,
+            "moments": MOMENTS, "exact_search": lk.exact_search, "recall": lk.recall,
             "improvement_delta": self.improvement, "communication": self.communication,
             **encoding_summary(self.encoding, self.secret_source),
             "skipped_rows": self.skipped_rows, **extra,
@@ -71,8 +79,7 @@ class LinkOutcome:
             return "similarities: none needed (exact matches only, no distance information)"
         said = describe_protection(lk.sigma, lk.tau, lk.epsilon, lk.delta)
         drawn = lk.sigma is not None and lk.sigma > 0.0 and lk.tau is not None and lk.tau < 1.0
-        if drawn and self.alignment.meta.get("reproducible_noise"):
-            # a seed given to the link (--seed): whoever knows it redraws the noise
+        if drawn and self.reproducible_noise:
             said = f"{said}; {NOT_PRIVATE}"
         return said
 
@@ -128,55 +135,134 @@ def primary_probability(linkage: SoftLinkage) -> npt.NDArray[np.float64]:
     return out
 
 
-def linkage_columns(linkage: SoftLinkage, *, view: str = "operator"
-                    ) -> dict[str, npt.NDArray[Any]]:
-    """The columns of the ``vflink link`` output: one entry per (primary record, neighbour).
+class LinkColumns(Mapping[str, npt.NDArray[Any]]):
+    """The columns of the ``vflink link`` output, one entry per (primary record, neighbour),
+    made when they are asked for: a whole column on ``columns[name]`` (kept), or every
+    column a stretch of primary records at a time (:meth:`chunks`, what the write stage
+    streams to the file: views of the linkage's arrays, so writing 14 M links copies no
+    n × K array).
 
     ``view="operator"`` (default, an operator who holds both tables and runs every party):
     every column of :data:`LINK_COLUMNS` / :data:`LINK_COLUMNS_MODEL`; ``"primary"``: only
-    what the primary receives in a deployment. When every link is present (the usual soft
-    linkage) the columns are flat views and ``repeat``/``tile`` instead of a boolean gather
-    over the n × K arrays.
+    what the primary receives in a deployment. :meth:`add_ids` adds a record-id column.
     """
-    if view not in VIEWS:
-        raise ConfigError(f"`view` must be one of {', '.join(VIEWS)}, got {view!r}")
-    n, k = linkage.indices.shape
-    valid = linkage.indices >= 0
-    per_link: dict[str, npt.NDArray[Any]] = {"distance": linkage.distances,
-                                            "similarity": linkage.similarities}
-    if linkage.matches is not None:
-        per_link["match_weight"] = np.asarray(linkage.match_weights)
-        per_link["match_probability"] = (np.asarray(linkage.match_probabilities)
-                                         if view == "operator" else
-                                         primary_probability(linkage))
-        per_link["match"] = linkage.matches
-    if view == "primary":
-        per_link = {c: v for c, v in per_link.items()
-                    if not LINK_COLUMNS_MODEL[c].startswith("coordinator")}
-    if valid.all():
-        out: dict[str, npt.NDArray[Any]] = {
-            "primary_index": np.repeat(np.arange(n, dtype=np.int64), k),
-            "secondary_index": linkage.indices.astype(np.int64, copy=False).reshape(-1),
-            "rank": np.tile(np.arange(k, dtype=np.int64), n),
-        }
-        for c, v in per_link.items():
-            out[c] = (v.reshape(-1) if v.dtype == bool
-                      else v.astype(np.float64, copy=False).reshape(-1))
+
+    def __init__(self, linkage: SoftLinkage, *, view: str = "operator") -> None:
+        if view not in VIEWS:
+            raise ConfigError(f"`view` must be one of {', '.join(VIEWS)}, got {view!r}")
+        self.linkage, self.view = linkage, view
+        valid = linkage.indices >= 0
+        self._all = bool(valid.all())
+        #: the number of links (rows of the file)
+        self.rows = int(valid.size if self._all else valid.sum())
+        per_link = ["distance", "similarity"]
+        if linkage.matches is not None:
+            per_link += ["match_weight", "match_probability", "match"]
+        if view == "primary":
+            per_link = [c for c in per_link if not LINK_COLUMNS_MODEL[c].startswith("coordinator")]
+        self._per_link = per_link
+        self._names = ["primary_index", "secondary_index", "rank", *per_link]
+        self._ids: dict[str, npt.NDArray[Any]] = {}
+        self._whole: dict[str, npt.NDArray[Any]] = {}
+        self._probability: npt.NDArray[np.float64] | None = None
+
+    def add_ids(self, name: str, ids: npt.NDArray[Any]) -> None:
+        """Add ``primary_id`` (or ``secondary_id``): ``ids`` of the primary's (secondary's)
+        rows, gathered at each link's ``primary_index`` (``secondary_index``)."""
+        self._ids[name] = ids
+        if name not in self._names:
+            self._names.append(name)
+
+    def __getitem__(self, name: str) -> npt.NDArray[Any]:
+        if name not in self._names:
+            raise KeyError(name)
+        if name not in self._whole:
+            self._whole[name] = self._columns(0, len(self.linkage), (name,))[name]
+        return self._whole[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+    def chunks(self, rows: int) -> Iterator[dict[str, npt.NDArray[Any]]]:
+        """Every column, about ``rows`` links at a time (whole primary records), in order."""
+        n, k = self.linkage.indices.shape
+        step = max(1, rows // max(1, k))
+        for lo in range(0, max(n, 1), step):
+            yield self._columns(lo, min(n, lo + step), self._names)
+
+    def _link_values(self, name: str) -> npt.NDArray[Any]:
+        lk = self.linkage
+        if name == "distance":
+            return lk.distances
+        if name == "similarity":
+            return lk.similarities
+        if name == "match_weight":
+            return np.asarray(lk.match_weights)
+        if name == "match":
+            return np.asarray(lk.matches)
+        if self.view == "operator":  # match_probability
+            return np.asarray(lk.match_probabilities)
+        if self._probability is None:  # the primary's own, over every link it holds
+            self._probability = primary_probability(lk)
+        return self._probability
+
+    def _columns(self, lo: int, hi: int, names: Sequence[str]
+                 ) -> dict[str, npt.NDArray[Any]]:
+        """The columns ``names`` of the links of primary records ``lo`` to ``hi``."""
+        lk = self.linkage
+        k = lk.indices.shape[1]
+        out: dict[str, npt.NDArray[Any]] = {}
+        indices = lk.indices[lo:hi]
+        if self._all:  # flat views and repeat/tile, no boolean gather over the n × K arrays
+            for name in names:
+                if name == "primary_index":
+                    out[name] = np.repeat(np.arange(lo, hi, dtype=np.int64), k)
+                elif name == "secondary_index":
+                    out[name] = indices.astype(np.int64, copy=False).reshape(-1)
+                elif name == "rank":
+                    out[name] = np.tile(np.arange(k, dtype=np.int64), hi - lo)
+                elif name in self._ids:
+                    out[name] = self._gather_ids(name, out, lo, hi, names)
+                else:
+                    v = self._link_values(name)[lo:hi]
+                    out[name] = (v.reshape(-1) if v.dtype == bool
+                                 else v.astype(np.float64, copy=False).reshape(-1))
+            return out
+        valid = indices >= 0
+        rows, ranks = np.nonzero(valid)
+        for name in names:
+            if name == "primary_index":
+                out[name] = rows.astype(np.int64) + lo
+            elif name == "secondary_index":
+                out[name] = indices[valid].astype(np.int64)
+            elif name == "rank":
+                out[name] = ranks.astype(np.int64)
+            elif name in self._ids:
+                out[name] = self._gather_ids(name, out, lo, hi, names)
+            else:
+                v = self._link_values(name)[lo:hi]
+                out[name] = v[valid] if v.dtype == bool else v[valid].astype(np.float64)
         return out
-    rows, ranks = np.nonzero(valid)
-    out = {
-        "primary_index": rows.astype(np.int64),
-        "secondary_index": linkage.indices[valid].astype(np.int64),
-        "rank": ranks.astype(np.int64),
-    }
-    for c, v in per_link.items():
-        out[c] = v[valid] if v.dtype == bool else v[valid].astype(np.float64)
-    return out
+
+    def _gather_ids(self, name: str, done: dict[str, npt.NDArray[Any]], lo: int, hi: int,
+                    names: Sequence[str]) -> npt.NDArray[Any]:
+        index = f"{name[:-3]}_index"
+        rows = done[index] if index in done else self._columns(lo, hi, (index,))[index]
+        return self._ids[name][rows]
+
+
+def linkage_columns(linkage: SoftLinkage, *, view: str = "operator") -> LinkColumns:
+    """The columns of the ``vflink link`` output (:class:`LinkColumns`: each made when asked
+    for): one entry per (primary record, neighbour)."""
+    return LinkColumns(linkage, view=view)
 
 
 def linkage_table(linkage: SoftLinkage) -> pd.DataFrame:
     """One row per (primary record, neighbour): the ``vflink link`` output format."""
-    return pd.DataFrame(linkage_columns(linkage))
+    return pd.DataFrame(dict(linkage_columns(linkage)))
 
 
 #: What the summary says of the record-id columns the links may hold.

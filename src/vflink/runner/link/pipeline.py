@@ -1,5 +1,7 @@
 """A link as a pipeline of stages: read → encode → candidates → compare → model → decide →
 write → charts, the same for ``vflink.link``, ``vflink link`` and a ``[link]`` run file.
+(The charts, when asked for, are drawn beside the write, in a thread of their own, for a link
+held in memory; after it for a streamed link.)
 
 Every stage has one signature, ``stage(ctx: LinkContext) -> LinkContext``; :func:`build`
 chooses each from its registry by the link's settings, before any stage runs (so an unknown
@@ -15,7 +17,7 @@ compare        ``compare.COMPARISONS``              ``distance``, ``fields``, ``
 model          ``model.MODELS``                     ``none``, ``fellegi-sunter``
 decide         ``decide.DECISIONS``                 ``top-k``, ``matches``, ``chunks``
 write          ``write.WRITERS``                    ``file``, ``stream``, ``none``
-charts         ``charts.CHARTS``                    ``figures``, ``none``
+charts         ``charts.CHARTS``                    ``figures`` (``charts=True``), ``none``
 =============  ===================================  ===========================================
 
 A link held in memory runs as parties in this process (:mod:`.parties`): the data parties
@@ -28,6 +30,8 @@ the summary's ``stage_seconds``. Stage modules call down, never back up into thi
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -73,15 +77,16 @@ def choose(settings: LinkSettings, *, streamed: bool) -> dict[str, str]:
     """The registry entry of each stage for ``settings``."""
     s = settings
     written = s.out is not None
+    charts = "figures" if written and s.charts else "none"
     if streamed:
         return {"read": "batches", "encode": "chunks", "candidates": "chunks",
                 "compare": "moments", "model": "none", "decide": "chunks", "write": "stream",
-                "charts": "figures"}
+                "charts": charts}
     return {"read": "tables", "encode": s.kind,
             "candidates": "fields" if s.fields else "search",
             "compare": "fields" if s.fields else "distance",
             "model": s.model or "none", "decide": "matches" if s.model else "top-k",
-            "write": "file" if written else "none", "charts": "figures" if written else "none"}
+            "write": "file" if written else "none", "charts": charts}
 
 
 def build(settings: LinkSettings, tables: Sequence[Any]) -> LinkPipeline:
@@ -111,11 +116,53 @@ def run_link(settings: LinkSettings, primary: Any, secondary: Any, *,
     ctx = LinkContext(settings=settings, primary=Side("primary", primary),
                       secondary=Side("secondary", secondary), compute=compute,
                       transcript=transcript, secret=secret, choices=dict(pipeline.choices))
+    stages = dict(pipeline.stages)
+    # A link held in memory has all its figures' data before the write: its charts are drawn
+    # beside the write (a thread of their own; matplotlib draws on a bare Figure, no pyplot
+    # state), never before it. A streamed link's figures wait for its last chunk.
+    beside = pipeline.choices["charts"] != "none" and not pipeline.streamed
     with ctx.cleanup:
         for name, stage in pipeline.stages:
+            if name == "charts" and beside:
+                continue
+            if name == "write" and beside:
+                with _Beside(stages["charts"], ctx) as charts:
+                    with ctx.clock.stage(name):
+                        ctx = stage(ctx)
+                ctx.clock.seconds["charts"] = charts.seconds
+                continue
             with ctx.clock.stage(name):
                 ctx = stage(ctx)
     return _finish(ctx)
+
+
+class _Beside:
+    """Run a stage in a thread of its own while the ``with`` block runs; its error, if any,
+    is raised at the block's end (after the block's own), and its seconds are kept."""
+
+    def __init__(self, stage: Stage, ctx: LinkContext) -> None:
+        self.stage, self.ctx = stage, ctx
+        self.seconds = 0.0
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name="vflink-charts", daemon=True)
+
+    def _run(self) -> None:
+        start = time.perf_counter()
+        try:
+            self.stage(self.ctx)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller at the join
+            self.error = exc
+        finally:
+            self.seconds = time.perf_counter() - start
+
+    def __enter__(self) -> _Beside:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.thread.join()
+        if self.error is not None and exc[0] is None:
+            raise self.error
 
 
 def _finish(ctx: LinkContext) -> LinkContext:
@@ -139,12 +186,26 @@ def _finish(ctx: LinkContext) -> LinkContext:
         search_metric=ctx.search_metric,
         improvement=ctx.improvement, communication=ctx.communication, encoding=ctx.encoder,
         secret_source=ctx.secret_source, skipped_rows=ctx.skipped,
-        fields_compared=ctx.fields_compared)
+        fields_compared=ctx.fields_compared, reproducible_noise=s.seed is not None)
     columns = list(ctx.columns) if not ctx.streamed else [
         c for c in LINK_COLUMNS if s.view == "operator" or c != "distance"]
     ctx.summary = link_summary(ctx.outcome, columns=columns, view=s.view,
                                choices=ctx.choices, seconds=seconds, phases=phases)
+    # the steps of FedSim §4.1 apart: the search, Eq. 1's moments (a streamed link's compare
+    # stage), Eq. 2's noise (inside the coordinator's decide step; a streamed link draws it
+    # chunk by chunk as its links are written, counted with its decide stage: None here)
+    own = ctx.linkage.seconds
+    steps = {"read": seconds["read"], "encode": seconds["encode"],
+             "search": seconds["candidates"],
+             "moments": seconds["compare"] if ctx.streamed else own.get("moments"),
+             "noise": None if ctx.streamed else own.get("noise"),
+             "write": seconds["write"], "charts": seconds["charts"]}
+    ctx.summary["step_seconds"] = {k: None if v is None else round(v, 3)
+                                   for k, v in steps.items()}
     if s.out is not None:
+        drawn = ctx.state.get("charts", [])
+        ctx.summary["charts"] = ([p.name for p in drawn] if drawn else
+                                 "none drawn (charts=True / --charts draws them beside the links)")
         atomic_write_json(link_outputs(s.out)[1], ctx.summary, indent=2, default=str)
     return ctx
 

@@ -99,6 +99,8 @@ class LinkSettings:
     #: a model link's cardinality (:data:`CARDINALITIES`); None: estimated from the data
     cardinality: str | None = None
     view: str = "operator"
+    #: draw the figures beside the links file (FedSim Figure 4, a model link's charts)
+    charts: bool = False
 
     def __post_init__(self) -> None:
         if self.on and not self.secondary_on:  # the same names on both sides
@@ -213,6 +215,8 @@ def _value_problems(s: LinkSettings) -> list[str]:
     model_problems(problems, model=s.model, mode=s.mode, cardinality=s.cardinality,
                    one_to_one=s.one_to_one, threshold=None, on=s.on if s.model else ())
     check_choice(problems, "view", s.view, ("operator", "primary"))
+    if not isinstance(s.charts, bool):
+        problems.append(f"`charts` must be true or false, got {s.charts!r}")
     return problems
 
 
@@ -267,7 +271,8 @@ def _from_options(*, on: Any = None, secondary_on: Any = None, metric: str | Non
                   overwrite: bool = False, parts: bool | None = None,
                   stream: bool | None = None, chunk_rows: int | None = None,
                   model: str | None = None, threshold: Any = None, one_to_one: Any = False,
-                  cardinality: Any = None, view: Any = "operator") -> LinkSettings:
+                  cardinality: Any = None, view: Any = "operator",
+                  charts: Any = False) -> LinkSettings:
     found: list[str] = []  # every problem of the arguments, reported together
 
     def collect(build: Any, *args: Any) -> Any:
@@ -290,6 +295,8 @@ def _from_options(*, on: Any = None, secondary_on: Any = None, metric: str | Non
                    threshold=threshold,
                    on=on_cols if model is not None and not field_specs else None)
     check_choice(found, "view", view, ("operator", "primary"))
+    if not isinstance(charts, bool):
+        found.append(f"`charts` must be true or false, got {charts!r}")
     if model is not None and not field_specs and on_cols is not None:
         # one identifier: a one-field model link (the metric, if any, picks the comparison)
         field_specs = [FieldSpec(on=on_cols, secondary_on=secondary_cols or (),
@@ -334,7 +341,7 @@ def _from_options(*, on: Any = None, secondary_on: Any = None, metric: str | Non
         out=target, overwrite=overwrite, parts=parts, stream=stream, chunk_rows=chunk_rows,
         model=model, threshold=0.5 if threshold is None else threshold,
         one_to_one="optimal" if one_to_one is True else one_to_one or None,
-        cardinality=cardinality, view=view)
+        cardinality=cardinality, view=view, charts=charts)
 
 
 def _warn_column_order(on: Sequence[str] | None, secondary_on: Sequence[str] | None,

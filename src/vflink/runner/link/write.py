@@ -1,54 +1,62 @@
-"""The write stage: the links file (``.parquet`` or ``.csv``), atomically, never half-written.
+"""The write stage: the links file (``.parquet`` or ``.csv``), atomically, never half-written,
+streamed to the file as the links are made.
 
 ``WRITERS``:
 
-* ``file``: the links of a link held in memory, written at once (:func:`write_links`);
-* ``stream``: links as the decide stage makes them, chunk by chunk
-  (:class:`~vflink.data.sink.ColumnSink`: the very file the whole table would give);
+* ``file``: the links of a link held in memory, a stretch of primary records at a time
+  (:meth:`~vflink.runner.link.outcome.LinkColumns.chunks`: views of the linkage's arrays),
+  each compressed and written beside the making of the next (:func:`write_links`);
+* ``stream``: links as the decide stage makes them, chunk by chunk;
 * ``none``: no ``out``, nothing written (the Python API's result holds the links).
 
-A Parquet file says whose view it is and who holds each column (its metadata).
+Both go through :class:`~vflink.data.sink.ColumnSink`, so a link held in memory and a
+streamed one write the very same file. A Parquet file says whose view it is and who holds
+each column (its metadata).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy.typing as npt
-import pandas as pd
 
-from vflink._files import atomic_open
-from vflink.data.parts import write_columns
-from vflink.data.sink import ColumnSink
+from vflink.data.parts import PART_ROWS
+from vflink.data.sink import ROW_GROUP_ROWS, ColumnSink
 from vflink.registry import Registry
 from vflink.runner.link.context import LinkContext, Stage
-from vflink.runner.link.outcome import links_metadata
+from vflink.runner.link.outcome import LinkColumns, links_metadata
 
 __all__ = ["WRITERS", "write_links"]
 
 WRITERS: Registry[Stage] = Registry("link writer")
 
 
-def write_links(columns: dict[str, npt.NDArray[Any]], out: Path, *,
+def write_links(columns: Mapping[str, npt.NDArray[Any]], out: Path, *,
                 parts: bool | None = None, view: str = "operator") -> None:
     """Write the links (``.parquet`` or ``.csv``) atomically: never a half-written output.
 
-    ``parts``: write a ``.parquet`` output as a partitioned dataset (a directory of parts,
-    :mod:`vflink.data.parts`); ``None``: only above ``AUTO_PARTS_ROWS`` links.
+    ``columns``: a :class:`~vflink.runner.link.outcome.LinkColumns` (streamed to the file a
+    stretch of records at a time) or whole numpy columns. ``parts``: write a ``.parquet``
+    output as a partitioned dataset (a directory of parts, :mod:`vflink.data.parts`);
+    ``None``: only above ``AUTO_PARTS_ROWS`` links.
 
     Parquet goes straight from the numpy columns through pyarrow (no DataFrame: building one
-    stacks the 14 M house-scale links into blocks first, measured at 1.6 s), compressed with
-    LZ4, the fastest of pyarrow's codecs here (0.6 s against 0.8 s for snappy on 14 M rows).
+    stacks the 14 M house-scale links into blocks first, measured at 1.6 s), LZ4-compressed
+    without dictionaries (:func:`vflink.data.parts.parquet_options`), each part or row group
+    written by another thread while the next is cut.
     """
-    out.parent.mkdir(parents=True, exist_ok=True)
-    if out.suffix.lower() == ".parquet":
-        # one file, or part by part above a size (vflink.data.parts); the file says
-        # whose view it is and who holds each column
-        write_columns(columns, out, parts=parts, metadata=links_metadata(list(columns), view))
-    else:
-        with atomic_open(out, "w", newline="") as fh:
-            pd.DataFrame(columns).to_csv(fh, index=False, float_format="%.6g")
+    names = list(columns)
+    rows = (columns.rows if isinstance(columns, LinkColumns)
+            else len(next(iter(columns.values()))) if names else 0)
+    with ColumnSink(out, rows=rows, parts=parts,
+                    metadata=links_metadata(names, view)) as sink:
+        if isinstance(columns, LinkColumns):
+            for chunk in columns.chunks(PART_ROWS if sink.parts else ROW_GROUP_ROWS):
+                sink.write(chunk)
+        else:
+            sink.write(dict(columns))
 
 
 @WRITERS.register("file")

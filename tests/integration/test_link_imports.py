@@ -1,0 +1,67 @@
+"""What ``vflink link`` loads: only what linking needs. No torch, scikit-learn or gRPC; no
+matplotlib unless the charts are asked for; neither scipy.optimize nor scipy.special (nor the
+rest of scipy.spatial beside the k-d tree); faiss only for a search that uses it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+WATCHED = ("torch", "sklearn", "grpc", "matplotlib", "scipy.optimize", "scipy.special",
+           "scipy.spatial", "scipy.linalg", "faiss", "PIL")
+
+
+def _loaded(argv: list[str]) -> tuple[int, list[str]]:
+    code = ("import sys, json\nfrom vflink.cli.main import main\ntry:\n"
+            f"    code = main({argv!r})\nexcept SystemExit as e:\n    code = e.code\n"
+            f"print(json.dumps([code, sorted(m for m in {WATCHED!r} if m in sys.modules)]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin",
+                              "VFLINK_SECRET": "a-secret-of-at-least-16-bytes"},
+                         timeout=300, check=True).stdout
+    exit_code, loaded = json.loads(out.strip().splitlines()[-1])
+    return int(exit_code), list(loaded)
+
+
+@pytest.fixture(scope="module")
+def tables(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    tmp = tmp_path_factory.mktemp("imports")
+    rng = np.random.default_rng(0)
+    p, s = tmp / "p.parquet", tmp / "s.parquet"
+    pd.DataFrame({"lat": rng.uniform(39, 40, 300), "lon": rng.uniform(116, 117, 300)}
+                 ).to_parquet(p)
+    pd.DataFrame({"lat": rng.uniform(39, 40, 200), "lon": rng.uniform(116, 117, 200)}
+                 ).to_parquet(s)
+    return p, s
+
+
+@pytest.mark.parametrize(("flags", "allowed"), [
+    (["--privacy", "off"], set()),  # the k-d tree alone, from its own module
+    ([], {"faiss"}),  # keyed Bloom filters, searched by faiss
+    (["--privacy", "off", "--charts"], {"matplotlib", "PIL"}),
+], ids=["off", "private", "charts"])
+def test_vflink_link_loads_only_what_linking_needs(tables: tuple[Path, Path],
+                                                   tmp_path: Path, flags: list[str],
+                                                   allowed: set[str]) -> None:
+    p, s = tables
+    out = tmp_path / "links.parquet"
+    code, loaded = _loaded(["link", "--primary", str(p), "--secondary", str(s), "--on",
+                            "lat,lon", "--metric", "euclidean", "--top-k", "5", "--seed", "0",
+                            "--out", str(out), *flags])
+    assert code == 0
+    assert set(loaded) <= allowed, set(loaded) - allowed
+    assert pq_rows(out) == 1500
+    assert (tmp_path / "links.parquet.similarity.png").exists() == ("--charts" in flags)
+
+
+def pq_rows(path: Path) -> int:
+    import pyarrow.parquet as pq
+
+    return int(pq.ParquetFile(path).metadata.num_rows)

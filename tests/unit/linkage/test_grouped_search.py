@@ -1,0 +1,111 @@
+"""The grouped exact k-d tree search (vflink.linkage.grouped) against brute force: the same
+distances to the last bit, rows ordered by (distance, secondary index), ties at the K-th
+distance resolved to the lower indices, on clustered, duplicated, spread and tiny inputs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy.spatial import cKDTree
+
+from vflink.linkage import SearchOptions, brute_euclidean, search_euclidean
+from vflink.linkage.grouped import grouped_knn
+from vflink.linkage.search import brute_haversine, search_haversine
+
+
+def _canonical(p: np.ndarray, s: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's K nearest by (distance, index), distances from the coordinates' differences
+    summed over the dimensions in order (the brute force an exact search must equal)."""
+    diff = p[:, None, :] - s[None, :, :]
+    d2 = diff[..., 0] ** 2
+    for j in range(1, p.shape[1]):
+        d2 = d2 + diff[..., j] ** 2
+    d = np.sqrt(d2)
+    order = np.lexsort((np.broadcast_to(np.arange(len(s)), d.shape), d), axis=-1)[:, :k]
+    return np.take_along_axis(d, order, 1), order
+
+
+def _check(p: np.ndarray, s: np.ndarray, k: int, **kw: object) -> None:
+    dist, idx = grouped_knn(p, s, k, cKDTree(s), **kw)  # type: ignore[arg-type]
+    want_d, want_i = _canonical(p, s, k)
+    np.testing.assert_array_equal(dist, want_d)
+    np.testing.assert_array_equal(idx, want_i)
+
+
+def _clusters(rng: np.random.Generator, n: int, centres: np.ndarray, spread: float) -> np.ndarray:
+    return centres[rng.integers(0, len(centres), n)] + rng.normal(0, spread, (n, centres.shape[1]))
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("dims", [1, 2, 3])
+def test_clustered_points_equal_brute_force(threads: int, dims: int) -> None:
+    rng = np.random.default_rng(dims)
+    centres = rng.uniform(0, 10, (25, dims))
+    p, s = _clusters(rng, 3000, centres, 0.2), _clusters(rng, 700, centres, 0.2)
+    _check(p, s, 40, threads=threads, group=16)
+
+
+def test_duplicates_and_ties_resolve_to_the_lower_indices() -> None:
+    """A grid: many equal distances, at the K-th one too; repeated points in both tables."""
+    rng = np.random.default_rng(3)
+    grid = np.stack(np.meshgrid(np.arange(12.0), np.arange(12.0)), -1).reshape(-1, 2)
+    s = np.concatenate([grid, grid[rng.integers(0, len(grid), 60)]])
+    p = np.concatenate([grid, grid + 0.5, grid[:30]])
+    for k in (1, 5, 9, 30):
+        _check(p, s, k, group=8)
+
+
+def test_spread_groups_are_searched_query_by_query() -> None:
+    """Far-apart clusters: groups of queries straddling them draw too many candidates and
+    are answered one query at a time, with the same result."""
+    rng = np.random.default_rng(4)
+    s = np.concatenate([rng.normal(0, 0.01, (400, 2)), rng.normal(1000, 0.01, (400, 2))])
+    p = np.concatenate([rng.normal(0, 0.01, (3, 2)), rng.normal(1000, 0.01, (3, 2)),
+                        [[500.0, 500.0]]])
+    _check(p, s, 20, group=8)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 60), st.integers(1, 40), st.integers(0, 2**31 - 1), st.booleans())
+def test_any_small_input_equals_brute_force(n: int, m: int, seed: int, coarse: bool) -> None:
+    rng = np.random.default_rng(seed)
+    p = rng.uniform(-1, 1, (n, 2))
+    s = rng.uniform(-1, 1, (m, 2))
+    if coarse:  # few distinct values: ties everywhere
+        p, s = np.round(p * 2) / 2, np.round(s * 2) / 2
+    k = int(rng.integers(1, m + 1))
+    _check(p, s, k, group=int(rng.choice([1, 2, 4, 16])))
+
+
+def test_no_queries() -> None:
+    s = np.random.default_rng(5).uniform(0, 1, (50, 2))
+    dist, idx = grouped_knn(np.empty((0, 2)), s, 3, cKDTree(s))
+    assert dist.shape == (0, 3) and idx.shape == (0, 3)
+
+
+def test_the_search_uses_it_for_many_neighbours() -> None:
+    """search_euclidean / search_haversine with K ≥ 16 (the grouped path) equal brute force."""
+    rng = np.random.default_rng(6)
+    centres = rng.uniform(0, 5, (10, 2))
+    p, s = _clusters(rng, 1500, centres, 0.3), _clusters(rng, 400, centres, 0.3)
+    got = search_euclidean(p, s, 25, options=SearchOptions(threads=2))
+    want = brute_euclidean(p, s, 25)
+    np.testing.assert_allclose(got.distances, want.distances, rtol=1e-12)
+    np.testing.assert_array_equal(got.indices, _canonical(p, s, 25)[1])
+    ll_p = np.column_stack([rng.uniform(-80, 80, 800), rng.uniform(-180, 180, 800)])
+    ll_s = np.column_stack([rng.uniform(-80, 80, 300), rng.uniform(-180, 180, 300)])
+    got = search_haversine(ll_p, ll_s, 20)
+    want = brute_haversine(ll_p, ll_s, 20)
+    np.testing.assert_allclose(got.distances, want.distances, rtol=1e-9)
+
+
+def test_thousands_of_ties_take_the_trees_query() -> None:
+    """Every secondary point at one place: each query's radius holds all of them; the
+    distances are still the brute force's."""
+    s = np.zeros((700, 2))
+    p = np.random.default_rng(7).uniform(-1, 1, (40, 2))
+    dist, idx = grouped_knn(p, s, 5, cKDTree(s), group=8)
+    np.testing.assert_array_equal(dist, _canonical(p, s, 5)[0])
+    assert (np.diff(idx, axis=1) > 0).all()  # ties ordered by index
