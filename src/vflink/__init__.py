@@ -30,7 +30,7 @@ from vflink.errors import (  # noqa: E402
 )
 
 if TYPE_CHECKING:
-    from vflink.api import Links, Matches, Run, align, link, train
+    from vflink.api import Links, Matches, Run, align, audit, link, train
     from vflink.data import PartySchema, PartyTable, load_table
     from vflink.privacy.config import PrivacyConfig
     from vflink.runfiles.config import (
@@ -48,7 +48,8 @@ if TYPE_CHECKING:
 # loads neither torch nor scikit-learn.
 _LAZY = {"PartySchema": "vflink.data", "PartyTable": "vflink.data", "load_table": "vflink.data",
          "MISSING": "vflink.types", "Alignment": "vflink.types", "Task": "vflink.types",
-         **dict.fromkeys(("Links", "Matches", "Run", "align", "link", "train"), "vflink.api"),
+         **dict.fromkeys(("Links", "Matches", "Run", "align", "audit", "link", "train"),
+                         "vflink.api"),
          **dict.fromkeys(("AlignmentConfig", "DataConfig", "EvaluationConfig", "ModelConfig",
                           "RunConfig", "TrainingConfig"), "vflink.runfiles.config"),
          "PrivacyConfig": "vflink.privacy.config"}
@@ -92,6 +93,7 @@ __all__ = [
     "VflinkError",
     "__version__",
     "align",
+    "audit",
     "link",
     "load_table",
     "train",

@@ -63,7 +63,9 @@ def test_each_party_records_only_what_it_received_in_its_own_directory(splitnn_r
     bank = read_recording(splitnn_run / "models" / "bank")
     assert primary.role == "primary" and bank.role == "secondary"
     assert {s["kind"] for s in primary.manifest["streams"]} == {"embeddings", "indices"}
-    assert {s["kind"] for s in bank.manifest["streams"]} == {"gradients", "indices"}
+    # the secondary also keeps the primary's order of each batch's rows (what it was asked)
+    assert {s["kind"] for s in bank.manifest["streams"]} == {"gradients", "indices",
+                                                             "requests"}
     grads, ids, batch = bank.get("gradients")
     emb, emb_ids, emb_batch = primary.get("embeddings")
     # what one side sent is what the other recorded: same rows, same batches, same shapes
@@ -251,7 +253,17 @@ def test_recording_across_hosts_equals_in_process(tmp_path: Path,
     gb, ib, _ = b.get("gradients")
     assert np.array_equal(ia, ib)
     np.testing.assert_allclose(ga, gb, rtol=1e-5, atol=1e-7)
+    # the primary's order of each batch's rows and the seed it sent: the same record
+    for got, want in zip(a.get("requests"), b.get("requests"), strict=True):
+        assert got is not None and want is not None and np.array_equal(got, want)
+    assert a.manifest["meta"]["setup__primary"] == b.manifest["meta"]["setup__primary"]
     # the primary's run directory holds the labels per linked row (evaluation-only truth)
     result = run_attack(state, "label-norm", truth_dir=remote)
     assert result.party == "secondary" and result.metrics["rows"] > 0
     assert Ledger.read(remote / "privacy.json").attacks[-1]["attack"] == "label-norm"
+    # served, the secondary holds the same seed: the seeded label noise is regenerated
+    white = run_attack(state, "label-noise-subtraction", truth_dir=remote,
+                       params={"brute_force": 0})
+    assert white.details["found"] is not None
+    assert max(white.metrics["auc"], 1 - white.metrics["auc"]) >= 0.95  # balanced classes:
+    # which side is positive is the one thing it cannot tell without a label

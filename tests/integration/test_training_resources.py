@@ -68,8 +68,9 @@ DEVICE_SCENARIOS: dict[str, dict[str, Any]] = {
 
 def device_config(scenario: str, **training: str) -> RunConfig:
     """A :data:`DEVICE_SCENARIOS` run on ``training``'s device (default the CPU), its
-    gradients sent in clear (``labels = "off"``: the pinned metrics were measured so) and the
-    noise seeded from the run seed (the one switch that keeps them)."""
+    gradients sent in clear (``labels = "off"``: the pinned metrics were measured so), its
+    model selected on validation accuracy (``select = "accuracy"``) and the noise seeded from
+    the run seed (the one switch that keeps them)."""
     s = DEVICE_SCENARIOS[scenario]
     privacy = dataclasses.replace(s.get("privacy", PrivacyConfig()), labels="off",
                                   reproducible_noise=True)
@@ -77,7 +78,8 @@ def device_config(scenario: str, **training: str) -> RunConfig:
                      data=DataConfig(dataset="sklearn-small", options=dict(OPTIONS)),
                      alignment=s["alignment"], model=s.get("model", ModelConfig()),
                      privacy=privacy,
-                     training=TrainingConfig(epochs=2, patience=2, **training))
+                     training=TrainingConfig(epochs=2, patience=2, select="accuracy",
+                                             **training))
 
 
 def _config(scenario: str, **training: str) -> RunConfig:

@@ -4,6 +4,7 @@
 :func:`link`           private fuzzy top-K soft linkage of two tables (``vflink link``)
 :func:`align`          exact keys, PSI or PSU between two tables (``vflink align``)
 :func:`train`          one training run, written to a run directory (``vflink train``)
+:func:`audit`          an empirical ε lower bound of a run's label protection (``vflink audit``)
 :class:`Run`           a run directory: metrics, history, privacy ledger, predict, attack, report
 =====================  =========================================================================
 
@@ -21,12 +22,12 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from vflink.api._align import Matches, align
     from vflink.api._link import Links, link
-    from vflink.api._run import Run, train
+    from vflink.api._run import Run, audit, train
 
-__all__ = ["Links", "Matches", "Run", "align", "link", "train"]
+__all__ = ["Links", "Matches", "Run", "align", "audit", "link", "train"]
 
 _HOME = {"Links": "_link", "link": "_link", "Matches": "_align", "align": "_align",
-         "Run": "_run", "train": "_run"}
+         "Run": "_run", "audit": "_run", "train": "_run"}
 
 
 def __getattr__(name: str) -> Any:

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from vflink.runfiles.inputs import Inputs
     from vflink.runfiles.results import RunResult
 
-__all__ = ["ConfigLike", "Run", "train"]
+__all__ = ["ConfigLike", "Run", "audit", "train"]
 
 #: A run configuration: the path of a TOML run file, a mapping with the same structure, or a
 #: :class:`~vflink.RunConfig`.
@@ -420,3 +420,70 @@ def train(config: ConfigLike, tables: Mapping[str, Any] | None = None, *,
             federation.close()
     return Run(path=target, config=run_config, result=result,
                tables=inputs if party is None else None)
+
+
+def audit(config: ConfigLike, tables: Mapping[str, Any] | None = None, *,
+          canaries: int = 1000, white_box: bool = False,
+          out: str | os.PathLike[str] | None = None, confidence: float = 0.95,
+          canary_seed: int | None = None, brute_force: int | None = None,
+          overwrite: bool = False) -> dict[str, Any]:
+    """Audit a run's label protection empirically, as ``vflink audit`` does.
+
+    Trains ``config`` once with ``canaries`` records whose label is a fair coin, plays the
+    attacking secondary on what it received, and bounds ε from below with a Clopper–Pearson
+    interval (Steinke, Nasr & Jagielski, *Privacy Auditing with One (1) Training Run*,
+    NeurIPS 2023), beside the ε the run's ledger claims.
+
+    Parameters
+    ----------
+    config : path, mapping or RunConfig
+        As :func:`train`; its alignment must be ``"exact"`` (canaries are linked by key).
+    tables : mapping of party name to DataFrame, path or PartyTable, optional
+        As :func:`train`.
+    canaries : int, default 1000
+        Records of the training split whose label is replaced by a fair coin.
+    white_box : bool, default False
+        The attacker reads the code: noise subtraction from every seed it received (and small
+        seeds tried), instead of epoch averaging.
+    out : str or path, optional
+        Keep the run directory there (with ``audit.json`` and the audit in its ledger).
+    confidence : float, default 0.95
+        Of the lower bound.
+    canary_seed : int, optional
+        Fixes the canaries (default: the operating system's randomness).
+    brute_force : int, optional
+        White-box only: try every small seed below this.
+    overwrite : bool, default False
+        Replace an existing ``out``.
+
+    Returns
+    -------
+    dict
+        ``epsilon_lower`` (the empirical lower bound), ``epsilon_claimed`` (the ledger's;
+        ``None`` for a mode that claims none), ``holds`` (the bound within the claim), the
+        guesses and the interval, and ``explanation`` in words.
+
+    Raises
+    ------
+    ConfigError
+        The configuration cannot be audited (no label protection to audit, not exact
+        alignment, a bad ``confidence``) or ``brute_force`` without ``white_box``.
+
+    Examples
+    --------
+    >>> vflink.audit("examples/splitnn.toml", canaries=500)["epsilon_lower"]  # doctest: +SKIP
+    """
+    from vflink.runfiles.rundir import check_run_dir
+    from vflink.runner.audit import run_audit
+
+    if brute_force is not None and not white_box:
+        raise ConfigError("`brute_force` applies to the white-box attacker: add white_box=True")
+    run_config, _ = _config(config, tables)
+    target = None if out is None else Path(out)
+    if target is not None:
+        check_run_dir(target, overwrite=overwrite, resume=False)  # before any work
+    inputs = _inputs(run_config, tables) if tables is not None else None
+    params = {} if brute_force is None else {"brute_force": int(brute_force)}
+    return run_audit(run_config, canaries=canaries, white_box=white_box, out=target,
+                     tables=inputs, confidence=confidence, seed=canary_seed,
+                     overwrite=overwrite, attack_params=params)

@@ -11,6 +11,7 @@ from vflink.attacks import greedy as _greedy  # noqa: E402,F401  (greedy-similar
 from vflink.attacks import label_clustering as _label_clustering  # noqa: E402,F401
 from vflink.attacks import label_leakage as _label_leakage  # noqa: E402,F401  (label-*)
 from vflink.attacks import model_completion as _model_completion  # noqa: E402,F401
+from vflink.attacks import whitebox as _whitebox  # noqa: E402,F401  (white-box label attacks)
 from vflink.attacks.base import ATTACKS, Attack, AttackResult, AttackView, get_attack
 from vflink.attacks.inversion import DecoderInversion, inversion_grid_png
 from vflink.attacks.membership import ShadowMembershipInference

@@ -28,12 +28,19 @@ ATTACK_LINES: tuple[tuple[str, str, str], ...] = (
      "known labels and its own trained bottom model (Fu et al., USENIX Security 2022)"),
     ("label-direction", "secondary", "a secondary recovers the primary's binary labels from "
      "the directions of the gradients it receives (Li et al., ICLR 2022)"),
+    ("label-epoch-average", "secondary", "a secondary averages each record's gradient rows "
+     "over every epoch on the class-mean direction: fresh noise averages out"),
     ("label-fcm", "secondary", "a secondary recovers the primary's labels by fuzzy c-means "
      "clustering of each batch's gradient rows (VFL-AFE's +D)"),
     ("label-kmeans", "secondary", "a secondary recovers the primary's labels by k-means "
      "clustering of each batch's gradient rows"),
+    ("label-noise-subtraction", "secondary", "a secondary regenerates the primary's label "
+     "noise from every seed it received (and small seeds tried), subtracts it and reads the "
+     "labels (white-box)"),
     ("label-norm", "secondary", "a secondary recovers the primary's binary labels from the "
      "norms of the gradients it receives (Li et al., ICLR 2022)"),
+    ("label-residual", "secondary", "a secondary reads the labels from each gradient row's "
+     "part perpendicular to the class-mean direction"),
     ("label-spectral", "secondary", "a secondary recovers the primary's labels by spectral "
      "clustering of each batch's gradient rows"),
     ("membership-shadow", "primary", "membership inference with shadow models (Shokri et al. "
@@ -46,6 +53,11 @@ HELP = """Measure what an honest-but-curious party could still learn from a fini
 The attack reads what one party recorded of what it received (the run must have been made with
 [evaluation] record = true), is scored against the run's evaluation-only ground truth, and its
 result is appended to the run's privacy ledger (privacy.json). `--list` shows every attack.
+
+A label attack's AUC is printed beside the most AUC the label protection's stated guarantee
+allows (for (ε, δ)-label-DP the ROC ceiling (ε, δ) implies); the last line says whether the
+protection holds within its stated limit against every label attack run so far (the white-box
+ones, label-noise-subtraction, label-epoch-average and label-residual, included).
 """
 
 
@@ -91,8 +103,9 @@ def _params(items: list[str]) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> int:
     console = Console()
     if args.list:
+        width = max(len(name) for name, _, _ in ATTACK_LINES)
         for name, role, summary in ATTACK_LINES:
-            console.print(f"{name:<20} ({role}) {escape(summary)}", highlight=False,
+            console.print(f"{name:<{width}} ({role}) {escape(summary)}", highlight=False,
                           soft_wrap=True)  # one line per attack, whatever the terminal width
         return 0
     if args.run is None or args.attack is None:
@@ -106,7 +119,19 @@ def run(args: argparse.Namespace) -> int:
     table.add_column("value", justify="right")
     for key, value in result.metrics.items():
         table.add_row(key, f"{value:.6g}")
+    protection = result.details.get("protection") or {}
+    if "within_limit" in protection:  # the AUC beside what the stated guarantee allows
+        limit = protection.get("limit")
+        table.add_row("stated limit (AUC)", "none" if limit is None else f"{limit:.6g}")
+        table.add_row("within it", "yes" if protection["within_limit"] else "NO")
     console.print(table)
     console.print(escape(result.explanation), highlight=False)
-    console.print(f"appended to {(args.truth or args.run) / 'privacy.json'}", highlight=False)
+    ledger_path = (args.truth or args.run) / "privacy.json"
+    console.print(f"appended to {ledger_path}", highlight=False)
+    from vflink.privacy.ledger import Ledger
+    from vflink.reporting.ledger import label_verdict
+
+    held = label_verdict(list(Ledger.read(ledger_path).attacks))
+    if held is not None:  # every label attack run so far, against its stated limit
+        console.print(escape(held), highlight=False)
     return 0

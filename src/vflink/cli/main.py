@@ -25,7 +25,7 @@ __all__ = ["main"]
 #: order ``vflink --help`` lists them.
 COMMAND_MODULES = {"train": "train", "link": "link", "experiment": "experiment",
                    "predict": "predict", "demo": "demo", "serve": "serve", "certs": "certs",
-                   "align": "align", "attack": "attack", "report": "report",
+                   "align": "align", "attack": "attack", "audit": "audit", "report": "report",
                    "privacy-budget": "privacy_budget"}
 
 

@@ -62,6 +62,13 @@ def summarise(result: RunResult, console: Console) -> None:
     console.print(f"[bold]{result.algorithm}[/]: test {metric} [bold]{test[metric]:.4f}[/] "
                   f"({others}); best epoch {result.best_epoch}; {total / 1e6:.1f} MB exchanged; "
                   f"{result.seconds:.1f} s")
+    decision = result.extra.get("decision")
+    if decision:  # a binary task: the threshold chosen on validation, and the test at it
+        t = decision["test"]
+        console.print(f"decision threshold {decision['threshold']:.4g} (chosen on validation: "
+                      f"{decision['criterion']}): test precision {t['precision']:.4f}, recall "
+                      f"{t['recall']:.4f}, F1 {t['f1']:.4f}, {t['predicted_positive']:.1%} "
+                      "predicted positive", highlight=False)
     from vflink.reporting.ledger import privacy_summary
 
     line = privacy_summary(result)

@@ -13,7 +13,7 @@ import numpy.typing as npt
 
 from vflink.metrics.functional import auc
 
-__all__ = ["auc_verdict", "grouped_auc", "success_rate", "success_stderr"]
+__all__ = ["auc_stderr", "auc_verdict", "grouped_auc", "success_rate", "success_stderr"]
 
 
 def grouped_auc(y_true: npt.ArrayLike, scores: npt.ArrayLike, groups: npt.ArrayLike
@@ -49,6 +49,18 @@ def success_stderr(rate: float, n: int) -> float:
     if n <= 0 or math.isnan(rate):
         return math.nan
     return math.sqrt(max(rate * (1.0 - rate), 0.0) / n)
+
+
+def auc_stderr(value: float, positives: int, negatives: int) -> float:
+    """The standard error of an AUC measured on ``positives`` and ``negatives`` (Hanley &
+    McNeil, Radiology 1982, Eq. 2: Q₁ = A/(2 − A), Q₂ = 2A²/(1 + A)); NaN without both."""
+    a = float(value)
+    n1, n0 = int(positives), int(negatives)
+    if n1 < 1 or n0 < 1 or not math.isfinite(a):
+        return math.nan
+    q1, q2 = a / (2.0 - a), 2.0 * a * a / (1.0 + a)
+    var = (a * (1 - a) + (n1 - 1) * (q1 - a * a) + (n0 - 1) * (q2 - a * a)) / (n1 * n0)
+    return math.sqrt(max(var, 0.0))
 
 
 def auc_verdict(value: float) -> str:

@@ -18,8 +18,17 @@ Layout of ``received.npz``: for each stream ``(kind, peer)`` the arrays
 * ``embeddings``/secondary (primary side): rows are *secondary* row ids, one per unique row of a
   training batch, as the secondary answered (``Embeddings.inverse`` order).
 * ``gradients``/primary (secondary side): the gradient for each unique row of a training batch.
+* ``requests``/primary (secondary side): for each recorded gradient batch, the rows the
+  training ``Forward`` asked for, in the order asked (ids, with repeats: one per (record, link)
+  pair of the primary's batch) and, as values, each one's position among the batch's unique
+  rows (the order of the gradient rows). A batch's noise is drawn in the primary's order, so
+  an attack that regenerates it (:mod:`vflink.attacks.whitebox`) needs this order.
 * ``similarities``/coordinator and ``indices``/coordinator: the ``(n, K)`` alignment as received
   (ids are the primary rows, or the secondary's view for a secondary).
+
+The manifest's ``meta`` also keeps small facts received in control messages, e.g. the seed of
+the ``SetupBottom`` spec (``setup__<peer>``): everything a peer sent is what a curious party
+holds, and white-box attacks try every seed it received.
 """
 
 from __future__ import annotations
@@ -72,7 +81,7 @@ class Recorder:
         self.max_rows = max_rows
         self._streams: dict[tuple[str, str], _Stream] = defaultdict(_Stream)
         self._whole: dict[tuple[str, str], tuple[npt.NDArray[Any], npt.NDArray[np.int64]]] = {}
-        self._pending: dict[int, npt.NDArray[np.int64]] = {}
+        self._pending: dict[int, tuple[npt.NDArray[np.int64], npt.NDArray[np.int64] | None]] = {}
         self._seen: dict[str, int] = defaultdict(int)
         self.meta: dict[str, Any] = {}
         self._dirty = False
@@ -122,15 +131,33 @@ class Recorder:
             self.meta[f"{kind}__{peer}"] = {k: _plain(v) for k, v in meta.items()}
         self._dirty = True
 
-    def forward_rows(self, batch_id: int, rows: npt.ArrayLike) -> None:
+    def note(self, kind: str, peer: str, info: dict[str, Any]) -> None:
+        """Small facts received from ``peer`` in a control message (e.g. a spec's seed)."""
+        self.meta[f"{kind}__{peer}"] = {k: _plain(v) for k, v in info.items()}
+        self._dirty = True
+
+    def forward_rows(self, batch_id: int, rows: npt.ArrayLike,
+                     requested: npt.ArrayLike | None = None) -> None:
         """A secondary notes which of its rows a training batch covered (the gradient that comes
-        back for this batch is row-aligned with them)."""
-        self._pending[batch_id] = np.asarray(rows, dtype=np.int64).copy()
+        back for this batch is row-aligned with them) and, ``requested``, the rows as the
+        primary asked for them (in its order, with repeats)."""
+        self._pending[batch_id] = (np.asarray(rows, dtype=np.int64).copy(),
+                                   None if requested is None
+                                   else np.asarray(requested, dtype=np.int64).copy())
 
     def gradients(self, peer: str, batch_id: int, grad: Any) -> None:
-        rows = self._pending.pop(batch_id, None)
-        if rows is not None:
-            self.batch("gradients", peer, batch_id, rows, grad)
+        pending = self._pending.pop(batch_id, None)
+        if pending is None:
+            return
+        rows, requested = pending
+        kept = self._streams[("gradients", peer)].rows < self.max_rows
+        self.batch("gradients", peer, batch_id, rows, grad)
+        if kept and requested is not None:  # the same batches as the gradients, uncapped
+            stream = self._streams[("requests", peer)]
+            stream.values.append(np.searchsorted(rows, requested).astype(np.int64))
+            stream.ids.append(requested)
+            stream.batch.append(np.full(requested.shape[0], batch_id, dtype=np.int64))
+            stream.rows += int(requested.shape[0])
 
     # --- storage ------------------------------------------------------------------------
 

@@ -259,6 +259,9 @@ class SecondaryParty(SetAlignmentPeer, EnginePsiPeer, UnionPeer, LinkingPeer):
         recorder = self._recorder(ctx)
         if recorder is not None:
             recorder.new_training()
+            # what this party was told: a white-box attack tries every seed it received
+            recorder.note("setup", sender, {"message": message.kind,
+                                            "seed": int(message.spec.seed)})
         return Ack()
 
     def on_setup_privacy(self, sender: str, message: SetupPrivacy) -> Ack:
@@ -384,7 +387,7 @@ class SecondaryParty(SetAlignmentPeer, EnginePsiPeer, UnionPeer, LinkingPeer):
             ctx.pending[message.batch_id] = out
             recorder = self._recorder(ctx)
             if recorder is not None:
-                recorder.forward_rows(message.batch_id, unique)
+                recorder.forward_rows(message.batch_id, unique, rows)
         else:
             if model.training:
                 model.eval()

@@ -34,6 +34,7 @@ from vflink.models.spec import BottomSpec
 from vflink.parties.guard import admit_forward, check_bottom_spec, check_embeddings
 from vflink.parties.policy import PartyPolicy
 from vflink.parties.privacy import EmbeddingProtection
+from vflink.parties.recording import Recorder
 from vflink.parties.setalign import SetAlignment
 from vflink.parties.training_runs import TrainingRun
 from vflink.privacy.label_protection import LabelProtection
@@ -158,6 +159,8 @@ class UnionPeer:
     if TYPE_CHECKING:  # from SecondaryParty and Party: the run of the message being handled
         def _run(self) -> TrainingRun: ...
 
+        def _recorder(self, ctx: TrainingRun) -> Recorder | None: ...
+
         def _build(self, ctx: TrainingRun, spec: BottomSpec, pre: Preprocessor) -> None: ...
 
         def _fit_memory(self, ctx: TrainingRun, need: int, session: Session | None
@@ -217,6 +220,10 @@ class UnionPeer:
         self._build(ctx, message.spec, pre)
         if ctx.features is None:
             raise ProtocolError(f"party {self.name!r}: no encoded features after setup")
+        recorder = self._recorder(ctx)
+        if recorder is not None:  # what it was told (white-box attacks try the seed)
+            recorder.note("setup", sender, {"message": message.kind,
+                                            "seed": int(message.spec.seed)})
         reproducible = self.reproducible_noise
         key = _session_key(ctx.features, message.session, message.spec.seed,
                            secret=None if reproducible else party_secret(self.out_dir))
@@ -273,7 +280,7 @@ class UnionPeer:
                           inverse=np.arange(len(rows), dtype=np.int64))
 
 
-def check_union_labels(mode: str, strategy: syn.Strategy) -> None:
+def check_union_labels(mode: str, strategy: syn.Strategy, *, default: bool = False) -> None:
     """Refuse a strategy whose synthetic labels a label guarantee cannot account for.
 
     ``label-neighbors`` gives each synthetic row the majority of the 3 nearest *real* labels
@@ -285,8 +292,10 @@ def check_union_labels(mode: str, strategy: syn.Strategy) -> None:
     neighbours' labels are the randomised ones, so the synthetic labels are post-processing.)
     """
     if mode == "dp" and strategy.labels == "label-neighbors":
+        which = ("the default label protection (`dp`: no `privacy.labels` key)" if default
+                 else "`privacy.labels = \"dp\"`")
         raise ConfigError(
-            f"`privacy.labels = \"dp\"` cannot train union strategy {strategy.name!r}: "
+            f"{which} cannot train union strategy {strategy.name!r}: "
             "label-neighbors copies the majority of the 3 nearest real labels of a batch into "
             "its synthetic rows, so one real label can set the label of every synthetic row of "
             "its batch (sensitivity up to √(1 + m)·Δ for m synthetic rows), which the noise "
@@ -459,7 +468,8 @@ class UnionPrimary:
             # noisy per-record logit gradients (a synthetic label's too), our own records'
             # releases counted; the shifted loss has no closed form: its sensitivity is measured
             noisy = protection.noisy_logit_gradient(logits, target, rows[held],
-                                                    loss=self._shifted_loss if shift else None)
+                                                    loss=self._shifted_loss if shift else None,
+                                                    keys=rows)  # −1: a synthetic row
             loss = loss_fn(logits.detach(), target)
             logits.backward(noisy / len(uids))
         else:

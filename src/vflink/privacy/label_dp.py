@@ -32,8 +32,30 @@ probability, :func:`vflink.alignment.synthetic.shift_for_training`), :func:`bina
 measures each record's |g_i(y = 1) − g_i(y = 0)| at its own logit: it depends on z_i only, not
 on y_i, so noise σ times it is the same Gaussian mechanism of multiplier σ.
 
-Pure functions; the stateful wrapper (noise generator, budget, calibration, ledger) is
-:class:`vflink.privacy.label_protection.LabelProtection`.
+**Using the releases: the posterior (``privacy.labels_denoise = "posterior"``, the default on
+a classification task).** On a 0/1 label, g̃_i = σ(z_i) − y_i + σ·n_i with σ ≈ 5 at ε = 4 over
+20 releases: each release alone says almost nothing, and a record's releases, used one epoch
+at a time, leave the optimiser to average out noise five times its signal. But everything the
+primary computes from the releases is post-processing, so it may combine them: for each
+candidate label k the gradient g_i^(k) is known (it depends on z_i, not on y_i), each release's
+likelihood is N(g̃_i; g_i^(k), s²I) with s = σΔ (:func:`release_log_likelihood`), and a record's
+log-likelihoods add up over its releases (each with its own z and its own fresh noise). The
+primary trains on the posterior mean of the gradient given every release so far,
+E[g_i | releases] = Σ_k P(y_i = k | releases)·g_i^(k) (:func:`posterior_gradient`), under a
+uniform prior (the soft labels of Malek et al., *Antipodes of Label Differential Privacy:
+PATE and ALIBI*, NeurIPS 2021, here with Gaussian releases accumulated over the epochs). For a
+binary label that is σ(z_i) − σ(L_i), L_i the record's summed log-likelihood ratio: a target
+in (0, 1) that sharpens as releases accumulate, instead of a target of unbounded noise.
+
+The prior is uniform on purpose: a prior from the model (the Bayes-optimal choice for a record
+the model has not trained on) feeds the model's own belief back as evidence about records it
+was fitted to, and measured no better (docs/how-to/label-protection.md). With a uniform prior the
+model's fixed point is p(x) = B + q(x)(A − B) (q = P(y = 1 | x), A, B the mean posterior of a
+positive and of a negative record): a monotone function of q, so the ranking (AUC) and the cut
+at 1/2 are those of q, while the probabilities are drawn towards 1/2.
+
+Pure functions; the stateful wrapper (noise generator, budget, calibration, ledger, each
+record's summed log-likelihoods) is :class:`vflink.privacy.label_protection.LabelProtection`.
 """
 
 from __future__ import annotations
@@ -48,8 +70,9 @@ from torch.nn import functional as F
 
 from vflink.types import Task
 
-__all__ = ["LossFn", "binary_sensitivity", "logit_gradient", "per_record_gradient",
-           "planned_label_releases", "sensitivity"]
+__all__ = ["LossFn", "binary_sensitivity", "candidate_gradients", "logit_gradient",
+           "per_record_gradient", "planned_label_releases", "posterior_gradient",
+           "release_log_likelihood", "sensitivity"]
 
 #: a batch-mean loss ``loss(logits, target)`` whose i-th term depends on the i-th logits only
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -106,3 +129,45 @@ def planned_label_releases(n_rows: int, train_rows: npt.NDArray[np.int64], epoch
     out = np.zeros(int(n_rows), dtype=np.int64)
     out[np.unique(np.asarray(train_rows, dtype=np.int64))] = int(epochs)
     return out
+
+
+def candidate_gradients(task: Task, logits: torch.Tensor, *,
+                        loss: LossFn | None = None) -> torch.Tensor:
+    """g_i^(k): record i's loss gradient at its logits if its label were class k, for every
+    class, shape ``(B, k, *logits.shape[1:])`` (binary: k = 2, classes 0 and 1). They depend
+    on the logits only, never on a label. ``loss``: a binary loss without a closed form here
+    (by autograd, as :func:`binary_sensitivity`)."""
+    z = logits.detach()
+    if task is Task.REGRESSION:
+        raise ValueError("a regression label has no classes to weigh")
+    if task is Task.BINARY:
+        if loss is not None:
+            ones = torch.ones(z.shape[0], dtype=z.dtype)
+            return torch.stack([per_record_gradient(loss, z, torch.zeros_like(ones)),
+                                per_record_gradient(loss, z, ones)], dim=1)
+        p = torch.sigmoid(z)
+        return torch.stack([p, p - 1.0], dim=1)
+    p = torch.softmax(z, dim=-1)
+    eye = torch.eye(z.shape[-1], dtype=z.dtype)
+    return p[:, None, :] - eye[None, :, :]
+
+
+def release_log_likelihood(noisy: torch.Tensor, candidates: torch.Tensor,
+                           scale: torch.Tensor | float) -> torch.Tensor:
+    """log N(g̃_i; g_i^(k), s_i²I) up to a term that does not depend on k, shape ``(B, k)``:
+    how well each candidate label explains record i's release ``noisy`` (``scale``: s = σΔ,
+    a float or one per record). Float64."""
+    g = noisy.detach().double().reshape(noisy.shape[0], 1, -1)
+    c = candidates.detach().double().reshape(candidates.shape[0], candidates.shape[1], -1)
+    s = torch.as_tensor(scale, dtype=torch.float64).reshape(-1, 1)
+    return -((g - c) ** 2).sum(dim=2) / (2.0 * s ** 2)
+
+
+def posterior_gradient(candidates: torch.Tensor, log_likelihood: torch.Tensor) -> torch.Tensor:
+    """E[g_i | releases] = Σ_k P(k | releases)·g_i^(k) under a uniform prior, where
+    ``log_likelihood`` (``(B, k)``) is each record's summed :func:`release_log_likelihood`
+    over its releases; in ``candidates``' dtype and in the shape of one candidate."""
+    post = torch.softmax(log_likelihood.double(), dim=1)
+    c = candidates.double()
+    out = (post.reshape(*post.shape, *([1] * (c.dim() - 2))) * c).sum(dim=1)
+    return out.to(candidates.dtype)

@@ -9,10 +9,12 @@ process, before a gradient leaves it (:class:`vflink.parties.PrimaryParty`,
 :class:`vflink.parties.union.UnionPrimary`):
 
 * ``dp`` — :meth:`LabelProtection.noisy_logit_gradient` replaces the loss's backward pass: each
-  record's loss gradient at the logits plus Gaussian noise, back-propagated through the whole
-  network; budget first (σ from ``labels_total_epsilon`` and the run's epochs), the releases
-  counted per record in the primary's :class:`~vflink.privacy.budget.ReleaseBudget` and refused
-  when spent;
+  record's loss gradient at the logits plus Gaussian noise (the release), back-propagated
+  through the whole network — on a classification task as the posterior mean of the gradient
+  given every release of the record's label so far (``labels_denoise = "posterior"``,
+  post-processing: :mod:`vflink.privacy.label_dp`); budget first (σ from
+  ``labels_total_epsilon`` and the run's epochs), the releases counted per record in the
+  primary's :class:`~vflink.privacy.budget.ReleaseBudget` and refused when spent;
 * ``marvell`` / ``max-norm`` — :meth:`LabelProtection.perturb` on the rows of each batch's
   gradient for one secondary, after the primary's own (clean) update;
 * ``rr-prior`` — :meth:`LabelProtection.randomize` replaces the training labels once, before
@@ -45,11 +47,13 @@ from vflink.privacy.config import (
     label_mode_for,
 )
 from vflink.privacy.ledger import explain_epsilon
+from vflink.privacy.limits import dp_auc_ceiling, explain_ceiling, gdp_auc_ceiling, gdp_mu
 from vflink.privacy.randomized_response import keep_probability
 from vflink.randomness import NOT_PRIVATE, REPRODUCIBLE, NoiseSource, describe
 from vflink.types import Task
 
-__all__ = ["LabelProtection", "LabelSettings", "check_label_task", "resolve_settings"]
+__all__ = ["DENOISERS", "LabelProtection", "LabelSettings", "check_label_task",
+           "resolve_settings"]
 
 log = logging.getLogger(__name__)
 
@@ -65,11 +69,17 @@ RATE_CALIBRATION = "labels positive rate (Gaussian on the count)"
 #: What a label guarantee (``dp``, ``rr-prior``) does not cover: figures the primary computes
 #: from its clean labels for its own eyes, and choices made on them (docs/how-to/
 #: label-protection.md, "What is not covered"). A primary that publishes them releases more.
-DOES_NOT_COVER = ("validation-based model selection and early stopping (clean validation "
-                  "labels); the training loss and the training-split metrics the run reports "
-                  "(computed from the clean training labels, for the primary's own eyes: "
-                  "metrics.json, the summary, the report); the class count or a regression "
-                  "label's scaling; features and membership")
+DOES_NOT_COVER = ("validation-based model selection, early stopping and the decision "
+                  "threshold (chosen on the clean validation labels); the training loss and "
+                  "the training-split metrics the run reports (computed from the clean "
+                  "training labels, for the primary's own eyes: metrics.json, the summary, "
+                  "the report); the class count or a regression label's scaling; features "
+                  "and membership")
+
+#: How ``dp`` uses its releases (``privacy.labels_denoise``): ``"posterior"`` trains on the
+#: posterior mean of each record's gradient given all its releases so far (classification;
+#: the default there), ``"none"`` on each release alone (the only choice for regression).
+DENOISERS = ("posterior", "none")
 
 #: The attack AUC within this distance of 0.5 counts as defeated (docs: label-protection.md).
 DEFEATED_WITHIN = 0.1
@@ -88,10 +98,15 @@ class LabelSettings:
     #: the noise seed, given only where the run asked for reproducible noise (``[privacy]
     #: reproducible_noise``: not private); ``None``: the secret source (vflink.randomness)
     seed: int | None = None
+    #: ``dp``: how the releases are used (:data:`DENOISERS`; ``None``: by the task)
+    denoise: str | None = None
+    #: ``dp`` with the posterior: releases per record in a run (``None``: one per epoch)
+    releases: int | None = None
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> LabelSettings:
-        known = {"mode", "epsilon", "delta", "clip", "marvell_power", "seed"}
+        known = {"mode", "epsilon", "delta", "clip", "marvell_power", "seed", "denoise",
+                 "releases"}
         unknown = sorted(set(data) - known)
         if unknown or data.get("mode") not in LABEL_MODES:
             raise ConfigError(f"label protection settings: unknown key(s) {unknown} or mode "
@@ -105,7 +120,7 @@ def _finite(value: float) -> float | None:
 
 def resolve_settings(settings: Mapping[str, Any] | None, task: Task
                      ) -> dict[str, Any] | None:
-    """``settings`` with the task's mode when they name none (the default: Marvell on a binary
+    """``settings`` with the task's mode when they name none (the default: ``dp`` on a binary
     task, off on others), or ``None`` when the labels go unprotected."""
     if settings is None:
         return None
@@ -153,6 +168,27 @@ class LabelProtection:
             raise ConfigError(f"party {party!r}: the label release counts are for "
                               f"{self.budget.n_rows} records, the party has {n_rows}")
         self.counts = np.zeros(self.n_rows, dtype=np.int64)
+        denoise = self.settings.denoise
+        if denoise is None:
+            # reproducible noise keeps each release as drawn, so that the figures published
+            # with the switch (the in-process simulations) stay what they were
+            denoise = ("posterior" if task.is_classification and self.settings.seed is None
+                       else "none")
+        if denoise not in DENOISERS or (denoise == "posterior" and not task.is_classification):
+            raise ConfigError(f"`privacy.labels_denoise` must be one of {', '.join(DENOISERS)} "
+                              f"(\"posterior\" weighs the classes of a classification task), "
+                              f"got {denoise!r} for a {task.value} task")
+        #: ``dp``: how the releases are used (:data:`DENOISERS`)
+        self.denoise = denoise
+        if self.settings.releases is not None and denoise != "posterior":
+            raise ConfigError("`privacy.labels_releases` needs `labels_denoise = "
+                              "\"posterior\"`: the epochs after a record's last release train "
+                              "on the posterior of its releases")
+        #: ``dp`` with the posterior: each record's summed log-likelihood of every class over
+        #: its releases so far (post-processing of the releases; allocated at the first one)
+        self.evidence: npt.NDArray[np.float64] | None = None
+        #: ``dp``: the last release itself (g̃ = g + noise), before any use of it
+        self.last_release: torch.Tensor | None = None
         seed = self.settings.seed
         self._seed_given = seed is not None
         self._seed = int(seed) if seed is not None else 0
@@ -219,7 +255,8 @@ class LabelProtection:
         if self.mode != "dp":
             return
         s = self.settings
-        planned = label_dp.planned_label_releases(self.n_rows, train_rows, epochs)
+        per_record = int(epochs) if s.releases is None else min(int(epochs), int(s.releases))
+        planned = label_dp.planned_label_releases(self.n_rows, train_rows, per_record)
         budget = self.budget
         loss = budget.gaussian_loss() if budget.settings else None
         try:
@@ -233,6 +270,7 @@ class LabelProtection:
         self._set_sigma(sigma)
         m = int(planned.max(initial=0))
         self.planned = {"epsilon_target": s.epsilon, "delta": s.delta, "epochs": int(epochs),
+                        "releases_per_record": per_record,
                         "max_releases": m, "records_planned": int((planned > 0).sum())}
         log.info("party %r: labels ε = %g at δ = %g over at most %d releases per record: "
                  "σ = %.4g", self.party, s.epsilon, s.delta, m, sigma)
@@ -247,18 +285,31 @@ class LabelProtection:
 
     def noisy_logit_gradient(self, logits: torch.Tensor, target: torch.Tensor,
                              rows: npt.NDArray[np.int64],
-                             loss: label_dp.LossFn | None = None) -> torch.Tensor:
-        """``dp``: g̃_i = g_i + N(0, (σΔ)²) for every record of the batch (``rows``: the
+                             loss: label_dp.LossFn | None = None, *,
+                             keys: npt.NDArray[np.int64] | None = None) -> torch.Tensor:
+        """``dp``: release g̃_i = g_i + N(0, (σΔ)²) for every record of the batch (``rows``: the
         primary's records among them, whose releases are counted; a synthetic record's label
-        is noised alike but belongs to no record). ``loss``: a loss without a closed form
-        here (its per-record sensitivity is measured, :func:`label_dp.binary_sensitivity`).
+        is noised alike but belongs to no record) and return the gradient to back-propagate:
+        the release itself (``denoise = "none"``), or the posterior mean of g_i given every
+        release of the record's label so far (``"posterior"``: :mod:`label_dp`; ``keys``, one
+        per row of ``logits``, name the record whose releases add up, −1 for none; by default
+        ``rows``, which then must be aligned with ``logits``). ``loss``: a loss without a
+        closed form here (its per-record sensitivity is measured,
+        :func:`label_dp.binary_sensitivity`).
 
         Raises :class:`PrivacyBudgetExceeded` before any noise is drawn if a record would pass
         its budget; nothing may be sent then."""
         if self.mode != "dp" or self.sigma is None or self.setting is None:
             raise ConfigError(f"party {self.party!r}: label DP is not calibrated (call plan)")
-        rows = np.unique(np.asarray(rows, dtype=np.int64))
+        batch_rows = np.asarray(rows, dtype=np.int64)
+        rows = np.unique(batch_rows)
         s = self.settings
+        cap = (self.planned or {}).get("releases_per_record") if s.releases is not None else None
+        # with labels_releases, a record past its releases this run is not released again:
+        # it trains on the posterior of the releases it had (post-processing)
+        spent = (self.counts[rows] >= int(cap)) if cap is not None else np.zeros(len(rows), bool)
+        done = rows[spent]
+        rows = rows[~spent]
         # A record's release after the checkpoint, replayed by a resumed run with the noise
         # restored bit for bit, is not a new release (see load_state_dict) — but only for a
         # closed-form loss: a measured loss's gradient difference may depend on the label.
@@ -284,7 +335,40 @@ class LabelProtection:
         # write-ahead: counted (and on disk, with a state directory) before it can be sent
         self.budget.record(self.setting, fresh)
         self.counts[rows] += 1
-        return noisy.to(g.dtype)
+        self.last_release = noisy.detach()
+        if self.denoise == "none":
+            return noisy.to(g.dtype)
+        keys = batch_rows if keys is None else np.asarray(keys, dtype=np.int64)
+        if keys.shape[0] != g.shape[0]:
+            raise ConfigError(f"party {self.party!r}: {keys.shape[0]} record keys for "
+                              f"{g.shape[0]} logits")
+        return self._posterior(logits, noisy, keys, delta, loss,
+                               held=done).to(g.device, g.dtype)
+
+    def _posterior(self, logits: torch.Tensor, noisy: torch.Tensor,
+                   keys: npt.NDArray[np.int64], delta: torch.Tensor | float,
+                   loss: label_dp.LossFn | None,
+                   held: npt.NDArray[np.int64] | None = None) -> torch.Tensor:
+        """E[g_i | every release of record i's label so far], uniform prior (label_dp).
+        ``held``: records not released this time (their releases are spent): their rows of
+        ``noisy`` are ignored, only their earlier evidence counts."""
+        cands = label_dp.candidate_gradients(self.task, logits.detach().cpu().double(),
+                                             loss=loss)
+        scale = (delta.detach().cpu().double().reshape(-1) if isinstance(delta, torch.Tensor)
+                 else float(delta)) * float(self.sigma or 0.0)
+        ll = label_dp.release_log_likelihood(noisy.cpu(), cands, scale).numpy()
+        if self.evidence is None or self.evidence.shape[1] != ll.shape[1]:
+            self.evidence = np.zeros((self.n_rows, ll.shape[1]), dtype=np.float64)
+        keyed = keys >= 0
+        total = ll.copy()
+        if keyed.any():
+            adds = keyed.copy()
+            if held is not None and len(held):
+                adds &= ~np.isin(keys, held)
+            # a record appears once per batch: add its release, then read its sum
+            np.add.at(self.evidence, keys[adds], ll[adds])
+            total[keyed] = self.evidence[keys[keyed]]
+        return label_dp.posterior_gradient(cands, torch.from_numpy(total))
 
     # --- figures derived from the labels (union training) -------------------------------------
 
@@ -451,35 +535,59 @@ class LabelProtection:
                     "ε-label-DP (validation labels, used clean for early stopping, are not "
                     "covered)")}
         if self.mode == "marvell":
-            bounds = [marvell.leak_auc_bound(v) for v in self.kl]
-            return {**entry, "params": {
-                "mode": self.mode, "power": s.marvell_power,
-                "power_rule": "P = s·‖ḡ₁ − ḡ₀‖² per batch and secondary"},
-                "guarantee": {
-                    "batches": len(self.kl), "one_class_batches": self.one_class_batches,
-                    "sum_kl_max": max(self.kl, default=None),
-                    "sum_kl_mean": float(np.mean(self.kl)) if self.kl else None,
-                    # before the noise; None when infinite (most batches hold one row of a
-                    # class: its rows then differ in distribution with certainty)
-                    "sum_kl_before_median": _finite(np.median(self.kl_before))
-                    if self.kl_before else None,
-                    "leak_auc_bound_max": max(bounds, default=None),
-                    "leak_auc_bound_mean": float(np.mean(bounds)) if bounds else None,
-                    "theorem": "Li et al., ICLR 2022, §4: AUC ≤ 1/2 + √sumKL/2 − sumKL/8",
-                    "label_dp": False},
-                "explanation": (
-                    "no differential-privacy guarantee; every gradient row sent was perturbed "
-                    "by Marvell (Li et al., ICLR 2022) so that, per batch, no detector of a "
-                    "label from one row can reach an AUC above "
-                    + (f"{max(bounds):.3f} (mean bound {np.mean(bounds):.3f} over "
-                       f"{len(bounds)} batches)" if bounds else "— (no batch sent)")
-                    + "; the bound holds for the two-Gaussian model of each batch's rows")}
+            return {**entry, **self._report_marvell()}
         return {**entry, "params": {"mode": self.mode},
                 "guarantee": {"label_dp": False},
                 "explanation": ("no formal guarantee: every gradient row sent was scaled by "
                                 "random noise so that its expected norm is the batch's largest "
                                 "(Li et al.'s max-norm heuristic); it hides the norms, not the "
                                 "directions")}
+
+    def _report_marvell(self) -> dict[str, Any]:
+        """Marvell's entry. Li et al.'s bound (§4: AUC ≤ 1/2 + √sumKL/2 − sumKL/8) holds for
+        the perturbed distributions it is computed from: each batch's rows modelled as two
+        isotropic Gaussians. Gradient rows are not such Gaussians (their spread across the
+        class-mean direction sits in a few directions, and the perpendicular noise goes to
+        one class only), so a detector of one row reads beyond the model's figure
+        (``label-residual``); and each batch's noise is fresh, so a record's rows averaged
+        over the epochs read more still (``label-epoch-average``). The figure is kept as the
+        model's, not stated as a limit on any attack."""
+        s = self.settings
+        bounds = [marvell.leak_auc_bound(v) for v in self.kl]
+        model = (f"{max(bounds):.3f} (mean {np.mean(bounds):.3f} over {len(bounds)} batches)"
+                 if bounds else "— (no batch sent)")
+        return {"params": {
+            "mode": self.mode, "power": s.marvell_power,
+            "power_rule": "P = s·‖ḡ₁ − ḡ₀‖² per batch and secondary"},
+            "guarantee": {
+                "label_dp": False, "limit": None,
+                "batches": len(self.kl), "one_class_batches": self.one_class_batches,
+                "model_sum_kl_max": max(self.kl, default=None),
+                "model_sum_kl_mean": float(np.mean(self.kl)) if self.kl else None,
+                # before the noise; None when infinite (most batches hold one row of a
+                # class: its rows then differ in distribution with certainty)
+                "sum_kl_before_median": _finite(np.median(self.kl_before))
+                if self.kl_before else None,
+                "model_auc_max": max(bounds, default=None),
+                "model_auc_mean": float(np.mean(bounds)) if bounds else None,
+                "model": "each batch's rows as two isotropic Gaussians (Li et al., ICLR "
+                         "2022, §4): AUC ≤ 1/2 + √sumKL/2 − sumKL/8 holds for that model only",
+                "does_not_cover": "the real rows' shape (a detector across the class-mean "
+                                  "direction reads beyond the model's figure), a record's "
+                                  "rows over several batches (fresh noise per batch averages "
+                                  "out over the epochs), the primary's model, validation "
+                                  "and every other release"},
+            "explanation": (
+                "no formal guarantee and no stated limit on any attack. Every gradient row "
+                "sent was perturbed by Marvell (Li et al., ICLR 2022): Gaussian noise chosen "
+                "per batch and per secondary so that, if that batch's rows of each class were "
+                "an isotropic Gaussian, no detector of the label from one of its rows could "
+                f"reach an AUC above {model}. That is a figure of the model, per batch and "
+                "per row: the rows are not such Gaussians (the noise across the class-mean "
+                "direction goes to one class only, which a detector of the perpendicular "
+                "part reads), and the noise is fresh in every batch, so averaging a record's "
+                "rows over the epochs removes it. What a secondary reads: the label-residual "
+                "and label-epoch-average attacks")}
 
     def _counts(self) -> dict[str, Any]:
         totals = self.budget.totals
@@ -504,28 +612,44 @@ class LabelProtection:
                 Task.REGRESSION: f"squared error: g = clip(2(z − y), ±{s.clip:g}), "
                                  f"Δ = {2 * s.clip:g}"}[self.task]
         counts = self._counts()
+        mu = gdp_mu((float(sig), int(m)) for sig, m in releases) if releases else None
+        posterior = self.denoise == "posterior"
+        use = ("the posterior mean of each record's gradient given every release of its label "
+               "so far (uniform prior; post-processing of the releases)" if posterior else
+               "each release as drawn")
         return {
             "params": {"mode": "dp", "sigma": sigma, "noise_std": noise_std,
                        "sensitivity": sensitivity,
                        "where": "each record's loss gradient at the logits, back-propagated "
                                 "through the primary's whole network", "loss": loss,
                        "clip": s.clip if self.task is Task.REGRESSION else None,
-                       "total_epsilon": s.epsilon, "delta": s.delta},
+                       "total_epsilon": s.epsilon, "delta": s.delta,
+                       "denoise": self.denoise, "trains_on": use},
             "guarantee": {
                 "epsilon": eps, "delta": s.delta, "sigma": sigma, **counts,
                 "releases_of_worst_record": releases, "planned": self.planned,
                 "accountant": ACCOUNTANT, "subsampling_amplification": False,
                 "label_dp": True,
+                "attack_auc_ceiling": dp_auc_ceiling(eps, s.delta),
+                "gaussian_mu": mu,
+                "gaussian_auc_ceiling": None if mu is None else gdp_auc_ceiling(mu),
                 "covers": "every gradient sent to every secondary (colluding or not) and the "
                           "primary's trained model, w.r.t. each record's label"},
             "explanation": (
-                f"{explain_epsilon(eps, s.delta)}. Each record's label entered training only "
-                f"through its loss gradient at the logits, released with Gaussian noise "
-                f"(σ = {sigma:.3g} times the sensitivity) and back-propagated through the "
-                "primary's whole network: every gradient sent and the primary's model are "
+                f"{explain_epsilon(eps, s.delta)}: {explain_ceiling(eps, s.delta, mu)}. Each "
+                "record's label entered training only through its loss gradient at the "
+                f"logits, released with Gaussian noise (σ = {sigma:.3g} times the "
+                f"sensitivity); the primary trained on {use}, back-propagated through its "
+                "whole network: every gradient sent and the primary's model are "
                 f"post-processing; its most-released record was released "
-                f"{counts['max_releases']} times, composed with the PLD accountant (no "
-                "subsampling amplification)")}
+                f"{counts['max_releases']} time{'s' if counts['max_releases'] != 1 else ''}, "
+                "composed with the PLD accountant (no subsampling amplification)"
+                + (f"; each label was released in its first {s.releases} epoch(s) only, the "
+                   "later epochs trained on the posterior of those releases without new ones"
+                   if s.releases is not None else "")
+                + ("; the gradients sent carry the evidence gathered so far, so an attack "
+                   "that reads them approaches the Gaussian figure above rather than chance"
+                   if posterior else ""))}
 
     def state_dict(self) -> dict[str, Any]:
         i = self.budget.find(self.setting) if self.setting is not None else None
@@ -539,6 +663,9 @@ class LabelProtection:
                 "noise": self._noise.state(),
                 "kl": list(self.kl), "kl_before": list(self.kl_before),
                 "one_class_batches": self.one_class_batches,
+                # dp, posterior: what the releases so far say of each record's label (the
+                # replayed releases after the checkpoint add to it again, as they did)
+                "evidence": None if self.evidence is None else self.evidence.copy(),
                 # a one-class batch after a resume reuses these, as the uninterrupted run would
                 "last": None if self._last is None else {
                     "lambdas": [self._last[0].lam10, self._last[0].lam20, self._last[0].lam11,
@@ -600,6 +727,9 @@ class LabelProtection:
             if self.setting is not None:
                 self.budget.merge(self.setting, self.counts)
         self.planned = state.get("planned")
+        evidence = state.get("evidence")
+        self.evidence = (None if evidence is None
+                         else np.asarray(evidence, dtype=np.float64).copy())
         self.kl = [float(v) for v in state.get("kl", [])]
         self.kl_before = [float(v) for v in state.get("kl_before", [])]
         self.one_class_batches = int(state.get("one_class_batches", 0))

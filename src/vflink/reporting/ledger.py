@@ -24,9 +24,13 @@ from vflink.randomness import NOT_PRIVATE, REPRODUCIBLE, SECRET, SWITCH, describ
 if TYPE_CHECKING:
     from vflink.runfiles.results import RunResult
 
-__all__ = ["LABELS_IN_CLEAR", "build_run_ledger", "explain_dictionary_limit", "explain_engine",
-           "explain_tau",
+__all__ = ["LABELS_IN_CLEAR", "WHITE_BOX_ATTACKS", "build_run_ledger",
+           "explain_dictionary_limit", "explain_engine", "explain_tau", "label_verdict",
            "noise_sources", "privacy_summary", "write_run_ledger"]
+
+#: The label attacks that use what a secondary knows of the code (``vflink.attacks.whitebox``):
+#: a protection is not called holding before they were run.
+WHITE_BOX_ATTACKS = ("label-noise-subtraction", "label-epoch-average", "label-residual")
 
 #: The warning on the gradients a primary sends back with ``[privacy] labels = "off"``.
 LABELS_IN_CLEAR = ("WARNING: gradients in clear: they reveal the primary's labels to the "
@@ -51,7 +55,8 @@ _CARRIES: dict[str, str] = {
     "fetch_alignment": "control: a request for this party's view of an alignment",
     "alignment_view": "alignment indices only: the receiver learns which of its rows are linked "
                       "to a primary record",
-    "setup_bottom": "control: model hyperparameters",
+    "setup_bottom": "control: model hyperparameters and the run's seed (weights' "
+                    "initialisation, dropout masks)",
     "fit_preprocessing": "row numbers: the secondary learns which of its records are linked",
     "forward": "row numbers: the secondary learns which of its records are in each batch",
     "embeddings": "cut-layer embeddings in clear: the primary could try to invert them or "
@@ -338,8 +343,8 @@ def privacy_summary(result: RunResult) -> str:
         if "epsilon" in g:
             what = f"ε = {g['epsilon']:.3g}" + (f" (δ = {g['delta']:.0e})" if g.get("delta")
                                                 else "")
-        elif g.get("leak_auc_bound_max") is not None:
-            what = f"leak AUC ≤ {g['leak_auc_bound_max']:.3f} per batch"
+        elif mode == "marvell":
+            what = "no formal guarantee (the model's AUC figure is per batch and per row)"
         else:
             what = "no formal guarantee"
         parts.append(f"labels of {label['party']}: {mode}, {what}")
@@ -354,6 +359,46 @@ def privacy_summary(result: RunResult) -> str:
     elif parts and any("noise" in (p.get("params") or {}) for p in protections):
         parts.append("noise: secret (OS CSPRNG)")
     return ("privacy: " + "; ".join(parts)) if parts else ""
+
+
+def label_verdict(attacks: list[dict[str, Any]]) -> str | None:
+    """One sentence on the label protection against every label attack the ledger holds: it
+    "holds within its stated limit" only when every one stayed within the limit its stated
+    guarantee sets (``details.protection.within_limit``, written by ``vflink attack``), and
+    only once the white-box attacks were among them; ``None`` when no label attack was run."""
+    judged: list[tuple[str, dict[str, Any]]] = []
+    for a in attacks:
+        p = (a.get("details") or {}).get("protection")
+        if isinstance(p, dict) and "within_limit" in p:
+            judged.append((str(a.get("attack")), p))
+    if not judged:
+        return None
+    latest: dict[str, dict[str, Any]] = {}
+    for name, p in judged:  # the latest result of each attack
+        latest[name] = p
+    mode = str(judged[-1][1].get("mode", "?"))
+    beyond = [f"{name} (leak {_leak(p)})" for name, p in latest.items()
+              if not p["within_limit"]]
+    missing = [name for name in WHITE_BOX_ATTACKS if name not in latest]
+    if mode == "off":
+        return ("labels = off: not protected; " + (f"{len(beyond)} of {len(latest)} label "
+                "attacks read them" if beyond else "no label attack run here reads them"))
+    if beyond:
+        return (f"labels = {mode}: does NOT hold within its stated limit: "
+                + ", ".join(beyond) + " go beyond it")
+    if missing:
+        return (f"labels = {mode}: within its stated limit against the {len(latest)} label "
+                f"attacks run, not yet established: run {', '.join(missing)}")
+    return (f"labels = {mode}: holds within its stated limit against every label attack run "
+            f"({', '.join(latest)})")
+
+
+def _leak(protection: dict[str, Any]) -> str:
+    value, limit = protection.get("leak"), protection.get("limit")
+    if not isinstance(value, (int, float)):
+        return "beyond chance"
+    return f"{value:.3f}" + (f" > {limit:.3f}" if isinstance(limit, (int, float))
+                             else ", no limit stated")
 
 
 def noise_sources(protections: list[dict[str, Any]]) -> dict[str, str]:

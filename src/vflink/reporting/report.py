@@ -32,7 +32,7 @@ from vflink.errors import DataError
 from vflink.metrics.attacks import auc_verdict
 from vflink.privacy.ledger import LEDGER_FILE, Ledger, explain_epsilon
 from vflink.randomness import NOT_PRIVATE, REPRODUCIBLE, SWITCH
-from vflink.reporting.ledger import explain_tau
+from vflink.reporting.ledger import explain_tau, label_verdict
 from vflink.runfiles.results import METRICS_SCHEMA
 
 __all__ = ["build_report", "write_report"]
@@ -390,7 +390,14 @@ def _attack_verdict(attack: dict[str, Any]) -> str:
     metrics = attack.get("metrics") or {}
     value = metrics.get("auc")
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return f"AUC {_fmt(float(value))}: {auc_verdict(float(value))}"
+        line = f"AUC {_fmt(float(value))}: {auc_verdict(float(value))}"
+        protection = (attack.get("details") or {}).get("protection")
+        if isinstance(protection, dict) and "within_limit" in protection:
+            limit = protection.get("limit")
+            line += ("; " + ("within" if protection["within_limit"] else "BEYOND")
+                     + (f" the stated limit AUC ≤ {_fmt(_number(limit))}"
+                        if isinstance(limit, (int, float)) else " chance (no limit stated)"))
+        return line
     if "full_success" in metrics and "distance_success" in metrics:
         return (f"recovers the exact distance for {float(metrics['distance_success']):.1%} of "
                 f"linked pairs (Theorem 2 bound τ = {_fmt(metrics.get('tau_bound'))}) and a "
@@ -406,12 +413,14 @@ def _attacks(ledger: Ledger | None, run_dir: Path) -> str:
                 "<code>vflink attack --run RUN_DIR --attack label-norm</code> "
                 "(<code>vflink attack --list</code> lists them).</p>")
     rows = []
+    held = label_verdict(list(attacks))
     for a in attacks:
         metrics = "; ".join(f"{k} = {_fmt(v)}" for k, v in (a.get("metrics") or {}).items())
         rows.append((a.get("attack"), a.get("party"), _attack_verdict(a), metrics,
                      a.get("explanation", "")))
-    return _table(("attack", "attacker", "verdict", "figures", "what it means"), rows,
-                  cls="attacks")
+    return ((f'<p class="lead"><b>{_e(held)}</b></p>' if held else "")
+            + _table(("attack", "attacker", "verdict", "figures", "what it means"), rows,
+                     cls="attacks"))
 
 
 # --- the summary at the top of a run page -----------------------------------------------------
@@ -582,7 +591,7 @@ def _directions(ledger: Ledger, data: list[dict[str, Any]]) -> list[str]:
         elif mode == "rr-prior":
             what = f"rr-prior ε = {_fmt(_number(g.get('epsilon')))}"
         elif mode == "marvell":
-            what = f"marvell, leak AUC ≤ {_fmt(_number(g.get('leak_auc_bound_max')))} per batch"
+            what = "marvell (no formal guarantee; its AUC figure is a model's, per batch)"
         else:
             what = f"{mode} (no formal guarantee)"
         out.append(f"labels ({label['party']}): {what}")
@@ -595,10 +604,11 @@ def _directions(ledger: Ledger, data: list[dict[str, Any]]) -> list[str]:
 def _summary(metrics: dict[str, Any], ledger: Ledger | None,
              siblings: list[tuple[str, dict[str, Any]]], recorded: bool) -> str:
     attacks = ledger.attacks if ledger is not None else []
+    held = label_verdict(list(attacks))
     if attacks:
-        verdicts = "<ul>" + "".join(
+        verdicts = ((f"<p><b>{_e(held)}</b></p>" if held else "") + "<ul>" + "".join(
             f"<li><b>{_e(a.get('attack'))}</b> by {_e(a.get('party'))}: "
-            f"{_e(_attack_verdict(a))}</li>" for a in attacks) + "</ul>"
+            f"{_e(_attack_verdict(a))}</li>" for a in attacks) + "</ul>")
     elif recorded:
         verdicts = ("none run yet (<code>vflink attack --run RUN_DIR --attack "
                     "NAME</code>)")

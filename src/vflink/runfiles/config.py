@@ -26,6 +26,7 @@ from vflink.data.featurestore import FEATURE_STORES
 from vflink.data.schema import PartySchema
 from vflink.engine import ComputeConfig  # the [compute] section
 from vflink.errors import ConfigError, VflinkError
+from vflink.metrics.functional import SELECTION, THRESHOLDS
 from vflink.models.device import DEFAULT_DEVICE, DEVICES
 from vflink.models.merge import AggregatorConfig
 from vflink.models.spec import ACTIVATIONS, OPTIMIZERS, BottomSpec
@@ -292,6 +293,15 @@ class ModelConfig:
 class TrainingConfig:
     """Optimisation and early stopping (App. E: stop at the best validation performance).
 
+    ``select`` is what model selection and early stopping watch on the validation split:
+    ``"auto"`` is AUC on a binary task (accuracy would keep a model that predicts only the
+    majority class of a rare label), accuracy on a multi-class one, RMSE for regression; or
+    ``"accuracy"``, ``"auc"``, ``"log-loss"``, ``"rmse"``, ``"r2"``. ``threshold`` is a
+    binary task's decision threshold on P(positive), chosen on the validation split by its
+    best ``"f1"`` or ``"balanced-accuracy"``, or a fixed probability; the run reports it and
+    every split's figures at it (``metrics.json`` ``decision``); the task metrics (accuracy
+    at 0.5, AUC) are as before.
+
     ``device`` and ``feature_store`` apply to the parties this run builds in its own process
     (a party across hosts sets its own in its party file's ``[training]``): see
     :class:`~vflink.parties.resources.TrainingResources`.
@@ -308,6 +318,8 @@ class TrainingConfig:
     threads: int = 1
     device: str = DEFAULT_DEVICE
     feature_store: str = "auto"
+    select: str = "auto"
+    threshold: str | float = "f1"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "split", tuple(self.split))
@@ -322,6 +334,11 @@ class TrainingConfig:
         check_int(problems, "training.threads", self.threads, min=1)
         check_choice(problems, "training.device", self.device, DEVICES)
         check_choice(problems, "training.feature_store", self.feature_store, FEATURE_STORES)
+        check_choice(problems, "training.select", self.select, SELECTION)
+        if isinstance(self.threshold, str):
+            check_choice(problems, "training.threshold", self.threshold, THRESHOLDS)
+        else:
+            check_probability(problems, "training.threshold", self.threshold)
         split = self.split
         if (len(split) != 3 or not all(isinstance(v, (int, float)) and v > 0 for v in split)
                 or abs(sum(split) - 1.0) > 1e-6):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,9 @@ from vflink._files import (
 )
 from vflink._typed import Arr, load_arrays
 from vflink.attacks import ATTACKS, AttackResult, AttackView, get_attack
+from vflink.attacks.limits import dp_auc_ceiling, gdp_auc_ceiling, gdp_mu, leak
 from vflink.errors import ConfigError, DataError, VflinkError
+from vflink.metrics.attacks import auc_stderr
 from vflink.parties.recording import RECORDING_DIR, Recording, read_recording
 from vflink.privacy.label_protection import DEFEATED_WITHIN
 from vflink.privacy.ledger import LEDGER_FILE, Ledger
@@ -34,7 +37,7 @@ from vflink.runfiles.inputs import Inputs
 from vflink.runner.evaluation import OWN_ENCODINGS, read_truth
 
 __all__ = ["attack_lines", "label_protection_in_force", "load_view", "recorded_parties",
-           "run_attack", "truth_for", "with_label_verdict"]
+           "run_attack", "stated_limit", "truth_for", "with_label_verdict"]
 
 log = logging.getLogger(__name__)
 
@@ -120,9 +123,21 @@ def load_view(run_dir: Path, role: str, party: str | None = None) -> AttackView:
             grads, ids, batch = rec.get("gradients")
             kw.update(gradients=grads, ids=ids)
             extra["batch"] = batch
-            extra["peer"] = rec.streams("gradients")[0]
+            peer = extra["peer"] = rec.streams("gradients")[0]
+            if peer in rec.streams("requests"):  # the primary's order of each batch's rows
+                positions, asked, asked_batch = rec.get("requests", peer)
+                extra["requests"] = {"positions": positions, "ids": asked,
+                                     "batch": asked_batch}
         if rec.streams("indices"):
             kw["indices"] = rec.get("indices")[0]
+            if kw["indices"].ndim == 2:  # K links per record (FedSim)
+                extra["links"] = int(kw["indices"].shape[1])
+        # every seed this party was sent (white-box attacks try them)
+        extra["received_seeds"] = [
+            {"peer": key.split("__", 1)[1], **{k: v for k, v in info.items()
+                                              if k in ("message", "seed")}}
+            for key, info in sorted(rec.manifest.get("meta", {}).items())
+            if key.startswith("setup__") and isinstance(info, dict)]
     else:
         if rec.streams("embeddings"):
             emb, ids, batch = rec.get("embeddings")
@@ -198,7 +213,8 @@ def run_attack(run_dir: Path, name: str, *, party: str | None = None,
     ledger_path = home / LEDGER_FILE
     ledger = Ledger.read(ledger_path) if os.path.lexists(ledger_path) else Ledger()
     if name.startswith("label-"):
-        result = with_label_verdict(result, ledger)
+        records = None if view.ids is None else int(np.unique(np.asarray(view.ids)).size)
+        result = with_label_verdict(result, ledger, records=records)
     ledger.add_attack(result.to_json())
     ledger.write(ledger_path)
     if target is not None:
@@ -215,35 +231,96 @@ def label_protection_in_force(ledger: Ledger) -> dict[str, Any] | None:
                      "label-")), None)
 
 
-def with_label_verdict(result: AttackResult, ledger: Ledger) -> AttackResult:
-    """``result`` with which label protection was in force and whether it defeats the attack:
-    an AUC within ``DEFEATED_WITHIN`` of 0.5 (either way: 0.4 is as leaky as 0.6), or a
-    multi-class accuracy within that of always guessing the most frequent class."""
+def stated_limit(entry: dict[str, Any] | None) -> tuple[float | None, str, dict[str, Any]]:
+    """The most AUC the label protection's stated guarantee allows any attack on one record's
+    label, in words, and figures beside it: for (ε, δ)-label-DP the area under the ROC region
+    (ε, δ) leaves (:func:`vflink.attacks.limits.dp_auc_ceiling`; the tighter Gaussian figure of
+    the worst record's releases beside it), for rr-prior the same at δ = 0. ``None`` where the
+    protection states no limit (off, Marvell, max-norm): then nothing beyond chance is
+    promised, and only an attack within ``DEFEATED_WITHIN`` of chance counts as held."""
+    if entry is None:
+        return None, "no protection: nothing is promised", {}
+    mode = str(entry.get("kind", "")).removeprefix("label-")
+    g = entry.get("guarantee") or {}
+    eps, delta = g.get("epsilon"), g.get("delta", 0.0)
+    if mode in ("dp", "rr-prior") and isinstance(eps, (int, float)) and math.isfinite(eps):
+        d = float(delta or 0.0) if mode == "dp" else 0.0
+        limit = dp_auc_ceiling(float(eps), d)
+        extra: dict[str, Any] = {}
+        releases = g.get("releases_of_worst_record")
+        if mode == "dp" and isinstance(releases, list) and releases:
+            try:
+                mu = gdp_mu((float(sig), int(m)) for sig, m in releases)
+                extra = {"gaussian_mu": mu, "gaussian_limit": gdp_auc_ceiling(mu)}
+            except (TypeError, ValueError):
+                extra = {}
+        words = (f"AUC ≤ {limit:.3f}, what (ε = {float(eps):.3g}"
+                 + (f", δ = {d:g}" if d else "") + ") allows any test of one record's label")
+        return limit, words, extra
+    return None, {"marvell": "Marvell states no limit (its figure is a model's, per batch and "
+                             "per row; see the ledger)",
+                  "max-norm": "max-norm states no limit (a heuristic)"}.get(
+        mode, f"{mode} states no limit"), {}
+
+
+def with_label_verdict(result: AttackResult, ledger: Ledger, *,
+                       records: int | None = None) -> AttackResult:
+    """``result`` with which label protection was in force, the most AUC its stated guarantee
+    allows (:func:`stated_limit`) and whether the attack stayed within it: its leak
+    max(AUC, 1 − AUC), less twice its standard error over the ``records`` attacked (Hanley &
+    McNeil; a record's rows over the epochs are not independent draws), at most that limit,
+    or, where none is stated, within ``DEFEATED_WITHIN`` of chance (either way: 0.4 is as
+    leaky as 0.6). A multi-class accuracy is judged against always guessing the most frequent
+    class."""
     entry = label_protection_in_force(ledger)
     mode = "off" if entry is None else str(entry["kind"]).removeprefix("label-")
     m = result.metrics
     if "auc" in m:
-        gap = abs(float(m["auc"]) - 0.5)
-        reading = f"AUC {float(m['auc']):.3f}, {gap:.3f} from chance"
+        value = float(m["auc"])
+        gap = abs(value - 0.5)
+        reading = f"AUC {value:.3f}, {gap:.3f} from chance"
+        leak_value: float | None = leak(value)
     elif "accuracy" in m and "majority" in m:
         gap = float(m["accuracy"]) - float(m["majority"])
         reading = f"accuracy {float(m['accuracy']):.1%}, {gap:+.1%} over the majority class"
+        leak_value = None
     else:
         return result
     defeated = bool(gap <= DEFEATED_WITHIN)
+    limit, limit_words, figures = stated_limit(entry)
+    stderr = math.nan
+    n = int(m.get("records", records or 0) or 0)
+    rate = float(m.get("positive_rate", math.nan))
+    if leak_value is not None and n > 0 and math.isfinite(rate):
+        stderr = auc_stderr(leak_value, round(n * rate), n - round(n * rate))
+    if limit is not None and leak_value is not None and math.isfinite(leak_value):
+        margin = 2.0 * stderr if math.isfinite(stderr) else 0.0
+        within = bool(leak_value - margin <= limit)
+    else:
+        within = defeated
     guarantee = dict((entry or {}).get("guarantee") or {})
     what = {"off": "no label protection (the gradients were sent in clear)",
             "dp": f"labels = dp (ε = {guarantee.get('epsilon', float('nan')):.3g}, "
                   f"δ = {guarantee.get('delta', float('nan')):g})",
             "rr-prior": f"labels = rr-prior (ε = {guarantee.get('epsilon', float('nan')):.3g})",
-            "marvell": f"labels = marvell (leak AUC bound ≤ "
-                       f"{guarantee.get('leak_auc_bound_max') or float('nan'):.3f})",
+            "marvell": "labels = marvell (no formal guarantee)",
             "max-norm": "labels = max-norm (no formal guarantee)"}.get(mode, f"labels = {mode}")
+    spread = f" (± {stderr:.3f})" if math.isfinite(stderr) else ""
+    if within:
+        against = f"the attack stays within it{spread}."
+    elif limit is not None:
+        against = (f"the attack goes BEYOND it, by more than twice its standard error{spread}."
+                   if spread else "the attack goes BEYOND it.")
+    else:
+        against = "the attack reads beyond chance, which nothing stated covers."
     verdict = (f"Protection in force: {what}; "
-               + (f"it defeats this attack ({reading}, within {DEFEATED_WITHIN:g})."
-                  if defeated else f"it does not defeat this attack ({reading})."))
-    details = {**result.details, "protection": {"mode": mode, "defeated": defeated,
-                                                "within": DEFEATED_WITHIN}}
+               + (f"it defeats this attack ({reading}, within {DEFEATED_WITHIN:g})"
+                  if defeated else f"it does not defeat this attack ({reading})")
+               + f". Stated limit: {limit_words}; {against}")
+    details = {**result.details, "protection": {
+        "mode": mode, "defeated": defeated, "within": DEFEATED_WITHIN, "leak": leak_value,
+        "leak_stderr": None if not math.isfinite(stderr) else stderr,
+        "limit": limit, "limit_words": limit_words, "within_limit": within, **figures}}
     return dataclasses.replace(result, explanation=f"{result.explanation}. {verdict}",
                                details=details)
 

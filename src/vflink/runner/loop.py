@@ -48,10 +48,14 @@ class Trainee(Protocol):
     share of the run's communication) and returns the rows to train on (a plan may narrow the
     training split: FLORIST's baseline-partial trains on the intersection only);
     ``final_metrics`` gives the run's train / validation / test metrics after the best state
-    is restored.
+    is restored. ``earliest_stop`` is the first epoch after which early stopping may end the
+    run (a protection calibrated for a number of epochs asks for them: label DP's noise was
+    paid for one release per epoch, and its evidence accumulates over them).
     """
 
     metric: str | None
+
+    def earliest_stop(self) -> int: ...
 
     def setup(self, splits: tuple[Rows, ...], epochs: int, batch_size: int) -> Rows: ...
 
@@ -133,7 +137,8 @@ def train_and_evaluate(trainee: Trainee, config: RunConfig, splits: tuple[Rows, 
         before_setup = counter.snapshot()
         train = trainee.setup(splits, t.epochs, batch_size)
         setup_traffic = TrafficCounter.delta(counter.snapshot(), before_setup)
-    finished = resume and (stale >= t.patience or first_epoch > t.epochs)
+    finished = resume and ((stale >= t.patience and len(history) >= trainee.earliest_stop())
+                           or first_epoch > t.epochs)
     for epoch in range(first_epoch, t.epochs + 1):
         if finished:
             break
@@ -166,7 +171,7 @@ def train_and_evaluate(trainee: Trainee, config: RunConfig, splits: tuple[Rows, 
         trainee.log_epoch(record)
         if progress is not None:
             progress("epoch", epoch, t.epochs)
-        if metric is not None and stale >= t.patience:
+        if metric is not None and stale >= t.patience and epoch >= trainee.earliest_stop():
             log.info("early stopping after epoch %d (best %d)", epoch, best_epoch)
             break
     trainee.restore_best(checkpoints)

@@ -35,7 +35,13 @@ import pandas as pd
 from vflink.data.schema import PartySchema
 from vflink.data.table import PartyTable
 from vflink.errors import ConfigError
-from vflink.metrics.functional import evaluate, primary_metric
+from vflink.metrics.functional import (
+    choose_threshold,
+    decision_metrics,
+    evaluate,
+    log_loss,
+    selection_metric,
+)
 from vflink.models.merge import AggregatorConfig
 from vflink.models.spec import BottomSpec
 from vflink.parties import PrimaryParty, TrainingPlan
@@ -44,7 +50,7 @@ from vflink.protocol import Ack, AlignmentReady
 from vflink.registry import Registry
 from vflink.reporting.link_quality import training_link_quality
 from vflink.runfiles.algorithms import Algorithm, get_algorithm
-from vflink.runfiles.config import RunConfig
+from vflink.runfiles.config import RunConfig, TrainingConfig
 from vflink.runfiles.inputs import Inputs
 from vflink.runfiles.results import EpochRecord, RunResult
 from vflink.runner.context import Plan, Prepared, RunContext
@@ -61,7 +67,7 @@ from vflink.runner.protections import (
 )
 from vflink.runner.union import UnionPlan
 from vflink.transport import InProcessHub, TrafficCounter
-from vflink.types import MISSING, Alignment
+from vflink.types import MISSING, Alignment, Task
 
 __all__ = ["PLANS", "PrimaryTrainee", "combined_table", "plan_name",
            "release_plan", "training_plan"]
@@ -119,12 +125,29 @@ def release_plan(plan: TrainingPlan, splits: tuple[Rows, ...], epochs: int,
 
 class PrimaryTrainee:
     """The loop's view of a :class:`~vflink.parties.PrimaryParty` (SplitNN, FedSim, Solo,
-    Combine): early stopping on the task's headline metric, checkpoints in every party's own
-    state directory, the best epoch restored and evaluated on every split."""
+    Combine): early stopping on the validation metric ``training.select`` names
+    (:func:`~vflink.metrics.functional.selection_metric`: AUC on a binary task by default),
+    checkpoints in every party's own state directory, the best epoch restored and evaluated
+    on every split; on a binary task the decision threshold chosen on validation
+    (``training.threshold``) and every split's figures at it (:attr:`decision`)."""
 
-    def __init__(self, primary: PrimaryParty, plan: TrainingPlan) -> None:
+    def __init__(self, primary: PrimaryParty, plan: TrainingPlan,
+                 training: TrainingConfig | None = None) -> None:
         self.primary, self.plan = primary, plan
-        self.metric: str | None = primary_metric(primary.task)
+        self.training = training if training is not None else TrainingConfig()
+        try:
+            self.metric: str | None = selection_metric(primary.task, self.training.select)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        #: the decision threshold and every split's figures at it (binary tasks), once trained
+        self.decision: dict[str, Any] | None = None
+
+    def _metrics(self, y: npt.NDArray[Any], scores: npt.NDArray[np.float64]
+                 ) -> dict[str, float]:
+        out = evaluate(self.primary.task, y, scores)
+        if self.metric == "log_loss":  # only when it is watched: the task metrics as before
+            out["log_loss"] = log_loss(y, scores)
+        return out
 
     def setup(self, splits: tuple[Rows, ...], epochs: int, batch_size: int) -> Rows:
         self.primary.setup(self.plan, splits[0],
@@ -135,6 +158,18 @@ class PrimaryTrainee:
     def batches(self, rows: Rows, batch_size: int, rng: np.random.Generator) -> Iterator[Rows]:
         return self.primary.batches(rows, batch_size, rng)
 
+    def earliest_stop(self) -> int:
+        """``dp`` on the labels: every epoch that releases (one per epoch, or the first
+        ``labels_releases``). σ was calibrated for those releases (stopping early leaves
+        that budget unspent, the noise just as large), and the posterior's evidence grows
+        with every release, so validation may still improve after a plateau; the best
+        validation epoch is still the one kept."""
+        protection = self.primary.label_protection
+        if protection is not None and protection.mode == "dp" and protection.planned:
+            planned = protection.planned
+            return int(planned.get("releases_per_record", planned.get("epochs", 1)))
+        return 1
+
     def begin_epoch(self, epoch: int, last: bool) -> None:
         pass
 
@@ -143,7 +178,7 @@ class PrimaryTrainee:
 
     def evaluate(self, rows: Rows) -> dict[str, float]:
         p = self.primary
-        return evaluate(p.task, p.targets(rows), p.predict_scores(rows))
+        return self._metrics(p.targets(rows), p.predict_scores(rows))
 
     def log_epoch(self, record: EpochRecord) -> None:
         log.info("epoch %d: loss %.4f, validation %s %.4f", record.epoch, record.train_loss,
@@ -178,8 +213,70 @@ class PrimaryTrainee:
 
     def final_metrics(self, splits: tuple[Rows, ...], history: list[EpochRecord]
                       ) -> dict[str, dict[str, float]]:
-        return {name: self.evaluate(rows)
-                for name, rows in zip(("train", "validation", "test"), splits, strict=True)}
+        p = self.primary
+        scored = {name: (p.targets(rows), p.predict_scores(rows))
+                  for name, rows in zip(("train", "validation", "test"), splits, strict=True)}
+        if p.task is Task.BINARY:  # the same scores: no further message crosses
+            self.decision = decide(scored, self.training.threshold)
+        return {name: self._metrics(y, s) for name, (y, s) in scored.items()}
+
+
+def decide(scored: Mapping[str, tuple[npt.NDArray[Any], npt.NDArray[np.float64]]],
+           threshold: str | float) -> dict[str, Any]:
+    """A binary task's decision threshold, chosen on the validation split's labels and scores
+    by ``threshold`` (a criterion of :func:`~vflink.metrics.functional.choose_threshold`, or
+    a fixed probability), and each split's figures at it and at 0.5."""
+    y_val, s_val = scored["validation"]
+    value = choose_threshold(np.asarray(y_val, dtype=np.int64), s_val, threshold)
+    return {"threshold": value,
+            "criterion": threshold if isinstance(threshold, str) else "fixed",
+            "chosen_on": "validation",
+            **{name: decision_metrics(np.asarray(y, dtype=np.int64), s, value)
+               for name, (y, s) in scored.items()},
+            "predicted_positive_at_0.5": {
+                name: float(np.mean(np.asarray(s, dtype=np.float64) >= 0.5)) if len(s)
+                else float("nan") for name, (y, s) in scored.items()}}
+
+
+@EVALUATIONS.register("decision")
+def _decision(ctx: RunContext) -> dict[str, Any]:
+    """The decision threshold (binary tasks) and the warnings a model that learnt little
+    deserves: the first epoch kept although later ones trained, or one class predicted."""
+    trainee = ctx.trainee
+    if not isinstance(trainee, PrimaryTrainee):
+        return {}
+    warnings: list[str] = []
+    metric = trainee.metric
+    if metric is not None and ctx.best_epoch == 1 and len(ctx.history) > 1:
+        values = ", ".join(f"{r.validation.get(metric, float('nan')):.4g}"
+                           for r in ctx.history[:6])
+        warnings.append(
+            f"the kept model is the first epoch's: validation {metric} never improved on it "
+            f"over {len(ctx.history)} epochs ({values}{', ...' if len(ctx.history) > 6 else ''})"
+            "; the model may have learnt little (a protection's noise, too high a learning "
+            "rate, or a metric unfit for the task: see training.select)")
+    out: dict[str, Any] = {}
+    decision = trainee.decision
+    if decision is not None:
+        out["decision"] = decision
+        for split in ("validation", "test"):
+            share = decision[split]["predicted_positive"]
+            if share in (0.0, 1.0):
+                warnings.append(
+                    f"at its decision threshold {decision['threshold']:.4g} (chosen on "
+                    f"validation) the model predicts one class only on the {split} split: "
+                    "its scores do not separate the classes there")
+        half = decision["predicted_positive_at_0.5"].get("test")
+        if half in (0.0, 1.0):
+            warnings.append(
+                "at 0.5 the model predicts one class only on the test split: its accuracy "
+                "there is the base rate; read the AUC and the figures at the decision threshold "
+                "(metrics.json \"decision\")")
+    for text in warnings:
+        log.warning("%s", text)
+    if warnings:
+        out["warnings"] = warnings
+    return out
 
 
 def combined_table(primary: PartyTable, secondaries: Sequence[PartyTable],
@@ -304,7 +401,7 @@ class PrimaryPlan:
                              protections=training)
         if ctx.resume and plan.k != k:
             raise ConfigError("cannot resume: the alignment changed")
-        ctx.trainee = PrimaryTrainee(primary, plan)
+        ctx.trainee = PrimaryTrainee(primary, plan, config.training)
         ctx.state.update(primary=primary, training_plan=plan, algorithm=algorithm, k=k,
                          protections=training)
         if ctx.counter is None:  # pragma: no cover - _primary set it
@@ -386,9 +483,9 @@ class PrimaryPlan:
 
 
 PLANS: Registry[Plan] = Registry("training plan")
-_CENTRAL = ("alignment", "messages", "linkage-figures", "protections")
+_CENTRAL = ("alignment", "messages", "linkage-figures", "protections", "decision")
 PLANS.add("vfl", PrimaryPlan("vfl", ("alignment", "link-quality", "messages",
-                                     "linkage-figures", "protections")))
+                                     "linkage-figures", "protections", "decision")))
 PLANS.add("solo", PrimaryPlan("solo", _CENTRAL))
 PLANS.add("combine", PrimaryPlan("combine", _CENTRAL))
 # a FLORIST strategy's name outside a PSU union trains at the primary alone, as Solo does

@@ -35,7 +35,7 @@ from vflink.runner.prepare import prepare
 from vflink.transport import InProcessHub
 from vflink.types import Task
 
-__all__ = ["Predictions", "load_run_config", "predict_records"]
+__all__ = ["Predictions", "decision_threshold", "load_run_config", "predict_records"]
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +48,20 @@ class Predictions:
     frame: pd.DataFrame
     metrics: dict[str, float] | None
     warnings: tuple[str, ...] = ()
+
+
+def decision_threshold(run_dir: Path) -> float:
+    """A binary run's decision threshold on P(positive), as training chose it on the
+    validation split (``metrics.json`` ``decision``); 0.5 for a run written before."""
+    raw = read_json_file(run_dir, "metrics.json", error=RunError)
+    decision = raw.get("decision") if isinstance(raw, dict) else None
+    if decision is None:
+        return 0.5
+    value = decision.get("threshold") if isinstance(decision, dict) else None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
+        raise RunError(f"{Path(run_dir) / 'metrics.json'}: `decision.threshold` must be a "
+                       f"probability in (0, 1), got {value!r}")
+    return float(value)
 
 
 def load_run_config(run_dir: Path) -> RunConfig:
@@ -165,7 +179,8 @@ def predict_records(run_dir: Path, records: pd.DataFrame, *, source: str = "inpu
     elif task is Task.BINARY:
         classes = primary.codec.classes
         out["probability"] = scores
-        out["prediction"] = pd.Series([classes[int(p >= 0.5)] for p in scores], dtype=object)
+        cut = decision_threshold(run_dir)  # the one chosen on validation in training
+        out["prediction"] = pd.Series([classes[int(p >= cut)] for p in scores], dtype=object)
     else:
         classes = primary.codec.classes
         for j, c in enumerate(classes):

@@ -106,6 +106,9 @@ class UnionTrainee:
         self.last = False
         self._active: UnionPrimary | None = None
 
+    def earliest_stop(self) -> int:
+        return 1  # a fixed number of epochs (no early stopping)
+
     @property
     def active(self) -> UnionPrimary:
         if self._active is None:
@@ -265,7 +268,8 @@ class UnionPlan:
     def check(self, config: RunConfig) -> None:
         strategy = get_strategy(config.algorithm)
         if config.privacy.protects_labels:  # before any work: dp cannot account for some
-            check_union_labels(config.privacy.label_mode(Task.BINARY), strategy)
+            check_union_labels(config.privacy.label_mode(Task.BINARY), strategy,
+                               default=config.privacy.labels is None)
 
     def build(self, ctx: RunContext) -> None:
         config = ctx.config

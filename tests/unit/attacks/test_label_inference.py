@@ -11,6 +11,7 @@ import pytest
 from vflink.attacks import AttackView, get_attack
 from vflink.attacks.label_clustering import minority_scores
 from vflink.attacks.label_leakage import matched_accuracy
+from vflink.attacks.limits import dp_auc_ceiling
 from vflink.errors import ConfigError
 from vflink.privacy.ledger import Ledger
 from vflink.runner.attack import with_label_verdict
@@ -108,7 +109,11 @@ def test_the_verdict_names_the_protection_and_whether_it_holds() -> None:
     leaky = get_attack("label-norm").evaluate(view, truth)
     off = with_label_verdict(leaky, Ledger())
     assert "no label protection" in off.explanation and "does not defeat" in off.explanation
-    assert off.details["protection"] == {"mode": "off", "defeated": False, "within": 0.1}
+    assert off.details["protection"] == {
+        "mode": "off", "defeated": False, "within": 0.1, "leak": pytest.approx(
+            max(leaky.metrics["auc"], 1 - leaky.metrics["auc"])), "leak_stderr": None,
+        "limit": None, "limit_words": "no protection: nothing is promised",
+        "within_limit": False}
     ledger = Ledger()
     ledger.add_protection(kind="label-dp", party="primary", applies_to="backward", params={},
                           guarantee={"epsilon": 4.0, "delta": 1e-5}, explanation="")
@@ -116,6 +121,22 @@ def test_the_verdict_names_the_protection_and_whether_it_holds() -> None:
     held = with_label_verdict(get_attack("label-norm").evaluate(noise, truth), ledger)
     assert "labels = dp (ε = 4" in held.explanation and "defeats this attack" in held.explanation
     assert held.details["protection"]["defeated"] is True
+    # the stated limit: what (ε, δ) allows any test of one record's label
+    assert held.details["protection"]["limit"] == pytest.approx(dp_auc_ceiling(4.0, 1e-5))
+    assert held.details["protection"]["within_limit"] is True
+    assert "Stated limit: AUC ≤ 0.982" in held.explanation
     # an AUC far below 0.5 is a leak too (the scores run the other way)
     inverted = dataclasses.replace(leaky, metrics={**leaky.metrics, "auc": 0.2})
-    assert with_label_verdict(inverted, ledger).details["protection"]["defeated"] is False
+    flipped = with_label_verdict(inverted, ledger).details["protection"]
+    assert flipped["defeated"] is False and flipped["leak"] == pytest.approx(0.8)
+    assert flipped["within_limit"] is True  # 0.8 is within what ε = 4 allows
+    beyond = dataclasses.replace(leaky, metrics={**leaky.metrics, "auc": 0.995})
+    judged = with_label_verdict(beyond, ledger)
+    assert judged.details["protection"]["within_limit"] is False
+    assert "goes BEYOND it" in judged.explanation
+    # over few records the same AUC is within the limit's sampling error, over many beyond it
+    few = with_label_verdict(beyond, ledger, records=60)
+    assert few.details["protection"]["within_limit"] is True
+    assert few.details["protection"]["leak_stderr"] > 0.0065
+    assert with_label_verdict(beyond, ledger, records=20_000).details["protection"][
+        "within_limit"] is False

@@ -36,3 +36,21 @@ def test_below_chance_is_called_inverted_with_the_flipped_value() -> None:
 
 def test_nan() -> None:
     assert "no AUC" in auc_verdict(math.nan)
+
+
+def test_auc_stderr_is_hanley_mcneils_and_matches_resampling() -> None:
+    import numpy as np
+    from sklearn.metrics import roc_auc_score
+
+    from vflink.metrics.attacks import auc_stderr
+
+    # Hanley & McNeil (1982), Eq. 2, by hand: A = 0.9, 50 positives and 50 negatives
+    assert auc_stderr(0.9, 50, 50) == pytest.approx(0.03212, abs=1e-4)
+    rng = np.random.default_rng(0)
+    values = []
+    for _ in range(400):  # binormal scores with AUC ≈ 0.8, 40 positives, 160 negatives
+        pos, neg = rng.normal(1.19, 1, 40), rng.normal(0, 1, 160)
+        values.append(roc_auc_score(np.r_[np.ones(40), np.zeros(160)], np.r_[pos, neg]))
+    assert auc_stderr(float(np.mean(values)), 40, 160) == pytest.approx(np.std(values),
+                                                                         rel=0.2)
+    assert math.isnan(auc_stderr(0.7, 0, 10))

@@ -128,8 +128,9 @@ def test_the_noise_is_sigma_times_the_sensitivity_on_identity_logits() -> None:
         z = torch.randn(20_000, width)
         y = (torch.randint(0, 2, (20_000,)).float() if task is Task.BINARY
              else torch.randint(0, 3, (20_000,)))
-        noisy = p.noisy_logit_gradient(z, y, rows)
-        noise = (noisy - label_dp.logit_gradient(task, z, y)).double()
+        p.noisy_logit_gradient(z, y, rows)
+        assert p.last_release is not None  # the release itself, before the posterior's use
+        noise = (p.last_release - label_dp.logit_gradient(task, z, y)).double()
         expected = p.sigma * label_dp.sensitivity(task)
         assert float(noise.std()) == pytest.approx(expected, rel=0.02)
         assert abs(float(noise.mean())) < 0.03 * expected
@@ -200,8 +201,10 @@ def test_secret_noise_by_default_and_the_settings_checks() -> None:
     p = _protection(4.0, seed=None)
     assert p.noise_kind == "secret"
     p.plan(np.arange(400), epochs=1)
-    noisy = p.noisy_logit_gradient(torch.zeros(400, 1), torch.zeros(400), np.arange(400))
-    assert float(noisy.std()) == pytest.approx(p.sigma, rel=0.15)
+    assert p.denoise == "posterior"  # secret noise on a binary task: the posterior's use
+    p.noisy_logit_gradient(torch.zeros(400, 1), torch.zeros(400), np.arange(400))
+    assert p.last_release is not None
+    assert float(p.last_release.std()) == pytest.approx(p.sigma, rel=0.15)
     with pytest.raises(ConfigError) as err:
         PrivacyConfig(labels="nope", labels_marvell_power=2.0, labels_delta=1.0,
                       labels_clip=0.0)
@@ -221,3 +224,125 @@ def test_secret_noise_by_default_and_the_settings_checks() -> None:
 def test_planned_releases_are_one_per_epoch_for_training_records() -> None:
     planned = label_dp.planned_label_releases(6, np.array([4, 1, 1]), 7)
     assert planned.tolist() == [0, 7, 0, 0, 7, 0]
+
+
+def test_the_posterior_of_a_binary_label_is_the_closed_form_of_its_summed_releases() -> None:
+    """Oracle: for BCE, record i's m releases g̃ = σ(z) − y + s·n give the log-likelihood ratio
+    L = Σ [(g̃ − σ(z))² − (g̃ − σ(z) + 1)²]/(2s²) of y = 1 against y = 0, and the posterior mean
+    gradient is σ(z) − σ(L) (uniform prior)."""
+    gen = torch.Generator().manual_seed(3)
+    n, m, s = 200, 6, 2.5
+    y = torch.randint(0, 2, (n,), generator=gen).double()
+    llr = torch.zeros(n, dtype=torch.float64)
+    total = torch.zeros(n, 2, dtype=torch.float64)
+    for _ in range(m):  # each release at its own logits, with its own noise
+        z = torch.randn(n, 1, generator=gen, dtype=torch.float64)
+        p = torch.sigmoid(z)[:, 0]
+        g = p - y + s * torch.randn(n, generator=gen, dtype=torch.float64)
+        llr += ((g - p) ** 2 - (g - p + 1) ** 2) / (2 * s ** 2)
+        cands = label_dp.candidate_gradients(Task.BINARY, z)
+        total += label_dp.release_log_likelihood(g[:, None], cands, s)
+    torch.testing.assert_close(total[:, 1] - total[:, 0], llr)
+    post = label_dp.posterior_gradient(cands, total)
+    torch.testing.assert_close(post[:, 0], p - torch.sigmoid(llr))
+
+
+def test_the_posterior_of_a_class_is_bayes_rule_over_the_classes() -> None:
+    """Oracle: P(k | g̃) ∝ exp(−‖g̃ − g^(k)‖²/(2s²)) enumerated by hand for 3 classes."""
+    gen = torch.Generator().manual_seed(5)
+    z = torch.randn(40, 3, generator=gen, dtype=torch.float64)
+    g = torch.randn(40, 3, generator=gen, dtype=torch.float64)
+    cands = label_dp.candidate_gradients(Task.MULTICLASS, z)
+    probs = torch.softmax(z, dim=1)
+    weights = torch.stack([torch.exp(-((g - (probs - torch.eye(3, dtype=torch.float64)[k]))
+                                       ** 2).sum(1) / (2 * 1.5 ** 2)) for k in range(3)], 1)
+    weights /= weights.sum(1, keepdim=True)
+    expected = probs - weights  # Σ_k P(k)(p − e_k) = p − P
+    ll = label_dp.release_log_likelihood(g, cands, 1.5)
+    torch.testing.assert_close(label_dp.posterior_gradient(cands, ll), expected)
+
+
+def test_dp_trains_on_the_posterior_of_every_release_so_far_by_default() -> None:
+    """With secret noise the primary back-propagates E[g | releases]: after enough releases
+    it is the clean gradient's sign for almost every record; the release itself (what is
+    counted and what the accountant covers) keeps its full noise; ``"none"`` uses it as drawn;
+    reproducible noise keeps each release as drawn unless asked."""
+    n, epochs = 2000, 40
+    p = _protection(8.0, seed=None, n=n)
+    assert p.denoise == "posterior"
+    rows = np.arange(n)
+    p.plan(rows, epochs=epochs)
+    y = (torch.arange(n) % 2).float()
+    z = torch.zeros(n, 1)
+    for _ in range(epochs):
+        out = p.noisy_logit_gradient(z, y, rows)
+    clean = label_dp.logit_gradient(Task.BINARY, z, y)  # ±1/2
+    agree = float(((out * clean) > 0).double().mean())
+    # μ = √40/σ: the Bayes test of each label is right with probability Φ(μ/2)
+    mu = math.sqrt(epochs) / float(p.sigma)
+    assert agree == pytest.approx(float(torch.distributions.Normal(0, 1).cdf(
+        torch.tensor(mu / 2))), abs=0.04)
+    assert p.last_release is not None
+    assert float((p.last_release - clean).std()) == pytest.approx(float(p.sigma), rel=0.05)
+    assert (p.counts == epochs).all()
+    plain = _protection(8.0, seed=None, n=n, labels_denoise="none")
+    plain.plan(rows, epochs=1)
+    out = plain.noisy_logit_gradient(z, y, rows)
+    assert plain.last_release is not None
+    assert torch.equal(out, plain.last_release.to(out.dtype))
+    assert _protection(8.0, seed=7, n=n).denoise == "none"  # reproducible: as published
+    with pytest.raises(ConfigError, match="labels_denoise"):
+        _protection(8.0, seed=None, n=n, task=Task.REGRESSION, labels_denoise="posterior")
+    with pytest.raises(ConfigError, match="applies to"):
+        PrivacyConfig(labels="marvell", labels_denoise="posterior")
+
+
+def test_labels_releases_releases_each_label_that_often_then_trains_on_its_posterior() -> None:
+    """σ is calibrated for the releases, not the epochs; a record past them is not released
+    again (not counted, no new evidence): the gradient is the posterior of what it had."""
+    n, epochs = 300, 6
+    p = _protection(4.0, seed=None, n=n, labels_releases=2)
+    rows = np.arange(n)
+    p.plan(rows, epochs=epochs)
+    assert p.planned is not None and p.planned["releases_per_record"] == 2
+    assert p.sigma == pytest.approx(calibrate_total(
+        4.0, 1e-5, label_dp.planned_label_releases(n, rows, 2)))
+    y = (torch.arange(n) % 2).float()
+    z = torch.zeros(n, 1)
+    outs = [p.noisy_logit_gradient(z, y, rows) for _ in range(epochs)]
+    assert (p.counts == 2).all()
+    assert all(p.budget.releases_of(r) == ((p.sigma, 2),) for r in (0, 1, n - 1))
+    assert p.evidence is not None
+    expected = label_dp.posterior_gradient(label_dp.candidate_gradients(Task.BINARY, z),
+                                           torch.from_numpy(p.evidence))
+    for out in outs[1:]:  # from the second release on: the posterior of both releases
+        torch.testing.assert_close(out.double(), expected.double(), atol=1e-6, rtol=0)
+    with pytest.raises(ConfigError, match="labels_releases"):
+        PrivacyConfig(labels="dp", labels_denoise="none", labels_releases=1)
+    with pytest.raises(ConfigError, match="labels_releases"):
+        PrivacyConfig(labels="dp", labels_releases=0)
+
+
+def test_the_default_protection_is_dp_once_per_label_through_the_posterior() -> None:
+    """No ``labels`` key: dp at DEFAULT_PROTECTION_EPSILON, one release per label, the
+    posterior (also under the reproducible switch); ``labels = "dp"`` named keeps ε = 4 and
+    one release per epoch."""
+    from vflink.privacy.config import (
+        DEFAULT_LABELS_EPSILON,
+        DEFAULT_PROTECTION_EPSILON,
+        DEFAULT_PROTECTION_RELEASES,
+    )
+    from vflink.privacy.label_protection import resolve_settings
+
+    for reproducible in (False, True):
+        cfg = PrivacyConfig(reproducible_noise=reproducible)
+        settings = resolve_settings(cfg.label_settings(), Task.BINARY)
+        assert settings is not None and settings["mode"] == "dp"
+        assert settings["epsilon"] == DEFAULT_PROTECTION_EPSILON
+        assert settings["releases"] == DEFAULT_PROTECTION_RELEASES
+        p = LabelProtection({**settings, "seed": 3 if reproducible else None}, task=Task.BINARY,
+                            party="bank", n_rows=50, classes=2)
+        assert p.denoise == "posterior"
+        assert resolve_settings(cfg.label_settings(), Task.MULTICLASS) is None  # off
+    named = PrivacyConfig(labels="dp").label_settings()
+    assert named["epsilon"] == DEFAULT_LABELS_EPSILON and named["releases"] is None
