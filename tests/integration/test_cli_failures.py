@@ -211,6 +211,7 @@ def test_a_partys_internal_error_names_its_trace_file(
     assert "Traceback" in done.stderr and "a planted bug" in done.stderr, done.stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_sigterm_gives_a_message_and_143(tmp_path: Path) -> None:
     (tmp_path / "run.toml").write_text(SMALL.replace("n_samples = 300", "n_samples = 20000")
                                        .replace("epochs = 2", "epochs = 200"))

@@ -33,6 +33,7 @@ reproducible_noise = true   # the same numbers on a re-run: the noise seeded fro
 """
 
 
+@pytest.mark.slow
 def test_experiment_tables_and_reproducibility(tmp_path: Path) -> None:
     path = tmp_path / "exp.toml"
     path.write_text(EXPERIMENT)

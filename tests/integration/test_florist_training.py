@@ -40,6 +40,7 @@ def union_config(algorithm: str, alpha: float, beta: float, epochs: int = 1) -> 
                      privacy=PrivacyConfig(reproducible_noise=True))
 
 
+@pytest.mark.slow
 def test_every_strategy_trains_over_the_union() -> None:
     config = union_config("label-majority", 0.3, 0.4)
     prepared = prepare(config)  # hides, then PSU once; every strategy reuses the parties

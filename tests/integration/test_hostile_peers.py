@@ -392,6 +392,7 @@ def test_state_stays_bounded_under_repeated_hostile_sequences(fed: Federation) -
         assert end[party] <= 1.5 * start[party], (party, start[party], end[party])
 
 
+@pytest.mark.slow
 def test_error_codes_travel_in_metadata(fed: Federation) -> None:
     with fed.channel() as ch:  # a training session in which Restore reaches its handler
         align_with_psi(ch)
@@ -410,6 +411,7 @@ def test_error_codes_travel_in_metadata(fed: Federation) -> None:
     assert "the details are in that party's log" in (err.details() or "")
 
 
+@pytest.mark.slow
 def test_unexpected_errors_stay_in_the_servers_log(fed: Federation) -> None:
     fed.state.mkdir(parents=True, exist_ok=True)
     (fed.state / "corrupt.pt").write_bytes(b"\x80\x04 not a checkpoint")  # a damaged file

@@ -69,6 +69,7 @@ def test_psu_guesses_tell_nothing_and_psi_rows_need_their_proof(served: Tenancy)
     served.alive()
 
 
+@pytest.mark.slow
 def test_abandoned_sessions_lock_out_only_their_own_peer(served: Tenancy) -> None:
     quota = int(served.policy["max_sessions"])
     time.sleep(float(served.policy["session_ttl_s"]) + 1.0)  # earlier tests' sessions expire
@@ -140,6 +141,7 @@ def test_a_maximal_chunk_does_not_starve_another_peer(served: Tenancy) -> None:
     assert spent and max(spent) < 5.0
 
 
+@pytest.mark.slow
 def test_a_finished_alignment_survives_other_peers_runs_and_a_restart(served: Tenancy) -> None:
     g = get_group("ristretto255", workers=1)
     mine = served.ids[:25] + [f"MINE{i}" for i in range(5)]
@@ -169,6 +171,7 @@ def test_a_finished_alignment_survives_other_peers_runs_and_a_restart(served: Te
             assert sorted(view.secondary_index) == list(range(25))
 
 
+@pytest.mark.slow
 def test_the_spools_of_a_killed_process_are_gone_after_a_restart(served: Tenancy) -> None:
     g = get_group("ristretto255", workers=1)
     with served.channel("hostile") as ch:

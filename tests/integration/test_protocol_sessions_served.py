@@ -166,6 +166,7 @@ def test_psu_line11_takes_no_list_from_the_primary(served: Served) -> None:
     served.alive()
 
 
+@pytest.mark.slow
 def test_a_finished_psi_is_immutable_and_its_rows_go_to_its_primary_only(
         served: Served) -> None:
     session = new_session_name("psi")

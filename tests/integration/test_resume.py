@@ -45,6 +45,7 @@ def config(epochs: int = 6) -> RunConfig:
                      privacy=PrivacyConfig(reproducible_noise=True))
 
 
+@pytest.mark.slow
 def test_in_process_interruption_and_resume(tmp_path: Path,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
     whole = run_training(config(), tmp_path / "whole")

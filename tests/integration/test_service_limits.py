@@ -95,6 +95,7 @@ def wait_until(what: str, check: object, timeout: float = 15.0) -> None:
         time.sleep(0.05)
 
 
+@pytest.mark.slow
 def test_health_is_answered_while_maximal_rounds_run_and_extra_calls_are_busy(
         served: Served) -> None:
     results: dict[str, object] = {}

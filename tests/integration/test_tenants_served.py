@@ -126,6 +126,7 @@ def _sessions_used(t: Tenancy, peer: str) -> int:
     return len(doc["peers"].get(peer, []))
 
 
+@pytest.mark.slow
 def test_a_psu_whose_lists_take_longer_than_the_expiry_completes(
         served: Tenancy, monkeypatch: pytest.MonkeyPatch) -> None:
     n = 400  # 8 batches of 0.5 s: 4 s of line 3 alone, against 1.5 s of idle expiry

@@ -113,6 +113,7 @@ def _arrow_files(root: Path) -> list[Path]:
     return sorted(root.rglob("features/*.arrow"))
 
 
+@pytest.mark.slow
 @pytest.mark.network
 @pytest.mark.parametrize("transport", ["inprocess", "grpc"])
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
@@ -333,6 +334,7 @@ def _file_config(scenario: str, files: dict[str, Path], store: str) -> RunConfig
     return dataclasses.replace(base, data=DataConfig(parties=parties))
 
 
+@pytest.mark.slow
 @pytest.mark.network
 @pytest.mark.parametrize("transport", ["inprocess", "grpc"])
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))

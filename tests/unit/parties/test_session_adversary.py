@@ -861,7 +861,11 @@ def _run(machine: type[RuleBasedStateMachine], transport: str, out_dir: Path | N
 
 @pytest.mark.network
 @pytest.mark.parametrize("transport", ["inprocess", "grpc"])
-@pytest.mark.parametrize("protocol", sorted(MACHINES))
+@pytest.mark.parametrize("protocol", [
+    # the set protocols' machine is the slowest (each PSU/PSI step is group work): in the
+    # slow job, beside the many-examples run of every machine
+    pytest.param(name, marks=pytest.mark.slow) if name == "set-protocols" else name
+    for name in sorted(MACHINES)])
 def test_hostile_peer_cannot_step_outside_the_protocol(
         protocol: str, transport: str, net: Net, tmp_path: Path) -> None:
     counter = iter(range(10**6))

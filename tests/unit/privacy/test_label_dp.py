@@ -176,6 +176,7 @@ def test_the_budget_outlives_the_run_and_a_second_run_pays_for_the_first(tmp_pat
     assert again.max_epsilon(1e-5) <= 4.0 + 1e-6
 
 
+@pytest.mark.slow
 def test_a_fixed_seed_never_repeats_its_noise_on_the_same_data() -> None:
     budget = ReleaseBudget(10, party="bank")
     draws = []
