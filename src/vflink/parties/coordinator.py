@@ -318,37 +318,32 @@ class CoordinatorParty(Party):
             raise refuse(ProtocolError, "the encoded identifiers do not fit the requested "
                          "metric or each other", code="encodings.metric") from None
 
-    def _charge_releases(self, primary: str, linkages: Mapping[str, SoftLinkage],
-                         mode: str) -> None:
-        """Count these noisy similarities against what ``primary`` already received of each
-        secondary, or refuse them all. Fresh noise per release means n releases of one link,
+    def _charge_release(self, primary: str, secondary: str, lk: SoftLinkage,
+                        mode: str) -> None:
+        """Count these noisy similarities against what ``primary`` already received of
+        ``secondary``'s, or refuse them. Fresh noise per release means n releases of one link,
         averaged, carry noise σ/√n (σ·σ0 in distance units: Σ 1/(σ_r·σ0_r)² adds up), and
         FedSim Theorem 2's greedy attack on that average succeeds with τ(σ_eff); a release is
         refused when that combined τ would exceed the policy's ``max_combined_tau`` (or the
         release's own τ, where the caller accepted a larger one)."""
         policy = self.policy
-        if mode == "exact" or policy.max_combined_tau >= 1.0:
+        if (mode == "exact" or policy.max_combined_tau >= 1.0
+                or not (lk.sigma > 0.0 and lk.sigma0 > 0.0 and lk.tau < 1.0)):
             return
-        charged: dict[tuple[str, str], float] = {}
-        for sec, lk in linkages.items():
-            if not (lk.sigma > 0.0 and lk.sigma0 > 0.0 and lk.tau < 1.0):
-                continue
-            key = (primary, sec)
-            precision = self._released.get(key, 0.0) + 1.0 / (lk.sigma * lk.sigma0) ** 2
-            sigma_eff = 1.0 / (math.sqrt(precision) * lk.sigma0)
-            combined = tau_for_sigma(sigma_eff, lk.sigma0, resolution=lk.resolution)
-            limit = max(policy.max_combined_tau, lk.tau)
-            if combined > limit * (1 + 1e-9):
-                raise refuse(PolicyViolation,
-                             f"this link's similarities, averaged with those of {sec} this "
-                             f"primary already received, would give a greedy-attack bound "
-                             f"τ = {combined:.4g} (FedSim Theorem 2 at the averaged noise "
-                             f"σ = {sigma_eff:.4g}); the coordinator's policy allows "
-                             f"max_combined_tau = {policy.max_combined_tau:g} (ask its "
-                             f"operator, or link again after the coordinator restarts)",
-                             code="policy.combined_noise")
-            charged[key] = precision
-        self._released.update(charged)
+        key = (primary, secondary)
+        precision = self._released.get(key, 0.0) + 1.0 / (lk.sigma * lk.sigma0) ** 2
+        sigma_eff = 1.0 / (math.sqrt(precision) * lk.sigma0)
+        combined = tau_for_sigma(sigma_eff, lk.sigma0, resolution=lk.resolution)
+        if combined > max(policy.max_combined_tau, lk.tau) * (1 + 1e-9):
+            raise refuse(PolicyViolation,
+                         f"this link's similarities, averaged with those of {secondary} this "
+                         f"primary already received, would give a greedy-attack bound "
+                         f"τ = {combined:.4g} (FedSim Theorem 2 at the averaged noise "
+                         f"σ = {sigma_eff:.4g}); the coordinator's policy allows "
+                         f"max_combined_tau = {policy.max_combined_tau:g} (ask its "
+                         f"operator, or link again after the coordinator restarts)",
+                         code="policy.combined_noise")
+        self._released[key] = precision
 
     def _check_released(self, linkage: SoftLinkage, mode: str) -> None:
         policy = self.policy
@@ -420,7 +415,7 @@ class CoordinatorParty(Party):
         anchor, *others = secondaries
         self._check_released(linkage, mode)
         # the primary receives the anchor's similarities only (a chain carries them)
-        self._charge_releases(s.primary or "", {anchor: linkage}, mode)
+        self._charge_release(s.primary or "", anchor, linkage, mode)
         s.linkages[anchor] = linkage
         first = linkage.to_alignment(anchor)
         if self._seed is not None:  # the ledger says the noise can be regenerated
