@@ -83,6 +83,7 @@ __all__ = [
     "EngineSettings",
     "EngineTls",
     "check_address",
+    "check_endpoints",
     "check_protocol",
     "PYTHON_ENV",
     "engine_missing",
@@ -186,6 +187,24 @@ def require_engine(protocol: str) -> None:
                           "or use protocol \"dh\" (vflink's own PSI)")
 
 
+def check_endpoints(problems: list[str], listen: Any, advertise: Any, *,
+                    listen_required: bool = True) -> None:
+    """``psi.listen`` and ``psi.advertise`` as :func:`check_address` reads them, into
+    ``problems``; a listen address on every interface needs ``advertise`` (what the peer
+    dials)."""
+    for name, value in (("listen", listen), ("advertise", advertise)):
+        if value is None and (name == "advertise" or not listen_required):
+            continue
+        try:
+            check_address(value, f"psi.{name}")
+        except ConfigError as exc:
+            problems.append(str(exc))
+    if not problems and advertise is None and \
+            check_address(listen, "psi.listen")[0] in ("0.0.0.0", "::"):
+        problems.append(f"psi.listen = {listen!r} binds every interface: set "
+                        "psi.advertise to the host:port the peer dials")
+
+
 def check_address(value: Any, what: str) -> tuple[str, int]:
     """``host:port`` (port 0: a free port chosen per run) as (host, port)."""
     if not isinstance(value, str) or ":" not in value:
@@ -237,19 +256,8 @@ class EngineSettings:
     connect_s: float = 30.0
 
     def __post_init__(self) -> None:
-        problems = []
-        for name in ("listen", "advertise"):
-            value = getattr(self, name)
-            if value is None:
-                continue
-            try:
-                check_address(value, f"psi.{name}")
-            except ConfigError as exc:
-                problems.append(str(exc))
-        if not problems and self.advertise is None and \
-                check_address(self.listen, "psi.listen")[0] in ("0.0.0.0", "::"):
-            problems.append(f"psi.listen = {self.listen!r} binds every interface: set "
-                            "psi.advertise to the host:port the peer dials")
+        problems: list[str] = []
+        check_endpoints(problems, self.listen, self.advertise, listen_required=False)
         for name in ("deadline_s", "connect_s"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or \

@@ -109,23 +109,12 @@ class PsiLinkConfig:
     tls: bool | None = None
 
     def __post_init__(self) -> None:
-        from vflink.alignment.engine import check_address
+        from vflink.alignment.engine import check_endpoints
 
         problems: list[str] = []
         if self.tls is not None and not isinstance(self.tls, bool):
             problems.append(f"psi.tls must be true or false, got {self.tls!r}")
-        for name in ("listen", "advertise"):
-            value = getattr(self, name)
-            if value is None and name == "advertise":
-                continue
-            try:
-                check_address(value, f"psi.{name}")
-            except ConfigError as exc:
-                problems.append(str(exc))
-        if not problems and self.advertise is None and \
-                check_address(self.listen, "psi.listen")[0] in ("0.0.0.0", "::"):
-            problems.append(f"psi.listen = {self.listen!r} binds every interface: set "
-                            "psi.advertise to the host:port the peer dials")
+        check_endpoints(problems, self.listen, self.advertise)
         check_float(problems, "psi.connect_s", self.connect_s, min=0.0, min_exclusive=True)
         raise_if(problems, "[psi] section")
 
