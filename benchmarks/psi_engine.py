@@ -128,11 +128,14 @@ def party_files(work: Path, secondary: Path, n: int = 0) -> tuple[Path, Path]:
     if not certs.exists():
         create_dev_pki(certs, ["primary", "bank"])
     port = _free_port()
+    # one call of the DH PSI carries a whole side's exponentiations: about 220 CPU-s per 10⁶
+    # keys on this machine, so 10⁷ needs far more than the 600 s that suit smaller sizes
+    deadline = max(600, n // 2500)
     coord = f'[peers.coordinator]\naddress = "127.0.0.1:{_free_port()}"\nrole = "coordinator"\n'
     sec = work / "bank.toml"
     sec.write_text(
         f'version = 1\n[party]\nname = "bank"\nrole = "secondary"\n'
-        f'listen = "127.0.0.1:{port}"\nstate_dir = "{work / "state"}"\ndeadline_s = 600\n'
+        f'listen = "127.0.0.1:{port}"\nstate_dir = "{work / "state"}"\ndeadline_s = {deadline}\n'
         f'[party.table]\npath = "{secondary}"\nkey = ["id"]\n{coord}'
         f'[security]\ntls_dir = "{certs}"\nallowed = ["primary"]\n'
         f'[psi]\nlisten = "127.0.0.1:{_free_port()}"\n'
@@ -140,7 +143,7 @@ def party_files(work: Path, secondary: Path, n: int = 0) -> tuple[Path, Path]:
            if n > 2_000_000 else ""))
     pri = work / "primary.toml"
     pri.write_text(
-        f'version = 1\n[party]\nname = "primary"\nrole = "primary"\ndeadline_s = 600\n'
+        f'version = 1\n[party]\nname = "primary"\nrole = "primary"\ndeadline_s = {deadline}\n'
         f'[peers.bank]\naddress = "127.0.0.1:{port}"\nrole = "secondary"\n{coord}'
         f'[security]\ntls_dir = "{certs}"\n[psi]\nlisten = "127.0.0.1:{_free_port()}"\n')
     return pri, sec
