@@ -107,6 +107,7 @@ def measure(config: RunConfig, attacks: Sequence[str] = LABEL_ATTACKS, *,
             "releases": privacy.label_releases if mode == "dp" else None,
             "power": privacy.marvell_power if mode == "marvell" else None,
             "denoise": denoise if mode == "dp" else None,
+            "refit": privacy.label_refit if labelled else None,
             "embeddings": privacy.embeddings, "seed": config.seed,
             "algorithm": config.algorithm, "test": result.metrics["test"],
             "validation": result.metrics["validation"], "best_epoch": result.best_epoch,
@@ -119,7 +120,7 @@ def run_key(run: dict[str, Any]) -> tuple[Any, ...]:
     """What identifies a run of the measurements (one per seed of a point)."""
     return (run.get("dataset"), run.get("labels"), run.get("epsilon"), run.get("embeddings"),
             run.get("power"), run.get("algorithm"), int(run["seed"]), run.get("denoise"),
-            run.get("releases"), bool(run.get("default")))
+            run.get("releases"), bool(run.get("default")), run.get("refit"))
 
 
 def load_runs(sources: Iterable[Path]) -> list[dict[str, Any]]:
@@ -359,6 +360,8 @@ def point_name(run: dict[str, Any]) -> str:
         mode += " (each release as drawn)"
     if run.get("labels") == "dp" and run.get("releases") is not None:
         mode += f", {int(run['releases'])} release{'s' if int(run['releases']) > 1 else ''}"
+    if run.get("refit") is False:
+        mode += " (no refit)"
     return f"default: {mode}" if run.get("default") else mode
 
 
@@ -389,7 +392,8 @@ def grid_table(runs: Sequence[dict[str, Any]], dataset: str,
     order: dict[Any, int] = {m: i for i, m in enumerate(MODES)}
     for name in sorted(points, key=lambda n: (order.get(points[n][0].get("labels"), 99),
                                               points[n][0].get("epsilon") or 0,
-                                              str(points[n][0].get("denoise")))):
+                                              str(points[n][0].get("denoise")),
+                                              str(points[n][0].get("refit")))):
         rs = points[name]
         paired = [r for r in rs if int(r["seed"]) in off]
         delta = _values(paired, lambda r: r["test"]["auc"]) - _values(

@@ -347,6 +347,8 @@ def privacy_summary(result: RunResult) -> str:
             what = "no formal guarantee (the model's AUC figure is per batch and per row)"
         else:
             what = "no formal guarantee"
+        if (g.get("refit") or {}).get("done"):  # the guarantee covers what was sent
+            what += " on the gradients sent; its model refit on clean labels (not label-DP)"
         parts.append(f"labels of {label['party']}: {mode}, {what}")
     elif sent_back:
         parts.append("labels: " + LABELS_IN_CLEAR)
