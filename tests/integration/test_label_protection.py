@@ -22,8 +22,8 @@ from vflink.errors import ConfigError
 from vflink.privacy.config import DEFAULT_PROTECTION_EPSILON, PrivacyConfig
 from vflink.privacy.label_protection import LabelProtection
 from vflink.privacy.ledger import Ledger
-from vflink.reporting.ledger import privacy_summary
 from vflink.protocol.messages import Backward, Embeddings, Forward
+from vflink.reporting.ledger import privacy_summary
 from vflink.runfiles.config import (
     AlignmentConfig,
     DataConfig,
