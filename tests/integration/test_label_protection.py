@@ -272,6 +272,7 @@ def test_the_attacks_and_the_report_read_the_protection(tmp_path: Path) -> None:
         run_attack(tmp_path / "dp", "label-completion")  # its own table is not on disk
     completion = run_attack(tmp_path / "dp", "label-completion", tables=tables)
     assert 0.0 <= completion.metrics["auc"] <= 1.0 and "auc_features_only" in completion.metrics
+    assert completion.details["protection"]["within_limit"] is None  # reported, not judged
     from vflink.reporting.report import write_report
 
     page = write_report(tmp_path / "off").read_text()

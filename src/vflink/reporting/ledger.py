@@ -371,7 +371,7 @@ def label_verdict(attacks: list[dict[str, Any]]) -> str | None:
     judged: list[tuple[str, dict[str, Any]]] = []
     for a in attacks:
         p = (a.get("details") or {}).get("protection")
-        if isinstance(p, dict) and "within_limit" in p:
+        if isinstance(p, dict) and p.get("within_limit") is not None:  # None: not judged
             judged.append((str(a.get("attack")), p))
     if not judged:
         return None
