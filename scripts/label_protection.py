@@ -11,6 +11,7 @@ privacy-utility curve against the label ε (docs/how-to/label-protection.md).
         --runs examples/experiments/label-protection-grid-runs.jsonl [--datasets adult ...]
     PYTHONPATH=src python scripts/label_protection.py grid-table \
         examples/experiments/label-protection-grid-runs.jsonl
+    PYTHONPATH=src python scripts/label_protection.py refit-pairs --seeds 0 1 2 3
 
 ``grid`` is the measurement behind the default label protection (docs/how-to/
 label-protection.md, "The default"): every label mode (off, the default, max-norm, marvell, dp
@@ -153,6 +154,41 @@ def grid(args: argparse.Namespace) -> None:
                                  default=float), flush=True)
 
 
+def refit_pairs(args: argparse.Namespace) -> None:
+    """The refit on the same protected model: each run's test AUC before the refit (its
+    protected model, scored once more for this measurement only) and after it, with the
+    validation figures the refit chose on (docs/how-to/label-protection.md, "The refit")."""
+    import numpy as np
+
+    from vflink.metrics.functional import auc
+    from vflink.runner import plans
+    from vflink.runner.train import run_training
+
+    measured: dict[str, Any] = {}
+    original = plans.PrimaryTrainee._refit
+
+    def measuring(self: Any, splits: Any) -> Any:
+        p = self.primary
+        measured["test_before"] = auc(np.asarray(p.targets(splits[2])),
+                                      p.predict_scores(splits[2]))
+        out = original(self, splits)
+        measured["test_after"] = auc(np.asarray(out["test"][0]), out["test"][1])
+        measured.update({k: p.label_protection.refit_info[k] for k in
+                         ("validation_before", "validation_after", "epoch_kept")})
+        return out
+
+    plans.PrimaryTrainee._refit = measuring  # type: ignore[method-assign]
+    for task in args.datasets:
+        for seed in args.seeds:
+            config, tables, _ = grid_point(task, {}, seed)
+            config = config.replace(evaluation=EvaluationConfig())
+            measured.clear()
+            with tempfile.TemporaryDirectory() as scratch:
+                run_training(config, Path(scratch) / "run", tables=tables)
+            print(json.dumps({"dataset": task, "seed": seed, **measured}, default=float),
+                  flush=True)
+
+
 def grid_tables(args: argparse.Namespace) -> None:
     runs = load_runs(args.runs)
     for task in [t for t in GRID_DATASETS if any(r.get("dataset") == t for r in runs)]:
@@ -267,6 +303,12 @@ def main() -> None:
     g.add_argument("--brute-force", type=int, default=10_000,
                    help="noise subtraction tries every labels_seed and run seed below this")
     g.set_defaults(func=grid)
+    r = sub.add_parser("refit-pairs", help="the default's test AUC before and after its "
+                       "refit, on the same protected model")
+    r.add_argument("--datasets", nargs="+", default=["imbalanced-5k", "kdd-protein"],
+                   choices=list(GRID_DATASETS))
+    r.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3])
+    r.set_defaults(func=refit_pairs)
     gt = sub.add_parser("grid-table", help="one table per dataset of the grid's runs")
     gt.add_argument("runs", type=Path, nargs="+")
     gt.set_defaults(func=grid_tables)
