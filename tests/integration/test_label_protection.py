@@ -23,6 +23,7 @@ from vflink.privacy.config import DEFAULT_PROTECTION_EPSILON, PrivacyConfig
 from vflink.privacy.label_protection import LabelProtection
 from vflink.privacy.ledger import Ledger
 from vflink.protocol.messages import Backward, Embeddings, Forward
+from vflink.reporting.ledger import privacy_summary
 from vflink.runfiles.config import (
     AlignmentConfig,
     DataConfig,
@@ -271,6 +272,7 @@ def test_the_attacks_and_the_report_read_the_protection(tmp_path: Path) -> None:
         run_attack(tmp_path / "dp", "label-completion")  # its own table is not on disk
     completion = run_attack(tmp_path / "dp", "label-completion", tables=tables)
     assert 0.0 <= completion.metrics["auc"] <= 1.0 and "auc_features_only" in completion.metrics
+    assert completion.details["protection"]["within_limit"] is None  # reported, not judged
     from vflink.reporting.report import write_report
 
     page = write_report(tmp_path / "off").read_text()
@@ -357,7 +359,8 @@ def test_the_default_protects_a_binary_task_and_leaves_others_off() -> None:
     (entry,) = [p for p in binary.extra["protections"] if p["applies_to"] == "backward"]
     assert entry["kind"] == "label-dp" and entry["params"]["denoise"] == "posterior"
     assert entry["guarantee"]["epsilon"] <= DEFAULT_PROTECTION_EPSILON + 1e-9
-    assert entry["guarantee"]["max_releases"] == 1  # each label released once
+    assert entry["guarantee"]["max_releases"] == 1  # one release per epoch, one epoch
+    assert entry["guarantee"]["refit"]["done"]  # the primary's own layers, after the last
     assert entry["params"]["noise"] == "secret"
     multi = run_training(base.replace(data=DataConfig(
         dataset="sklearn-small", options={**OPTIONS, "n_classes": 3})))
@@ -413,3 +416,59 @@ def test_the_python_api_takes_the_same_names(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="privacy.labels"):
         vflink.train({"data": {"dataset": "sklearn-small"}, "privacy": {"labels": "nope"}},
                      out=tmp_path / "bad")
+
+
+def _to_secondaries(transcript: Transcript) -> list[tuple[str, str, Any]]:
+    """Every message the primary sent a secondary: its kind, receiver and content (the rows
+    asked for, or the gradient sent)."""
+    out: list[tuple[str, str, Any]] = []
+    for r in transcript.records:
+        if r.sender != "primary" or r.receiver == "coordinator":
+            continue
+        m = r.message
+        content = (m.grad if isinstance(m, Backward) else getattr(m, "rows", None))
+        out.append((m.kind, r.receiver, content))
+    return out
+
+
+@pytest.mark.network
+@pytest.mark.parametrize("transport", ["inprocess", "grpc"])
+def test_the_refit_sends_nothing_new_and_the_ledger_says_what_it_leaves_out(
+        transport: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``labels_refit``: the same messages reach the secondary with and without it (the
+    seeded noise makes the two runs comparable message by message); its final model keeps
+    the refit epoch only when it beats the protected model on validation; the ledger no
+    longer calls the model label-DP and says why."""
+    monkeypatch.setenv("VFLINK_SECRET", "a-test-secret-shared-by-data-parties")
+    sent, entries = {}, {}
+    for refit in (False, True):
+        transcript = Transcript()
+        where = tmp_path / f"refit-{refit}"
+        where.mkdir()
+        result = run(config("dp", epochs=3, reproducible_noise=True, labels_refit=refit),
+                     transport, where, transcript)
+        sent[refit] = _to_secondaries(transcript)
+        (entries[refit],) = [p for p in result.extra["protections"]
+                             if p["applies_to"] == "backward"]
+        line = privacy_summary(result)
+        assert ("its model refit on clean labels (not label-DP)" in line) is refit, line
+    assert len(sent[True]) == len(sent[False]) > 0
+    for (kind_a, to_a, a), (kind_b, to_b, b) in zip(sent[False], sent[True], strict=True):
+        assert (kind_a, to_a) == (kind_b, to_b)
+        if isinstance(a, torch.Tensor):
+            assert torch.equal(a, b)
+        elif a is not None:
+            np.testing.assert_array_equal(a, b)
+    off, on = entries[False]["guarantee"], entries[True]["guarantee"]
+    assert "refit" not in off and "refit" not in off["does_not_cover"]
+    assert "primary's trained model" in off["covers"]
+    refit = on["refit"]
+    assert refit["done"] and refit["metric"] == "auc"
+    assert refit["validation_after"] >= refit["validation_before"]
+    assert refit["epoch_kept"] == 0 or refit["validation_after"] == max(
+        refit["validation_history"])
+    assert "labels_refit" in on["does_not_cover"]
+    assert "refit on its clean training labels" in entries[True]["explanation"]
+    assert "refit on its clean training labels" not in entries[False]["explanation"]
+    assert "not the primary's final model" in on["covers"]
+    assert on["epsilon"] == pytest.approx(off["epsilon"])

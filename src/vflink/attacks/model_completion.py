@@ -92,6 +92,10 @@ class ModelCompletionAttack:
                               "Security 2022)")
     needs: ClassVar[frozenset[str]] = frozenset({"features"})
     role: ClassVar[str] = "secondary"
+    #: it reads the task (what the features and a few known labels predict of every record),
+    #: not one record's label from what was sent: no label guarantee bounds it (it reads as
+    #: much from features alone; ``auc_features_only``), so none is stated for it
+    population: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         problems: list[str] = []

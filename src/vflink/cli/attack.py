@@ -123,7 +123,8 @@ def run(args: argparse.Namespace) -> int:
     if "within_limit" in protection:  # the AUC beside what the stated guarantee allows
         limit = protection.get("limit")
         table.add_row("stated limit (AUC)", "none" if limit is None else f"{limit:.6g}")
-        table.add_row("within it", "yes" if protection["within_limit"] else "NO")
+        table.add_row("within it", {True: "yes", False: "NO"}.get(protection["within_limit"],
+                                                                 "not judged"))
     console.print(table)
     console.print(escape(result.explanation), highlight=False)
     ledger_path = (args.truth or args.run) / "privacy.json"

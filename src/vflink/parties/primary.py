@@ -17,7 +17,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -67,6 +67,18 @@ from vflink.types import MISSING, Alignment, Task
 __all__ = ["PrimaryParty", "TrainingPlan"]
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ModelInputs:
+    """One evaluation chunk's model inputs: the primary's rows, its features, each
+    secondary's embeddings (B, K, d_j), the similarities and the valid-slot mask."""
+
+    rows: npt.NDArray[np.int64]
+    x: torch.Tensor
+    secondary: tuple[torch.Tensor, ...]
+    sim: torch.Tensor
+    mask: torch.Tensor
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -455,6 +467,17 @@ class PrimaryParty(Party):
 
     def predict_scores(self, rows: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]:
         """Scores (probabilities or predictions in label units) for the given primary rows."""
+        return self.scores_of(self.evaluation_inputs(rows))
+
+    def input_bytes(self, n_rows: int) -> int:
+        """What :meth:`evaluation_inputs` of ``n_rows`` records holds in memory (float32)."""
+        k = next(iter(self.links.values())).shape[1] if self.links else 1
+        features = self.preprocessor.n_features if self.preprocessor is not None else 0
+        return 4 * int(n_rows) * (int(features) + k * (sum(self._dims) + 2))
+
+    def evaluation_inputs(self, rows: npt.NDArray[np.int64]) -> list[ModelInputs]:
+        """The model's inputs for ``rows`` in evaluation chunks: one evaluation ``Forward`` to
+        each secondary per chunk (no gradient goes back), as :meth:`predict_scores` sends."""
         model = self._require_model()
         if self._x is None or self._plan is None:
             raise ProtocolError("the primary party is not set up")
@@ -467,10 +490,79 @@ class PrimaryParty(Party):
             with torch.no_grad():
                 sec, _, sim, mask = self._secondary_embeddings(chunk, batch_id, train=False)
                 x = self._x.rows(chunk).to(self.device)
-                out.append(self.codec.scores(model(x, sec, sim, mask).cpu()))
+            out.append(ModelInputs(chunk, x, tuple(sec), sim, mask))
+        return out
+
+    def scores_of(self, inputs: Sequence[ModelInputs]) -> npt.NDArray[np.float64]:
+        """Scores of the model as it stands on inputs already gathered (no message)."""
+        model = self._require_model()
+        if model.training:
+            model.eval()
+        out = []
+        with torch.no_grad():
+            for part in inputs:
+                out.append(self.codec.scores(model(part.x, list(part.secondary), part.sim,
+                                                   part.mask).cpu()))
         if not out:
             return np.zeros((0,), dtype=np.float64)
         return np.concatenate(out, axis=0)
+
+    def refit(self, train: Sequence[ModelInputs], validation: Sequence[ModelInputs], *,
+              epochs: int, batch_size: int,
+              score: Callable[[npt.NDArray[Any], npt.NDArray[np.float64]], float] | None,
+              higher_is_better: bool = True) -> dict[str, Any]:
+        """Refit the primary's own parameters (bottom, top, merge, head) on its clean training
+        labels, over inputs already received (``train``, ``validation``: from
+        :meth:`evaluation_inputs`); no message is sent. Starts from the model as it stands,
+        trains up to ``epochs`` epochs of ``batch_size`` and keeps the epoch whose validation
+        ``score`` is best, or the model as it was when none beats it (``score`` ``None``: the
+        last epoch, as the training loop without a selection metric). Every epoch runs (no
+        early stopping): it costs no message, and a small validation split's figure dips and
+        recovers within a few epochs, which a patience would stop on."""
+        model = self._require_model()
+        plan, y_all = self._plan, self._y
+        if plan is None or y_all is None:
+            raise ProtocolError("the primary party is not set up")
+        y_val = self.targets(np.concatenate([p.rows for p in validation])) \
+            if validation else np.zeros(0)
+        before = score(y_val, self.scores_of(validation)) if score is not None else None
+        best, best_epoch = before, 0
+        best_state = copy.deepcopy(model.state_dict())
+        rows = np.concatenate([p.rows for p in train])
+        x = torch.cat([p.x for p in train])
+        secondary = [torch.cat([p.secondary[j] for p in train])
+                     for j in range(len(train[0].secondary))]
+        sim, mask = torch.cat([p.sim for p in train]), torch.cat([p.mask for p in train])
+        target = y_all[torch.from_numpy(rows)].to(self.device)
+        optimizer = build_optimizer(model.parameters(), plan.bottom)
+        history: list[float] = []
+        # shuffling and dropout from the run's seed: nothing here is sent or protective
+        with seeded_init((plan.bottom.seed * 1_000_003 + 0x5EF17) % (1 << 63)):
+            generator = torch.Generator().manual_seed(int(plan.bottom.seed))
+            for epoch in range(1, int(epochs) + 1):
+                model.train()
+                order = torch.randperm(len(rows), generator=generator)
+                for start in range(0, len(rows), int(batch_size)):
+                    i = order[start:start + int(batch_size)]
+                    logits = model(x[i], [e[i] for e in secondary], sim[i], mask[i])
+                    loss = self.codec.loss(logits, target[i])
+                    optimizer.zero_grad(set_to_none=True)
+                    loss.backward()
+                    optimizer.step()
+                if score is None:
+                    best_epoch = epoch
+                    continue
+                value = float(score(y_val, self.scores_of(validation)))
+                history.append(value)
+                if best is None or (value > best if higher_is_better else value < best):
+                    best, best_epoch = value, epoch
+                    best_state = copy.deepcopy(model.state_dict())
+        if score is not None:
+            model.load_state_dict(best_state)
+        model.eval()
+        return {"epochs_run": int(epochs),
+                "epoch_kept": best_epoch, "validation_before": before,
+                "validation_after": best, "validation_history": history}
 
     def targets(self, rows: npt.NDArray[np.int64]) -> npt.NDArray[np.generic]:
         return self.codec.targets(self.labels.iloc[np.asarray(rows)])

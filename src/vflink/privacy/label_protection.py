@@ -76,6 +76,14 @@ DOES_NOT_COVER = ("validation-based model selection, early stopping and the deci
                   "the report); the class count or a regression label's scaling; features "
                   "and membership")
 
+#: What the refit (``privacy.labels_refit``) leaves outside a label guarantee: the primary's
+#: final model is fitted on its clean labels once the last gradient has gone.
+REFIT_NOT_COVERED = ("the primary's final model, refit on its clean training labels after "
+                     "the last gradient was sent (privacy.labels_refit), and whatever is "
+                     "computed from it (its predictions, its metrics): a peer that receives "
+                     "them receives what clean labels taught it (labels_refit = false keeps "
+                     "the model label-DP)")
+
 #: How ``dp`` uses its releases (``privacy.labels_denoise``): ``"posterior"`` trains on the
 #: posterior mean of each record's gradient given all its releases so far (classification;
 #: the default there), ``"none"`` on each release alone (the only choice for regression).
@@ -102,11 +110,14 @@ class LabelSettings:
     denoise: str | None = None
     #: ``dp`` with the posterior: releases per record in a run (``None``: one per epoch)
     releases: int | None = None
+    #: ``dp``, ``rr-prior``: refit the primary's own layers on its clean labels after the
+    #: last gradient has gone (:data:`REFIT_NOT_COVERED`)
+    refit: bool = False
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> LabelSettings:
         known = {"mode", "epsilon", "delta", "clip", "marvell_power", "seed", "denoise",
-                 "releases"}
+                 "releases", "refit"}
         unknown = sorted(set(data) - known)
         if unknown or data.get("mode") not in LABEL_MODES:
             raise ConfigError(f"label protection settings: unknown key(s) {unknown} or mode "
@@ -214,10 +225,27 @@ class LabelProtection:
         self.randomized: dict[str, Any] | None = None
         #: union training: how the rate of positives was released (dp) or estimated (rr-prior)
         self.rate_release: dict[str, Any] | None = None
+        #: the refit after training (``privacy.labels_refit``): what was done, or why not
+        self.refit_info: dict[str, Any] | None = None
 
     @property
     def mode(self) -> str:
         return self.settings.mode
+
+    @property
+    def wants_refit(self) -> bool:
+        """The primary refits its own layers on its clean labels after the last gradient has
+        gone (``dp`` and ``rr-prior`` with ``privacy.labels_refit``): its model trained on
+        protected labels; Marvell and max-norm perturb only the rows sent."""
+        return self.settings.refit and self.mode in ("dp", "rr-prior")
+
+    @property
+    def refit_done(self) -> bool:
+        return bool(self.refit_info and self.refit_info.get("done"))
+
+    def note_refit(self, info: Mapping[str, Any]) -> None:
+        """Record the refit (or why it was skipped) for the ledger."""
+        self.refit_info = dict(info)
 
     # --- noise sources ------------------------------------------------------------------------
 
@@ -500,8 +528,12 @@ class LabelProtection:
         entry["params"] = {**entry["params"], "noise": kind}
         guarantee = dict(entry["guarantee"])
         if self.mode in ("dp", "rr-prior"):
-            guarantee["does_not_cover"] = DOES_NOT_COVER
-            entry["explanation"] += f". Not covered: {DOES_NOT_COVER}"
+            not_covered = DOES_NOT_COVER + (f"; {REFIT_NOT_COVERED}" if self.refit_done
+                                            else "")
+            guarantee["does_not_cover"] = not_covered
+            if self.refit_info is not None:
+                guarantee["refit"] = dict(self.refit_info)
+            entry["explanation"] += f". Not covered: {not_covered}"
         if self.rate_release is not None:
             guarantee["positive_rate"] = dict(self.rate_release)
         if kind == REPRODUCIBLE:
@@ -531,9 +563,12 @@ class LabelProtection:
                     f"{explain_epsilon(eps, None)}. Party {self.party!r} replaced each "
                     f"training label once before training by randomized response (kept with "
                     f"probability {keep:.3g}, else one of the other {k - 1} classes): "
-                    "everything trained on them, the model and every gradient sent, is "
-                    "ε-label-DP (validation labels, used clean for early stopping, are not "
-                    "covered)")}
+                    + ("every gradient sent, trained on them, is ε-label-DP (the primary's "
+                       "final model, refit on the clean labels after the last gradient, is "
+                       "not)" if self.refit_done else
+                       "everything trained on them, the model and every gradient sent, is "
+                       "ε-label-DP")
+                    + " (validation labels, used clean for early stopping, are not covered)")}
         if self.mode == "marvell":
             return {**entry, **self._report_marvell()}
         return {**entry, "params": {"mode": self.mode},
@@ -633,15 +668,20 @@ class LabelProtection:
                 "attack_auc_ceiling": dp_auc_ceiling(eps, s.delta),
                 "gaussian_mu": mu,
                 "gaussian_auc_ceiling": None if mu is None else gdp_auc_ceiling(mu),
-                "covers": "every gradient sent to every secondary (colluding or not) and the "
-                          "primary's trained model, w.r.t. each record's label"},
+                "covers": ("every gradient sent to every secondary (colluding or not), "
+                           "w.r.t. each record's label; not the primary's final model, refit "
+                           "on its clean labels after the last gradient"
+                           if self.refit_done else
+                           "every gradient sent to every secondary (colluding or not) and the "
+                           "primary's trained model, w.r.t. each record's label")},
             "explanation": (
                 f"{explain_epsilon(eps, s.delta)}: {explain_ceiling(eps, s.delta, mu)}. Each "
                 "record's label entered training only through its loss gradient at the "
                 f"logits, released with Gaussian noise (σ = {sigma:.3g} times the "
                 f"sensitivity); the primary trained on {use}, back-propagated through its "
-                "whole network: every gradient sent and the primary's model are "
-                f"post-processing; its most-released record was released "
+                "whole network: every gradient sent"
+                + (" is" if self.refit_done else " and the primary's model are")
+                + " post-processing; its most-released record was released "
                 f"{counts['max_releases']} time{'s' if counts['max_releases'] != 1 else ''}, "
                 "composed with the PLD accountant (no subsampling amplification)"
                 + (f"; each label was released in its first {s.releases} epoch(s) only, the "

@@ -347,6 +347,8 @@ def privacy_summary(result: RunResult) -> str:
             what = "no formal guarantee (the model's AUC figure is per batch and per row)"
         else:
             what = "no formal guarantee"
+        if (g.get("refit") or {}).get("done"):  # the guarantee covers what was sent
+            what += " on the gradients sent; its model refit on clean labels (not label-DP)"
         parts.append(f"labels of {label['party']}: {mode}, {what}")
     elif sent_back:
         parts.append("labels: " + LABELS_IN_CLEAR)
@@ -369,7 +371,7 @@ def label_verdict(attacks: list[dict[str, Any]]) -> str | None:
     judged: list[tuple[str, dict[str, Any]]] = []
     for a in attacks:
         p = (a.get("details") or {}).get("protection")
-        if isinstance(p, dict) and "within_limit" in p:
+        if isinstance(p, dict) and p.get("within_limit") is not None:  # None: not judged
             judged.append((str(a.get("attack")), p))
     if not judged:
         return None

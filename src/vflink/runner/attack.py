@@ -214,7 +214,8 @@ def run_attack(run_dir: Path, name: str, *, party: str | None = None,
     ledger = Ledger.read(ledger_path) if os.path.lexists(ledger_path) else Ledger()
     if name.startswith("label-"):
         records = None if view.ids is None else int(np.unique(np.asarray(view.ids)).size)
-        result = with_label_verdict(result, ledger, records=records)
+        result = with_label_verdict(result, ledger, records=records,
+                                    population=bool(getattr(attack, "population", False)))
     ledger.add_attack(result.to_json())
     ledger.write(ledger_path)
     if target is not None:
@@ -263,15 +264,24 @@ def stated_limit(entry: dict[str, Any] | None) -> tuple[float | None, str, dict[
         mode, f"{mode} states no limit"), {}
 
 
+#: What a population attack is judged against: nothing (see :func:`with_label_verdict`).
+POPULATION_WORDS = ("no label guarantee bounds this attack: it reads the task (what the "
+                    "features and a few known labels predict of every record), not one "
+                    "record's label from what was sent, and reads it from the features "
+                    "alone too (auc_features_only); label DP protects each record's label, "
+                    "not the task")
+
+
 def with_label_verdict(result: AttackResult, ledger: Ledger, *,
-                       records: int | None = None) -> AttackResult:
+                       records: int | None = None, population: bool = False) -> AttackResult:
     """``result`` with which label protection was in force, the most AUC its stated guarantee
     allows (:func:`stated_limit`) and whether the attack stayed within it: its leak
     max(AUC, 1 − AUC), less twice its standard error over the ``records`` attacked (Hanley &
     McNeil; a record's rows over the epochs are not independent draws), at most that limit,
     or, where none is stated, within ``DEFEATED_WITHIN`` of chance (either way: 0.4 is as
     leaky as 0.6). A multi-class accuracy is judged against always guessing the most frequent
-    class."""
+    class. A ``population`` attack (model completion) is reported with its reading but not
+    judged (``within_limit`` ``None``): no label guarantee states a limit on it."""
     entry = label_protection_in_force(ledger)
     mode = "off" if entry is None else str(entry["kind"]).removeprefix("label-")
     m = result.metrics
@@ -287,13 +297,17 @@ def with_label_verdict(result: AttackResult, ledger: Ledger, *,
     else:
         return result
     defeated = bool(gap <= DEFEATED_WITHIN)
-    limit, limit_words, figures = stated_limit(entry)
+    limit, limit_words, figures = (None, POPULATION_WORDS, {}) if population \
+        else stated_limit(entry)
     stderr = math.nan
     n = int(m.get("records", records or 0) or 0)
     rate = float(m.get("positive_rate", math.nan))
     if leak_value is not None and n > 0 and math.isfinite(rate):
         stderr = auc_stderr(leak_value, round(n * rate), n - round(n * rate))
-    if limit is not None and leak_value is not None and math.isfinite(leak_value):
+    within: bool | None
+    if population:
+        within = None
+    elif limit is not None and leak_value is not None and math.isfinite(leak_value):
         margin = 2.0 * stderr if math.isfinite(stderr) else 0.0
         within = bool(leak_value - margin <= limit)
     else:
@@ -306,7 +320,9 @@ def with_label_verdict(result: AttackResult, ledger: Ledger, *,
             "marvell": "labels = marvell (no formal guarantee)",
             "max-norm": "labels = max-norm (no formal guarantee)"}.get(mode, f"labels = {mode}")
     spread = f" (± {stderr:.3f})" if math.isfinite(stderr) else ""
-    if within:
+    if within is None:
+        against = "so it is reported, not judged."
+    elif within:
         against = f"the attack stays within it{spread}."
     elif limit is not None:
         against = (f"the attack goes BEYOND it, by more than twice its standard error{spread}."

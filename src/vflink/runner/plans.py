@@ -39,6 +39,7 @@ from vflink.metrics.functional import (
     choose_threshold,
     decision_metrics,
     evaluate,
+    higher_is_better,
     log_loss,
     selection_metric,
 )
@@ -73,6 +74,13 @@ __all__ = ["PLANS", "PrimaryTrainee", "combined_table", "plan_name",
            "release_plan", "training_plan"]
 
 log = logging.getLogger(__name__)
+
+#: Below this many training records in the rarer class of a binary label, a run under label
+#: DP warns (:func:`rare_label_warning`).
+RARE_CLASS_RECORDS = 200
+#: The refit (``privacy.labels_refit``) holds the training and validation records' model
+#: inputs in memory; above this it is skipped (and the ledger says why) rather than swapping.
+REFIT_MAX_BYTES = 2 << 30
 
 Rows = npt.NDArray[np.int64]
 
@@ -141,6 +149,8 @@ class PrimaryTrainee:
             raise ConfigError(str(exc)) from None
         #: the decision threshold and every split's figures at it (binary tasks), once trained
         self.decision: dict[str, Any] | None = None
+        #: what the final evaluation found worth a warning (the run's summary prints them)
+        self.warnings: list[str] = []
 
     def _metrics(self, y: npt.NDArray[Any], scores: npt.NDArray[np.float64]
                  ) -> dict[str, float]:
@@ -214,11 +224,81 @@ class PrimaryTrainee:
     def final_metrics(self, splits: tuple[Rows, ...], history: list[EpochRecord]
                       ) -> dict[str, dict[str, float]]:
         p = self.primary
-        scored = {name: (p.targets(rows), p.predict_scores(rows))
-                  for name, rows in zip(("train", "validation", "test"), splits, strict=True)}
+        names = ("train", "validation", "test")
+        protection = p.label_protection
+        if protection is not None and protection.wants_refit:
+            scored = self._refit(splits)
+        else:
+            scored = {name: (p.targets(rows), p.predict_scores(rows))
+                      for name, rows in zip(names, splits, strict=True)}
         if p.task is Task.BINARY:  # the same scores: no further message crosses
             self.decision = decide(scored, self.training.threshold)
+            rare = rare_label_warning(p.label_protection, scored["train"][0])
+            if rare is not None:
+                self.warnings.append(rare)
         return {name: self._metrics(y, s) for name, (y, s) in scored.items()}
+
+
+    def _refit(self, splits: tuple[Rows, ...]
+               ) -> dict[str, tuple[npt.NDArray[Any], npt.NDArray[np.float64]]]:
+        """The final evaluation with the refit (``privacy.labels_refit``): the same evaluation
+        messages as without it (train, validation, test, once each, in that order), the
+        primary's own layers refit on its clean training labels over the embeddings of the
+        first two, then every split scored by the refit model. Nothing reaches a secondary
+        after its last gradient but those evaluation requests."""
+        p = self.primary
+        protection = p.label_protection
+        train_rows, val_rows, test_rows = splits
+        size = p.input_bytes(len(train_rows) + len(val_rows))
+        if size > REFIT_MAX_BYTES:
+            reason = (f"the embeddings of {len(train_rows) + len(val_rows):,} training and "
+                      f"validation records would take {size / 2**30:.1f} GiB "
+                      f"(the refit holds at most {REFIT_MAX_BYTES / 2**30:.0f} GiB)")
+            log.warning("privacy.labels_refit: not refit: %s; the model is the one trained "
+                        "on the protected labels", reason)
+            if protection is not None:
+                protection.note_refit({"done": False, "reason": reason})
+            return {name: (p.targets(rows), p.predict_scores(rows))
+                    for name, rows in zip(("train", "validation", "test"), splits,
+                                          strict=True)}
+        train = p.evaluation_inputs(train_rows)
+        validation = p.evaluation_inputs(val_rows)
+        metric = self.metric
+        score = None if metric is None else (
+            lambda y, s: self._metrics(y, s)[metric])  # noqa: E731 (one expression)
+        info = p.refit(train, validation, epochs=self.training.epochs,
+                       batch_size=self.training.batch_size,
+                       score=score, higher_is_better=metric is None or higher_is_better(metric))
+        info = {"done": True, "metric": metric, **info}
+        if protection is not None:
+            protection.note_refit(info)
+        log.info("privacy.labels_refit: the primary's own layers refit on its clean labels "
+                 "(epoch %s kept; validation %s %s -> %s)", info["epoch_kept"], metric,
+                 info["validation_before"], info["validation_after"])
+        return {"train": (p.targets(train_rows), p.scores_of(train)),
+                "validation": (p.targets(val_rows), p.scores_of(validation)),
+                "test": (p.targets(test_rows), p.predict_scores(test_rows))}
+
+
+def rare_label_warning(protection: Any, y_train: npt.ArrayLike) -> str | None:
+    """A warning when label DP protected a binary label whose rarer class has fewer than
+    RARE_CLASS_RECORDS training records: each label's evidence is weak at any useful ε, and
+    that few records of a class leave the protected training little to learn from (measured:
+    docs/how-to/label-protection.md, "The default")."""
+    if protection is None or protection.mode not in ("dp", "rr-prior"):
+        return None
+    y = np.asarray(y_train, dtype=np.float64).reshape(-1)
+    if not len(y):
+        return None
+    rarer = int(min(np.sum(y > 0.5), np.sum(y <= 0.5)))
+    if rarer >= RARE_CLASS_RECORDS:
+        return None
+    eps = protection.settings.epsilon
+    return (f"label protection ({protection.mode}, ε = {eps:g}) on a label whose rarer class "
+            f"has {rarer} training records (under {RARE_CLASS_RECORDS}): the protected "
+            "training has little to learn from and its test figures vary widely between runs "
+            "(docs/how-to/label-protection.md, \"The default\"); compare with "
+            "labels = \"off\" on data you may share, or raise labels_total_epsilon")
 
 
 def decide(scored: Mapping[str, tuple[npt.NDArray[Any], npt.NDArray[np.float64]]],
@@ -256,6 +336,7 @@ def _decision(ctx: RunContext) -> dict[str, Any]:
             "; the model may have learnt little (a protection's noise, too high a learning "
             "rate, or a metric unfit for the task: see training.select)")
     out: dict[str, Any] = {}
+    warnings.extend(trainee.warnings)
     decision = trainee.decision
     if decision is not None:
         out["decision"] = decision

@@ -138,5 +138,13 @@ def test_the_verdict_names_the_protection_and_whether_it_holds() -> None:
     few = with_label_verdict(beyond, ledger, records=60)
     assert few.details["protection"]["within_limit"] is True
     assert few.details["protection"]["leak_stderr"] > 0.0065
+    # a population attack (model completion) is reported, never judged against a label
+    # guarantee: it reads the task from the features, which label DP does not hide
+    population = with_label_verdict(beyond, ledger, population=True)
+    assert population.details["protection"]["within_limit"] is None
+    assert population.details["protection"]["limit"] is None
+    assert "not judged" in population.explanation
+    assert get_attack("label-completion").population is True
+    assert not getattr(get_attack("label-norm"), "population", False)
     assert with_label_verdict(beyond, ledger, records=20_000).details["protection"][
         "within_limit"] is False

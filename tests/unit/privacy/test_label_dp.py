@@ -324,10 +324,9 @@ def test_labels_releases_releases_each_label_that_often_then_trains_on_its_poste
         PrivacyConfig(labels="dp", labels_releases=0)
 
 
-def test_the_default_protection_is_dp_once_per_label_through_the_posterior() -> None:
-    """No ``labels`` key: dp at DEFAULT_PROTECTION_EPSILON, one release per label, the
-    posterior (also under the reproducible switch); ``labels = "dp"`` named keeps ε = 4 and
-    one release per epoch."""
+def test_the_default_protection_is_dp_at_epsilon_4_through_the_posterior() -> None:
+    """No ``labels`` key: dp at DEFAULT_PROTECTION_EPSILON (4), one release per epoch, the
+    posterior (also under the reproducible switch): what ``labels = "dp"`` named gives."""
     from vflink.privacy.config import (
         DEFAULT_LABELS_EPSILON,
         DEFAULT_PROTECTION_EPSILON,
@@ -345,5 +344,37 @@ def test_the_default_protection_is_dp_once_per_label_through_the_posterior() -> 
                             party="bank", n_rows=50, classes=2)
         assert p.denoise == "posterior"
         assert resolve_settings(cfg.label_settings(), Task.MULTICLASS) is None  # off
+    assert DEFAULT_PROTECTION_EPSILON == DEFAULT_LABELS_EPSILON == 4.0
+    assert DEFAULT_PROTECTION_RELEASES is None
     named = PrivacyConfig(labels="dp").label_settings()
     assert named["epsilon"] == DEFAULT_LABELS_EPSILON and named["releases"] is None
+    default = PrivacyConfig().label_settings()
+    # the same but for the use of the releases: a named dp under the reproducible switch
+    # keeps each release as drawn (its published figures), the default the posterior always
+    assert {k: v for k, v in default.items() if k not in ("mode", "denoise")} == {
+        k: v for k, v in named.items() if k not in ("mode", "denoise")}
+
+
+def test_labels_refit_is_on_for_the_modes_that_train_on_protected_labels() -> None:
+    """``labels_refit``: on by default (off under the reproducible switch, whose published
+    figures had none), only where the primary's own model trained on protected labels, and
+    the protection asks for it only then."""
+    assert PrivacyConfig().label_settings()["refit"] is True
+    assert PrivacyConfig(labels="dp").label_settings()["refit"] is True
+    assert PrivacyConfig(reproducible_noise=True).label_settings()["refit"] is False
+    assert PrivacyConfig(reproducible_noise=True, labels_refit=True).label_refit is True
+    assert PrivacyConfig(labels="rr-prior", labels_refit=False).label_refit is False
+    for mode in ("marvell", "max-norm", "off"):
+        with pytest.raises(ConfigError, match="labels_refit"):
+            PrivacyConfig(labels=mode, labels_refit=True)
+        PrivacyConfig(labels=mode, labels_refit=False)  # saying no is always allowed
+    with pytest.raises(ConfigError, match="true or false"):
+        PrivacyConfig(labels="dp", labels_refit="yes")  # type: ignore[arg-type]
+    for mode, wants in (("dp", True), ("rr-prior", True), ("marvell", False),
+                        ("max-norm", False)):
+        p = LabelProtection({"mode": mode, "refit": True}, task=Task.BINARY, party="bank",
+                            n_rows=10, classes=2)
+        assert p.wants_refit is wants and not p.refit_done
+    p = LabelProtection({"mode": "dp", "refit": False}, task=Task.BINARY, party="bank",
+                        n_rows=10, classes=2)
+    assert not p.wants_refit
