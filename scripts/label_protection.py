@@ -74,11 +74,11 @@ from vflink.runfiles.inputs import Inputs
 #: the grid's label points: (name, [privacy] keys)
 GRID_MODES: tuple[tuple[str, dict[str, Any]], ...] = (
     ("off", {"labels": "off"}),
-    ("default", {}),  # no labels key: the default protection (dp, ε = 4, refit)
+    ("default", {}),  # no labels key: the default protection (dp, ε = 8, one release, refit)
     ("max-norm", {"labels": "max-norm"}),
     ("marvell", {"labels": "marvell"}),
     ("dp-1", {"labels": "dp", "labels_total_epsilon": 1.0}),
-    ("dp-4", {"labels": "dp", "labels_total_epsilon": 4.0}),  # named: the same as the default
+    ("dp-4", {"labels": "dp", "labels_total_epsilon": 4.0}),
     ("dp-4-no-refit", {"labels": "dp", "labels_total_epsilon": 4.0, "labels_refit": False}),
     ("dp-8", {"labels": "dp", "labels_total_epsilon": 8.0}),
     ("dp-4-release", {"labels": "dp", "labels_total_epsilon": 4.0, "labels_denoise": "none"}),

@@ -359,7 +359,7 @@ def test_the_default_protects_a_binary_task_and_leaves_others_off() -> None:
     (entry,) = [p for p in binary.extra["protections"] if p["applies_to"] == "backward"]
     assert entry["kind"] == "label-dp" and entry["params"]["denoise"] == "posterior"
     assert entry["guarantee"]["epsilon"] <= DEFAULT_PROTECTION_EPSILON + 1e-9
-    assert entry["guarantee"]["max_releases"] == 1  # one release per epoch, one epoch
+    assert entry["guarantee"]["max_releases"] == 1  # each label released once
     assert entry["guarantee"]["refit"]["done"]  # the primary's own layers, after the last
     assert entry["params"]["noise"] == "secret"
     multi = run_training(base.replace(data=DataConfig(

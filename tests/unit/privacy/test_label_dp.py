@@ -324,9 +324,10 @@ def test_labels_releases_releases_each_label_that_often_then_trains_on_its_poste
         PrivacyConfig(labels="dp", labels_releases=0)
 
 
-def test_the_default_protection_is_dp_at_epsilon_4_through_the_posterior() -> None:
-    """No ``labels`` key: dp at DEFAULT_PROTECTION_EPSILON (4), one release per epoch, the
-    posterior (also under the reproducible switch): what ``labels = "dp"`` named gives."""
+def test_the_default_protection_is_dp_once_per_label_through_the_posterior() -> None:
+    """No ``labels`` key: dp at DEFAULT_PROTECTION_EPSILON (8), one release per label, the
+    posterior (also under the reproducible switch); ``labels = "dp"`` named keeps ε = 4 and
+    one release per epoch."""
     from vflink.privacy.config import (
         DEFAULT_LABELS_EPSILON,
         DEFAULT_PROTECTION_EPSILON,
@@ -334,6 +335,7 @@ def test_the_default_protection_is_dp_at_epsilon_4_through_the_posterior() -> No
     )
     from vflink.privacy.label_protection import resolve_settings
 
+    assert (DEFAULT_PROTECTION_EPSILON, DEFAULT_PROTECTION_RELEASES) == (8.0, 1)
     for reproducible in (False, True):
         cfg = PrivacyConfig(reproducible_noise=reproducible)
         settings = resolve_settings(cfg.label_settings(), Task.BINARY)
@@ -344,15 +346,8 @@ def test_the_default_protection_is_dp_at_epsilon_4_through_the_posterior() -> No
                             party="bank", n_rows=50, classes=2)
         assert p.denoise == "posterior"
         assert resolve_settings(cfg.label_settings(), Task.MULTICLASS) is None  # off
-    assert DEFAULT_PROTECTION_EPSILON == DEFAULT_LABELS_EPSILON == 4.0
-    assert DEFAULT_PROTECTION_RELEASES is None
     named = PrivacyConfig(labels="dp").label_settings()
-    assert named["epsilon"] == DEFAULT_LABELS_EPSILON and named["releases"] is None
-    default = PrivacyConfig().label_settings()
-    # the same but for the use of the releases: a named dp under the reproducible switch
-    # keeps each release as drawn (its published figures), the default the posterior always
-    assert {k: v for k, v in default.items() if k not in ("mode", "denoise")} == {
-        k: v for k, v in named.items() if k not in ("mode", "denoise")}
+    assert named["epsilon"] == DEFAULT_LABELS_EPSILON == 4.0 and named["releases"] is None
 
 
 def test_labels_refit_is_on_for_the_modes_that_train_on_protected_labels() -> None:
