@@ -12,11 +12,18 @@ from vflink.attacks import label_clustering as _label_clustering  # noqa: E402,F
 from vflink.attacks import label_leakage as _label_leakage  # noqa: E402,F401  (label-*)
 from vflink.attacks import model_completion as _model_completion  # noqa: E402,F401
 from vflink.attacks import whitebox as _whitebox  # noqa: E402,F401  (white-box label attacks)
-from vflink.attacks.base import ATTACKS, Attack, AttackResult, AttackView, get_attack
+from vflink.attacks.base import (
+    ATTACKS,
+    Attack,
+    AttackResult,
+    AttackView,
+    get_attack,
+    is_population_attack,
+)
 from vflink.attacks.inversion import DecoderInversion, inversion_grid_png
 from vflink.attacks.membership import ShadowMembershipInference
 from vflink.attacks.spectral import SpectralAttack, spectral_scores
 
 __all__ = ["ATTACKS", "Attack", "AttackResult", "AttackView", "DecoderInversion",
            "ShadowMembershipInference", "SpectralAttack", "get_attack", "inversion_grid_png",
-           "spectral_scores"]
+           "is_population_attack", "spectral_scores"]

@@ -105,6 +105,14 @@ class Attack(Protocol):
 ATTACKS: Registry[type[Attack]] = Registry("attack")
 
 
+def is_population_attack(name: str) -> bool:
+    """Whether attack ``name`` reads the task (what features and a few known labels predict
+    of every record) rather than one record's secret from what was sent: its class says so
+    (``population = True``); no label guarantee bounds such an attack. An unknown name (a
+    result recorded by another version) is not one."""
+    return name in ATTACKS and bool(getattr(ATTACKS.get(name), "population", False))
+
+
 def get_attack(name: str, **params: Any) -> Attack:
     """Build a registered attack with its parameters (an unknown name lists the valid ones;
     an unknown parameter, the attack's parameters)."""

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from vflink.attacks import is_population_attack
 from vflink.errors import ConfigError
 from vflink.privacy.config import LABEL_MODES
 from vflink.runfiles.config import EvaluationConfig, RunConfig
@@ -113,8 +114,7 @@ def measure(config: RunConfig, attacks: Sequence[str] = LABEL_ATTACKS, *,
             "validation": result.metrics["validation"], "best_epoch": result.best_epoch,
             "decision": result.extra.get("decision"), "seconds": seconds,
             "attacks": figures, "guarantee": guarantee,
-            # a population attack (completion) is not judged: within_limit None
-            "holds": all(f.get("within_limit") is not False for f in figures.values())}
+            "holds": _holds({"attacks": figures})}
 
 
 def run_key(run: dict[str, Any]) -> tuple[Any, ...]:
@@ -162,17 +162,13 @@ def _cell(values: np.ndarray, *, percent: bool = False, digits: int = 3) -> str:
     return f"{scale * v.mean():.{d}f} ± {scale * v.std():.{d}f}"
 
 
-#: Attacks that read the task, not one record's label from what was sent: reported beside
-#: the others, never judged against a label guarantee (runner/attack.py, POPULATION_WORDS).
-POPULATION_ATTACKS = ("label-completion",)
-
-
 def _holds(run: dict[str, Any]) -> bool:
-    """Every attack but the population ones within its limit (recomputed, so that runs
-    measured before completion stopped being judged read the same)."""
+    """Every attack but the population ones (:func:`~vflink.attacks.is_population_attack`:
+    reported, never judged against a label guarantee) within its limit; recomputed, so that
+    runs measured before completion stopped being judged read the same."""
     return all(f.get("within_limit") is not False
                for name, f in (run.get("attacks") or {}).items()
-               if name not in POPULATION_ATTACKS)
+               if not is_population_attack(name))
 
 
 def _attack_value(run: dict[str, Any], name: str) -> float | None:
@@ -419,7 +415,7 @@ def grid_table(runs: Sequence[dict[str, Any]], dataset: str,
             limits = _values(rs, lambda r, a=attack: ((r.get("attacks") or {}).get(a) or {})
                              .get("limit"))
             limit = f"{np.nanmax(limits):.3f}" if np.isfinite(limits).any() else "—"
-            if attack in POPULATION_ATTACKS:
+            if is_population_attack(attack):
                 limit = "not judged"
             cells.append(f"{value} ({limit})" if value != "—" else value)
         cells.append(f"{sum(_holds(r) for r in rs)}/{len(rs)}")

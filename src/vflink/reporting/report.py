@@ -392,8 +392,8 @@ def _attack_verdict(attack: dict[str, Any]) -> str:
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         line = f"AUC {_fmt(float(value))}: {auc_verdict(float(value))}"
         protection = (attack.get("details") or {}).get("protection")
-        if isinstance(protection, dict) and protection.get("within_limit") is None \
-                and "within_limit" in protection:
+        if isinstance(protection, dict) and "within_limit" in protection \
+                and protection["within_limit"] is None:
             line += "; not judged (no label guarantee bounds a population attack)"
         elif isinstance(protection, dict) and "within_limit" in protection:
             limit = protection.get("limit")

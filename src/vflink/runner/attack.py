@@ -26,7 +26,7 @@ from vflink._files import (
     read_json_file,
 )
 from vflink._typed import Arr, load_arrays
-from vflink.attacks import ATTACKS, AttackResult, AttackView, get_attack
+from vflink.attacks import ATTACKS, AttackResult, AttackView, get_attack, is_population_attack
 from vflink.attacks.limits import dp_auc_ceiling, gdp_auc_ceiling, gdp_mu, leak
 from vflink.errors import ConfigError, DataError, VflinkError
 from vflink.metrics.attacks import auc_stderr
@@ -215,7 +215,7 @@ def run_attack(run_dir: Path, name: str, *, party: str | None = None,
     if name.startswith("label-"):
         records = None if view.ids is None else int(np.unique(np.asarray(view.ids)).size)
         result = with_label_verdict(result, ledger, records=records,
-                                    population=bool(getattr(attack, "population", False)))
+                                    population=is_population_attack(name))
     ledger.add_attack(result.to_json())
     ledger.write(ledger_path)
     if target is not None:

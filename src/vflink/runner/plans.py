@@ -47,6 +47,7 @@ from vflink.models.merge import AggregatorConfig
 from vflink.models.spec import BottomSpec
 from vflink.parties import PrimaryParty, TrainingPlan
 from vflink.privacy.budget import BUDGET_DIR
+from vflink.privacy.label_protection import LabelProtection
 from vflink.protocol import Ack, AlignmentReady
 from vflink.registry import Registry
 from vflink.reporting.link_quality import training_link_quality
@@ -83,6 +84,8 @@ RARE_CLASS_RECORDS = 200
 REFIT_MAX_BYTES = 2 << 30
 
 Rows = npt.NDArray[np.int64]
+#: one split's labels and the model's scores on it
+Scored = tuple[npt.NDArray[Any], npt.NDArray[np.float64]]
 
 
 def plan_name(config: RunConfig) -> str:
@@ -224,30 +227,31 @@ class PrimaryTrainee:
     def final_metrics(self, splits: tuple[Rows, ...], history: list[EpochRecord]
                       ) -> dict[str, dict[str, float]]:
         p = self.primary
-        names = ("train", "validation", "test")
         protection = p.label_protection
-        if protection is not None and protection.wants_refit:
-            scored = self._refit(splits)
-        else:
-            scored = {name: (p.targets(rows), p.predict_scores(rows))
-                      for name, rows in zip(names, splits, strict=True)}
+        scored = (self._refit(splits, protection)
+                  if protection is not None and protection.wants_refit else self._scored(splits))
         if p.task is Task.BINARY:  # the same scores: no further message crosses
             self.decision = decide(scored, self.training.threshold)
-            rare = rare_label_warning(p.label_protection, scored["train"][0])
+            rare = rare_label_warning(protection, scored["train"][0])
             if rare is not None:
                 self.warnings.append(rare)
         return {name: self._metrics(y, s) for name, (y, s) in scored.items()}
 
+    def _scored(self, splits: tuple[Rows, ...]) -> dict[str, Scored]:
+        """Every split's labels and scores, one evaluation pass each (train, validation,
+        test)."""
+        p = self.primary
+        return {name: (p.targets(rows), p.predict_scores(rows))
+                for name, rows in zip(("train", "validation", "test"), splits, strict=True)}
 
-    def _refit(self, splits: tuple[Rows, ...]
-               ) -> dict[str, tuple[npt.NDArray[Any], npt.NDArray[np.float64]]]:
+    def _refit(self, splits: tuple[Rows, ...], protection: LabelProtection
+               ) -> dict[str, Scored]:
         """The final evaluation with the refit (``privacy.labels_refit``): the same evaluation
         messages as without it (train, validation, test, once each, in that order), the
         primary's own layers refit on its clean training labels over the embeddings of the
         first two, then every split scored by the refit model. Nothing reaches a secondary
         after its last gradient but those evaluation requests."""
         p = self.primary
-        protection = p.label_protection
         train_rows, val_rows, test_rows = splits
         size = p.input_bytes(len(train_rows) + len(val_rows))
         if size > REFIT_MAX_BYTES:
@@ -256,11 +260,8 @@ class PrimaryTrainee:
                       f"(the refit holds at most {REFIT_MAX_BYTES / 2**30:.0f} GiB)")
             log.warning("privacy.labels_refit: not refit: %s; the model is the one trained "
                         "on the protected labels", reason)
-            if protection is not None:
-                protection.note_refit({"done": False, "reason": reason})
-            return {name: (p.targets(rows), p.predict_scores(rows))
-                    for name, rows in zip(("train", "validation", "test"), splits,
-                                          strict=True)}
+            protection.note_refit({"done": False, "reason": reason})
+            return self._scored(splits)
         train = p.evaluation_inputs(train_rows)
         validation = p.evaluation_inputs(val_rows)
         metric = self.metric
@@ -270,8 +271,7 @@ class PrimaryTrainee:
                        batch_size=self.training.batch_size,
                        score=score, higher_is_better=metric is None or higher_is_better(metric))
         info = {"done": True, "metric": metric, **info}
-        if protection is not None:
-            protection.note_refit(info)
+        protection.note_refit(info)
         log.info("privacy.labels_refit: the primary's own layers refit on its clean labels "
                  "(epoch %s kept; validation %s %s -> %s)", info["epoch_kept"], metric,
                  info["validation_before"], info["validation_after"])
@@ -280,7 +280,8 @@ class PrimaryTrainee:
                 "test": (p.targets(test_rows), p.predict_scores(test_rows))}
 
 
-def rare_label_warning(protection: Any, y_train: npt.ArrayLike) -> str | None:
+def rare_label_warning(protection: LabelProtection | None, y_train: npt.ArrayLike
+                       ) -> str | None:
     """A warning when label DP protected a binary label whose rarer class has fewer than
     RARE_CLASS_RECORDS training records: each label's evidence is weak at any useful ε, and
     that few records of a class leave the protected training little to learn from (measured:
@@ -301,7 +302,7 @@ def rare_label_warning(protection: Any, y_train: npt.ArrayLike) -> str | None:
             "labels = \"off\" on data you may share, or raise labels_total_epsilon")
 
 
-def decide(scored: Mapping[str, tuple[npt.NDArray[Any], npt.NDArray[np.float64]]],
+def decide(scored: Mapping[str, Scored],
            threshold: str | float) -> dict[str, Any]:
     """A binary task's decision threshold, chosen on the validation split's labels and scores
     by ``threshold`` (a criterion of :func:`~vflink.metrics.functional.choose_threshold`, or
