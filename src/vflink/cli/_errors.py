@@ -130,29 +130,31 @@ def report_failure(exc: BaseException, console: Console, handler: Any = None,
     from rich.markup import escape
 
     code = exit_code(exc)
+    # soft_wrap: the terminal wraps the message, never rich, so a path or a value in it is
+    # never cut in two (copied from the screen, it still works)
     if isinstance(exc, KeyboardInterrupt):
         console.print("[yellow]interrupted[/]")
     elif isinstance(exc, Terminated):
         console.print(f"[yellow]terminated (SIGTERM): vflink {command} stopped[/]",
-                      highlight=False)
+                      highlight=False, soft_wrap=True)
     elif isinstance(exc, VflinkError) and "incident" in str(exc):
         # an internal error of a party: name its trace file when that party ran here
         from vflink.protocol.boundary import with_local_trace
 
         console.print(f"[bold red]error:[/] {escape(str(with_local_trace(exc)))}",
-                      highlight=False)
+                      highlight=False, soft_wrap=True)
     elif isinstance(exc, (ConfigError, RunError)) and code == EXIT_USAGE:
         label = "configuration error" if isinstance(exc, ConfigError) else "error"
-        console.print(f"[bold red]{label}:[/] {escape(str(exc))}", highlight=False)
+        console.print(f"[bold red]{label}:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
     elif isinstance(exc, VflinkError):
-        console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
+        console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
     elif isinstance(exc, OSError):
-        console.print(f"[bold red]error:[/] {escape(_os_message(exc))}", highlight=False)
+        console.print(f"[bold red]error:[/] {escape(_os_message(exc))}", highlight=False, soft_wrap=True)
     else:
         try:
             where = f"the full trace is in {_write_trace(exc, command, handler)}"
         except OSError as log_exc:
             where = f"no log file could be written ({_os_message(log_exc)})"
         console.print(f"[bold red]unexpected error:[/] {escape(type(exc).__name__)}: "
-                      f"{escape(str(exc)[:300])}\n{where}; please report it", highlight=False)
+                      f"{escape(str(exc)[:300])}\n{where}; please report it", highlight=False, soft_wrap=True)
     return code

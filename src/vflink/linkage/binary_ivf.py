@@ -134,8 +134,9 @@ def ivf_hamming_knn(query: Codes, base: Codes, k: int, centres: Codes, nprobe: i
         u_idx[rows] = cand[(key & low).astype(np.intp)]
 
     _map(run, pieces, workers)
-    np.take(u_dist, inverse, axis=0, out=dist)
-    np.take(u_idx, inverse, axis=0, out=idx)
+    # mode="clip" (the indices are in range): "raise" would buffer ``out`` (numpy's take)
+    np.take(u_dist, inverse, axis=0, out=dist, mode="clip")
+    np.take(u_idx, inverse, axis=0, out=idx, mode="clip")
     return dist, idx, u_short[inverse]
 
 
