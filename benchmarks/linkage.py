@@ -207,7 +207,8 @@ def case_b(scale: float, threads: int, k: int, mode: str = "auto") -> None:
     base = baseline_time(brute_hamming, bp, bs, k, rows)
     report("b" if mode == "auto" else f"b-{mode}", metric="hamming",
            index=("faiss IndexBinaryFlat (exact)" if res.exact_search else
-                  "faiss IndexBinaryIVF around sampled filters (search mode auto)"),
+                  "binary IVF around sampled filters, queries grouped by the cells they probe "
+                  "(search mode auto)"),
            recall_at_k=res.recall, n_primary=len(bp),
            n_secondary=len(bs), filter_bits=8 * bp.shape[1], k=k, threads=threads,
            encode_seconds=round(enc_sec, 3), seconds=round(sec, 3),

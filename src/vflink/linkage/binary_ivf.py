@@ -107,8 +107,8 @@ def ivf_hamming_knn(query: Codes, base: Codes, k: int, centres: Codes, nprobe: i
     u_short = np.zeros(len(uq), dtype=bool)
 
     def run(rows: IntArray) -> None:
-        cand = np.concatenate([members[starts[c]:starts[c + 1]]
-                               for c in np.unique(cells[rows])])
+        probed = np.flatnonzero(np.bincount(cells[rows].reshape(-1), minlength=nlist))
+        cand = np.concatenate([members[starts[c]:starts[c + 1]] for c in probed])
         w = len(cand)
         if w < k:
             u_short[rows] = True
