@@ -149,12 +149,14 @@ def report_failure(exc: BaseException, console: Console, handler: Any = None,
     elif isinstance(exc, VflinkError):
         console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
     elif isinstance(exc, OSError):
-        console.print(f"[bold red]error:[/] {escape(_os_message(exc))}", highlight=False, soft_wrap=True)
+        console.print(f"[bold red]error:[/] {escape(_os_message(exc))}", highlight=False,
+                      soft_wrap=True)
     else:
         try:
             where = f"the full trace is in {_write_trace(exc, command, handler)}"
         except OSError as log_exc:
             where = f"no log file could be written ({_os_message(log_exc)})"
         console.print(f"[bold red]unexpected error:[/] {escape(type(exc).__name__)}: "
-                      f"{escape(str(exc)[:300])}\n{where}; please report it", highlight=False, soft_wrap=True)
+                      f"{escape(str(exc)[:300])}\n{where}; please report it", highlight=False,
+                      soft_wrap=True)
     return code
