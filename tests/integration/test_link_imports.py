@@ -65,3 +65,37 @@ def pq_rows(path: Path) -> int:
     import pyarrow.parquet as pq
 
     return int(pq.ParquetFile(path).metadata.num_rows)
+
+
+def _entry(argv: list[str], tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    """``vflink`` as its console script runs it (``entry``), in a process of its own, with an
+    atexit handler of the caller's that writes a marker file."""
+    marker = tmp_path / "atexit-ran"
+    code = ("import atexit, pathlib, sys\n"
+            f"atexit.register(pathlib.Path({str(marker)!r}).write_text, 'yes')\n"
+            f"sys.argv = ['vflink', *{argv!r}]\n"
+            "from vflink.cli.main import entry\nentry()\n")
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin",
+                               "VFLINK_SECRET": "a-secret-of-at-least-16-bytes"},
+                          timeout=300, check=False)
+
+
+def test_a_link_process_exits_with_its_code_its_output_and_atexit_handlers(
+        tables: tuple[Path, Path], tmp_path: Path) -> None:
+    """The link command's process skips the interpreter's teardown (``exit_now``), but not
+    what an exit owes: the exit code, everything printed, the atexit handlers, the files."""
+    p, s = tables
+    out = tmp_path / "links.parquet"
+    args = ["link", "--primary", str(p), "--secondary", str(s), "--on", "lat,lon",
+            "--metric", "euclidean", "--top-k", "5", "--privacy", "off", "--out", str(out)]
+    done = _entry(args, tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "vflink link" in done.stdout and str(out) in done.stdout  # the summary, flushed
+    assert (tmp_path / "atexit-ran").read_text() == "yes"
+    assert pq_rows(out) == 1500
+    assert json.loads(Path(f"{out}.summary.json").read_text())["sizes"]["links"] == 1500
+    (tmp_path / "atexit-ran").unlink()
+    again = _entry(args, tmp_path)  # the output exists: a usage error, its message, code 2
+    assert again.returncode == 2 and "already exists" in again.stderr
+    assert (tmp_path / "atexit-ran").read_text() == "yes"
