@@ -91,7 +91,8 @@ def ivf_hamming_knn(query: Codes, base: Codes, k: int, centres: Codes, nprobe: i
         return dist, idx, np.zeros(0, dtype=bool)
     nlist = centres.shape[0]
     first, inverse = _unique_rows(query)
-    uq = query[first]
+    # every query distinct: searched in their own order, no copy of them or of the result
+    uq = query if len(first) == n else query[first]
     cells = assign(uq, centres, nprobe)
     # the secondary's members of each cell, in index order within the cell
     home = assign(base, centres, 1)[:, 0]
@@ -102,8 +103,9 @@ def ivf_hamming_knn(query: Codes, base: Codes, k: int, centres: Codes, nprobe: i
     pieces = [order[at:at + GROUP] for at in range(0, len(order), GROUP)]
     d_bits = (8 * nbytes).bit_length()
     faiss = _faiss()
-    u_dist = np.empty((len(uq), k), dtype=dist.dtype)
-    u_idx = np.empty((len(uq), k), dtype=np.int64)
+    alone = len(first) == n
+    u_dist = np.empty((len(uq), k), dtype=dist.dtype) if not alone else dist
+    u_idx = np.empty((len(uq), k), dtype=np.int64) if not alone else idx
     u_short = np.zeros(len(uq), dtype=bool)
 
     def run(rows: IntArray) -> None:
@@ -134,6 +136,8 @@ def ivf_hamming_knn(query: Codes, base: Codes, k: int, centres: Codes, nprobe: i
         u_idx[rows] = cand[(key & low).astype(np.intp)]
 
     _map(run, pieces, workers)
+    if alone:
+        return dist, idx, u_short
     # mode="clip" (the indices are in range): "raise" would buffer ``out`` (numpy's take)
     np.take(u_dist, inverse, axis=0, out=dist, mode="clip")
     np.take(u_idx, inverse, axis=0, out=idx, mode="clip")
