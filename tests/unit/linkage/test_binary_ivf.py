@@ -45,6 +45,7 @@ def _data(seed: int, n_p: int = 400, n_s: int = 300, nbits: int = 128
 
 def test_every_cell_probed_is_the_brute_force() -> None:
     p, s, centres = _data(0)
+    assert len(np.unique(p, axis=0)) == len(p)  # every query distinct: searched in place
     dist, idx, short = ivf_hamming_knn(p, s, 15, centres, len(centres), workers=2)
     want_d, want_i = _canonical(p, s, 15)
     assert not short.any()
