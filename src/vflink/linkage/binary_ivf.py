@@ -10,15 +10,18 @@ Here:
 
 - identical primary filters (FEDERAL numeric filters of nearby values are identical: 97,206
   distinct of 141,050 at house scale) are searched once;
-- queries that probe the same cells (9,763 probe sets at house scale, 14 queries each on
-  average) form a group, compared with the group's candidates in one pairwise call;
+- the distinct queries, ordered by the cells they probe (9,763 distinct sets of 8 at house
+  scale), are cut into pieces of 64, each compared in one pairwise call with the members of
+  every cell one of its queries probes (about 1,150 filters against a query's own 540: one
+  call per exact probe set, 9,763 calls, spent more in Python than the union costs);
 - each query's candidates are ranked by one sort of 32-bit keys, distance · 2^b + the
   candidate's position, positions in secondary-index order: rows come out ordered by
   (distance, secondary index), ties at the K-th distance to the lower index (faiss's heap
   leaves that choice to its own order).
 
-The distances are faiss's (exact integers), so the result equals the IVF's up to which of the
-filters tied at the K-th distance is returned (``tests/unit/linkage/test_binary_ivf.py``).
+The distances are faiss's (exact integers). Each query's row is the exact top-K of a superset
+of its own cells' members, so it is never worse than the IVF's and equals the brute force when
+every cell is probed (``tests/unit/linkage/test_binary_ivf.py``).
 """
 
 from __future__ import annotations
