@@ -26,14 +26,12 @@ every cell is probed (``tests/unit/linkage/test_binary_ivf.py``).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from vflink._cancel import checkpoint
+from vflink.linkage.grouped import map_jobs
 
 __all__ = ["assign", "ivf_hamming_knn"]
 
@@ -138,23 +136,11 @@ def ivf_hamming_knn(query: Codes, base: Codes, k: int, centres: Codes, nprobe: i
         u_dist[rows] = key >> shift
         u_idx[rows] = cand[(key & low).astype(np.intp)]
 
-    _map(run, pieces, workers)
+    # small jobs (a piece each): many per thread at a time
+    map_jobs(run, pieces, workers, per_worker=64)
     if alone:
         return dist, idx, u_short
     # mode="clip" (the indices are in range): "raise" would buffer ``out`` (numpy's take)
     np.take(u_dist, inverse, axis=0, out=dist, mode="clip")
     np.take(u_idx, inverse, axis=0, out=idx, mode="clip")
     return dist, idx, u_short[inverse]
-
-
-def _map(fn: Callable[[Any], None], jobs: list[Any], workers: int) -> None:
-    if workers <= 1 or len(jobs) <= 1:
-        for job in jobs:
-            checkpoint()
-            fn(job)
-        return
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        step = 64 * workers
-        for start in range(0, len(jobs), step):
-            checkpoint()  # a served request whose caller gave up stops here
-            list(pool.map(fn, jobs[start:start + step]))

@@ -42,7 +42,7 @@ import numpy.typing as npt
 
 from vflink._cancel import checkpoint
 
-__all__ = ["GROUP", "grouped_knn"]
+__all__ = ["GROUP", "cores", "grouped_knn", "map_jobs"]
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
@@ -154,7 +154,7 @@ def grouped_knn(query: FloatArray, base: FloatArray, k: int, tree: Any, *,
     dist, idx = out if out is not None else (np.empty((n, k)), np.empty((n, k), np.int64))
     if n == 0:
         return dist, idx
-    workers = threads or _cores()
+    workers = threads or cores()
     split = _search(query, np.arange(n, dtype=np.int64), base, k, tree, workers, group,
                     dist, idx)
     if split.size:  # groups too spread to share candidates: each query its own group
@@ -218,26 +218,29 @@ def _search(query: FloatArray, rows: IntArray, base: FloatArray, k: int, tree: A
             dist[at] = got_d[keep]
             idx[at] = got_i[keep]
 
-    _map(run, jobs, workers)
+    map_jobs(run, jobs, workers)
     return members[spread][valid[spread]]
 
 
-def _cores() -> int:
+def cores() -> int:
+    """The cores this process may run on (its affinity), at least one."""
     if hasattr(os, "sched_getaffinity"):
         return len(os.sched_getaffinity(0)) or 1
     return os.cpu_count() or 1  # pragma: no cover - platforms without affinity
 
 
-def _map(fn: Callable[[Any], None], jobs: list[Any], workers: int) -> None:
-    """Run ``fn`` on every job, on ``workers`` threads (numpy's sorts and arithmetic on these
-    arrays release the GIL), stopping between jobs where a served request was cancelled."""
+def map_jobs(fn: Callable[[Any], None], jobs: list[Any], workers: int, *,
+             per_worker: int = 4) -> None:
+    """Run ``fn`` on every job, on ``workers`` threads (numpy's sorts and arithmetic and
+    faiss's distances release the GIL), ``per_worker`` jobs per thread at a time, stopping
+    between rounds where a served request was cancelled."""
     if workers <= 1 or len(jobs) <= 1:
         for job in jobs:
             checkpoint()
             fn(job)
         return
+    step = per_worker * workers
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        for start in range(0, len(jobs), 4 * workers):
+        for start in range(0, len(jobs), step):
             checkpoint()  # a served request whose caller gave up stops here
-            list(pool.map(fn, jobs[start:start + 4 * workers]))
-
+            list(pool.map(fn, jobs[start:start + step]))

@@ -55,7 +55,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -79,7 +78,7 @@ from vflink.linkage.distances import (
     latlon_to_unit,
     levenshtein_distances,
 )
-from vflink.linkage.grouped import grouped_knn
+from vflink.linkage.grouped import cores, grouped_knn
 from vflink.registry import Registry
 
 __all__ = [
@@ -667,13 +666,6 @@ def _flat_rows(flat: Any, rows: npt.NDArray[np.uint8], k: int
     return dist, key
 
 
-def _search_threads(threads: int | None) -> int:
-    if threads is not None:
-        return max(1, threads)
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
-        os.cpu_count() or 1)
-
-
 def search_hamming(primary: Identifiers, secondary: Identifiers, k: int, *,
                    options: SearchOptions | None = None) -> Neighbours:
     """Top-K Hamming neighbours of packed uint8 Bloom filters.
@@ -706,7 +698,7 @@ def search_hamming(primary: Identifiers, secondary: Identifiers, k: int, *,
             log.info("binary IVF: %d cells, %d probed per query", nlist, nprobe)
             centres = _binary_centres(s, nlist, o.seed)
             _, _, short = ivf_hamming_knn(p, s, k, centres, nprobe, out=(dist, idx),
-                                          workers=_search_threads(o.threads))
+                                          workers=o.threads or cores())
             if short.any():  # cells holding fewer than K filters: the flat index for those
                 few = np.flatnonzero(short)
                 dist[few], idx[few] = _flat_rows(flat, p[few], k)
