@@ -472,3 +472,65 @@ def test_the_refit_sends_nothing_new_and_the_ledger_says_what_it_leaves_out(
     assert "refit on its clean training labels" not in entries[False]["explanation"]
     assert "not the primary's final model" in on["covers"]
     assert on["epsilon"] == pytest.approx(off["epsilon"])
+
+
+@pytest.mark.parametrize("transport", ["inprocess", pytest.param("grpc", marks=pytest.mark.network)])
+def test_union_training_records_what_the_secondary_received_for_the_attacks(
+        tmp_path: Path, transport: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`[evaluation] record` in union training: the secondary's gradients by UID, the seed it
+    was told, and the primary's real labels by UID as the truth, so that every label attack,
+    white-box ones included, runs on a union run as on a SplitNN one; a UID the primary lacks
+    (a synthetic label) is never scored."""
+    monkeypatch.setenv("VFLINK_SECRET", "a-test-secret-shared-by-data-parties")
+    union = RunConfig(seed=1, algorithm="label-majority-tr",
+                      data=DataConfig(dataset="sklearn-small", options=dict(OPTIONS)),
+                      alignment=AlignmentConfig(method="psu", alpha=0.0, beta=0.2),
+                      model=ModelConfig(hidden=(16,), cut_dim=8, top_hidden=(8,)),
+                      training=TrainingConfig(epochs=2, batch_size=128),
+                      evaluation=EvaluationConfig(record=True))
+    found: dict[str, dict[str, Any]] = {}
+    for mode in ("off", "dp"):
+        cfg = union.replace(privacy=PrivacyConfig(labels=mode))
+        out = tmp_path / f"{transport}-{mode}"
+        if transport == "inprocess":
+            run_training(cfg, out)
+            assert (out / "models" / "secondary" / "evaluation" / "received.json").is_file()
+            recording, truth_dir = out, None
+        else:
+            files = write_party_files(tmp_path / f"net-{mode}", dataset="sklearn-small",
+                                      options=OPTIONS, seed=None)
+            sec = files["secondary"]
+            sec.write_text(sec.read_text().replace('role = "secondary"\n',
+                                                   'role = "secondary"\nrecord = true\n', 1))
+            with served_in_threads(sec):
+                federation = network_federation(load_party_config(files["primary"]),
+                                                run_id="u1")
+                try:
+                    primary = load_inputs(cfg).primary
+                    run_training(cfg, out, tables=Inputs(primary, ()), federation=federation)
+                finally:
+                    federation.close()
+            recording = (tmp_path / f"net-{mode}" / "state" / "secondary" / "peers"
+                         / "primary" / "u1")
+            truth_dir = out
+        truth = np.load(out / "evaluation" / "truth.npz")
+        rows = truth["labels__secondary__rows"]
+        assert np.all(np.diff(rows) > 0) and set(np.unique(truth["labels__secondary__values"])
+                                                ) == {0, 1}
+        for attack in ("label-direction", "label-epoch-average", "label-residual",
+                       "label-noise-subtraction"):
+            res = run_attack(recording, attack, truth_dir=truth_dir,
+                             params={"brute_force": 0} if "subtraction" in attack else None)
+            found[f"{mode}/{attack}"] = {"auc": res.metrics["auc"],
+                                         **res.details["protection"]}
+            if attack != "label-direction":  # scored on the primary's own records only
+                assert 0 < res.metrics["records"] <= len(rows)
+    # unprotected, the gradients give the labels away; under dp every attack is within the
+    # ceiling that ε = 4 (δ = 1e-5) allows a test of one record's label
+    assert found["off/label-direction"]["auc"] >= 0.9
+    assert found["off/label-epoch-average"]["auc"] >= 0.9
+    for attack in ("label-direction", "label-epoch-average", "label-residual",
+                   "label-noise-subtraction"):
+        assert found[f"dp/{attack}"]["within_limit"] is True, attack
+        assert found[f"dp/{attack}"]["limit"] == pytest.approx(dp_auc_ceiling(4.0, 1e-5),
+                                                               abs=1e-3)

@@ -210,6 +210,12 @@ class SecondaryParty(SetAlignmentPeer, EnginePsiPeer, UnionPeer, LinkingPeer):
     def _recorder(self, ctx: TrainingRun) -> Recorder | None:
         return ctx.recorder if ctx.recorder is not None else self.recorder
 
+    def recording_of(self, peer: str, run: str = "") -> Recorder | None:
+        """What this party recorded of ``peer``'s training run ``run`` (None: it does not
+        record, or holds no such run)."""
+        ctx = self.training_run(peer, run)
+        return None if ctx is None else self._recorder(ctx)
+
     def _root(self, peer: str) -> Path | None:
         """Where ``peer``'s saved states live (None: this party keeps no files)."""
         if self.out_dir is None:

@@ -222,6 +222,7 @@ class UnionPeer:
             raise ProtocolError(f"party {self.name!r}: no encoded features after setup")
         recorder = self._recorder(ctx)
         if recorder is not None:  # what it was told (white-box attacks try the seed)
+            recorder.new_training()
             recorder.note("setup", sender, {"message": message.kind,
                                             "seed": int(message.spec.seed)})
         reproducible = self.reproducible_noise
@@ -276,6 +277,9 @@ class UnionPeer:
                 out[torch.from_numpy(np.flatnonzero(drawn))] = fake.to(real_out.dtype)
         if message.train:
             ctx.pending[message.batch_id] = out
+            recorder = self._recorder(ctx)
+            if recorder is not None:  # the gradient that comes back is row-aligned with these
+                recorder.forward_rows(message.batch_id, uids)
         return Embeddings(batch_id=message.batch_id, embeddings=out.detach(),
                           inverse=np.arange(len(rows), dtype=np.int64))
 

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from vflink.runner.context import Prepared, RunContext
 
 __all__ = ["EVALUATIONS", "OWN_ENCODINGS", "TRUTH_DIR", "Evaluation", "linkage_figures",
-           "read_truth", "write_truth"]
+           "read_truth", "save_truth", "write_truth"]
 
 log = logging.getLogger(__name__)
 
@@ -100,12 +100,23 @@ def write_truth(run_dir: Path, config: RunConfig, prepared: Prepared, primary: P
             arrays[f"true_match__{name}"] = np.asarray(idx, dtype=np.int64)
             parties.setdefault(name, {})["true_match"] = True
     bloom = _bloom_truth(config, prepared, alignments, secret, arrays, run_dir, primary)
+    return save_truth(run_dir, arrays, task=None if task is None else task.value,
+                      parties=parties, bloom=bloom)
+
+
+def save_truth(run_dir: Path, arrays: dict[str, npt.NDArray[Any]], *, task: str | None,
+               parties: dict[str, dict[str, Any]], bloom: Any = None) -> Path:
+    """Write ``arrays`` as ``run_dir/evaluation/truth.{npz,json}`` (atomically), with the
+    manifest that says what they are: ``labels__<party>__rows`` (sorted) and
+    ``labels__<party>__values`` are the primary's labels by the ids ``<party>`` knows its
+    records by."""
+    out = Path(run_dir) / TRUTH_DIR
+    out.mkdir(parents=True, exist_ok=True)
     _save_npz(out / "truth.npz", arrays)
     manifest = {"version": TRUTH_VERSION, "evaluation_only": True,
                 "note": "ground truth for scoring attacks (vflink attack); no party had it "
                         "during the run, and no party may use it",
-                "task": None if task is None else task.value, "parties": parties,
-                "bloom": bloom}
+                "task": task, "parties": parties, "bloom": bloom}
     atomic_write_json(out / "truth.json", manifest, indent=2, default=None)
     return out
 

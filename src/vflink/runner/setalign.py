@@ -45,7 +45,7 @@ from vflink.runfiles.config import RunConfig
 from vflink.runfiles.inputs import Inputs
 from vflink.runner.compute import current_compute
 from vflink.runner.context import Prepared
-from vflink.runner.federation import Federation, run_policy
+from vflink.runner.federation import Federation, recorder_for, run_policy
 from vflink.transport import InProcessHub, TrafficCounter, Transcript
 from vflink.types import MISSING, Alignment
 
@@ -145,6 +145,9 @@ class Simulation:
     sizes: dict[str, int]
     #: the primary's run id in its training messages (``Federation.run``)
     run: str = ""
+    #: the secondary in this process (None when it runs on another host): its recording of
+    #: what it received (``[evaluation] record``) is written with the run
+    local: SecondaryParty | None = None
 
 
 def _local_secondary(config: RunConfig, inputs: Inputs, p_keys: list[bytes],
@@ -165,7 +168,8 @@ def _local_secondary(config: RunConfig, inputs: Inputs, p_keys: list[bytes],
     # the run's own policy: one operator owns both parties in a simulation (run_policy)
     peer = SecondaryParty(_subset(secondary, keep_s), hub.channel(secondary.name),
                           policy=run_policy(config), resources=config.training.resources(),
-                          reproducible_noise=config.privacy.reproducible_noise)
+                          reproducible_noise=config.privacy.reproducible_noise,
+                          recorder=recorder_for(config))
     peer.compute = current_compute()
     hub.register(secondary.name, peer)
     return peer, hub.channel(inputs.primary.name), counter, len(hidden_s_rows)
@@ -243,7 +247,8 @@ def simulate(config: RunConfig, inputs: Inputs, alpha: float, beta: float,
                        s_table, train_uids, val_uids, test_uids, len(held_out), n_secondary,
                        float(np.mean(y_all[np.setdiff1d(train, hide_p)])), psu_bytes, sizes,
                        federation.run if federation is not None and remote
-                       else new_session_name("run"))
+                       else new_session_name("run"),
+                       local)
 
 
 def _canonical(uids: npt.NDArray[np.int64], p_rows: npt.NDArray[np.int64]

@@ -46,11 +46,13 @@ from vflink.privacy.label_protection import (
     check_label_task,
     resolve_settings,
 )
+from vflink.protocol.messages import Ack, SaveState
 from vflink.protocol.sessions import new_session_name
 from vflink.runfiles.config import RunConfig
 from vflink.runfiles.results import EpochRecord, FloristResult, RunResult
 from vflink.runner.context import RunContext
-from vflink.runner.evaluation import EVALUATIONS
+from vflink.runner.evaluation import EVALUATIONS, save_truth
+from vflink.runner.loop import FINAL
 from vflink.runner.protections import label_settings
 from vflink.runner.setalign import Simulation, group_of, set_limits, simulate
 from vflink.types import Task
@@ -258,6 +260,32 @@ def spectral_attack(ctx: RunContext) -> dict[str, Any]:
     return out
 
 
+def _write_recording(run_dir: Path, trainee: UnionTrainee, state_prefix: str) -> None:
+    """``[evaluation] record``: what the secondary received (each training batch's
+    gradients by UID, the seed it was told) into its folder of the run, where ``vflink
+    attack`` reads it, and the primary's real labels by UID as the evaluation-only truth the
+    label attacks are scored against. A UID the primary lacks has a synthetic label, which is
+    not the primary's to protect: it is left out of the truth, so no attack is scored on it."""
+    sim, active = trainee.sim, trainee.active
+    held = np.flatnonzero(active.rows >= 0)  # UIDs of the primary's own records, sorted
+    save_truth(run_dir, {
+        f"labels__{sim.peer}__rows": held.astype(np.int64),
+        f"labels__{sim.peer}__values": active.y.numpy()[active.rows[held]].astype(np.int64)},
+        task=Task.BINARY.value, parties={sim.peer: {"labels": int(held.size)}})
+    if sim.local is None:
+        # across hosts the secondary keeps what it received: asked to save its final state,
+        # it writes its model and (when its own [evaluation] record says so) its recording
+        # into its own state directory, as after a SplitNN run (vflink attack --truth)
+        sim.channel.request(sim.peer, SaveState(name=state_prefix + FINAL, run=sim.run), Ack)
+        log.info("the secondary %s saved its final state (and its recording, if it records) "
+                 "in its own state directory; the truth to score attacks is in %s", sim.peer,
+                 run_dir)
+        return
+    recorder = sim.local.recording_of(active.name, sim.run)
+    if recorder is not None:
+        recorder.flush(run_dir / "models" / sim.peer, party=sim.peer, role="secondary")
+
+
 @dataclass(frozen=True)
 class UnionPlan:
     """The ``union`` entry of ``PLANS``: what union training builds, trains and reports."""
@@ -303,6 +331,9 @@ class UnionPlan:
         attack: dict[str, Any] = {}
         for name in self.evaluations:
             attack.update(EVALUATIONS.get(name)(ctx))
+        if ctx.config.evaluation.record and ctx.out_dir is not None:
+            _write_recording(ctx.out_dir, trainee, "" if ctx.federation is None
+                             else ctx.federation.state_prefix)
         metrics = {**ctx.metrics, "test": {**ctx.metrics["test"], **attack}}
         sim, strategy, calib = trainee.sim, trainee.strategy, trainee.calibration
         alpha, beta = ctx.state["fractions"]
