@@ -80,8 +80,6 @@ def _hamming(a: npt.NDArray[np.uint8], b: npt.NDArray[np.uint8]) -> npt.NDArray[
 def write_truth(run_dir: Path, config: RunConfig, prepared: Prepared, primary: PrimaryParty,
                 links: str, secret: bytes | None) -> Path:
     """Write ``run_dir/evaluation/truth.{npz,json}`` (evaluation-only) for a recorded run."""
-    out = Path(run_dir) / TRUTH_DIR
-    out.mkdir(parents=True, exist_ok=True)
     inputs = prepared.inputs
     n = len(inputs.primary)
     arrays: dict[str, npt.NDArray[Any]] = {}
