@@ -474,8 +474,10 @@ def test_the_refit_sends_nothing_new_and_the_ledger_says_what_it_leaves_out(
     assert on["epsilon"] == pytest.approx(off["epsilon"])
 
 
-@pytest.mark.parametrize("transport",
-                         ["inprocess", pytest.param("grpc", marks=pytest.mark.network)])
+@pytest.mark.parametrize("transport", [
+    "inprocess",
+    # over gRPC in the slow job: the default suite stays within its ten minutes
+    pytest.param("grpc", marks=[pytest.mark.network, pytest.mark.slow])])
 def test_union_training_records_what_the_secondary_received_for_the_attacks(
         tmp_path: Path, transport: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """`[evaluation] record` in union training: the secondary's gradients by UID, the seed it
