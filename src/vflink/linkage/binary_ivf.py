@@ -93,7 +93,8 @@ def ivf_hamming_knn(query: Codes, base: Codes, k: int, centres: Codes, nprobe: i
     nlist = centres.shape[0]
     first, inverse = _unique_rows(query)
     # every query distinct: searched in their own order, no copy of them or of the result
-    uq = query if len(first) == n else query[first]
+    alone = len(first) == n
+    uq = query if alone else query[first]
     cells = assign(uq, centres, nprobe)
     # the secondary's members of each cell, in index order within the cell
     home = assign(base, centres, 1)[:, 0]
@@ -104,7 +105,6 @@ def ivf_hamming_knn(query: Codes, base: Codes, k: int, centres: Codes, nprobe: i
     pieces = [order[at:at + GROUP] for at in range(0, len(order), GROUP)]
     d_bits = (8 * nbytes).bit_length()
     faiss = _faiss()
-    alone = len(first) == n
     u_dist = np.empty((len(uq), k), dtype=dist.dtype) if not alone else dist
     u_idx = np.empty((len(uq), k), dtype=np.int64) if not alone else idx
     u_short = np.zeros(len(uq), dtype=bool)

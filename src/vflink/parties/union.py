@@ -44,6 +44,7 @@ from vflink.protocol.messages import (
     Ack,
     Backward,
     Embeddings,
+    SaveState,
     UnionForward,
     UnionSetup,
 )
@@ -519,3 +520,8 @@ class UnionPrimary:
 
     def state(self) -> dict[str, Any]:
         return {"model": self.model.state_dict()}
+
+    def save_peer_state(self, name: str) -> None:
+        """Ask the peer to save its state of this run as ``name`` in its own folder (its
+        model, and what it received when its own configuration records)."""
+        self.channel.request(self.peer, SaveState(name=name, run=self.run), Ack)

@@ -46,7 +46,6 @@ from vflink.privacy.label_protection import (
     check_label_task,
     resolve_settings,
 )
-from vflink.protocol.messages import Ack, SaveState
 from vflink.protocol.sessions import new_session_name
 from vflink.runfiles.config import RunConfig
 from vflink.runfiles.results import EpochRecord, FloristResult, RunResult
@@ -276,7 +275,7 @@ def _write_recording(run_dir: Path, trainee: UnionTrainee, state_prefix: str) ->
         # across hosts the secondary keeps what it received: asked to save its final state,
         # it writes its model and (when its own [evaluation] record says so) its recording
         # into its own state directory, as after a SplitNN run (vflink attack --truth)
-        sim.channel.request(sim.peer, SaveState(name=state_prefix + FINAL, run=sim.run), Ack)
+        active.save_peer_state(state_prefix + FINAL)
         log.info("the secondary %s saved its final state (and its recording, if it records) "
                  "in its own state directory; the truth to score attacks is in %s", sim.peer,
                  run_dir)
