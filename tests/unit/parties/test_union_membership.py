@@ -33,7 +33,7 @@ from vflink.parties.policy import UNION_FEATURES, PartyPolicy
 from vflink.parties.setalign import SetAlignmentDriver
 from vflink.parties.union import uid_rows
 from vflink.protocol import Ack, Backward, Embeddings
-from vflink.protocol.messages import UnionForward, UnionSetup
+from vflink.protocol.messages import SaveState, UnionForward, UnionSetup
 from vflink.transport import InProcessHub
 from vflink.transport.grpc import GrpcChannel, GrpcServer, PeerAddress, create_dev_pki
 from vflink.transport.grpc.tls import TlsConfig
@@ -350,3 +350,28 @@ def test_pending_union_batches_are_bounded() -> None:
     with pytest.raises(VflinkError, match="limit.pending-batches"):
         s.forward(s.targets[:3], True)
     s.forward(s.targets[:3], False)  # evaluation holds nothing
+
+
+def test_states_saved_during_union_training_are_the_senders_own_and_bounded(
+        tmp_path: Path) -> None:
+    """SaveState is admitted in union training (a run's final state and its recording): the
+    files go to the sender's own folder, their names are bounded by the secondary's policy,
+    and a primary with no union run there saves nothing."""
+    hub = InProcessHub()
+    bank = SecondaryParty(bank_table(), hub.channel("bank"), out_dir=tmp_path,
+                          policy=PartyPolicy(max_saved_states=2))
+    bank.roles = {"primary": "primary", "other": "primary", "bank": "secondary"}
+    hub.register("bank", bank)
+    s = Setup(hub.channel("primary"), bank)
+    s.setup("fea-sampling")
+    batch, emb = s.forward(s.targets[:8], True)
+    s.call(Backward(batch_id=batch, grad=torch.zeros(emb.shape)))
+    for name in ("a", "b"):
+        assert isinstance(s.call(SaveState(name=name)), Ack)
+    with pytest.raises(PolicyViolation, match="limit.saved-states"):
+        s.call(SaveState(name="c"))
+    assert sorted(p.name for p in (tmp_path / "peers" / "primary").glob("*.json")) == [
+        "a.json", "b.json"]
+    with pytest.raises(VflinkError):
+        hub.channel("other").call("bank", SaveState(name="a"))
+    assert not (tmp_path / "peers" / "other").exists()
