@@ -83,10 +83,13 @@ def _rank(d2: FloatArray, cand: IntArray, k: int) -> tuple[FloatArray, IntArray]
 
     One value sort instead of an argsort (numpy's SIMD sort of 64-bit keys took half the
     time): each squared distance (≥ 0, so its IEEE bits order as unsigned integers) has its
-    lowest mantissa bits replaced by the candidate's position. Keys then order by distance
-    except between distances equal in their remaining bits; every query whose K + 1 nearest
-    hold such a pair, or two equal square roots, is sorted again exactly (by distance, then
-    index) over all its candidates, so the result does not depend on the trick."""
+    lowest mantissa bits replaced by the candidate's position. ``cand``'s rows are in
+    increasing index order, so keys order by (squared distance, index) except between
+    *different* squared distances equal in their remaining bits; every query whose K + 1
+    nearest hold such a pair, or two different squares with equal square roots, is sorted
+    again exactly (by distance, then index) over all its candidates, so the result does not
+    depend on the trick. Equal squared distances (points tied, as rounded coordinates make by
+    the thousand) are already in index order and need no second sort."""
     b, g, w = d2.shape
     bits = max(1, (w - 1).bit_length())
     low = np.uint64((1 << bits) - 1)
@@ -101,15 +104,42 @@ def _rank(d2: FloatArray, cand: IntArray, k: int) -> tuple[FloatArray, IntArray]
     dist = np.sqrt(square)
     idx = np.take(cand.reshape(-1), pos + (np.arange(b, dtype=np.intp) * w)[:, None, None])
     high = key >> np.uint64(bits)
-    tied = ((high[:, :, 1:] == high[:, :, :-1]) | (dist[:, :, 1:] == dist[:, :, :-1])).any(axis=2)
+    tied = (((high[:, :, 1:] == high[:, :, :-1]) | (dist[:, :, 1:] == dist[:, :, :-1]))
+            & (square[:, :, 1:] != square[:, :, :-1])).any(axis=2)
+    if w > k:
+        tied |= _hidden_beyond(d2, high, square, dist, k, bits)
     if tied.any():
         at_b, at_g = np.nonzero(tied)
         full = np.sqrt(d2[at_b, at_g])
-        ids = cand[at_b]
-        o = np.lexsort((ids, full), axis=-1)[:, :take]
+        # the candidates are in index order: a stable sort by distance is (distance, index)
+        o = np.argsort(full, axis=1, kind="stable")[:, :take]
         dist[at_b, at_g] = np.take_along_axis(full, o, 1)
-        idx[at_b, at_g] = np.take_along_axis(ids, o, 1)
+        idx[at_b, at_g] = np.take_along_axis(cand[at_b], o, 1)
     return dist[:, :, :k], idx[:, :, :k]
+
+
+def _hidden_beyond(d2: FloatArray, high: npt.NDArray[np.uint64], square: FloatArray,
+                   dist: FloatArray, k: int, bits: int) -> npt.NDArray[np.bool_]:
+    """Which queries' K-th place is wrong for all :func:`_rank` can tell from the first K + 1
+    keys: a run of equal keys (or of equal distances) that goes on past the K-th place may
+    hold, further on, a point that belongs before it (a smaller square behind a higher
+    position, or a lower index at the same distance from a different square). Only queries
+    whose K-th and next key or distance are equal are looked at, over all their
+    candidates: points tied exactly (equal squares: rounded coordinates make them by the
+    thousand) are in index order already and raise nothing."""
+    b, g, _ = d2.shape
+    out = np.zeros((b, g), dtype=bool)
+    edge = (high[:, :, k - 1] == high[:, :, k]) | (dist[:, :, k - 1] == dist[:, :, k])
+    if not edge.any():
+        return out
+    at_b, at_g = np.nonzero(edge)
+    rows = d2[at_b, at_g]
+    sq = square[at_b, at_g, k - 1][:, None]
+    other = rows != sq
+    same_key = (rows.view(np.uint64) >> np.uint64(bits)) == high[at_b, at_g, k - 1][:, None]
+    same_dist = np.sqrt(rows) == dist[at_b, at_g, k - 1][:, None]
+    out[at_b, at_g] = (other & (same_key | same_dist)).any(axis=1)
+    return out
 
 
 def _leaves(tree: Any) -> list[tuple[int, int]]:
@@ -201,6 +231,7 @@ def _search(query: FloatArray, rows: IntArray, base: FloatArray, k: int, tree: A
         chosen = np.flatnonzero((width == w) & ~spread)
         _, cand = tree.query(centre[chosen], k=int(w), workers=workers)
         cand = np.asarray(cand, dtype=np.int64).reshape(len(chosen), int(w))
+        cand.sort(axis=1)  # index order: _rank's keys then break ties by index
         per = max(1, _BATCH_PAIRS // (size * int(w)))
         jobs.extend((chosen[a:a + per], cand[a:a + per]) for a in range(0, len(chosen), per))
 

@@ -109,3 +109,42 @@ def test_thousands_of_ties_take_the_trees_query() -> None:
     dist, idx = grouped_knn(p, s, 5, cKDTree(s), group=8)
     np.testing.assert_array_equal(dist, _canonical(p, s, 5)[0])
     assert (np.diff(idx, axis=1) > 0).all()  # ties ordered by index
+
+
+@pytest.mark.parametrize("k", [1, 3, 5, 8, 12, 19])
+def test_squares_apart_by_ulps_in_reverse_index_order(k: int) -> None:
+    """Squared distances a few units in the last place apart (equal in the bits the sort keys
+    keep), the nearer points at the higher indices: the keys order those by index, so rows
+    whose run of equal keys reaches the K-th place are sorted again, and equal the brute
+    force's (distance, index) order."""
+    x = 1.0 + np.arange(20)[::-1] * np.finfo(float).eps
+    s = np.column_stack([x, np.zeros(20)])
+    p = np.zeros((3, 2))
+    for group in (1, 2):
+        _check(p, s, k, group=group)
+
+
+@pytest.mark.parametrize("k", [1, 3, 5, 7])
+def test_a_run_of_equal_keys_across_the_kth_place_hides_nearer_points(k: int) -> None:
+    """Ten points: five equal, farther ones first, then five equal nearer ones, their squares
+    6 units in the last place apart (equal in the bits the keys keep). The first K + 1 keys
+    are all the farther points, equal among themselves; the nearer ones are behind them in
+    the run, and must still come first."""
+    eps = np.finfo(float).eps
+    s = np.column_stack([np.repeat([1.0 + 4 * eps, 1.0 + eps], 5), np.zeros(10)])
+    p = np.zeros((2, 2))
+    for group in (1, 2):
+        _check(p, s, k, group=group)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 30), st.integers(2, 60), st.integers(0, 2**31 - 1))
+def test_points_a_few_ulps_apart_equal_brute_force(n: int, m: int, seed: int) -> None:
+    """Coordinates that differ in their last bits only, many equal: the sort keys' dropped
+    bits decide nothing."""
+    rng = np.random.default_rng(seed)
+    eps = np.finfo(float).eps
+    s = 1.0 + rng.integers(0, 40, (m, 2)) * eps
+    p = 1.0 + rng.integers(-20, 60, (n, 2)) * eps
+    k = int(rng.integers(1, m + 1))
+    _check(p, s, k, group=int(rng.choice([1, 2, 4, 16])))
