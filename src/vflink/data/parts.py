@@ -22,6 +22,7 @@ import logging
 import os
 import secrets
 import shutil
+import threading
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -209,7 +210,12 @@ class PartitionedWriter:
         self._tmp = None
         if old is not None:
             if old.is_dir() and not old.is_symlink():
-                shutil.rmtree(old, ignore_errors=True)
+                # the new dataset is in place: the old one (hundreds of MB of a house-scale
+                # link, a tenth of a second to delete) goes in a thread of its own, which the
+                # interpreter waits for before it exits
+                threading.Thread(target=shutil.rmtree, args=(old,),
+                                 kwargs={"ignore_errors": True},
+                                 name="vflink-remove-old-dataset").start()
             else:
                 old.unlink(missing_ok=True)
         log.info("%s: %d rows in %d parquet parts", self.target, self.rows, self.parts)

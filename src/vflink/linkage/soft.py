@@ -59,23 +59,32 @@ def normalize_similarities(distances: npt.ArrayLike, *,
     linked at inference time get similarities on the training linkage's scale.
     """
     d = np.asarray(distances, dtype=np.float64)
-    valid = np.isfinite(d)
-    all_valid = bool(valid.all())
+    moments: tuple[float, float] | None = None
+    if scale is None and d.size:
+        # No mask and no masked copy of the n × K distances when every link is present (the
+        # usual case): the exact sum refuses a NaN or an infinity, and only then are the
+        # finite entries picked. The std of −d is the std of d; both moments come from exact
+        # sums, so a linkage streamed chunk by chunk gets the very same μ0 and σ0 (.moments).
+        try:
+            moments = exact_moments(d)
+        except ValueError:
+            moments = None
+    valid: npt.NDArray[np.bool_] | None = None
     if scale is not None:
         mu0, sigma0 = float(scale[0]), float(scale[1])
-    elif not valid.any():
-        return np.full_like(d, np.nan), 0.0, 0.0
+    elif moments is not None:
+        mu0, sigma0 = -moments[0], moments[1]
     else:
-        # No masked copy of the n × K distances when every link is present (the usual case).
-        # The std of −d is the std of d; both moments come from exact sums, so a linkage
-        # streamed chunk by chunk gets the very same μ0 and σ0 (see .moments).
-        mean, sigma0 = exact_moments(d if all_valid else d[valid])
+        valid = np.isfinite(d)
+        if not valid.any():
+            return np.full_like(d, np.nan), 0.0, 0.0
+        mean, sigma0 = exact_moments(d[valid])
         mu0 = -mean
     if sigma0 > 0.0:
         rho = np.empty_like(d)
         _in_halves(lambda a, out: _rho(a, mu0, sigma0, out), d, rho)
     else:
-        rho = np.where(valid, 0.0, np.nan)
+        rho = np.where(np.isfinite(d) if valid is None else valid, 0.0, np.nan)
     return rho, mu0, sigma0
 
 
@@ -252,10 +261,15 @@ class SoftLinkage:
         if self.recall is not None:
             meta["recall"] = self.recall
         meta.update(self.model.get("released", {}))
+        similarity = None
+        if include_similarity:
+            similarity = np.empty(self.similarities.shape, dtype=np.float32)
+            _in_halves(lambda a, out: np.copyto(out, a, casting="same_kind"),
+                       np.ascontiguousarray(self.similarities, dtype=np.float64), similarity)
         return Alignment(
             primary_index=np.arange(len(self), dtype=np.int64),
             secondary_index=self.indices,
-            similarity=self.similarities.astype(np.float32) if include_similarity else None,
+            similarity=similarity,
             secondary=secondary,
             meta=meta,
             match=self.matches if include_similarity else None,

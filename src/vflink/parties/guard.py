@@ -200,7 +200,8 @@ def check_alignment_view(view: AlignmentView, *, party: str, peer: str,
     if p.ndim != 1 or s.ndim not in (1, 2) or len(s) != len(p):
         raise ProtocolError(f"{peer!r} sent an alignment for {view.secondary!r} with "
                             f"inconsistent shapes {p.shape} and {s.shape}")
-    if (p.size and p.min() < 0) or (s.size and s.min() < -1):
+    lowest = s.min() if s.size else 0
+    if (p.size and p.min() < 0) or lowest < -1:
         raise ProtocolError(f"{peer!r} sent an alignment for {view.secondary!r} with negative "
                             "row indices")
     if view.similarity is not None:
@@ -208,8 +209,10 @@ def check_alignment_view(view: AlignmentView, *, party: str, peer: str,
         if sim.shape != s.shape and sim.shape != (len(p),):
             raise ProtocolError(f"{peer!r} sent similarities of shape {sim.shape} for links "
                                 f"of shape {s.shape}")
-        missing = (s == -1) if sim.shape == s.shape else np.zeros(sim.shape, dtype=bool)
-        check_values(np.where(missing, 0.0, sim) if missing.any() else sim, party=party,
+        # no link missing (no −1): the similarities are checked as they are, with no mask
+        missing = (s == -1) if sim.shape == s.shape and lowest < 0 else None
+        check_values(np.where(missing, 0.0, sim) if missing is not None and missing.any()
+                     else sim, party=party,
                      what=f"the similarities from {peer!r}", max_abs=policy.max_abs_value)
     if view.match is not None and np.asarray(view.match).shape != s.shape:
         raise ProtocolError(f"{peer!r} sent match decisions of shape "
