@@ -151,10 +151,11 @@ class LinkColumns(Mapping[str, npt.NDArray[Any]]):
         if view not in VIEWS:
             raise ConfigError(f"`view` must be one of {', '.join(VIEWS)}, got {view!r}")
         self.linkage, self.view = linkage, view
-        valid = linkage.indices >= 0
-        self._all = bool(valid.all())
+        indices = linkage.indices
+        # one pass for the minimum where no link is missing (no n × K mask)
+        self._all = bool(not indices.size or indices.min() >= 0)
         #: the number of links (rows of the file)
-        self.rows = int(valid.size if self._all else valid.sum())
+        self.rows = int(indices.size if self._all else np.count_nonzero(indices >= 0))
         per_link = ["distance", "similarity"]
         if linkage.matches is not None:
             per_link += ["match_weight", "match_probability", "match"]
@@ -190,8 +191,11 @@ class LinkColumns(Mapping[str, npt.NDArray[Any]]):
         """Every column, about ``rows`` links at a time (whole primary records), in order."""
         n, k = self.linkage.indices.shape
         step = max(1, rows // max(1, k))
+        # every chunk but the last has the same row-number pattern and ranks: made once (the
+        # ranks read-only, shared by the chunks), not repeated and tiled again per chunk
+        shared: dict[int, tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]] = {}
         for lo in range(0, max(n, 1), step):
-            yield self._columns(lo, min(n, lo + step), self._names)
+            yield self._columns(lo, min(n, lo + step), self._names, shared)
 
     def _link_values(self, name: str) -> npt.NDArray[Any]:
         lk = self.linkage
@@ -209,21 +213,32 @@ class LinkColumns(Mapping[str, npt.NDArray[Any]]):
             self._probability = primary_probability(lk)
         return self._probability
 
-    def _columns(self, lo: int, hi: int, names: Sequence[str]
-                 ) -> dict[str, npt.NDArray[Any]]:
-        """The columns ``names`` of the links of primary records ``lo`` to ``hi``."""
+    def _columns(self, lo: int, hi: int, names: Sequence[str],
+                 shared: dict[int, tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]]
+                 | None = None) -> dict[str, npt.NDArray[Any]]:
+        """The columns ``names`` of the links of primary records ``lo`` to ``hi``
+        (``shared``: the row-number patterns and ranks already made, by stretch length)."""
         lk = self.linkage
         k = lk.indices.shape[1]
         out: dict[str, npt.NDArray[Any]] = {}
         indices = lk.indices[lo:hi]
         if self._all:  # flat views and repeat/tile, no boolean gather over the n × K arrays
+            made = None if shared is None else shared.get(hi - lo)
+            if made is None:
+                made = (np.repeat(np.arange(hi - lo, dtype=np.int64), k),
+                        np.tile(np.arange(k, dtype=np.int64), hi - lo))
+                made[1].flags.writeable = False
+                if shared is not None:
+                    shared.clear()  # one length at a time: the last, shorter chunk's own
+                    shared[hi - lo] = made
+            rows, ranks = made
             for name in names:
                 if name == "primary_index":
-                    out[name] = np.repeat(np.arange(lo, hi, dtype=np.int64), k)
+                    out[name] = rows + lo
                 elif name == "secondary_index":
                     out[name] = indices.astype(np.int64, copy=False).reshape(-1)
                 elif name == "rank":
-                    out[name] = np.tile(np.arange(k, dtype=np.int64), hi - lo)
+                    out[name] = ranks
                 elif name in self._ids:
                     out[name] = self._gather_ids(name, out, lo, hi, names)
                 else:
