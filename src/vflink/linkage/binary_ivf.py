@@ -62,10 +62,37 @@ def assign(codes: Codes, centres: Codes, nprobe: int) -> IntArray:
 
 
 def _unique_rows(codes: Codes) -> tuple[IntArray, IntArray]:
-    """(first row of each distinct code, each row's distinct code)."""
-    view = np.ascontiguousarray(codes).view(np.dtype((np.void, codes.shape[1])))[:, 0]
+    """(first row of each distinct code, in the rows' order; each row's distinct code).
+
+    The rows are told apart by a 64-bit hash of their words first (a sort of integers: a
+    sixth of the time numpy's ``unique`` takes to sort 141,050 rows of 128 bytes as byte
+    strings), and every row is then compared with the first row of its hash: only where two
+    different rows share a hash are the rows themselves sorted."""
+    codes = np.ascontiguousarray(codes)
+    n, width = codes.shape
+    if n and width and width % 8 == 0:
+        words = codes.view(np.uint64)
+        h = words[:, 0] * np.uint64(0x9E3779B97F4A7C15)
+        for j in range(1, words.shape[1]):
+            h ^= h >> np.uint64(29)
+            h += words[:, j]
+            h *= np.uint64(0xBF58476D1CE4E5B9)
+        _, first, inverse = np.unique(h, return_index=True, return_inverse=True)
+        inverse = inverse.reshape(-1)
+        if np.array_equal(codes[first[inverse]], codes):
+            return _by_first(first, inverse)
+    view = codes.view(np.dtype((np.void, width)))[:, 0]
     _, first, inverse = np.unique(view, return_index=True, return_inverse=True)
-    return first.astype(np.int64), inverse.reshape(-1).astype(np.int64)
+    return _by_first(first, inverse.reshape(-1))
+
+
+def _by_first(first: npt.NDArray[Any], inverse: npt.NDArray[Any]) -> tuple[IntArray, IntArray]:
+    """The distinct codes renumbered in the order of their first rows (the same numbering
+    whichever way they were told apart)."""
+    order = np.argsort(first, kind="stable")
+    rank = np.empty_like(order)
+    rank[order] = np.arange(len(order))
+    return first[order].astype(np.int64), rank[inverse].astype(np.int64)
 
 
 def ivf_hamming_knn(query: Codes, base: Codes, k: int, centres: Codes, nprobe: int, *,
@@ -140,7 +167,11 @@ def ivf_hamming_knn(query: Codes, base: Codes, k: int, centres: Codes, nprobe: i
     map_jobs(run, pieces, workers, per_worker=64)
     if alone:
         return dist, idx, u_short
-    # mode="clip" (the indices are in range): "raise" would buffer ``out`` (numpy's take)
-    np.take(u_dist, inverse, axis=0, out=dist, mode="clip")
-    np.take(u_idx, inverse, axis=0, out=idx, mode="clip")
+    # mode="clip" (the indices are in range): "raise" would buffer ``out`` (numpy's take);
+    # each of the two n × K gathers in halves on two threads (numpy's take releases the GIL)
+    half = n // 2
+    map_jobs(lambda job: np.take(job[0], inverse[job[2]], axis=0, out=job[1][job[2]],
+                                 mode="clip"),
+             [(u, out_, rows) for u, out_ in ((u_dist, dist), (u_idx, idx))
+              for rows in (slice(0, half), slice(half, n))], workers)
     return dist, idx, u_short[inverse]

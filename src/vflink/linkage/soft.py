@@ -145,10 +145,16 @@ class _DrawAhead:
 
 def _scaled_noise(z: FloatArray, sigma: float, rho: FloatArray) -> FloatArray:
     """``perturb_similarities``'s values from its standard normal draws ``z``:
-    (0 + σ·z) + ρ, in that order, in place in ``z``."""
-    z *= sigma
-    z += 0.0  # Generator.normal(0, σ) is 0 + σ·z: the same bits (−0.0 becomes +0.0 too)
-    z += rho
+    (0 + σ·z) + ρ, in that order, in place in ``z`` (a large one in halves on two threads)."""
+    def scale(r: FloatArray, out: FloatArray) -> None:
+        out *= sigma
+        out += 0.0  # Generator.normal(0, σ) is 0 + σ·z: the same bits (−0.0 becomes +0.0 too)
+        out += r
+
+    if rho.shape == z.shape:
+        _in_halves(scale, rho, z)
+    else:
+        scale(rho, z)
     return z
 
 

@@ -118,3 +118,51 @@ def test_property_all_cells_equal_brute_force(data: st.DataObject) -> None:
     assert not short.any()
     np.testing.assert_array_equal(dist, want_d)
     np.testing.assert_array_equal(idx, want_i)
+
+
+def _first_occurrences(codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The reference: each distinct row's first row, in the rows' order, and each row's
+    number among them (a dictionary of the rows' bytes)."""
+    seen: dict[bytes, int] = {}
+    first, inverse = [], []
+    for i, row in enumerate(codes):
+        key = row.tobytes()
+        if key not in seen:
+            seen[key] = len(first)
+            first.append(i)
+        inverse.append(seen[key])
+    return np.asarray(first, dtype=np.int64), np.asarray(inverse, dtype=np.int64)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 80), st.sampled_from([1, 3, 8, 16, 24]), st.integers(1, 6),
+       st.integers(0, 2**31 - 1))
+def test_distinct_rows_are_numbered_by_their_first_row(n: int, width: int, values: int,
+                                                        seed: int) -> None:
+    """Rows drawn from few distinct ones (widths that are and are not whole 64-bit words)."""
+    from vflink.linkage.binary_ivf import _unique_rows
+
+    rng = np.random.default_rng(seed)
+    pool = rng.integers(0, 256, (values, width), dtype=np.uint8)
+    codes = pool[rng.integers(0, values, n)]
+    first, inverse = _unique_rows(codes)
+    want_first, want_inverse = _first_occurrences(codes)
+    np.testing.assert_array_equal(first, want_first)
+    np.testing.assert_array_equal(inverse, want_inverse)
+
+
+def test_different_rows_with_one_hash_are_told_apart() -> None:
+    """Two different 16-byte rows built to share the 64-bit hash the rows are first told
+    apart by: the rows themselves decide."""
+    from vflink.linkage.binary_ivf import _unique_rows
+
+    def mixed(w0: int) -> int:
+        h = (w0 * 0x9E3779B97F4A7C15) % 2**64
+        return h ^ (h >> 29)
+
+    w0, w1, v0 = 12345, 678, 99999
+    v1 = (w1 + mixed(w0) - mixed(v0)) % 2**64
+    codes = np.array([[w0, w1], [v0, v1], [w0, w1]], dtype=np.uint64).view(np.uint8)
+    first, inverse = _unique_rows(codes)
+    np.testing.assert_array_equal(first, [0, 1])
+    np.testing.assert_array_equal(inverse, [0, 1, 0])
