@@ -359,14 +359,16 @@ def _spread(values: Sequence[float]) -> dict[str, float]:
             "max": round(max(values), 3)}
 
 
-def case_command(threads: int, k: int, sizes: Sequence[str], repeat: int) -> None:
+def case_command(threads: int, k: int, sizes: Sequence[str], repeat: int,
+                 digits: int | None = None) -> None:
     """``vflink link`` (whole process: start, imports, read, link, write) at each size, with
     privacy off and with the private default, and ``vflink.link`` (a fresh process: the
     import of vflink and the link), each against ``cKDTree(secondary).query(primary, k,
     workers=2)`` timed in the same run (this process, just before; the API's in its own
     process, just after), ``repeat`` times: the median and range of each, of their ratio,
     the process's own peak RSS (wait4), each stage's seconds from the summary, and the links
-    the file holds."""
+    the file holds. ``digits``: the coordinates rounded to that many decimals, as listings
+    often give them (thousands of points at one place, distances tied to the last bit)."""
     import tempfile
     from pathlib import Path
 
@@ -378,6 +380,8 @@ def case_command(threads: int, k: int, sizes: Sequence[str], repeat: int) -> Non
     for size in sizes:
         n = COMMAND_SIZES[size]
         p, s = house_points(n / 141_050)
+        if digits is not None:
+            p, s = np.round(p, digits), np.round(s, digits)
         with tempfile.TemporaryDirectory() as tmp:
             d = Path(tmp)
             pd.DataFrame({"lat": p[:, 0], "lon": p[:, 1]}).to_parquet(d / "p.parquet")
@@ -427,6 +431,7 @@ def case_command(threads: int, k: int, sizes: Sequence[str], repeat: int) -> Non
                                   for stage in r[key][0]}
             print(json.dumps({
                 "case": "command", "size": size, "run": name, **report_sizes,
+                "rounded_to_decimals": digits,
                 "threads_kd": 2, "repeats": repeat,
                 "seconds": _spread(r["wall"]), "kd_tree_seconds": _spread(r["kd"]),
                 "ratio_to_kd_tree": _spread(r["ratio"]),
@@ -601,6 +606,8 @@ def main() -> None:
     ap.add_argument("--sizes", default="1e4,1e5,house",
                     help="the command case's sizes: 1e4, 1e5, house (comma-separated)")
     ap.add_argument("--repeat", type=int, default=3, help="the command and grouped cases' repeats")
+    ap.add_argument("--round", type=int, default=None, metavar="DIGITS",
+                    help="the command case's coordinates rounded to DIGITS decimals (ties)")
     args = ap.parse_args()
     if args.case == "all":
         # One subprocess per case so peak RSS is per case.
@@ -612,7 +619,8 @@ def main() -> None:
             subprocess.run(cmd, check=True)
         return
     if args.case == "command":
-        case_command(args.threads, args.k or 100, args.sizes.split(","), args.repeat)
+        case_command(args.threads, args.k or 100, args.sizes.split(","), args.repeat,
+                     args.round)
     elif args.case in ("cli", "cli-privacy-off"):
         # the default (keyed Bloom filters) and raw identifiers (--privacy off)
         case_cli(args.scale, args.threads, args.k or 100,

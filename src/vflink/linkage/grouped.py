@@ -106,15 +106,27 @@ def _rank(d2: FloatArray, cand: IntArray, k: int) -> tuple[FloatArray, IntArray]
     high = key >> np.uint64(bits)
     tied = (((high[:, :, 1:] == high[:, :, :-1]) | (dist[:, :, 1:] == dist[:, :, :-1]))
             & (square[:, :, 1:] != square[:, :, :-1])).any(axis=2)
-    if w > k:
-        tied |= _hidden_beyond(d2, high, square, dist, k, bits)
-    if tied.any():
-        at_b, at_g = np.nonzero(tied)
+    hidden = _hidden_beyond(d2, high, square, dist, k, bits) if w > k else None
+    if hidden is not None and hidden.any():
+        # the K nearest may lie beyond the first K + 1 keys: each such row sorted whole
+        at_b, at_g = np.nonzero(hidden)
         full = np.sqrt(d2[at_b, at_g])
         # the candidates are in index order: a stable sort by distance is (distance, index)
         o = np.argsort(full, axis=1, kind="stable")[:, :take]
         dist[at_b, at_g] = np.take_along_axis(full, o, 1)
         idx[at_b, at_g] = np.take_along_axis(cand[at_b], o, 1)
+        tied &= ~hidden
+    if tied.any():
+        # The K nearest are among the first K + 1 keys (nothing beyond shares the K-th key
+        # or distance), only out of order where near-equal squares share a key or equal
+        # distances come from different squares (rounded coordinates make such rows by the
+        # thousand): those K + 1 sorted by (distance, position), not the row's W.
+        rows = np.flatnonzero(tied)
+        flat_d, flat_i = dist.reshape(-1, take), idx.reshape(-1, take)  # views
+        near = flat_d[rows]
+        o = np.lexsort((pos.reshape(-1, take)[rows], near), axis=-1)
+        flat_d[rows] = np.take_along_axis(near, o, 1)
+        flat_i[rows] = np.take_along_axis(flat_i[rows], o, 1)
     return dist[:, :, :k], idx[:, :, :k]
 
 

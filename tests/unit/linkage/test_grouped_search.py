@@ -137,6 +137,23 @@ def test_a_run_of_equal_keys_across_the_kth_place_hides_nearer_points(k: int) ->
         _check(p, s, k, group=group)
 
 
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_equal_distances_from_squares_a_key_apart_come_in_index_order(k: int) -> None:
+    """Two points at the same distance whose squares are one unit in the last place apart,
+    across a boundary of the bits the sort keys keep (so the keys put the farther square
+    first), the nearer-keyed one at the higher index: the row must still be in (distance,
+    index) order, whether the pair is inside the first K + 1 keys or at the K-th place."""
+    a = (1.224744871391586, 2.384185791015625e-07)  # squared distance 1.5 + 223 ulp
+    b = (1.2247448713916094, 0.0)  # 1.5 + 224 ulp: another key, the same square root
+    assert a[0] ** 2 + a[1] ** 2 != b[0] ** 2 + b[1] ** 2
+    assert np.sqrt(a[0] ** 2 + a[1] ** 2) == np.sqrt(b[0] ** 2 + b[1] ** 2)
+    far = np.column_stack([np.arange(2.0, 20.0), np.zeros(18)])
+    s = np.concatenate([[b, a], far])
+    p = np.zeros((2, 2))
+    for group in (1, 2):
+        _check(p, s, k, group=group)
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.integers(1, 30), st.integers(2, 60), st.integers(0, 2**31 - 1))
 def test_points_a_few_ulps_apart_equal_brute_force(n: int, m: int, seed: int) -> None:
