@@ -44,6 +44,7 @@ from vflink.errors import ConfigError, DataError
 from vflink.linkage.blocking import padded_qgrams
 from vflink.linkage.encoding.raw import _as_2d
 from vflink.linkage.encoding.strings import normalize_string
+from vflink.linkage.grouped import cores, map_jobs
 
 __all__ = [
     "BLOOM_FORMAT_VERSION",
@@ -223,6 +224,8 @@ def bloom_numeric(values: npt.ArrayLike, *, secret: bytes, ranges: NumericRange,
     sizes = cfg.centres_per_dimension(ranges)
     out = np.empty((x.shape[0], sum(sizes) // 8), dtype=np.uint8)
     offset = 0
+    step = max(chunk_size, 65536)
+    jobs: list[tuple[int, int, int, float, npt.NDArray[np.float64], npt.NDArray[np.uint8]]] = []
     for j in range(d):
         t = cfg.threshold * (ranges.high[j] - ranges.low[j])
         centres = _centres(secret, j, sizes[j], ranges.low[j] - t, ranges.high[j] + t)
@@ -231,14 +234,22 @@ def bloom_numeric(values: npt.ArrayLike, *, secret: bytes, ranges: NumericRange,
         # prefix[m]: the packed block whose set bits are the m smallest centres
         rank = np.argsort(order)  # each bit's position among the sorted centres
         prefix = np.packbits(rank[None, :] < np.arange(sizes[j] + 1)[:, None], axis=1)
-        width = sizes[j] // 8
-        for start in range(0, x.shape[0], max(chunk_size, 65536)):
-            checkpoint()  # a served request whose caller gave up stops here
-            v = x[start:start + max(chunk_size, 65536), j]
-            lo, hi = _interval(v, ordered, t)
-            np.bitwise_xor(prefix[hi], prefix[lo],
-                           out=out[start:start + len(v), offset:offset + width])
-        offset += width
+        jobs.extend((j, start, offset, t, ordered, prefix)
+                    for start in range(0, x.shape[0], step))
+        offset += sizes[j] // 8
+
+    def encode(job: tuple[int, int, int, float, npt.NDArray[np.float64],
+                          npt.NDArray[np.uint8]]) -> None:
+        j, start, at, t, ordered, prefix = job
+        v = x[start:start + step, j]
+        lo, hi = _interval(v, ordered, t)
+        np.bitwise_xor(prefix[hi], prefix[lo],
+                       out=out[start:start + len(v), at:at + prefix.shape[1]])
+
+    # each job fills its own block of rows and bytes; numpy's searches, gathers and XOR
+    # release the GIL, so the jobs share two threads (map_jobs stops between rounds where a
+    # served request was cancelled)
+    map_jobs(encode, jobs, min(2, cores()))
     return out
 
 
