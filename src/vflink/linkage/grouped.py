@@ -106,7 +106,7 @@ def _rank(d2: FloatArray, cand: IntArray, k: int) -> tuple[FloatArray, IntArray]
     high = key >> np.uint64(bits)
     tied = (((high[:, :, 1:] == high[:, :, :-1]) | (dist[:, :, 1:] == dist[:, :, :-1]))
             & (square[:, :, 1:] != square[:, :, :-1])).any(axis=2)
-    hidden = _hidden_beyond(d2, high, square, dist, k, bits) if w > k else None
+    hidden = _beyond(d2, high, square, dist, tied, k, bits) if w > k else None
     if hidden is not None and hidden.any():
         # the K nearest may lie beyond the first K + 1 keys: each such row sorted whole
         at_b, at_g = np.nonzero(hidden)
@@ -130,27 +130,34 @@ def _rank(d2: FloatArray, cand: IntArray, k: int) -> tuple[FloatArray, IntArray]
     return dist[:, :, :k], idx[:, :, :k]
 
 
-def _hidden_beyond(d2: FloatArray, high: npt.NDArray[np.uint64], square: FloatArray,
-                   dist: FloatArray, k: int, bits: int) -> npt.NDArray[np.bool_]:
-    """Which queries' K-th place is wrong for all :func:`_rank` can tell from the first K + 1
-    keys: a run of equal keys (or of equal distances) that goes on past the K-th place may
-    hold, further on, a point that belongs before it (a smaller square behind a higher
-    position, or a lower index at the same distance from a different square). Only queries
-    whose K-th and next key or distance are equal are looked at, over all their
-    candidates: points tied exactly (equal squares: rounded coordinates make them by the
-    thousand) are in index order already and raise nothing."""
-    b, g, _ = d2.shape
-    out = np.zeros((b, g), dtype=bool)
-    edge = (high[:, :, k - 1] == high[:, :, k]) | (dist[:, :, k - 1] == dist[:, :, k])
-    if not edge.any():
-        return out
-    at_b, at_g = np.nonzero(edge)
-    rows = d2[at_b, at_g]
-    sq = square[at_b, at_g, k - 1][:, None]
-    other = rows != sq
-    same_key = (rows.view(np.uint64) >> np.uint64(bits)) == high[at_b, at_g, k - 1][:, None]
-    same_dist = np.sqrt(rows) == dist[at_b, at_g, k - 1][:, None]
-    out[at_b, at_g] = (other & (same_key | same_dist)).any(axis=1)
+def _beyond(d2: FloatArray, high: npt.NDArray[np.uint64], square: FloatArray,
+            dist: FloatArray, tied: npt.NDArray[np.bool_], k: int,
+            bits: int) -> npt.NDArray[np.bool_]:
+    """Which queries' K nearest may not all be among their first K + 1 keys (those rows are
+    then sorted whole). ``tied``: the rows whose first K + 1 are out of order among
+    themselves.
+
+    Where no run of equal keys goes on past the K-th place, every point beyond the first K
+    keys has a square of at least L = the (K + 1)-th key with its low bits cleared: the first
+    K are the K nearest when the farthest of them is nearer than √L (else a point further on
+    may be at the same distance, from another square, with a lower index). Where such a run
+    goes on, the whole row is looked at: a point of that run with another square (nearer or
+    not, behind a higher position), or at the run's distance from another square, may belong
+    before the K-th place. Points tied exactly (equal squares: rounded coordinates make them
+    by the thousand) are in index order already and raise nothing."""
+    crossing = high[:, :, k - 1] == high[:, :, k]
+    lower = np.sqrt((high[:, :, k] << np.uint64(bits)).view(np.float64))
+    # out of order among themselves, the first K's farthest is not necessarily the K-th
+    farthest = np.where(tied, dist[:, :, :k].max(axis=2), dist[:, :, k - 1])
+    out = ~crossing & ~(farthest < lower)
+    if crossing.any():
+        at_b, at_g = np.nonzero(crossing)
+        rows = d2[at_b, at_g]
+        sq = square[at_b, at_g, k - 1][:, None]
+        other = rows != sq
+        same_key = (rows.view(np.uint64) >> np.uint64(bits)) == high[at_b, at_g, k - 1][:, None]
+        same_dist = np.sqrt(rows) == np.sqrt(sq)
+        out[at_b, at_g] = (other & (same_key | same_dist)).any(axis=1)
     return out
 
 

@@ -165,3 +165,23 @@ def test_points_a_few_ulps_apart_equal_brute_force(n: int, m: int, seed: int) ->
     p = 1.0 + rng.integers(-20, 60, (n, 2)) * eps
     k = int(rng.integers(1, m + 1))
     _check(p, s, k, group=int(rng.choice([1, 2, 4, 16])))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(0, 2**31 - 1))
+def test_points_whose_squares_are_ulps_apart_equal_brute_force(seed: int) -> None:
+    """Points on a circle around the queries, each moved by a few units in the last place:
+    their squared distances are a few units apart (several per key, runs of equal keys with
+    different squares, equal distances from different squares across a key's boundary),
+    mixed with points further off; K from 2 (with K = 1 and more than 64 such points a query
+    takes cKDTree's own choice among them, see the module docstring)."""
+    rng = np.random.default_rng(seed)
+    m, far = int(rng.integers(20, 80)), int(rng.integers(0, 30))
+    y = rng.choice([0.0, *(2.0 ** -e for e in range(20, 30))], m)
+    x = np.sqrt(1.5 - y * y)
+    x = x + rng.integers(-6, 7, m) * np.spacing(x)
+    circle = np.column_stack([x, y]) * rng.choice([-1.0, 1.0], (m, 2))
+    s = np.concatenate([circle, rng.uniform(-5, 5, (far, 2))])
+    rng.shuffle(s)
+    p = np.zeros((int(rng.integers(1, 4)), 2))
+    _check(p, s, int(rng.integers(2, len(s) + 1)), group=int(rng.choice([1, 2, 4])))
