@@ -100,7 +100,7 @@ def _rho(d: FloatArray, mu0: float, sigma0: float, out: FloatArray) -> None:
 _THREADED = 1 << 21
 
 
-def _in_halves(fn: Any, x: FloatArray, out: FloatArray) -> None:
+def _in_halves(fn: Any, x: FloatArray, out: npt.NDArray[np.floating[Any]]) -> None:
     """``fn(x, out)`` elementwise, a large array in two threads (numpy releases the GIL in
     its loops; each element is computed as it would be in one)."""
     if x.size < _THREADED or (os.cpu_count() or 1) < 2 or not (x.flags.c_contiguous
