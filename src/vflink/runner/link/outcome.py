@@ -227,8 +227,8 @@ class LinkColumns(Mapping[str, npt.NDArray[Any]]):
             if made is None:
                 made = (np.repeat(np.arange(hi - lo, dtype=np.int64), k),
                         np.tile(np.arange(k, dtype=np.int64), hi - lo))
-                made[1].flags.writeable = False
                 if shared is not None:
+                    made[1].flags.writeable = False  # the chunks share it: nobody writes it
                     shared.clear()  # one length at a time: the last, shorter chunk's own
                     shared[hi - lo] = made
             rows, ranks = made
