@@ -105,3 +105,54 @@ def test_a_party_secret_is_kept_in_its_own_directory(tmp_path: Path) -> None:
     (tmp_path / "bad" / randomness.PARTY_SECRET_FILE).write_bytes(b"x")
     with pytest.raises(ValueError, match="32 bytes"):
         party_secret(tmp_path / "bad")
+
+
+def test_a_secret_fill_draws_its_first_block_from_its_own_stream_and_the_rest_fresh() -> None:
+    """SecretGenerator.standard_normal_fill: the first block is the generator's own next
+    draws, the others come from fresh secret streams (so the whole is not the stream's own
+    sequence), and the values have the standard normal's laws."""
+    g = randomness.secret_generator()
+    assert isinstance(g, randomness.SecretGenerator)
+    twin = np.random.Generator(type(g.bit_generator)(key=1, rounds=20))
+    twin.bit_generator.state = g.bit_generator.state  # the same stream from here
+    n = 4 * randomness._FILL_MIN
+    got = g.standard_normal_fill((n // 8, 8))
+    assert got.shape == (n // 8, 8) and got.dtype == np.float64
+    own = twin.standard_normal(n)
+    flat = got.reshape(-1)
+    half = n // 2
+    np.testing.assert_array_equal(flat[:half], own[:half])
+    assert not np.array_equal(flat[half:], own[half:])
+    assert abs(float(flat.mean())) < 0.005 and float(flat.std()) == pytest.approx(1.0, abs=0.005)
+    small = g.standard_normal_fill((10,))  # below the threshold: one stream
+    assert small.shape == (10,) and np.isfinite(small).all()
+
+
+def test_an_unseeded_links_noise_is_drawn_from_several_secret_streams(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Eq. 2's noise on a large linkage with the secret source goes through the parallel
+    fill; with a seed it is the seeded stream's own draws (test_link_speedups checks those
+    values)."""
+    from vflink.linkage.search import Neighbours
+    from vflink.linkage.soft import soft_linkage
+
+    calls: list[tuple[int, ...]] = []
+    fill = randomness.SecretGenerator.standard_normal_fill
+
+    def spy(self: randomness.SecretGenerator, shape: tuple[int, ...],
+            **kw: int) -> np.ndarray:
+        calls.append(shape)
+        return fill(self, shape, **kw)
+
+    monkeypatch.setattr(randomness.SecretGenerator, "standard_normal_fill", spy)
+    rng = np.random.default_rng(0)
+    d = np.sort(rng.uniform(0, 1, (30_000, 100)), axis=1)
+    nb = Neighbours(np.tile(np.arange(100), (30_000, 1)), d, exact=True)
+    lk = soft_linkage(nb, metric="euclidean", n_secondary=100, sigma=0.5,
+                      rng=randomness.secret_generator())
+    assert calls == [(30_000, 100)]
+    noise = lk.similarities - lk.raw_similarities()
+    assert float(noise.std()) == pytest.approx(0.5, rel=0.01)
+    calls.clear()
+    soft_linkage(nb, metric="euclidean", n_secondary=100, sigma=0.5, rng=7)
+    assert calls == []

@@ -36,7 +36,7 @@ from vflink.linkage.privacy import (
     theorem1_delta_limit,
 )
 from vflink.linkage.search import Neighbours
-from vflink.randomness import secret_generator
+from vflink.randomness import SecretGenerator, secret_generator
 from vflink.types import MISSING, Alignment
 
 __all__ = ["LinkMode", "SoftLinkage", "noise_scale", "normalize_similarities",
@@ -127,7 +127,10 @@ class _DrawAhead:
 
         def draw() -> None:
             try:
-                self._out = rng.standard_normal(shape)
+                # a secret stream's draws may come from several secret streams at once (no
+                # one can regenerate either); a seeded one's are its own, in order
+                self._out = (rng.standard_normal_fill(shape) if isinstance(rng, SecretGenerator)
+                             else rng.standard_normal(shape))
             except BaseException as exc:  # noqa: BLE001 - handed over by result()
                 self._error = exc
 
