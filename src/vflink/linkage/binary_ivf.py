@@ -169,9 +169,11 @@ def ivf_hamming_knn(query: Codes, base: Codes, k: int, centres: Codes, nprobe: i
         return dist, idx, u_short
     # mode="clip" (the indices are in range): "raise" would buffer ``out`` (numpy's take);
     # each of the two n × K gathers in halves on two threads (numpy's take releases the GIL)
-    half = n // 2
-    map_jobs(lambda job: np.take(job[0], inverse[job[2]], axis=0, out=job[1][job[2]],
-                                 mode="clip"),
-             [(u, out_, rows) for u, out_ in ((u_dist, dist), (u_idx, idx))
-              for rows in (slice(0, half), slice(half, n))], workers)
+    def gather(job: tuple[npt.NDArray[Any], npt.NDArray[Any], slice]) -> None:
+        distinct, every, rows = job
+        np.take(distinct, inverse[rows], axis=0, out=every[rows], mode="clip")
+
+    halves = (slice(0, n // 2), slice(n // 2, n))
+    map_jobs(gather, [(u_dist, dist, h) for h in halves] + [(u_idx, idx, h) for h in halves],
+             workers)
     return dist, idx, u_short[inverse]

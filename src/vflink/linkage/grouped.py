@@ -148,7 +148,9 @@ def _beyond(d2: FloatArray, high: npt.NDArray[np.uint64], square: FloatArray,
     crossing = high[:, :, k - 1] == high[:, :, k]
     lower = np.sqrt((high[:, :, k] << np.uint64(bits)).view(np.float64))
     # out of order among themselves, the first K's farthest is not necessarily the K-th
-    farthest = np.where(tied, dist[:, :, :k].max(axis=2), dist[:, :, k - 1])
+    farthest = dist[:, :, k - 1].copy()
+    if tied.any():
+        farthest[tied] = dist[tied][:, :k].max(axis=1)
     out = ~crossing & ~(farthest < lower)
     if crossing.any():
         at_b, at_g = np.nonzero(crossing)

@@ -210,12 +210,10 @@ def _row_estimates(linkage: SoftLinkage, sims: FloatArray,
         scaled similarities of their links at distance 0, how many); ``None`` where a row's
         minimum or maximum is not finite."""
         part = s[rows]
-        lo, hi = part.min(axis=1), part.max(axis=1)
-        if not (np.isfinite(lo).all() and np.isfinite(hi).all()):
+        scaling = _row_scaling(part)
+        if scaling is None:
             return None
-        span = hi - lo
-        flat = span <= 0
-        inv = np.where(flat, 0.0, 1.0 / np.where(flat, 1.0, span))  # a flat row scales to 0
+        lo, inv = scaling
         row_sum = float(((part.sum(axis=1) - k * lo) * inv).sum())
         first = float((1.0 - 2.0 * (part[:, 0] - lo) * inv).sum())
         picked_sum, picked = 0.0, 0
@@ -250,16 +248,26 @@ def _row_estimates(linkage: SoftLinkage, sims: FloatArray,
         else:
             continue
         out[name] = per_sum / max(1, n)
-    if others:
-        lo, hi = s.min(axis=1), s.max(axis=1)
-        span = hi - lo
-        flat = span <= 0
-        inv = np.where(flat, 0.0, 1.0 / np.where(flat, 1.0, span))
+    scaling = _row_scaling(s) if others else None
+    if scaling is not None:
+        lo, inv = scaling
         for name in others:
             rows, cols = np.nonzero(baseline_matches(linkage, name))
             picked = (s[rows, cols] - lo[rows]) * inv[rows]
             out[name] = (total + picked.size - 2.0 * float(picked.sum())) / max(1, n)
     return {name: out[name] for name in baselines}
+
+
+def _row_scaling(s: FloatArray) -> tuple[FloatArray, FloatArray] | None:
+    """Each row's minimum and 1 / (maximum − minimum) (0 for a flat row, which scales to 0):
+    row scaling is (s − min) · that; ``None`` where a row's minimum or maximum is not
+    finite."""
+    lo, hi = s.min(axis=1), s.max(axis=1)
+    if not (np.isfinite(lo).all() and np.isfinite(hi).all()):
+        return None
+    span = hi - lo
+    flat = span <= 0
+    return lo, np.where(flat, 0.0, 1.0 / np.where(flat, 1.0, span))
 
 
 #: Similarities per block of rows of :func:`_row_estimates` (float64: 2 MB, in the cache).

@@ -154,10 +154,7 @@ def _scaled_noise(z: FloatArray, sigma: float, rho: FloatArray) -> FloatArray:
         out += 0.0  # Generator.normal(0, σ) is 0 + σ·z: the same bits (−0.0 becomes +0.0 too)
         out += r
 
-    if rho.shape == z.shape:
-        _in_halves(scale, rho, z)
-    else:
-        scale(rho, z)
+    _in_halves(scale, rho, z)
     return z
 
 

@@ -104,13 +104,6 @@ def matches(ctx: LinkContext) -> LinkContext:
     return _receive(ctx)
 
 
-def _present(indices: npt.NDArray[np.int64]) -> int:
-    """The links present (indices ≥ 0): one pass for the minimum where none is missing."""
-    if not indices.size or indices.min() >= 0:
-        return int(indices.size)
-    return int(np.count_nonzero(indices >= 0))
-
-
 def _receive(ctx: LinkContext) -> LinkContext:
     """Send the request; the coordinator's linkage, the primary's alignment, the figures."""
     s, parties = ctx.settings, ctx.parties
@@ -128,7 +121,7 @@ def _receive(ctx: LinkContext) -> LinkContext:
     ctx.improvement = improvement_estimates(linkage) if s.mode == "soft" else {}
     ctx.communication = parties.communication()
     ctx.sizes = {"primary_rows": len(linkage), "secondary_rows": linkage.n_secondary,
-                 "top_k": s.top_k, "links": _present(linkage.indices)}
+                 "top_k": s.top_k}
     keep_p, keep_s = ctx.primary.keep, ctx.secondary.keep
     if keep_p is not None and keep_s is not None and not (keep_p.all() and keep_s.all()):
         linkage = _expand(ctx, linkage, keep_p, keep_s)
@@ -137,6 +130,7 @@ def _receive(ctx: LinkContext) -> LinkContext:
         _report_model(linkage.model, s)
     ctx.linkage = ctx.shown = linkage
     ctx.columns = columns = linkage_columns(linkage, view=s.view)
+    ctx.sizes["links"] = columns.rows  # the links present (a skipped row's are missing)
     for side, name in ((ctx.primary, "primary_id"), (ctx.secondary, "secondary_id")):
         if side.ids is not None:
             columns.add_ids(name, side.ids)
