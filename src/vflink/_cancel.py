@@ -12,7 +12,9 @@ algorithms call :func:`checkpoint` between chunks; it is a no-op outside a scope
 runs, tests, a library user's own calls), and otherwise raises :class:`~vflink.errors.Cancelled`
 once the caller is gone or the limit has passed. The scope is a :mod:`contextvars` variable, so
 it follows the serving thread and never leaks into another call; a worker pool's threads do
-not see it (their chunks are short, and the loop that collects them checks).
+not see it unless they run in a copy of the caller's context (the linkage's job pool does,
+:func:`vflink.linkage.grouped.map_jobs`; elsewhere their chunks are short, and the loop that
+collects them checks).
 
 This module is in the lowest layer (beside :mod:`vflink._checks`): algorithms may call
 :func:`checkpoint` without importing the transport or the parties.

@@ -93,3 +93,48 @@ def test_group_work_stops_at_the_next_chunk_when_the_caller_gives_up(workers: in
         assert np.array_equal(g.power(small, e), g._power_chunk(small, e))
     finally:
         g.close()
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_linkage_jobs_stop_at_the_next_job_when_the_caller_gives_up(workers: int) -> None:
+    """map_jobs' threads run in the caller's context: a served search whose caller gave up
+    stops at the next job, on every thread, and raises Cancelled."""
+    from vflink.linkage.grouped import map_jobs
+
+    done: list[int] = []
+    lock = threading.Lock()
+
+    def job(i: int) -> None:
+        time.sleep(0.001)
+        with lock:
+            done.append(i)
+
+    calls = [0]
+
+    def active() -> bool:  # the caller gives up after ten checks
+        with lock:
+            calls[0] += 1
+            return calls[0] <= 10
+
+    with work_scope(is_active=active), pytest.raises(Cancelled):
+        map_jobs(job, list(range(1000)), workers)
+    assert 10 - workers < len(done) <= 10  # the jobs checked in before it gave up
+    done.clear()
+    map_jobs(job, list(range(1000)), workers)  # without a scope every job runs, once
+    assert sorted(done) == list(range(1000))
+
+
+def test_linkage_jobs_stop_at_the_first_error() -> None:
+    from vflink.linkage.grouped import map_jobs
+
+    ran: list[int] = []
+
+    def job(i: int) -> None:
+        if i == 3:
+            raise ValueError("job 3 failed")
+        time.sleep(0.001)
+        ran.append(i)
+
+    with pytest.raises(ValueError, match="job 3 failed"):
+        map_jobs(job, list(range(500)), 2)
+    assert len(ran) < 20  # the other thread stopped at its next job

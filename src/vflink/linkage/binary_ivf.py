@@ -163,8 +163,7 @@ def ivf_hamming_knn(query: Codes, base: Codes, k: int, centres: Codes, nprobe: i
         u_dist[rows] = key >> shift
         u_idx[rows] = cand[(key & low).astype(np.intp)]
 
-    # small jobs (a piece each): many per thread at a time
-    map_jobs(run, pieces, workers, per_worker=64)
+    map_jobs(run, pieces, workers)
     if alone:
         return dist, idx, u_short
     # mode="clip" (the indices are in range): "raise" would buffer ``out`` (numpy's take);

@@ -247,7 +247,7 @@ def bloom_numeric(values: npt.ArrayLike, *, secret: bytes, ranges: NumericRange,
                        out=out[start:start + len(v), at:at + prefix.shape[1]])
 
     # each job fills its own block of rows and bytes; numpy's searches, gathers and XOR
-    # release the GIL, so the jobs share two threads (map_jobs stops between rounds where a
+    # release the GIL, so the jobs share two threads (map_jobs stops at the next job where a
     # served request was cancelled)
     map_jobs(encode, jobs, min(2, cores()))
     return out
