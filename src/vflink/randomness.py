@@ -56,6 +56,8 @@ import numpy as np
 import numpy.typing as npt
 from randomgen import ChaCha
 
+from vflink._threads import MAX_PASS_THREADS, cores
+
 FloatArray = npt.NDArray[np.float64]
 
 if TYPE_CHECKING:
@@ -114,11 +116,15 @@ class SecretGenerator(np.random.Generator):
     fills a large one from several such streams at once (one thread each), where a seeded
     generator must give its own stream's values in order."""
 
-    def standard_normal_fill(self, shape: tuple[int, ...], *, threads: int = 2) -> FloatArray:
+    def standard_normal_fill(self, shape: tuple[int, ...], *,
+                             threads: int | None = None) -> FloatArray:
         """Standard normals of ``shape``: the first block of rows from this stream, each other
         block from a fresh secret ChaCha20 stream, the blocks drawn at once on ``threads``
-        threads (each Generator releases the GIL while it fills; ChaCha20 in software made
-        this the private link's slowest draw: 0.49 s for 14 M normals on one core)."""
+        threads (default: one per core, at most eight; each Generator releases the GIL while
+        it fills; ChaCha20 in software made this the private link's slowest draw: 0.49 s for
+        14 M normals on one core)."""
+        if threads is None:
+            threads = min(cores(), MAX_PASS_THREADS)
         out = np.empty(shape, dtype=np.float64)
         flat = out.reshape(-1)
         parts = max(1, min(threads, flat.size // _FILL_MIN or 1))

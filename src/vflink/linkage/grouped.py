@@ -33,7 +33,6 @@ whose choice among the points tied at the K-th distance is its own.
 from __future__ import annotations
 
 import contextvars
-import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -43,6 +42,7 @@ import numpy as np
 import numpy.typing as npt
 
 from vflink._cancel import checkpoint
+from vflink._threads import cores
 
 __all__ = ["GROUP", "cores", "grouped_knn", "map_jobs"]
 
@@ -277,13 +277,6 @@ def _search(query: FloatArray, rows: IntArray, base: FloatArray, k: int, tree: A
 
     map_jobs(run, jobs, workers)
     return members[spread][valid[spread]]
-
-
-def cores() -> int:
-    """The cores this process may run on (its affinity), at least one."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0)) or 1
-    return os.cpu_count() or 1  # pragma: no cover - platforms without affinity
 
 
 def map_jobs(fn: Callable[[Any], None], jobs: list[Any], workers: int) -> None:

@@ -28,7 +28,6 @@ Assumptions, stated because the paper leaves them open:
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
@@ -37,6 +36,7 @@ import numpy as np
 import numpy.typing as npt
 
 from vflink._files import atomic_open
+from vflink._threads import cores
 from vflink.errors import ConfigError
 from vflink.linkage.soft import SoftLinkage
 from vflink.registry import Registry
@@ -225,10 +225,11 @@ def _row_estimates(linkage: SoftLinkage, sims: FloatArray,
 
     step = max(1, _ROW_BLOCK // k)
     blocks = [slice(a, min(n, a + step)) for a in range(0, n, step)]
-    if len(blocks) > 1 and (os.cpu_count() or 1) > 1:
+    threads = min(len(blocks), cores())
+    if threads > 1:
         from concurrent.futures import ThreadPoolExecutor
 
-        with ThreadPoolExecutor(2) as pool:
+        with ThreadPoolExecutor(threads) as pool:
             parts = list(pool.map(block, blocks))
     else:
         parts = [block(b) for b in blocks]

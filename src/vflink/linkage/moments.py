@@ -32,10 +32,11 @@ former bit-by-bit integer split (the same sums, bit for bit; tests compare both 
 from __future__ import annotations
 
 import math
-import os
 
 import numpy as np
 import numpy.typing as npt
+
+from vflink._threads import pass_threads
 
 __all__ = ["ExactSum", "exact_moments"]
 
@@ -102,22 +103,21 @@ class ExactSum:
         return self.total / (self.count << _UNIT)
 
 
-#: Terms from which a sum is split between two threads (numpy releases the GIL in its loops;
-#: the halves' exact sums add up to the same number).
-_THREADED_TERMS = 1 << 21
-
-
 def _exact_total(x: npt.NDArray[np.float64], *, minus: float | None = None) -> int:
     """The exact sum of ``x`` (of ``(x − minus)²`` with each term rounded as numpy rounds it,
-    when ``minus`` is given), in units of 2^-1127; a large ``x`` in two threads."""
-    if x.size >= _THREADED_TERMS and (os.cpu_count() or 1) > 1:
+    when ``minus`` is given), in units of 2^-1127; a large ``x`` in pieces of whole blocks, one
+    thread per core (numpy releases the GIL in its loops; the pieces' exact sums add up to the
+    same number)."""
+    threads = pass_threads(x.size)
+    if threads > 1:
         from concurrent.futures import ThreadPoolExecutor
 
-        half = (x.size // 2 // _BLOCK) * _BLOCK
-        with ThreadPoolExecutor(2) as pool:
-            parts = list(pool.map(lambda part: _serial_total(part, minus),
-                                  (x[:half], x[half:])))
-        return parts[0] + parts[1]
+        blocks = -(-x.size // _BLOCK)
+        bounds = [min(x.size, blocks * i // threads * _BLOCK) for i in range(threads + 1)]
+        with ThreadPoolExecutor(threads) as pool:
+            parts = list(pool.map(lambda r: _serial_total(x[r[0]:r[1]], minus),
+                                  zip(bounds[:-1], bounds[1:], strict=True)))
+        return sum(parts)
     return _serial_total(x, minus)
 
 

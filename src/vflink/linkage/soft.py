@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -25,6 +24,7 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
+from vflink._threads import PASS_MIN, pass_threads
 from vflink.errors import ConfigError
 from vflink.linkage.moments import exact_moments
 from vflink.linkage.privacy import (
@@ -82,7 +82,7 @@ def normalize_similarities(distances: npt.ArrayLike, *,
         mu0 = -mean
     if sigma0 > 0.0:
         rho = np.empty_like(d)
-        _in_halves(lambda a, out: _rho(a, mu0, sigma0, out), d, rho)
+        _in_parts(lambda a, out: _rho(a, mu0, sigma0, out), d, rho)
     else:
         rho = np.where(np.isfinite(d) if valid is None else valid, 0.0, np.nan)
     return rho, mu0, sigma0
@@ -90,29 +90,27 @@ def normalize_similarities(distances: npt.ArrayLike, *,
 
 def _rho(d: FloatArray, mu0: float, sigma0: float, out: FloatArray) -> None:
     """Eq. 1 into ``out``: (−d − μ0) / σ0, in this order of operations (a streamed link's
-    chunks compute the very same bits)."""
-    np.negative(d, out=out)
-    out -= mu0
+    chunks compute the very same bits). The numerator is computed as (−μ0) − d, one pass
+    instead of a negation and a subtraction: the same sum of −d and −μ0, so the same bits
+    (a zero included: x − x is +0 either way)."""
+    np.subtract(-mu0, d, out=out)
     out /= sigma0
 
 
-#: Elements from which an elementwise pass is split between two threads.
-_THREADED = 1 << 21
-
-
-def _in_halves(fn: Any, x: FloatArray, out: npt.NDArray[np.floating[Any]]) -> None:
-    """``fn(x, out)`` elementwise, a large array in two threads (numpy releases the GIL in
-    its loops; each element is computed as it would be in one)."""
-    if x.size < _THREADED or (os.cpu_count() or 1) < 2 or not (x.flags.c_contiguous
-                                                                and out.flags.c_contiguous):
+def _in_parts(fn: Any, x: FloatArray, out: npt.NDArray[np.floating[Any]]) -> None:
+    """``fn(x, out)`` elementwise, a large array in contiguous pieces on one thread per core
+    (numpy releases the GIL in its loops; each element is computed as it would be whole)."""
+    threads = pass_threads(x.size)
+    if threads == 1 or not (x.flags.c_contiguous and out.flags.c_contiguous):
         fn(x, out)
         return
     from concurrent.futures import ThreadPoolExecutor
 
     flat, dest = x.reshape(-1), out.reshape(-1)
-    half = flat.size // 2
-    with ThreadPoolExecutor(2) as pool:
-        list(pool.map(lambda r: fn(flat[r], dest[r]), (slice(0, half), slice(half, None))))
+    bounds = [flat.size * i // threads for i in range(threads + 1)]
+    pieces = [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(lambda r: fn(flat[r], dest[r]), pieces))
 
 
 class _DrawAhead:
@@ -154,7 +152,7 @@ def _scaled_noise(z: FloatArray, sigma: float, rho: FloatArray) -> FloatArray:
         out += 0.0  # Generator.normal(0, σ) is 0 + σ·z: the same bits (−0.0 becomes +0.0 too)
         out += r
 
-    _in_halves(scale, rho, z)
+    _in_parts(scale, rho, z)
     return z
 
 
@@ -270,7 +268,7 @@ class SoftLinkage:
         similarity = None
         if include_similarity:
             similarity = np.empty(self.similarities.shape, dtype=np.float32)
-            _in_halves(lambda a, out: np.copyto(out, a, casting="same_kind"),
+            _in_parts(lambda a, out: np.copyto(out, a, casting="same_kind"),
                        np.ascontiguousarray(self.similarities, dtype=np.float64), similarity)
         return Alignment(
             primary_index=np.arange(len(self), dtype=np.int64),
@@ -331,7 +329,7 @@ def soft_linkage(
     # standard normal z), so a thread of its own draws z meanwhile; the values are those of
     # perturb_similarities, and the draws stay this generator's, in order
     ahead = _DrawAhead(generator, distances.shape) if (
-        distances.size >= _THREADED and ((tau is not None and tau < 1.0) or bool(sigma))) \
+        distances.size >= PASS_MIN and ((tau is not None and tau < 1.0) or bool(sigma))) \
         else None
     clock = time.perf_counter()
     rho, mu0, sigma0 = normalize_similarities(distances, scale=scale)

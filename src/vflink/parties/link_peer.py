@@ -240,9 +240,11 @@ class LinkingPeer(Party):
         """Remember which of our rows are linked with ``peer`` (a primary); its requests for
         other rows are refused, and a primary without such an alignment gets nothing."""
         idx = np.asarray(secondary_index).ravel()
-        if idx.size and idx.min() == MISSING:  # (no masked copy when every link is present)
+        lowest = idx.min() if idx.size else 0
+        if lowest == MISSING:  # (no masked copy when every link is present)
             idx = idx[idx != MISSING]
-        if idx.size and (idx.min() < 0 or idx.max() >= len(self.table)):
+            lowest = idx.min() if idx.size else 0
+        if idx.size and (lowest < 0 or idx.max() >= len(self.table)):
             raise ProtocolError(f"party {self.name!r}: alignment refers to rows outside "
                                 f"[0, {len(self.table)})")
         mask = np.zeros(len(self.table), dtype=bool)

@@ -212,11 +212,11 @@ def test_noise_drawn_ahead_equals_the_plain_draws(monkeypatch: pytest.MonkeyPatc
     from vflink.linkage.search import Neighbours
 
     rng = np.random.default_rng(4)
-    d = np.sort(rng.gamma(3.0, 100.0, (soft._THREADED // 50 + 7, 50)), axis=1)
+    d = np.sort(rng.gamma(3.0, 100.0, (soft.PASS_MIN // 50 + 7, 50)), axis=1)
     n = Neighbours(np.zeros(d.shape, dtype=np.int64), d, exact=True)
     ahead = soft.soft_linkage(n, metric="euclidean", n_secondary=50, tau=tau, sigma=sigma,
                               rng=11)
-    monkeypatch.setattr(soft, "_THREADED", 1 << 60)
+    monkeypatch.setattr(soft, "PASS_MIN", 1 << 60)
     plain = soft.soft_linkage(n, metric="euclidean", n_secondary=50, tau=tau, sigma=sigma,
                               rng=11)
     assert ahead.sigma == plain.sigma and (ahead.sigma > 0) == (tau is not None or

@@ -87,12 +87,14 @@ def test_non_finite_values_are_refused() -> None:
             ExactSum().add(np.array([1.0, bad]))
 
 
-def test_two_threads_give_the_serial_bits(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("threads", [2, 3, 8])
+def test_threads_give_the_serial_bits(monkeypatch: pytest.MonkeyPatch, threads: int) -> None:
     rng = np.random.default_rng(7)
-    d = np.abs(rng.normal(0.05, 0.02, moments._THREADED_TERMS + 12_345))
+    d = np.abs(rng.normal(0.05, 0.02, 3 * (1 << 16) + 12_345))
     d[::1000] = 0.0
+    monkeypatch.setattr(moments, "pass_threads", lambda size: threads)
     threaded = exact_moments(d)
-    monkeypatch.setattr(moments, "_THREADED_TERMS", 1 << 60)
+    monkeypatch.setattr(moments, "pass_threads", lambda size: 1)
     assert exact_moments(d) == threaded  # each path exact (the oracle tests above)
 
 
