@@ -46,8 +46,11 @@ K = 10) within 5 % of the exact search's time (recall measurement aside).
 All searches work on chunks of primary rows so memory stays bounded. Rows of the result are
 sorted by (distance, secondary index). Exact searches recompute the distances of the returned
 neighbours in float64 (faiss works in float32), so exact results equal brute force up to ties at
-the K-th position. Approximate searches measure their recall@K against brute force on a sample of
-primary rows and report it in :attr:`Neighbours.recall`.
+the K-th position: faiss's flat index picks K and a margin in float32, the K nearest of those
+are kept in float64, and a row whose float32 scores cannot rule out a point left out (points
+closer together than float32 can tell: near the antipode, or far from the origin) is searched
+again in float64 over every point. Approximate searches measure their recall@K against brute
+force on a sample of primary rows and report it in :attr:`Neighbours.recall`.
 """
 
 from __future__ import annotations
@@ -441,6 +444,12 @@ def _dense_search(
     faiss = _faiss()
     center = base.mean(axis=0)
     xb = np.ascontiguousarray(base - center, dtype=np.float32)
+    exact = options.mode == "exact"
+    # An exact search picks in float32 more than K (``pick``), then keeps the K nearest in
+    # float64; a row is certain only if no point faiss left out can be as near (see
+    # _uncertain); the others are searched in float64 over every point.
+    pick = min(base.shape[0], k + max(8, k // 4)) if exact else k
+    reach = float(np.sqrt(np.einsum("ij,ij->i", xb, xb, dtype=np.float64).max(initial=0.0)))
     with _faiss_threads(options.threads):
         index = _dense_index(xb, options)
         exact_index: Any = None
@@ -448,7 +457,7 @@ def _dense_search(
             checkpoint()  # a served request whose caller gave up stops here
             stop = min(n, start + options.chunk_size)
             xq = np.ascontiguousarray(query[start:stop] - center, dtype=np.float32)
-            _, found = index.search(xq, k)
+            scores, found = index.search(xq, pick)
             missing = (found < 0).any(axis=1)
             if missing.any():
                 # IVF can return fewer than k hits when the probed cells are small; finish those
@@ -457,9 +466,64 @@ def _dense_search(
                     exact_index = faiss.IndexFlatL2(xb.shape[1])
                     exact_index.add(xb)
                 _, found[missing] = exact_index.search(xq[missing], k)
-            d = rowwise(query[start:stop], base[found])
-            dist[start:stop], idx[start:stop] = _sort_rows(d, found.astype(np.int64))
-    return Neighbours(idx, dist, exact=options.mode == "exact")
+            q = query[start:stop]
+            d = rowwise(q, base[found])
+            d, found = _sort_rows(d, found.astype(np.int64))
+            d, found = d[:, :k], found[:, :k]
+            if exact and pick < base.shape[0]:
+                unsure = _uncertain(q, base, xq, scores[:, -1], found[:, -1], reach)
+                if unsure.any():
+                    d[unsure], found[unsure] = _rows_in_float64(q[unsure], base, k, rowwise)
+            dist[start:stop], idx[start:stop] = d, found
+    return Neighbours(idx, dist, exact=exact)
+
+
+#: Unit roundoff of float32, doubled: a generous bound on each float32 operation's error.
+_F32 = 2.0 ** -23
+
+
+def _uncertain(query: FloatArray, base: FloatArray, xq: npt.NDArray[np.float32],
+               last_score: npt.NDArray[np.float32], kth: IntArray,
+               reach: float) -> npt.NDArray[np.bool_]:
+    """Rows of a float32 pick whose K nearest may lie outside it.
+
+    faiss scored every point in float32 (‖q'‖² + ‖y'‖² − 2q'·y' on the centred coordinates
+    rounded to float32, or the plain sum of squares) and left out only points scoring at
+    least the last picked one's ``last_score``. Such a score is within
+    ``E = 4(d + 4)·u·(‖q'‖ + R)²`` of the rounded points' squared distance (u the float32
+    unit roundoff, R the largest centred base norm), and rounding moved the points' difference
+    by at most ``δ = 2u(‖q'‖ + R)``; so a point left out is at least
+    ``√(last_score − E) − δ`` from the query. A row is certain when its K-th nearest, in
+    float64, is nearer than that (by a relative margin that keeps a monotone change of unit,
+    chord to km, from making a tie)."""
+    norm = np.sqrt(np.einsum("ij,ij->i", xq, xq, dtype=np.float64))
+    span = norm + reach
+    error = 4.0 * (query.shape[1] + 4) * _F32 * span * span
+    bound = np.sqrt(np.maximum(last_score.astype(np.float64) - error, 0.0)) - 2.0 * _F32 * span
+    diff = base[kth] - query
+    kth_dist = np.sqrt(np.einsum("ij,ij->i", diff, diff))
+    return ~(kth_dist * (1.0 + 1e-9) < bound)
+
+
+def _rows_in_float64(query: FloatArray, base: FloatArray, k: int,
+                     rowwise: Callable[[FloatArray, FloatArray], FloatArray]
+                     ) -> tuple[FloatArray, IntArray]:
+    """The K nearest of every ``base`` point for each of ``query``'s rows, in float64, ordered
+    by (distance, index): the rows a float32 pick could not settle."""
+    n, m = query.shape[0], base.shape[0]
+    dist = np.empty((n, k))
+    idx = np.empty((n, k), dtype=np.int64)
+    step = max(1, (1 << 22) // max(1, m * base.shape[1]))
+    every = np.arange(m, dtype=np.int64)
+    for start in range(0, n, step):
+        checkpoint()
+        rows = slice(start, min(n, start + step))
+        d = rowwise(query[rows], np.broadcast_to(base, (rows.stop - rows.start, m,
+                                                        base.shape[1])))
+        order = np.lexsort((np.broadcast_to(every, d.shape), d), axis=-1)[:, :k]
+        dist[rows] = np.take_along_axis(d, order, 1)
+        idx[rows] = order
+    return dist, idx
 
 
 def kdtree_class() -> Any:

@@ -244,3 +244,25 @@ def test_threads_setting_is_restored() -> None:
     before = faiss.omp_get_max_threads()
     search_euclidean(np.zeros((3, 2)), np.ones((3, 2)), 1, options=SearchOptions(threads=1))
     assert faiss.omp_get_max_threads() == before
+
+
+def test_a_float32_pick_that_cannot_tell_points_apart_is_settled_in_float64() -> None:
+    """Near the antipode a chord's float32 square cannot tell points kilometres apart (4 − x²
+    loses x), and far from the origin neither can a float32 Euclidean score: the flat index
+    must still return what brute force returns."""
+    rng = np.random.default_rng(5)
+    # 60 places within ~2 km of the query's antipode; the nearest to the query is the
+    # farthest from the antipode
+    s = np.column_stack([rng.uniform(-0.02, 0.02, 60), rng.uniform(-0.02, 0.02, 60)])
+    p = np.array([[0.0, 180.0], [0.05, -179.9]])
+    for k in (1, 5):
+        fast = search_haversine(p, s, k, options=SearchOptions(dense_index="flat"))
+        _assert_same(fast, METRICS.get("haversine").brute(p, s, k), atol=1e-6)
+        np.testing.assert_array_equal(fast.indices,
+                                      METRICS.get("haversine").brute(p, s, k).indices)
+    # 6-D points around 1e4 that differ in the 4th decimal: float32 keeps about 1e-3 there
+    base = 1e4 + rng.integers(0, 50, (400, 6)) * 1e-4
+    query = 1e4 + rng.integers(0, 50, (30, 6)) * 1e-4
+    fast = search_euclidean(query, base, 7, options=SearchOptions(dense_index="flat"))
+    slow = brute_euclidean(query, base, 7)
+    np.testing.assert_allclose(fast.distances, slow.distances, rtol=1e-12, atol=0)
