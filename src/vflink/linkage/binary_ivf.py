@@ -132,9 +132,12 @@ def ivf_hamming_knn(query: Codes, base: Codes, k: int, centres: Codes, nprobe: i
     pieces = [order[at:at + GROUP] for at in range(0, len(order), GROUP)]
     d_bits = (8 * nbytes).bit_length()
     faiss = _faiss()
-    u_dist = np.empty((len(uq), k), dtype=dist.dtype) if not alone else dist
-    u_idx = np.empty((len(uq), k), dtype=np.int64) if not alone else idx
     u_short = np.zeros(len(uq), dtype=bool)
+    # each distinct query's rows (its copies), so that a piece writes every copy's row while
+    # its K nearest are in the cache: no n × K pass that copies them out afterwards
+    copies = np.argsort(inverse, kind="stable") if not alone else None
+    counts = np.bincount(inverse, minlength=len(uq)) if not alone else None
+    begins = np.concatenate(([0], np.cumsum(counts)[:-1])) if counts is not None else None
 
     def run(rows: IntArray) -> None:
         probed = np.flatnonzero(np.bincount(cells[rows].reshape(-1), minlength=nlist))
@@ -160,19 +163,15 @@ def ivf_hamming_knn(query: Codes, base: Codes, k: int, centres: Codes, nprobe: i
             key = np.partition(key, k - 1, axis=1)[:, :k]
         key.sort(axis=1)
         key = key[:, :k]
-        u_dist[rows] = key >> shift
-        u_idx[rows] = cand[(key & low).astype(np.intp)]
+        got_d, got_i = key >> shift, cand[(key & low).astype(np.intp)]
+        if copies is None or counts is None or begins is None:
+            dist[rows], idx[rows] = got_d, got_i
+            return
+        many = counts[rows]
+        first_of = np.repeat(np.cumsum(many) - many, many)
+        at = copies[np.repeat(begins[rows], many) + np.arange(int(many.sum())) - first_of]
+        which = np.repeat(np.arange(len(rows)), many)
+        dist[at], idx[at] = got_d[which], got_i[which]
 
     map_jobs(run, pieces, workers)
-    if alone:
-        return dist, idx, u_short
-    # mode="clip" (the indices are in range): "raise" would buffer ``out`` (numpy's take);
-    # each of the two n × K gathers in halves on two threads (numpy's take releases the GIL)
-    def gather(job: tuple[npt.NDArray[Any], npt.NDArray[Any], slice]) -> None:
-        distinct, every, rows = job
-        np.take(distinct, inverse[rows], axis=0, out=every[rows], mode="clip")
-
-    halves = (slice(0, n // 2), slice(n // 2, n))
-    map_jobs(gather, [(u_dist, dist, h) for h in halves] + [(u_idx, idx, h) for h in halves],
-             workers)
-    return dist, idx, u_short[inverse]
+    return dist, idx, u_short if alone else u_short[inverse]

@@ -44,7 +44,7 @@ import numpy.typing as npt
 from vflink._cancel import checkpoint
 from vflink._threads import cores
 
-__all__ = ["GROUP", "cores", "grouped_knn", "map_jobs"]
+__all__ = ["GROUP", "grouped_knn", "map_jobs"]
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]

@@ -70,6 +70,7 @@ from rapidfuzz.distance import Levenshtein
 
 from vflink._cancel import checkpoint
 from vflink._checks import check_choice, check_int, raise_if
+from vflink._threads import cores
 from vflink.errors import LinkageError
 from vflink.linkage.binary_ivf import ivf_hamming_knn
 from vflink.linkage.blocking import lcs_lower_bounds, length_window
@@ -81,7 +82,7 @@ from vflink.linkage.distances import (
     latlon_to_unit,
     levenshtein_distances,
 )
-from vflink.linkage.grouped import cores, grouped_knn
+from vflink.linkage.grouped import grouped_knn
 from vflink.registry import Registry
 
 __all__ = [

@@ -40,11 +40,12 @@ import numpy.typing as npt
 
 from vflink._cancel import checkpoint
 from vflink._checks import check_choice, check_float, check_int, raise_if
+from vflink._threads import cores
 from vflink.errors import ConfigError, DataError
 from vflink.linkage.blocking import padded_qgrams
 from vflink.linkage.encoding.raw import _as_2d
 from vflink.linkage.encoding.strings import normalize_string
-from vflink.linkage.grouped import cores, map_jobs
+from vflink.linkage.grouped import map_jobs
 
 __all__ = [
     "BLOOM_FORMAT_VERSION",
