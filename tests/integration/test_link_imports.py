@@ -99,3 +99,23 @@ def test_a_link_process_exits_with_its_code_its_output_and_atexit_handlers(
     again = _entry(args, tmp_path)  # the output exists: a usage error, its message, code 2
     assert again.returncode == 2 and "already exists" in again.stderr
     assert (tmp_path / "atexit-ran").read_text() == "yes"
+
+
+def test_a_link_over_an_old_dataset_exits_once_the_old_one_is_deleted(
+        tables: tuple[Path, Path], tmp_path: Path) -> None:
+    """``--overwrite`` over a partitioned dataset: the old one, moved aside and deleted in a
+    thread of its own, is gone when the fast exit has ended the process."""
+    p, s = tables
+    out = tmp_path / "links.parquet"
+    base = ["link", "--primary", str(p), "--secondary", str(s), "--on", "lat,lon",
+            "--metric", "euclidean", "--top-k", "5", "--privacy", "off", "--out", str(out),
+            "--parts"]
+    for _ in range(2):
+        done = _entry([*base, "--overwrite"], tmp_path)
+        assert done.returncode == 0, done.stderr
+        assert (tmp_path / "atexit-ran").read_text() == "yes"
+        (tmp_path / "atexit-ran").unlink()
+    from vflink.data.parts import read_parts
+
+    assert out.is_dir() and read_parts(out).num_rows == 1500
+    assert sorted(x.name for x in tmp_path.iterdir() if x.name.startswith(".")) == []

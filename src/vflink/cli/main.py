@@ -119,16 +119,20 @@ def entry() -> NoReturn:
 
 
 def exit_now(code: int) -> NoReturn:
-    """End the process with ``code`` once every atexit handler has run (logging's flush
-    among them) and stdout and stderr are flushed, without clearing the interpreter's
-    modules; the ordinary ``sys.exit`` where another thread still runs (it would be cut
-    short) or this Python has no ``atexit._run_exitfuncs``."""
+    """End the process with ``code`` the way the interpreter's exit begins, without clearing
+    its modules: the threads' own exit hooks (a pool's idle workers stop) and every
+    non-daemon thread joined (the old output of ``--overwrite``, deleted in a thread of its
+    own, is gone when this returns), then every atexit handler (logging's flush among them),
+    then stdout and stderr flushed. The ordinary ``sys.exit`` where this is not the main
+    thread or this Python lacks ``threading._shutdown`` or ``atexit._run_exitfuncs``."""
     import atexit
     import threading
 
     run = getattr(atexit, "_run_exitfuncs", None)
-    if run is None or threading.active_count() > 1:
+    join = getattr(threading, "_shutdown", None)
+    if run is None or join is None or threading.current_thread() is not threading.main_thread():
         sys.exit(code)
+    join()  # what Python's own finalisation does first (then its atexit calls)
     run()
     for stream in (sys.stdout, sys.stderr):
         try:
