@@ -54,3 +54,39 @@ def test_elsewhere_it_changes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(_heap.sys, "platform", "darwin")
     assert _heap.keep_large_blocks_mapped() is False
+
+
+BATCH_PROBE = r"""
+import ctypes, sys
+libc = ctypes.CDLL(None)
+class Info(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd",
+                "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+libc.mallinfo2.restype = Info
+libc.malloc.restype = ctypes.c_void_p
+libc.malloc.argtypes = [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+if sys.argv[1] == "batch":
+    from vflink.cli._heap import keep_batch_blocks
+    assert keep_batch_blocks()
+before = libc.mallinfo2().hblks
+block = libc.malloc(8 << 20)   # a batch's block: a mapping of its own with glibc's default
+mapped = libc.mallinfo2().hblks - before
+libc.free(block)
+print(mapped, int(libc.mallinfo2().keepcost >= 8 << 20))  # its pages kept for the next one
+"""
+
+
+@pytest.mark.skipif(not _glibc_with_mallinfo2(), reason="needs glibc ≥ 2.33 (mallinfo2)")
+@pytest.mark.parametrize(("mode", "seen"), [("default", "1 0"), ("batch", "0 1")])
+def test_a_links_batch_blocks_come_from_the_arena_and_stay_there(mode: str, seen: str) -> None:
+    out = subprocess.run([sys.executable, "-c", BATCH_PROBE, mode], capture_output=True,
+                         text=True, check=True)
+    assert out.stdout.strip() == seen
+
+
+def test_elsewhere_the_links_setting_changes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    from vflink.cli import _heap
+
+    monkeypatch.setattr(_heap.sys, "platform", "darwin")
+    assert _heap.keep_batch_blocks() is False

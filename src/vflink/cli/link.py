@@ -421,6 +421,9 @@ def run(args: argparse.Namespace) -> int:
     # link's imports create, again and again: a tenth of the command's start. A link makes no
     # reference cycles worth collecting before it ends, so the collector waits until then.
     gc.disable()
+    from vflink.cli._heap import keep_batch_blocks
+
+    keep_batch_blocks()  # the search's batches reuse their pages (see cli/_heap.py)
     try:
         return _run(args)
     finally:

@@ -81,8 +81,8 @@ def arrow_table(columns: dict[str, Any] | Any, metadata: dict[str, str] | None =
 
 #: Integer columns of spread values, stored without compression like floats: LZ4 halves the
 #: secondary's row numbers of a links table (their high bytes are zeros) but not their low
-#: bytes, for a third of the write's CPU (14 M house-scale links: 0.37 s against 0.26 s of
-#: wall time on two threads, for a file of 341 MB instead of 284 MB).
+#: bytes, for a third of the write's CPU (14 M house-scale links written alone: 0.37-0.42 s
+#: against 0.26-0.30 s of wall time on two threads, for a file of 341 MB instead of 284 MB).
 SPREAD_COLUMNS = frozenset({"secondary_index"})
 
 
