@@ -239,17 +239,20 @@ class LinkingPeer(Party):
     def set_linked_rows(self, secondary_index: npt.NDArray[np.int64], *, peer: str) -> None:
         """Remember which of our rows are linked with ``peer`` (a primary); its requests for
         other rows are refused, and a primary without such an alignment gets nothing."""
-        idx = np.asarray(secondary_index).ravel()
-        lowest = idx.min() if idx.size else 0
-        if lowest == MISSING:  # (no masked copy when every link is present)
+        idx = np.asarray(secondary_index, dtype=np.int64).ravel()
+        rows = len(self.table)
+        # one pass where every link is present: bincount refuses a negative row and grows
+        # past ``rows`` for a row beyond the table (no minimum, maximum and scatter apart)
+        counts: npt.NDArray[np.intp] | None
+        try:
+            counts = np.bincount(idx, minlength=rows)
+        except ValueError:  # negative rows: the missing links (−1) dropped, any other refused
             idx = idx[idx != MISSING]
-            lowest = idx.min() if idx.size else 0
-        if idx.size and (lowest < 0 or idx.max() >= len(self.table)):
+            counts = np.bincount(idx, minlength=rows) if not (idx < 0).any() else None
+        if counts is None or len(counts) > rows:
             raise ProtocolError(f"party {self.name!r}: alignment refers to rows outside "
-                                f"[0, {len(self.table)})")
-        mask = np.zeros(len(self.table), dtype=bool)
-        mask[idx] = True
-        self.served[peer] = mask
+                                f"[0, {rows})")
+        self.served[peer] = counts > 0
         self._note_links(idx, peer)
 
     def _note_links(self, rows: npt.NDArray[np.int64], peer: str) -> None:

@@ -541,3 +541,18 @@ def test_comparison_levels_are_capped_and_refused_in_the_coordinators_words(
     with pytest.raises(VflinkError) as info:
         link(tuple(np.linspace(0.95, 0.05, 32)))
     assert "link.levels" not in str(info.value)
+
+
+def test_linked_rows_are_served_and_rows_outside_the_table_refused() -> None:
+    """A secondary remembers the rows an alignment links (a missing link, −1, links none)
+    and refuses one that names a row outside its table, negative or past its end."""
+    fed = Federation()
+    bank = fed.bank
+    n = len(bank.table)
+    bank.set_linked_rows(np.array([[3, -1], [0, n - 1], [3, 3]]), peer="primary")
+    assert np.flatnonzero(bank.served["primary"]).tolist() == [0, 3, n - 1]
+    for bad in ([0, n], [-2, 1], [-1, n + 7]):
+        with pytest.raises(ProtocolError, match=rf"rows outside \[0, {n}\)"):
+            bank.set_linked_rows(np.array(bad), peer="primary")
+    bank.set_linked_rows(np.array([-1, -1]), peer="other")
+    assert not bank.served["other"].any()
