@@ -5,10 +5,10 @@ faster): that query walks the tree and keeps a heap of K once per query, which f
 (FedSim's K = 100) costs about 13 µs a query on one core. Queries near one another share
 almost all their candidates, so here a group of them is answered at once with numpy's
 vectorised arithmetic and SIMD sort: at FedSim's house scale (141,050 × 27,827 2-D points,
-K = 100) this took 1.7 times less CPU than ``cKDTree.query``, and 2.1 times less wall time
-on two threads (the best of five runs each, alternately, on a shared 2-core machine:
-``benchmarks/linkage.py --case grouped``). The tree is still scipy's: it finds each
-group's candidates.
+K = 100) this took 1.7 times less CPU than ``cKDTree.query`` on one thread and on two, and
+1.6 times less wall time on two (0.61 s against 0.96 s; the best of five runs each,
+alternately, on a 2-core machine: ``benchmarks/linkage.py --case grouped``). The tree is
+still scipy's: it finds each group's candidates.
 
 The bound (the triangle inequality). Cut the queries into compact groups (the leaves of a
 balanced k-d tree of them); let ``c`` be a group's bounding-box centre and ``h`` the largest
