@@ -11,7 +11,8 @@ import sys
 
 import pytest
 
-PROBE = r"""
+#: What both probes share: glibc's malloc, free and mallinfo2 through ctypes.
+PRELUDE = r"""
 import ctypes, sys
 libc = ctypes.CDLL(None)
 class Info(ctypes.Structure):
@@ -21,6 +22,9 @@ libc.mallinfo2.restype = Info
 libc.malloc.restype = ctypes.c_void_p
 libc.malloc.argtypes = [ctypes.c_size_t]
 libc.free.argtypes = [ctypes.c_void_p]
+"""
+
+PROBE = PRELUDE + r"""
 if sys.argv[1] == "fixed":
     from vflink.cli._heap import keep_large_blocks_mapped
     assert keep_large_blocks_mapped()
@@ -56,16 +60,7 @@ def test_elsewhere_it_changes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     assert _heap.keep_large_blocks_mapped() is False
 
 
-BATCH_PROBE = r"""
-import ctypes, sys
-libc = ctypes.CDLL(None)
-class Info(ctypes.Structure):
-    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd",
-                "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
-libc.mallinfo2.restype = Info
-libc.malloc.restype = ctypes.c_void_p
-libc.malloc.argtypes = [ctypes.c_size_t]
-libc.free.argtypes = [ctypes.c_void_p]
+BATCH_PROBE = PRELUDE + r"""
 if sys.argv[1] == "batch":
     from vflink.cli._heap import keep_batch_blocks
     assert keep_batch_blocks()
