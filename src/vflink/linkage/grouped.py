@@ -59,11 +59,12 @@ _SPLIT_FACTOR = 12
 #: A query alone with more candidates than this many per top-K (times K), all within its own
 #: K-th distance (points tied there by the thousand), takes cKDTree's query instead.
 _TIED_FACTOR = 64
-#: Squared distances computed per batch of groups (float64: 2 MB, a core's L2 cache here),
-#: bounding memory per thread too. Each batch costs some twenty numpy calls of Python, which
-#: hold the GIL: at FedSim's house scale on two threads, batches of 2^16 pairs took 0.81 s
-#: (best of five) against 0.74 s for 2^18, and 2^14 took 1.7 s.
-_BATCH_PAIRS = 1 << 18
+#: Squared distances computed per batch of groups (float64: 1 MB, within a core's L2 cache
+#: here), bounding memory per thread too. Each batch costs some twenty numpy calls of Python,
+#: which hold the GIL: at FedSim's house scale on two threads, best of five, batches of 2^14
+#: pairs took 1.7 s; from 2^16 to 2^18 the search took 0.61-0.65 s, and on the points rounded
+#: to 3 decimals 2^17 took 0.99 s against 1.02 s for 2^18 and 1.11 s for 2^16.
+_BATCH_PAIRS = 1 << 17
 #: Relative margin on the radius: the bound holds exactly in real numbers, and this covers the
 #: rounding of d_K(c) + 2h in floating point many times over.
 _MARGIN = 1e-9

@@ -269,7 +269,7 @@ class SoftLinkage:
         if include_similarity:
             similarity = np.empty(self.similarities.shape, dtype=np.float32)
             _in_parts(lambda a, out: np.copyto(out, a, casting="same_kind"),
-                       np.ascontiguousarray(self.similarities, dtype=np.float64), similarity)
+                      np.ascontiguousarray(self.similarities, dtype=np.float64), similarity)
         return Alignment(
             primary_index=np.arange(len(self), dtype=np.int64),
             secondary_index=self.indices,
