@@ -93,9 +93,10 @@ def _rank(d2: FloatArray, cand: IntArray, k: int) -> tuple[FloatArray, IntArray]
     increasing index order, so keys order by (squared distance, index) except between
     *different* squared distances equal in their remaining bits; every query whose K + 1
     nearest hold such a pair, or two different squares with equal square roots, is sorted
-    again exactly (by distance, then index) over all its candidates, so the result does not
-    depend on the trick. Equal squared distances (points tied, as rounded coordinates make by
-    the thousand) are already in index order and need no second sort."""
+    again exactly by (distance, index): over those K + 1, or over all its candidates where
+    its K nearest may lie beyond them (:func:`_beyond`), so the result does not depend on the
+    trick. Equal squared distances (points tied, as rounded coordinates make by the
+    thousand) are already in index order and need no second sort."""
     b, g, w = d2.shape
     bits = max(1, (w - 1).bit_length())
     low = np.uint64((1 << bits) - 1)

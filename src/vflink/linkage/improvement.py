@@ -36,7 +36,7 @@ import numpy as np
 import numpy.typing as npt
 
 from vflink._files import atomic_open
-from vflink._threads import cores
+from vflink._threads import MAX_PASS_THREADS, cores
 from vflink.errors import ConfigError
 from vflink.linkage.soft import SoftLinkage
 from vflink.registry import Registry
@@ -196,8 +196,8 @@ def _row_estimates(linkage: SoftLinkage, sims: FloatArray,
     instead of the n × K scaled matrix: a row's scaled sum is (Σ s − K·min) / span, so Δ
     needs three passes over the similarities and none over a scaled copy (at FedSim's house
     scale, 14 M similarities, that halves the summary's cost). The passes go over blocks of
-    rows that stay in the cache, the blocks shared by two threads (numpy releases the GIL in
-    its reductions). ``None``: not that case."""
+    rows that stay in the cache, the blocks shared by one thread per core (numpy releases the
+    GIL in its reductions). ``None``: not that case."""
     s = np.asarray(sims, dtype=np.float64)
     if s.ndim != 2 or s.shape[1] == 0 or not (linkage.indices != MISSING).all():
         return None
@@ -225,7 +225,7 @@ def _row_estimates(linkage: SoftLinkage, sims: FloatArray,
 
     step = max(1, _ROW_BLOCK // k)
     blocks = [slice(a, min(n, a + step)) for a in range(0, n, step)]
-    threads = min(len(blocks), cores())
+    threads = min(len(blocks), cores(), MAX_PASS_THREADS)
     if threads > 1:
         from concurrent.futures import ThreadPoolExecutor
 

@@ -473,10 +473,23 @@ def _dense_search(
             d, found = d[:, :k], found[:, :k]
             if exact and pick < base.shape[0]:
                 unsure = _uncertain(q, base, xq, scores[:, -1], found[:, -1], reach)
-                if unsure.any():
-                    d[unsure], found[unsure] = _rows_in_float64(q[unsure], base, k, rowwise)
+                if unsure.any():  # settled over every point, as the brute force does
+                    whole = _brute(int(unsure.sum()), base.shape[0], k,
+                                   _against_all(rowwise, q[unsure], base),
+                                   8 * (base.shape[1] + 1))
+                    d[unsure], found[unsure] = whole.distances, whole.indices
             dist[start:stop], idx[start:stop] = d, found
     return Neighbours(idx, dist, exact=exact)
+
+
+def _against_all(rowwise: Callable[[FloatArray, FloatArray], FloatArray], query: FloatArray,
+                 base: FloatArray) -> Callable[[slice], FloatArray]:
+    """:func:`_brute`'s pairwise distances from a row-wise function: rows ``r`` of ``query``
+    against every ``base`` point."""
+    def pairs(r: slice) -> FloatArray:
+        return rowwise(query[r], np.broadcast_to(base, (r.stop - r.start, *base.shape)))
+
+    return pairs
 
 
 #: Unit roundoff of float32, doubled: a generous bound on each float32 operation's error.
@@ -504,27 +517,6 @@ def _uncertain(query: FloatArray, base: FloatArray, xq: npt.NDArray[np.float32],
     diff = base[kth] - query
     kth_dist = np.sqrt(np.einsum("ij,ij->i", diff, diff))
     return ~(kth_dist * (1.0 + 1e-9) < bound)
-
-
-def _rows_in_float64(query: FloatArray, base: FloatArray, k: int,
-                     rowwise: Callable[[FloatArray, FloatArray], FloatArray]
-                     ) -> tuple[FloatArray, IntArray]:
-    """The K nearest of every ``base`` point for each of ``query``'s rows, in float64, ordered
-    by (distance, index): the rows a float32 pick could not settle."""
-    n, m = query.shape[0], base.shape[0]
-    dist = np.empty((n, k))
-    idx = np.empty((n, k), dtype=np.int64)
-    step = max(1, (1 << 22) // max(1, m * base.shape[1]))
-    every = np.arange(m, dtype=np.int64)
-    for start in range(0, n, step):
-        checkpoint()
-        rows = slice(start, min(n, start + step))
-        d = rowwise(query[rows], np.broadcast_to(base, (rows.stop - rows.start, m,
-                                                        base.shape[1])))
-        order = np.lexsort((np.broadcast_to(every, d.shape), d), axis=-1)[:, :k]
-        dist[rows] = np.take_along_axis(d, order, 1)
-        idx[rows] = order
-    return dist, idx
 
 
 def kdtree_class() -> Any:

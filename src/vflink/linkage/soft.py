@@ -126,7 +126,7 @@ class _DrawAhead:
         def draw() -> None:
             try:
                 # a secret stream's draws may come from several secret streams at once (no
-                # one can regenerate either); a seeded one's are its own, in order
+                # one can regenerate any of them); a seeded one's are its own, in order
                 self._out = (rng.standard_normal_fill(shape) if isinstance(rng, SecretGenerator)
                              else rng.standard_normal(shape))
             except BaseException as exc:  # noqa: BLE001 - handed over by result()
@@ -146,7 +146,8 @@ class _DrawAhead:
 
 def _scaled_noise(z: FloatArray, sigma: float, rho: FloatArray) -> FloatArray:
     """``perturb_similarities``'s values from its standard normal draws ``z``:
-    (0 + σ·z) + ρ, in that order, in place in ``z`` (a large one in halves on two threads)."""
+    (0 + σ·z) + ρ, in that order, in place in ``z`` (a large one in pieces, one thread per
+    core: :func:`_in_parts`)."""
     def scale(r: FloatArray, out: FloatArray) -> None:
         out *= sigma
         out += 0.0  # Generator.normal(0, σ) is 0 + σ·z: the same bits (−0.0 becomes +0.0 too)

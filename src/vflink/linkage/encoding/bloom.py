@@ -40,7 +40,7 @@ import numpy.typing as npt
 
 from vflink._cancel import checkpoint
 from vflink._checks import check_choice, check_float, check_int, raise_if
-from vflink._threads import cores
+from vflink._threads import MAX_PASS_THREADS, cores
 from vflink.errors import ConfigError, DataError
 from vflink.linkage.blocking import padded_qgrams
 from vflink.linkage.encoding.raw import _as_2d
@@ -248,9 +248,9 @@ def bloom_numeric(values: npt.ArrayLike, *, secret: bytes, ranges: NumericRange,
                        out=out[start:start + len(v), at:at + prefix.shape[1]])
 
     # each job fills its own block of rows and bytes; numpy's searches, gathers and XOR
-    # release the GIL, so the jobs share two threads (map_jobs stops at the next job where a
-    # served request was cancelled)
-    map_jobs(encode, jobs, min(2, cores()))
+    # release the GIL, so the jobs share one thread per core (map_jobs stops at the next job
+    # where a served request was cancelled)
+    map_jobs(encode, jobs, min(cores(), MAX_PASS_THREADS))
     return out
 
 
