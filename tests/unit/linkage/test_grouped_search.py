@@ -67,6 +67,70 @@ def test_spread_groups_are_searched_query_by_query() -> None:
     _check(p, s, 20, group=8)
 
 
+def test_spread_groups_are_grouped_smaller_then_searched_one_by_one(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Dense clusters in a sparse uniform background: groups astride a cluster's edge are
+    grouped again (64, 16, 4) and what is still spread is searched query by query, every
+    level with the brute force's result."""
+    import vflink.linkage.grouped as grouped
+
+    rng = np.random.default_rng(11)
+    centres = rng.uniform(0, 100, (6, 2))
+
+    def mix(n: int) -> np.ndarray:
+        dense = _clusters(rng, n * 9 // 10, centres, 0.05)
+        return np.concatenate([dense, rng.uniform(0, 100, (n - len(dense), 2))])
+
+    p, s = mix(6000), mix(1500)
+    seen: dict[str, int] = {}
+    real_search, real_single = grouped._search, grouped._single
+
+    def search(query, rows, base, k, tree, workers, g, dist, idx):  # type: ignore[no-untyped-def]
+        seen[f"group {g}"] = seen.get(f"group {g}", 0) + len(rows)
+        return real_search(query, rows, base, k, tree, workers, g, dist, idx)
+
+    def single(query, rows, k, tree, workers, dist, idx):  # type: ignore[no-untyped-def]
+        seen["single"] = seen.get("single", 0) + len(rows)
+        return real_single(query, rows, k, tree, workers, dist, idx)
+
+    monkeypatch.setattr(grouped, "_search", search)
+    monkeypatch.setattr(grouped, "_single", single)
+    _check(p, s, 20, group=64)
+    assert seen["group 64"] == len(p)
+    assert 0 < seen["group 4"] < seen["group 16"] < len(p)
+    assert 0 < seen["single"] < seen["group 4"]
+
+
+def test_a_tie_at_the_kth_place_of_a_single_query_takes_its_own_radius(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Query by query, the tree's K + 1 nearest are kept only where the (K + 1)-th is
+    farther than the K-th: with points tied there (listed farthest index first, so that the
+    tree may return any of them), the row is searched again and keeps the lower indices."""
+    import vflink.linkage.grouped as grouped
+
+    ring = np.array([[np.cos(a), np.sin(a)] for a in np.linspace(0, 2 * np.pi, 8,
+                                                                 endpoint=False)])
+    # distances from the origin: 0.5 (index 8), 1.0 eight times (the ring: here every
+    # cos² + sin² rounds to 1; the tree returns them as 2, 1, 3, ...), then 3.0
+    s = np.concatenate([ring[::-1], [[0.5, 0.0]], [[3.0, 0.0]]])
+    p = np.zeros((3, 2))
+    returned: list[int] = []
+    real_single = grouped._single
+
+    def single(query, rows, k, tree, workers, dist, idx):  # type: ignore[no-untyped-def]
+        left = real_single(query, rows, k, tree, workers, dist, idx)
+        returned.append(len(left))
+        return left
+
+    monkeypatch.setattr(grouped, "_single", single)
+    for k in (1, 2, 3, 5, 9):
+        returned.clear()
+        _check(p, s, k, group=1)
+        d = _canonical(p, s, k + 1)[0] if k + 1 <= len(s) else None
+        tied = d is not None and d[0, k] == d[0, k - 1]
+        assert returned == [3 if tied else 0], (k, returned)
+
+
 @settings(max_examples=40, deadline=None)
 @given(st.integers(1, 60), st.integers(1, 40), st.integers(0, 2**31 - 1), st.booleans())
 def test_any_small_input_equals_brute_force(n: int, m: int, seed: int, coarse: bool) -> None:
