@@ -98,9 +98,9 @@ def test_readme_keeps_the_quickstart_and_points_into_the_docs() -> None:
     quickstart = README.split("## Quickstart", 1)[1].split("\n## ", 1)[0]
     assert blocks("bash", quickstart)[:2] == [
         "python3 -m venv .venv && .venv/bin/pip install torch==2.13.0 -e . && "
-        ".venv/bin/vflink demo\n",
+        ".venv/bin/python -m compileall -q src && .venv/bin/vflink demo\n",
         "python3 -m venv .venv && .venv/bin/pip install torch==2.13.0 -e '.[dev]' && "
-        ".venv/bin/python -m pytest\n"]
+        ".venv/bin/python -m compileall -q src && .venv/bin/python -m pytest\n"]
     for page in re.findall(r"\]\((docs/[^)#]+)", README):
         assert (ROOT / page).is_file(), page
 
