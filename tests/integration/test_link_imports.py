@@ -1,6 +1,7 @@
 """What ``vflink link`` loads: only what linking needs. No torch, scikit-learn or gRPC; no
 matplotlib unless the charts are asked for; neither scipy.optimize nor scipy.special (nor the
-rest of scipy.spatial beside the k-d tree); faiss only for a search that uses it."""
+rest of scipy.spatial beside the k-d tree); faiss only for a search that uses it; no pandas
+for numeric identifiers read from Parquet (a CSV is read by pandas' parser)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 WATCHED = ("torch", "sklearn", "grpc", "matplotlib", "scipy.optimize", "scipy.special",
-           "scipy.spatial", "scipy.linalg", "faiss", "PIL")
+           "scipy.spatial", "scipy.linalg", "faiss", "PIL", "pandas")
 
 
 def _loaded(argv: list[str]) -> tuple[int, list[str]]:
@@ -45,12 +46,17 @@ def tables(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 @pytest.mark.parametrize(("flags", "allowed"), [
     (["--privacy", "off"], set()),  # the k-d tree alone, from its own module
     ([], {"faiss"}),  # keyed Bloom filters, searched by faiss
-    (["--privacy", "off", "--charts"], {"matplotlib", "PIL"}),
-], ids=["off", "private", "charts"])
+    (["--privacy", "off", "--charts"], {"matplotlib", "PIL", "pandas"}),
+    (["--privacy", "off", "csv"], {"pandas"}),  # the CSV reader is pandas'
+], ids=["off", "private", "charts", "csv"])
 def test_vflink_link_loads_only_what_linking_needs(tables: tuple[Path, Path],
                                                    tmp_path: Path, flags: list[str],
                                                    allowed: set[str]) -> None:
     p, s = tables
+    if "csv" in flags:
+        flags = [f for f in flags if f != "csv"]
+        p = tmp_path / "p.csv"
+        pd.read_parquet(tables[0]).to_csv(p, index=False)
     out = tmp_path / "links.parquet"
     code, loaded = _loaded(["link", "--primary", str(p), "--secondary", str(s), "--on",
                             "lat,lon", "--metric", "euclidean", "--top-k", "5", "--seed", "0",

@@ -11,13 +11,16 @@ from __future__ import annotations
 import hashlib
 import hmac
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
-import pandas as pd
 
 from vflink.errors import ConfigError, DataError
 from vflink.types import MISSING, Alignment
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 __all__ = ["DIGEST_SIZE", "check_keys_present", "exact_alignment", "key_digests",
            "match_digests", "normalise_key"]
@@ -80,6 +83,8 @@ def key_digests(frame: pd.DataFrame, key: Sequence[str], secret: bytes, *,
 
 
 def _as_index(digests: npt.NDArray[np.uint8], who: str) -> pd.Index:
+    import pandas as pd
+
     d = np.ascontiguousarray(digests, dtype=np.uint8)
     if d.ndim != 2 or d.shape[1] != DIGEST_SIZE:
         raise DataError(f"{who}: key digests must have shape (n, {DIGEST_SIZE}), got {d.shape}")

@@ -27,11 +27,9 @@ import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
-from pandas._libs.parsers import STR_NA_VALUES
 
 from vflink._files import table_format
 from vflink.data.schema import PartySchema, check_decimal, check_delimiter, check_encoding
@@ -44,6 +42,9 @@ from vflink.data.table import (
     validate_frame,
 )
 from vflink.errors import DataError
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 #: pyarrow's scanner reads ahead 16 batches of 4 files by default: at a million rows a batch
 #: that alone holds hundreds of MiB, more the larger the table. One batch of one file ahead
@@ -59,7 +60,14 @@ log = logging.getLogger(__name__)
 #: (about 10^6 rows) divided by ten, as the engine's default chunk.
 DEFAULT_BATCH_ROWS = 100_000
 
-_NA = frozenset(STR_NA_VALUES) | {""}
+
+def _na_texts() -> frozenset[str]:
+    """The texts pandas' CSV reader takes as missing (and the empty cell)."""
+    from pandas._libs.parsers import STR_NA_VALUES
+
+    return frozenset(STR_NA_VALUES) | {""}
+
+
 _INT = re.compile(r"^[+-]?\d+$")
 _BOOL = {"True": True, "TRUE": True, "true": True, "False": False, "FALSE": False,
          "false": False}
@@ -119,6 +127,7 @@ def scan_frame(path: Path | str, *, columns: Sequence[str] | None = None,
 
 def _scan_parquet(path: Path, columns: Sequence[str] | None, batch_rows: int
                   ) -> Iterator[TableBatch]:
+    import pandas as pd
     import pyarrow as pa
     import pyarrow.dataset as ds
     import pyarrow.parquet as pq
@@ -215,6 +224,8 @@ def read_frame_header(path: Path | str, *, delimiter: str | None = None,
 
 def _numbers(values: pd.Series, decimal: str | None) -> pd.Series:
     """``values`` (text, no missing cells) as float64; NaN where a cell is not a number."""
+    import pandas as pd
+
     text = values.astype(object)
     if decimal == ",":
         # with a decimal comma, "1.5" is text (as pandas reads it) and "1,5" is 1.5
@@ -253,6 +264,8 @@ def _merge_kind(a: str, b: str) -> str:
 
 def _typed(values: pd.Series, kind: str, has_na: bool, decimal: str | None) -> pd.Series:
     """A column of text cells (NaN = missing) typed as the whole read types it."""
+    import pandas as pd
+
     present = values.notna()
     if kind == "none":
         return pd.Series(np.full(len(values), np.nan), index=values.index)
@@ -270,6 +283,7 @@ def _typed(values: pd.Series, kind: str, has_na: bool, decimal: str | None) -> p
 def _scan_csv(path: Path, kind: str, columns: Sequence[str] | None, text: tuple[str, ...],
               numeric: tuple[str, ...], delimiter: str | None, encoding: str | None,
               decimal: str | None, batch_rows: int) -> Iterator[TableBatch]:
+    import pandas as pd
     import pyarrow as pa
     import pyarrow.csv as pacsv
     import pyarrow.dataset as ds
@@ -305,7 +319,7 @@ def _scan_csv(path: Path, kind: str, columns: Sequence[str] | None, text: tuple[
                     frame = pd.DataFrame({c: part.column(c).to_numpy(zero_copy_only=False)
                                           for c in wanted})
                     for c in wanted:
-                        na = frame[c].isin(("",) if c in text else _NA)
+                        na = frame[c].isin(("",) if c in text else _na_texts())
                         frame[c] = frame[c].where(~na, np.nan)
                     yield offset, number, frame
                     offset += len(frame)

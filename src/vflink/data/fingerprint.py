@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+from typing import TYPE_CHECKING
 
-import pandas as pd
+if TYPE_CHECKING:
+    import pandas as pd
+
 
 __all__ = ["FingerprintBuilder", "frame_fingerprint"]
 
@@ -30,6 +33,8 @@ class FingerprintBuilder:
         self._started = False
 
     def update(self, frame: pd.DataFrame) -> None:
+        import pandas as pd
+
         if not self._started:
             self._digest.update(json.dumps([[str(c), str(t)]
                                             for c, t in frame.dtypes.items()]).encode())

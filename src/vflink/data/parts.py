@@ -30,6 +30,7 @@ from types import TracebackType
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from vflink._threads import cores
 from vflink.errors import DataError
@@ -57,6 +58,20 @@ def writer_threads() -> int:
     return max(1, min(4, cores()))
 
 
+def _numeric_array(pa: Any, values: npt.NDArray[Any]) -> Any:
+    """A 1-D numpy array of numbers or booleans as a pyarrow array over the same memory (a
+    boolean packed into bits), ``None`` for anything else. (``pa.array`` would do the same
+    but imports pandas, 0.2 s, on its first call.)"""
+    if values.ndim != 1 or values.dtype.kind not in "iufb" or not values.dtype.isnative:
+        return None
+    if values.dtype.kind == "b":
+        bits = np.packbits(values, bitorder="little")
+        return pa.Array.from_buffers(pa.bool_(), len(values), [None, pa.py_buffer(bits)])
+    values = np.ascontiguousarray(values)
+    return pa.Array.from_buffers(pa.from_numpy_dtype(values.dtype), len(values),
+                                 [None, pa.py_buffer(values)])
+
+
 def arrow_table(columns: dict[str, Any] | Any, metadata: dict[str, str] | None = None) -> Any:
     """A ``pyarrow.Table`` of numpy ``columns`` (zero-copy where the arrays allow), a numeric
     column marked non-nullable (a numpy number is never null; Parquet then stores no
@@ -68,7 +83,9 @@ def arrow_table(columns: dict[str, Any] | Any, metadata: dict[str, str] | None =
     else:
         arrays, fields = [], []
         for name, values in columns.items():
-            array = pa.array(np.asarray(values))
+            array = _numeric_array(pa, np.asarray(values))
+            if array is None:
+                array = pa.array(np.asarray(values))
             numeric = (pa.types.is_integer(array.type) or pa.types.is_floating(array.type)
                        or pa.types.is_boolean(array.type))
             arrays.append(array)
@@ -127,7 +144,8 @@ class PartitionedWriter:
     Every part must have the same columns, in the same order and of the same types.
     ``compression``: pyarrow's codec (LZ4: the fastest here, as for the single-file links).
     ``threads``: parts compressed and written at once, beside the caller, which meanwhile
-    makes the next part (default :func:`writer_threads`); at most that many parts wait.
+    makes the next part (default :func:`writer_threads`); when they are all busy, the caller
+    writes the part it holds itself (at most ``threads`` + 1 parts in memory).
     """
 
     def __init__(self, target: Path | str, *, compression: str = "lz4",
@@ -167,11 +185,14 @@ class PartitionedWriter:
         path = self._tmp / f"part-{self.parts:05d}.parquet"
         self.parts += 1
         self.rows += table.num_rows
-        if self._pool is None:
+        while self._pending and self._pending[0].done():
+            self._pending.popleft().result()
+        if self._pool is None or len(self._pending) >= self.threads:
+            # every writer busy: the caller writes this part itself rather than wait for one
+            # (at most `threads` + 1 parts in memory), so no thread is left to finish the last
+            # part alone while the others idle
             self._write_part(table, path)
             return
-        while len(self._pending) >= self.threads:  # memory: at most `threads` parts waiting
-            self._pending.popleft().result()
         self._pending.append(self._pool.submit(self._write_part, table, path))
 
     def _write_part(self, table: Any, path: Path) -> None:

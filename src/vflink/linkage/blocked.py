@@ -38,7 +38,6 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-import pandas as pd
 
 from vflink.errors import LinkageError
 from vflink.linkage.chunked import merge_topk
@@ -75,6 +74,8 @@ class Piece:
 def _codes(primary_keys: Any, secondary_keys: Any) -> tuple[IntArray, IntArray]:
     """Shared integer codes of both sides' keys; −1 for a missing or empty key (it blocks
     nothing together)."""
+    import pandas as pd
+
     p = pd.Series(np.asarray(primary_keys, dtype=object))
     s = pd.Series(np.asarray(secondary_keys, dtype=object))
     both = pd.concat([p, s], ignore_index=True)

@@ -41,7 +41,6 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-import pandas as pd
 
 from vflink.data.batches import DEFAULT_BATCH_ROWS, scan_frame
 from vflink.data.parts import PartitionedWriter
@@ -69,6 +68,8 @@ def _values(path: Path | str, columns: Sequence[str], batch_rows: int
             ) -> Iterator[tuple[int, FloatArray]]:
     """(first row, values) of the identifier columns in batches, each checked: a cell that is
     missing, not a number or infinite is a :class:`DataError` naming the file, column, row."""
+    import pandas as pd
+
     for batch in scan_frame(path, columns=columns, numeric_columns=columns,
                             batch_rows=batch_rows):
         problems = []

@@ -13,15 +13,21 @@ import hmac
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import numpy.typing as npt
-import pandas as pd
 
 from vflink.alignment.confirm import confirmation_tag, new_nonce, tag_matches
 from vflink.alignment.exact import key_digests
-from vflink.data.table import bad_cells, missing_columns, report
+from vflink.data.table import (
+    bad_cells,
+    has_column,
+    is_arrow,
+    missing_columns,
+    numeric_column,
+    report,
+)
 from vflink.errors import ConfigError, DataError, ProtocolError
 from vflink.linkage.encoding import (
     BloomConfig,
@@ -65,6 +71,10 @@ from vflink.protocol.messages import (
 )
 from vflink.types import Alignment, Compute
 
+if TYPE_CHECKING:
+    import pandas as pd
+    import pyarrow as pa
+
 __all__ = ["AlignmentInitiator", "LinkField", "blocking_digests", "build_encoder",
            "check_declared", "encode_fields", "encode_identifiers", "exact_digests",
            "field_raw_values",
@@ -96,14 +106,26 @@ def secret_mismatch(party: str, others: Sequence[str]) -> str:
             "by default); the coordinator needs none")
 
 
-def identifier_values(frame: pd.DataFrame, identifiers: Sequence[str], kind: str, *,
-                      source: str = "table") -> npt.NDArray[np.float64] | list[str]:
+def identifier_values(frame: pd.DataFrame | pa.Table, identifiers: Sequence[str], kind: str,
+                      *, source: str = "table") -> npt.NDArray[np.float64] | list[str]:
     """The identifier columns as a float matrix (numeric) or one string per row (string).
 
-    Several string columns are joined with a space (e.g. first and last name).
+    Several string columns are joined with a space (e.g. first and last name). ``frame``: a
+    DataFrame, or a pyarrow Table of numeric identifiers
+    (:func:`vflink.data.table.read_numeric_parquet`: integers and floats, a null as NaN, as
+    pandas reads them).
     """
     if not identifiers:
         raise ConfigError(f"{source}: no identifier columns configured for linkage")
+    if is_arrow(frame) and kind == "numeric" and all(has_column(frame, c) for c in identifiers):
+        out = np.empty((len(frame), len(identifiers)), dtype=np.float64)
+        for j, col in enumerate(identifiers):
+            out[:, j] = numeric_column(frame, col)
+        return out
+    if is_arrow(frame):  # anything else of such a table: as pandas reads it
+        frame = cast("pa.Table", frame).to_pandas()
+    import pandas as pd
+
     missing = [c for c in identifiers if c not in frame.columns]
     if missing:
         raise report(source, [missing_columns(frame, missing, "identifier column")])

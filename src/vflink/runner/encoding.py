@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from vflink.errors import ConfigError
 from vflink.linkage import BloomConfig, GeoBloomConfig, NumericRange
@@ -20,6 +20,9 @@ from vflink.linkage.fields import Blocking, FieldSpec, auto_metric, column_key_k
 from vflink.linkage.privacy import DEFAULT_FALLBACK_SIGMA, DEFAULT_TAU
 from vflink.parties.linking import LinkField, identifier_values
 from vflink.protocol import EncodingSpec, FieldComparison
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 __all__ = ["ENCODINGS", "LINK_METRICS", "PRIVACY", "blocking_plan", "compared_as",
            "default_noise",
@@ -80,6 +83,8 @@ def identifier_kind(frame: pd.DataFrame, columns: Sequence[str], metric: str) ->
         return "numeric"
     if metric == "levenshtein":
         return "string"
+    import pandas as pd
+
     numeric = all(pd.api.types.is_numeric_dtype(frame[c]) for c in columns)
     return "numeric" if numeric else "string"
 

@@ -136,3 +136,43 @@ def test_vflink_link_parts_equal_the_single_file(tmp_path: Path,
     assert read_parts(tmp_path / "many.parquet").equals(pq.read_table(tmp_path / "one.parquet"))
     summary = json.loads((tmp_path / "many.parquet.summary.json").read_text())
     assert summary["sizes"]
+
+
+def test_with_every_writer_busy_the_caller_writes_the_part(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Parts written while the writer threads are busy are written by the caller instead of
+    waiting: the same parts, in order, as one thread writes; a failure there still publishes
+    nothing."""
+    import threading
+    import time
+
+    real = PartitionedWriter._write_part
+    writers: list[str] = []
+
+    def slow(self: PartitionedWriter, table: object, path: Path) -> None:
+        writers.append(threading.current_thread().name)
+        time.sleep(0.05)
+        real(self, table, path)
+
+    monkeypatch.setattr(PartitionedWriter, "_write_part", slow)
+    chunks = [_columns(50, seed) for seed in range(7)]
+    for threads, out in ((2, tmp_path / "a"), (1, tmp_path / "b")):
+        with PartitionedWriter(out, threads=threads) as writer:
+            for chunk in chunks:
+                writer.write(chunk)
+    assert "MainThread" in writers[:7] and any(w != "MainThread" for w in writers[:7])
+    for i in range(7):
+        name = f"part-{i:05d}.parquet"
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
+
+    def fail_third(self: PartitionedWriter, table: object, path: Path) -> None:
+        if path.name == "part-00002.parquet":
+            raise OSError("disk full")
+        slow(self, table, path)
+
+    monkeypatch.setattr(PartitionedWriter, "_write_part", fail_third)
+    with pytest.raises(OSError, match="disk full"):
+        with PartitionedWriter(tmp_path / "c", threads=2) as writer:
+            for chunk in chunks:
+                writer.write(chunk)
+    assert not (tmp_path / "c").exists() and not _leftovers(tmp_path)

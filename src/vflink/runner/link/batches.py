@@ -6,14 +6,16 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from vflink.data.batches import scan_frame
 from vflink.data.table import bad_cells
 from vflink.errors import DataError
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 __all__ = ["Batches"]
 
@@ -38,6 +40,8 @@ class Batches:
         """(first row, identifier values) of each batch: numbers finite (and coordinates in
         range), strings not blank. Strings are the columns joined with a space, as
         :func:`vflink.parties.linking.identifier_values` joins them."""
+        import pandas as pd
+
         numeric = kind == "numeric"
         for batch in scan_frame(self.path, columns=columns,
                                 text_columns=() if numeric else columns,
@@ -75,6 +79,8 @@ class Batches:
 
     def ranges(self, columns: Sequence[str], metric: str) -> pd.DataFrame:
         """The per-column min and max (two rows): all a FEDERAL range needs of this party."""
+        import pandas as pd
+
         lo = np.full(len(columns), np.inf)
         hi = np.full(len(columns), -np.inf)
         for _, values in self.values(columns, "numeric", metric):

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     import numpy.typing as npt
     import pandas as pd
+    import pyarrow as pa
 
     from vflink.linkage import SoftLinkage
     from vflink.linkage.fields import FieldSpec
@@ -88,14 +89,16 @@ class Clock:
 @dataclass
 class Side:
     """One data party's table, as given (``table``: a DataFrame or a path) and as the read
-    stage leaves it: the whole ``frame`` or the ``batches`` of a streamed reader, the name
-    errors call it by (``source``), its record ids, and the rows it links (``keep``: all
-    but the records with an empty identifier under ``empty = "skip"``)."""
+    stage leaves it: the whole ``frame`` (a pyarrow Table where the link needs only numeric
+    identifier columns of a Parquet file: :func:`vflink.data.table.read_numeric_parquet`) or
+    the ``batches`` of a streamed reader, the name errors call it by (``source``), its record
+    ids, and the rows it links (``keep``: all but the records with an empty identifier under
+    ``empty = "skip"``)."""
 
     party: str
     table: Any
     source: str = ""
-    frame: pd.DataFrame | None = None
+    frame: pd.DataFrame | pa.Table | None = None
     batches: Batches | None = None
     ids: npt.NDArray[Any] | None = None
     keep: npt.NDArray[Any] | None = None

@@ -25,13 +25,19 @@ import shutil
 import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
-import pandas as pd
 
-from vflink.data.table import report, show_value
+from vflink.data.table import (
+    has_column,
+    is_arrow,
+    numeric_column,
+    report,
+    show_value,
+    take_rows,
+)
 from vflink.errors import ConfigError, DataError
 from vflink.linkage import BloomConfig, SearchOptions
 from vflink.linkage.encoding import encode_chunked
@@ -53,6 +59,10 @@ from vflink.runner.link.context import LinkContext, Stage
 from vflink.runner.link.parties import LocalParties
 from vflink.runner.link.read import check_top_k
 from vflink.runner.local import secret_with_source
+
+if TYPE_CHECKING:
+    import pandas as pd
+    import pyarrow as pa
 
 __all__ = ["ENCODERS"]
 
@@ -105,8 +115,8 @@ def _encode_identifier(ctx: LinkContext) -> LinkContext:
         # stage puts the links back at the rows' positions).
         _check_kept(p_frame, s.on, kind, metric, p.source, p.keep)
         _check_kept(q_frame, s.secondary_on, kind, metric, q.source, q.keep)
-        p_frame = p_frame[p.keep].reset_index(drop=True)
-        q_frame = q_frame[q.keep].reset_index(drop=True)
+        p_frame = take_rows(p_frame, p.keep)
+        q_frame = take_rows(q_frame, q.keep)
         check_top_k(s.top_k, len(q_frame), q.source)
     if metric == "levenshtein":
         _warn_numbers_as_text(p_frame, s.on, p.source, q_frame, s.secondary_on, q.source)
@@ -136,6 +146,8 @@ def _encode_identifier(ctx: LinkContext) -> LinkContext:
 
 def _numbers(frame: pd.DataFrame, column: str) -> npt.NDArray[np.float64] | None:
     """The column's values as numbers when every present one is a number, else None."""
+    import pandas as pd
+
     if column not in frame.columns:
         return None
     values = frame[column]
@@ -165,7 +177,11 @@ def _warn_numbers_as_text(p_frame: pd.DataFrame, on: Sequence[str], p_source: st
             f"{hi_b:g}]): they look like two unrelated quantities" if apart else "")
 
 
-def _blank(frame: pd.DataFrame, column: str) -> npt.NDArray[np.bool_]:
+def _blank(frame: pd.DataFrame | pa.Table, column: str) -> npt.NDArray[np.bool_]:
+    if is_arrow(frame):  # numbers only (read_numeric_parquet): a null or a NaN is missing
+        return np.isnan(numeric_column(frame, column))
+    import pandas as pd
+
     values = frame[column]
     missing = values.isna().to_numpy()
     if values.dtype == object or pd.api.types.is_string_dtype(values):
@@ -174,15 +190,15 @@ def _blank(frame: pd.DataFrame, column: str) -> npt.NDArray[np.bool_]:
     return np.asarray(missing, dtype=bool)
 
 
-def _check_empty(frame: pd.DataFrame, columns: Sequence[str], kind: str, source: str,
-                 policy: str) -> npt.NDArray[np.bool_]:
+def _check_empty(frame: pd.DataFrame | pa.Table, columns: Sequence[str], kind: str,
+                 source: str, policy: str) -> npt.NDArray[np.bool_]:
     """Rows to keep under the empty-identifier policy (raises under ``"error"``).
 
     A numeric identifier is empty when any of its columns is missing; a string identifier
     when all its columns are blank (several string columns are joined, e.g. first and last
     name, so one blank part still leaves a name to compare).
     """
-    present = [c for c in columns if c in frame.columns]
+    present = [c for c in columns if has_column(frame, c)]
     if not present:
         return np.ones(len(frame), dtype=bool)
     blank = np.stack([_blank(frame, c) for c in present], axis=1)
@@ -197,12 +213,12 @@ def _check_empty(frame: pd.DataFrame, columns: Sequence[str], kind: str, source:
     return np.asarray(~empty, dtype=bool)
 
 
-def _check_kept(frame: pd.DataFrame, columns: Sequence[str], kind: str, metric: str,
-                source: str, keep: npt.NDArray[np.bool_]) -> None:
+def _check_kept(frame: pd.DataFrame | pa.Table, columns: Sequence[str], kind: str,
+                metric: str, source: str, keep: npt.NDArray[np.bool_]) -> None:
     """The checks of the numeric identifiers of the rows ``keep`` selects (non-numeric and
     infinite values, coordinates out of range), with every row named by its position in
     ``frame``: one :class:`DataError` listing every problem."""
-    if kind != "numeric" or not all(c in frame.columns for c in columns):
+    if kind != "numeric" or not all(has_column(frame, c) for c in columns):
         return  # strings need no more checks once the empty ones are skipped
     x = np.asarray(identifier_values(frame, columns, "numeric", source=source))
     problems: list[str] = []
@@ -285,6 +301,8 @@ def encode_chunks(ctx: LinkContext) -> LinkContext:
     """The streamed link's encodings: the agreed encoding (a FEDERAL range from each party's
     min and max, App. I, as in memory), the secondary's partitions spilled to the scratch
     directory beside ``out``, the primary's chunks encoded as they are asked for."""
+    import pandas as pd
+
     s, p, q = ctx.settings, ctx.primary.batches, ctx.secondary.batches
     if p is None or q is None or s.out is None:  # pragma: no cover - the read stage's
         raise RuntimeError("the chunks encoder needs the streamed reader")

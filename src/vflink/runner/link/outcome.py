@@ -7,11 +7,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
-import pandas as pd
 
 from vflink.errors import ConfigError
 from vflink.linkage import SoftLinkage
@@ -19,6 +18,9 @@ from vflink.linkage.privacy import describe_protection
 from vflink.randomness import NOT_PRIVATE
 from vflink.runner.encoding import encoding_summary
 from vflink.types import Alignment
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 __all__ = ["LINK_COLUMNS", "LINK_COLUMNS_MODEL", "VIEWS", "LinkColumns", "LinkOutcome",
            "link_summary", "linkage_columns", "linkage_table", "links_metadata",
@@ -277,6 +279,8 @@ def linkage_columns(linkage: SoftLinkage, *, view: str = "operator") -> LinkColu
 
 def linkage_table(linkage: SoftLinkage) -> pd.DataFrame:
     """One row per (primary record, neighbour): the ``vflink link`` output format."""
+    import pandas as pd
+
     return pd.DataFrame(dict(linkage_columns(linkage)))
 
 

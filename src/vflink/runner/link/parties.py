@@ -12,9 +12,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from vflink.data.schema import PartySchema
 from vflink.data.table import PartyTable
@@ -28,6 +26,9 @@ from vflink.protocol import EncodingSpec, FieldEncoding
 from vflink.runner.local import COORDINATOR, local_roles
 from vflink.transport import InProcessHub, Transcript
 from vflink.types import Alignment, Compute
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 __all__ = ["SESSION", "LocalParties"]
 
