@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import numpy.typing as npt
 
+from vflink._threads import in_pieces
 from vflink.alignment.confirm import tag_matches
 from vflink.alignment.exact import key_digests
 from vflink.data.table import PartyTable
@@ -241,15 +242,18 @@ class LinkingPeer(Party):
         other rows are refused, and a primary without such an alignment gets nothing."""
         idx = np.asarray(secondary_index, dtype=np.int64).ravel()
         rows = len(self.table)
-        # one pass where every link is present: bincount refuses a negative row and grows
-        # past ``rows`` for a row beyond the table (no minimum, maximum and scatter apart)
+        # one pass where every link is present (in pieces, one thread per core): bincount
+        # refuses a negative row and grows past ``rows`` for a row beyond the table (no
+        # minimum, maximum and scatter apart)
         counts: npt.NDArray[np.intp] | None
         try:
-            counts = np.bincount(idx, minlength=rows)
+            pieces = in_pieces(lambda piece: np.bincount(piece, minlength=rows), idx)
         except ValueError:  # negative rows: the missing links (−1) dropped, any other refused
             idx = idx[idx != MISSING]
-            counts = np.bincount(idx, minlength=rows) if not (idx < 0).any() else None
-        if counts is None or len(counts) > rows:
+            pieces = [np.bincount(idx, minlength=rows)] if not (idx < 0).any() else []
+        counts = (sum(pieces[1:], pieces[0]) if pieces and all(len(c) == rows for c in pieces)
+                  else None)
+        if counts is None:
             raise ProtocolError(f"party {self.name!r}: alignment refers to rows outside "
                                 f"[0, {rows})")
         self.served[peer] = counts > 0

@@ -556,3 +556,27 @@ def test_linked_rows_are_served_and_rows_outside_the_table_refused() -> None:
             bank.set_linked_rows(np.array(bad), peer="primary")
     bank.set_linked_rows(np.array([-1, -1]), peer="other")
     assert not bank.served["other"].any()
+
+
+def test_linked_rows_of_a_large_alignment_are_checked_in_every_piece() -> None:
+    """Millions of links are counted in pieces, one thread per core: a row outside the table
+    in any piece (the last one's last link included) is still refused."""
+    from vflink._threads import PASS_MIN
+
+    fed = Federation()
+    bank = fed.bank
+    n = len(bank.table)
+    full = np.random.default_rng(3).integers(0, n, 2 * PASS_MIN)
+    full[full == 5] = 4  # a row no link names
+    holes = full.copy()
+    holes[::7] = -1  # missing links
+    for idx in (full, holes):
+        bank.set_linked_rows(idx, peer="primary")
+        want = np.zeros(n, dtype=bool)
+        want[idx[idx >= 0]] = True
+        assert np.array_equal(bank.served["primary"], want) and not want[5]
+        for value in (n, -2):
+            bad = idx.copy()
+            bad[-1] = value
+            with pytest.raises(ProtocolError, match=rf"rows outside \[0, {n}\)"):
+                bank.set_linked_rows(bad, peer="primary")
