@@ -310,9 +310,8 @@ def _search(query: FloatArray, rows: IntArray, base: FloatArray, k: int, tree: A
         got_d, got_i = _rank(d2, cand, k)
         # a short group's padding repeats its first query: the same candidates give the same
         # K nearest, written to that query's row once more (no mask to gather through)
-        at = at.reshape(-1)
-        dist[at] = got_d.reshape(-1, k)
-        idx[at] = got_i.reshape(-1, k)
+        dist[at] = got_d
+        idx[at] = got_i
 
     map_jobs(run, jobs, workers)
     return members[spread][valid[spread]]
