@@ -100,12 +100,15 @@ def _rank(d2: FloatArray, cand: IntArray, k: int) -> tuple[FloatArray, IntArray]
     time): each squared distance (≥ 0, so its IEEE bits order as unsigned integers) has its
     lowest mantissa bits replaced by the candidate's position. ``cand``'s rows are in
     increasing index order, so keys order by (squared distance, index) except between
-    *different* squared distances equal in their remaining bits; every query whose K + 1
-    nearest hold such a pair, or two different squares with equal square roots, is sorted
-    again exactly by (distance, index): over those K + 1, or over all its candidates where
-    its K nearest may lie beyond them (:func:`_beyond`), so the result does not depend on the
-    trick. Equal squared distances (points tied, as rounded coordinates make by the
-    thousand) are already in index order and need no second sort."""
+    *different* squared distances equal in their remaining bits; every query whose first
+    K + 1 keys are then not in (distance, index) order (a nearer point behind a farther one,
+    or equal distances out of index order: near-equal squares that share a key, or two
+    different squares with one square root) is sorted again exactly by (distance, index):
+    over those K + 1, or over all its candidates where its K nearest may lie beyond them
+    (:func:`_beyond`), so the result does not depend on the trick. Equal squared distances
+    (points tied, as rounded coordinates make by the thousand), and different ones that
+    happen to come in order, need no second sort (on the house points rounded to 3 decimals
+    that took a fifth less time than sorting again every row with a pair sharing a key)."""
     b, g, w = d2.shape
     bits = max(1, (w - 1).bit_length())
     low = np.uint64((1 << bits) - 1)
@@ -114,14 +117,20 @@ def _rank(d2: FloatArray, cand: IntArray, k: int) -> tuple[FloatArray, IntArray]
     key.sort(axis=2)
     take = min(k + 1, w)
     key = key[:, :, :take]
-    pos = (key & low).astype(np.intp)
-    flat = d2.reshape(-1)
-    square = np.take(flat, pos + (np.arange(b * g, dtype=np.intp) * w).reshape(b, g, 1))
+    pos = (key & low).view(np.intp)
+    row = (np.arange(b * g, dtype=np.intp) * w).reshape(b, g, 1)
+    at = pos + row
+    square = np.take(d2.reshape(-1), at)
     dist = np.sqrt(square)
-    idx = np.take(cand.reshape(-1), pos + (np.arange(b, dtype=np.intp) * w)[:, None, None])
+    at -= row - (np.arange(b, dtype=np.intp) * w)[:, None, None]  # into cand's rows
+    idx = np.take(cand.reshape(-1), at)
     high = key >> np.uint64(bits)
-    tied = (((high[:, :, 1:] == high[:, :, :-1]) | (dist[:, :, 1:] == dist[:, :, :-1]))
-            & (square[:, :, 1:] != square[:, :, :-1])).any(axis=2)
+    # rows whose first K + 1 are not in (distance, position) order
+    nearer = dist[:, :, 1:] < dist[:, :, :-1]
+    same = dist[:, :, 1:] == dist[:, :, :-1]
+    same &= pos[:, :, 1:] < pos[:, :, :-1]
+    nearer |= same
+    tied = nearer.any(axis=2)
     hidden = _beyond(d2, high, square, dist, tied, k, bits) if w > k else None
     if hidden is not None and hidden.any():
         # the K nearest may lie beyond the first K + 1 keys: each such row sorted whole
