@@ -96,6 +96,40 @@ def house_points(scale: float, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     return draw(n_p), draw(n_s)
 
 
+def shaped_points(shape: str, scale: float, seed: int = 7) -> tuple[np.ndarray, np.ndarray]:
+    """House-sized point sets of another shape: ``"clusters"``, 50 Gaussian clusters of
+    random widths (0.2 to 3 on a 100-wide square) and weights; ``"background"``, 20 tight
+    clusters (0.01 to 0.5 on a 1000-wide square) holding 90 % of the points, the other 10 %
+    uniform over the square (groups of queries astride a cluster's edge draw many
+    candidates); ``"house"``: :func:`house_points`."""
+    if shape == "house":
+        return house_points(scale)
+    rng = np.random.default_rng(seed)
+    n_p, n_s = max(1, round(141_050 * scale)), max(100, round(27_827 * scale))
+
+    def clusters(n: int, centres: np.ndarray, widths: np.ndarray,
+                 weights: np.ndarray) -> np.ndarray:
+        label = rng.choice(len(centres), size=n, p=weights)
+        return centres[label] + rng.standard_normal((n, 2)) * widths[label, None]
+
+    if shape == "clusters":
+        centres, widths = rng.uniform(0, 100, (50, 2)), rng.uniform(0.2, 3, 50)
+        weights = rng.dirichlet(np.ones(50))
+        return (clusters(n_p, centres, widths, weights),
+                clusters(n_s, centres, widths, weights))
+    if shape != "background":
+        raise ValueError(f"unknown shape {shape!r}")
+    centres, widths = rng.uniform(0, 1000, (20, 2)), rng.uniform(0.01, 0.5, 20)
+
+    def mixed(n: int) -> np.ndarray:
+        dense = clusters(n * 9 // 10, centres, widths, np.full(20, 1 / 20))
+        points = np.vstack([dense, rng.uniform(0, 1000, (n - len(dense), 2))])
+        rng.shuffle(points)
+        return points
+
+    return mixed(n_p), mixed(n_s)
+
+
 _SYL = ["ka", "lo", "mi", "ra", "ten", "dor", "vin", "sha", "qua", "bel", "mor", "zan", "tri",
         "pex", "lun", "gar", "sol", "nex", "fi", "ro", "den", "tas", "vor", "ul", "ick", "eth",
         "on", "ar", "is", "um", "star", "war", "dark", "soul", "king", "dom", "quest", "land"]
@@ -360,7 +394,7 @@ def _spread(values: Sequence[float]) -> dict[str, float]:
 
 
 def case_command(threads: int, k: int, sizes: Sequence[str], repeat: int,
-                 digits: int | None = None) -> None:
+                 digits: int | None = None, shape: str = "house") -> None:
     """``vflink link`` (whole process: start, imports, read, link, write) at each size, with
     privacy off and with the private default, and ``vflink.link`` (a fresh process: the
     import of vflink and the link), each against ``cKDTree(secondary).query(primary, k,
@@ -369,8 +403,9 @@ def case_command(threads: int, k: int, sizes: Sequence[str], repeat: int,
     the process's own peak RSS (wait4), each stage's seconds from the summary, and the links
     the file holds. ``digits``: the coordinates rounded to that many decimals, as listings
     often give them (thousands of points at one place, distances tied to the last bit).
-    No seed is given, as a user runs it: the private default's noise is secret (a seed would
-    make it reproducible, from a cheaper generator, and not private)."""
+    ``shape``: the points' shape (:func:`shaped_points`). No seed is given, as a user runs
+    it: the private default's noise is secret (a seed would make it reproducible, from a
+    cheaper generator, and not private)."""
     import tempfile
     from pathlib import Path
 
@@ -381,7 +416,7 @@ def case_command(threads: int, k: int, sizes: Sequence[str], repeat: int,
     env = {**os.environ, "VFLINK_SECRET": SECRET.decode(), "OMP_WAIT_POLICY": "PASSIVE"}
     for size in sizes:
         n = COMMAND_SIZES[size]
-        p, s = house_points(n / 141_050)
+        p, s = shaped_points(shape, n / 141_050)
         if digits is not None:
             p, s = np.round(p, digits), np.round(s, digits)
         with tempfile.TemporaryDirectory() as tmp:
@@ -433,7 +468,7 @@ def case_command(threads: int, k: int, sizes: Sequence[str], repeat: int,
                                   for stage in r[key][0]}
             print(json.dumps({
                 "case": "command", "size": size, "run": name, **report_sizes,
-                "rounded_to_decimals": digits,
+                "rounded_to_decimals": digits, "shape": shape,
                 "threads_kd": 2, "repeats": repeat,
                 "seconds": _spread(r["wall"]), "kd_tree_seconds": _spread(r["kd"]),
                 "ratio_to_kd_tree": _spread(r["ratio"]),
@@ -610,6 +645,9 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3, help="the command and grouped cases' repeats")
     ap.add_argument("--round", type=int, default=None, metavar="DIGITS",
                     help="the command case's coordinates rounded to DIGITS decimals (ties)")
+    ap.add_argument("--shape", default="house", choices=["house", "clusters", "background"],
+                    help="the command case's points: house-like listings, 50 Gaussian "
+                         "clusters, or 20 tight clusters in a 10 %% uniform background")
     args = ap.parse_args()
     if args.case == "all":
         # One subprocess per case so peak RSS is per case.
@@ -622,7 +660,7 @@ def main() -> None:
         return
     if args.case == "command":
         case_command(args.threads, args.k or 100, args.sizes.split(","), args.repeat,
-                     args.round)
+                     args.round, args.shape)
     elif args.case in ("cli", "cli-privacy-off"):
         # the default (keyed Bloom filters) and raw identifiers (--privacy off)
         case_cli(args.scale, args.threads, args.k or 100,
