@@ -49,10 +49,13 @@ class PartyTable:
     """One party's validated table and the schema that describes it.
 
     ``source`` names where the rows came from (a path, or ``dataset:<name>``) for messages.
+    ``frame``: a DataFrame; a link's party over numeric identifiers read from Parquet holds a
+    pyarrow Table instead (:func:`read_numeric_parquet`), which ``len`` and :meth:`select`
+    take, and the identifier functions (:func:`vflink.parties.linking.identifier_values`).
     """
 
     schema: PartySchema
-    frame: pd.DataFrame
+    frame: pd.DataFrame | pa.Table
     source: str
 
     #: the whole table is in memory (``frame``); a :class:`~vflink.data.streamed.StreamedTable`
