@@ -63,7 +63,8 @@ GROUP = 64
 #: A group too spread to share its candidates has its queries grouped again, this many times
 #: smaller (64, 16, 4, then one by one): on clustered points, 4 took less CPU than 2 or 8.
 _STEP = 4
-#: A group with more candidates than this many per top-K (times K) is searched query by query.
+#: A group with more candidates than this many per top-K (times K) has its queries grouped
+#: again, smaller (:data:`_STEP`), and after the groups of 4 searched query by query.
 _SPLIT_FACTOR = 12
 #: A query alone with more candidates than this many per top-K (times K), all within its own
 #: K-th distance (points tied there by the thousand), takes cKDTree's query instead.
