@@ -421,7 +421,7 @@ class AlignmentInitiator:
     to the coordinator, asks the coordinator to match, and tells the secondaries to fetch their
     (similarity-free) view."""
 
-    def __init__(self, name: str, frame: pd.DataFrame, channel: Channel, *,
+    def __init__(self, name: str, frame: pd.DataFrame | pa.Table, channel: Channel, *,
                  secondaries: Sequence[str], key: Sequence[str] = (),
                  identifiers: Sequence[str] = (), secret: bytes | None = None,
                  source: str = "table", policy: PartyPolicy | None = None) -> None:

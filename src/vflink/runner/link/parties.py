@@ -29,6 +29,7 @@ from vflink.types import Alignment, Compute
 
 if TYPE_CHECKING:
     import pandas as pd
+    import pyarrow as pa
 
 __all__ = ["SESSION", "LocalParties"]
 
@@ -50,9 +51,10 @@ class LocalParties:
     initiator: AlignmentInitiator
 
     @classmethod
-    def build(cls, primary: tuple[pd.DataFrame, str, Sequence[str]],
-              secondary: tuple[pd.DataFrame, str, Sequence[str]], *, secret: bytes | None,
-              private: bool, seed: int | None, search: SearchOptions | None = None,
+    def build(cls, primary: tuple[pd.DataFrame | pa.Table, str, Sequence[str]],
+              secondary: tuple[pd.DataFrame | pa.Table, str, Sequence[str]], *,
+              secret: bytes | None, private: bool, seed: int | None,
+              search: SearchOptions | None = None,
               compute: Compute | None = None, transcript: Transcript | None = None
               ) -> LocalParties:
         """The parties of ``primary`` and ``secondary`` (each: frame, source, the columns it
