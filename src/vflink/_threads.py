@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 __all__ = ["MAX_PASS_THREADS", "PASS_MIN", "cores", "extremes", "in_pieces", "pass_threads"]
+
+T = TypeVar("T")
 
 #: Elements from which a pass is split between threads (and per thread at least half this).
 PASS_MIN = 1 << 21
@@ -35,19 +37,19 @@ def pass_threads(size: int) -> int:
     return max(1, min(cores(), MAX_PASS_THREADS, size // (PASS_MIN // 2)))
 
 
-def in_pieces(fn: Callable[[Any], Any], values: Any) -> list[Any]:
-    """``fn`` of each contiguous piece of the flattened ``values`` (a C-contiguous numpy array),
-    one piece per thread of :func:`pass_threads`; a single piece when the array is small or
-    not contiguous."""
-    threads = pass_threads(values.size)
-    if threads == 1 or not values.flags.c_contiguous:
-        return [fn(values.reshape(-1))]
+def in_pieces(fn: Callable[[slice], T], size: int, threads: int, *, align: int = 1
+              ) -> list[T]:
+    """``fn`` of each of ``threads`` contiguous stretches of ``range(size)`` (as slices, in
+    order), on a thread each; their bounds are multiples of ``align`` (but the last). One
+    thread: ``fn(slice(0, size))`` here. Callers pass :func:`pass_threads` of their size."""
+    if threads <= 1:
+        return [fn(slice(0, size))]
     from concurrent.futures import ThreadPoolExecutor
 
-    flat = values.reshape(-1)
-    bounds = [flat.size * i // threads for i in range(threads + 1)]
+    units = -(-size // align)
+    bounds = [min(size, units * i // threads * align) for i in range(threads + 1)]
     with ThreadPoolExecutor(threads) as pool:
-        return list(pool.map(lambda r: fn(flat[r[0]:r[1]]), zip(bounds[:-1], bounds[1:])))
+        return list(pool.map(fn, [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]))
 
 
 def extremes(values: Any) -> tuple[Any, Any]:
@@ -56,5 +58,7 @@ def extremes(values: Any) -> tuple[Any, Any]:
     own ``min`` and ``max`` give it."""
     import numpy as np
 
-    parts = in_pieces(lambda piece: (piece.min(), piece.max()), values)
+    flat = np.ravel(values)
+    parts = in_pieces(lambda r: (flat[r].min(), flat[r].max()), flat.size,
+                      pass_threads(flat.size))
     return (np.min(np.array([p[0] for p in parts])), np.max(np.array([p[1] for p in parts])))

@@ -36,7 +36,7 @@ import math
 import numpy as np
 import numpy.typing as npt
 
-from vflink._threads import pass_threads
+from vflink._threads import in_pieces, pass_threads
 
 __all__ = ["ExactSum", "exact_moments"]
 
@@ -108,17 +108,8 @@ def _exact_total(x: npt.NDArray[np.float64], *, minus: float | None = None) -> i
     when ``minus`` is given), in units of 2^-1127; a large ``x`` in pieces of whole blocks, one
     thread per core (numpy releases the GIL in its loops; the pieces' exact sums add up to the
     same number)."""
-    threads = pass_threads(x.size)
-    if threads > 1:
-        from concurrent.futures import ThreadPoolExecutor
-
-        blocks = -(-x.size // _BLOCK)
-        bounds = [min(x.size, blocks * i // threads * _BLOCK) for i in range(threads + 1)]
-        with ThreadPoolExecutor(threads) as pool:
-            parts = list(pool.map(lambda r: _serial_total(x[r[0]:r[1]], minus),
-                                  zip(bounds[:-1], bounds[1:], strict=True)))
-        return sum(parts)
-    return _serial_total(x, minus)
+    return sum(in_pieces(lambda r: _serial_total(x[r], minus), x.size, pass_threads(x.size),
+                         align=_BLOCK))
 
 
 def _serial_total(x: npt.NDArray[np.float64], minus: float | None) -> int:

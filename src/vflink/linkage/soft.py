@@ -24,7 +24,7 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
-from vflink._threads import PASS_MIN, pass_threads
+from vflink._threads import PASS_MIN, in_pieces, pass_threads
 from vflink.errors import ConfigError
 from vflink.linkage.moments import exact_moments
 from vflink.linkage.privacy import (
@@ -104,13 +104,8 @@ def _in_parts(fn: Any, x: FloatArray, out: npt.NDArray[np.floating[Any]]) -> Non
     if threads == 1 or not (x.flags.c_contiguous and out.flags.c_contiguous):
         fn(x, out)
         return
-    from concurrent.futures import ThreadPoolExecutor
-
     flat, dest = x.reshape(-1), out.reshape(-1)
-    bounds = [flat.size * i // threads for i in range(threads + 1)]
-    pieces = [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
-    with ThreadPoolExecutor(threads) as pool:
-        list(pool.map(lambda r: fn(flat[r], dest[r]), pieces))
+    in_pieces(lambda r: fn(flat[r], dest[r]), flat.size, threads)
 
 
 class _DrawAhead:

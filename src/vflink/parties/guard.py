@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from vflink._threads import extremes, in_pieces
+from vflink._threads import extremes, in_pieces, pass_threads
 from vflink.errors import ConfigError, PolicyViolation, ProtocolError
 from vflink.models.spec import BottomSpec, bottom_parameters
 from vflink.parties.policy import PartyPolicy
@@ -201,7 +201,9 @@ def check_alignment_view(view: AlignmentView, *, party: str, peer: str,
     if p.ndim != 1 or s.ndim not in (1, 2) or len(s) != len(p):
         raise ProtocolError(f"{peer!r} sent an alignment for {view.secondary!r} with "
                             f"inconsistent shapes {p.shape} and {s.shape}")
-    lowest = np.min(np.array(in_pieces(np.min, s))) if s.size else 0
+    flat = s.reshape(-1)
+    lowest = (min(in_pieces(lambda r: flat[r].min(), flat.size, pass_threads(flat.size)))
+              if flat.size else 0)
     if (p.size and p.min() < 0) or lowest < -1:
         raise ProtocolError(f"{peer!r} sent an alignment for {view.secondary!r} with negative "
                             "row indices")

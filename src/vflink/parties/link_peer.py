@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import numpy.typing as npt
 
-from vflink._threads import in_pieces
+from vflink._threads import in_pieces, pass_threads
 from vflink.alignment.confirm import tag_matches
 from vflink.alignment.exact import key_digests
 from vflink.data.table import PartyTable
@@ -247,7 +247,8 @@ class LinkingPeer(Party):
         # minimum, maximum and scatter apart)
         counts: npt.NDArray[np.intp] | None
         try:
-            pieces = in_pieces(lambda piece: np.bincount(piece, minlength=rows), idx)
+            pieces = in_pieces(lambda r: np.bincount(idx[r], minlength=rows), idx.size,
+                               pass_threads(idx.size))
         except ValueError:  # negative rows: the missing links (−1) dropped, any other refused
             idx = idx[idx != MISSING]
             pieces = [np.bincount(idx, minlength=rows)] if not (idx < 0).any() else []
