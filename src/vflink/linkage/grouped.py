@@ -24,8 +24,8 @@ ordered by (distance, secondary index), ties at the K-th distance resolved to th
 indices.
 
 A group whose radius holds too many candidates (a group astride the edge of a cluster, or an
-outlier among its queries) has its queries grouped again, in groups a quarter the size (64,
-16, 4: smaller groups, smaller radii), and what is left after the groups of 4 is searched
+outlier among its queries) has its queries grouped again, in groups a quarter the size (48,
+12, 3: smaller groups, smaller radii), and what is left after the smallest groups is searched
 query by query: cKDTree's own query of its K + 1 nearest, kept when the (K + 1)-th is
 strictly farther than the K-th (the K nearest are then those K, whatever the tree's order;
 they are sorted by (distance, index)). A query with a tie at its K-th place is searched with
@@ -34,6 +34,10 @@ still holds more than 64·K points (thousands tied at its K-th distance) takes c
 query, whose distances are the same but whose choice among the points tied at the K-th
 distance is its own. (On clustered points, 10 % of them in a uniform background, the groups
 of 16 and 4 took an eighth less CPU than going from 64 straight to single queries.)
+
+Each query's candidates are ranked by one sort of 64-bit keys (:func:`_rank`); a row longer
+than numpy's sorting network (256 keys) is sorted in pieces of 256 whose K + 1 smallest are
+sorted again (:func:`_smallest`), several times faster than numpy's quicksort of the row.
 """
 
 from __future__ import annotations
@@ -57,14 +61,16 @@ FloatArray = npt.NDArray[np.float64]
 
 #: Queries per group at most (the leaf size of the queries' balanced k-d tree: its leaves hold
 #: between half and all of it). At FedSim's house scale (K = 100) groups of about 35 (64)
-#: drew about 275 candidates per query; about 17 (32) drew 207 but searched twice as many
-#: centres, for about the same CPU.
-GROUP = 64
+#: drew about 304 candidates per query, 55 % of the rows longer than the sorting network's
+#: 256 (:data:`_NETWORK`). With the rows sorted in pieces, 48 took the least time of 32 to 64
+#: on two threads (medians of four, alternately, at house scale: 0.45 s with 48, 0.45 s with
+#: 64, 0.47 s with 32; 20 tight clusters in a uniform background: 0.70, 0.85 and 0.79 s).
+GROUP = 48
 #: A group too spread to share its candidates has its queries grouped again, this many times
-#: smaller (64, 16, 4, then one by one): on clustered points, 4 took less CPU than 2 or 8.
+#: smaller (48, 12, 3, then one by one): on clustered points, 4 took less CPU than 2 or 8.
 _STEP = 4
 #: A group with more candidates than this many per top-K (times K) has its queries grouped
-#: again, smaller (:data:`_STEP`), and after the groups of 4 searched query by query.
+#: again, smaller (:data:`_STEP`), and after the smallest groups searched query by query.
 _SPLIT_FACTOR = 12
 #: A query alone with more candidates than this many per top-K (times K), all within its own
 #: K-th distance (points tied there by the thousand), takes cKDTree's query instead.
@@ -75,6 +81,11 @@ _TIED_FACTOR = 64
 #: pairs took 1.7 s; from 2^16 to 2^18 the search took 0.61-0.65 s, and on the points rounded
 #: to 3 decimals 2^17 took 0.99 s against 1.02 s for 2^18 and 1.11 s for 2^16.
 _BATCH_PAIRS = 1 << 17
+#: Longest row that numpy sorts with a sorting network (x86-simd-sort, 64-bit keys, AVX-512):
+#: a row of 256 keys took 0.43 µs here, one of 257 took 1.6 µs (its quicksort) and one of 320,
+#: 2.1 µs; sorted as pieces of 256 whose K + 1 smallest are sorted again, rows of 320 took
+#: 1.3 µs and rows of 512 1.8 µs instead of 4.6 (K = 100, on 2 cores with AVX-512).
+_NETWORK = 256
 #: Relative margin on the radius: the bound holds exactly in real numbers, and this covers the
 #: rounding of d_K(c) + 2h in floating point many times over.
 _MARGIN = 1e-9
@@ -115,9 +126,8 @@ def _rank(d2: FloatArray, cand: IntArray, k: int) -> tuple[FloatArray, IntArray]
     low = np.uint64((1 << bits) - 1)
     key = d2.view(np.uint64) & ~low
     key |= np.arange(w, dtype=np.uint64)
-    key.sort(axis=2)
     take = min(k + 1, w)
-    key = key[:, :, :take]
+    key = _smallest(key, take)
     pos = (key & low).view(np.intp)
     row = (np.arange(b * g, dtype=np.intp) * w).reshape(b, g, 1)
     at = pos + row
@@ -154,6 +164,23 @@ def _rank(d2: FloatArray, cand: IntArray, k: int) -> tuple[FloatArray, IntArray]
         flat_d[rows] = np.take_along_axis(near, o, 1)
         flat_i[rows] = np.take_along_axis(flat_i[rows], o, 1)
     return dist[:, :, :k], idx[:, :, :k]
+
+
+def _smallest(key: npt.NDArray[np.uint64], take: int) -> npt.NDArray[np.uint64]:
+    """The ``take`` smallest of each row of ``key`` (B, G, W), sorted: ``key`` sorted along
+    its last axis (in place) and cut, or, for rows longer than :data:`_NETWORK`, sorted in
+    pieces of that length whose ``take`` smallest are gathered and sorted again (the smallest
+    of a row are among the smallest of its pieces), until a row fits in one piece."""
+    w = key.shape[2]
+    if w <= _NETWORK or 2 * take > _NETWORK:
+        key.sort(axis=2)
+        return key[:, :, :take]
+    while w > _NETWORK:
+        key = np.concatenate([np.sort(key[:, :, a:a + _NETWORK], axis=2)[:, :, :take]
+                              for a in range(0, w, _NETWORK)], axis=2)
+        w = key.shape[2]
+    key.sort(axis=2)
+    return key[:, :, :take]
 
 
 def _beyond(d2: FloatArray, high: npt.NDArray[np.uint64], square: FloatArray,

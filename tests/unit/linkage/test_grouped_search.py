@@ -249,3 +249,44 @@ def test_points_whose_squares_are_ulps_apart_equal_brute_force(seed: int) -> Non
     rng.shuffle(s)
     p = np.zeros((int(rng.integers(1, 4)), 2))
     _check(p, s, int(rng.integers(2, len(s) + 1)), group=int(rng.choice([1, 2, 4])))
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.integers(1, 3), st.integers(1, 1300), st.integers(1, 160), st.integers(0, 2**31 - 1),
+       st.booleans())
+def test_the_smallest_keys_of_long_rows_equal_a_full_sort(rows: int, width: int, take: int,
+                                                          seed: int, few: bool) -> None:
+    """Rows longer than a sorting network's are sorted in pieces whose smallest are sorted
+    again: the same keys as sorting each row whole and cutting it, repeated keys too."""
+    from vflink.linkage.grouped import _smallest
+
+    rng = np.random.default_rng(seed)
+    take = min(take, width)
+    high = 50 if few else 2**63
+    key = rng.integers(0, high, (rows, 2, width), dtype=np.uint64)
+    want = np.sort(key, axis=2)[:, :, :take]
+    np.testing.assert_array_equal(_smallest(key.copy(), take), want)
+
+
+def test_groups_drawing_hundreds_of_candidates_equal_brute_force(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """K = 100 on clustered points of varied spread: groups draw from under 256 to over a
+    thousand candidates (rows sorted whole, in two pieces and in several rounds of pieces),
+    all with the brute force's result."""
+    import vflink.linkage.grouped as grouped
+
+    rng = np.random.default_rng(12)
+    centres = rng.uniform(0, 10, (8, 2))
+    p = np.concatenate([_clusters(rng, 2500, centres, 0.4), rng.uniform(0, 10, (300, 2))])
+    s = np.concatenate([_clusters(rng, 2200, centres, 0.4), rng.uniform(0, 10, (300, 2))])
+    widths: set[int] = set()
+    real = grouped._smallest
+
+    def smallest(key, take):  # type: ignore[no-untyped-def]
+        widths.add(key.shape[2])
+        return real(key, take)
+
+    monkeypatch.setattr(grouped, "_smallest", smallest)
+    _check(p, s, 100, threads=2)
+    assert min(widths) <= grouped._NETWORK < max(widths)
+    assert max(widths) > 2 * grouped._NETWORK, sorted(widths)
