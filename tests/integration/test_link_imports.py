@@ -125,3 +125,21 @@ def test_a_link_over_an_old_dataset_exits_once_the_old_one_is_deleted(
 
     assert out.is_dir() and read_parts(out).num_rows == 1500
     assert sorted(x.name for x in tmp_path.iterdir() if x.name.startswith(".")) == []
+
+
+@pytest.mark.parametrize(("exported", "want"), [(None, False), ("1", True)],
+                         ids=["default", "exported"])
+def test_a_command_turns_numpys_huge_page_advice_off_unless_exported(
+        exported: str | None, want: bool) -> None:
+    """numpy's madvise(MADV_HUGEPAGE) on every large array makes each first touch of 2 MB
+    wait for the kernel's compaction where THP defrag is `madvise`: a command's process sets
+    NUMPY_MADVISE_HUGEPAGE=0 before numpy loads, and keeps a value the user exported."""
+    code = ("import json\nfrom vflink.cli.main import main\ntry:\n    main(['--version'])\n"
+            "except SystemExit:\n    pass\nfrom numpy._core import multiarray\n"
+            "print(json.dumps(multiarray._get_madvise_hugepage()))")
+    env = {"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin"}
+    if exported is not None:
+        env["NUMPY_MADVISE_HUGEPAGE"] = exported
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         timeout=120, check=True).stdout
+    assert json.loads(out.strip().splitlines()[-1]) is want
