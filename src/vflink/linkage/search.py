@@ -72,7 +72,7 @@ from vflink._cancel import checkpoint
 from vflink._checks import check_choice, check_int, raise_if
 from vflink._threads import cores
 from vflink.errors import LinkageError
-from vflink.linkage.binary_ivf import ivf_hamming_knn
+from vflink.linkage.binary_ivf import ivf_hamming_knn, search_in_threads
 from vflink.linkage.blocking import lcs_lower_bounds, length_window
 from vflink.linkage.distances import (
     chord_to_km,
@@ -685,15 +685,16 @@ def _binary_ivf_shape(n_primary: int, n_secondary: int, k: int,
 _CENTRE_ROUNDS = 2
 
 
-def _binary_centres(secondary: npt.NDArray[np.uint8], nlist: int,
-                    seed: int) -> npt.NDArray[np.uint8]:
+def _binary_centres(secondary: npt.NDArray[np.uint8], nlist: int, seed: int, *,
+                    workers: int = 1) -> npt.NDArray[np.uint8]:
     """The centres of a binary IVF's cells: ``nlist`` filters sampled (seeded), then
     :data:`_CENTRE_ROUNDS` rounds of k-means in Hamming space, each filter to its nearest
     centre and each centre to its members' bitwise majority (the Hamming median; a centre
     without members keeps its place). faiss trains binary IVF by k-means on the bits as
     floats, which for long filters costs more than the search; two rounds of the Hamming
     median cost a tenth of a second at house scale and make cells compact enough to probe
-    less than half as many for the same recall."""
+    less than half as many for the same recall. ``workers``: threads of the searches
+    (:func:`~vflink.linkage.binary_ivf.search_in_threads`)."""
     faiss = _faiss()
     nbits = 8 * secondary.shape[1]
     pick = np.random.default_rng(seed).choice(secondary.shape[0], nlist, replace=False)
@@ -702,7 +703,7 @@ def _binary_centres(secondary: npt.NDArray[np.uint8], nlist: int,
     for _ in range(_CENTRE_ROUNDS):
         index = faiss.IndexBinaryFlat(nbits)
         index.add(centres)
-        _, nearest = index.search(secondary, 1)
+        _, nearest = search_in_threads(index, secondary, 1, workers)
         cell = nearest[:, 0]
         order = np.argsort(cell, kind="stable")
         members = np.bincount(cell, minlength=nlist)
@@ -714,10 +715,12 @@ def _binary_centres(secondary: npt.NDArray[np.uint8], nlist: int,
     return np.ascontiguousarray(centres)
 
 
-def _flat_rows(flat: Any, rows: npt.NDArray[np.uint8], k: int
+def _flat_rows(flat: Any, rows: npt.NDArray[np.uint8], k: int, workers: int = 1
                ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
-    """faiss's flat binary search of ``rows``, each row sorted by (distance, index)."""
-    d, found = flat.search(rows, k)
+    """faiss's flat binary search of ``rows`` (on ``workers`` threads:
+    :func:`~vflink.linkage.binary_ivf.search_in_threads`), each row sorted by (distance,
+    index)."""
+    d, found = search_in_threads(flat, rows, k, workers)
     # Hamming distances from faiss are exact integers: sort each row by one integer key,
     # distance · 2^32 + index, which orders ties by index (a third of lexsort's time; shifts
     # and masks instead of a division and a remainder by n)
@@ -751,6 +754,7 @@ def search_hamming(primary: Identifiers, secondary: Identifiers, k: int, *,
     dist = np.empty((n, k), dtype=np.float64)
     idx = np.empty((n, k), dtype=np.int64)
     faiss = _faiss()
+    workers = o.threads or cores()
     with _faiss_threads(o.threads):
         flat = faiss.IndexBinaryFlat(nbits)
         # For large K faiss's counting selection (use_heap=False) is exact and measured faster
@@ -760,17 +764,17 @@ def search_hamming(primary: Identifiers, secondary: Identifiers, k: int, *,
         if o.mode == "approximate":
             nlist, nprobe = _binary_ivf_shape(n, s.shape[0], k, o)
             log.info("binary IVF: %d cells, %d probed per query", nlist, nprobe)
-            centres = _binary_centres(s, nlist, o.seed)
+            centres = _binary_centres(s, nlist, o.seed, workers=workers)
             _, _, short = ivf_hamming_knn(p, s, k, centres, nprobe, out=(dist, idx),
-                                          workers=o.threads or cores())
+                                          workers=workers)
             if short.any():  # cells holding fewer than K filters: the flat index for those
                 few = np.flatnonzero(short)
-                dist[few], idx[few] = _flat_rows(flat, p[few], k)
+                dist[few], idx[few] = _flat_rows(flat, p[few], k, workers)
         else:
             for start in range(0, n, o.chunk_size):
                 checkpoint()  # a served request whose caller gave up stops here
                 stop = min(n, start + o.chunk_size)
-                dist[start:stop], idx[start:stop] = _flat_rows(flat, p[start:stop], k)
+                dist[start:stop], idx[start:stop] = _flat_rows(flat, p[start:stop], k, workers)
     result = Neighbours(idx, dist, exact=o.mode == "exact")
     if o.mode == "approximate":
         # The reference is faiss's flat binary index: exact (Hamming distances are integers)
@@ -778,7 +782,8 @@ def search_hamming(primary: Identifiers, secondary: Identifiers, k: int, *,
         def exact(primary: Identifiers, secondary: Identifiers, k: int, *,
                   options: SearchOptions | None = None) -> Neighbours:
             with _faiss_threads(o.threads):
-                d, _ = flat.search(np.ascontiguousarray(primary, dtype=np.uint8), k)
+                d, _ = search_in_threads(flat, np.ascontiguousarray(primary, dtype=np.uint8),
+                                         k, workers)
             return Neighbours(np.zeros(d.shape, np.int64), d.astype(np.float64), exact=True)
 
         rows = min(o.recall_sample, max(1, _RECALL_WORK // max(1, s.shape[0] * s.shape[1])))

@@ -166,3 +166,32 @@ def test_different_rows_with_one_hash_are_told_apart() -> None:
     first, inverse = _unique_rows(codes)
     np.testing.assert_array_equal(first, [0, 1])
     np.testing.assert_array_equal(inverse, [0, 1, 0])
+
+
+def test_a_search_cut_among_threads_equals_one_search() -> None:
+    """search_in_threads cuts the rows among threads that each search on one OpenMP thread:
+    the same distances and labels as faiss's one search, in the rows' order, for a flat
+    index with a heap (small K) and with its counting selection (large K); the caller's own
+    OpenMP setting is left alone; fewer rows than a thread's share take one search."""
+    import faiss
+
+    from vflink.linkage import binary_ivf
+    from vflink.linkage.binary_ivf import search_in_threads
+
+    rng = np.random.default_rng(21)
+    s = rng.integers(0, 256, (700, 32), dtype=np.uint8)
+    q = rng.integers(0, 256, (3 * binary_ivf._THREAD_ROWS + 17, 32), dtype=np.uint8)
+    before = faiss.omp_get_max_threads()
+    for k, heap in ((8, True), (60, False)):
+        index = faiss.IndexBinaryFlat(256)
+        index.use_heap = heap
+        index.add(s)
+        want_d, want_i = index.search(q, k)
+        for workers in (1, 2, 3, 8):
+            got_d, got_i = search_in_threads(index, q, k, workers)
+            np.testing.assert_array_equal(got_d, want_d)
+            np.testing.assert_array_equal(got_i, want_i)
+            assert got_i.dtype == np.int64
+        few_d, few_i = search_in_threads(index, q[:100], k, 2)
+        np.testing.assert_array_equal(few_i, want_i[:100])
+    assert faiss.omp_get_max_threads() == before
