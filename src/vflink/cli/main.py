@@ -74,12 +74,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     # measured). Sleeping waiters cost nothing measurable when the cores are free. Set before
     # the first OpenMP runtime is loaded; a value the user exported wins.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    # numpy asks Linux for transparent huge pages on every large array (madvise), which where
-    # the kernel's THP defrag is `madvise` (a common default) makes the first touch of each
-    # 2 MB wait for the kernel to compact memory: a fresh 113 MB array took 0.18-0.25 s to
-    # fill with it, 0.055 s without, and a house-scale `vflink link` (a dozen such arrays and
-    # the Parquet writer's buffers) 0.2 s more CPU (2 cores, measured). numpy reads this at
-    # its import, which comes later (the commands import it); a value the user exported wins.
+    # numpy's transparent-huge-page advice off (why: vflink._memory), read by numpy at its
+    # import, which comes later (the commands import it); a value the user exported wins.
     os.environ.setdefault("NUMPY_MADVISE_HUGEPAGE", "0")
     words = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser(_command(words))

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vflink._files import atomic_write_json
+from vflink._memory import small_pages
 from vflink.errors import ConfigError
 from vflink.registry import Registry
 from vflink.runner.link.candidates import CANDIDATES
@@ -121,7 +122,7 @@ def run_link(settings: LinkSettings, primary: Any, secondary: Any, *,
     # beside the write (a thread of their own; matplotlib draws on a bare Figure, no pyplot
     # state), never before it. A streamed link's figures wait for its last chunk.
     beside = pipeline.choices["charts"] != "none" and not pipeline.streamed
-    with ctx.cleanup:
+    with ctx.cleanup, small_pages():
         for name, stage in pipeline.stages:
             if name == "charts" and beside:
                 continue
