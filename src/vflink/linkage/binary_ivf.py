@@ -15,9 +15,10 @@ Here:
   every cell one of its queries probes (about 1,150 filters against a query's own 540: one
   call per exact probe set, 9,763 calls, spent more in Python than the union costs);
 - each query's candidates are ranked by one sort of 32-bit keys, distance · 2^b + the
-  candidate's position, positions in secondary-index order: rows come out ordered by
-  (distance, secondary index), ties at the K-th distance to the lower index (faiss's heap
-  leaves that choice to its own order).
+  candidate's position, positions in secondary-index order (a row longer than numpy's
+  sorting network, 512 such keys, in pieces: :func:`~vflink.linkage.grouped.smallest`):
+  rows come out ordered by (distance, secondary index), ties at the K-th distance to the
+  lower index (faiss's heap leaves that choice to its own order).
 
 The distances are faiss's (exact integers). Each query's row is the exact top-K of a superset
 of its own cells' members, so it is never worse than the IVF's and equals the brute force when
@@ -31,7 +32,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from vflink.linkage.grouped import map_jobs
+from vflink.linkage.grouped import map_jobs, smallest
 
 __all__ = ["assign", "ivf_hamming_knn", "search_in_threads"]
 
@@ -190,10 +191,7 @@ def ivf_hamming_knn(query: Codes, base: Codes, k: int, centres: Codes, nprobe: i
         key <<= kind(p_bits)
         key |= np.arange(w, dtype=kind)
         low, shift = kind((1 << p_bits) - 1), kind(p_bits)
-        if w > 2 * k:
-            key = np.partition(key, k - 1, axis=1)[:, :k]
-        key.sort(axis=1)
-        key = key[:, :k]
+        key = smallest(key, k)  # sorted in pieces a sorting network takes, when long
         got_d, got_i = key >> shift, cand[(key & low).astype(np.intp)]
         if copies is None or counts is None or begins is None:
             dist[rows], idx[rows] = got_d, got_i

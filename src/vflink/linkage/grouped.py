@@ -39,7 +39,7 @@ to single queries took 0.75-0.79 s against 0.80-0.81 s on two threads.)
 
 Each query's candidates are ranked by one sort of 64-bit keys (:func:`_rank`); a row longer
 than numpy's sorting network (256 keys) is sorted in pieces of 256 whose K + 1 smallest are
-sorted again (:func:`_smallest`), several times faster than numpy's quicksort of the row.
+sorted again (:func:`smallest`), several times faster than numpy's quicksort of the row.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ import numpy.typing as npt
 from vflink._cancel import checkpoint
 from vflink._threads import cores
 
-__all__ = ["GROUP", "grouped_knn", "map_jobs"]
+__all__ = ["GROUP", "grouped_knn", "map_jobs", "network_length", "smallest"]
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
@@ -64,7 +64,7 @@ FloatArray = npt.NDArray[np.float64]
 #: Queries per group at most (the leaf size of the queries' balanced k-d tree: its leaves hold
 #: between half and all of it). At FedSim's house scale (K = 100) groups of about 35 (64)
 #: drew about 304 candidates per query, 55 % of the rows longer than the sorting network's
-#: 256 (:data:`_NETWORK`). With the rows sorted in pieces, 48 took the least time of 32 to 64
+#: 256 (:func:`network_length`). With the rows sorted in pieces, 48 took the least time of 32 to 64
 #: on two threads (medians of four, alternately, at house scale: 0.45 s with 48, 0.45 s with
 #: 64, 0.47 s with 32; 20 tight clusters in a uniform background: 0.70, 0.85 and 0.79 s).
 GROUP = 48
@@ -89,11 +89,13 @@ _TIED_FACTOR = 64
 #: pairs took 1.7 s; from 2^16 to 2^18 the search took 0.61-0.65 s, and on the points rounded
 #: to 3 decimals 2^17 took 0.99 s against 1.02 s for 2^18 and 1.11 s for 2^16.
 _BATCH_PAIRS = 1 << 17
-#: Longest row that numpy sorts with a sorting network (x86-simd-sort, 64-bit keys, AVX-512):
-#: a row of 256 keys took 0.43 µs here, one of 257 took 1.6 µs (its quicksort) and one of 320,
-#: 2.1 µs; sorted as pieces of 256 whose K + 1 smallest are sorted again, rows of 320 took
-#: 1.3 µs and rows of 512 1.8 µs instead of 4.6 (K = 100, on 2 cores with AVX-512).
-_NETWORK = 256
+#: Bytes of the longest row that numpy sorts with a sorting network (x86-simd-sort on AVX-512:
+#: 256 keys of 64 bits, 512 of 32). A row of 256 64-bit keys took 0.43 µs here, one of 257
+#: took 1.6 µs (its quicksort) and one of 320, 2.1 µs; sorted as pieces of 256 whose K + 1
+#: smallest are sorted again, rows of 320 took 1.3 µs and rows of 512 1.8 µs instead of 4.6
+#: (K = 100). 32-bit keys: 0.42 µs for 512, 1.9 µs for 513; a row of 1,150 keys' 100 smallest
+#: took 1.5 µs in pieces against 5.0 µs partitioned then sorted (2 cores with AVX-512).
+_NETWORK = 2048
 #: Relative margin on the radius: the bound holds exactly in real numbers, and this covers the
 #: rounding of d_K(c) + 2h in floating point many times over.
 _MARGIN = 1e-9
@@ -135,7 +137,7 @@ def _rank(d2: FloatArray, cand: IntArray, k: int) -> tuple[FloatArray, IntArray]
     key = d2.view(np.uint64) & ~low
     key |= np.arange(w, dtype=np.uint64)
     take = min(k + 1, w)
-    key = _smallest(key, take)
+    key = smallest(key, take)
     pos = (key & low).view(np.intp)
     row = (np.arange(b * g, dtype=np.intp) * w).reshape(b, g, 1)
     at = pos + row
@@ -174,21 +176,28 @@ def _rank(d2: FloatArray, cand: IntArray, k: int) -> tuple[FloatArray, IntArray]
     return dist[:, :, :k], idx[:, :, :k]
 
 
-def _smallest(key: npt.NDArray[np.uint64], take: int) -> npt.NDArray[np.uint64]:
-    """The ``take`` smallest of each row of ``key`` (B, G, W), sorted: ``key`` sorted along
-    its last axis (in place) and cut, or, for rows longer than :data:`_NETWORK`, sorted in
-    pieces of that length whose ``take`` smallest are gathered and sorted again (the smallest
-    of a row are among the smallest of its pieces), until a row fits in one piece."""
-    w = key.shape[2]
-    if w <= _NETWORK or 2 * take > _NETWORK:
-        key.sort(axis=2)
-        return key[:, :, :take]
-    while w > _NETWORK:
-        key = np.concatenate([np.sort(key[:, :, a:a + _NETWORK], axis=2)[:, :, :take]
-                              for a in range(0, w, _NETWORK)], axis=2)
-        w = key.shape[2]
-    key.sort(axis=2)
-    return key[:, :, :take]
+def smallest(key: npt.NDArray[Any], take: int) -> npt.NDArray[Any]:
+    """The ``take`` smallest of each row (last axis) of the unsigned integer keys ``key``,
+    sorted: ``key`` sorted along its last axis (in place) and cut, or, for rows longer than
+    numpy's sorting network (:func:`network_length`), sorted in pieces of that length whose
+    ``take`` smallest are gathered and sorted again (the smallest of a row are among the
+    smallest of its pieces), until a row fits in one piece."""
+    w, net = key.shape[-1], network_length(key.dtype)
+    if w <= net or 2 * take > net:
+        key.sort(axis=-1)
+        return key[..., :take]
+    while w > net:
+        key = np.concatenate([np.sort(key[..., a:a + net], axis=-1)[..., :take]
+                              for a in range(0, w, net)], axis=-1)
+        w = key.shape[-1]
+    key.sort(axis=-1)
+    return key[..., :take]
+
+
+def network_length(dtype: np.dtype[Any]) -> int:
+    """The longest row of ``dtype`` keys numpy sorts with a sorting network (:data:`_NETWORK`
+    bytes: 256 keys of 64 bits, 512 of 32)."""
+    return max(1, _NETWORK // dtype.itemsize)
 
 
 def _beyond(d2: FloatArray, high: npt.NDArray[np.uint64], square: FloatArray,

@@ -253,20 +253,23 @@ def test_points_whose_squares_are_ulps_apart_equal_brute_force(seed: int) -> Non
 
 
 @settings(max_examples=80, deadline=None)
-@given(st.integers(1, 3), st.integers(1, 1300), st.integers(1, 160), st.integers(0, 2**31 - 1),
-       st.booleans())
+@given(st.integers(1, 3), st.integers(1, 2600), st.integers(1, 300), st.integers(0, 2**31 - 1),
+       st.booleans(), st.sampled_from([np.uint64, np.uint32]))
 def test_the_smallest_keys_of_long_rows_equal_a_full_sort(rows: int, width: int, take: int,
-                                                          seed: int, few: bool) -> None:
+                                                          seed: int, few: bool,
+                                                          dtype: type) -> None:
     """Rows longer than a sorting network's are sorted in pieces whose smallest are sorted
-    again: the same keys as sorting each row whole and cutting it, repeated keys too."""
-    from vflink.linkage.grouped import _smallest
+    again: the same keys as sorting each row whole and cutting it, repeated keys too, 64-
+    and 32-bit keys, rows of two and three dimensions."""
+    from vflink.linkage.grouped import smallest
 
     rng = np.random.default_rng(seed)
     take = min(take, width)
-    high = 50 if few else 2**63
-    key = rng.integers(0, high, (rows, 2, width), dtype=np.uint64)
+    high = 50 if few else int(np.iinfo(dtype).max)
+    key = rng.integers(0, high, (rows, 2, width), dtype=dtype)
     want = np.sort(key, axis=2)[:, :, :take]
-    np.testing.assert_array_equal(_smallest(key.copy(), take), want)
+    np.testing.assert_array_equal(smallest(key.copy(), take), want)
+    np.testing.assert_array_equal(smallest(key[0].copy(), take), want[0])
 
 
 def test_groups_drawing_hundreds_of_candidates_equal_brute_force(
@@ -281,13 +284,15 @@ def test_groups_drawing_hundreds_of_candidates_equal_brute_force(
     p = np.concatenate([_clusters(rng, 2500, centres, 0.4), rng.uniform(0, 10, (300, 2))])
     s = np.concatenate([_clusters(rng, 2200, centres, 0.4), rng.uniform(0, 10, (300, 2))])
     widths: set[int] = set()
-    real = grouped._smallest
+    real = grouped.smallest
+    net = grouped.network_length(np.dtype(np.uint64))
 
     def smallest(key, take):  # type: ignore[no-untyped-def]
         widths.add(key.shape[2])
         return real(key, take)
 
-    monkeypatch.setattr(grouped, "_smallest", smallest)
+    monkeypatch.setattr(grouped, "smallest", smallest)
     _check(p, s, 100, threads=2)
-    assert min(widths) <= grouped._NETWORK < max(widths)
-    assert max(widths) > 2 * grouped._NETWORK, sorted(widths)
+    assert net == 256
+    assert min(widths) <= net < max(widths)
+    assert max(widths) > 2 * net, sorted(widths)
