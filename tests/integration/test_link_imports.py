@@ -143,3 +143,23 @@ def test_a_command_turns_numpys_huge_page_advice_off_unless_exported(
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
                          timeout=120, check=True).stdout
     assert json.loads(out.strip().splitlines()[-1]) is want
+
+
+@pytest.mark.parametrize("exit_after", [False, True])
+def test_the_collector_comes_back_unless_the_process_ends_next(
+        tables: tuple[Path, Path], tmp_path: Path, exit_after: bool) -> None:
+    """A link runs with the cyclic collector off; a caller that lives on gets it back, while
+    the console script, whose process ends next, skips the collection that turning it on
+    would set off."""
+    p, s = tables
+    argv = ["link", "--primary", str(p), "--secondary", str(s), "--on", "lat,lon", "--metric",
+            "euclidean", "--top-k", "5", "--privacy", "off", "--out",
+            str(tmp_path / "links.parquet")]
+    code = (f"import gc, json\nfrom vflink.cli.main import main\n"
+            f"code = main({argv!r}, exit_after={exit_after!r})\n"
+            "print(json.dumps([code, gc.isenabled()]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin",
+                              "VFLINK_SECRET": "a-secret-of-at-least-16-bytes"},
+                         timeout=300, check=True).stdout
+    assert json.loads(out.strip().splitlines()[-1]) == [0, not exit_after]
