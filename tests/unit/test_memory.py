@@ -56,3 +56,23 @@ def test_a_link_through_the_api_runs_without_the_advice(monkeypatch: pytest.Monk
     assert len(links) == 120
     assert seen == [False]
     assert multiarray._get_madvise_hugepage() is True
+
+
+def test_prefault_touches_every_page_and_stops_when_told() -> None:
+    """A Prefault left to finish has written every element (zeros); once stopped, it writes
+    nothing more, so the caller's own values stay."""
+    import time
+
+    from vflink._memory import Prefault
+
+    a, b = np.full(3_000_001, 5.0), np.full((1000, 37), 9, dtype=np.int64)
+    warm = Prefault(a, b)
+    warm._thread.join()
+    warm.stop()
+    assert not a.any() and not b.any()
+    big = np.empty(1 << 26, dtype=np.uint8)  # eight pieces
+    warm = Prefault(big)
+    warm.stop()
+    big[:] = 3
+    time.sleep(0.05)
+    assert (big == 3).all()

@@ -265,10 +265,13 @@ def _groups(query: FloatArray, rows: IntArray, g: int,
 
 def grouped_knn(query: FloatArray, base: FloatArray, k: int, tree: Any, *,
                 threads: int | None = None, group: int = GROUP,
-                out: tuple[FloatArray, IntArray] | None = None) -> tuple[FloatArray, IntArray]:
+                out: tuple[FloatArray, IntArray] | None = None,
+                before_writes: Callable[[], None] | None = None
+                ) -> tuple[FloatArray, IntArray]:
     """The exact K nearest rows of ``base`` (indexed by ``tree``, a ``cKDTree`` of it) for
     every row of ``query``: ``(distances, indices)``, each ``(n, k)``, rows in the query's
-    order, each row sorted by (distance, index). ``out``: arrays to fill."""
+    order, each row sorted by (distance, index). ``out``: arrays to fill;
+    ``before_writes``: called once before the first result is written to them."""
     query = np.ascontiguousarray(query, dtype=np.float64)
     base = np.ascontiguousarray(base, dtype=np.float64)
     n = query.shape[0]
@@ -277,11 +280,14 @@ def grouped_knn(query: FloatArray, base: FloatArray, k: int, tree: Any, *,
         return dist, idx
     workers = threads or cores()
     rows, g = np.arange(n, dtype=np.int64), group
+    ready = before_writes or _nothing
     for _ in range(1 + _REGROUPS):  # groups too spread to share candidates: grouped smaller
         if not rows.size or g <= 1:
             break
-        rows = _search(query, rows, base, k, tree, workers, g, dist, idx)
+        rows = _search(query, rows, base, k, tree, workers, g, dist, idx, ready)
+        ready = _nothing
         g = g // _STEP if g > _STEP else 1
+    ready()
     if rows.size:
         rows = _single(query, rows, k, tree, workers, dist, idx)
     if rows.size:  # a tie at the K-th place: the query's own radius
@@ -327,10 +333,15 @@ def _heap(query: FloatArray, rows: IntArray, k: int, tree: Any, workers: int,
     idx[rows] = np.take_along_axis(got_i, order, 1)
 
 
+def _nothing() -> None:
+    return None
+
+
 def _search(query: FloatArray, rows: IntArray, base: FloatArray, k: int, tree: Any,
-            workers: int, g: int, dist: FloatArray, idx: IntArray) -> IntArray:
+            workers: int, g: int, dist: FloatArray, idx: IntArray,
+            ready: Callable[[], None] = _nothing) -> IntArray:
     """Search the queries ``rows`` in groups of about ``g``; the rows of the groups left to
-    search query by query."""
+    search query by query. ``ready`` is called before the first result is written."""
     members, valid = _groups(query, rows, g, type(tree))
     qg = query[members]
     centre = (qg.min(axis=1) + qg.max(axis=1)) / 2
@@ -369,6 +380,7 @@ def _search(query: FloatArray, rows: IntArray, base: FloatArray, k: int, tree: A
         dist[at] = got_d
         idx[at] = got_i
 
+    ready()
     map_jobs(run, jobs, workers)
     return members[spread][valid[spread]]
 

@@ -85,9 +85,10 @@ def test_spread_groups_are_grouped_smaller_then_searched_one_by_one(
     seen: dict[str, int] = {}
     real_search, real_single = grouped._search, grouped._single
 
-    def search(query, rows, base, k, tree, workers, g, dist, idx):  # type: ignore[no-untyped-def]
+    def search(query, rows, base, k, tree, workers, g, dist, idx,  # type: ignore[no-untyped-def]
+               *rest):
         seen[f"group {g}"] = seen.get(f"group {g}", 0) + len(rows)
-        return real_search(query, rows, base, k, tree, workers, g, dist, idx)
+        return real_search(query, rows, base, k, tree, workers, g, dist, idx, *rest)
 
     def single(query, rows, k, tree, workers, dist, idx):  # type: ignore[no-untyped-def]
         seen["single"] = seen.get("single", 0) + len(rows)
@@ -296,3 +297,26 @@ def test_groups_drawing_hundreds_of_candidates_equal_brute_force(
     assert net == 256
     assert min(widths) <= net < max(widths)
     assert max(widths) > 2 * net, sorted(widths)
+
+
+@pytest.mark.parametrize("group", [48, 8, 1])
+def test_before_writes_is_called_once_before_any_result_is_written(group: int) -> None:
+    """``before_writes`` (the search's page toucher stops there) runs once, while the
+    result arrays are still as the caller left them, however the rows are grouped."""
+    rng = np.random.default_rng(14)
+    centres = rng.uniform(0, 10, (10, 2))
+    p = np.concatenate([_clusters(rng, 900, centres, 0.3), rng.uniform(0, 10, (60, 2))])
+    s = _clusters(rng, 400, centres, 0.3)
+    k = 20
+    dist, idx = np.full((len(p), k), np.nan), np.full((len(p), k), -7, dtype=np.int64)
+    calls: list[bool] = []
+
+    def before() -> None:
+        calls.append(bool(np.isnan(dist).all() and (idx == -7).all()))
+
+    grouped_knn(p, s, k, cKDTree(s), group=group, threads=2, out=(dist, idx),
+                before_writes=before)
+    assert calls == [True]
+    want_d, want_i = _canonical(p, s, k)
+    np.testing.assert_array_equal(dist, want_d)
+    np.testing.assert_array_equal(idx, want_i)
