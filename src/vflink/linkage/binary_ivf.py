@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from vflink._threads import in_pieces
 from vflink.linkage.grouped import map_jobs, smallest
 
 __all__ = ["assign", "ivf_hamming_knn", "search_in_threads"]
@@ -70,14 +71,12 @@ def search_in_threads(index: Any, codes: Codes, k: int, workers: int
         d, i = index.search(codes, k)
         return d, np.asarray(i, dtype=np.int64)
     faiss = _faiss()
-    bounds = np.linspace(0, n, workers + 1).astype(np.int64)
-    found: list[Any] = [None] * workers
 
-    def run(part: int) -> None:
+    def run(rows: slice) -> Any:
         faiss.omp_set_num_threads(1)  # this thread's own OpenMP setting (a fresh pool thread)
-        found[part] = index.search(codes[bounds[part]:bounds[part + 1]], k)
+        return index.search(codes[rows], k)
 
-    map_jobs(run, list(range(workers)), workers)
+    found = in_pieces(run, n, workers)
     return (np.concatenate([f[0] for f in found]),
             np.concatenate([np.asarray(f[1], dtype=np.int64) for f in found]))
 

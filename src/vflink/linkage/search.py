@@ -532,11 +532,15 @@ def _uncertain(query: FloatArray, base: FloatArray, xq: npt.NDArray[np.float32],
     return ~(kth_dist * (1.0 + 1e-9) < bound)
 
 
+#: The extension module that holds scipy's cKDTree (:func:`kdtree_class`).
+_KDTREE_MODULE = "scipy.spatial._ckdtree"
+
+
 def kdtree_loaded() -> bool:
     """Whether :func:`kdtree_class` would find cKDTree loaded already."""
     import sys
 
-    return "scipy.spatial._ckdtree" in sys.modules
+    return _KDTREE_MODULE in sys.modules
 
 
 def kdtree_class() -> Any:
@@ -551,7 +555,7 @@ def kdtree_class() -> Any:
     """
     import sys
 
-    name = "scipy.spatial._ckdtree"
+    name = _KDTREE_MODULE
     loaded = sys.modules.get(name)
     if loaded is None and "scipy.spatial" not in sys.modules:
         try:
