@@ -54,7 +54,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
-from randomgen import ChaCha
 
 from vflink._threads import MAX_PASS_THREADS, cores
 
@@ -76,6 +75,15 @@ NOT_PRIVATE = "not private: the noise can be regenerated"
 
 #: ChaCha rounds: 20 is the full cipher (RFC 8439); fewer would trade security for speed.
 _ROUNDS = 20
+
+
+def _chacha_bits(key: int) -> Any:
+    """randomgen's ChaCha20 bit generator keyed with ``key``. randomgen is imported here, on
+    the first stream made, not with this module: its import registers every bit generator it
+    has (12 ms here), which a link without noise (privacy off) never uses."""
+    from randomgen import ChaCha
+
+    return ChaCha(key=key, rounds=_ROUNDS)
 
 
 def describe(kind: str) -> str:
@@ -147,7 +155,7 @@ _FILL_MIN = 1 << 20
 
 def secret_generator() -> SecretGenerator:
     """A fresh numpy Generator on ChaCha20 keyed with 256 bits from the OS CSPRNG."""
-    return SecretGenerator(ChaCha(key=secrets.randbits(256), rounds=_ROUNDS))
+    return SecretGenerator(_chacha_bits(secrets.randbits(256)))
 
 
 def keyed_generator(key: bytes, *context: bytes | str | int) -> np.random.Generator:
@@ -161,8 +169,7 @@ def keyed_generator(key: bytes, *context: bytes | str | int) -> np.random.Genera
         raw = part if isinstance(part, bytes) else str(part).encode()
         h.update(len(raw).to_bytes(8, "little"))
         h.update(raw)
-    return np.random.Generator(ChaCha(key=int.from_bytes(h.digest(), "little"),
-                                      rounds=_ROUNDS))
+    return np.random.Generator(_chacha_bits(int.from_bytes(h.digest(), "little")))
 
 
 _PROCESS_SECRET: bytes | None = None

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -285,7 +286,7 @@ def soft_linkage(
     tau: float | None = None,
     sigma: float | None = None,
     delta: float = 1e-5,
-    rng: np.random.Generator | int | None = None,
+    rng: np.random.Generator | int | Callable[[], np.random.Generator] | None = None,
     scale: tuple[float, float] | None = None,
 ) -> SoftLinkage:
     """Build a :class:`SoftLinkage` from top-K neighbours (FedSim §4.1, Eq. 1–2, §5).
@@ -297,6 +298,10 @@ def soft_linkage(
     τ raises :class:`~vflink.errors.LinkageError`), ``sigma`` sets it directly; given both, σ
     follows from ``tau`` where τ is reachable and is ``sigma`` where it is not (the runners'
     private default). With neither, no noise is added (σ = 0, τ = 1, ε = ∞).
+
+    ``rng``: Eq. 2's generator, a seed, ``None`` (a fresh secret stream) or a function that
+    gives the generator, called only when noise is drawn (a link without noise makes no
+    stream, and a secret one's cipher is not even loaded).
     """
     if mode not in ("soft", "top1", "exact"):
         raise ConfigError(f"`mode` must be one of exact, soft, top1, got {mode!r}")
@@ -318,13 +323,18 @@ def soft_linkage(
 
     # None: the secret source (vflink.randomness); a seed only where the caller asked for
     # reproducible noise (not private: the seed regenerates it)
-    generator = rng if isinstance(rng, np.random.Generator) else (
-        secret_generator() if rng is None else np.random.default_rng(rng))
+    def generator() -> np.random.Generator:
+        if isinstance(rng, np.random.Generator):
+            return rng
+        if callable(rng):
+            return rng()
+        return secret_generator() if rng is None else np.random.default_rng(rng)
+
     # Eq. 2's noise, when there will be some, is drawn while Eq. 1 is computed: σ depends on
     # σ0, but the draws do not (Generator.normal(0, σ) is 0 + σ·z for the stream's next
     # standard normal z), so a thread of its own draws z meanwhile; the values are those of
     # perturb_similarities, and the draws stay this generator's, in order
-    ahead = _DrawAhead(generator, distances.shape) if (
+    ahead = _DrawAhead(generator(), distances.shape) if (
         distances.size >= PASS_MIN and ((tau is not None and tau < 1.0) or bool(sigma))) \
         else None
     clock = time.perf_counter()
@@ -342,7 +352,7 @@ def soft_linkage(
         z = ahead.result()
         similarities = rho if noise == 0.0 else _scaled_noise(z, noise, rho)
     else:
-        similarities = rho if noise == 0.0 else perturb_similarities(rho, noise, generator)
+        similarities = rho if noise == 0.0 else perturb_similarities(rho, noise, generator())
     seconds["noise"] = time.perf_counter() - clock
     log.info("soft linkage: K=%d μ0=%.6g σ0=%.6g σ=%.6g τ=%.6g ε=%.6g", neighbours.k, mu0,
              sigma0, noise, achieved_tau, epsilon)

@@ -147,8 +147,9 @@ class CoordinatorParty(Party):
                  policy: PartyPolicy | None = None) -> None:
         super().__init__(name, roles=roles, policy=policy)
         self._seed = seed
-        # secret: one ChaCha20 stream keyed from the OS for every session (vflink.randomness)
-        self._rng = secret_generator() if seed is None else np.random.default_rng(seed)
+        # secret: one ChaCha20 stream keyed from the OS for every session (vflink.randomness),
+        # made on the first noise drawn (:meth:`_noise_rng`)
+        self._rng: np.random.Generator | None = None
         self._search = search
         # Σ 1/(σ·σ0)² of the noisy similarities each (primary, secondary) has received: the
         # precision of their average, which the policy's max_combined_tau bounds
@@ -159,6 +160,8 @@ class CoordinatorParty(Party):
         a long-lived coordinator gives the same linkage as a fresh in-process one (a run names
         its sessions ``purpose@<run id>``); without, OS entropy."""
         if self._seed is None:
+            if self._rng is None:
+                self._rng = secret_generator()
             return self._rng
         return np.random.default_rng([self._seed, zlib.crc32(purpose_of(session).encode())])
 
@@ -291,10 +294,12 @@ class CoordinatorParty(Party):
                          f"{message.sigma}, tau = {tau}", code="policy.noise")
 
     def _link(self, primary: Any, secondary: Any, *, metric: str, top_k: int, mode: str,
-              rng: np.random.Generator, seconds: dict[str, float], tau: float | None = None,
+              rng: Callable[[], np.random.Generator], seconds: dict[str, float],
+              tau: float | None = None,
               sigma: float | None = None, delta: float = 1e-5,
               scale: tuple[float, float] | None = None) -> SoftLinkage:
-        """The top-K search, then Eq. 1-2 (:func:`soft_linkage`), each step timed."""
+        """The top-K search, then Eq. 1-2 (:func:`soft_linkage`), each step timed. ``rng``
+        gives the noise's generator, asked for only when noise is drawn."""
         try:
             clock = time.perf_counter()
             neighbours, n_secondary = search_neighbours(primary, secondary, metric=metric,
@@ -396,14 +401,15 @@ class CoordinatorParty(Party):
         linkage = self._link(s.encodings[sender][1], s.encodings[anchor][1], metric=message.metric,
                              top_k=message.top_k, mode=message.mode, tau=message.tau,
                              sigma=message.sigma, delta=message.delta,
-                             rng=self._noise_rng(message.session), seconds=s.seconds,
+                             rng=lambda: self._noise_rng(message.session),
+                             seconds=s.seconds,
                              scale=(message.scale[0], message.scale[1]) if message.scale
                              else None)
         return self._release(message.session, s, message.secondaries, message.mode, linkage,
                              lambda sec: self._link(
                                  s.encodings[anchor][1], s.encodings[sec][1],
                                  metric=message.metric, top_k=1, mode="top1",
-                                 rng=self._noise_rng(f"{message.session}/{sec}"),
+                                 rng=lambda: self._noise_rng(f"{message.session}/{sec}"),
                                  seconds=s.seconds))
 
     def _release(self, session: str, s: _Session, secondaries: tuple[str, ...], mode: str,

@@ -111,3 +111,35 @@ def test_to_alignment(points: tuple[np.ndarray, np.ndarray]) -> None:
     assert al.meta["sigma"] == 0.1 and "recall" in al.meta
     assert al.without_similarity().similarity is None
     assert res.to_alignment(include_similarity=False).similarity is None
+
+
+def test_a_generator_given_as_a_function_is_asked_for_only_when_noise_is_drawn(
+        points: tuple[np.ndarray, np.ndarray]) -> None:
+    from vflink.linkage import search_euclidean, soft_linkage
+
+    neighbours = search_euclidean(*points, 7)
+    asked: list[int] = []
+
+    def rng() -> np.random.Generator:
+        asked.append(1)
+        return np.random.default_rng(5)
+
+    plain = soft_linkage(neighbours, metric="euclidean", n_secondary=120, rng=rng)
+    assert asked == [] and plain.sigma == 0.0  # no noise: no generator made
+    noisy = soft_linkage(neighbours, metric="euclidean", n_secondary=120, sigma=0.5, rng=rng)
+    seeded = soft_linkage(neighbours, metric="euclidean", n_secondary=120, sigma=0.5,
+                          rng=np.random.default_rng(5))
+    assert asked == [1]
+    np.testing.assert_array_equal(noisy.similarities, seeded.similarities)
+
+
+def test_the_coordinators_unseeded_noise_is_one_secret_stream() -> None:
+    from vflink.parties.coordinator import CoordinatorParty
+    from vflink.randomness import SecretGenerator
+
+    coordinator = CoordinatorParty()
+    first = coordinator._noise_rng("a")
+    assert isinstance(first, SecretGenerator)
+    assert coordinator._noise_rng("b") is first  # made once, on the first noise drawn
+    seeded = CoordinatorParty(seed=3)._noise_rng("a")
+    assert not isinstance(seeded, SecretGenerator)
