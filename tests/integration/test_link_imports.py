@@ -1,7 +1,9 @@
 """What ``vflink link`` loads: only what linking needs. No torch, scikit-learn or gRPC; no
 matplotlib unless the charts are asked for; neither scipy.optimize nor scipy.special (nor the
 rest of scipy.spatial beside the k-d tree); faiss only for a search that uses it; no pandas
-for numeric identifiers read from Parquet (a CSV is read by pandas' parser)."""
+for numeric identifiers read from Parquet (a CSV is read by pandas' parser); neither rapidfuzz
+(string distances) nor randomgen (the secret noise's cipher) for numbers whose noise is seeded
+or absent."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 WATCHED = ("torch", "sklearn", "grpc", "matplotlib", "scipy.optimize", "scipy.special",
-           "scipy.spatial", "scipy.linalg", "faiss", "PIL", "pandas")
+           "scipy.spatial", "scipy.linalg", "faiss", "PIL", "pandas", "rapidfuzz", "randomgen")
 
 
 def _loaded(argv: list[str]) -> tuple[int, list[str]]:

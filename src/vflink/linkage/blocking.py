@@ -37,8 +37,6 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from rapidfuzz import process
-from rapidfuzz.distance import LCSseq
 
 __all__ = ["lcs_lower_bounds", "length_window", "padded_qgrams"]
 
@@ -65,6 +63,9 @@ def lcs_lower_bounds(queries: Sequence[str], query_lengths: IntArray,
 
     ``workers`` is rapidfuzz's thread count (−1: all cores).
     """
+    from rapidfuzz import process
+    from rapidfuzz.distance import LCSseq
+
     longest = max(int(query_lengths.max(initial=0)), int(candidate_lengths.max(initial=0)))
     # LCS ≤ the shorter length; the bound ≤ the longer one
     dtype = np.uint8 if longest <= 255 else np.int32

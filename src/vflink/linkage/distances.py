@@ -16,8 +16,6 @@ from collections.abc import Sequence
 
 import numpy as np
 import numpy.typing as npt
-from rapidfuzz import process
-from rapidfuzz.distance import Levenshtein
 
 __all__ = [
     "EARTH_RADIUS_KM",
@@ -104,6 +102,9 @@ def levenshtein_distances(a: Sequence[str], b: Sequence[str], *, workers: int = 
     rapidfuzz's bit-parallel implementation is used rather than a hand-written dynamic
     programme; tests check it against a textbook DP on small random strings.
     """
+    from rapidfuzz import process
+    from rapidfuzz.distance import Levenshtein
+
     if len(a) == 0 or len(b) == 0:
         return np.zeros((len(a), len(b)), dtype=np.float64)
     m = process.cdist(list(a), list(b), scorer=Levenshtein.distance, dtype=np.int32,

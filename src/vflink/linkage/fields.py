@@ -54,8 +54,6 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from rapidfuzz import fuzz, process
-from rapidfuzz.distance import JaroWinkler, Levenshtein
 
 from vflink._checks import check_choice, check_int, raise_if
 from vflink.errors import ConfigError, DataError
@@ -292,10 +290,17 @@ class FieldValues:
         return len(self.fields[0]) if self.fields else 0
 
 
-_SCORERS: dict[str, Callable[..., Any]] = {
-    "levenshtein": Levenshtein.normalized_distance,
-    "jaro-winkler": JaroWinkler.normalized_distance,
-}
+def _scorer(metric: str) -> Callable[..., Any]:
+    """rapidfuzz's normalised distance of a string ``metric`` (``levenshtein``,
+    ``jaro-winkler``). rapidfuzz is imported on the first string comparison, not with this
+    module: a link of numbers or Bloom filters never loads it (8-16 ms here)."""
+    from rapidfuzz.distance import JaroWinkler, Levenshtein
+
+    scorers: dict[str, Callable[..., Any]] = {
+        "levenshtein": Levenshtein.normalized_distance,
+        "jaro-winkler": JaroWinkler.normalized_distance,
+    }
+    return scorers[metric]
 
 
 def _metric(spec: FieldSpec) -> str:
@@ -316,8 +321,10 @@ def _pair_string(metric: str, a: str, b: str) -> float:
     if metric == "exact":
         return 0.0 if a == b else 1.0
     if metric == "token-set":
+        from rapidfuzz import fuzz
+
         return 1.0 - fuzz.token_set_ratio(a, b) / 100.0
-    return float(_SCORERS[metric](a, b))
+    return float(_scorer(metric)(a, b))
 
 
 def _string_matrix(metric: str, a: Sequence[str], b: Sequence[str],
@@ -331,11 +338,13 @@ def _string_matrix(metric: str, a: Sequence[str], b: Sequence[str],
         ta, tb = token_sets(a), token_sets(b)
         return np.asarray([[1.0 - set_dice(x, y) for y in tb] for x in ta],
                           dtype=np.float32).reshape(len(a), len(b))
+    from rapidfuzz import fuzz, process
+
     if metric == "token-set":
         sim = process.cdist(a, b, scorer=fuzz.token_set_ratio, dtype=np.float32,
                             workers=workers)
         return np.asarray(1.0 - sim / 100.0, dtype=np.float32)
-    return np.asarray(process.cdist(a, b, scorer=_SCORERS[metric], dtype=np.float32,
+    return np.asarray(process.cdist(a, b, scorer=_scorer(metric), dtype=np.float32,
                                     workers=workers), dtype=np.float32)
 
 

@@ -29,7 +29,6 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from rapidfuzz import process
 
 from vflink.errors import ConfigError, LinkageError
 from vflink.linkage.comparison import FieldComparator, bloom_dice, level_names, pair_levels
@@ -164,7 +163,9 @@ def pair_similarities(encoder: str, metric: str, a: Any, b: Any, rows: IntArray,
                                for i, j in zip(rows, cols, strict=True)),
                               dtype=np.float64, count=len(rows))
             return sim, missing
-        from vflink.linkage.fields import _SCORERS  # the same scorers as the distances
+        from rapidfuzz import process
+
+        from vflink.linkage.fields import _scorer  # the same scorers as the distances
 
         if metric == "exact":
             sim = np.asarray([x == y for x, y in zip(la, lb, strict=True)], dtype=np.float64)
@@ -173,7 +174,7 @@ def pair_similarities(encoder: str, metric: str, a: Any, b: Any, rows: IntArray,
 
             sim = process.cpdist(la, lb, scorer=fuzz.token_set_ratio, dtype=np.float64) / 100
         else:
-            sim = 1.0 - process.cpdist(la, lb, scorer=_SCORERS[metric], dtype=np.float64)
+            sim = 1.0 - process.cpdist(la, lb, scorer=_scorer(metric), dtype=np.float64)
         return np.asarray(sim, dtype=np.float64), missing
     if encoder == "raw":
         x, y = np.asarray(a, dtype=np.float64)[rows], np.asarray(b, dtype=np.float64)[cols]

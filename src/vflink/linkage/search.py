@@ -65,8 +65,6 @@ from typing import Any, Literal, Protocol
 
 import numpy as np
 import numpy.typing as npt
-from rapidfuzz import process
-from rapidfuzz.distance import Levenshtein
 
 from vflink._cancel import checkpoint
 from vflink._checks import check_choice, check_int, raise_if
@@ -869,6 +867,9 @@ def search_levenshtein(primary: Identifiers, secondary: Identifiers, k: int, *,
 def _exact_levenshtein(p: list[str], s: list[str], k: int,
                        o: SearchOptions) -> tuple[FloatArray, IntArray]:
     """Every pair with rapidfuzz's bulk ``cdist``, chunk by chunk, K smallest per row."""
+    from rapidfuzz import process
+    from rapidfuzz.distance import Levenshtein
+
     n = len(p)
     dist = np.empty((n, k), dtype=np.float64)
     idx = np.empty((n, k), dtype=np.int64)
@@ -972,6 +973,9 @@ class _BoundedSearch:
 
     def from_sample(self, p: list[str], p_len: IntArray, rows: IntArray) -> None:
         """Step (1) for primary ``rows``: verify their best sample columns by the LCS bound."""
+        from rapidfuzz import process
+        from rapidfuzz.distance import Levenshtein
+
         queries = [p[i] for i in rows]
         lb = lcs_lower_bounds(queries, p_len[rows], [self.strings[i] for i in self.sample],
                               self.lengths[self.sample], workers=self.workers)
@@ -993,6 +997,9 @@ class _BoundedSearch:
               settled: npt.NDArray[np.bool_]) -> None:
         """Merge the exact top-K of ``rows[dense]`` over positions ``[lo, hi)`` (except
         ``settled`` ones) into their top-K so far."""
+        from rapidfuzz import process
+        from rapidfuzz.distance import Levenshtein
+
         d = process.cdist([queries[r] for r in dense], self.strings[lo:hi],
                           scorer=Levenshtein.distance, dtype=np.int32, workers=self.workers)
         self.verified += d.size
@@ -1013,6 +1020,9 @@ class _BoundedSearch:
         below the row's K-th distance so far, in increasing order of the bound, until the K-th
         distance is at most the next bound. ``done`` (per row, ``[lo, hi)``) are columns an
         earlier call has already settled for the row."""
+        from rapidfuzz import process
+        from rapidfuzz.distance import Levenshtein
+
         queries = [p[i] for i in rows]
         q_len = p_len[rows]
         upper = self.top_d[rows, -1]
