@@ -23,10 +23,10 @@ bits and ``r − hi·2^g`` is exact (both are multiples of the remainder's unit 
 place, and their difference is at most half a grid step); a block's 2¹⁶ values of ``hi`` then
 sum to at most 2⁵³, exactly, in float64, in any order. A level takes 37 bits off every term;
 two or three levels empty the block for distances whose exponents span a few binades. Each
-level is six vectorised passes over a block that stays in the cache. At FedSim's house scale
-(14.1 M distances) μ0 and σ0 together cost about a tenth of a second, against 2.7 s for the
-former bit-by-bit integer split (the same sums, bit for bit; tests compare both with
-``fractions.Fraction``).
+level is six vectorised passes over a block that stays in the cache (the scaling a product by
+a power of two: :func:`_scale`). At FedSim's house scale (14.1 M distances) μ0 and σ0
+together cost about 0.04 s on two threads, against 2.7 s for the former bit-by-bit integer
+split (the same sums, bit for bit; tests compare both with ``fractions.Fraction``).
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def _block_total(x: npt.NDArray[np.float64], work: npt.NDArray[np.float64],
             return (_block_total(x[small], np.empty(int(small.sum())),
                                  np.empty(int(small.sum())))
                     + _block_total(rest, np.empty(rest.size), np.empty(rest.size)))
-    np.ldexp(x, -g, out=work)  # exact: a power-of-two scaling that neither over- nor underflows
+    _scale(x, -g, work)  # exact: a power-of-two scaling that neither over- nor underflows
     while True:
         np.rint(work, out=hi)
         total += int(hi.sum()) << (g + _UNIT)  # an exact integer ≤ 2^53 (see module docs)
@@ -78,8 +78,19 @@ def _block_total(x: npt.NDArray[np.float64], work: npt.NDArray[np.float64],
             return total
         # the next grid, 2^shift finer: the remainders scaled up (exact: nothing underflows)
         shift = _LEVEL_BITS - math.frexp(top)[1]
-        np.ldexp(work, shift, out=work)
+        _scale(work, shift, work)
         g -= shift
+
+
+def _scale(x: npt.NDArray[np.float64], e: int, out: npt.NDArray[np.float64]) -> None:
+    """``out = x · 2^e``, exactly where nothing over- or underflows (the callers' case). A
+    product by the power of two where 2^e is a normal float64: numpy's ``ldexp`` calls the C
+    library per element, three times the time of a vectorised product here (0.6 against
+    0.19 ns a term), and a level of the sum made six passes, one of them that scaling."""
+    if -1022 <= e <= 1023:
+        np.multiply(x, math.ldexp(1.0, e), out=out)
+    else:
+        np.ldexp(x, e, out=out)
 
 
 class ExactSum:
