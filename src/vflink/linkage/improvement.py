@@ -199,7 +199,8 @@ def _row_estimates(linkage: SoftLinkage, sims: FloatArray,
     rows that stay in the cache, the blocks shared by one thread per core (numpy releases the
     GIL in its reductions). ``None``: not that case."""
     s = np.asarray(sims, dtype=np.float64)
-    if s.ndim != 2 or s.shape[1] == 0 or not (linkage.indices != MISSING).all():
+    # every link present: no index at MISSING (the least index above it: one pass, no mask)
+    if s.ndim != 2 or s.shape[1] == 0 or not s.size or not linkage.indices.min() > MISSING:
         return None
     n, k = s.shape
     others = [name for name in baselines if name not in ("avgsim", "top1sim", "exact")]
@@ -217,7 +218,9 @@ def _row_estimates(linkage: SoftLinkage, sims: FloatArray,
         row_sum = float(((part.sum(axis=1) - k * lo) * inv).sum())
         first = float((1.0 - 2.0 * (part[:, 0] - lo) * inv).sum())
         picked_sum, picked = 0.0, 0
-        if d is not None:
+        # distances are ≥ 0: a block whose least is above 0 has no link at distance 0, found
+        # in one pass (0.1 ns a link here) instead of a mask and its nonzero (1.9 ns)
+        if d is not None and not d[rows].min() > 0.0:
             r, c = np.nonzero(d[rows] == 0.0)
             if r.size:
                 picked_sum, picked = float(((part[r, c] - lo[r]) * inv[r]).sum()), int(r.size)
@@ -263,12 +266,23 @@ def _row_scaling(s: FloatArray) -> tuple[FloatArray, FloatArray] | None:
     """Each row's minimum and 1 / (maximum − minimum) (0 for a flat row, which scales to 0):
     row scaling is (s − min) · that; ``None`` where a row's minimum or maximum is not
     finite."""
-    lo, hi = s.min(axis=1), s.max(axis=1)
+    lo, hi = _row_extremes(s)
     if not (np.isfinite(lo).all() and np.isfinite(hi).all()):
         return None
     span = hi - lo
     flat = span <= 0
     return lo, np.where(flat, 0.0, 1.0 / np.where(flat, 1.0, span))
+
+
+def _row_extremes(s: FloatArray) -> tuple[FloatArray, FloatArray]:
+    """Each row's minimum and maximum (NaN where the row has one). Rows of a C-contiguous
+    array are reduced as segments of its flat view: numpy's ``min(axis=1)`` over rows of
+    K = 100 took twice the time (0.58 against 0.29 ns a value here); the same values."""
+    n, k = s.shape
+    if k == 0 or n == 0 or not s.flags.c_contiguous:
+        return s.min(axis=1), s.max(axis=1)
+    flat, starts = s.reshape(-1), np.arange(0, n * k, k)
+    return np.minimum.reduceat(flat, starts), np.maximum.reduceat(flat, starts)
 
 
 #: Similarities per block of rows of :func:`_row_estimates` (float64: 2 MB, in the cache).
