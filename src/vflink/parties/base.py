@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextvars
 import logging
+import weakref
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -63,7 +64,17 @@ class Party:
         self.name = name
         self.roles = roles
         self.sessions = SessionTable(name, self.role)
-        self.sessions.on_drop = self._session_dropped
+        # the table calls back through a weak reference: a bound method would make the party
+        # and its own table a cycle, and everything its sessions hold (a link's n × K arrays)
+        # would wait for the cyclic garbage collector after the party's last use
+        dropped = weakref.WeakMethod(self._session_dropped)
+
+        def on_drop(session: Session) -> None:
+            method = dropped()
+            if method is not None:
+                method(session)
+
+        self.sessions.on_drop = on_drop
         self.policy = policy if policy is not None else PartyPolicy()
 
     @property

@@ -192,3 +192,27 @@ def test_the_coordinator_times_its_own_steps_and_they_go_to_their_stages(
     measured = ctx.parties.seconds()
     assert set(measured) == steps and all(v > 0 for v in measured.values())
     assert booked == [measured]  # the decide stage booked them, once
+
+
+@pytest.mark.parametrize("on", [{"on": "x,y", "metric": "euclidean"},
+                                {"fields": [{"on": "name", "metric": "levenshtein"},
+                                            {"on": "x", "metric": "euclidean"}]}],
+                         ids=["identifiers", "fields"])
+def test_a_links_arrays_go_with_its_result_not_at_the_next_collection(
+        tmp_path: Path, on: dict[str, Any]) -> None:
+    import gc
+    import weakref
+
+    p, s = _tables(tmp_path)
+    links = vflink.link(p, s, top_k=3, privacy="off", **on)
+    held = [weakref.ref(a) for a in (links.outcome.linkage.distances,
+                                     links.outcome.linkage.indices,
+                                     links.outcome.alignment.secondary_index)]
+    gc.disable()
+    try:
+        del links
+        # no reference cycle keeps them: the in-process parties (the hub forgets them when
+        # the link ends, a party's session table calls it back through a weak reference)
+        assert [w() for w in held] == [None, None, None]
+    finally:
+        gc.enable()

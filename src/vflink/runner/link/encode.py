@@ -140,6 +140,7 @@ def _encode_identifier(ctx: LinkContext) -> LinkContext:
         private=spec.encoder == "bloom", seed=s.seed,
         search=SearchOptions(mode=s.search),  # type: ignore[arg-type]
         compute=ctx.compute, transcript=ctx.transcript)
+    ctx.cleanup.callback(ctx.parties.close)
     ctx.parties.send_identifiers(spec)
     return ctx
 
@@ -286,6 +287,7 @@ def encode_fields(ctx: LinkContext) -> LinkContext:
                              *(c for b in s.blocking for c in b.columns_s)]),
         secret=secret, private=all(e.encoder == "bloom" for e in encodings), seed=s.seed,
         transcript=ctx.transcript)
+    ctx.cleanup.callback(ctx.parties.close)
     kinds, ctx.state["rule_atoms"] = blocking_plan(s.blocking, fields, encodings, p.frame,
                                                    q.frame)
     ctx.parties.send_fields(own, theirs, blocking=s.blocking, exact=s.model is not None,

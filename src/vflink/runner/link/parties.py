@@ -116,3 +116,8 @@ class LocalParties:
 
     def communication(self) -> dict[str, dict[str, int]]:
         return self.hub.counter.snapshot()
+
+    def close(self) -> None:
+        """The link is over: the hub forgets its parties (:meth:`InProcessHub.close`), so
+        what only they hold goes as soon as the link's result is dropped."""
+        self.hub.close()
