@@ -41,3 +41,31 @@ def test_unknown_peer_and_bad_reply() -> None:
     hub.register("bad", Bad())  # type: ignore[arg-type]
     with pytest.raises(ProtocolError, match="not a protocol message"):
         hub.channel("a").call("bad", Hello(party="a", role="primary"))
+
+
+def test_a_closed_hub_forgets_its_parties() -> None:
+    import gc
+    import weakref
+
+    hub = InProcessHub()
+
+    class Party:
+        def __init__(self) -> None:
+            self.channel = hub.channel("b")  # a party holds its channel, which holds the hub
+
+        def handle(self, sender: str, message: Message) -> Message:
+            return Ack()
+
+    party = Party()
+    hub.register("b", party)
+    gone = weakref.ref(party)
+    gc.disable()
+    try:
+        del party
+        assert gone() is not None  # the hub keeps it
+        hub.close()
+        assert gone() is None  # no cycle left: freed at once, no collection needed
+    finally:
+        gc.enable()
+    with pytest.raises(PeerUnavailable, match="'b'"):
+        hub.channel("a").call("b", Hello(party="a", role="primary"))
