@@ -580,3 +580,28 @@ def test_linked_rows_of_a_large_alignment_are_checked_in_every_piece() -> None:
             bad[-1] = value
             with pytest.raises(ProtocolError, match=rf"rows outside \[0, {n}\)"):
                 bank.set_linked_rows(bad, peer="primary")
+
+
+def test_a_partys_session_table_calls_its_own_drop_hook_and_holds_no_cycle() -> None:
+    import gc
+    import weakref
+
+    from vflink.parties.base import Party
+
+    dropped: list[Any] = []
+
+    class Keeper(Party):
+        def _session_dropped(self, session: Any) -> None:  # an override, as setalign's
+            dropped.append(session)
+
+    party = Keeper("keeper")
+    assert party.sessions.on_drop is not None
+    party.sessions.on_drop("a session")
+    assert dropped == ["a session"]
+    gone = weakref.ref(party)
+    gc.disable()
+    try:
+        del party  # its table calls it back through a weak reference: no cycle
+        assert gone() is None
+    finally:
+        gc.enable()
