@@ -443,6 +443,10 @@ def _run(args: argparse.Namespace) -> int:
     from vflink.runner.link.charts import link_outputs
 
     opts = resolve(args)
+    if not opts.get("charts"):  # charts load matplotlib in a thread of their own
+        from vflink.cli._imports import defer_numpy_extras
+
+        defer_numpy_extras()
     from vflink.cli._outputs import refuse_existing
     from vflink.runner.compute import open_compute
 
