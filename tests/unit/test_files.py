@@ -224,3 +224,19 @@ def test_bad_json_names_the_file() -> None:
         loads_json("{", source="x.json")
     with pytest.raises(DataError, match="x.json: not UTF-8 text"):
         loads_json(b"\xff\xfe", source="x.json")
+
+
+def test_reserved_space_is_the_files_length_until_cut(tmp_path: Path) -> None:
+    from vflink._files import reserve_space
+
+    path = tmp_path / "f.bin"
+    with open(path, "wb") as fh:
+        assert reserve_space(fh.fileno(), 1 << 20) is True  # Linux, a local filesystem
+        assert path.stat().st_size == 1 << 20
+        fh.write(b"abc")
+        fh.truncate()
+    assert path.read_bytes() == b"abc"
+    with open(path, "ab") as fh:
+        assert reserve_space(fh.fileno(), 0) is False
+        assert reserve_space(-1, 10) is False  # a failed call leaves everything as it was
+    assert path.read_bytes() == b"abc"

@@ -32,12 +32,13 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from vflink._files import reserve_space
 from vflink._threads import cores
 from vflink.errors import DataError
 
 __all__ = ["AUTO_PARTS_ROWS", "FORMAT", "MANIFEST", "PART_ROWS", "PartitionedWriter",
-           "arrow_table", "is_partitioned", "parquet_options", "read_parts", "write_columns",
-           "writer_threads"]
+           "arrow_table", "is_partitioned", "parquet_bound", "parquet_options", "read_parts",
+           "write_columns", "writer_threads"]
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +119,14 @@ def parquet_options(schema: Any, compression: str = "lz4") -> dict[str, Any]:
         for f in schema}
     return {"compression": codecs, "use_dictionary": False,
             "write_statistics": list(schema.names[:1])}
+
+
+def parquet_bound(nbytes: int) -> int:
+    """Bytes a Parquet file of columns holding ``nbytes`` takes at most, with
+    :func:`parquet_options` (plain encoding; LZ4 grows a block it cannot shrink by under
+    1 %; page headers and the footer), to reserve before writing it
+    (:func:`vflink._files.reserve_space`)."""
+    return int(nbytes * 1.01) + (1 << 16)
 
 
 def _temp_dir(target: Path) -> Path:
@@ -202,7 +211,10 @@ class PartitionedWriter:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0),
                      0o666)
         with os.fdopen(fd, "wb") as fh:
+            reserved = reserve_space(fd, parquet_bound(table.nbytes))
             pq.write_table(table, fh, **parquet_options(table.schema, self.compression))
+            if reserved:
+                fh.truncate()  # at the end of what was written: the rest of the space goes
 
     def _wait(self) -> None:
         while self._pending:

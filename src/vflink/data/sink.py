@@ -20,13 +20,14 @@ from typing import Any
 
 import numpy as np
 
-from vflink._files import atomic_open
+from vflink._files import atomic_open, reserve_space
 from vflink.data.parts import (
     AUTO_PARTS_ROWS,
     PART_ROWS,
     PartitionedWriter,
     arrow_table,
     is_partitioned,
+    parquet_bound,
     parquet_options,
 )
 
@@ -88,6 +89,7 @@ class ColumnSink:
     def __init__(self, out: Path | str, *, rows: int, parts: bool | None = None,
                  compression: str = "lz4", metadata: dict[str, str] | None = None) -> None:
         self.out = Path(out)
+        self.rows = rows
         self.metadata = metadata
         self.csv = self.out.suffix.lower() != ".parquet"
         if parts is None:
@@ -101,6 +103,7 @@ class ColumnSink:
         self._header = True
         self._pool: ThreadPoolExecutor | None = None
         self._last: Future[None] | None = None
+        self._reserved = False
 
     def __enter__(self) -> ColumnSink:
         self.out.parent.mkdir(parents=True, exist_ok=True)
@@ -143,6 +146,11 @@ class ColumnSink:
         import pyarrow.parquet as pq
 
         if self._writer is None:
+            # the whole file's space at once, from this first row group's bytes per row; cut
+            # back to what was written when the file is complete (__exit__)
+            per_row = table.nbytes / max(1, table.num_rows)
+            self._reserved = reserve_space(self._target.fileno(),
+                                           parquet_bound(int(per_row * max(self.rows, 1))))
             self._writer = pq.ParquetWriter(
                 self._target, table.schema, **parquet_options(table.schema, self.compression))
         self._writer.write_table(table)
@@ -157,6 +165,8 @@ class ColumnSink:
                     self._last.result()
                 if self._writer is not None:
                     self._writer.close()
+                if self._reserved:
+                    self._target.truncate()  # at the end of the footer
         except BaseException as failed:  # a failed last write: nothing is published
             self._abandon()
             self._stack.__exit__(type(failed), failed, failed.__traceback__)

@@ -194,3 +194,38 @@ def test_len_needs_no_column(tmp_path: Path) -> None:
     links = vflink.link(p, s, on="x,y", metric="euclidean", top_k=3, seed=0)
     assert len(links) == 120
     assert isinstance(links.columns, LinkColumns) and not links.columns._whole
+
+
+@pytest.mark.parametrize("parts", [False, True], ids=["file", "parts"])
+def test_space_reserved_up_front_leaves_the_very_bytes(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch,
+                                                     parts: bool) -> None:
+    """The file's space is allocated before it is written (reserve_space) and the file then
+    cut at the end of what was written: the same bytes as a write with no reservation, and
+    not one byte more (no reserved tail past the footer)."""
+    monkeypatch.setattr(sink_mod, "PART_ROWS", 300)
+    monkeypatch.setattr(sink_mod, "ROW_GROUP_ROWS", 300)
+    monkeypatch.setattr(parts_mod, "PART_ROWS", 300)
+    links = LinkColumns(_linkage(97, 7, 3))
+    calls: list[int] = []
+    real = sink_mod.reserve_space
+
+    def counted(fd: int, size: int) -> bool:
+        calls.append(size)
+        return real(fd, size)
+
+    outputs = {}
+    for name, reserve in (("reserved", counted), ("plain", lambda fd, size: False)):
+        monkeypatch.setattr(sink_mod, "reserve_space", reserve)
+        monkeypatch.setattr(parts_mod, "reserve_space", reserve)
+        out = tmp_path / name / "links.parquet"
+        write_links(links, out, parts=parts)
+        outputs[name] = out
+    files = (sorted(p.name for p in outputs["plain"].iterdir() if p.suffix == ".parquet")
+             if parts else [""])
+    assert len(calls) == len(files) and all(size > 0 for size in calls)
+    for name in files:
+        assert ((outputs["reserved"] / name).read_bytes()
+                == (outputs["plain"] / name).read_bytes()), name
+    if not parts:  # reserved for the whole file: 679 rows of five 8-byte columns, and more
+        assert calls[0] >= 679 * 40 > (outputs["plain"]).stat().st_size
