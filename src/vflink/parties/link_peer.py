@@ -258,9 +258,10 @@ class LinkingPeer(Party):
             raise ProtocolError(f"party {self.name!r}: alignment refers to rows outside "
                                 f"[0, {rows})")
         self.served[peer] = counts > 0
-        self._note_links(idx, peer)
+        self._note_links(counts, peer)
 
-    def _note_links(self, rows: npt.NDArray[np.int64], peer: str) -> None:
+    def _note_links(self, counts: npt.NDArray[np.intp], peer: str) -> None:
         """Hook for what ``peer``'s links mean to a subclass (a secondary's privacy accountant
-        counts every link of a row as one more release of its embedding to that peer)."""
+        counts every link of a row as one more release of its embedding to that peer):
+        ``counts``, the links of each of our rows (a fresh array, the hook's to keep)."""
 

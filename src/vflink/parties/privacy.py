@@ -29,7 +29,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from vflink.errors import ConfigError, PrivacyBudgetExceeded
+from vflink.errors import ConfigError, DataError, PrivacyBudgetExceeded
 from vflink.privacy.budget import ReleaseBudget
 from vflink.privacy.config import PrivacyConfig
 from vflink.privacy.embedding_dp import EmbeddingDP, Observer, agree_settings
@@ -70,11 +70,12 @@ class EmbeddingProtection:
         self._parent: EmbeddingProtection | None = None
         self.start()
 
-    def for_run(self, secondary_index: npt.NDArray[np.int64] | None = None
+    def for_run(self, links_per_row: npt.NDArray[np.int64] | None = None
                 ) -> EmbeddingProtection:
         """One training run's protection: this party's settings, on this party's budget, with
-        the links of the run's primary (``secondary_index``: that primary's alignment) and
-        nothing else of another run (its training rows, fields, noise and counts)."""
+        the links of the run's primary (``links_per_row``: how many of that primary's records
+        link to each of this party's rows, from its alignment) and nothing else of another
+        run (its training rows, fields, noise and counts)."""
         run = EmbeddingProtection.__new__(EmbeddingProtection)
         run.party, run.n_rows, run.own, run._own_given = (self.party, self.n_rows, self.own,
                                                           self._own_given)
@@ -86,8 +87,8 @@ class EmbeddingProtection:
         run._code_fields = None
         run._budget_dir, run._fingerprint, run._budget = None, None, None
         run._parent = self
-        if secondary_index is not None:
-            run.note_links(secondary_index)
+        if links_per_row is not None:
+            run.note_links(links_per_row)
         run.start()
         return run
 
@@ -172,10 +173,14 @@ class EmbeddingProtection:
         if self.dp is not None:
             self.dp.code_fields = fields
 
-    def note_links(self, secondary_index: npt.NDArray[np.int64]) -> None:
-        """Links per record from the alignment (soft linkage: a row may serve many records)."""
-        self._links = np.bincount(np.asarray(secondary_index, dtype=np.int64),
-                                  minlength=self.n_rows)
+    def note_links(self, links_per_row: npt.NDArray[np.int64]) -> None:
+        """How many primary records link to each row, from the alignment (soft linkage: a row
+        may serve many records): one count per row of this party's table."""
+        counts = np.asarray(links_per_row, dtype=np.int64)
+        if counts.shape != (self.n_rows,):
+            raise DataError(f"party {self.party!r}: {counts.size} link counts for a table of "
+                            f"{self.n_rows} rows")
+        self._links = counts.copy()
         if self.dp is not None:
             self.dp.note_links(self._links)
 

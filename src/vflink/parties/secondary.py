@@ -163,8 +163,9 @@ class SecondaryParty(SetAlignmentPeer, EnginePsiPeer, UnionPeer, LinkingPeer):
         # resolved here: "cuda" on a machine without CUDA fails when the party starts
         self.device = resolve_device(self.resources.device, party=table.name)
         self._fingerprint: str | None = None
-        #: each primary's linked rows (its alignment), for its runs' release accounting
-        self._links: dict[str, npt.NDArray[np.int64]] = {}
+        #: each primary's links per row of ours (from its alignment), for its runs' release
+        #: accounting
+        self._links: dict[str, npt.NDArray[np.intp]] = {}
         # release counts live with the data, in this party's own directory, and outlive runs;
         # each run's protection counts on them (EmbeddingProtection.for_run)
         self.protection = EmbeddingProtection(
@@ -246,11 +247,13 @@ class SecondaryParty(SetAlignmentPeer, EnginePsiPeer, UnionPeer, LinkingPeer):
 
     # --- alignment: LinkingPeer (key confirmation, keys, encodings, the alignment view) -----
 
-    def _note_links(self, rows: npt.NDArray[np.int64], peer: str) -> None:
-        self._links[peer] = np.asarray(rows, dtype=np.int64).copy()
+    def _note_links(self, counts: npt.NDArray[np.intp], peer: str) -> None:
+        # the counts, not the alignment's n × K rows: all the accounting needs, and no copy of
+        # the rows (113 MB at FedSim's house scale) kept for each primary
+        self._links[peer] = counts
         for ctx in self.training_runs():
             if ctx.peer == peer:
-                ctx.protection.note_links(self._links[peer])
+                ctx.protection.note_links(counts)
 
     def on_setup_bottom(self, sender: str, message: SetupBottom) -> Ack:
         # a CNN views the party's numeric features as an image; an MLP's bound counts columns

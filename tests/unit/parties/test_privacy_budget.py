@@ -145,3 +145,22 @@ def test_without_a_state_directory_the_counts_live_as_long_as_the_party(
         setup(ch)
         answers.append(released(ch, attempt, np.arange(4)))
     assert answers == [True] * ALLOWED + [False] * 2
+
+
+def test_a_primary_s_links_are_kept_as_counts_per_row() -> None:
+    """A secondary keeps how many of a primary's records link to each of its rows (what its
+    release accounting counts a soft link's reuse of a row by), not the alignment's n × K
+    rows; a run of that primary counts on them, a run of another primary on none."""
+    party = SecondaryParty(bank_table(), InProcessHub().channel("bank"), privacy=PRIVACY,
+                           privacy_seed=5)
+    rows = np.array([[0, 2], [2, -1], [2, 0], [5, 23]])  # −1: a missing link
+    party.set_linked_rows(rows, peer="primary")
+    expected = np.bincount([0, 2, 2, 2, 0, 5, 23], minlength=N)
+    kept = party._links["primary"]
+    assert kept.shape == (N,) and np.array_equal(kept, expected)
+    assert not np.shares_memory(kept, rows)
+    run = party.protection.for_run(kept)
+    assert np.array_equal(run._links, expected) and not np.shares_memory(run._links, kept)
+    assert not party.protection.for_run(party._links.get("another"))._links.any()
+    with pytest.raises(VflinkError, match="3 link counts for a table of 24 rows"):
+        party.protection.for_run(np.ones(3, dtype=np.int64))
