@@ -229,3 +229,50 @@ def test_space_reserved_up_front_leaves_the_very_bytes(tmp_path: Path,
                 == (outputs["plain"] / name).read_bytes()), name
     if not parts:  # reserved for the whole file: 679 rows of five 8-byte columns, and more
         assert calls[0] >= 679 * 40 > (outputs["plain"]).stat().st_size
+
+
+@pytest.mark.parametrize("charts", [False, True], ids=["no-charts", "charts"])
+def test_delta_is_estimated_beside_the_write(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                             charts: bool) -> None:
+    """Δ (FedSim §4.3) is the summary's figure only: estimated on a thread of its own while the
+    links are written, before the charts that show it; the summary's figures are
+    improvement_estimates' of the link's linkage, to the bit."""
+    import threading
+
+    import vflink.linkage.improvement as improvement_mod
+    import vflink.runner.link.write as write_mod
+
+    events: list[tuple[str, str]] = []
+    real_estimates, real_write = improvement_mod.improvement_estimates, write_mod.write_links
+
+    def estimates(linkage: SoftLinkage) -> dict[str, float]:
+        events.append(("delta", threading.current_thread().name))
+        return real_estimates(linkage)
+
+    def write(*args: object, **kwargs: object) -> None:
+        events.append(("write", threading.current_thread().name))
+        real_write(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(improvement_mod, "improvement_estimates", estimates)
+    monkeypatch.setattr(write_mod, "write_links", write)
+    p, s = _tables(tmp_path)
+    links = vflink.link(p, s, on="x,y", metric="euclidean", top_k=3, seed=0,
+                        out=tmp_path / "links.parquet", charts=charts)
+    assert sorted(events) == [("delta", "vflink-beside"), ("write", "MainThread")]
+    assert links.summary["improvement_delta"] == real_estimates(links.outcome.linkage)
+    if charts:
+        assert links.summary["charts"] == ["links.parquet.similarity.png"]
+
+
+def test_an_error_in_delta_is_the_link_s_error(tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    import vflink.linkage.improvement as improvement_mod
+
+    def broken(linkage: SoftLinkage) -> dict[str, float]:
+        raise MemoryError("no room for Δ")
+
+    monkeypatch.setattr(improvement_mod, "improvement_estimates", broken)
+    p, s = _tables(tmp_path)
+    with pytest.raises(MemoryError, match="no room"):
+        vflink.link(p, s, on="x,y", metric="euclidean", top_k=3, seed=0,
+                    out=tmp_path / "links.parquet")

@@ -118,7 +118,8 @@ def _receive(ctx: LinkContext) -> LinkContext:
     ctx.clock.book(parties.seconds())
     linkage = parties.linkage()
     _warn_tau(ctx, linkage.tau)
-    ctx.improvement = improvement_estimates(linkage) if s.mode == "soft" else {}
+    # Δ (FedSim §4.3) is estimated beside the write (context.estimate_improvement)
+    ctx.improvement, ctx.improvement_of = {}, linkage if s.mode == "soft" else None
     ctx.communication = parties.communication()
     ctx.sizes = {"primary_rows": len(linkage), "secondary_rows": linkage.n_secondary,
                  "top_k": s.top_k}

@@ -43,7 +43,7 @@ from vflink.registry import Registry
 from vflink.runner.link.candidates import CANDIDATES
 from vflink.runner.link.charts import CHARTS, link_outputs
 from vflink.runner.link.compare import COMPARISONS
-from vflink.runner.link.context import STAGES, LinkContext, Side, Stage
+from vflink.runner.link.context import STAGES, LinkContext, Side, Stage, estimate_improvement
 from vflink.runner.link.decide import DECISIONS
 from vflink.runner.link.encode import ENCODERS
 from vflink.runner.link.model import MODELS
@@ -120,41 +120,48 @@ def run_link(settings: LinkSettings, primary: Any, secondary: Any, *,
     stages = dict(pipeline.stages)
     # A link held in memory has all its figures' data before the write: its charts are drawn
     # beside the write (a thread of their own; matplotlib draws on a bare Figure, no pyplot
-    # state), never before it. A streamed link's figures wait for its last chunk.
+    # state), never before it, after Δ, which the summary and the similarity curve show and
+    # is estimated beside the write too. A streamed link's figures wait for its last chunk.
     beside = pipeline.choices["charts"] != "none" and not pipeline.streamed
     with ctx.cleanup, small_pages():
         for name, stage in pipeline.stages:
             if name == "charts" and beside:
                 continue
-            if name == "write" and beside:
-                with _Beside(stages["charts"], ctx) as charts:
+            if name == "write" and (beside or ctx.improvement_of is not None):
+                charts = stages["charts"] if beside else None
+                with _Beside(estimate_improvement, charts, ctx) as done:
                     with ctx.clock.stage(name):
                         ctx = stage(ctx)
-                ctx.clock.seconds["charts"] = charts.seconds
+                if beside:
+                    ctx.clock.seconds["charts"] = done.seconds
                 continue
             with ctx.clock.stage(name):
                 ctx = stage(ctx)
-    return _finish(ctx)
+    return _finish(estimate_improvement(ctx))
 
 
 class _Beside:
-    """Run a stage in a thread of its own while the ``with`` block runs; its error, if any,
-    is raised at the block's end (after the block's own), and its seconds are kept."""
+    """Run Δ's estimate, then a stage (the charts), in a thread of its own while the ``with``
+    block runs; its error, if any, is raised at the block's end (after the block's own), and
+    the stage's seconds are kept."""
 
-    def __init__(self, stage: Stage, ctx: LinkContext) -> None:
-        self.stage, self.ctx = stage, ctx
+    def __init__(self, first: Stage, stage: Stage | None, ctx: LinkContext) -> None:
+        self.first, self.stage, self.ctx = first, stage, ctx
         self.seconds = 0.0
         self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, name="vflink-charts", daemon=True)
+        self.thread = threading.Thread(target=self._run, name="vflink-beside", daemon=True)
 
     def _run(self) -> None:
-        start = time.perf_counter()
         try:
-            self.stage(self.ctx)
+            self.first(self.ctx)
+            start = time.perf_counter()
+            try:
+                if self.stage is not None:
+                    self.stage(self.ctx)
+            finally:
+                self.seconds = time.perf_counter() - start
         except BaseException as exc:  # noqa: BLE001 - handed to the caller at the join
             self.error = exc
-        finally:
-            self.seconds = time.perf_counter() - start
 
     def __enter__(self) -> _Beside:
         self.thread.start()
