@@ -320,3 +320,48 @@ def test_before_writes_is_called_once_before_any_result_is_written(group: int) -
     want_d, want_i = _canonical(p, s, k)
     np.testing.assert_array_equal(dist, want_d)
     np.testing.assert_array_equal(idx, want_i)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_groups_of_many_queries_built_in_halves(threads: int,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """From ``_HALVES_FROM`` queries on two workers the queries' tree is built in two halves
+    (cut at the median of the widest dimension), one per thread: every query in exactly one
+    group of at most ``g``, a group's padding its own first query, groups as compact as one
+    tree's; the search equals brute force either way."""
+    import vflink.linkage.grouped as grouped
+
+    monkeypatch.setattr(grouped, "_HALVES_FROM", 1000)
+    rng = np.random.default_rng(15)
+    centres = rng.uniform(0, 10, (12, 2))
+    p = np.concatenate([_clusters(rng, 3000, centres, 0.3), rng.uniform(0, 30, (200, 2))])
+    s = _clusters(rng, 500, centres, 0.3)
+    rows = np.arange(len(p), dtype=np.int64)[::-1].copy()  # not in the points' order
+    members, valid = grouped._groups(p, rows, 48, cKDTree, threads)
+    assert members.shape[1] <= 48 and valid[:, 0].all()
+    np.testing.assert_array_equal(np.sort(members[valid]), np.arange(len(p)))
+    np.testing.assert_array_equal(members[~valid], np.broadcast_to(members[:, :1],
+                                                                   members.shape)[~valid])
+    one_tree, _ = grouped._groups(p, rows, 48, cKDTree, 1)
+    assert abs(len(members) - len(one_tree)) <= 2  # a tree's leaves: n / g to 2n / g
+    spans = {w: (p[m].max(axis=1) - p[m].min(axis=1)).max(axis=1)
+             for w, m in ((threads, members), (1, one_tree))}
+    assert np.median(spans[threads]) <= 1.5 * np.median(spans[1])
+    _check(p, s, 30, threads=threads, group=48)
+
+
+@pytest.mark.parametrize("dims", [1, 2, 3])
+def test_group_centres_and_reaches_from_coordinate_planes(dims: int) -> None:
+    """Each group's bounding-box centre (exactly) and its farthest query's distance from it
+    (to rounding), computed a dimension at a time, equal those of the gathered groups."""
+    import vflink.linkage.grouped as grouped
+
+    rng = np.random.default_rng(dims)
+    q = rng.normal(0, 5, (500, dims))
+    members = rng.integers(0, 500, (40, 13))
+    centre, reach = grouped._centres(np.ascontiguousarray(q.T), members)
+    qg = q[members]
+    want = (qg.min(axis=1) + qg.max(axis=1)) / 2
+    np.testing.assert_array_equal(centre, want)
+    np.testing.assert_allclose(reach, np.sqrt(((qg - want[:, None, :]) ** 2).sum(axis=2)).max(
+        axis=1), rtol=1e-15)
