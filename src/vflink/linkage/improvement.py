@@ -164,10 +164,15 @@ def improvement_estimates(linkage: SoftLinkage, baselines: tuple[str, ...] = BAS
     ``scaled`` passes similarities already scaled with ``scale``.
     """
     if scaled is None:
-        sims = linkage.similarities if noisy else linkage.raw_similarities()
-        fast = _row_estimates(linkage, sims, baselines) if scale == "row" else None
+        if noisy:  # a block of rows at a time (no n × K array where ρ is made on demand)
+            rows_of: Callable[[int, int], FloatArray] = linkage.similarity_rows
+        else:
+            raw = linkage.raw_similarities()
+            rows_of = lambda lo, hi: raw[lo:hi]  # noqa: E731
+        fast = _row_estimates(linkage, rows_of, baselines) if scale == "row" else None
         if fast is not None:
             return fast
+        sims = linkage.similarities if noisy else rows_of(0, len(linkage))
         scaled = scale_similarities(sims, scale=scale)
     valid = linkage.indices != MISSING
     all_valid = bool(valid.all())
@@ -189,7 +194,7 @@ def improvement_estimates(linkage: SoftLinkage, baselines: tuple[str, ...] = BAS
     return out
 
 
-def _row_estimates(linkage: SoftLinkage, sims: FloatArray,
+def _row_estimates(linkage: SoftLinkage, rows_of: Callable[[int, int], FloatArray],
                    baselines: tuple[str, ...]) -> dict[str, float] | None:
     """:func:`improvement_estimates` with row scaling when every link is present and every
     similarity finite (the usual soft linkage), from each row's minimum, maximum and sum
@@ -197,12 +202,15 @@ def _row_estimates(linkage: SoftLinkage, sims: FloatArray,
     needs three passes over the similarities and none over a scaled copy (at FedSim's house
     scale, 14 M similarities, that halves the summary's cost). The passes go over blocks of
     rows that stay in the cache, the blocks shared by one thread per core (numpy releases the
-    GIL in its reductions). ``None``: not that case."""
-    s = np.asarray(sims, dtype=np.float64)
+    GIL in its reductions). ``rows_of(lo, hi)``: the similarities of rows ``lo`` to ``hi``
+    (made for those rows alone where they are Eq. 1 of the distances). ``None``: not that
+    case."""
+    indices = linkage.indices
     # every link present: no index at MISSING (the least index above it: one pass, no mask)
-    if s.ndim != 2 or s.shape[1] == 0 or not s.size or not linkage.indices.min() > MISSING:
+    if indices.ndim != 2 or indices.shape[1] == 0 or not indices.size or \
+            not indices.min() > MISSING:
         return None
-    n, k = s.shape
+    n, k = indices.shape
     others = [name for name in baselines if name not in ("avgsim", "top1sim", "exact")]
     d = np.asarray(linkage.distances) if "exact" in baselines else None
 
@@ -210,7 +218,7 @@ def _row_estimates(linkage: SoftLinkage, sims: FloatArray,
         """(Σ of the rows' scaled sums, Σ of their first columns' 1 − 2·scaled, Σ of the
         scaled similarities of their links at distance 0, how many); ``None`` where a row's
         minimum or maximum is not finite."""
-        part = s[rows]
+        part = np.asarray(rows_of(rows.start, rows.stop), dtype=np.float64)
         scaling = _row_scaling(part)
         if scaling is None:
             return None
@@ -252,8 +260,9 @@ def _row_estimates(linkage: SoftLinkage, sims: FloatArray,
         else:
             continue
         out[name] = per_sum / max(1, n)
-    scaling = _row_scaling(s) if others else None
-    if scaling is not None:
+    s = np.asarray(rows_of(0, n), dtype=np.float64) if others else None
+    scaling = _row_scaling(s) if s is not None else None
+    if s is not None and scaling is not None:
         lo, inv = scaling
         for name in others:
             rows, cols = np.nonzero(baseline_matches(linkage, name))

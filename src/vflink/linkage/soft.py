@@ -40,8 +40,8 @@ from vflink.linkage.search import Neighbours
 from vflink.randomness import SecretGenerator, secret_generator
 from vflink.types import MISSING, Alignment
 
-__all__ = ["LinkMode", "SoftLinkage", "noise_scale", "normalize_similarities",
-           "perturb_similarities", "soft_linkage"]
+__all__ = ["LinkMode", "SoftLinkage", "eq1_into", "eq1_scale", "noise_scale",
+           "normalize_similarities", "perturb_similarities", "soft_linkage"]
 
 log = logging.getLogger(__name__)
 
@@ -60,33 +60,44 @@ def normalize_similarities(distances: npt.ArrayLike, *,
     linked at inference time get similarities on the training linkage's scale.
     """
     d = np.asarray(distances, dtype=np.float64)
-    moments: tuple[float, float] | None = None
-    if scale is None and d.size:
+    mu0, sigma0 = eq1_scale(d, scale=scale)
+    rho = np.empty_like(d)
+    _in_parts(lambda a, out: eq1_into(a, mu0, sigma0, out), d, rho)
+    return rho, mu0, sigma0
+
+
+def eq1_scale(distances: npt.ArrayLike, *, scale: tuple[float, float] | None = None
+              ) -> tuple[float, float]:
+    """Eq. 1's (μ0, σ0) over the finite entries of ``distances`` (``scale``: given instead;
+    (0, 0) where no entry is finite), as :func:`normalize_similarities` uses them."""
+    if scale is not None:
+        return float(scale[0]), float(scale[1])
+    d = np.asarray(distances, dtype=np.float64)
+    if d.size:
         # No mask and no masked copy of the n × K distances when every link is present (the
         # usual case): the exact sum refuses a NaN or an infinity, and only then are the
         # finite entries picked. The std of −d is the std of d; both moments come from exact
         # sums, so a linkage streamed chunk by chunk gets the very same μ0 and σ0 (.moments).
         try:
-            moments = exact_moments(d)
+            mean, sigma0 = exact_moments(d)
+            return -mean, sigma0
         except ValueError:
-            moments = None
-    valid: npt.NDArray[np.bool_] | None = None
-    if scale is not None:
-        mu0, sigma0 = float(scale[0]), float(scale[1])
-    elif moments is not None:
-        mu0, sigma0 = -moments[0], moments[1]
-    else:
-        valid = np.isfinite(d)
-        if not valid.any():
-            return np.full_like(d, np.nan), 0.0, 0.0
-        mean, sigma0 = exact_moments(d[valid])
-        mu0 = -mean
+            pass
+    valid = np.isfinite(d)
+    if not valid.any():
+        return 0.0, 0.0
+    mean, sigma0 = exact_moments(d[valid])
+    return -mean, sigma0
+
+
+def eq1_into(d: FloatArray, mu0: float, sigma0: float, out: FloatArray) -> None:
+    """Eq. 1's ρ of the distances ``d`` into ``out``, elementwise (any stretch of rows gets the
+    very bits of the whole): (−d − μ0) / σ0; where σ0 = 0, 0 for a finite distance and NaN
+    for a missing one."""
     if sigma0 > 0.0:
-        rho = np.empty_like(d)
-        _in_parts(lambda a, out: _rho(a, mu0, sigma0, out), d, rho)
+        _rho(d, mu0, sigma0, out)
     else:
-        rho = np.where(np.isfinite(d) if valid is None else valid, 0.0, np.nan)
-    return rho, mu0, sigma0
+        np.copyto(out, np.where(np.isfinite(d), 0.0, np.nan))
 
 
 def _rho(d: FloatArray, mu0: float, sigma0: float, out: FloatArray) -> None:
@@ -185,6 +196,14 @@ def perturb_similarities(rho: npt.ArrayLike, sigma: float,
     return out
 
 
+#: What a :class:`SoftLinkage` made without noise holds for its similarities until they are
+#: first asked for whole: they are Eq. 1's ρ of its distances, made a stretch of rows at a
+#: time by :meth:`SoftLinkage.similarity_rows` (never seen outside this module: the
+#: ``similarities`` attribute makes and keeps the whole array on first use). ``None``, which
+#: a pickled or copied linkage keeps as it is.
+_EQ1: Any = None
+
+
 @dataclass(frozen=True, eq=False)
 class SoftLinkage:
     """The result of a linkage: who is linked to whom, how similar, and at what privacy cost.
@@ -193,6 +212,8 @@ class SoftLinkage:
         indices: ``(n, K)`` secondary rows, most similar first; −1 = missing (exact mode).
         distances: ``(n, K)`` raw distances (NaN where missing). Coordinator-side only.
         similarities: ``(n, K)`` normalised and noised similarities s (Eq. 1–2), for the primary.
+            Without noise they are Eq. 1's ρ of the distances, made when first used (whole on
+            this attribute, a stretch of rows with :meth:`similarity_rows`).
         mu0, sigma0: Eq. 1 scaling parameters.
         sigma: Eq. 2 noise scale.
         tau: Theorem 2 greedy-attack bound for (σ, σ0) at the distance step ``resolution``.
@@ -229,7 +250,8 @@ class SoftLinkage:
     match_probabilities: FloatArray | None = None
     matches: npt.NDArray[np.bool_] | None = None
     model: dict[str, Any] = field(default_factory=dict)
-    #: seconds of its own steps (``moments``: Eq. 1's μ0 and σ0 and ρ; ``noise``: Eq. 2)
+    #: seconds of its own steps (``moments``: Eq. 1's μ0 and σ0; ``noise``: ρ and Eq. 2's
+    #: noise, where there is some)
     seconds: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -242,6 +264,18 @@ class SoftLinkage:
     @property
     def matched(self) -> npt.NDArray[np.bool_]:
         return np.asarray((self.indices != MISSING).any(axis=1))
+
+    def similarity_rows(self, lo: int, hi: int) -> FloatArray:
+        """Rows ``lo`` to ``hi`` of :attr:`similarities` without making the whole array: Eq. 1's
+        ρ of those rows' distances where the similarities have not been made (the very bits
+        the whole array holds; a fresh array, not kept), else a view of them."""
+        held = self.__dict__["similarities"]
+        if held is not _EQ1:
+            return np.asarray(held[lo:hi])
+        d = np.asarray(self.distances[lo:hi], dtype=np.float64)
+        out = np.empty(d.shape)
+        eq1_into(d, self.mu0, self.sigma0, out)
+        return out
 
     def raw_similarities(self) -> FloatArray:
         """ρ of Eq. 1 (before noise), recomputed from the distances (a model link: the match
@@ -264,9 +298,14 @@ class SoftLinkage:
         meta.update(self.model.get("released", {}))
         similarity = None
         if include_similarity:
-            similarity = np.empty(self.similarities.shape, dtype=np.float32)
-            _in_parts(lambda a, out: np.copyto(out, a, casting="same_kind"),
-                      np.ascontiguousarray(self.similarities, dtype=np.float64), similarity)
+            similarity = np.empty(self.distances.shape, dtype=np.float32)
+            if self.__dict__["similarities"] is _EQ1:  # ρ made in small blocks, cast as made
+                mu0, sigma0 = self.mu0, self.sigma0
+                _in_parts(lambda a, out: _eq1_float32(a, mu0, sigma0, out),
+                          np.ascontiguousarray(self.distances, dtype=np.float64), similarity)
+            else:
+                _in_parts(lambda a, out: np.copyto(out, a, casting="same_kind"),
+                          np.ascontiguousarray(self.similarities, dtype=np.float64), similarity)
         return Alignment(
             primary_index=np.arange(len(self), dtype=np.int64),
             secondary_index=self.indices,
@@ -275,6 +314,42 @@ class SoftLinkage:
             meta=meta,
             match=self.matches if include_similarity else None,
         )
+
+
+def _similarities(self: SoftLinkage) -> FloatArray:
+    held: FloatArray = self.__dict__["similarities"]
+    if held is _EQ1:  # made whole on first use, and kept
+        held = self.similarity_rows(0, len(self))
+        self.__dict__["similarities"] = held
+    return held
+
+
+def _hold_similarities(self: SoftLinkage, value: FloatArray) -> None:
+    # the dataclass's __init__ sets the field through this (object.__setattr__); a later
+    # assignment is refused by the frozen class's own __setattr__ first
+    self.__dict__["similarities"] = value
+
+
+# The field, read through a property: the similarities of a linkage without noise are made
+# from its distances when first asked for (see _EQ1).
+SoftLinkage.similarities = property(  # type: ignore[assignment]
+    _similarities, _hold_similarities, doc="(n, K) similarities s (Eq. 1-2), for the primary")
+
+#: Elements per block of :func:`_eq1_float32` (float64: 256 KB, in a core's cache).
+_EQ1_BLOCK = 1 << 15
+
+
+def _eq1_float32(d: FloatArray, mu0: float, sigma0: float,
+                 out: npt.NDArray[np.float32]) -> None:
+    """Eq. 1's ρ of the flat distances ``d`` into the float32 ``out``, a block at a time
+    through one small float64 buffer: the float32 of each element of the whole float64 ρ."""
+    flat_d, flat_out = d.reshape(-1), out.reshape(-1)
+    buf = np.empty(min(flat_d.size, _EQ1_BLOCK))
+    for start in range(0, flat_d.size, _EQ1_BLOCK):
+        stop = min(flat_d.size, start + _EQ1_BLOCK)
+        part = buf[:stop - start]
+        eq1_into(flat_d[start:stop], mu0, sigma0, part)
+        np.copyto(flat_out[start:stop], part, casting="same_kind")
 
 
 def soft_linkage(
@@ -338,7 +413,7 @@ def soft_linkage(
         distances.size >= PASS_MIN and ((tau is not None and tau < 1.0) or bool(sigma))) \
         else None
     clock = time.perf_counter()
-    rho, mu0, sigma0 = normalize_similarities(distances, scale=scale)
+    mu0, sigma0 = eq1_scale(distances, scale=scale)
     seconds = {"moments": time.perf_counter() - clock}
     step = neighbours.resolution
     noise = noise_scale(tau, sigma, sigma0, resolution=step)
@@ -346,13 +421,19 @@ def soft_linkage(
     n_primary = int(indices.shape[0])
     epsilon = dp_epsilon(noise, n_primary, mu0, sigma0)
     epsilon_valid = delta < theorem1_delta_limit(epsilon)
-    # ρ is a fresh array owned here: without noise it is the similarity itself (no copy).
     clock = time.perf_counter()
-    if ahead is not None:
-        z = ahead.result()
-        similarities = rho if noise == 0.0 else _scaled_noise(z, noise, rho)
+    z = ahead.result() if ahead is not None else None
+    if noise == 0.0:
+        # Without noise the similarities are Eq. 1's ρ itself: made from the distances a
+        # stretch of rows at a time where they are used (SoftLinkage.similarity_rows: the
+        # links' file, the primary's float32 copy, Δ), not as one more n × K array (113 MB of
+        # fresh memory at FedSim's house scale) unless asked for whole
+        similarities = _EQ1
     else:
-        similarities = rho if noise == 0.0 else perturb_similarities(rho, noise, generator())
+        rho = np.empty_like(distances)
+        _in_parts(lambda a, out: eq1_into(a, mu0, sigma0, out), distances, rho)
+        similarities = (_scaled_noise(z, noise, rho) if z is not None
+                        else perturb_similarities(rho, noise, generator()))
     seconds["noise"] = time.perf_counter() - clock
     log.info("soft linkage: K=%d μ0=%.6g σ0=%.6g σ=%.6g τ=%.6g ε=%.6g", neighbours.k, mu0,
              sigma0, noise, achieved_tau, epsilon)

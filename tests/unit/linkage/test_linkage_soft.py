@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -143,3 +145,78 @@ def test_the_coordinators_unseeded_noise_is_one_secret_stream() -> None:
     assert coordinator._noise_rng("b") is first  # made once, on the first noise drawn
     seeded = CoordinatorParty(seed=3)._noise_rng("a")
     assert not isinstance(seeded, SecretGenerator)
+
+
+@pytest.mark.parametrize("case", ["links", "missing", "all-equal"])
+def test_similarities_without_noise_are_made_from_the_distances_when_used(case: str) -> None:
+    """Without noise the similarities are Eq. 1's ρ of the distances, made where they are
+    used: a stretch of rows (similarity_rows), the primary's float32 copy (in blocks) or the
+    whole attribute (made once, kept), each the very bits of normalize_similarities'."""
+    from vflink.linkage.search import Neighbours
+    from vflink.linkage.soft import _EQ1, soft_linkage
+
+    rng = np.random.default_rng(3)
+    d = np.sort(rng.random((400, 9)), axis=1)
+    idx = rng.integers(0, 50, d.shape)
+    if case == "missing":
+        d[rng.random(d.shape) < 0.2] = np.nan
+    if case == "all-equal":
+        d[:] = 0.25
+    lk = soft_linkage(Neighbours(idx, d, exact=True), metric="euclidean", n_secondary=50)
+    rho, mu0, sigma0 = normalize_similarities(d)
+    assert (lk.mu0, lk.sigma0) == (mu0, sigma0)
+    assert lk.__dict__["similarities"] is _EQ1  # nothing made yet
+    for lo, hi in ((0, 400), (17, 18), (100, 333), (400, 400)):
+        np.testing.assert_array_equal(lk.similarity_rows(lo, hi), rho[lo:hi])
+    np.testing.assert_array_equal(lk.to_alignment().similarity, rho.astype(np.float32))
+    assert lk.__dict__["similarities"] is _EQ1  # still nothing kept
+    np.testing.assert_array_equal(lk.similarities, rho)
+    assert lk.similarities is lk.similarities  # made once, then kept
+    np.testing.assert_array_equal(lk.similarity_rows(5, 9), rho[5:9])
+    with pytest.raises(AttributeError):  # still a frozen dataclass
+        lk.similarities = rho  # type: ignore[misc]
+
+
+def test_a_linkage_whose_similarities_are_not_made_yet_survives_pickling() -> None:
+    import copy
+    import dataclasses
+    import pickle
+
+    from vflink.linkage.search import Neighbours
+    from vflink.linkage.soft import soft_linkage
+
+    rng = np.random.default_rng(5)
+    d = np.sort(rng.random((30, 4)), axis=1)
+    lk = soft_linkage(Neighbours(rng.integers(0, 9, d.shape), d, exact=True),
+                      metric="euclidean", n_secondary=9)
+    rho, _, _ = normalize_similarities(d)
+    for other in (pickle.loads(pickle.dumps(lk)), copy.deepcopy(lk), copy.copy(lk),
+                  dataclasses.replace(lk, recall=1.0)):
+        np.testing.assert_array_equal(other.similarity_rows(3, 11), rho[3:11])
+        np.testing.assert_array_equal(other.similarities, rho)
+
+
+def test_a_link_without_noise_never_makes_its_similarities_whole(tmp_path: Path) -> None:
+    """`vflink link --privacy off`'s path: the file's similarity column, Δ and the primary's
+    float32 copy each made from the distances a stretch of rows at a time; the file holds
+    Eq. 1's ρ to the bit."""
+    import pandas as pd
+    import pyarrow.parquet as pq
+
+    import vflink
+    from vflink.linkage.improvement import improvement_estimates
+    from vflink.linkage.soft import _EQ1
+
+    rng = np.random.default_rng(4)
+    p, s = tmp_path / "p.parquet", tmp_path / "s.parquet"
+    pd.DataFrame({"x": rng.random(300), "y": rng.random(300)}).to_parquet(p)
+    pd.DataFrame({"x": rng.random(90), "y": rng.random(90)}).to_parquet(s)
+    links = vflink.link(p, s, on="x,y", metric="euclidean", top_k=6, privacy="off",
+                        out=tmp_path / "links.parquet")
+    lk = links.outcome.linkage
+    assert lk.sigma == 0.0 and lk.__dict__["similarities"] is _EQ1
+    rho, _, _ = normalize_similarities(lk.distances)
+    written = pq.read_table(tmp_path / "links.parquet").column("similarity").to_numpy()
+    np.testing.assert_array_equal(written, rho.reshape(-1))
+    np.testing.assert_array_equal(links.outcome.alignment.similarity, rho.astype(np.float32))
+    assert links.summary["improvement_delta"] == improvement_estimates(lk)

@@ -199,12 +199,17 @@ class LinkColumns(Mapping[str, npt.NDArray[Any]]):
         for lo in range(0, max(n, 1), step):
             yield self._columns(lo, min(n, lo + step), self._names, shared)
 
-    def _link_values(self, name: str) -> npt.NDArray[Any]:
+    def _link_values(self, name: str, lo: int, hi: int) -> npt.NDArray[Any]:
+        """Rows ``lo`` to ``hi`` of the per-link column ``name``."""
         lk = self.linkage
         if name == "distance":
-            return lk.distances
-        if name == "similarity":
-            return lk.similarities
+            return lk.distances[lo:hi]
+        if name == "similarity":  # without noise, Eq. 1 of these rows alone (no n × K array)
+            return lk.similarity_rows(lo, hi)
+        return self._whole_values(name)[lo:hi]
+
+    def _whole_values(self, name: str) -> npt.NDArray[Any]:
+        lk = self.linkage
         if name == "match_weight":
             return np.asarray(lk.match_weights)
         if name == "match":
@@ -244,7 +249,7 @@ class LinkColumns(Mapping[str, npt.NDArray[Any]]):
                 elif name in self._ids:
                     out[name] = self._gather_ids(name, out, lo, hi, names)
                 else:
-                    v = self._link_values(name)[lo:hi]
+                    v = self._link_values(name, lo, hi)
                     out[name] = (v.reshape(-1) if v.dtype == bool
                                  else v.astype(np.float64, copy=False).reshape(-1))
             return out
@@ -260,7 +265,7 @@ class LinkColumns(Mapping[str, npt.NDArray[Any]]):
             elif name in self._ids:
                 out[name] = self._gather_ids(name, out, lo, hi, names)
             else:
-                v = self._link_values(name)[lo:hi]
+                v = self._link_values(name, lo, hi)
                 out[name] = v[valid] if v.dtype == bool else v[valid].astype(np.float64)
         return out
 
