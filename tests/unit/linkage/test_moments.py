@@ -90,7 +90,7 @@ def test_non_finite_values_are_refused() -> None:
 @pytest.mark.parametrize("threads", [2, 3, 8])
 def test_threads_give_the_serial_bits(monkeypatch: pytest.MonkeyPatch, threads: int) -> None:
     rng = np.random.default_rng(7)
-    d = np.abs(rng.normal(0.05, 0.02, 3 * (1 << 16) + 12_345))
+    d = np.abs(rng.normal(0.05, 0.02, 3 * moments._BLOCK + 12_345))  # several blocks a thread
     d[::1000] = 0.0
     monkeypatch.setattr(moments, "pass_threads", lambda size: threads)
     threaded = exact_moments(d)
