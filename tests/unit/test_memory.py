@@ -42,13 +42,13 @@ def test_a_link_through_the_api_runs_without_the_advice(monkeypatch: pytest.Monk
     from vflink.linkage import soft
 
     seen: list[bool] = []
-    real = soft.normalize_similarities
+    real = soft.eq1_scale
 
     def spy(*args, **kwargs):  # type: ignore[no-untyped-def]
         seen.append(multiarray._get_madvise_hugepage())
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(soft, "normalize_similarities", spy)
+    monkeypatch.setattr(soft, "eq1_scale", spy)
     rng = np.random.default_rng(0)
     p = pd.DataFrame({"x": rng.uniform(0, 1, 40), "y": rng.uniform(0, 1, 40)})
     s = pd.DataFrame({"x": rng.uniform(0, 1, 30), "y": rng.uniform(0, 1, 30)})
