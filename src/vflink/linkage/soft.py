@@ -298,12 +298,13 @@ class SoftLinkage:
         meta.update(self.model.get("released", {}))
         similarity = None
         if include_similarity:
-            similarity = np.empty(self.distances.shape, dtype=np.float32)
             if self.__dict__["similarities"] is _EQ1:  # ρ made in small blocks, cast as made
                 mu0, sigma0 = self.mu0, self.sigma0
+                similarity = np.empty(self.distances.shape, dtype=np.float32)
                 _in_parts(lambda a, out: _eq1_float32(a, mu0, sigma0, out),
                           np.ascontiguousarray(self.distances, dtype=np.float64), similarity)
             else:
+                similarity = np.empty(self.similarities.shape, dtype=np.float32)
                 _in_parts(lambda a, out: np.copyto(out, a, casting="same_kind"),
                           np.ascontiguousarray(self.similarities, dtype=np.float64), similarity)
         return Alignment(
@@ -431,8 +432,9 @@ def soft_linkage(
         # fresh memory at FedSim's house scale) unless asked for whole
         similarities = _EQ1
     else:
-        rho = np.empty_like(distances)
-        _in_parts(lambda a, out: eq1_into(a, mu0, sigma0, out), distances, rho)
+        d = np.ascontiguousarray(distances, dtype=np.float64)
+        rho = np.empty_like(d)
+        _in_parts(lambda a, out: eq1_into(a, mu0, sigma0, out), d, rho)
         similarities = (_scaled_noise(z, noise, rho) if z is not None
                         else perturb_similarities(rho, noise, generator()))
     seconds["noise"] = time.perf_counter() - clock

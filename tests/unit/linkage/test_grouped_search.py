@@ -338,6 +338,10 @@ def test_groups_of_many_queries_built_in_halves(threads: int,
     s = _clusters(rng, 500, centres, 0.3)
     rows = np.arange(len(p), dtype=np.int64)[::-1].copy()  # not in the points' order
     members, valid = grouped._groups(p, rows, 48, cKDTree, threads)
+    odd, odd_valid = grouped._groups(p, rows[:1025], 48, cKDTree, threads)  # widths 32 and 33
+    np.testing.assert_array_equal(np.sort(odd[odd_valid]), np.sort(rows[:1025]))
+    np.testing.assert_array_equal(odd[~odd_valid],
+                                  np.broadcast_to(odd[:, :1], odd.shape)[~odd_valid])
     assert members.shape[1] <= 48 and valid[:, 0].all()
     np.testing.assert_array_equal(np.sort(members[valid]), np.arange(len(p)))
     np.testing.assert_array_equal(members[~valid], np.broadcast_to(members[:, :1],
