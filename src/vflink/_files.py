@@ -25,6 +25,7 @@ import logging
 import os
 import secrets
 import stat
+import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -146,7 +147,7 @@ def reserve_space(fd: int, size: int) -> bool:
     filesystem, a full disk or any other failure leaves the file as it was (False), and the
     write goes on as it would have."""
     global _FALLOCATE
-    if size <= 0 or not hasattr(os, "sched_getaffinity"):  # Linux only
+    if size <= 0 or not sys.platform.startswith("linux"):
         return False
     if _FALLOCATE is None:
         try:
