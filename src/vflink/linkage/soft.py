@@ -61,9 +61,7 @@ def normalize_similarities(distances: npt.ArrayLike, *,
     """
     d = np.asarray(distances, dtype=np.float64)
     mu0, sigma0 = eq1_scale(d, scale=scale)
-    rho = np.empty_like(d)
-    _in_parts(lambda a, out: eq1_into(a, mu0, sigma0, out), d, rho)
-    return rho, mu0, sigma0
+    return _eq1_whole(d, mu0, sigma0), mu0, sigma0
 
 
 def eq1_scale(distances: npt.ArrayLike, *, scale: tuple[float, float] | None = None
@@ -98,6 +96,15 @@ def eq1_into(d: FloatArray, mu0: float, sigma0: float, out: FloatArray) -> None:
         _rho(d, mu0, sigma0, out)
     else:
         np.copyto(out, np.where(np.isfinite(d), 0.0, np.nan))
+
+
+def _eq1_whole(distances: npt.ArrayLike, mu0: float, sigma0: float) -> FloatArray:
+    """Eq. 1's ρ of all the distances, a fresh float64 array (a large one in pieces, one
+    thread per core: :func:`_in_parts`)."""
+    d = np.ascontiguousarray(distances, dtype=np.float64)
+    rho = np.empty_like(d)
+    _in_parts(lambda a, out: eq1_into(a, mu0, sigma0, out), d, rho)
+    return rho
 
 
 def _rho(d: FloatArray, mu0: float, sigma0: float, out: FloatArray) -> None:
@@ -320,7 +327,7 @@ class SoftLinkage:
 def _similarities(self: SoftLinkage) -> FloatArray:
     held: FloatArray = self.__dict__["similarities"]
     if held is _EQ1:  # made whole on first use, and kept
-        held = self.similarity_rows(0, len(self))
+        held = _eq1_whole(self.distances, self.mu0, self.sigma0)
         self.__dict__["similarities"] = held
     return held
 
@@ -432,9 +439,7 @@ def soft_linkage(
         # fresh memory at FedSim's house scale) unless asked for whole
         similarities = _EQ1
     else:
-        d = np.ascontiguousarray(distances, dtype=np.float64)
-        rho = np.empty_like(d)
-        _in_parts(lambda a, out: eq1_into(a, mu0, sigma0, out), d, rho)
+        rho = _eq1_whole(distances, mu0, sigma0)
         similarities = (_scaled_noise(z, noise, rho) if z is not None
                         else perturb_similarities(rho, noise, generator()))
     seconds["noise"] = time.perf_counter() - clock
