@@ -462,7 +462,10 @@ def _run(args: argparse.Namespace) -> int:
                 Path(opts["primary"]), Path(opts["secondary"]), **_api_options(opts),
                 bloom_filters=_bloom(opts.get("bloom_filters"), opts.get("resolution")),
                 geo=_geo(opts.get("geo")), out=out, overwrite=True, compute=compute,
-                chunk_rows=config.chunk_rows)
+                chunk_rows=config.chunk_rows,
+                # the command's product is the file, which holds the similarities: the
+                # primary's in-memory alignment needs no float32 copy of them
+                alignment_similarities=False)
         except LinkageError as exc:
             if "unreachable" not in str(exc) or opts.get("tau") is None:
                 raise

@@ -295,7 +295,8 @@ class SoftLinkage:
     def to_alignment(self, secondary: str = "secondary", *,
                      include_similarity: bool = True) -> Alignment:
         """The hand-off to training: primary rows 0..n−1, their K secondary rows, and (for the
-        primary party only) the noised similarities as float32."""
+        primary party only; ``include_similarity=False``: none, for a primary that reads them
+        from the links instead) the noised similarities as float32."""
         meta = {"mu0": self.mu0, "sigma0": self.sigma0, "sigma": self.sigma, "tau": self.tau,
                 "epsilon": self.epsilon, "delta": self.delta}
         if self.resolution != 1.0:
@@ -320,7 +321,7 @@ class SoftLinkage:
             similarity=similarity,
             secondary=secondary,
             meta=meta,
-            match=self.matches if include_similarity else None,
+            match=self.matches,
         )
 
 

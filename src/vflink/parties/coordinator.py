@@ -410,11 +410,13 @@ class CoordinatorParty(Party):
                                  s.encodings[anchor][1], s.encodings[sec][1],
                                  metric=message.metric, top_k=1, mode="top1",
                                  rng=lambda: self._noise_rng(f"{message.session}/{sec}"),
-                                 seconds=s.seconds))
+                                 seconds=s.seconds), similarities=message.similarities)
 
     def _release(self, session: str, s: _Session, secondaries: tuple[str, ...], mode: str,
-                 linkage: SoftLinkage, hop_to: Callable[[str], SoftLinkage]) -> AlignmentViews:
-        """Keep the anchor's linkage and chain the other secondaries to it; the views."""
+                 linkage: SoftLinkage, hop_to: Callable[[str], SoftLinkage], *,
+                 similarities: bool = True) -> AlignmentViews:
+        """Keep the anchor's linkage and chain the other secondaries to it; the views
+        (``similarities=False``: the primary's without its similarities, as it asked)."""
         # FedSim App. C: the first secondary is soft-linked (top-K) to the primary; every other
         # secondary is linked one-to-one to that first one, so a primary record's k-th pair is
         # the chain primary → first secondary → others. K^(n-1) pairs would not scale.
@@ -423,7 +425,9 @@ class CoordinatorParty(Party):
         # the primary receives the anchor's similarities only (a chain carries them)
         self._charge_release(s.primary or "", anchor, linkage, mode)
         s.linkages[anchor] = linkage
-        first = linkage.to_alignment(anchor)
+        # released all the same (charged above): a primary that declines them in its view
+        # reads them elsewhere (the links file of an in-process link)
+        first = linkage.to_alignment(anchor, include_similarity=similarities)
         if self._seed is not None:  # the ledger says the noise can be regenerated
             first.meta["reproducible_noise"] = 1.0
         s.alignments[anchor] = first
@@ -666,7 +670,8 @@ class CoordinatorParty(Party):
             return self._release(session, s, message.secondaries, message.mode, linkage,
                                  lambda sec: self._model_link(
                                      hop, specs, s, anchor, sec,
-                                     self._noise_rng(f"{session}/{sec}")))
+                                     self._noise_rng(f"{session}/{sec}")),
+                                 similarities=message.similarities)
         else:
             linkage = self._link_fields(specs, s.fields[sender], s.fields[anchor],
                                         top_k=message.top_k, mode=message.mode, tau=message.tau,
@@ -676,7 +681,8 @@ class CoordinatorParty(Party):
         return self._release(session, s, message.secondaries, message.mode, linkage,
                              lambda sec: self._link_fields(
                                  specs, s.fields[anchor], s.fields[sec], top_k=1, mode="top1",
-                                 rng=self._noise_rng(f"{session}/{sec}"), seconds=s.seconds))
+                                 rng=self._noise_rng(f"{session}/{sec}"), seconds=s.seconds),
+                             similarities=message.similarities)
 
     def adopt(self, session: str, alignments: dict[str, Alignment], *,
               primary: str = "") -> None:

@@ -527,13 +527,16 @@ class AlignmentInitiator:
     def request_soft_link(self, coordinator: str, *, metric: str, top_k: int,
                           mode: str = "soft", tau: float | None = None,
                           sigma: float | None = None, delta: float = 1e-5,
-                          session: str = "soft", scale: tuple[float, float] | None = None
-                          ) -> dict[str, Alignment]:
+                          session: str = "soft", scale: tuple[float, float] | None = None,
+                          similarities: bool = True) -> dict[str, Alignment]:
         """Ask the coordinator to link the encodings of ``session`` (top-K search, Eq. 1-2);
-        the secondaries are then told to fetch their views."""
+        the secondaries are then told to fetch their views. ``similarities=False``: our
+        alignments come back without their similarities (a primary that reads them from the
+        links it writes)."""
         views = self.channel.request(coordinator, SoftLink(
             session=session, secondaries=self.secondaries, metric=metric, top_k=top_k, mode=mode,
-            tau=tau, sigma=sigma, delta=delta, scale=tuple(scale or ())), AlignmentViews)
+            tau=tau, sigma=sigma, delta=delta, scale=tuple(scale or ()),
+            similarities=similarities), AlignmentViews)
         return self._finish(coordinator, session, views)
 
     def align_fields(self, coordinator: str, fields: Sequence[LinkField], *,
@@ -615,15 +618,17 @@ class AlignmentInitiator:
                            scale: tuple[float, float] | None = None, model: str = "",
                            threshold: float = 0.5, one_to_one: str = "",
                            cardinality: str = "",
-                           rule_atoms: Sequence[Sequence[int]] = ()
-                           ) -> dict[str, Alignment]:
+                           rule_atoms: Sequence[Sequence[int]] = (),
+                           similarities: bool = True) -> dict[str, Alignment]:
         """Ask the coordinator to link the field encodings of ``session``: how it compares each
         field (``comparisons``), the number of ``blocking`` keys sent, K, Eq. 1-2's noise and,
-        for a model link, the model and its decisions; the secondaries then fetch their views."""
+        for a model link, the model and its decisions; the secondaries then fetch their views.
+        ``similarities``: as :meth:`request_soft_link`'s."""
         views = self.channel.request(coordinator, FieldLink(
             session=session, secondaries=self.secondaries, fields=tuple(comparisons),
             top_k=top_k, blocking=blocking, mode=mode, tau=tau, sigma=sigma, delta=delta,
             scale=tuple(scale or ()), model=model, threshold=threshold,
             one_to_one=one_to_one, cardinality=cardinality,
-            rule_atoms=tuple(tuple(int(a) for a in r) for r in rule_atoms)), AlignmentViews)
+            rule_atoms=tuple(tuple(int(a) for a in r) for r in rule_atoms),
+            similarities=similarities), AlignmentViews)
         return self._finish(coordinator, session, views)

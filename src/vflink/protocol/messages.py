@@ -326,6 +326,9 @@ class SoftLink(Message):
     sigma: float | None = None
     delta: float = 1e-5
     scale: tuple[float, ...] = ()  # (μ0, σ0) of a training linkage to reuse at inference
+    #: False: the primary's view comes back without its float32 similarities (indices, meta
+    #: and matches only), for a primary that takes them from the links it writes instead
+    similarities: bool = True
 
 
 # --- multi-field soft linkage through a coordinator -------------------------------------------
@@ -435,6 +438,8 @@ class FieldLink(Message):
     #: column is that field's whole value, else a negative number (a column that is no field)
     #: — public structure, no value; it lets the coordinator estimate the rules' recall
     rule_atoms: tuple[tuple[int, ...], ...] = ()
+    #: as :class:`SoftLink`'s: False, the primary's view without its float32 similarities
+    similarities: bool = True
 
 
 # --- split learning -------------------------------------------------------------------------

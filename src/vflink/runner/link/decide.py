@@ -92,13 +92,14 @@ def _refused(exc: LinkageError) -> LinkageError:
 
 @DECISIONS.register("top-k")
 def top_k(ctx: LinkContext) -> LinkContext:
-    ctx.request.update(_noise(ctx))
+    ctx.request.update(_noise(ctx), similarities=ctx.settings.alignment_similarities)
     return _receive(ctx)
 
 
 @DECISIONS.register("matches")
 def matches(ctx: LinkContext) -> LinkContext:
-    ctx.request.update(_noise(ctx), threshold=ctx.settings.threshold,
+    ctx.request.update(_noise(ctx), similarities=ctx.settings.alignment_similarities,
+                       threshold=ctx.settings.threshold,
                        one_to_one=ctx.settings.one_to_one or "",
                        cardinality=ctx.settings.cardinality or "")
     return _receive(ctx)
@@ -170,7 +171,8 @@ def _expand(ctx: LinkContext, lk: SoftLinkage, keep_p: npt.NDArray[np.bool_],
     log.info("skipped %d primary and %d secondary row(s) with an empty identifier",
              ctx.skipped["primary"], ctx.skipped["secondary"])
     ctx.sizes.update(primary_rows=len(keep_p), secondary_rows=len(keep_s))
-    ctx.alignment = linkage.to_alignment("secondary")
+    ctx.alignment = linkage.to_alignment(
+        "secondary", include_similarity=ctx.settings.alignment_similarities)
     return linkage
 
 
@@ -235,7 +237,8 @@ def chunks(ctx: LinkContext) -> LinkContext:
     empty = np.empty((0, s.top_k))
     ctx.linkage = _figures(ctx, empty.astype(np.int64), empty, empty, mu0, sigma0, noise,
                            n_primary=n_primary)
-    ctx.alignment = ctx.linkage.to_alignment("secondary")
+    ctx.alignment = ctx.linkage.to_alignment(
+        "secondary", include_similarity=s.alignment_similarities)
     ctx.chunks = _links(ctx, mu0, sigma0, noise, rng)
     return ctx
 

@@ -101,6 +101,9 @@ class LinkSettings:
     view: str = "operator"
     #: draw the figures beside the links file (FedSim Figure 4, a model link's charts)
     charts: bool = False
+    #: the primary's alignment with its float32 similarities (False: indices only, for a
+    #: caller that reads the similarities from the links)
+    alignment_similarities: bool = True
 
     def __post_init__(self) -> None:
         if self.on and not self.secondary_on:  # the same names on both sides
@@ -215,8 +218,9 @@ def _value_problems(s: LinkSettings) -> list[str]:
     model_problems(problems, model=s.model, mode=s.mode, cardinality=s.cardinality,
                    one_to_one=s.one_to_one, threshold=None, on=s.on if s.model else ())
     check_choice(problems, "view", s.view, ("operator", "primary"))
-    if not isinstance(s.charts, bool):
-        problems.append(f"`charts` must be true or false, got {s.charts!r}")
+    for name in ("charts", "alignment_similarities"):
+        if not isinstance(getattr(s, name), bool):
+            problems.append(f"`{name}` must be true or false, got {getattr(s, name)!r}")
     return problems
 
 
@@ -272,7 +276,7 @@ def _from_options(*, on: Any = None, secondary_on: Any = None, metric: str | Non
                   stream: bool | None = None, chunk_rows: int | None = None,
                   model: str | None = None, threshold: Any = None, one_to_one: Any = False,
                   cardinality: Any = None, view: Any = "operator",
-                  charts: Any = False) -> LinkSettings:
+                  charts: Any = False, alignment_similarities: Any = True) -> LinkSettings:
     found: list[str] = []  # every problem of the arguments, reported together
 
     def collect(build: Any, *args: Any) -> Any:
@@ -295,8 +299,9 @@ def _from_options(*, on: Any = None, secondary_on: Any = None, metric: str | Non
                    threshold=threshold,
                    on=on_cols if model is not None and not field_specs else None)
     check_choice(found, "view", view, ("operator", "primary"))
-    if not isinstance(charts, bool):
-        found.append(f"`charts` must be true or false, got {charts!r}")
+    for name, flag in (("charts", charts), ("alignment_similarities", alignment_similarities)):
+        if not isinstance(flag, bool):
+            found.append(f"`{name}` must be true or false, got {flag!r}")
     if model is not None and not field_specs and on_cols is not None:
         # one identifier: a one-field model link (the metric, if any, picks the comparison)
         field_specs = [FieldSpec(on=on_cols, secondary_on=secondary_cols or (),
@@ -341,7 +346,8 @@ def _from_options(*, on: Any = None, secondary_on: Any = None, metric: str | Non
         out=target, overwrite=overwrite, parts=parts, stream=stream, chunk_rows=chunk_rows,
         model=model, threshold=0.5 if threshold is None else threshold,
         one_to_one="optimal" if one_to_one is True else one_to_one or None,
-        cardinality=cardinality, view=view, charts=charts)
+        cardinality=cardinality, view=view, charts=charts,
+        alignment_similarities=alignment_similarities)
 
 
 def _warn_column_order(on: Sequence[str] | None, secondary_on: Sequence[str] | None,
