@@ -74,7 +74,8 @@ class Links:
 
     @property
     def alignment(self) -> Alignment:
-        """The primary's :class:`~vflink.Alignment` (indices n × K and similarities)."""
+        """The primary's :class:`~vflink.Alignment` (indices n × K and similarities; no
+        similarities for a link run with ``alignment_similarities=False``)."""
         return self.outcome.alignment
 
     def __len__(self) -> int:
