@@ -92,10 +92,16 @@ def test_an_unknown_entry_lists_the_valid_ones() -> None:
 def test_the_command_and_a_link_file_build_the_same_pipeline_as_the_api(
         tmp_path: Path) -> None:
     """The same links, summary and stages from vflink.link, `vflink link` and a [link]
-    file (the timings aside)."""
+    file (the timings aside). The command's primary takes its alignment without the float32
+    similarities (the file holds them): the API asked the same way reports the same bytes,
+    and the API's default 4 bytes a link more from the coordinator to the primary."""
     p, s = _tables(tmp_path)
     api = vflink.link(p, s, on="x,y", metric="euclidean", top_k=3, seed=1, tau=0.5,
-                      out=tmp_path / "api.parquet")
+                      out=tmp_path / "api.parquet", alignment_similarities=False)
+    whole = vflink.link(p, s, on="x,y", metric="euclidean", top_k=3, seed=1, tau=0.5)
+    sent = {name: run.summary["communication"]["coordinator->primary"]["bytes"]
+            for name, run in (("api", api), ("whole", whole))}
+    assert sent["whole"] - sent["api"] == 4 * len(api)  # a float32 similarity per link
     assert main(["link", "--primary", str(p), "--secondary", str(s), "--on", "x,y",
                  "--metric", "euclidean", "--top-k", "3", "--seed", "1", "--tau", "0.5",
                  "--out", str(tmp_path / "cli.parquet")]) == 0
