@@ -16,6 +16,7 @@ from vflink.errors import ConfigError
 T = TypeVar("T")
 
 __all__ = [
+    "check_bool",
     "check_choice",
     "check_float",
     "check_int",
@@ -67,6 +68,12 @@ def check_float(problems: list[str], name: str, value: object, *, min: float | N
             bounds.append(f"≤ {max}")
         suffix = (" " + " and ".join(bounds)) if bounds else ""
         problems.append(f"`{name}` must be a finite number{suffix}, got {value!r}")
+
+
+def check_bool(problems: list[str], name: str, value: object) -> None:
+    """A switch: true or false (not 0 or 1, nor a string)."""
+    if not isinstance(value, bool):
+        problems.append(f"`{name}` must be true or false, got {value!r}")
 
 
 def check_choice(problems: list[str], name: str, value: object, choices: Collection[str]) -> None:

@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from vflink._checks import from_table
+from vflink._checks import check_bool, from_table
 from vflink.cli._compute import add_compute_args, compute_from_args
 from vflink.config import read_toml
 from vflink.errors import ConfigError, LinkageError
@@ -205,8 +205,8 @@ def _check_value(key: str, value: Any, problems: list[str]) -> None:
 
     if key in _TEXT and not isinstance(value, (str, Path)):
         problems.append(f"`{key}` must be a string, got {value!r}")
-    elif key in _FLAGS and not isinstance(value, bool):
-        problems.append(f"`{key}` must be true or false, got {value!r}")
+    elif key in _FLAGS:
+        check_bool(problems, key, value)
     elif key in ("on", "secondary_on") and not (
             isinstance(value, str) or (isinstance(value, list) and value
                                        and all(isinstance(v, str) for v in value))):

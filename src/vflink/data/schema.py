@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from vflink._checks import check_choice, check_str_tuple, raise_if
+from vflink._checks import check_bool, check_choice, check_str_tuple, raise_if
 from vflink.types import Task
 
 __all__ = ["DELIMITERS", "ROLES", "PartySchema", "check_decimal", "check_delimiter",
@@ -136,9 +136,7 @@ class PartySchema:
         dup = sorted({c for c in feats if feats.count(c) > 1})
         if dup:
             problems.append(f"columns listed twice among features: {dup}")
-        if not isinstance(self.identifiers_as_features, bool):
-            problems.append(f"`identifiers_as_features` must be true or false, got "
-                            f"{self.identifiers_as_features!r}")
+        check_bool(problems, "identifiers_as_features", self.identifiers_as_features)
         # An identifier may also be a feature only when the user says so: its values then
         # cross the party boundary inside the embeddings too (the ledger notes it).
         shared = set() if self.identifiers_as_features is True else set(self.identifiers)

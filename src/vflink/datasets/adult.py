@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from vflink._checks import check_int, raise_if
+from vflink._checks import check_bool, check_int, raise_if
 from vflink.data.schema import PartySchema
 from vflink.datasets._base import (
     VFLDataset,
@@ -70,9 +70,7 @@ class AdultOptions:
     def __post_init__(self) -> None:
         problems: list[str] = []
         check_int(problems, "n_secondaries", self.n_secondaries, min=1, max=2)
-        if not isinstance(self.label_only_primary, bool):
-            problems.append(f"`label_only_primary` must be true or false, got "
-                            f"{self.label_only_primary!r}")
+        check_bool(problems, "label_only_primary", self.label_only_primary)
         check_fraction(problems, "overlap", self.overlap, open_low=True)
         check_max_rows(problems, self.max_rows)
         check_seed(problems, self.seed)

@@ -55,7 +55,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from vflink._checks import check_choice, check_int, raise_if
+from vflink._checks import check_bool, check_choice, check_int, raise_if
 from vflink.errors import ConfigError, DataError
 from vflink.linkage.comparison import packed_words
 from vflink.linkage.distances import euclidean_distances, haversine_distances
@@ -118,8 +118,8 @@ class FieldSpec:
                 and all(a > b for a, b in zip(self.levels, self.levels[1:]))):
             problems.append(f"`levels` must be similarities in (0, 1), highest first, got "
                             f"{self.levels!r}")
-        if self.tf is not None and not isinstance(self.tf, bool):
-            problems.append(f"`tf` must be true or false, got {self.tf!r}")
+        if self.tf is not None:
+            check_bool(problems, "tf", self.tf)
         if not (isinstance(self.weight, (int, float)) and not isinstance(self.weight, bool)
                 and math.isfinite(self.weight) and self.weight > 0):
             problems.append(f"`weight` must be a number > 0, got {self.weight!r}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from vflink._checks import check_choice, check_float, check_int, raise_if
+from vflink._checks import check_bool, check_choice, check_float, check_int, raise_if
 from vflink.errors import ConfigError
 
 __all__ = ["ACTIVATIONS", "BOTTOMS", "OPTIMIZERS", "BottomSpec", "bottom_parameters",
@@ -71,8 +71,7 @@ class BottomSpec:
         check_float(problems, "lr", self.lr, min=0.0, min_exclusive=True)
         check_float(problems, "weight_decay", self.weight_decay, min=0.0)
         check_int(problems, "seed", self.seed, min=0)
-        if not isinstance(self.standardize, bool):
-            problems.append(f"`standardize` must be true or false, got {self.standardize!r}")
+        check_bool(problems, "standardize", self.standardize)
         check_choice(problems, "bottom", self.bottom, BOTTOMS)
         if not 1 <= len(self.channels) <= _MAX_CNN_LAYERS:
             problems.append(f"`channels` must list 1 to {_MAX_CNN_LAYERS} layers, got "

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from vflink._checks import (
+    check_bool,
     check_choice,
     check_float,
     check_int,
@@ -277,9 +278,7 @@ class ModelConfig:
         check_int(problems, "model.cut_dim", self.cut_dim, min=1)
         check_choice(problems, "model.activation", self.activation, ACTIVATIONS)
         check_float(problems, "model.dropout", self.dropout, min=0.0, max=0.95)
-        if not isinstance(self.standardize, bool):
-            problems.append(f"`model.standardize` must be true or false, got "
-                            f"{self.standardize!r}")
+        check_bool(problems, "model.standardize", self.standardize)
         try:
             BottomSpec(bottom=self.bottom, channels=self.channels, kernels=self.kernels,
                        image_shape=self.image_shape)
@@ -366,8 +365,7 @@ class EvaluationConfig:
 
     def __post_init__(self) -> None:
         problems: list[str] = []
-        if not isinstance(self.record, bool):
-            problems.append(f"`evaluation.record` must be true or false, got {self.record!r}")
+        check_bool(problems, "evaluation.record", self.record)
         check_int(problems, "evaluation.record_rows", self.record_rows, min=1)
         raise_if(problems, "[evaluation] section")
 

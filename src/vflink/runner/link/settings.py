@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from vflink._checks import (
+    check_bool,
     check_choice,
     check_float,
     check_int,
@@ -218,9 +219,8 @@ def _value_problems(s: LinkSettings) -> list[str]:
     model_problems(problems, model=s.model, mode=s.mode, cardinality=s.cardinality,
                    one_to_one=s.one_to_one, threshold=None, on=s.on if s.model else ())
     check_choice(problems, "view", s.view, ("operator", "primary"))
-    for name in ("charts", "alignment_similarities"):
-        if not isinstance(getattr(s, name), bool):
-            problems.append(f"`{name}` must be true or false, got {getattr(s, name)!r}")
+    check_bool(problems, "charts", s.charts)
+    check_bool(problems, "alignment_similarities", s.alignment_similarities)
     return problems
 
 
@@ -299,9 +299,8 @@ def _from_options(*, on: Any = None, secondary_on: Any = None, metric: str | Non
                    threshold=threshold,
                    on=on_cols if model is not None and not field_specs else None)
     check_choice(found, "view", view, ("operator", "primary"))
-    for name, flag in (("charts", charts), ("alignment_similarities", alignment_similarities)):
-        if not isinstance(flag, bool):
-            found.append(f"`{name}` must be true or false, got {flag!r}")
+    check_bool(found, "charts", charts)
+    check_bool(found, "alignment_similarities", alignment_similarities)
     if model is not None and not field_specs and on_cols is not None:
         # one identifier: a one-field model link (the metric, if any, picks the comparison)
         field_specs = [FieldSpec(on=on_cols, secondary_on=secondary_cols or (),
