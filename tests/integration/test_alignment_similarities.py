@@ -4,6 +4,7 @@ float32 copy made, over both transports."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -16,11 +17,12 @@ from tests.helpers.network import bank_federation
 from tests.helpers.tables import places_frames
 from vflink.data.schema import PartySchema
 from vflink.data.table import PartyTable
+from vflink.errors import PolicyViolation
 from vflink.linkage import soft
 from vflink.parties.coordinator import CoordinatorParty
 from vflink.parties.link_peer import LinkingPeer
 from vflink.parties.linking import AlignmentInitiator
-from vflink.parties.policy import PartyPolicy
+from vflink.parties.policy import DEFAULT_MAX_COMBINED_TAU, PartyPolicy
 from vflink.protocol import AlignmentView
 from vflink.runner.encoding import encoding_for
 from vflink.runner.local import local_roles
@@ -101,27 +103,47 @@ def test_the_link_command_makes_no_float32_copy(tmp_path: Path,
 
 def _in_process(primary: pd.DataFrame, bank: pd.DataFrame, transcript: Transcript,
                 similarities: bool) -> dict[str, object]:
+    return _soft(_parties(primary, bank, transcript), primary, similarities)
+
+
+def _parties(primary: pd.DataFrame, bank: pd.DataFrame,
+             transcript: Transcript | None = None,
+             max_combined_tau: float = 1.0) -> AlignmentInitiator:
     hub = InProcessHub(transcript=transcript)
     roles = local_roles("primary", ["bank"])
     policy = PartyPolicy.permissive(identifiers="any")
-    hub.register("coordinator", CoordinatorParty("coordinator", seed=0, roles=roles,
-                                                 policy=policy))
+    hub.register("coordinator", CoordinatorParty(
+        "coordinator", seed=0, roles=roles,
+        policy=dataclasses.replace(policy, max_combined_tau=max_combined_tau)))
     schema = PartySchema(name="bank", role="secondary", identifiers=ON)
     hub.register("bank", LinkingPeer(PartyTable(schema, bank, "bank"), hub.channel("bank"),
                                      secret=SECRET.encode(), roles=roles, policy=policy))
-    initiator = AlignmentInitiator("primary", primary, hub.channel("primary"),
-                                   secondaries=("bank",), identifiers=ON,
-                                   secret=SECRET.encode(), policy=policy)
-    return _soft(initiator, primary, similarities)
+    return AlignmentInitiator("primary", primary, hub.channel("primary"),
+                              secondaries=("bank",), identifiers=ON,
+                              secret=SECRET.encode(), policy=policy)
 
 
 def _soft(initiator: AlignmentInitiator, primary: pd.DataFrame,
-          similarities: bool) -> dict[str, object]:
+          similarities: bool, sigma: float = 1.0) -> dict[str, object]:
     spec, metric = encoding_for("euclidean", bloom=True, sides=[(primary, ON)], margin=0.1)
     session = f"s-{similarities}"  # a linked session is immutable: one per request
     initiator.send_identifiers("coordinator", spec, session=session)
-    return initiator.request_soft_link("coordinator", metric=metric, top_k=3, sigma=1.0,
+    return initiator.request_soft_link("coordinator", metric=metric, top_k=3, sigma=sigma,
                                        session=session, similarities=similarities)
+
+
+def test_a_declined_view_is_still_charged_to_the_primary(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A primary that asks for its view without the similarities, then for them in another
+    session, gets the second refused where two releases together would exceed the policy's
+    combined τ: declining the view does not take the release off its noise budget (the
+    similarities reach the operator's links all the same)."""
+    monkeypatch.setenv("VFLINK_SECRET", SECRET)
+    primary, bank = _frames()
+    initiator = _parties(primary, bank, max_combined_tau=DEFAULT_MAX_COMBINED_TAU)
+    _soft(initiator, primary, False, sigma=0.1)
+    with pytest.raises(PolicyViolation, match="combined_noise|averaged"):
+        _soft(initiator, primary, True, sigma=0.1)
 
 
 @pytest.mark.network
