@@ -154,6 +154,36 @@ def test_a_command_turns_numpys_huge_page_advice_off_unless_exported(
     assert json.loads(out.strip().splitlines()[-1]) is want
 
 
+def _blas_threads(code: str, env: dict[str, str]) -> int:
+    """numpy's OpenBLAS threads in a fresh process that runs ``code`` first (threadpoolctl)."""
+    code += ("\nimport json, numpy, threadpoolctl\nprint(json.dumps([i['num_threads'] for i in "
+             "threadpoolctl.threadpool_info() if i['internal_api'] == 'openblas']))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin", **env},
+                         timeout=120, check=True).stdout
+    found = json.loads(out.strip().splitlines()[-1])
+    if not found:
+        pytest.skip("this numpy has no OpenBLAS")
+    return int(found[0])
+
+
+@pytest.mark.parametrize(("argv", "exported", "want"),
+                         [(["link", "--help"], None, "one"), (["link", "--help"], "2", "2"),
+                          (["--version"], None, "numpy's own")],
+                         ids=["link", "link-exported", "other-command"])
+def test_a_link_loads_numpys_blas_with_one_thread(argv: list[str], exported: str | None,
+                                                  want: str) -> None:
+    """numpy's OpenBLAS pool spins as numpy loads, beside the link's imports: the link
+    command's process loads it with one thread, a value the user exported wins, and other
+    commands keep numpy's own number."""
+    code = (f"from vflink.cli.main import main\ntry:\n    main({argv!r})\n"
+            "except SystemExit:\n    pass")
+    env = {} if exported is None else {"OPENBLAS_NUM_THREADS": exported}
+    got = _blas_threads(code, env)
+    expected = {"one": 1, "2": 2, "numpy's own": _blas_threads("", {})}[want]
+    assert got == expected
+
+
 @pytest.mark.parametrize("exit_after", [False, True])
 def test_the_collector_comes_back_unless_the_process_ends_next(
         tables: tuple[Path, Path], tmp_path: Path, exit_after: bool) -> None:
