@@ -33,7 +33,7 @@ import numpy as np
 import numpy.typing as npt
 
 from vflink._files import reserve_space
-from vflink._threads import cores
+from vflink._threads import cores, in_pieces
 from vflink.errors import DataError
 
 __all__ = ["AUTO_PARTS_ROWS", "FORMAT", "MANIFEST", "PART_ROWS", "PartitionedWriter",
@@ -255,8 +255,7 @@ class PartitionedWriter:
                 # the new dataset is in place: the old one (hundreds of MB of a house-scale
                 # link, a tenth of a second to delete) goes in a thread of its own, which the
                 # interpreter waits for before it exits
-                threading.Thread(target=shutil.rmtree, args=(old,),
-                                 kwargs={"ignore_errors": True},
+                threading.Thread(target=_remove_dataset, args=(old,),
                                  name="vflink-remove-old-dataset").start()
             else:
                 old.unlink(missing_ok=True)
@@ -277,6 +276,28 @@ class PartitionedWriter:
             if self._tmp is not None:
                 shutil.rmtree(self._tmp, ignore_errors=True)
                 self._tmp = None
+
+
+def _remove_dataset(path: Path) -> None:
+    """Delete the dataset directory ``path`` (an old output moved aside): its files unlinked
+    on one thread per core, then whatever is left (:func:`shutil.rmtree`, which follows no
+    link). Unlinking a part has the kernel free its pages and its disk space: the 15 parts of
+    a house-scale link took 0.045-0.095 s on one thread, as the command ends."""
+    try:
+        with os.scandir(path) as entries:
+            files = [e.path for e in entries if e.is_file(follow_symlinks=False)]
+    except OSError:
+        files = []
+
+    def unlink(r: slice) -> None:
+        for name in files[r]:
+            try:
+                os.unlink(name)
+            except OSError:
+                pass  # what is left goes with the directory below, or stays, as rmtree's
+
+    in_pieces(unlink, len(files), max(1, min(cores(), len(files))))
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def is_partitioned(path: Path | str) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -101,6 +102,30 @@ def test_the_target_name_is_replaced_never_written_through(tmp_path: Path) -> No
     write_columns(_columns(7), single, parts=None)  # an existing dataset stays a dataset
     assert is_partitioned(single) and read_parts(single).num_rows == 7
     assert _leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("cores", [1, 2, 4])
+def test_an_old_dataset_replaced_is_deleted_whole_following_no_link(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cores: int) -> None:
+    """The old dataset that --overwrite moves aside is deleted, its parts on one thread per
+    core: every file and folder in it, a link in it removed, never followed."""
+    monkeypatch.setattr(parts_mod, "cores", lambda: cores)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep.txt").write_text("keep me")
+    out = tmp_path / "links.parquet"
+    write_columns(_columns(9), out, parts=True, rows_per_part=2)
+    os.symlink(outside, out / "a-link-to-a-folder")
+    os.symlink(outside / "keep.txt", out / "a-link-to-a-file")
+    (out / "nested").mkdir()
+    (out / "nested" / "x.bin").write_bytes(b"x")
+    write_columns(_columns(4), out, parts=True, rows_per_part=2)
+    for thread in threading.enumerate():
+        if thread.name == "vflink-remove-old-dataset":
+            thread.join()
+    assert read_parts(out).num_rows == 4
+    assert _leftovers(tmp_path) == []  # the old dataset, moved aside, is gone
+    assert (outside / "keep.txt").read_text() == "keep me"
 
 
 def test_large_outputs_are_partitioned_automatically(tmp_path: Path,
