@@ -26,3 +26,24 @@ def test_payload_bytes_count_tensors_and_scalars() -> None:
         msg.batch_id = 2  # type: ignore[misc]
     assert payload_nbytes(Backward(batch_id=1, grad=torch.zeros(2, 3, dtype=torch.float64))) \
         == 8 + 48
+
+
+@pytest.mark.parametrize("cls", sorted(MESSAGE_TYPES.values(), key=lambda c: c.__name__),
+                         ids=lambda c: c.__name__)
+def test_equality_hash_and_repr_are_the_dataclasses_own(cls: type) -> None:
+    """Messages share one ==, hash and repr (the base class's): each gives what
+    ``@dataclass(frozen=True)`` would have made for the message, compared with such a
+    dataclass of the same fields."""
+    names = [f.name for f in dataclasses.fields(cls)]
+    reference = dataclasses.make_dataclass(cls.__name__, names, frozen=True)
+    reference.__qualname__ = cls.__qualname__
+    values = {name: f"v{i}" for i, name in enumerate(names)}
+    other = {name: f"w{i}" for i, name in enumerate(names)}
+    a, b, c = cls(**values), cls(**values), cls(**other)
+    ra, rb, rc = reference(**values), reference(**values), reference(**other)
+    assert repr(a) == repr(ra)
+    assert (a == b, a == c, a != c) == (ra == rb, ra == rc, ra != rc)
+    assert hash(a) == hash(ra) and hash(a) == hash(b)
+    assert a.__eq__(ra) is NotImplemented  # another class: never equal
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        a.x = 1  # type: ignore[attr-defined]
