@@ -117,9 +117,9 @@ def main(argv: Sequence[str] | None = None, *, exit_after: bool = False) -> int:
 
 
 #: Commands whose process loads numpy's OpenBLAS with one thread (no pool: :func:`main`).
-#: On 2 cores, `vflink link` at FedSim's house scale took 0.14-0.19 s less CPU and 0.04-0.08 s
-#: less wall time with it (medians of 8, alternately with the pool, 50 clusters and the house
-#: shape).
+#: On 2 cores, `vflink link` at FedSim's house scale took 0.07-0.19 s less CPU with it
+#: (medians of 8 to 10, alternately with the pool, 50 clusters and the house shape); its wall
+#: time moved by -0.08 to +0.02 s, within the run-to-run noise.
 ONE_BLAS_THREAD = frozenset({"link"})
 
 #: Commands whose process, once the command is done, exits without the interpreter's teardown.
