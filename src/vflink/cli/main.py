@@ -84,9 +84,9 @@ def main(argv: Sequence[str] | None = None, *, exit_after: bool = False) -> int:
     if _command(words) in ONE_BLAS_THREAD and "numpy" not in sys.modules:
         # numpy's OpenBLAS starts a pool of threads as numpy loads, which spin waiting for
         # work: 0.1 s of CPU during a link's imports (perf: every sample in numpy's OpenBLAS
-        # fell there), beside the thread that imports, and the link was slower for it
-        # (ONE_BLAS_THREAD). A link multiplies no matrices worth a second thread. Only where
-        # numpy is not loaded yet (this process's own start); a value the user exported wins.
+        # fell there), beside the thread that imports (ONE_BLAS_THREAD). A link multiplies no
+        # matrices worth a second thread. Only where numpy is not loaded yet (this process's
+        # own start); a value the user exported wins.
         os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     parser = build_parser(_command(words))
     args = parser.parse_args(words)

@@ -280,23 +280,32 @@ class PartitionedWriter:
 
 def _remove_dataset(path: Path) -> None:
     """Delete the dataset directory ``path`` (an old output moved aside): its files unlinked
-    on one thread per core, then whatever is left (:func:`shutil.rmtree`, which follows no
-    link). Unlinking a part has the kernel free its pages and its disk space: the 15 parts of
-    a house-scale link took 0.045-0.095 s on one thread, as the command ends."""
+    on one thread per core, then whatever is left (:func:`shutil.rmtree`). Unlinking a part
+    has the kernel free its pages and its disk space: the 15 parts of a house-scale link took
+    0.045-0.095 s on one thread, as the command ends. The directory is opened without
+    following a link, and its files are unlinked relative to that very directory, so a link
+    put in its place meanwhile leads nowhere (as rmtree's own checks)."""
     try:
-        with os.scandir(path) as entries:
-            files = [e.path for e in entries if e.is_file(follow_symlinks=False)]
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_NOFOLLOW", 0))
     except OSError:
-        files = []
+        fd = -1
+    try:
+        files: list[str] = []
+        if fd >= 0:
+            with os.scandir(fd) as entries:
+                files = [e.name for e in entries if e.is_file(follow_symlinks=False)]
 
-    def unlink(r: slice) -> None:
-        for name in files[r]:
-            try:
-                os.unlink(name)
-            except OSError:
-                pass  # what is left goes with the directory below, or stays, as rmtree's
+        def unlink(r: slice) -> None:
+            for name in files[r]:
+                try:
+                    os.unlink(name, dir_fd=fd)
+                except OSError:
+                    pass  # what is left goes with the directory below, or stays, as rmtree's
 
-    in_pieces(unlink, len(files), max(1, min(cores(), len(files))))
+        in_pieces(unlink, len(files), max(1, min(cores(), len(files))))
+    finally:
+        if fd >= 0:
+            os.close(fd)
     shutil.rmtree(path, ignore_errors=True)
 
 

@@ -128,6 +128,20 @@ def test_an_old_dataset_replaced_is_deleted_whole_following_no_link(
     assert (outside / "keep.txt").read_text() == "keep me"
 
 
+def test_removing_an_old_dataset_follows_no_link_put_in_its_place(tmp_path: Path) -> None:
+    """A link standing where the old dataset was moved aside (put there meanwhile) is not
+    followed: the folder it points to keeps its files."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    for i in range(3):
+        (elsewhere / f"part-{i:05d}.parquet").write_bytes(b"keep")
+    planted = tmp_path / ".links.parquet.0123.old"
+    os.symlink(elsewhere, planted)
+    parts_mod._remove_dataset(planted)
+    assert sorted(p.name for p in elsewhere.iterdir()) == [f"part-{i:05d}.parquet"
+                                                           for i in range(3)]
+
+
 def test_large_outputs_are_partitioned_automatically(tmp_path: Path,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(parts_mod, "AUTO_PARTS_ROWS", 8)
