@@ -56,7 +56,7 @@ import numpy.typing as npt
 from vflink._cancel import checkpoint
 from vflink._threads import cores, in_pieces
 
-__all__ = ["GROUP", "grouped_knn", "map_jobs", "network_length", "smallest"]
+__all__ = ["GROUP", "grouped_knn", "in_index_order", "map_jobs", "network_length", "smallest"]
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
@@ -370,11 +370,8 @@ def _single(query: FloatArray, rows: IntArray, k: int, tree: Any, workers: int,
     got_d = np.asarray(got_d, dtype=np.float64).reshape(len(rows), kk)
     got_i = np.asarray(got_i, dtype=np.int64).reshape(len(rows), kk)
     clear = got_d[:, k] > got_d[:, k - 1] if kk > k else np.ones(len(rows), dtype=bool)
-    near_d, near_i = got_d[clear, :k], got_i[clear, :k]
-    order = np.lexsort((near_i, near_d), axis=-1)
     at = rows[clear]
-    dist[at] = np.take_along_axis(near_d, order, 1)
-    idx[at] = np.take_along_axis(near_i, order, 1)
+    dist[at], idx[at] = in_index_order(got_d[clear, :k], got_i[clear, :k])
     return rows[~clear]
 
 
@@ -385,9 +382,27 @@ def _heap(query: FloatArray, rows: IntArray, k: int, tree: Any, workers: int,
     got_d, got_i = tree.query(query[rows], k=k, workers=workers)
     got_d = np.asarray(got_d, dtype=np.float64).reshape(len(rows), k)
     got_i = np.asarray(got_i, dtype=np.int64).reshape(len(rows), k)
-    order = np.lexsort((got_i, got_d), axis=-1)
-    dist[rows] = np.take_along_axis(got_d, order, 1)
-    idx[rows] = np.take_along_axis(got_i, order, 1)
+    dist[rows], idx[rows] = in_index_order(got_d, got_i)
+
+
+def in_index_order(dist: FloatArray, idx: IntArray) -> tuple[FloatArray, IntArray]:
+    """Each row of (distances, indices) ordered by (distance, index): the rows already in that
+    order as they are (a tree gives its rows sorted by distance, in its own order only among
+    equal distances), the others sorted (numpy's lexsort). The arrays themselves where every
+    row is in order, else copies. (Sorting every row took 0.05-0.07 s for the 11,183 queries
+    of clusters in a background that go one by one to the tree, on one thread; finding that
+    none needed it, 2 ms.)"""
+    later_d, earlier_d = dist[:, 1:], dist[:, :-1]
+    out_of_order = later_d < earlier_d
+    out_of_order |= (later_d == earlier_d) & (idx[:, 1:] < idx[:, :-1])
+    rows = np.flatnonzero(out_of_order.any(axis=1))
+    if rows.size:
+        dist, idx = dist.copy(), idx.copy()
+        near_d, near_i = dist[rows], idx[rows]
+        order = np.lexsort((near_i, near_d), axis=-1)
+        dist[rows] = np.take_along_axis(near_d, order, 1)
+        idx[rows] = np.take_along_axis(near_i, order, 1)
+    return dist, idx
 
 
 def _nothing() -> None:

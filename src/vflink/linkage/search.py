@@ -81,7 +81,7 @@ from vflink.linkage.distances import (
     latlon_to_unit,
     levenshtein_distances,
 )
-from vflink.linkage.grouped import grouped_knn
+from vflink.linkage.grouped import grouped_knn, in_index_order
 from vflink.registry import Registry
 
 __all__ = [
@@ -266,13 +266,6 @@ def _sort_rows(dist: FloatArray, idx: IntArray) -> tuple[FloatArray, IntArray]:
     return np.take_along_axis(dist, order, 1), np.take_along_axis(idx, order, 1)
 
 
-def _sort_ties(dist: FloatArray, idx: IntArray) -> tuple[FloatArray, IntArray]:
-    """:func:`_sort_rows` for rows already sorted by distance: re-sorts only rows with ties."""
-    tied = (np.diff(dist, axis=1) <= 0).any(axis=1)
-    if tied.any():
-        dist, idx = dist.copy(), idx.copy()
-        dist[tied], idx[tied] = _sort_rows(dist[tied], idx[tied])
-    return dist, idx
 
 
 def _topk_from_matrix(d: npt.NDArray[Any], k: int) -> tuple[FloatArray, IntArray]:
@@ -429,7 +422,7 @@ def _dense_search(
                 grouped_knn(query, base, k, tree, threads=options.threads, out=(dist, idx),
                             before_writes=warm.stop if warm is not None else None)
                 if to_unit is not None:  # a monotone change of unit may make new ties
-                    dist, idx = _sort_ties(to_unit(dist), idx)
+                    dist, idx = in_index_order(to_unit(dist), idx)
                 return Neighbours(idx, dist, exact=True)
         finally:
             if warm is not None:
@@ -451,7 +444,7 @@ def _dense_search(
             # ``rowwise`` would recompute (it only changes the unit: chord → km), and returns
             # them sorted; only rows with tied distances need the (distance, index) order.
             d = tree_d if to_unit is None else to_unit(tree_d)
-            dist[rows], idx[rows] = _sort_ties(d, found)
+            dist[rows], idx[rows] = in_index_order(d, found)
         return Neighbours(idx, dist, exact=True)
     faiss = _faiss()
     center = base.mean(axis=0)

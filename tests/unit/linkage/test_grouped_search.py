@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from scipy.spatial import cKDTree
 
 from vflink.linkage import SearchOptions, brute_euclidean, search_euclidean
-from vflink.linkage.grouped import grouped_knn
+from vflink.linkage.grouped import grouped_knn, in_index_order
 from vflink.linkage.search import brute_haversine, search_haversine
 
 
@@ -369,3 +369,29 @@ def test_group_centres_and_reaches_from_coordinate_planes(dims: int) -> None:
     np.testing.assert_array_equal(centre, want)
     np.testing.assert_allclose(reach, np.sqrt(((qg - want[:, None, :]) ** 2).sum(axis=2)).max(
         axis=1), rtol=1e-15)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 30), st.integers(1, 12), st.integers(1, 6), st.booleans(),
+       st.integers(0, 2**31 - 1))
+def test_rows_in_index_order_equal_a_sort_of_every_row(rows: int, width: int, levels: int,
+                                                       presorted: bool, seed: int) -> None:
+    """Rows of (distance, index) come out ordered by (distance, index), as a lexsort of every
+    row gives them, whatever their order in (a tree's: sorted by distance, ties in any order;
+    or none), and rows already in order are kept without a copy when all are."""
+    rng = np.random.default_rng(seed)
+    dist = rng.integers(0, levels, (rows, width)).astype(np.float64)  # ties by the dozen
+    idx = np.stack([rng.permutation(1000)[:width] for _ in range(rows)]).astype(np.int64)
+    if presorted:
+        by_distance = np.argsort(dist, axis=1, kind="stable")
+        dist = np.take_along_axis(dist, by_distance, 1)
+        idx = np.take_along_axis(idx, by_distance, 1)
+    before = dist.copy(), idx.copy()
+    got_d, got_i = in_index_order(dist, idx)
+    order = np.lexsort((idx, dist), axis=-1)
+    np.testing.assert_array_equal(got_d, np.take_along_axis(dist, order, 1))
+    np.testing.assert_array_equal(got_i, np.take_along_axis(idx, order, 1))
+    np.testing.assert_array_equal(dist, before[0])  # the caller's arrays are not changed
+    np.testing.assert_array_equal(idx, before[1])
+    again_d, again_i = in_index_order(got_d, got_i)
+    assert again_d is got_d and again_i is got_i
