@@ -56,7 +56,8 @@ import numpy.typing as npt
 from vflink._cancel import checkpoint
 from vflink._threads import cores, in_pieces
 
-__all__ = ["GROUP", "grouped_knn", "in_index_order", "map_jobs", "network_length", "smallest"]
+__all__ = ["GROUP", "grouped_knn", "in_index_order", "map_jobs", "network_length", "smallest",
+           "sort_rows"]
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
@@ -398,11 +399,14 @@ def in_index_order(dist: FloatArray, idx: IntArray) -> tuple[FloatArray, IntArra
     rows = np.flatnonzero(out_of_order.any(axis=1))
     if rows.size:
         dist, idx = dist.copy(), idx.copy()
-        near_d, near_i = dist[rows], idx[rows]
-        order = np.lexsort((near_i, near_d), axis=-1)
-        dist[rows] = np.take_along_axis(near_d, order, 1)
-        idx[rows] = np.take_along_axis(near_i, order, 1)
+        dist[rows], idx[rows] = sort_rows(dist[rows], idx[rows])
     return dist, idx
+
+
+def sort_rows(dist: FloatArray, idx: IntArray) -> tuple[FloatArray, IntArray]:
+    """Each row sorted by (distance, index), so results are deterministic under ties."""
+    order = np.lexsort((idx, dist), axis=-1)
+    return np.take_along_axis(dist, order, 1), np.take_along_axis(idx, order, 1)
 
 
 def _nothing() -> None:

@@ -81,7 +81,7 @@ from vflink.linkage.distances import (
     latlon_to_unit,
     levenshtein_distances,
 )
-from vflink.linkage.grouped import grouped_knn, in_index_order
+from vflink.linkage.grouped import grouped_knn, in_index_order, sort_rows
 from vflink.registry import Registry
 
 __all__ = [
@@ -258,12 +258,6 @@ def _faiss_threads(threads: int | None) -> Iterator[None]:
         yield
     finally:
         faiss.omp_set_num_threads(old)
-
-
-def _sort_rows(dist: FloatArray, idx: IntArray) -> tuple[FloatArray, IntArray]:
-    """Sort each row by (distance, index) so results are deterministic under ties."""
-    order = np.lexsort((idx, dist), axis=-1)
-    return np.take_along_axis(dist, order, 1), np.take_along_axis(idx, order, 1)
 
 
 
@@ -473,7 +467,7 @@ def _dense_search(
                 _, found[missing] = exact_index.search(xq[missing], k)
             q = query[start:stop]
             d = rowwise(q, base[found])
-            d, found = _sort_rows(d, found.astype(np.int64))
+            d, found = sort_rows(d, found.astype(np.int64))
             d, found = d[:, :k], found[:, :k]
             if exact and pick < base.shape[0]:
                 unsure = _uncertain(q, base, xq, scores[:, -1], found[:, -1], reach)
