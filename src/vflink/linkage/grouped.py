@@ -24,18 +24,19 @@ ordered by (distance, secondary index), ties at the K-th distance resolved to th
 indices.
 
 A group whose radius holds too many candidates (a group astride the edge of a cluster, or an
-outlier among its queries) has its queries grouped again, once, in groups a quarter the
-size (48, then 12: smaller groups, smaller radii), and what is still spread is searched
-query by query: cKDTree's own query of its K + 1 nearest, kept when the (K + 1)-th is
-strictly farther than the K-th (the K nearest are then those K, whatever the tree's order;
-they are sorted by (distance, index)). A query with a tie at its K-th place is searched with
-its own radius (``G = 1``: ``h = 0``, the radius is its own K-th distance); one whose radius
-still holds more than 64·K points (thousands tied at its K-th distance) takes cKDTree's
-query, whose distances are the same but whose choice among the points tied at the K-th
-distance is its own. (On clustered points, 10 % of them in a uniform background, groups of
-16 and 4 took an eighth less CPU than going from 64 straight to single queries; from 48, the
-groups of 3 after those of 12 resolved a sixth of their queries, and going from 12 straight
-to single queries took 0.75-0.79 s against 0.80-0.81 s on two threads.)
+outlier among its queries) has its queries searched one by one: cKDTree's own query of
+each one's K + 1 nearest, kept when the (K + 1)-th is strictly farther than the K-th (the K
+nearest are then those K, whatever the tree's order; they are sorted by (distance, index)).
+A query with a tie at its K-th place is searched with its own radius (``G = 1``: ``h = 0``,
+the radius is its own K-th distance); one whose radius still holds more than 64·K points
+(thousands tied at its K-th distance) takes cKDTree's query, whose distances are the same
+but whose choice among the points tied at the K-th distance is its own. (Grouping a spread
+group's queries again, in twelves, before that paid while the tree's rows were all sorted
+again; since only the rows out of (distance, index) order are, going straight to the single
+queries took less wall time and less CPU on every clustered shape: medians of 12 on two
+threads, alternately, clusters in a 10 % uniform background 0.526 s against 0.563 s (CPU
+0.94 s against 1.00 s), 50 clusters 0.404 s against 0.424 s, Gaussian blobs 0.420 s against
+0.430 s, the same links to the bit.)
 
 Each query's candidates are ranked by one sort of 64-bit keys (:func:`_rank`); a row longer
 than numpy's sorting network (256 keys) is sorted in pieces of 256 whose K + 1 smallest are
@@ -69,17 +70,9 @@ FloatArray = npt.NDArray[np.float64]
 #: on two threads (medians of four, alternately, at house scale: 0.45 s with 48, 0.45 s with
 #: 64, 0.47 s with 32; 20 tight clusters in a uniform background: 0.70, 0.85 and 0.79 s).
 GROUP = 48
-#: A group too spread to share its candidates has its queries grouped again, this many times
-#: smaller (48, then 12, then one by one): on clustered points, 4 took less CPU than 2 or 8.
-_STEP = 4
-#: How many times a spread group's queries are grouped again before the rest goes query by
-#: query (10 % of the points in a uniform background, from 48: groups of 3 after those of 12
-#: searched 11,000 queries to settle 1,700; medians of five on two threads, alternately, with
-#: one regrouping and two: house 0.53 and 0.54-0.55 s, 50 clusters 0.59-0.64 and 0.63-0.65 s,
-#: clusters in a background 0.75-0.79 and 0.80-0.81 s).
-_REGROUPS = 1
-#: A group with more candidates than this many per top-K (times K) has its queries grouped
-#: again, smaller (:data:`_STEP`, :data:`_REGROUPS`), then searched query by query.
+#: A group with more candidates than this many per top-K (times K) has its queries searched
+#: one by one (:func:`_single`): 8 and 12 within the noise of each other on three shapes,
+#: 18 and 24 no faster.
 _SPLIT_FACTOR = 12
 #: A query alone with more candidates than this many per top-K (times K), all within its own
 #: K-th distance (points tied there by the thousand), takes cKDTree's query instead.
@@ -337,14 +330,11 @@ def grouped_knn(query: FloatArray, base: FloatArray, k: int, tree: Any, *,
     if n == 0:
         return dist, idx
     workers = threads or cores()
-    rows, g = np.arange(n, dtype=np.int64), group
+    rows = np.arange(n, dtype=np.int64)
     ready = before_writes or _nothing
-    for _ in range(1 + _REGROUPS):  # groups too spread to share candidates: grouped smaller
-        if not rows.size or g <= 1:
-            break
-        rows = _search(query, rows, base, k, tree, workers, g, dist, idx, ready)
+    if group > 1:  # the groups too spread to share their candidates: query by query below
+        rows = _search(query, rows, base, k, tree, workers, group, dist, idx, ready)
         ready = _nothing
-        g = g // _STEP if g > _STEP else 1
     ready()
     if rows.size:
         rows = _single(query, rows, k, tree, workers, dist, idx)

@@ -67,11 +67,11 @@ def test_spread_groups_are_searched_query_by_query() -> None:
     _check(p, s, 20, group=8)
 
 
-def test_spread_groups_are_grouped_smaller_then_searched_one_by_one(
+def test_spread_groups_of_clusters_in_a_background_are_searched_one_by_one(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """Dense clusters in a sparse uniform background: groups astride a cluster's edge are
-    grouped again once (64, then 16) and what is still spread is searched query by query,
-    every level with the brute force's result."""
+    """Dense clusters in a sparse uniform background: the queries of groups astride a
+    cluster's edge (and only those) are searched query by query, not grouped again, with the
+    brute force's result."""
     import vflink.linkage.grouped as grouped
 
     rng = np.random.default_rng(11)
@@ -98,9 +98,8 @@ def test_spread_groups_are_grouped_smaller_then_searched_one_by_one(
     monkeypatch.setattr(grouped, "_single", single)
     _check(p, s, 20, group=64)
     assert seen["group 64"] == len(p)
-    assert 0 < seen["group 16"] < len(p)
-    assert "group 4" not in seen
-    assert 0 < seen["single"] < seen["group 16"]
+    assert set(seen) <= {"group 64", "single", "group 1"}
+    assert 0 < seen["single"] < len(p) // 2
 
 
 def test_a_tie_at_the_kth_place_of_a_single_query_takes_its_own_radius(
@@ -294,6 +293,7 @@ def test_groups_drawing_hundreds_of_candidates_equal_brute_force(
 
     monkeypatch.setattr(grouped, "smallest", smallest)
     _check(p, s, 100, threads=2)
+    _check(p, s, 100, threads=2, group=4)  # small groups: rows within one sorting network
     assert net == 256
     assert min(widths) <= net < max(widths)
     assert max(widths) > 2 * net, sorted(widths)
