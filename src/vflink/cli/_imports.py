@@ -6,7 +6,10 @@ array-API layer, which cKDTree's extension module loads by way of ``scipy.sparse
 every public name of numpy (``from numpy import *``) and so loads them all: f2py 25-30 ms (with
 its Fortran parser and charset_normalizer) and testing 17-20 ms (unittest,
 importlib.metadata) of the 90 ms that loading cKDTree took in ``vflink link`` at FedSim's house
-scale, on one core while the other waits; a link uses neither.
+scale, on one core while the other waits; a link uses neither. (cKDTree's load now stands in
+for ``scipy.sparse`` and ``scipy._lib._util``, :func:`vflink.linkage.search.kdtree_class`, so
+a link loads that layer only where the stand-ins cannot be used: before numpy 2, or in
+another layout of scipy. The deferral stays for those.)
 
 A link's process (:func:`defer_numpy_extras`, before scipy is loaded) registers those two as
 the standard library's lazy modules (:class:`importlib.util.LazyLoader`): the name is bound

@@ -124,6 +124,73 @@ def test_the_kdtree_falls_back_to_the_plain_import() -> None:
     assert json.loads(out.strip().splitlines()[-1]) == [True]
 
 
+def test_the_kdtree_loads_without_the_modules_it_stands_in_for() -> None:
+    """The extension's own imports that a tree does not use are stood in for while it
+    loads, then gone: imported for real when asked for, their names the stand-ins' values."""
+    code = (
+        "import importlib, json, sys\nimport numpy as np\n"
+        "from vflink.linkage.search import _stand_ins, kdtree_class\n"
+        "cls = kdtree_class()\n"
+        "names = _stand_ins()\n"
+        "absent = [m not in sys.modules for m in names]\n"
+        "unbound = [m.rpartition('.')[2] not in vars(sys.modules[m.rpartition('.')[0]])\n"
+        "           for m in names]\n"
+        "x = np.random.default_rng(0).random((300, 2))\n"
+        "d, i = cls(x).query(x[:30], k=7, workers=2)\n"
+        "brute = np.sort(np.linalg.norm(x[:30, None] - x[None], axis=2), axis=1)[:, :7]\n"
+        "sdm = cls(x[:50]).sparse_distance_matrix(cls(x[50:100]), 0.2, output_type='coo_matrix')\n"
+        "import scipy.sparse\n"
+        "same = [all(getattr(importlib.import_module(m), k) is v for k, v in kv.items())\n"
+        "        for m, kv in names.items()]\n"
+        "print(json.dumps([sorted(names), absent, unbound, bool(np.allclose(d, brute)),\n"
+        "                  isinstance(sdm, scipy.sparse.coo_matrix), same,\n"
+        "                  type(sys.modules['scipy.sparse']).__name__]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin"},
+                         timeout=120, check=True).stdout
+    assert json.loads(out.strip().splitlines()[-1]) == [
+        ["scipy._lib._util", "scipy.sparse"], [True, True], [True, True], True, True,
+        [True, True], "module"]
+
+
+def test_a_stand_in_read_by_another_thread_waits_for_the_real_module() -> None:
+    import threading
+
+    from vflink.linkage.search import _StandIn
+
+    done = threading.Event()
+    fake = _StandIn("json", {"kept": 1}, done)
+    assert fake.kept == 1
+    with pytest.raises(AttributeError):
+        fake.dumps  # noqa: B018 - the loading thread: only the names given
+    got: list[object] = []
+    reader = threading.Thread(target=lambda: got.append(fake.dumps))
+    reader.start()
+    reader.join(0.2)
+    assert reader.is_alive() and not got  # waits while the load goes on
+    done.set()
+    reader.join(10)
+    import json as real
+
+    assert got == [real.dumps]
+
+
+def test_a_stand_in_the_extension_cannot_use_falls_back_to_the_plain_import() -> None:
+    code = (
+        "import json, sys\n"
+        "from vflink.linkage import search\n"
+        "search._stand_ins = lambda: {'scipy._lib._util': {}}\n"
+        "cls = search.kdtree_class()\n"
+        "left = type(sys.modules.get('scipy._lib._util')).__name__\n"
+        "import scipy.spatial\n"
+        "print(json.dumps([cls is scipy.spatial.cKDTree, left,\n"
+        "                  'scipy.spatial._ckdtree' in sys.modules]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin"},
+                         timeout=120, check=True).stdout
+    assert json.loads(out.strip().splitlines()[-1]) == [True, "module", True]
+
+
 def test_z_ordered_queries_give_each_row_its_own_neighbours() -> None:
     rng = np.random.default_rng(1)
     centres = rng.uniform(0, 10, (30, 2))
