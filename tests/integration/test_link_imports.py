@@ -1,6 +1,7 @@
 """What ``vflink link`` loads: only what linking needs. No torch, scikit-learn or gRPC; no
 matplotlib unless the charts are asked for; neither scipy.optimize nor scipy.special (nor the
-rest of scipy.spatial beside the k-d tree); faiss only for a search that uses it; no pandas
+rest of scipy.spatial beside the k-d tree, nor scipy.sparse and the array-API layer of
+scipy._lib._util that its extension imports, nor numpy.ma); faiss only for a search that uses it; no pandas
 for numeric identifiers read from Parquet (a CSV is read by pandas' parser); neither rapidfuzz
 (string distances) nor randomgen (the secret noise's cipher) for numbers whose noise is seeded
 or absent; numpy's f2py and testing registered but never run."""
@@ -18,7 +19,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 WATCHED = ("torch", "sklearn", "grpc", "matplotlib", "scipy.optimize", "scipy.special",
-           "scipy.spatial", "scipy.linalg", "faiss", "PIL", "pandas", "rapidfuzz", "randomgen")
+           "scipy.spatial", "scipy.linalg", "scipy.sparse", "scipy._lib._util", "numpy.ma",
+           "faiss", "PIL", "pandas", "rapidfuzz", "randomgen")
 
 
 #: numpy's extras that scipy's array-API layer would load (``from numpy import *``): a link
@@ -54,10 +56,12 @@ def tables(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 @pytest.mark.parametrize(("flags", "allowed"), [
     (["--privacy", "off"], set()),  # the k-d tree alone, from its own module
+    # the grouped search (K ≥ 16): neither scipy.sparse nor numpy.ma either
+    (["--privacy", "off", "--top-k", "20"], set()),
     ([], {"faiss"}),  # keyed Bloom filters, searched by faiss
-    (["--privacy", "off", "--charts"], {"matplotlib", "PIL", "pandas", *EXTRAS}),
-    (["--privacy", "off", "csv"], {"pandas"}),  # the CSV reader is pandas'
-], ids=["off", "private", "charts", "csv"])
+    (["--privacy", "off", "--charts"], {"matplotlib", "PIL", "pandas", "numpy.ma", *EXTRAS}),
+    (["--privacy", "off", "csv"], {"pandas", "numpy.ma"}),  # the CSV reader is pandas'
+], ids=["off", "off-grouped", "private", "charts", "csv"])
 def test_vflink_link_loads_only_what_linking_needs(tables: tuple[Path, Path],
                                                    tmp_path: Path, flags: list[str],
                                                    allowed: set[str]) -> None:
@@ -72,7 +76,7 @@ def test_vflink_link_loads_only_what_linking_needs(tables: tuple[Path, Path],
                             "--out", str(out), *flags])
     assert code == 0
     assert set(loaded) <= allowed, set(loaded) - allowed
-    assert pq_rows(out) == 1500
+    assert pq_rows(out) == 300 * (20 if "20" in flags else 5)
     assert (tmp_path / "links.parquet.similarity.png").exists() == ("--charts" in flags)
 
 

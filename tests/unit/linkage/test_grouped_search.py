@@ -395,3 +395,14 @@ def test_rows_in_index_order_equal_a_sort_of_every_row(rows: int, width: int, le
     np.testing.assert_array_equal(idx, before[1])
     again_d, again_i = in_index_order(got_d, got_i)
     assert again_d is got_d and again_i is got_i
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(-5, 5), max_size=40))
+def test_distinct_is_numpys_unique(values: list[int]) -> None:
+    from vflink.linkage.grouped import _distinct
+
+    x = np.asarray(values, dtype=np.int64)
+    got = _distinct(x)
+    np.testing.assert_array_equal(got, np.unique(x))
+    assert got.dtype == np.int64
