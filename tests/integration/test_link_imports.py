@@ -1,10 +1,10 @@
 """What ``vflink link`` loads: only what linking needs. No torch, scikit-learn or gRPC; no
 matplotlib unless the charts are asked for; neither scipy.optimize nor scipy.special (nor the
 rest of scipy.spatial beside the k-d tree, nor scipy.sparse and the array-API layer of
-scipy._lib._util that its extension imports, nor numpy.ma); faiss only for a search that uses it; no pandas
-for numeric identifiers read from Parquet (a CSV is read by pandas' parser); neither rapidfuzz
-(string distances) nor randomgen (the secret noise's cipher) for numbers whose noise is seeded
-or absent; numpy's f2py and testing registered but never run."""
+scipy._lib._util that its extension imports, nor numpy.ma); faiss only for a search that
+uses it; no pandas for numeric identifiers read from Parquet (a CSV is read by pandas'
+parser); neither rapidfuzz (string distances) nor randomgen (the secret noise's cipher) for
+numbers whose noise is seeded or absent; numpy's f2py and testing registered but never run."""
 
 from __future__ import annotations
 
