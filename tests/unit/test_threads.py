@@ -48,3 +48,76 @@ def test_extremes_in_pieces_equal_numpys(monkeypatch: pytest.MonkeyPatch, dtype:
         values[-1] = np.nan
         lo, hi = _threads.extremes(values)
         assert np.isnan(lo) and np.isnan(hi)
+
+
+def test_pieces_run_on_the_caller_and_the_kept_pool_threads() -> None:
+    """The first piece runs on the calling thread, the others on the process's pool, whose
+    threads are kept for the next call (no thread started per call); the pieces are in order
+    and cover the range, their bounds multiples of ``align``."""
+    import threading
+
+    seen: list[tuple[slice, int]] = []
+
+    def piece(r: slice) -> tuple[int, int]:
+        seen.append((r, threading.get_ident()))
+        return r.start, r.stop
+
+    got = _threads.in_pieces(piece, 1000, 3, align=64)
+    assert got == [(0, 320), (320, 640), (640, 1000)]
+    first = {ident for r, ident in seen if r.start == 0}
+    assert first == {threading.get_ident()}
+    pool_threads = {t.ident for t in threading.enumerate() if t.name.startswith("vflink-pass")}
+    assert {ident for r, ident in seen if r.start != 0} <= pool_threads
+    before = set(pool_threads)
+    for _ in range(20):
+        _threads.in_pieces(piece, 100, 2)
+    after = {t.ident for t in threading.enumerate() if t.name.startswith("vflink-pass")}
+    assert after == before  # the same threads, none started per call
+    assert len(after) <= max(_threads.cores(), _threads.MAX_PASS_THREADS)
+
+
+def test_pieces_within_a_piece_run_in_turn_without_waiting_for_the_pool() -> None:
+    """A piece that itself cuts its work into pieces, on every pool thread at once, runs
+    them in turn (waiting on the pool from a pool thread could wait for ever)."""
+    width = max(_threads.cores(), _threads.MAX_PASS_THREADS) + 1
+
+    def inner(r: slice) -> int:
+        return sum(_threads.in_pieces(lambda s: s.stop - s.start, r.stop - r.start, 4))
+
+    assert _threads.in_pieces(inner, 100 * width, width) == [100] * width
+
+
+def test_an_error_in_a_piece_is_raised_once_every_piece_has_ended() -> None:
+    import threading
+    import time
+
+    ended = threading.Event()
+
+    def piece(r: slice) -> None:
+        if r.start == 0:
+            raise ValueError("first")
+        time.sleep(0.2)
+        ended.set()
+
+    with pytest.raises(ValueError, match="first"):
+        _threads.in_pieces(piece, 10, 2)
+    assert ended.is_set()  # the other piece had ended before the error came out
+    with pytest.raises(KeyError):
+        _threads.in_pieces(lambda r: {}[r.start] if r.start else None, 10, 2)
+
+
+def test_a_forked_child_makes_a_pool_of_its_own() -> None:
+    import os
+
+    _threads.in_pieces(lambda r: None, 10, 2)  # the parent's pool exists
+    pid = os.fork()
+    if pid == 0:  # the child: the parent's pool threads do not exist here
+        import signal
+
+        signal.alarm(30)  # a child waiting for threads that do not exist would never end
+        try:
+            ok = _threads.in_pieces(lambda r: r.stop - r.start, 10, 2) == [5, 5]
+        finally:
+            os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0

@@ -73,8 +73,14 @@ def search_in_threads(index: Any, codes: Codes, k: int, workers: int
     faiss = _faiss()
 
     def run(rows: slice) -> Any:
-        faiss.omp_set_num_threads(1)  # this thread's own OpenMP setting (a fresh pool thread)
-        return index.search(codes[rows], k)
+        # this thread's own OpenMP setting, put back after (the first slice runs on the
+        # caller's thread, the others on the process's pool threads)
+        before = faiss.omp_get_max_threads()
+        faiss.omp_set_num_threads(1)
+        try:
+            return index.search(codes[rows], k)
+        finally:
+            faiss.omp_set_num_threads(before)
 
     found = in_pieces(run, n, workers)
     return (np.concatenate([f[0] for f in found]),

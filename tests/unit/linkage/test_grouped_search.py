@@ -406,3 +406,21 @@ def test_distinct_is_numpys_unique(values: list[int]) -> None:
     got = _distinct(x)
     np.testing.assert_array_equal(got, np.unique(x))
     assert got.dtype == np.int64
+
+
+@pytest.mark.parametrize("n", [0, 1, 2, 7, 500])
+def test_nearest_in_pieces_is_the_trees_own_query(n: int) -> None:
+    from vflink.linkage.grouped import _nearest
+
+    rng = np.random.default_rng(n)
+    s = rng.random((300, 2))
+    x = rng.random((n, 2))
+    tree = cKDTree(s)
+    for k in (1, 5, [5]):
+        want_d, want_i = tree.query(x, k=k, workers=2)
+        got_d, got_i = _nearest(tree, x, k, 2)
+        np.testing.assert_array_equal(got_d, want_d)
+        np.testing.assert_array_equal(got_i, want_i)
+        none, only_i = _nearest(tree, x, k, 3, distances=False)
+        assert none is None
+        np.testing.assert_array_equal(only_i, want_i)
