@@ -24,7 +24,7 @@ import secrets
 import shutil
 import threading
 from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -33,7 +33,7 @@ import numpy as np
 import numpy.typing as npt
 
 from vflink._files import reserve_space
-from vflink._threads import cores, in_pieces
+from vflink._threads import cores, in_pieces, in_pool_thread, shared_pool
 from vflink.errors import DataError
 
 __all__ = ["AUTO_PARTS_ROWS", "FORMAT", "MANIFEST", "PART_ROWS", "PartitionedWriter",
@@ -167,14 +167,16 @@ class PartitionedWriter:
         self.threads = writer_threads() if threads is None else max(1, int(threads))
         self._schema: Any = None
         self._tmp: Path | None = None
-        self._pool: ThreadPoolExecutor | None = None
+        self._pool: ThreadPoolExecutor | None = None  # the process's (vflink._threads)
         self._pending: deque[Future[None]] = deque()
 
     def __enter__(self) -> PartitionedWriter:
         self.target.parent.mkdir(parents=True, exist_ok=True)
         self._tmp = _temp_dir(self.target)
-        if self.threads > 1:
-            self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="vflink-parts")
+        # at most `threads` parts at once on the process's own pool (a pool thread, which
+        # must not wait for pool work, writes its parts itself)
+        if self.threads > 1 and not in_pool_thread():
+            self._pool = shared_pool()
         return self
 
     def write(self, columns: dict[str, Any] | Any) -> None:
@@ -267,11 +269,10 @@ class PartitionedWriter:
             if kind is None:
                 self._publish()
         finally:
-            if self._pool is not None:
-                for pending in self._pending:
-                    pending.cancel()
-                self._pool.shutdown(wait=True)  # no part is written after the directory goes
-                self._pool = None
+            for pending in self._pending:
+                pending.cancel()
+            wait(self._pending)  # no part is written after the directory goes
+            self._pool = None
             self._pending.clear()
             if self._tmp is not None:
                 shutil.rmtree(self._tmp, ignore_errors=True)

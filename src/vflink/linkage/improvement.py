@@ -36,7 +36,7 @@ import numpy as np
 import numpy.typing as npt
 
 from vflink._files import atomic_open
-from vflink._threads import MAX_PASS_THREADS, cores
+from vflink._threads import MAX_PASS_THREADS, cores, in_pieces
 from vflink.errors import ConfigError
 from vflink.linkage.soft import SoftLinkage
 from vflink.registry import Registry
@@ -237,13 +237,9 @@ def _row_estimates(linkage: SoftLinkage, rows_of: Callable[[int, int], FloatArra
     step = max(1, _ROW_BLOCK // k)
     blocks = [slice(a, min(n, a + step)) for a in range(0, n, step)]
     threads = min(len(blocks), cores(), MAX_PASS_THREADS)
-    if threads > 1:
-        from concurrent.futures import ThreadPoolExecutor
-
-        with ThreadPoolExecutor(threads) as pool:
-            parts = list(pool.map(block, blocks))
-    else:
-        parts = [block(b) for b in blocks]
+    # the blocks in `threads` stretches, one per thread (the process's own: in_pieces), in order
+    parts = [p for stretch in in_pieces(lambda r: [block(b) for b in blocks[r]], len(blocks),
+                                        threads) for p in stretch]
     if any(p is None for p in parts):
         return None
     done = [p for p in parts if p is not None]
