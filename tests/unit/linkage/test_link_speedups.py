@@ -91,6 +91,15 @@ def test_sigma_for_tau_inverts_tau_for_sigma() -> None:
             assert tau_for_sigma(sigma, sigma0) == pytest.approx(tau, rel=1e-12)
 
 
+def _last_json(code: str) -> object:
+    """The JSON of the last line that ``python -c code`` prints, run on this checkout's
+    sources in a fresh process (what a module loads there is that process's own)."""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin"},
+                         timeout=120, check=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
 def test_the_kdtree_loaded_alone_is_scipys_and_scipy_spatial_reuses_it() -> None:
     code = (
         "import json, sys\nimport numpy as np\n"
@@ -103,10 +112,7 @@ def test_the_kdtree_loaded_alone_is_scipys_and_scipy_spatial_reuses_it() -> None
         "d2, i2 = scipy.spatial.cKDTree(x).query(x[:20], k=5)\n"
         "print(json.dumps([alone, cls is scipy.spatial.cKDTree, bool((d1 == d2).all()),"
         " bool((i1 == i2).all())]))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env={"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin"},
-                         timeout=120, check=True).stdout
-    assert json.loads(out.strip().splitlines()[-1]) == [True, True, True, True]
+    assert _last_json(code) == [True, True, True, True]
 
 
 def test_the_kdtree_falls_back_to_the_plain_import() -> None:
@@ -118,10 +124,7 @@ def test_the_kdtree_falls_back_to_the_plain_import() -> None:
         "cls = search.kdtree_class()\n"
         "import scipy.spatial\n"
         "print(json.dumps([cls is scipy.spatial.cKDTree]))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env={"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin"},
-                         timeout=120, check=True).stdout
-    assert json.loads(out.strip().splitlines()[-1]) == [True]
+    assert _last_json(code) == [True]
 
 
 def test_the_kdtree_loads_without_the_modules_it_stands_in_for() -> None:
@@ -145,10 +148,7 @@ def test_the_kdtree_loads_without_the_modules_it_stands_in_for() -> None:
         "print(json.dumps([sorted(names), absent, unbound, bool(np.allclose(d, brute)),\n"
         "                  isinstance(sdm, scipy.sparse.coo_matrix), same,\n"
         "                  type(sys.modules['scipy.sparse']).__name__]))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env={"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin"},
-                         timeout=120, check=True).stdout
-    assert json.loads(out.strip().splitlines()[-1]) == [
+    assert _last_json(code) == [
         ["scipy._lib._util", "scipy.sparse"], [True, True], [True, True], True, True,
         [True, True], "module"]
 
@@ -185,10 +185,7 @@ def test_a_stand_in_the_extension_cannot_use_falls_back_to_the_plain_import() ->
         "import scipy.spatial\n"
         "print(json.dumps([cls is scipy.spatial.cKDTree, left,\n"
         "                  'scipy.spatial._ckdtree' in sys.modules]))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env={"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin"},
-                         timeout=120, check=True).stdout
-    assert json.loads(out.strip().splitlines()[-1]) == [True, "module", True]
+    assert _last_json(code) == [True, "module", True]
 
 
 def test_z_ordered_queries_give_each_row_its_own_neighbours() -> None:
