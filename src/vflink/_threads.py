@@ -8,9 +8,9 @@ than it saves; above :data:`MAX_PASS_THREADS` the passes are bound by memory, no
 The pieces run on the calling thread (the first) and on a pool of threads the process keeps
 (:func:`shared_pool`), not on threads started for each call: starting a thread waits for it
 to take the GIL, and while other threads compute that took 1-2 ms a thread in ``vflink
-link`` (72 ms in all on the command's own thread at FedSim's house scale, measured, of which
-scipy's k-d tree queries with ``workers=2``, which start their threads at every call, took
-33 ms; see :mod:`vflink.linkage.grouped`).
+link`` (72 ms in all on the command's own thread, counted in a link of 50 clusters at
+FedSim's house scale, of which scipy's k-d tree queries with ``workers=2``, which start
+their threads at every call, took 33 ms; see :mod:`vflink.linkage.grouped`).
 """
 
 from __future__ import annotations
@@ -74,9 +74,9 @@ def in_pool_thread() -> bool:
 
 
 def shared_pool() -> ThreadPoolExecutor:
-    """The process's pool of worker threads (at most one per core, and at least
-    :data:`MAX_PASS_THREADS`), started as work first needs them and kept for the next
-    call. Work given to it must not wait for other work given to it (a piece of
+    """The process's pool of worker threads (as many as the cores, and at least
+    :data:`MAX_PASS_THREADS`), each started when work first finds no idle one, and kept for
+    the next call. Work given to it must not wait for other work given to it (a piece of
     :func:`in_pieces` run on a pool thread runs its own pieces in turn)."""
     global _POOL
     with _POOL_LOCK:
