@@ -288,7 +288,7 @@ class AlignmentViews(Message):
 # --- fuzzy soft linkage through a coordinator (FedSim §4.1) ------------------------------------
 
 
-@dataclass(frozen=True, eq=False, repr=False)
+@dataclass(frozen=True)
 class EncodingSpec:
     """Public parameters of an identifier encoding, agreed by the data parties.
 
@@ -361,7 +361,7 @@ class SoftLink(Message):
 # encoded), never to the coordinator.
 
 
-@dataclass(frozen=True, eq=False, repr=False)
+@dataclass(frozen=True)
 class FieldEncoding:
     """One field as the receiving data party encodes it: its own ``columns`` and the field's
     public encoding (keyed Bloom filters, or raw values only when privacy is off)."""
@@ -370,7 +370,7 @@ class FieldEncoding:
     spec: EncodingSpec
 
 
-@dataclass(frozen=True, eq=False, repr=False)
+@dataclass(frozen=True)
 class BlockingKey:
     """A blocking key as the receiving data party computes it: its own ``column``, normalised,
     cut to the first ``prefix`` characters (0: the whole value), then HMAC'd under the data
@@ -385,7 +385,7 @@ class BlockingKey:
     kinds: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True, eq=False, repr=False)
+@dataclass(frozen=True)
 class FieldComparison:
     """How the coordinator compares one field: ``metric`` (``hamming`` = Dice distance of keyed
     Bloom filters; a raw metric only with privacy off), ``weight`` in the weighted mean, and

@@ -47,3 +47,15 @@ def test_equality_hash_and_repr_are_the_dataclasses_own(cls: type) -> None:
     assert a.__eq__(ra) is NotImplemented  # another class: never equal
     with pytest.raises(dataclasses.FrozenInstanceError):
         a.x = 1  # type: ignore[attr-defined]
+
+
+def test_the_value_types_inside_messages_compare_by_value() -> None:
+    """The specs messages carry (not messages themselves) keep their dataclass ==, repr."""
+    from vflink.protocol.messages import BlockingKey, EncodingSpec, FieldComparison, FieldEncoding
+
+    for cls in (EncodingSpec, FieldEncoding, BlockingKey, FieldComparison):
+        names = [f.name for f in dataclasses.fields(cls)]
+        values = {name: f"v{i}" for i, name in enumerate(names)}
+        a, b = cls(**values), cls(**values)
+        assert a == b and a is not b
+        assert repr(a).startswith(f"{cls.__name__}(") and "v0" in repr(a)
