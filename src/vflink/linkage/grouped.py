@@ -48,14 +48,13 @@ from __future__ import annotations
 import contextvars
 import threading
 from collections.abc import Callable
-from concurrent.futures import wait
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from vflink._cancel import checkpoint
-from vflink._threads import cores, in_pieces, in_pool_thread, shared_pool
+from vflink._threads import cores, in_pieces
 
 __all__ = ["GROUP", "grouped_knn", "in_index_order", "map_jobs", "network_length", "smallest",
            "sort_rows"]
@@ -407,12 +406,17 @@ def _nearest(tree: Any, x: FloatArray, k: int | list[int], workers: int, *,
     ``workers=`` starts new threads at every call: the groups' candidates (15 calls, 50
     clusters at FedSim's house scale) took 0.104 s that way on two threads, 0.079 s so (one
     thread: 0.133 s). ``distances=False``: only the indices are joined."""
-    parts = in_pieces(lambda r: tree.query(x[r], k=k, workers=1), len(x),
-                      max(1, min(workers, len(x))))
+    parts = _in_pieces_of(lambda r: tree.query(x[r], k=k, workers=1), len(x), workers)
     if len(parts) == 1:
         return parts[0][0] if distances else None, parts[0][1]
     return (np.concatenate([d for d, _ in parts]) if distances else None,
             np.concatenate([i for _, i in parts]))
+
+
+def _in_pieces_of(fn: Callable[[slice], Any], size: int, workers: int) -> list[Any]:
+    """``fn`` of ``size`` rows in pieces, one per worker (at most one a row): the tree's own
+    queries, each with one worker of its own (:func:`_nearest`)."""
+    return in_pieces(fn, size, max(1, min(workers, size)))
 
 
 def _nothing() -> None:
@@ -429,9 +433,9 @@ def _search(query: FloatArray, rows: IntArray, base: FloatArray, k: int, tree: A
     centre, h = _centres(q_planes, members)
     d_k = _nearest(tree, centre, [k], workers)[0][:, 0]
     radius = (d_k + 2.0 * h) * (1.0 + _MARGIN)
-    counts = np.concatenate(in_pieces(
+    counts = np.concatenate(_in_pieces_of(
         lambda r: np.asarray(tree.query_ball_point(centre[r], radius[r], return_length=True),
-                             dtype=np.int64), len(centre), min(workers, len(centre))))
+                             dtype=np.int64), len(centre), workers))
     counts = np.maximum(counts, k)  # the K nearest of c are within the radius: never fewer
     limit = min(base.shape[0], (_TIED_FACTOR if g == 1 else _SPLIT_FACTOR) * k)
     spread = counts > limit
@@ -502,17 +506,11 @@ def map_jobs(fn: Callable[[Any], None], jobs: list[Any], workers: int) -> None:
                 failed.set()
                 raise
 
-    # the calling thread is one of them, the others the process's pool (no thread started
-    # per call); on a pool thread itself, the jobs run in turn there
-    threads = 1 if in_pool_thread() else min(workers, len(jobs))
-    others = [shared_pool().submit(contextvars.copy_context().run, work)
-              for _ in range(threads - 1)]
-    try:
-        work()
-    finally:
-        wait(others)
-    for future in others:
-        future.result()
+    # one worker per piece of in_pieces (the calling thread and the process's pool, no thread
+    # started per call), each in a copy of the caller's context
+    threads = min(workers, len(jobs))
+    contexts = [contextvars.copy_context() for _ in range(threads)]
+    in_pieces(lambda r: contexts[r.start].run(work), threads, threads)
 
 
 #: The end of :func:`map_jobs`' queue (a job may be anything, None included).
