@@ -132,6 +132,37 @@ def test_a_tie_at_the_kth_place_of_a_single_query_takes_its_own_radius(
         assert returned == [3 if tied else 0], (k, returned)
 
 
+@pytest.mark.parametrize("workers", [1, 2, 3])
+def test_single_queries_in_pieces_write_their_rows_and_return_the_tied_ones(
+        workers: int) -> None:
+    """The query-by-query search in pieces (one per worker): every piece writes its clear
+    rows, equal to the brute force, and returns its rows with a tie at the K-th place, in
+    order; rows not asked for are left untouched."""
+    import vflink.linkage.grouped as grouped
+
+    rng = np.random.default_rng(21)
+    ring = np.array([[np.cos(a), np.sin(a)] for a in np.linspace(0, 2 * np.pi, 8,
+                                                                 endpoint=False)])
+    s = np.concatenate([ring[::-1], [[0.5, 0.0]], rng.uniform(3, 9, (60, 2))])
+    # ties at the origin (K = 3: two of the eight ring points at distance 1.0 beside 0.5)
+    # spread through both halves of the rows, clear queries between them
+    p = rng.uniform(3, 9, (40, 2))
+    p[[1, 7, 22, 33]] = 0.0
+    rows = np.arange(2, 40, dtype=np.int64)  # rows 0 and 1 are not asked for
+    k = 3
+    dist = np.full((40, k), -1.0)
+    idx = np.full((40, k), -1, dtype=np.int64)
+    left = grouped._single(p, rows, k, cKDTree(s), workers, dist, idx)
+    want_d, want_i = _canonical(p, s, k + 1)
+    tied = rows[want_d[rows, k] == want_d[rows, k - 1]]
+    np.testing.assert_array_equal(left, tied)
+    np.testing.assert_array_equal(left, [7, 22, 33])
+    clear = np.setdiff1d(rows, tied)
+    np.testing.assert_array_equal(dist[clear], want_d[clear, :k])
+    np.testing.assert_array_equal(idx[clear], want_i[clear, :k])
+    assert (dist[[0, 1]] == -1.0).all() and (idx[[0, 1]] == -1).all()
+
+
 @settings(max_examples=40, deadline=None)
 @given(st.integers(1, 60), st.integers(1, 40), st.integers(0, 2**31 - 1), st.booleans())
 def test_any_small_input_equals_brute_force(n: int, m: int, seed: int, coarse: bool) -> None:
