@@ -119,12 +119,24 @@ def parquet_options(schema: Any, compression: str = "lz4") -> dict[str, Any]:
         pa.types.is_floating(f.type) or f.name in SPREAD_COLUMNS) else compression
         for f in schema}
     return {"compression": codecs, "use_dictionary": False,
-            "write_statistics": list(schema.names[:1]), **_page_options()}
+            "write_statistics": list(schema.names[:1]),
+            **_page_options(all(_narrow(f.type) for f in schema))}
 
 
-#: Values the Parquet writer takes from a column at a time (pyarrow's default: 1,024) and
-#: rows a data page holds at most (pyarrow's default: 20,000; the page still closes at its
-#: 1 MiB ``data_page_size``). With the defaults a part of 10^6 links was 50 pages a column,
+def _narrow(kind: Any) -> bool:
+    """A column of at most 8 bytes a value (numbers, booleans): a batch of
+    :data:`WRITE_BATCH` of them stays within about a page."""
+    import pyarrow as pa
+
+    return bool(pa.types.is_integer(kind) or pa.types.is_floating(kind)
+                or pa.types.is_boolean(kind)) and kind.bit_width <= 64
+
+
+#: Values the Parquet writer takes from a column at a time where every column is a narrow
+#: one (pyarrow's default: 1,024; the writer looks at a page's size between batches, so a
+#: table with wider values, record ids as text say, keeps the default) and rows a data page
+#: holds at most (pyarrow's default: 20,000; the page still closes at its 1 MiB
+#: ``data_page_size``). With the defaults a part of 10^6 links was 50 pages a column,
 #: each its own header, statistics and two writes through the file object, and 977 batches
 #: a column: 18.4 ms to encode and write, against 12.8 ms with batches of 65,536 and pages
 #: cut by size alone (a 1 MiB page: 131,072 values of 8 bytes); batches of 2^14 took 13.7 ms,
@@ -135,15 +147,15 @@ PAGE_ROWS = 1 << 20
 
 
 @functools.cache
-def _page_options() -> dict[str, int]:
-    """The writer's batch and page-row options (:data:`WRITE_BATCH`, :data:`PAGE_ROWS`);
-    the page-row limit only where this pyarrow's writer takes it (``max_rows_per_page``,
-    newer than the oldest pyarrow vflink supports)."""
+def _page_options(narrow: bool = True) -> dict[str, int]:
+    """The writer's batch and page-row options: :data:`WRITE_BATCH` where every column is
+    ``narrow``, and :data:`PAGE_ROWS`, only where this pyarrow's writer takes it
+    (``max_rows_per_page``, newer than the oldest pyarrow vflink supports)."""
     import inspect
 
     import pyarrow.parquet as pq
 
-    options = {"write_batch_size": WRITE_BATCH}
+    options = {"write_batch_size": WRITE_BATCH} if narrow else {}
     if "max_rows_per_page" in inspect.signature(pq.ParquetWriter.__init__).parameters:
         options["max_rows_per_page"] = PAGE_ROWS
     return options

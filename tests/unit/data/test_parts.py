@@ -278,3 +278,17 @@ def test_a_pyarrow_without_a_page_row_limit_gets_the_batch_size_only(
         assert parts_mod._page_options() == {"write_batch_size": parts_mod.WRITE_BATCH}
     finally:
         parts_mod._page_options.cache_clear()
+
+
+def test_wide_values_keep_the_writers_own_batches() -> None:
+    """A batch is checked against the page size only when it ends: a table with text (record
+    ids, say) keeps pyarrow's small batches, so its pages stay near their size limit."""
+    import pyarrow as pa
+
+    narrow = parts_mod.parquet_options(pa.schema([("primary_index", pa.int64()),
+                                                  ("match", pa.bool_())]))
+    wide = parts_mod.parquet_options(pa.schema([("primary_index", pa.int64()),
+                                                ("primary_id", pa.string())]))
+    assert narrow["write_batch_size"] == parts_mod.WRITE_BATCH
+    assert "write_batch_size" not in wide
+    assert wide.get("max_rows_per_page") == narrow.get("max_rows_per_page")
