@@ -129,7 +129,7 @@ def _narrow(kind: Any) -> bool:
     import pyarrow as pa
 
     return bool(pa.types.is_integer(kind) or pa.types.is_floating(kind)
-                or pa.types.is_boolean(kind)) and kind.bit_width <= 64
+                or pa.types.is_boolean(kind))
 
 
 #: Values the Parquet writer takes from a column at a time where every column is a narrow
