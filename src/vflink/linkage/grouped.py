@@ -285,7 +285,7 @@ def _leaf_rows(points: FloatArray, g: int, kdtree: Callable[..., Any]
     """The leaves of a balanced k-d tree of ``points`` (leaf size ``g``): a (leaves, width)
     array of row numbers into ``points``, each leaf padded with its first row, and which
     entries are not padding."""
-    tree = kdtree(points, leafsize=g, balanced_tree=True, compact_nodes=False)
+    tree = kdtree(_apart(points), leafsize=g, balanced_tree=True, compact_nodes=False)
     ranges = np.asarray(_leaves(tree), dtype=np.int64)
     sizes = ranges[:, 1] - ranges[:, 0]
     width = int(sizes.max())
@@ -293,6 +293,30 @@ def _leaf_rows(points: FloatArray, g: int, kdtree: Callable[..., Any]
     valid = offsets[None, :] < sizes[:, None]
     at = ranges[:, :1] + np.where(valid, offsets[None, :], 0)
     return np.asarray(tree.indices, dtype=np.int64)[at], valid
+
+
+#: The golden ratio's fractional part: :func:`_apart`'s offsets are those of i·φ mod 1.
+_PHI = 0.6180339887498949
+
+
+def _apart(points: FloatArray) -> FloatArray:
+    """``points`` each moved by less than a billionth of their spread (a fixed offset per
+    row, from the sequence i·φ mod 1), so that no two rows share a coordinate.
+
+    A balanced cKDTree cuts a dimension at its median and keeps the points equal to it on
+    one side: on coordinates rounded to 3 decimals (thousands of rows on each value) its
+    leaves held 15 to 48 queries, a group padded to 48 for 34 on average (0.71 of a batch's
+    rows real, against 0.98 on points without ties). Only which queries share a group
+    depends on these positions: each group's centre, reach and candidates are computed
+    from the queries' own coordinates, so the result does not."""
+    offset = np.arange(len(points), dtype=np.float64)
+    offset *= _PHI
+    np.remainder(offset, 1.0, out=offset)
+    offset -= 0.5
+    # per dimension: far below its spread, far above its largest value's rounding step
+    scale = np.maximum(np.ptp(points, axis=0) * 2.0 ** -30,
+                       np.spacing(np.abs(points).max(axis=0)) * 2.0 ** 12)
+    return points + offset[:, None] * scale
 
 
 def _centres(q_planes: FloatArray, members: IntArray) -> tuple[FloatArray, FloatArray]:

@@ -385,6 +385,34 @@ def test_groups_of_many_queries_built_in_halves(threads: int,
     _check(p, s, 30, threads=threads, group=48)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_groups_of_rounded_coordinates_are_even(threads: int) -> None:
+    """Coordinates rounded to a grid (hundreds of queries on each value of a dimension): the
+    queries' tree still cuts them into leaves of nearly one size (a balanced tree of the raw
+    coordinates keeps every point equal to a median on one side: groups of a third of the
+    width to all of it), every query in exactly one group; the search equals brute force."""
+    import vflink.linkage.grouped as grouped
+
+    rng = np.random.default_rng(21)
+    centres = rng.uniform(0, 10, (8, 2))
+    p = np.round(_clusters(rng, 4000, centres, 0.8), 1)
+    s = np.round(_clusters(rng, 600, centres, 0.8), 1)
+    assert len(np.unique(p[:, 0])) < 200  # ties by the hundred
+    rows = np.arange(len(p), dtype=np.int64)
+    members, valid = grouped._groups(p, rows, 32, cKDTree, threads)
+    np.testing.assert_array_equal(np.sort(members[valid]), rows)
+    sizes = valid.sum(axis=1)
+    assert sizes.max() - sizes.min() <= 2, np.unique(sizes)
+    # what a tree of the raw coordinates gives
+    raw = np.diff(grouped._leaves(cKDTree(p, leafsize=32, balanced_tree=True,
+                                          compact_nodes=False)), axis=1)
+    assert raw.max() - raw.min() > 2 and valid.mean() > raw.mean() / raw.max()
+    moved = grouped._apart(p)
+    assert np.all(np.abs(moved - p) <= np.ptp(p, axis=0) * 2.0 ** -30)
+    assert all(len(np.unique(moved[:, j])) == len(p) for j in range(2))
+    _check(p, s, 25, threads=threads, group=32)
+
+
 @pytest.mark.parametrize("dims", [1, 2, 3])
 def test_group_centres_and_reaches_from_coordinate_planes(dims: int) -> None:
     """Each group's bounding-box centre (exactly) and its farthest query's distance from it
