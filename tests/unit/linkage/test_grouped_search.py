@@ -250,6 +250,50 @@ def test_equal_distances_from_squares_a_key_apart_come_in_index_order(k: int) ->
         _check(p, s, k, group=group)
 
 
+def _beyond_whole_rows(d2: np.ndarray, high: np.ndarray, square: np.ndarray, out: np.ndarray,
+                       k: int, bits: int) -> np.ndarray:
+    """_beyond's verdict on the rows whose K-th and (K + 1)-th keys share their high bits,
+    from every candidate of the row: another square sharing the K-th key, or with its root."""
+    want = out.copy()
+    for b, g in zip(*np.nonzero(high[:, :, 0] == high[:, :, 1])):
+        row, sq = d2[b, g], square[b, g, k - 1]
+        same_key = (row.view(np.uint64) >> np.uint64(bits)) == high[b, g, 0]
+        want[b, g] = ((row != sq) & (same_key | (np.sqrt(row) == np.sqrt(sq)))).any()
+    return want
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.integers(1, 6), st.integers(12, 80), st.integers(0, 2**31 - 1),
+       st.sampled_from([1, 4, 40, 600, 5000]))
+def test_beyond_looks_at_the_squares_near_the_kth_as_a_whole_row_would(
+        rows: int, width: int, seed: int, spread: int) -> None:
+    """Squares a few to thousands of units in the last place from a handful of values (runs
+    of equal keys, equal roots from unequal squares, exact ties): the rows whose K-th and
+    (K + 1)-th keys share their high bits get the verdict of a check of every candidate."""
+    import vflink.linkage.grouped as grouped
+
+    rng = np.random.default_rng(seed)
+    k = int(rng.integers(1, width))
+    base = rng.choice([0.5, 1.5, 2.0, 7.25], size=(1, rows, width))
+    steps = rng.integers(-spread, spread + 1, size=base.shape)
+    d2 = (base.view(np.int64) + steps).view(np.float64)
+    d2[rng.random(d2.shape) < 0.3] = 1.5  # exact ties
+    bits = max(1, (width - 1).bit_length())
+    low = np.uint64((1 << bits) - 1)
+    key = d2.view(np.uint64) & ~low
+    key |= np.arange(width, dtype=np.uint64)
+    key = np.sort(key, axis=-1)[..., :k + 1]
+    pos = (key & low).view(np.intp)
+    square = np.take_along_axis(d2, pos, axis=-1)
+    dist = np.sqrt(square)
+    tied = np.zeros((1, rows), dtype=bool)
+    high = key[:, :, k - 1:k + 1] >> np.uint64(bits)
+    got = grouped._beyond(d2, high, square, dist, tied, k, bits)
+    crossing = high[:, :, 0] == high[:, :, 1]
+    np.testing.assert_array_equal(got[crossing], _beyond_whole_rows(
+        d2, high, square, got, k, bits)[crossing])
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.integers(1, 30), st.integers(2, 60), st.integers(0, 2**31 - 1))
 def test_points_a_few_ulps_apart_equal_brute_force(n: int, m: int, seed: int) -> None:
