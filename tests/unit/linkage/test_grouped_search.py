@@ -430,11 +430,14 @@ def test_groups_of_many_queries_built_in_halves(threads: int,
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-def test_groups_of_rounded_coordinates_are_even(threads: int) -> None:
-    """Coordinates rounded to a grid (hundreds of queries on each value of a dimension): the
-    queries' tree still cuts them into leaves of nearly one size (a balanced tree of the raw
-    coordinates keeps every point equal to a median on one side: groups of a third of the
-    width to all of it), every query in exactly one group; the search equals brute force."""
+def test_uneven_groups_are_not_padded_to_the_widest(threads: int,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Coordinates rounded to a grid (hundreds of queries on each value of a dimension): a
+    balanced tree keeps every point equal to a median on one side, so its leaves are uneven
+    (a third of the widest to all of it). The jobs take the groups largest first, each as
+    wide as its largest group and none smaller than ``_FILL`` of it: the query rows whose
+    distances are computed are the queries and little more, not groups × the widest. The
+    search equals brute force."""
     import vflink.linkage.grouped as grouped
 
     rng = np.random.default_rng(21)
@@ -442,19 +445,23 @@ def test_groups_of_rounded_coordinates_are_even(threads: int) -> None:
     p = np.round(_clusters(rng, 4000, centres, 0.8), 1)
     s = np.round(_clusters(rng, 600, centres, 0.8), 1)
     assert len(np.unique(p[:, 0])) < 200  # ties by the hundred
-    rows = np.arange(len(p), dtype=np.int64)
-    members, valid = grouped._groups(p, rows, 32, cKDTree, threads)
-    np.testing.assert_array_equal(np.sort(members[valid]), rows)
+    members, valid = grouped._groups(p, np.arange(len(p), dtype=np.int64), 32, cKDTree,
+                                     threads)
     sizes = valid.sum(axis=1)
-    assert sizes.max() - sizes.min() <= 2, np.unique(sizes)
-    # what a tree of the raw coordinates gives
-    raw = np.diff(grouped._leaves(cKDTree(p, leafsize=32, balanced_tree=True,
-                                          compact_nodes=False)), axis=1)
-    assert raw.max() - raw.min() > 2 and valid.mean() > raw.mean() / raw.max()
-    moved = grouped._apart(p)
-    assert np.all(np.abs(moved - p) <= np.ptp(p, axis=0) * 2.0 ** -30)
-    assert all(len(np.unique(moved[:, j])) == len(p) for j in range(2))
+    assert sizes.max() - sizes.min() > 8  # uneven leaves
+    assert members.size > 1.2 * len(p)  # padded to the widest: a fifth more rows at least
+    rows: list[int] = []
+    squared = grouped._squared
+
+    def counting(q: np.ndarray, cand: np.ndarray) -> np.ndarray:
+        rows.append(q.shape[1] * q.shape[2])
+        return squared(q, cand)
+
+    monkeypatch.setattr(grouped, "_squared", counting)
+    monkeypatch.setattr(grouped, "_SPLIT_FACTOR", 10**6)  # every group searched as a group
     _check(p, s, 25, threads=threads, group=32)
+    # a job's groups at least _FILL of its widest: the padding at most 1 / _FILL of the rows
+    assert len(p) <= sum(rows) <= len(p) / grouped._FILL < members.size
 
 
 @pytest.mark.parametrize("dims", [1, 2, 3])
