@@ -102,12 +102,21 @@ def in_pieces(fn: Callable[[slice], T], size: int, threads: int, *, align: int =
     if in_pool_thread():  # a pool thread waits for no other pool work
         return [fn(piece) for piece in pieces]
     pool = shared_pool()
-    rest: list[Future[T]] = [pool.submit(fn, piece) for piece in pieces[1:]]
+    rest: list[Future[T]] = []
+    try:
+        for piece in pieces[1:]:
+            rest.append(pool.submit(fn, piece))
+    except RuntimeError:
+        # The pool takes no more work once the interpreter's exit has begun (its threads are
+        # stopped before the other threads are joined): a thread still at work then (the
+        # deletion of an old output, in a thread of its own) runs the pieces left itself.
+        pass
     try:
         first = fn(pieces[0])
+        here = [fn(piece) for piece in pieces[1 + len(rest):]]
     finally:
         wait(rest)
-    return [first, *(done.result() for done in rest)]
+    return [first, *(done.result() for done in rest), *here]
 
 
 def extremes(values: Any) -> tuple[Any, Any]:

@@ -121,3 +121,54 @@ def test_a_forked_child_makes_a_pool_of_its_own() -> None:
             os._exit(0 if ok else 1)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_pieces_run_on_the_caller_where_the_pool_takes_no_more_work(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pool shut (as the interpreter's exit shuts it before it joins the other threads):
+    every piece still runs, those the pool refused on the calling thread, in order."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    shut = ThreadPoolExecutor(2)
+    shut.shutdown()
+    monkeypatch.setattr(_threads, "_POOL", shut)
+    seen: list[str] = []
+
+    def piece(r: slice) -> int:
+        seen.append(threading.current_thread().name)
+        return r.stop - r.start
+
+    assert _threads.in_pieces(piece, 10, 3) == [3, 3, 4]
+    assert seen == [threading.current_thread().name] * 3
+
+
+def test_a_thread_still_at_work_as_the_interpreter_exits_deletes_the_old_dataset(
+        tmp_path: object) -> None:
+    """The old output's deletion (a thread of its own, joined at exit) reaching its pieces
+    only after the exit has shut the pool: the directory still goes, and nothing is
+    reported on stderr."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    old = Path(str(tmp_path)) / "old-links"
+    old.mkdir()
+    for i in range(4):
+        (old / f"part-{i:05d}.parquet").write_bytes(b"x" * 1000)
+    script = (
+        "import sys, threading, time\n"
+        "from pathlib import Path\n"
+        "from vflink import _threads\n"
+        "from vflink.data import parts\n"
+        "_threads.in_pieces(lambda r: None, 10, 2)  # the pool exists, with its threads\n"
+        "def late():\n"
+        "    time.sleep(0.5)  # the main thread has begun to exit by now\n"
+        "    parts._remove_dataset(Path(sys.argv[1]))\n"
+        "threading.Thread(target=late).start()\n"
+        "sys.exit(0)\n")
+    done = subprocess.run([sys.executable, "-c", script, str(old)], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""
+    assert not old.exists()
