@@ -101,11 +101,20 @@ def shaped_points(shape: str, scale: float, seed: int = 7) -> tuple[np.ndarray, 
     random widths (0.2 to 3 on a 100-wide square) and weights; ``"background"``, 20 tight
     clusters (0.01 to 0.5 on a 1000-wide square) holding 90 % of the points, the other 10 %
     uniform over the square (groups of queries astride a cluster's edge draw many
-    candidates); ``"house"``: :func:`house_points`."""
+    candidates); ``"places"``, listings at shared places (a building's flats): 6,000 places
+    in 40 clusters, every row of either table at one of them (some 28 rows a place, so most
+    of a query's neighbours are tied with others at the same point); ``"house"``:
+    :func:`house_points`."""
     if shape == "house":
         return house_points(scale)
     rng = np.random.default_rng(seed)
     n_p, n_s = max(1, round(141_050 * scale)), max(100, round(27_827 * scale))
+    if shape == "places":
+        centres = rng.uniform(0, 10, (40, 2))
+        n_places = max(50, round(6_000 * scale))
+        places = centres[rng.integers(0, 40, n_places)] + rng.normal(0, 0.3, (n_places, 2))
+        return (places[rng.integers(0, n_places, n_p)],
+                places[rng.integers(0, n_places, n_s)])
 
     def clusters(n: int, centres: np.ndarray, widths: np.ndarray,
                  weights: np.ndarray) -> np.ndarray:
@@ -645,9 +654,11 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3, help="the command and grouped cases' repeats")
     ap.add_argument("--round", type=int, default=None, metavar="DIGITS",
                     help="the command case's coordinates rounded to DIGITS decimals (ties)")
-    ap.add_argument("--shape", default="house", choices=["house", "clusters", "background"],
+    ap.add_argument("--shape", default="house",
+                    choices=["house", "clusters", "background", "places"],
                     help="the command case's points: house-like listings, 50 Gaussian "
-                         "clusters, or 20 tight clusters in a 10 %% uniform background")
+                         "clusters, 20 tight clusters in a 10 %% uniform background, or "
+                         "listings at 6,000 shared places (exact ties by the thousand)")
     args = ap.parse_args()
     if args.case == "all":
         # One subprocess per case so peak RSS is per case.
