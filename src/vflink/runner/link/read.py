@@ -17,7 +17,7 @@ import numpy as np
 
 from vflink._files import table_format
 from vflink.data.given import read_table
-from vflink.data.table import read_numeric_parquet
+from vflink.data.table import read_numeric_csv, read_numeric_parquet
 from vflink.errors import ConfigError, DataError, LinkageError
 from vflink.registry import Registry
 from vflink.runner.link.batches import Batches
@@ -76,8 +76,9 @@ def _text_columns(s: LinkSettings, secondary: bool) -> list[str]:
 
 def _numeric_only(s: LinkSettings, secondary: bool) -> tuple[str, ...]:
     """The identifier columns when they are all this link needs of a table, as numbers (one
-    numeric identifier, no fields, no record ids): such a Parquet table is read without pandas
-    (:func:`vflink.data.table.read_numeric_parquet`). Empty otherwise."""
+    numeric identifier, no fields, no record ids): such a Parquet, CSV or TSV table is read
+    without pandas (:func:`vflink.data.table.read_numeric_parquet`,
+    :func:`~vflink.data.table.read_numeric_csv`). Empty otherwise."""
     if s.metric not in ("euclidean", "haversine") or s.fields or s.blocking or (
             (s.secondary_id or s.id) if secondary else s.id):
         return ()
@@ -90,8 +91,10 @@ def read_tables(ctx: LinkContext) -> LinkContext:
     s = ctx.settings
     for side, options in ((ctx.primary, s.read[0]), (ctx.secondary, s.read[1])):
         numeric = _numeric_only(s, side is ctx.secondary)
-        table = (read_numeric_parquet(Path(side.table), numeric)
-                 if numeric and isinstance(side.table, (str, os.PathLike)) else None)
+        table = None
+        if numeric and isinstance(side.table, (str, os.PathLike)):
+            table = (read_numeric_parquet(Path(side.table), numeric)
+                     or read_numeric_csv(Path(side.table), numeric, **options.as_dict()))
         if table is not None:
             side.frame, side.source = table, str(side.table)
         else:
