@@ -315,7 +315,7 @@ def read_numeric_csv(path: Path, columns: Sequence[str], *, delimiter: str | Non
         default = _default_delimiter(path, kind, decimal)
         sep = (parse_delimiter(delimiter) if delimiter is not None
                else _detect_delimiter(path, "utf-8-sig", default))
-        if sep == "." or len(sep) != 1:
+        if sep is None or sep == ".":  # an invalid delimiter: read_frame names it
             return None
         table = pc.read_csv(
             path, read_options=pc.ReadOptions(use_threads=True),
