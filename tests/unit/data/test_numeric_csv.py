@@ -78,8 +78,9 @@ def test_a_gzipped_csv_equals_the_pandas_reader(tmp_path: Path) -> None:
     ("lat;lon\n1,5;2\n", ["lat", "lon"], {"decimal": ","}),
     ("lat,lon\n1.5,2\n", ["lat", "lon"], {"encoding": "latin-1"}),
     ("lat,lon\n1.5,2\n", [], {}),
+    ("lat,lon\n1.5,2\n", ["lat", "lon"], {"delimiter": "ab"}),  # pandas' path names it
 ], ids=["text", "missing-column", "repeated-name", "ragged", "decimal-comma", "latin-1",
-        "no-columns"])
+        "no-columns", "bad-delimiter"])
 def test_anything_else_is_left_to_the_pandas_reader(tmp_path: Path, text: str,
                                                     columns: list[str],
                                                     options: dict[str, str]) -> None:
