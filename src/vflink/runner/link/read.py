@@ -93,8 +93,9 @@ def read_tables(ctx: LinkContext) -> LinkContext:
         numeric = _numeric_only(s, side is ctx.secondary)
         table = None
         if numeric and isinstance(side.table, (str, os.PathLike)):
-            table = (read_numeric_parquet(Path(side.table), numeric)
-                     or read_numeric_csv(Path(side.table), numeric, **options.as_dict()))
+            table = read_numeric_parquet(Path(side.table), numeric)
+            if table is None:
+                table = read_numeric_csv(Path(side.table), numeric, **options.as_dict())
         if table is not None:
             side.frame, side.source = table, str(side.table)
         else:
