@@ -304,9 +304,9 @@ def read_numeric_csv(path: Path, columns: Sequence[str], *, delimiter: str | Non
     import pyarrow.csv as pc
 
     path = Path(path)
+    codec = (encoding or "utf-8-sig").lower().replace("_", "-")
     if (not columns or not path.is_file() or decimal not in (None, ".")
-            or (encoding or "utf-8").lower().replace("_", "-") not in ("utf-8", "utf8",
-                                                                        "utf-8-sig")):
+            or codec not in ("utf-8", "utf8", "utf-8-sig")):
         return None
     try:
         kind = table_format(path)

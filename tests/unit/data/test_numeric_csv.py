@@ -48,6 +48,7 @@ def test_pandas_missing_value_strings_are_pandas_own() -> None:
     ("semicolons.csv", "lat;lon\n1.5;2\n-3;4.25\n0.125;9\n", {}),  # detected
     ("given.csv", "lat|lon\n1.5|2\n-3|4.25\n", {"delimiter": "|"}),
     ("bom.csv", "\ufefflat,lon\n1.5,2\n-3,4.25\n", {}),  # Excel's "CSV UTF-8"
+    ("bom-utf8.csv", "\ufefflat,lon\n1.5,2\n", {"encoding": "utf-8"}),  # pandas skips it too
     ("crlf.csv", "lat,lon\r\n1.5,2\r\n-3,4.25\r\n", {}),
     ("blank.csv", "lat,lon\n1.5,2\n\n-3,4.25\n", {}),
     ("quoted.csv", 'lat,lon,note\n"1.5",2,"a, b"\n-3,"4.25","line\nbreak"\n', {}),
