@@ -327,6 +327,12 @@ def read_numeric_csv(path: Path, columns: Sequence[str], *, delimiter: str | Non
     names = table.column_names
     if len(set(names)) != len(names) or not all(c in names for c in columns):
         return None  # pandas would rename a repeated name ("a.1"); a missing one is named
+    if any(int(np.isnan(numeric_column(table, c)).sum()) > table.column(c).null_count
+           for c in columns):
+        # a NaN that is not a null: pyarrow reads "NAN", "Nan" or "+nan" so, pandas only its
+        # own missing-value strings (nulls here) and such a cell as text (pyarrow.compute's
+        # is_nan would take 0.044 s to import)
+        return None
     if delimiter is None:
         _log_delimiter(path, sep, default)
     return table

@@ -90,6 +90,30 @@ def test_anything_else_is_left_to_the_pandas_reader(tmp_path: Path, text: str,
     assert read_numeric_csv(path, columns, **options) is None
 
 
+@pytest.mark.parametrize("cell", [
+    "inf", "-inf", "+inf", "Infinity", "-Infinity", "INF", "nan", "NaN", "-nan", "-NaN",
+    "+nan", "Nan", "NAN", "+1.5", "1.", ".5", "1E5", "1e+5", "0x10", "1_000", " 1.5", "1.5 ",
+    "1d5", "true", "-", "+", "1e400", "-1e400", "1e-400", "00012", "-0", "-0.0", "1.5f",
+    "4.9e-324", "2.5e-324", "1.#QNAN", "-1.#IND", "#N/A N/A", "<NA>", "nul", "1e", "e5",
+    "\u0661"])
+def test_an_odd_cell_is_read_as_pandas_reads_it_or_left_to_pandas(tmp_path: Path,
+                                                                  cell: str) -> None:
+    """Spellings of infinity, NaN, signs, exponents, padding, hexadecimal and other digits:
+    pyarrow's values where it reads the file, those of the pandas reader bit for bit; a cell
+    pandas reads as text (``NAN``, ``+nan``: pyarrow would take them for NaN) is left to it."""
+    path = tmp_path / "t.csv"
+    path.write_text(f"x,y\n1.0,{cell}\n2.0,3.0\n", encoding="utf-8")
+    table = read_numeric_csv(path, ["x", "y"])
+    frame = read_frame(path)
+    if frame["y"].dtype == object or pd.api.types.is_string_dtype(frame["y"]):
+        assert table is None  # text to pandas: its checks name the cell
+        return
+    if table is not None:
+        got = numeric_column(table, "y")
+        want = frame["y"].to_numpy(dtype=np.float64, na_value=np.nan)
+        np.testing.assert_array_equal(got.view(np.int64), want.view(np.int64))
+
+
 def test_files_that_are_not_csv_are_left_to_their_readers(tmp_path: Path) -> None:
     parquet = tmp_path / "t.parquet"
     pd.DataFrame({"lat": [1.5]}).to_parquet(parquet)
