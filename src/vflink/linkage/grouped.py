@@ -486,8 +486,8 @@ def _search(query: FloatArray, rows: IntArray, base: FloatArray, k: int, tree: A
     jobs: list[tuple[IntArray, IntArray]] = []
     for w in _distinct(width[~spread]):
         chosen = np.flatnonzero((width == w) & ~spread)
-        order = np.argsort(-fill[chosen], kind="stable")
-        chosen, smaller = chosen[order], -fill[chosen[order]]  # smaller: ascending
+        chosen = chosen[np.argsort(-fill[chosen], kind="stable")]
+        smaller = -fill[chosen]  # ascending
         cand = np.asarray(_nearest(tree, centre[chosen], int(w), workers, distances=False)[1],
                           dtype=np.int64).reshape(len(chosen), int(w))
         a = 0
